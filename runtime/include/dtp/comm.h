@@ -1,0 +1,131 @@
+/// @file comm.h
+/// @brief Comm: point-to-point messages and library collectives among ranks.
+///
+/// One interface, several backends (thread, mpi, nccl). Every backend keeps
+/// CommStats and an alpha-beta clock: a send costs `alpha + beta * bytes` on
+/// the sender's clock and the message carries its arrival time; a recv sets
+/// the receiver's clock to max(own clock, arrival). With alpha=1, beta=0 the
+/// clock counts latency rounds; with alpha=0, beta=1 it counts bytes on the
+/// critical path.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtp/ops.h"
+#include "dtp/tensor.h"
+
+namespace dtp {
+
+/// Costs of the alpha-beta model, in seconds (or any unit you like).
+struct CostModel {
+  double alpha = 0.0;  ///< cost of one message (latency)
+  double beta = 0.0;   ///< cost of one byte (inverse bandwidth)
+  /// alpha=1, beta=0: the clock counts rounds of messages on the critical path.
+  static CostModel latency_rounds() { return {1.0, 0.0}; }
+  /// alpha=0, beta=1: the clock counts bytes sent on the critical path.
+  static CostModel bytes() { return {0.0, 1.0}; }
+};
+
+/// What one rank's Comm did since construction or reset_stats().
+struct CommStats {
+  std::int64_t messages_sent = 0;
+  std::int64_t bytes_sent = 0;
+  std::int64_t messages_received = 0;
+  std::int64_t bytes_received = 0;
+  /// Library collective calls by kind ("all_reduce", "broadcast", ...).
+  std::map<std::string, std::int64_t> collective_calls;
+  /// Payload bytes of library collectives (each call's buffer size on this rank).
+  std::int64_t collective_bytes = 0;
+  /// This rank's simulated time (see CostModel).
+  double clock = 0.0;
+  /// Sum of collective_calls over all kinds.
+  std::int64_t total_collective_calls() const;
+};
+
+class CommBackend;
+class RequestState;
+
+/// Handle to a non-blocking operation. wait() completes it (and rethrows its error).
+class Request {
+ public:
+  Request() = default;
+  explicit Request(std::shared_ptr<RequestState> state) : state_(std::move(state)) {}
+  /// Blocks until the operation is complete; times out like recv.
+  void wait();
+  /// True once wait() has returned (or the operation needed no waiting).
+  bool completed() const;
+  bool valid() const { return state_ != nullptr; }
+
+ private:
+  std::shared_ptr<RequestState> state_;
+};
+
+/// Waits for every request in order.
+void wait_all(std::vector<Request>& requests);
+
+/// A communicator: this rank's view of a group of ranks.
+class Comm {
+ public:
+  explicit Comm(std::shared_ptr<CommBackend> backend);
+
+  int rank() const;
+  int size() const;
+  Device device() const;
+  /// "thread", "mpi" or "nccl".
+  std::string backend_name() const;
+
+  // --- point to point ----------------------------------------------------
+  /// Sends a copy of @p x to @p dst. Eager: returns at once, never blocks.
+  void send(const Tensor& x, int dst, int tag = 0);
+  /// Receives the next message from @p src with @p tag into @p x. Blocks; the
+  /// message must have exactly x's dtype and element count. Times out after
+  /// DTP_TIMEOUT seconds with a report of what every rank is waiting for.
+  void recv(Tensor& x, int src, int tag = 0);
+  /// Like send (which is already eager); the request is complete at once.
+  Request isend(const Tensor& x, int dst, int tag = 0);
+  /// Posts a receive; @p x is written when the request's wait() returns.
+  Request irecv(Tensor& x, int src, int tag = 0);
+
+  // --- library collectives (chapters 02+; chapter 01 rebuilds them) -------
+  /// Every rank's x becomes the element-wise reduction over all ranks.
+  void all_reduce(Tensor& x, ReduceOp op = ReduceOp::sum);
+  /// Every rank's x becomes root's x.
+  void broadcast(Tensor& x, int root);
+  /// Root's x becomes the reduction over all ranks; other ranks' x is unchanged.
+  void reduce(Tensor& x, int root, ReduceOp op = ReduceOp::sum);
+  /// full = the concatenation of every rank's shard; rank r's shard has
+  /// chunk_range(full.numel(), size(), r).length elements.
+  void all_gather(const Tensor& shard, Tensor& full);
+  /// shard = chunk r (chunk_range) of the reduction of every rank's full.
+  void reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op = ReduceOp::sum);
+  /// Chunk j of rank i's @p in lands as chunk i of rank j's @p out.
+  /// in.numel() and out.numel() must be equal and divisible by size().
+  void all_to_all(const Tensor& in, Tensor& out);
+  /// Root's full = concatenation of every rank's shard (shapes as all_gather).
+  /// Other ranks pass an undefined or any tensor as full; it is not touched.
+  void gather(const Tensor& shard, Tensor& full, int root);
+  /// Rank r's shard = chunk r of root's full (shapes as all_gather).
+  void scatter(const Tensor& full, Tensor& shard, int root);
+  /// Returns once every rank has called barrier().
+  void barrier();
+  /// A new communicator of the ranks that passed the same @p color, ordered by
+  /// (key, old rank). Every rank must call it.
+  Comm split(int color, int key);
+
+  // --- measurement ---------------------------------------------------------
+  /// This rank's counters and simulated clock.
+  CommStats stats() const;
+  /// Zeroes the counters and this rank's clock.
+  void reset_stats();
+  /// The cost model of the world this communicator belongs to.
+  CostModel cost_model() const;
+
+ private:
+  std::shared_ptr<CommBackend> backend_;
+};
+
+}  // namespace dtp

@@ -1,0 +1,61 @@
+/// @file launch.h
+/// @brief launch(): run a function on every rank of a world and report failures.
+#pragma once
+
+#include <exception>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+#include "dtp/comm.h"
+
+namespace dtp {
+
+/// Which implementation of Comm a world uses.
+enum class Backend { thread, mpi, nccl };
+/// "thread", "mpi" or "nccl".
+const char* backend_name(Backend backend);
+/// Parses a name written by backend_name(); throws dtp::Error otherwise.
+Backend parse_backend(const std::string& name);
+
+/// Seconds a blocking call waits before it fails: DTP_TIMEOUT, or 60.
+double default_timeout_seconds();
+
+/// How many ranks, on what, and how the clock counts.
+struct World {
+  int size = 1;
+  Backend backend = Backend::thread;
+  Device device = Device::cpu();
+  CostModel cost{};
+  double timeout_seconds = default_timeout_seconds();
+
+  /// A world of @p size ranks on the backend and device named by DTP_BACKEND
+  /// and DTP_DEVICE (defaults "thread" and "cpu").
+  static World from_env(int size);
+};
+
+/// What launch() throws when a rank failed: the rank that failed first and
+/// its message. Deliberately not a dtp::Error (see NotSolved).
+class RankFailure : public std::runtime_error {
+ public:
+  RankFailure(int rank, const std::string& message, std::exception_ptr original);
+  int rank() const { return rank_; }
+  /// The exception the rank threw.
+  std::exception_ptr original() const { return original_; }
+  /// Rethrows the rank's own exception.
+  [[noreturn]] void rethrow_original() const;
+
+ private:
+  int rank_;
+  std::exception_ptr original_;
+};
+
+/// Runs fn(comm) on every rank of @p world and returns when all are done.
+/// If any rank throws, the others are unwound and RankFailure names the first.
+/// A rank that ends with messages nobody received is also a failure.
+void launch(const World& world, const std::function<void(Comm&)>& fn);
+
+/// The calling thread's rank inside launch(), or -1 outside.
+int current_rank();
+
+}  // namespace dtp

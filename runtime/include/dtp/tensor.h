@@ -1,0 +1,133 @@
+/// @file tensor.h
+/// @brief Tensor: contiguous, row-major, up to 4-D, owning shared storage plus an offset.
+///
+/// Views (slice, chunk, view) share storage and cost nothing; they are how
+/// shards and buckets are made. Every allocation is charged to the memory
+/// tracker of the rank that made it (see memory.h).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtp/device.h"
+#include "dtp/dtype.h"
+#include "dtp/memory.h"
+
+namespace dtp {
+
+/// A shape of 0 to 4 dimensions. A 0-D shape holds one element.
+class Shape {
+ public:
+  static constexpr int kMaxDims = 4;
+  Shape() = default;
+  Shape(std::initializer_list<std::int64_t> dims);
+  explicit Shape(const std::vector<std::int64_t>& dims);
+  int ndim() const { return ndim_; }
+  std::int64_t operator[](int dim) const;
+  std::int64_t numel() const;
+  /// "[2, 3]".
+  std::string str() const;
+  bool operator==(const Shape& other) const;
+
+ private:
+  std::array<std::int64_t, kMaxDims> dims_{};
+  int ndim_ = 0;
+};
+
+/// One part of a buffer split into `parts` pieces: elements [offset, offset + length).
+struct ChunkRange {
+  std::int64_t offset = 0;
+  std::int64_t length = 0;
+};
+
+/// The DTP chunking rule, used by Tensor::chunk and by every collective:
+/// each chunk has ceil(numel / parts) elements, except that the last non-empty
+/// chunk holds what is left and chunks past the end are empty.
+/// Example: 10 elements in 4 parts gives 3, 3, 3, 1; 5 in 4 gives 2, 2, 1, 0.
+ChunkRange chunk_range(std::int64_t numel, int parts, int index);
+
+class Storage;
+
+/// A contiguous row-major view of shared storage.
+class Tensor {
+ public:
+  /// An undefined tensor (defined() is false).
+  Tensor() = default;
+
+  /// Uninitialized memory, charged to the current rank's tracker under @p category.
+  static Tensor empty(const Shape& shape, DType dtype = DType::f32,
+                      Device device = Device::cpu(),
+                      MemoryCategory category = MemoryCategory::other);
+  static Tensor zeros(const Shape& shape, DType dtype = DType::f32,
+                      Device device = Device::cpu(),
+                      MemoryCategory category = MemoryCategory::other);
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::f32,
+                     Device device = Device::cpu(),
+                     MemoryCategory category = MemoryCategory::other);
+  /// A 1-D CPU tensor holding @p values converted to @p dtype.
+  static Tensor from_values(const std::vector<double>& values, DType dtype = DType::f64);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int ndim() const { return shape_.ndim(); }
+  std::int64_t size(int dim) const { return shape_[dim]; }
+  std::int64_t numel() const { return shape_.numel(); }
+  DType dtype() const { return dtype_; }
+  Device device() const;
+  MemoryCategory category() const;
+  std::size_t element_size() const { return dtype_size(dtype_); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * element_size(); }
+  /// "f32[2, 3] on cpu".
+  std::string describe() const;
+
+  /// Typed pointer to the first element; throws if T does not match dtype().
+  template <typename T>
+  T* data() {
+    check_dtype(dtype_of<T>());
+    return static_cast<T*>(raw());
+  }
+  template <typename T>
+  const T* data() const {
+    check_dtype(dtype_of<T>());
+    return static_cast<const T*>(raw());
+  }
+  void* raw();
+  const void* raw() const;
+
+  /// 1-D view of flattened elements [start, start + length).
+  Tensor slice(std::int64_t start, std::int64_t length) const;
+  /// Exactly @p parts 1-D views following chunk_range(); trailing ones may be empty.
+  std::vector<Tensor> chunk(int parts) const;
+  /// The same elements under another shape with the same numel.
+  Tensor view(const Shape& shape) const;
+  /// 1-D view of all elements.
+  Tensor flatten() const;
+  /// A deep copy in new storage (same dtype, device and category).
+  Tensor clone() const;
+  /// True when both tensors view the same allocation.
+  bool shares_storage_with(const Tensor& other) const;
+
+  /// Copies @p source's elements; dtypes and element counts must match.
+  void copy_from(const Tensor& source);
+  /// Sets every element to @p value (converted to dtype()).
+  void fill(double value);
+  /// Element @p index of the flattened tensor, converted to double (CPU only).
+  double item(std::int64_t index) const;
+  /// Sets element @p index of the flattened tensor (CPU only).
+  void set_item(std::int64_t index, double value);
+  /// All elements as doubles (CPU only).
+  std::vector<double> to_vector() const;
+
+ private:
+  void check_dtype(DType expected) const;
+  std::shared_ptr<Storage> storage_;
+  std::int64_t offset_ = 0;  // in elements
+  Shape shape_;
+  DType dtype_ = DType::f32;
+};
+
+}  // namespace dtp

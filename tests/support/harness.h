@@ -1,0 +1,66 @@
+/// @file harness.h
+/// @brief The checker harness: run a body on every rank, make data that shows
+/// every mistake, and compare with messages that say where to look.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dtp/dtp.h"
+
+namespace dtp::testing {
+
+/// World sizes the collectives checkers sweep: 1 to 8, odd ones included.
+std::vector<int> all_world_sizes();
+
+/// Runs body(comm) on @p world_size ranks of the backend and device named by
+/// DTP_BACKEND / DTP_DEVICE, with @p cost as the alpha-beta model. A rank's
+/// failure is rethrown as dtp::RankFailure naming the rank.
+void run_ranks(int world_size, const std::function<void(Comm&)>& body,
+               CostModel cost = {});
+
+/// A value unique to (rank, index) for the lengths checkers use, never zero,
+/// exactly representable in @p dtype, and such that sums over up to 8 ranks
+/// stay exact. f64: rank * 2^24 + index + 1 (index < 2^24). Narrower dtypes
+/// repeat the index part with a shorter period (f32 4096, f16 32, bf16 4,
+/// i32 2^20) to keep sums exact.
+double pattern_value(int rank, std::int64_t index, DType dtype);
+
+/// A 1-D tensor of pattern_value(rank, i, dtype) for i in [0, numel).
+Tensor pattern_tensor(int rank, std::int64_t numel, DType dtype = DType::f64,
+                      Device device = Device::cpu());
+
+/// The pattern values of @p rank as doubles (what pattern_tensor holds).
+std::vector<double> pattern_values(int rank, std::int64_t numel, DType dtype = DType::f64);
+
+/// Element-wise sum over ranks 0..world_size-1 of pattern_values().
+std::vector<double> pattern_sum(int world_size, std::int64_t numel, DType dtype = DType::f64);
+
+/// Compares exactly. On mismatch the message names @p what, the rank, the
+/// first few wrong elements with expected and got, and how many are wrong.
+/// With @p chunks > 0 each element is also located as "chunk c of chunks,
+/// offset o" under chunk_range(expected.size(), chunks, c).
+::testing::AssertionResult values_equal(const std::string& what, int rank,
+                                        const std::vector<double>& expected,
+                                        const std::vector<double>& got, int chunks = 0);
+
+/// True when DTP_REQUIRE_GPU=1: GPU checks must run, not skip.
+bool gpu_required();
+
+}  // namespace dtp::testing
+
+/// Skips the current test when no CUDA device is usable, or fails it under
+/// DTP_REQUIRE_GPU=1.
+#define DTP_REQUIRE_GPU()                                                        \
+  do {                                                                           \
+    if (::dtp::cuda_device_count() == 0) {                                       \
+      if (::dtp::testing::gpu_required()) {                                      \
+        FAIL() << "DTP_REQUIRE_GPU=1 but no usable CUDA device was found";       \
+      }                                                                          \
+      GTEST_SKIP() << "no usable CUDA device (set DTP_REQUIRE_GPU=1 to fail instead)"; \
+    }                                                                            \
+  } while (0)
