@@ -125,6 +125,10 @@ class Comm {
   CostModel cost_model() const;
 
  private:
+  void check_peer(const char* op, const char* role, int peer) const;
+  void check_reduce_op(const char* op_name, const Tensor& x, ReduceOp op) const;
+  void check_shard(const char* op, const Tensor& shard, const Tensor& full, int rank) const;
+  void count_collective(const char* kind, const Tensor& buffer);
   std::shared_ptr<CommBackend> backend_;
 };
 

@@ -33,6 +33,13 @@ class CommTimeout : public Error {
   using Error::Error;
 };
 
+/// Every rank still running is waiting for another: nothing can ever wake
+/// them. The message holds the same report as a timeout.
+class CommDeadlock : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Ranks called different collectives (kind, size, dtype, root or op) at the
 /// same step, or a received message did not fit the receive buffer.
 class CommMismatch : public Error {

@@ -1,0 +1,60 @@
+// Internal: what a Comm backend implements. Comm (comm.cpp) validates
+// arguments, counts statistics and records trace spans once for every backend,
+// so a backend only moves data and keeps its clock.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "dtp/comm.h"
+
+namespace dtp {
+
+/// The part of a non-blocking operation a backend completes in wait().
+class RequestState {
+ public:
+  virtual ~RequestState() = default;
+  virtual void wait() = 0;
+  bool completed = false;
+};
+
+/// One rank's end of a communicator.
+class CommBackend {
+ public:
+  virtual ~CommBackend() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+  virtual CostModel cost_model() const = 0;
+  /// This rank's simulated time.
+  virtual double clock() const = 0;
+  virtual void set_clock(double time) = 0;
+
+  virtual void send(const Tensor& x, int dst, int tag) = 0;
+  virtual void recv(Tensor& x, int src, int tag) = 0;
+  virtual std::shared_ptr<RequestState> irecv(Tensor& x, int src, int tag) = 0;
+
+  virtual void all_reduce(Tensor& x, ReduceOp op) = 0;
+  virtual void broadcast(Tensor& x, int root) = 0;
+  virtual void reduce(Tensor& x, int root, ReduceOp op) = 0;
+  virtual void all_gather(const Tensor& shard, Tensor& full) = 0;
+  virtual void reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) = 0;
+  virtual void all_to_all(const Tensor& in, Tensor& out) = 0;
+  virtual void gather(const Tensor& shard, Tensor& full, int root) = 0;
+  virtual void scatter(const Tensor& full, Tensor& shard, int root) = 0;
+  virtual void barrier() = 0;
+  virtual std::shared_ptr<CommBackend> split(int color, int key) = 0;
+
+  /// Counters kept by Comm on the backend's behalf.
+  CommStats stats;
+};
+
+/// Simulated time of one library collective under the alpha-beta model, as
+/// the bandwidth-optimal algorithm of chapter 01 would take: rings for
+/// all-reduce, all-gather, reduce-scatter and all-to-all, binomial trees for
+/// broadcast, reduce and barrier, the root's link for gather and scatter.
+/// @p bytes is the size of the whole buffer (all_reduce's x, all_gather's full).
+double collective_cost(const std::string& kind, double bytes, int world_size, CostModel cost);
+
+}  // namespace dtp

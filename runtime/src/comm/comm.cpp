@@ -1,0 +1,220 @@
+// Comm: the checks, counters and trace spans every backend shares.
+#include "dtp/comm.h"
+
+#include <cmath>
+
+#include "comm/backend.h"
+#include "dtp/error.h"
+#include "dtp/trace.h"
+
+namespace dtp {
+
+std::int64_t CommStats::total_collective_calls() const {
+  std::int64_t total = 0;
+  for (const auto& [kind, calls] : collective_calls) total += calls;
+  return total;
+}
+
+void Request::wait() {
+  if (!state_ || state_->completed) return;
+  state_->wait();
+  state_->completed = true;
+}
+
+bool Request::completed() const { return !state_ || state_->completed; }
+
+void wait_all(std::vector<Request>& requests) {
+  for (Request& request : requests) request.wait();
+}
+
+double collective_cost(const std::string& kind, double bytes, int n, CostModel cost) {
+  if (n <= 1) return 0.0;
+  const double a = cost.alpha, b = cost.beta;
+  const double log_rounds = std::ceil(std::log2(static_cast<double>(n)));
+  const double share = static_cast<double>(n - 1) / n;
+  if (kind == "all_reduce") return 2 * (n - 1) * a + 2 * share * bytes * b;
+  if (kind == "broadcast" || kind == "reduce") return log_rounds * (a + bytes * b);
+  if (kind == "all_gather" || kind == "reduce_scatter" || kind == "all_to_all" ||
+      kind == "gather" || kind == "scatter")
+    return (n - 1) * a + share * bytes * b;
+  return log_rounds * a;  // barrier, split: a tree of empty messages
+}
+
+namespace {
+void check_defined(const char* op, const char* name, const Tensor& t) {
+  DTP_CHECK(t.defined(), op, ": ", name, " is an undefined tensor");
+}
+}  // namespace
+
+Comm::Comm(std::shared_ptr<CommBackend> backend) : backend_(std::move(backend)) {
+  DTP_CHECK(backend_ != nullptr, "Comm needs a backend");
+}
+
+int Comm::rank() const { return backend_->rank(); }
+int Comm::size() const { return backend_->size(); }
+Device Comm::device() const { return backend_->device(); }
+std::string Comm::backend_name() const { return backend_->name(); }
+CostModel Comm::cost_model() const { return backend_->cost_model(); }
+
+void Comm::check_peer(const char* op, const char* role, int peer) const {
+  DTP_CHECK(peer >= 0 && peer < size(), op, ": ", role, " rank ", peer,
+            " is outside the communicator (ranks 0..", size() - 1, ")");
+}
+
+void Comm::send(const Tensor& x, int dst, int tag) {
+  check_defined("send", "x", x);
+  check_peer("send", "destination", dst);
+  trace::Scope span("send", "comm");
+  backend_->send(x, dst, tag);
+  backend_->stats.messages_sent += 1;
+  backend_->stats.bytes_sent += static_cast<std::int64_t>(x.nbytes());
+}
+
+void Comm::recv(Tensor& x, int src, int tag) {
+  check_defined("recv", "x", x);
+  check_peer("recv", "source", src);
+  trace::Scope span("recv", "comm");
+  backend_->recv(x, src, tag);
+  backend_->stats.messages_received += 1;
+  backend_->stats.bytes_received += static_cast<std::int64_t>(x.nbytes());
+}
+
+Request Comm::isend(const Tensor& x, int dst, int tag) {
+  send(x, dst, tag);  // send is eager: the data is already on its way
+  return Request();
+}
+
+Request Comm::irecv(Tensor& x, int src, int tag) {
+  check_defined("irecv", "x", x);
+  check_peer("irecv", "source", src);
+  auto state = backend_->irecv(x, src, tag);
+  backend_->stats.messages_received += 1;
+  backend_->stats.bytes_received += static_cast<std::int64_t>(x.nbytes());
+  return Request(std::move(state));
+}
+
+void Comm::count_collective(const char* kind, const Tensor& buffer) {
+  backend_->stats.collective_calls[kind] += 1;
+  if (buffer.defined()) backend_->stats.collective_bytes += static_cast<std::int64_t>(buffer.nbytes());
+}
+
+void Comm::check_reduce_op(const char* op_name, const Tensor& x, ReduceOp op) const {
+  DTP_CHECK(op != ReduceOp::avg || is_floating(x.dtype()), op_name,
+            ": avg needs a floating dtype, got ", x.describe());
+}
+
+void Comm::check_shard(const char* op, const Tensor& shard, const Tensor& full, int rank) const {
+  ChunkRange range = chunk_range(full.numel(), size(), rank);
+  DTP_CHECK(shard.dtype() == full.dtype(), op, ": shard is ", shard.describe(), " but full is ",
+            full.describe(), "; dtypes must match");
+  DTP_CHECK(shard.numel() == range.length, op, ": rank ", rank, "'s shard must hold chunk ", rank,
+            " of ", size(), " of a ", full.numel(), "-element buffer, which is ", range.length,
+            " elements, but it holds ", shard.numel());
+}
+
+void Comm::all_reduce(Tensor& x, ReduceOp op) {
+  check_defined("all_reduce", "x", x);
+  check_reduce_op("all_reduce", x, op);
+  trace::Scope span("all_reduce", "comm");
+  backend_->all_reduce(x, op);
+  count_collective("all_reduce", x);
+}
+
+void Comm::broadcast(Tensor& x, int root) {
+  check_defined("broadcast", "x", x);
+  check_peer("broadcast", "root", root);
+  trace::Scope span("broadcast", "comm");
+  backend_->broadcast(x, root);
+  count_collective("broadcast", x);
+}
+
+void Comm::reduce(Tensor& x, int root, ReduceOp op) {
+  check_defined("reduce", "x", x);
+  check_peer("reduce", "root", root);
+  check_reduce_op("reduce", x, op);
+  trace::Scope span("reduce", "comm");
+  backend_->reduce(x, root, op);
+  count_collective("reduce", x);
+}
+
+void Comm::all_gather(const Tensor& shard, Tensor& full) {
+  check_defined("all_gather", "shard", shard);
+  check_defined("all_gather", "full", full);
+  check_shard("all_gather", shard, full, rank());
+  trace::Scope span("all_gather", "comm");
+  backend_->all_gather(shard, full);
+  count_collective("all_gather", full);
+}
+
+void Comm::reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
+  check_defined("reduce_scatter", "full", full);
+  check_defined("reduce_scatter", "shard", shard);
+  check_shard("reduce_scatter", shard, full, rank());
+  check_reduce_op("reduce_scatter", full, op);
+  trace::Scope span("reduce_scatter", "comm");
+  backend_->reduce_scatter(full, shard, op);
+  count_collective("reduce_scatter", full);
+}
+
+void Comm::all_to_all(const Tensor& in, Tensor& out) {
+  check_defined("all_to_all", "in", in);
+  check_defined("all_to_all", "out", out);
+  DTP_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel(),
+            "all_to_all: in and out must have the same dtype and element count, got ",
+            in.describe(), " and ", out.describe());
+  DTP_CHECK(in.numel() % size() == 0, "all_to_all: the element count ", in.numel(),
+            " must divide by the world size ", size(), " (every rank sends every rank one equal chunk)");
+  trace::Scope span("all_to_all", "comm");
+  backend_->all_to_all(in, out);
+  count_collective("all_to_all", in);
+}
+
+void Comm::gather(const Tensor& shard, Tensor& full, int root) {
+  check_defined("gather", "shard", shard);
+  check_peer("gather", "root", root);
+  if (rank() == root) {
+    check_defined("gather", "root's full", full);
+    check_shard("gather", shard, full, rank());
+  }
+  trace::Scope span("gather", "comm");
+  backend_->gather(shard, full, root);
+  count_collective("gather", shard);
+}
+
+void Comm::scatter(const Tensor& full, Tensor& shard, int root) {
+  check_defined("scatter", "shard", shard);
+  check_peer("scatter", "root", root);
+  if (rank() == root) {
+    check_defined("scatter", "root's full", full);
+    check_shard("scatter", shard, full, rank());
+  }
+  trace::Scope span("scatter", "comm");
+  backend_->scatter(full, shard, root);
+  count_collective("scatter", shard);
+}
+
+void Comm::barrier() {
+  trace::Scope span("barrier", "comm");
+  backend_->barrier();
+  count_collective("barrier", Tensor());
+}
+
+Comm Comm::split(int color, int key) {
+  DTP_CHECK(color >= 0, "split: color must be >= 0, got ", color);
+  Comm sub(backend_->split(color, key));
+  count_collective("split", Tensor());
+  return sub;
+}
+
+CommStats Comm::stats() const {
+  CommStats out = backend_->stats;
+  out.clock = backend_->clock();
+  return out;
+}
+
+void Comm::reset_stats() {
+  backend_->stats = CommStats{};
+  backend_->set_clock(0.0);
+}
+
+}  // namespace dtp

@@ -1,0 +1,160 @@
+// launch(): one thread per rank on the thread backend; the first failure is
+// reported with its rank, the other ranks are unwound, and messages nobody
+// received are reported as a failure too.
+#include "dtp/launch.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "comm/thread_backend.h"
+#include "comm/thread_group.h"
+#include "comm/thread_world.h"
+#include "dtp/error.h"
+
+namespace dtp {
+
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::thread: return "thread";
+    case Backend::mpi: return "mpi";
+    case Backend::nccl: return "nccl";
+  }
+  return "?";
+}
+
+Backend parse_backend(const std::string& name) {
+  for (Backend b : {Backend::thread, Backend::mpi, Backend::nccl})
+    if (name == backend_name(b)) return b;
+  DTP_CHECK(false, "unknown backend '", name, "': expected thread, mpi or nccl");
+  return Backend::thread;
+}
+
+double default_timeout_seconds() {
+  const char* text = std::getenv("DTP_TIMEOUT");
+  if (text == nullptr || *text == '\0') return 60.0;
+  char* end = nullptr;
+  double seconds = std::strtod(text, &end);
+  DTP_CHECK(*end == '\0' && seconds > 0, "DTP_TIMEOUT must be a positive number of seconds, got '",
+            text, "'");
+  return seconds;
+}
+
+World World::from_env(int size) {
+  World world;
+  world.size = size;
+  if (const char* b = std::getenv("DTP_BACKEND"); b && *b) world.backend = parse_backend(b);
+  if (const char* d = std::getenv("DTP_DEVICE"); d && *d) world.device = parse_device(d);
+  return world;
+}
+
+RankFailure::RankFailure(int rank, const std::string& message, std::exception_ptr original)
+    : std::runtime_error("rank " + std::to_string(rank) + ": " + message),
+      rank_(rank),
+      original_(std::move(original)) {}
+
+void RankFailure::rethrow_original() const { std::rethrow_exception(original_); }
+
+namespace {
+thread_local int this_thread_rank = -1;
+
+struct Failure {
+  int rank;
+  std::string message;
+  std::exception_ptr error;
+  bool secondary;  // unwound because another rank failed first
+};
+
+std::string describe_exception(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+}  // namespace
+
+int current_rank() { return this_thread_rank; }
+
+void launch(const World& world, const std::function<void(Comm&)>& fn) {
+  DTP_CHECK(world.size >= 1 && world.size <= 1024, "launch: world size must be in [1, 1024], got ",
+            world.size);
+  DTP_CHECK(world.timeout_seconds > 0, "launch: timeout_seconds must be positive, got ",
+            world.timeout_seconds);
+  DTP_CHECK(world.backend == Backend::thread, "launch: the ", backend_name(world.backend),
+            " backend is not part of this build yet; use DTP_BACKEND=thread");
+  DTP_CHECK(world.device.is_cpu(), "launch: the thread backend runs on cpu in this build, not ",
+            world.device.str(), "; use DTP_DEVICE=cpu");
+
+  auto thread_world = std::make_shared<ThreadWorld>(world);
+  std::vector<int> everyone(static_cast<std::size_t>(world.size));
+  for (int r = 0; r < world.size; ++r) everyone[r] = r;
+  auto group = ThreadGroup::create(thread_world, everyone);
+
+  std::mutex failures_mutex;
+  std::vector<Failure> failures;  // in the order they happened
+
+  auto run_rank = [&](int rank) {
+    this_thread_rank = rank;
+    set_current_memory_tracker(std::make_shared<MemoryTracker>());
+    try {
+      {
+        Comm comm(std::make_shared<ThreadComm>(group, rank));
+        fn(comm);
+      }
+      std::lock_guard lock(thread_world->mutex);
+      thread_world->finish(rank);
+    } catch (...) {
+      std::exception_ptr error = std::current_exception();
+      bool secondary = false;
+      try {
+        std::rethrow_exception(error);
+      } catch (const CommAborted&) {
+        secondary = true;
+      } catch (...) {
+      }
+      std::string message = describe_exception(error);
+      {
+        std::lock_guard lock(failures_mutex);
+        failures.push_back({rank, message, error, secondary});
+      }
+      std::lock_guard lock(thread_world->mutex);
+      thread_world->abort(rank, message);
+      thread_world->finish(rank);
+    }
+    set_current_memory_tracker(nullptr);
+    this_thread_rank = -1;
+  };
+
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(world.size));
+  for (int r = 0; r < world.size; ++r) threads.emplace_back(run_rank, r);
+  for (std::thread& t : threads) t.join();
+
+  if (!failures.empty()) {
+    const Failure* first = &failures.front();
+    for (const Failure& f : failures)
+      if (!f.secondary) {
+        first = &f;
+        break;
+      }
+    throw RankFailure(first->rank, first->message, first->error);
+  }
+
+  // Every send needs a matching recv: leftover messages mean a protocol bug.
+  std::string undelivered;
+  for (const auto& g : thread_world->groups()) undelivered += g->describe_undelivered();
+  if (!undelivered.empty()) {
+    std::string message =
+        "every rank returned, but these messages were sent and never received "
+        "(each send needs a matching recv with the same source and tag):\n" + undelivered;
+    int receiver = std::atoi(undelivered.substr(undelivered.find("-> rank ") + 8).c_str());
+    throw RankFailure(receiver, message, std::make_exception_ptr(CommMismatch(message)));
+  }
+}
+
+}  // namespace dtp

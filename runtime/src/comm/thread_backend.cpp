@@ -1,0 +1,254 @@
+// The thread backend: ranks are threads of one process sharing memory.
+// Point-to-point messages are eager copies dropped in the receiver's mailbox.
+// Library collectives do not loop over send/recv: after the ranks meet, each
+// rank reduces or copies its own chunk straight out of the others' buffers,
+// so every byte is read once and written once, spread over all ranks.
+#include "comm/thread_backend.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "comm/thread_group.h"
+#include "dtp/error.h"
+
+namespace dtp {
+
+ThreadComm::ThreadComm(std::shared_ptr<ThreadGroup> group, int rank)
+    : group_(std::move(group)), rank_(rank) {}
+
+int ThreadComm::size() const { return group_->size(); }
+Device ThreadComm::device() const { return group_->world().config().device; }
+CostModel ThreadComm::cost_model() const { return group_->world().config().cost; }
+int ThreadComm::global_rank() const { return group_->global_rank(rank_); }
+
+double ThreadComm::clock() const {
+  std::lock_guard lock(group_->world().mutex);
+  return group_->world().clocks[global_rank()];
+}
+
+void ThreadComm::set_clock(double time) {
+  std::lock_guard lock(group_->world().mutex);
+  group_->world().clocks[global_rank()] = time;
+}
+
+// --- point to point -------------------------------------------------------------
+
+void ThreadComm::send(const Tensor& x, int dst, int tag) {
+  // Copy first, outside the lock: the caller may reuse x as soon as we return.
+  Message message;
+  message.source = rank_;
+  message.tag = tag;
+  message.payload = Tensor::empty(x.shape(), x.dtype(), x.device(), MemoryCategory::comm);
+  message.payload.copy_from(x);
+
+  ThreadWorld& world = group_->world();
+  std::lock_guard lock(world.mutex);
+  world.throw_if_aborted(global_rank());
+  const CostModel cost = world.config().cost;
+  double& clock = world.clocks[global_rank()];
+  clock += cost.alpha + cost.beta * static_cast<double>(x.nbytes());
+  message.arrival = clock;
+  group_->post(dst, std::move(message));
+  world.changed.notify_all();
+}
+
+void ThreadComm::receive(Tensor& x, int src, int tag, std::int64_t ticket) {
+  ThreadWorld& world = group_->world();
+  std::unique_lock lock(world.mutex);
+  world.wait_until(
+      lock, global_rank(), [&] { return group_->has_message(rank_, src, tag, ticket); },
+      [&, src, tag] {
+        std::ostringstream what;
+        what << "recv(source rank " << group_->global_rank(src) << ", tag " << tag << ", "
+             << x.numel() << " x " << dtype_name(x.dtype()) << ")";
+        if (group_->name() != "the world") what << " on " << group_->name();
+        return what.str();
+      });
+  Message message = group_->take_message(rank_, src, tag, ticket);
+  double& clock = world.clocks[global_rank()];
+  clock = std::max(clock, message.arrival);
+  lock.unlock();
+
+  const Tensor& payload = message.payload;
+  if (payload.dtype() != x.dtype() || payload.numel() != x.numel()) {
+    std::ostringstream what;
+    what << "recv on rank " << global_rank() << " from rank " << group_->global_rank(src)
+         << " (tag " << tag << ") expected " << x.numel() << " x " << dtype_name(x.dtype())
+         << " but the message holds " << payload.numel() << " x " << dtype_name(payload.dtype())
+         << "; sender and receiver must agree on the size and dtype of every message";
+    throw CommMismatch(what.str());
+  }
+  x.copy_from(payload);
+}
+
+void ThreadComm::recv(Tensor& x, int src, int tag) {
+  std::int64_t ticket;
+  {
+    std::lock_guard lock(group_->world().mutex);
+    ticket = group_->take_ticket(rank_, src, tag);
+  }
+  receive(x, src, tag, ticket);
+}
+
+namespace {
+/// A posted receive: its place in the (source, tag) queue is fixed at post
+/// time, so receives complete in the order they were posted, as in MPI.
+class ThreadRecvRequest : public RequestState {
+ public:
+  ThreadRecvRequest(ThreadComm* comm, Tensor x, int src, int tag, std::int64_t ticket)
+      : comm_(comm), x_(std::move(x)), src_(src), tag_(tag), ticket_(ticket) {}
+  void wait() override { comm_->receive(x_, src_, tag_, ticket_); }
+
+ private:
+  ThreadComm* comm_;
+  Tensor x_;  // shares storage with the caller's tensor
+  int src_, tag_;
+  std::int64_t ticket_;
+};
+}  // namespace
+
+std::shared_ptr<RequestState> ThreadComm::irecv(Tensor& x, int src, int tag) {
+  std::int64_t ticket;
+  {
+    std::lock_guard lock(group_->world().mutex);
+    group_->world().throw_if_aborted(global_rank());
+    ticket = group_->take_ticket(rank_, src, tag);
+  }
+  return std::make_shared<ThreadRecvRequest>(this, x, src, tag, ticket);
+}
+
+// --- collectives ----------------------------------------------------------------
+
+namespace {
+CollectiveCall make_call(const char* kind, const Tensor& buffer, double cost_bytes) {
+  CollectiveCall call;
+  call.kind = kind;
+  if (buffer.defined()) {
+    call.dtype = buffer.dtype();
+    call.count = buffer.numel();
+  }
+  call.cost_bytes = cost_bytes;
+  return call;
+}
+CollectiveCall with_op(CollectiveCall call, ReduceOp op) {
+  call.uses_op = true;
+  call.op = op;
+  return call;
+}
+}  // namespace
+
+// Runs one collective: meet, do this rank's share of the work, part.
+template <typename Work>
+void ThreadComm::collective(CollectiveCall call, Work&& work) {
+  const std::vector<CollectiveCall>& calls = group_->arrive(rank_, std::move(call));
+  work(calls);
+  group_->depart(rank_);
+}
+
+void ThreadComm::all_reduce(Tensor& x, ReduceOp op) {
+  CollectiveCall call = with_op(make_call("all_reduce", x, static_cast<double>(x.nbytes())), op);
+  call.first = x.flatten();
+  collective(std::move(call), [&](const std::vector<CollectiveCall>& calls) {
+    // This rank owns chunk rank_: reduce it from every rank into its own copy,
+    // then write the result back into everyone's copy. Chunks are disjoint.
+    const int n = size();
+    Tensor mine = calls[rank_].first.chunk(n)[rank_];
+    for (int r = 0; r < n; ++r)
+      if (r != rank_) ops::accumulate(mine, calls[r].first.chunk(n)[rank_], op == ReduceOp::avg ? ReduceOp::sum : op);
+    if (op == ReduceOp::avg) ops::scale(mine, 1.0 / n);
+    for (int r = 0; r < n; ++r)
+      if (r != rank_) calls[r].first.chunk(n)[rank_].copy_from(mine);
+  });
+}
+
+void ThreadComm::broadcast(Tensor& x, int root) {
+  CollectiveCall call = make_call("broadcast", x, static_cast<double>(x.nbytes()));
+  call.root = root;
+  call.first = x;
+  collective(std::move(call), [&](const std::vector<CollectiveCall>& calls) {
+    if (rank_ != root) x.copy_from(calls[root].first);
+  });
+}
+
+void ThreadComm::reduce(Tensor& x, int root, ReduceOp op) {
+  CollectiveCall call = with_op(make_call("reduce", x, static_cast<double>(x.nbytes())), op);
+  call.root = root;
+  call.first = x.flatten();
+  collective(std::move(call), [&](const std::vector<CollectiveCall>& calls) {
+    // Each rank reduces one chunk into the root's buffer; other buffers are only read.
+    const int n = size();
+    Tensor target = calls[root].first.chunk(n)[rank_];
+    for (int r = 0; r < n; ++r)
+      if (r != root) ops::accumulate(target, calls[r].first.chunk(n)[rank_], op == ReduceOp::avg ? ReduceOp::sum : op);
+    if (op == ReduceOp::avg) ops::scale(target, 1.0 / n);
+  });
+}
+
+void ThreadComm::all_gather(const Tensor& shard, Tensor& full) {
+  CollectiveCall call = make_call("all_gather", full, static_cast<double>(full.nbytes()));
+  call.first = shard;
+  collective(std::move(call), [&](const std::vector<CollectiveCall>& calls) {
+    std::vector<Tensor> parts = full.flatten().chunk(size());
+    for (int r = 0; r < size(); ++r) parts[r].copy_from(calls[r].first);
+  });
+}
+
+void ThreadComm::reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
+  CollectiveCall call = with_op(make_call("reduce_scatter", full, static_cast<double>(full.nbytes())), op);
+  call.first = full.flatten();
+  collective(std::move(call), [&](const std::vector<CollectiveCall>& calls) {
+    const int n = size();
+    Tensor out = shard.flatten();
+    out.copy_from(calls[0].first.chunk(n)[rank_]);
+    for (int r = 1; r < n; ++r)
+      ops::accumulate(out, calls[r].first.chunk(n)[rank_], op == ReduceOp::avg ? ReduceOp::sum : op);
+    if (op == ReduceOp::avg) ops::scale(out, 1.0 / n);
+  });
+}
+
+void ThreadComm::all_to_all(const Tensor& in, Tensor& out) {
+  CollectiveCall call = make_call("all_to_all", in, static_cast<double>(in.nbytes()));
+  call.first = in.flatten();
+  collective(std::move(call), [&](const std::vector<CollectiveCall>& calls) {
+    std::vector<Tensor> parts = out.flatten().chunk(size());
+    for (int r = 0; r < size(); ++r) parts[r].copy_from(calls[r].first.chunk(size())[rank_]);
+  });
+}
+
+void ThreadComm::gather(const Tensor& shard, Tensor& full, int root) {
+  CollectiveCall call = make_call("gather", Tensor(), static_cast<double>(shard.nbytes()) * size());
+  call.dtype = shard.dtype();
+  call.root = root;
+  call.first = shard;
+  if (rank_ == root) call.second = full.flatten();
+  collective(std::move(call), [&](const std::vector<CollectiveCall>& calls) {
+    calls[root].second.chunk(size())[rank_].copy_from(shard);
+  });
+}
+
+void ThreadComm::scatter(const Tensor& full, Tensor& shard, int root) {
+  CollectiveCall call = make_call("scatter", Tensor(), static_cast<double>(shard.nbytes()) * size());
+  call.dtype = shard.dtype();
+  call.root = root;
+  call.first = shard;
+  if (rank_ == root) call.second = full.flatten();
+  collective(std::move(call), [&](const std::vector<CollectiveCall>& calls) {
+    shard.flatten().copy_from(calls[root].second.chunk(size())[rank_]);
+  });
+}
+
+void ThreadComm::barrier() {
+  collective(make_call("barrier", Tensor(), 0), [](const std::vector<CollectiveCall>&) {});
+}
+
+std::shared_ptr<CommBackend> ThreadComm::split(int color, int key) {
+  CollectiveCall call = make_call("split", Tensor(), 0);
+  call.color = color;
+  call.key = key;
+  group_->arrive(rank_, std::move(call));
+  auto [group, rank] = group_->split_result(rank_);
+  group_->depart(rank_);
+  return std::make_shared<ThreadComm>(group, rank);
+}
+
+}  // namespace dtp

@@ -1,0 +1,52 @@
+// Internal: the thread backend's CommBackend (see thread_backend.cpp).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "comm/backend.h"
+
+namespace dtp {
+
+class ThreadGroup;
+struct CollectiveCall;
+
+class ThreadComm : public CommBackend {
+ public:
+  ThreadComm(std::shared_ptr<ThreadGroup> group, int rank);
+
+  int rank() const override { return rank_; }
+  int size() const override;
+  Device device() const override;
+  std::string name() const override { return "thread"; }
+  CostModel cost_model() const override;
+  double clock() const override;
+  void set_clock(double time) override;
+
+  void send(const Tensor& x, int dst, int tag) override;
+  void recv(Tensor& x, int src, int tag) override;
+  std::shared_ptr<RequestState> irecv(Tensor& x, int src, int tag) override;
+  /// Waits for the message with this (source, tag) ticket and copies it into x.
+  void receive(Tensor& x, int src, int tag, std::int64_t ticket);
+
+  void all_reduce(Tensor& x, ReduceOp op) override;
+  void broadcast(Tensor& x, int root) override;
+  void reduce(Tensor& x, int root, ReduceOp op) override;
+  void all_gather(const Tensor& shard, Tensor& full) override;
+  void reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) override;
+  void all_to_all(const Tensor& in, Tensor& out) override;
+  void gather(const Tensor& shard, Tensor& full, int root) override;
+  void scatter(const Tensor& full, Tensor& shard, int root) override;
+  void barrier() override;
+  std::shared_ptr<CommBackend> split(int color, int key) override;
+
+ private:
+  int global_rank() const;
+  template <typename Work>
+  void collective(CollectiveCall call, Work&& work);
+
+  std::shared_ptr<ThreadGroup> group_;
+  int rank_;
+};
+
+}  // namespace dtp

@@ -1,0 +1,94 @@
+// Internal: one communicator's shared state in the thread backend — the
+// mailboxes of its point-to-point messages and the rendezvous where its
+// library collectives meet. Guarded by the world's mutex.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "comm/thread_world.h"
+#include "dtp/comm.h"
+
+namespace dtp {
+
+/// An eager message: a private copy of the payload and its arrival time.
+struct Message {
+  int source = 0;
+  int tag = 0;
+  std::int64_t sequence = 0;  // n-th message from source to this rank with this tag
+  Tensor payload;
+  double arrival = 0.0;
+};
+
+/// One rank's side of a library collective, as it arrives at the rendezvous.
+struct CollectiveCall {
+  std::string kind;
+  DType dtype = DType::f32;
+  std::int64_t count = -1;  // elements compared across ranks; -1 = not compared
+  int root = -1;
+  bool uses_op = false;
+  ReduceOp op = ReduceOp::sum;
+  double cost_bytes = 0;  // what the alpha-beta model charges for
+  Tensor first, second;   // this rank's buffers; their meaning depends on kind
+  int color = 0, key = 0; // split only
+  /// "all_reduce(100 x f32, sum)", for mismatch messages and reports.
+  std::string signature() const;
+};
+
+class ThreadGroup {
+ public:
+  ThreadGroup(std::shared_ptr<ThreadWorld> world, std::vector<int> members);
+  static std::shared_ptr<ThreadGroup> create(std::shared_ptr<ThreadWorld> world,
+                                             std::vector<int> members);
+
+  ThreadWorld& world() { return *world_; }
+  int size() const { return static_cast<int>(members_.size()); }
+  int global_rank(int group_rank) const { return members_[group_rank]; }
+  /// "the world" or "group [0, 2, 4]".
+  std::string name() const;
+
+  // --- point to point (callers hold the world lock) ---
+  void post(int destination, Message message);
+  /// The ticket of the next receive this rank posts for (source, tag).
+  std::int64_t take_ticket(int destination, int source, int tag);
+  /// True once the message with that ticket has arrived. Pure: wait predicates
+  /// are also evaluated by other ranks looking for a deadlock.
+  bool has_message(int destination, int source, int tag, std::int64_t ticket) const;
+  /// Removes and returns the message with that ticket; it must have arrived.
+  Message take_message(int destination, int source, int tag, std::int64_t ticket);
+  /// Lines describing messages nobody has received yet.
+  std::string describe_undelivered() const;
+
+  // --- collectives ---
+  /// Blocks until every rank of the group has arrived; the calls must agree
+  /// (throws CommMismatch otherwise). Returns every rank's call, valid until depart().
+  const std::vector<CollectiveCall>& arrive(int rank, CollectiveCall call);
+  /// Blocks until every rank is done with the buffers of this collective.
+  void depart(int rank);
+  /// After a split's arrive(): this rank's new group and rank in it.
+  std::pair<std::shared_ptr<ThreadGroup>, int> split_result(int rank) const {
+    return split_result_[rank];
+  }
+
+ private:
+  void complete_arrival();  // run by the last rank to arrive, lock held
+
+  std::shared_ptr<ThreadWorld> world_;
+  std::vector<int> members_;
+  std::vector<std::deque<Message>> mailbox_;  // per destination
+  std::map<std::tuple<int, int, int>, std::int64_t> sent_;     // (dst, src, tag) -> count
+  std::map<std::tuple<int, int, int>, std::int64_t> tickets_;  // (dst, src, tag) -> count
+
+  std::vector<CollectiveCall> calls_;
+  int arrived_ = 0;
+  int departed_ = 0;
+  std::int64_t generation_ = 0;  // collectives completed
+  std::int64_t departures_ = 0;  // collectives every rank has left
+  std::vector<std::pair<std::shared_ptr<ThreadGroup>, int>> split_result_;
+};
+
+}  // namespace dtp

@@ -1,0 +1,129 @@
+#include "comm/thread_world.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "comm/thread_group.h"
+#include "dtp/error.h"
+
+namespace dtp {
+
+ThreadWorld::ThreadWorld(const World& world)
+    : config_(world), status_(static_cast<std::size_t>(world.size)) {
+  clocks.assign(static_cast<std::size_t>(world.size), 0.0);
+}
+
+void ThreadWorld::add_group(const std::shared_ptr<ThreadGroup>& group) { groups_.push_back(group); }
+
+std::vector<std::shared_ptr<ThreadGroup>> ThreadWorld::groups() const {
+  std::vector<std::shared_ptr<ThreadGroup>> alive;
+  for (const auto& weak : groups_)
+    if (auto group = weak.lock()) alive.push_back(group);
+  return alive;
+}
+
+void ThreadWorld::throw_if_aborted(int rank) const {
+  if (deadlocked_) throw CommDeadlock(deadlock_report_);
+  if (aborted_)
+    throw CommAborted("rank " + std::to_string(rank) + " stopped because " + abort_reason_);
+}
+
+void ThreadWorld::abort(int rank, const std::string& reason) {
+  if (!aborted_) {
+    aborted_ = true;
+    abort_reason_ = "rank " + std::to_string(rank) + " failed: " + reason;
+  }
+  changed.notify_all();
+}
+
+bool ThreadWorld::everyone_stuck() const {
+  for (const RankStatus& s : status_) {
+    if (s.state == State::running) return false;
+    if (s.state == State::waiting && s.ready()) return false;
+  }
+  return true;
+}
+
+void ThreadWorld::finish(int rank) {
+  status_[rank].state = State::finished;
+  // The last running rank leaving can strand the others for good.
+  if (!aborted_ && everyone_stuck()) {
+    bool anyone_waiting = false;
+    for (const RankStatus& s : status_) anyone_waiting |= s.state == State::waiting;
+    if (anyone_waiting) {
+      deadlocked_ = aborted_ = true;
+      abort_reason_ = "of a deadlock";
+      deadlock_report_ = "deadlock: every rank still running waits for something no rank can send.\n" + report();
+    }
+  }
+  changed.notify_all();
+}
+
+void ThreadWorld::wait_until(std::unique_lock<std::mutex>& lock, int rank,
+                             const std::function<bool()>& ready,
+                             const std::function<std::string()>& describe) {
+  throw_if_aborted(rank);
+  if (ready()) return;
+  RankStatus& me = status_[rank];
+  me = {State::waiting, ready, describe, std::chrono::steady_clock::now()};
+  struct BackToRunning {
+    RankStatus& status;
+    ~BackToRunning() { status.state = State::running; }
+  } back_to_running{me};
+
+  if (everyone_stuck()) {
+    deadlocked_ = aborted_ = true;
+    abort_reason_ = "of a deadlock";
+    deadlock_report_ = "deadlock: every rank still running waits for something no rank can send.\n" + report();
+    changed.notify_all();
+    throw CommDeadlock(deadlock_report_);
+  }
+  const auto deadline = me.since + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                       std::chrono::duration<double>(config_.timeout_seconds));
+  while (!ready()) {
+    throw_if_aborted(rank);
+    if (changed.wait_until(lock, deadline) == std::cv_status::timeout && !ready()) {
+      throw_if_aborted(rank);
+      char head[160];
+      std::snprintf(head, sizeof head,
+                    "timeout: rank %d waited %.1f s (DTP_TIMEOUT) for %s\n", rank,
+                    config_.timeout_seconds, describe().c_str());
+      std::string message = head + report();
+      abort(rank, "it timed out");
+      throw CommTimeout(message);
+    }
+  }
+  throw_if_aborted(rank);
+}
+
+std::string ThreadWorld::report() const {
+  std::ostringstream out;
+  out << "What every rank is doing:\n";
+  const auto now = std::chrono::steady_clock::now();
+  for (int r = 0; r < size(); ++r) {
+    const RankStatus& s = status_[r];
+    out << "  rank " << r << ": ";
+    switch (s.state) {
+      case State::running: out << "running (not inside a communication call)"; break;
+      case State::finished: out << "finished"; break;
+      case State::waiting: {
+        double waited = std::chrono::duration<double>(now - s.since).count();
+        char seconds[32];
+        std::snprintf(seconds, sizeof seconds, "%.1f", waited);
+        out << "waiting " << seconds << " s for " << s.describe();
+        break;
+      }
+    }
+    out << "\n";
+  }
+  std::string pending;
+  for (const auto& group : groups()) pending += group->describe_undelivered();
+  if (pending.empty()) {
+    out << "No message is waiting to be received.\n";
+  } else {
+    out << "Sent but not yet received (a tag, size or peer mismatch?):\n" << pending;
+  }
+  return out.str();
+}
+
+}  // namespace dtp

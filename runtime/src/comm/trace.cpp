@@ -1,0 +1,94 @@
+// Trace spans: one global list guarded by a mutex. Recording is off unless
+// enable() was called, and a disabled Scope costs one atomic load.
+#include "dtp/trace.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+
+#include "dtp/error.h"
+#include "dtp/launch.h"
+
+namespace dtp::trace {
+
+namespace {
+std::atomic<bool> recording{false};
+std::mutex spans_mutex;
+std::vector<Span> recorded;
+std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();
+
+double now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - origin).count();
+}
+
+std::string json_escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+}  // namespace
+
+void enable() {
+  std::lock_guard lock(spans_mutex);
+  recorded.clear();
+  origin = std::chrono::steady_clock::now();
+  recording = true;
+}
+
+void disable() { recording = false; }
+bool enabled() { return recording; }
+
+void clear() {
+  std::lock_guard lock(spans_mutex);
+  recorded.clear();
+}
+
+std::vector<Span> spans() {
+  std::lock_guard lock(spans_mutex);
+  return recorded;
+}
+
+void write_chrome_json(const std::string& path) {
+  std::vector<Span> all = spans();
+  std::ofstream out(path);
+  DTP_CHECK(out.good(), "trace: cannot write '", path, "'");
+  // Complete events ("ph":"X"): one track (tid) per rank.
+  out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const Span& s = all[i];
+    char times[96];
+    std::snprintf(times, sizeof times, "\"ts\":%.3f,\"dur\":%.3f", s.start_us, s.end_us - s.start_us);
+    out << "{\"name\":\"" << json_escape(s.name) << "\",\"cat\":\"" << json_escape(s.category)
+        << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << s.rank << "," << times << "}"
+        << (i + 1 < all.size() ? ",\n" : "\n");
+  }
+  out << "]}\n";
+}
+
+Scope::Scope(std::string name, std::string category) {
+  if (!recording) return;
+  active_ = true;
+  name_ = std::move(name);
+  category_ = std::move(category);
+  start_us_ = now_us();
+}
+
+Scope::~Scope() {
+  if (!active_ || !recording) return;
+  Span span{std::move(name_), std::move(category_), std::max(current_rank(), 0), start_us_, now_us()};
+  std::lock_guard lock(spans_mutex);
+  recorded.push_back(std::move(span));
+}
+
+}  // namespace dtp::trace

@@ -1,0 +1,91 @@
+#include "dtp/memory.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace dtp {
+
+const char* memory_category_name(MemoryCategory category) {
+  switch (category) {
+    case MemoryCategory::params: return "params";
+    case MemoryCategory::grads: return "grads";
+    case MemoryCategory::optimizer: return "optimizer";
+    case MemoryCategory::activations: return "activations";
+    case MemoryCategory::comm: return "comm";
+    case MemoryCategory::other: return "other";
+  }
+  return "?";
+}
+
+void MemoryTracker::charge(MemoryCategory category, std::int64_t bytes) {
+  std::lock_guard lock(mutex_);
+  auto c = static_cast<int>(category);
+  live_[c] += bytes;
+  peak_[c] = std::max(peak_[c], live_[c]);
+  total_live_ += bytes;
+  total_peak_ = std::max(total_peak_, total_live_);
+}
+
+void MemoryTracker::release(MemoryCategory category, std::int64_t bytes) {
+  std::lock_guard lock(mutex_);
+  live_[static_cast<int>(category)] -= bytes;
+  total_live_ -= bytes;
+}
+
+std::int64_t MemoryTracker::live(MemoryCategory category) const {
+  std::lock_guard lock(mutex_);
+  return live_[static_cast<int>(category)];
+}
+
+std::int64_t MemoryTracker::peak(MemoryCategory category) const {
+  std::lock_guard lock(mutex_);
+  return peak_[static_cast<int>(category)];
+}
+
+std::int64_t MemoryTracker::total_live() const {
+  std::lock_guard lock(mutex_);
+  return total_live_;
+}
+
+std::int64_t MemoryTracker::total_peak() const {
+  std::lock_guard lock(mutex_);
+  return total_peak_;
+}
+
+void MemoryTracker::reset_peaks() {
+  std::lock_guard lock(mutex_);
+  peak_ = live_;
+  total_peak_ = total_live_;
+}
+
+std::string MemoryTracker::summary() const {
+  std::lock_guard lock(mutex_);
+  std::string out;
+  char line[128];
+  for (int c = 0; c < kMemoryCategoryCount; ++c) {
+    std::snprintf(line, sizeof line, "%-12s live %10.3f MiB  peak %10.3f MiB\n",
+                  memory_category_name(static_cast<MemoryCategory>(c)), live_[c] / 1048576.0,
+                  peak_[c] / 1048576.0);
+    out += line;
+  }
+  return out;
+}
+
+namespace {
+std::shared_ptr<MemoryTracker>& thread_tracker() {
+  thread_local std::shared_ptr<MemoryTracker> tracker;
+  return tracker;
+}
+}  // namespace
+
+std::shared_ptr<MemoryTracker> current_memory_tracker() {
+  static auto process_tracker = std::make_shared<MemoryTracker>();
+  auto& mine = thread_tracker();
+  return mine ? mine : process_tracker;
+}
+
+void set_current_memory_tracker(std::shared_ptr<MemoryTracker> tracker) {
+  thread_tracker() = std::move(tracker);
+}
+
+}  // namespace dtp

@@ -1,0 +1,277 @@
+// The thread backend's point-to-point layer, library collectives, split and
+// alpha-beta clock. These are the fast paths chapters 02+ stand on.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+
+#include "support/harness.h"
+
+namespace dtp {
+namespace {
+
+using testing::pattern_sum;
+using testing::pattern_tensor;
+using testing::pattern_values;
+using testing::run_ranks;
+using testing::values_equal;
+
+// Runs body on every world size 1..8 and collects one vector per rank.
+using Results = std::vector<std::vector<double>>;
+
+TEST(ThreadComm, SendRecvKeepsOrderPerSourceAndTag) {
+  run_ranks(2, [](Comm& comm) {
+    if (comm.rank() == 0) {
+      for (int i = 0; i < 5; ++i) comm.send(Tensor::full({3}, i, DType::f64), 1, /*tag=*/i % 2);
+    } else {
+      // Tag 1 first: messages of other tags wait in the mailbox.
+      for (int expected : {1, 3}) {
+        Tensor x = Tensor::zeros({3}, DType::f64);
+        comm.recv(x, 0, 1);
+        EXPECT_EQ(x.item(2), expected);
+      }
+      for (int expected : {0, 2, 4}) {
+        Tensor x = Tensor::zeros({3}, DType::f64);
+        comm.recv(x, 0, 0);
+        EXPECT_EQ(x.item(0), expected);
+      }
+    }
+  });
+}
+
+TEST(ThreadComm, SendCopiesEagerlySoTheBufferCanBeReused) {
+  run_ranks(2, [](Comm& comm) {
+    Tensor x = Tensor::full({4}, 7, DType::f32);
+    if (comm.rank() == 0) {
+      comm.send(x, 1);
+      x.fill(-1);  // must not change what rank 1 receives
+      comm.send(x, 1);
+    } else {
+      comm.recv(x, 0);
+      EXPECT_EQ(x.item(3), 7);
+      comm.recv(x, 0);
+      EXPECT_EQ(x.item(3), -1);
+    }
+  });
+}
+
+TEST(ThreadComm, IrecvCompletesInPostOrder) {
+  run_ranks(2, [](Comm& comm) {
+    if (comm.rank() == 0) {
+      comm.send(Tensor::full({2}, 10, DType::i32), 1, 5);
+      comm.send(Tensor::full({2}, 20, DType::i32), 1, 5);
+    } else {
+      Tensor a = Tensor::zeros({2}, DType::i32), b = Tensor::zeros({2}, DType::i32);
+      Request first = comm.irecv(a, 0, 5);
+      Request second = comm.irecv(b, 0, 5);
+      EXPECT_FALSE(second.completed());
+      second.wait();  // waiting out of order still matches in post order
+      first.wait();
+      EXPECT_TRUE(first.completed());
+      EXPECT_EQ(a.item(0), 10);
+      EXPECT_EQ(b.item(0), 20);
+    }
+  });
+}
+
+TEST(ThreadComm, SendToSelfAndZeroElementMessages) {
+  run_ranks(1, [](Comm& comm) {
+    comm.send(Tensor::full({3}, 4, DType::f64), 0);
+    Tensor x = Tensor::zeros({3}, DType::f64);
+    comm.recv(x, 0);
+    EXPECT_EQ(x.item(1), 4);
+    Tensor empty = Tensor::zeros({0}, DType::f64);
+    comm.send(empty, 0, 9);
+    comm.recv(empty, 0, 9);
+  });
+}
+
+// Library collectives on every world size and a length that does not divide.
+class LibraryCollectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(LibraryCollectives, AllReduceEveryOp) {
+  const int n = GetParam();
+  const std::int64_t len = 37;
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min}) {
+    Results got(n);
+    run_ranks(n, [&](Comm& comm) {
+      Tensor x = pattern_tensor(comm.rank(), len);
+      comm.all_reduce(x, op);
+      got[comm.rank()] = x.to_vector();
+    });
+    std::vector<double> expected = pattern_sum(n, len);
+    if (op == ReduceOp::avg) for (double& v : expected) v /= n;
+    if (op == ReduceOp::max) expected = pattern_values(n - 1, len);
+    if (op == ReduceOp::min) expected = pattern_values(0, len);
+    for (int r = 0; r < n; ++r)
+      EXPECT_TRUE(values_equal(std::string("all_reduce ") + reduce_op_name(op), r, expected, got[r], n));
+  }
+}
+
+TEST_P(LibraryCollectives, BroadcastAndReduceFromEveryRoot) {
+  const int n = GetParam();
+  const std::int64_t len = 11;
+  for (int root = 0; root < n; ++root) {
+    Results bcast(n), red(n);
+    run_ranks(n, [&](Comm& comm) {
+      Tensor x = pattern_tensor(comm.rank(), len);
+      comm.broadcast(x, root);
+      bcast[comm.rank()] = x.to_vector();
+      Tensor y = pattern_tensor(comm.rank(), len);
+      comm.reduce(y, root, ReduceOp::sum);
+      red[comm.rank()] = y.to_vector();
+    });
+    for (int r = 0; r < n; ++r) {
+      EXPECT_TRUE(values_equal("broadcast root " + std::to_string(root), r, pattern_values(root, len), bcast[r]));
+      EXPECT_TRUE(values_equal("reduce root " + std::to_string(root), r,
+                               r == root ? pattern_sum(n, len) : pattern_values(r, len), red[r]));
+    }
+  }
+}
+
+TEST_P(LibraryCollectives, GatherScatterAllGatherReduceScatterAllToAll) {
+  const int n = GetParam();
+  for (std::int64_t len : {std::int64_t{1}, std::int64_t{n}, std::int64_t{23}}) {
+    Results all_gathered(n), reduced(n), gathered(n), scattered(n), exchanged(n);
+    run_ranks(n, [&](Comm& comm) {
+      const int r = comm.rank();
+      ChunkRange mine = chunk_range(len, n, r);
+      Tensor full = Tensor::zeros({len}, DType::f64);
+      // Rank r's shard holds chunk r of a pattern every rank knows (rank 0's).
+      Tensor shard = pattern_tensor(0, len).slice(mine.offset, mine.length).clone();
+      comm.all_gather(shard, full);
+      all_gathered[r] = full.to_vector();
+
+      Tensor out = Tensor::zeros({mine.length}, DType::f64);
+      comm.reduce_scatter(pattern_tensor(r, len), out);
+      reduced[r] = out.to_vector();
+
+      Tensor root_full = Tensor::zeros({len}, DType::f64);
+      comm.gather(shard, root_full, n - 1);
+      gathered[r] = root_full.to_vector();
+
+      Tensor piece = Tensor::zeros({mine.length}, DType::f64);
+      comm.scatter(pattern_tensor(0, len), piece, 0);
+      scattered[r] = piece.to_vector();
+
+      Tensor in = pattern_tensor(r, 2 * n), got = Tensor::zeros({2 * n}, DType::f64);
+      comm.all_to_all(in, got);
+      exchanged[r] = got.to_vector();
+    });
+    std::vector<double> sum = pattern_sum(n, len);
+    for (int r = 0; r < n; ++r) {
+      ChunkRange mine = chunk_range(len, n, r);
+      const std::vector<double> zero = pattern_values(0, len);
+      std::vector<double> chunk_of_zero(zero.begin() + mine.offset,
+                                        zero.begin() + mine.offset + mine.length);
+      EXPECT_TRUE(values_equal("all_gather", r, pattern_values(0, len), all_gathered[r], n));
+      EXPECT_TRUE(values_equal("reduce_scatter", r,
+                               std::vector<double>(sum.begin() + mine.offset, sum.begin() + mine.offset + mine.length),
+                               reduced[r]));
+      EXPECT_TRUE(values_equal("gather", r, r == n - 1 ? pattern_values(0, len) : std::vector<double>(len, 0.0), gathered[r]));
+      EXPECT_TRUE(values_equal("scatter", r, chunk_of_zero, scattered[r]));
+      std::vector<double> expected(2 * n);
+      for (int i = 0; i < n; ++i)
+        for (int k = 0; k < 2; ++k) expected[2 * i + k] = pattern_values(i, 2 * n)[2 * r + k];
+      EXPECT_TRUE(values_equal("all_to_all", r, expected, exchanged[r], n));
+    }
+  }
+}
+
+TEST_P(LibraryCollectives, ClockChargesTheRingAlgorithm) {
+  const int n = GetParam();
+  const std::int64_t len = 120;
+  std::vector<double> clocks(n);
+  run_ranks(n, [&](Comm& comm) {
+    comm.reset_stats();
+    Tensor x = pattern_tensor(comm.rank(), len);
+    comm.all_reduce(x);
+    clocks[comm.rank()] = comm.stats().clock;
+    EXPECT_EQ(comm.stats().collective_calls.at("all_reduce"), 1);
+    EXPECT_EQ(comm.stats().collective_bytes, len * 8);
+    EXPECT_EQ(comm.stats().messages_sent, 0);
+  }, CostModel::bytes());
+  for (int r = 0; r < n; ++r) EXPECT_DOUBLE_EQ(clocks[r], 2.0 * (n - 1) / n * len * 8) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, LibraryCollectives, ::testing::Range(1, 9),
+                         [](const auto& info) { return "world" + std::to_string(info.param); });
+
+TEST(ThreadComm, PointToPointClockFollowsAlphaBeta) {
+  std::vector<double> clocks(3);
+  run_ranks(3, [&](Comm& comm) {
+    Tensor x = Tensor::zeros({10}, DType::f32);  // 40 bytes
+    if (comm.rank() == 0) {
+      comm.send(x, 1);
+      comm.send(x, 2);  // sends from one rank are serialized on its clock
+    } else {
+      comm.recv(x, 0);
+    }
+    clocks[comm.rank()] = comm.stats().clock;
+  }, CostModel{1.0, 0.5});
+  EXPECT_DOUBLE_EQ(clocks[0], 42.0);
+  EXPECT_DOUBLE_EQ(clocks[1], 21.0);
+  EXPECT_DOUBLE_EQ(clocks[2], 42.0);
+}
+
+TEST(ThreadComm, SplitMakesOrderedSubgroups) {
+  const int n = 6;
+  std::vector<std::pair<int, int>> placement(n);
+  std::vector<double> sums(n);
+  run_ranks(n, [&](Comm& comm) {
+    // Two groups by parity; keys reverse the order inside each group.
+    Comm sub = comm.split(comm.rank() % 2, -comm.rank());
+    placement[comm.rank()] = {sub.rank(), sub.size()};
+    Tensor x = Tensor::full({1}, comm.rank(), DType::f64);
+    sub.all_reduce(x);
+    sums[comm.rank()] = x.item(0);
+    // Point to point inside the subgroup uses subgroup ranks.
+    if (sub.rank() == 0) sub.send(x, 1, 3);
+    if (sub.rank() == 1) sub.recv(x, 0, 3);
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(placement[r].second, 3) << "rank " << r;
+    EXPECT_EQ(placement[r].first, 2 - r / 2) << "rank " << r;
+    EXPECT_EQ(sums[r], r % 2 == 0 ? 0 + 2 + 4 : 1 + 3 + 5) << "rank " << r;
+  }
+}
+
+TEST(ThreadComm, EveryRankHasItsOwnMemoryTracker) {
+  std::vector<std::int64_t> peaks(3);
+  run_ranks(3, [&](Comm& comm) {
+    Tensor x = Tensor::zeros({100 * (comm.rank() + 1)}, DType::f32, Device::cpu(), MemoryCategory::activations);
+    peaks[comm.rank()] = current_memory_tracker()->peak(MemoryCategory::activations);
+  });
+  EXPECT_EQ(peaks, (std::vector<std::int64_t>{400, 800, 1200}));
+}
+
+TEST(Trace, SpansPerRankAsChromeJson) {
+  trace::enable();
+  run_ranks(2, [](Comm& comm) {
+    trace::Scope step("step", "compute");
+    Tensor x = Tensor::zeros({4}, DType::f32);
+    comm.all_reduce(x);
+  });
+  trace::disable();
+  std::vector<trace::Span> spans = trace::spans();
+  int steps = 0, reduces = 0;
+  for (const auto& s : spans) {
+    steps += s.name == "step";
+    reduces += s.name == "all_reduce" && s.category == "comm";
+    EXPECT_LE(s.start_us, s.end_us);
+  }
+  EXPECT_EQ(steps, 2);
+  EXPECT_EQ(reduces, 2);
+  std::string path = ::testing::TempDir() + "dtp_trace_test.json";
+  trace::write_chrome_json(path);
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"traceEvents\""), std::string::npos);
+  EXPECT_NE(text.find("\"name\":\"all_reduce\""), std::string::npos);
+  EXPECT_NE(text.find("\"tid\":1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dtp
