@@ -123,6 +123,9 @@ class Comm {
   void reset_stats();
   /// The cost model of the world this communicator belongs to.
   CostModel cost_model() const;
+  /// The backend's own communicator, for measuring against native
+  /// collectives: an MPI_Comm* on mpi, a ncclComm_t* on nccl, nullptr on thread.
+  void* native_handle() const;
 
  private:
   void check_peer(const char* op, const char* role, int peer) const;

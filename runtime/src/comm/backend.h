@@ -30,6 +30,8 @@ class CommBackend {
   /// This rank's simulated time.
   virtual double clock() const = 0;
   virtual void set_clock(double time) = 0;
+  /// See Comm::native_handle().
+  virtual void* native_handle() { return nullptr; }
 
   virtual void send(const Tensor& x, int dst, int tag) = 0;
   virtual void recv(Tensor& x, int src, int tag) = 0;

@@ -55,6 +55,7 @@ int Comm::size() const { return backend_->size(); }
 Device Comm::device() const { return backend_->device(); }
 std::string Comm::backend_name() const { return backend_->name(); }
 CostModel Comm::cost_model() const { return backend_->cost_model(); }
+void* Comm::native_handle() const { return backend_->native_handle(); }
 
 void Comm::check_peer(const char* op, const char* role, int peer) const {
   DTP_CHECK(peer >= 0 && peer < size(), op, ": ", role, " rank ", peer,
