@@ -79,13 +79,18 @@ class Comm {
   std::string backend_name() const;
 
   // --- point to point ----------------------------------------------------
+  // Tags are in [0, kMaxTag). Messages from one source with one tag arrive in
+  // the order they were sent.
+  static constexpr int kMaxTag = 1 << 20;
   /// Sends a copy of @p x to @p dst. Eager: returns at once, never blocks.
   void send(const Tensor& x, int dst, int tag = 0);
   /// Receives the next message from @p src with @p tag into @p x. Blocks; the
   /// message must have exactly x's dtype and element count. Times out after
   /// DTP_TIMEOUT seconds with a report of what every rank is waiting for.
   void recv(Tensor& x, int src, int tag = 0);
-  /// Like send (which is already eager); the request is complete at once.
+  /// Starts sending @p x without copying it where the backend can (mpi, nccl):
+  /// x must not change until the request's wait() returns. The thread backend
+  /// copies anyway, so breaking that rule shows only on the other backends.
   Request isend(const Tensor& x, int dst, int tag = 0);
   /// Posts a receive; @p x is written when the request's wait() returns.
   Request irecv(Tensor& x, int src, int tag = 0);
@@ -129,6 +134,7 @@ class Comm {
 
  private:
   void check_peer(const char* op, const char* role, int peer) const;
+  void check_tag(const char* op, int tag) const;
   void check_reduce_op(const char* op_name, const Tensor& x, ReduceOp op) const;
   void check_shard(const char* op, const Tensor& shard, const Tensor& full, int rank) const;
   void count_collective(const char* kind, const Tensor& buffer);

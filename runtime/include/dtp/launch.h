@@ -53,7 +53,15 @@ class RankFailure : public std::runtime_error {
 /// Runs fn(comm) on every rank of @p world and returns when all are done.
 /// If any rank throws, the others are unwound and RankFailure names the first.
 /// A rank that ends with messages nobody received is also a failure.
+/// thread: one thread per rank. mpi: this process is one rank of the processes
+/// mpiexec started; with world.size below that count, the processes past
+/// world.size sit this launch out. Every process must make the same launch()
+/// calls in the same order.
 void launch(const World& world, const std::function<void(Comm&)>& fn);
+
+/// The largest world launch() can start on @p backend: 1024 threads; under
+/// mpi, the number of processes mpiexec started; 0 when not built in.
+int max_world_size(Backend backend);
 
 /// The calling thread's rank inside launch(), or -1 outside.
 int current_rank();

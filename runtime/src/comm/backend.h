@@ -36,6 +36,11 @@ class CommBackend {
   virtual void send(const Tensor& x, int dst, int tag) = 0;
   virtual void recv(Tensor& x, int src, int tag) = 0;
   virtual std::shared_ptr<RequestState> irecv(Tensor& x, int src, int tag) = 0;
+  /// Default: an eager send, complete at once.
+  virtual std::shared_ptr<RequestState> isend(const Tensor& x, int dst, int tag) {
+    send(x, dst, tag);
+    return nullptr;
+  }
 
   virtual void all_reduce(Tensor& x, ReduceOp op) = 0;
   virtual void broadcast(Tensor& x, int root) = 0;

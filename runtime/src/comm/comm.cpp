@@ -62,9 +62,14 @@ void Comm::check_peer(const char* op, const char* role, int peer) const {
             " is outside the communicator (ranks 0..", size() - 1, ")");
 }
 
+void Comm::check_tag(const char* op, int tag) const {
+  DTP_CHECK(tag >= 0 && tag < kMaxTag, op, ": tag ", tag, " is outside [0, ", kMaxTag, ")");
+}
+
 void Comm::send(const Tensor& x, int dst, int tag) {
   check_defined("send", "x", x);
   check_peer("send", "destination", dst);
+  check_tag("send", tag);
   trace::Scope span("send", "comm");
   backend_->send(x, dst, tag);
   backend_->stats.messages_sent += 1;
@@ -74,6 +79,7 @@ void Comm::send(const Tensor& x, int dst, int tag) {
 void Comm::recv(Tensor& x, int src, int tag) {
   check_defined("recv", "x", x);
   check_peer("recv", "source", src);
+  check_tag("recv", tag);
   trace::Scope span("recv", "comm");
   backend_->recv(x, src, tag);
   backend_->stats.messages_received += 1;
@@ -81,13 +87,20 @@ void Comm::recv(Tensor& x, int src, int tag) {
 }
 
 Request Comm::isend(const Tensor& x, int dst, int tag) {
-  send(x, dst, tag);  // send is eager: the data is already on its way
-  return Request();
+  check_defined("isend", "x", x);
+  check_peer("isend", "destination", dst);
+  check_tag("isend", tag);
+  trace::Scope span("isend", "comm");
+  auto state = backend_->isend(x, dst, tag);
+  backend_->stats.messages_sent += 1;
+  backend_->stats.bytes_sent += static_cast<std::int64_t>(x.nbytes());
+  return Request(std::move(state));
 }
 
 Request Comm::irecv(Tensor& x, int src, int tag) {
   check_defined("irecv", "x", x);
   check_peer("irecv", "source", src);
+  check_tag("irecv", tag);
   auto state = backend_->irecv(x, src, tag);
   backend_->stats.messages_received += 1;
   backend_->stats.bytes_received += static_cast<std::int64_t>(x.nbytes());

@@ -9,10 +9,14 @@
 #include <optional>
 #include <thread>
 
+#include "comm/rank_context.h"
 #include "comm/thread_backend.h"
 #include "comm/thread_group.h"
 #include "comm/thread_world.h"
 #include "dtp/error.h"
+#ifdef DTP_HAVE_MPI
+#include "mpi/mpi_session.h"
+#endif
 
 namespace dtp {
 
@@ -79,17 +83,46 @@ std::string describe_exception(const std::exception_ptr& error) {
 }  // namespace
 
 int current_rank() { return this_thread_rank; }
+void detail::set_current_rank(int rank) { this_thread_rank = rank; }
+
+int max_world_size(Backend backend) {
+  if (backend == Backend::mpi) {
+#ifdef DTP_HAVE_MPI
+    return mpi::process_count();
+#else
+    return 0;
+#endif
+  }
+  return 1024;
+}
+
+namespace {
+void launch_threads(const World& world, const std::function<void(Comm&)>& fn);
+}  // namespace
 
 void launch(const World& world, const std::function<void(Comm&)>& fn) {
   DTP_CHECK(world.size >= 1 && world.size <= 1024, "launch: world size must be in [1, 1024], got ",
             world.size);
   DTP_CHECK(world.timeout_seconds > 0, "launch: timeout_seconds must be positive, got ",
             world.timeout_seconds);
-  DTP_CHECK(world.backend == Backend::thread, "launch: the ", backend_name(world.backend),
-            " backend is not part of this build yet; use DTP_BACKEND=thread");
-  DTP_CHECK(world.device.is_cpu(), "launch: the thread backend runs on cpu in this build, not ",
+  DTP_CHECK(world.device.is_cpu(), "launch: this build runs ranks on cpu only, not ",
             world.device.str(), "; use DTP_DEVICE=cpu");
+  switch (world.backend) {
+    case Backend::thread: return launch_threads(world, fn);
+    case Backend::mpi:
+#ifdef DTP_HAVE_MPI
+      return mpi::launch(world, fn);
+#else
+      DTP_CHECK(false, "launch: this build has no MPI (install libopenmpi-dev and reconfigure); "
+                       "use DTP_BACKEND=thread");
+#endif
+    case Backend::nccl:
+      DTP_CHECK(false, "launch: the nccl backend is not part of this build yet; use DTP_BACKEND=thread or mpi");
+  }
+}
 
+namespace {
+void launch_threads(const World& world, const std::function<void(Comm&)>& fn) {
   auto thread_world = std::make_shared<ThreadWorld>(world);
   std::vector<int> everyone(static_cast<std::size_t>(world.size));
   for (int r = 0; r < world.size; ++r) everyone[r] = r;
@@ -156,5 +189,6 @@ void launch(const World& world, const std::function<void(Comm&)>& fn) {
     throw RankFailure(receiver, message, std::make_exception_ptr(CommMismatch(message)));
   }
 }
+}  // namespace
 
 }  // namespace dtp

@@ -1,0 +1,389 @@
+// The mpi backend. Point to point: a small header (size, dtype, arrival time
+// on the alpha-beta clock) travels on tag 2t and the payload on tag 2t+1, so
+// posted receives match in order and a size mismatch is caught before any
+// data lands. Collectives: MPI's own nonblocking collectives, preceded by a
+// tiny all-reduce that checks every rank called the same one and meets the
+// clocks — the price of a clear error instead of a hang.
+#include "mpi/mpi_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <sstream>
+
+#include "dtp/error.h"
+
+namespace dtp::mpi {
+
+namespace {
+
+struct Header {
+  double arrival = 0;
+  long long numel = 0;
+  int dtype = 0;
+  int unused = 0;
+};
+
+int header_tag(int tag) { return 2 * tag; }
+int payload_tag(int tag) { return 2 * tag + 1; }
+
+MPI_Datatype reduction_type(DType dtype) {
+  switch (dtype) {
+    case DType::f64: return MPI_DOUBLE;
+    case DType::f32: return MPI_FLOAT;
+    case DType::i32: return MPI_INT;
+    default: return MPI_DATATYPE_NULL;  // bf16/f16 are reduced in f32
+  }
+}
+
+MPI_Op reduction_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::min: return MPI_MIN;
+    default: return MPI_SUM;  // avg = sum, then scale
+  }
+}
+
+int as_int(std::size_t bytes, const char* what) {
+  DTP_CHECK(bytes <= static_cast<std::size_t>(INT32_MAX), what, ": ", bytes,
+            " bytes is more than one MPI call can move (2^31 - 1)");
+  return static_cast<int>(bytes);
+}
+
+std::string describe_call(const std::string& kind, const Tensor& x, int root, const char* op) {
+  std::ostringstream out;
+  out << kind << "(";
+  if (x.defined()) out << x.numel() << " x " << dtype_name(x.dtype());
+  if (root >= 0) out << (x.defined() ? ", " : "") << "root " << root;
+  if (op) out << ", " << op;
+  out << ")";
+  return out.str();
+}
+
+/// Byte counts and displacements of the chunk_range() split of @p numel elements.
+void chunk_layout(long long numel, int parts, std::size_t element_size, std::vector<int>& counts,
+                  std::vector<int>& displacements) {
+  counts.resize(static_cast<std::size_t>(parts));
+  displacements.resize(static_cast<std::size_t>(parts));
+  for (int r = 0; r < parts; ++r) {
+    ChunkRange range = chunk_range(numel, parts, r);
+    counts[r] = as_int(static_cast<std::size_t>(range.length) * element_size, "chunk");
+    displacements[r] = as_int(static_cast<std::size_t>(range.offset) * element_size, "chunk offset");
+  }
+}
+
+/// Reductions of bf16/f16 run on an f32 copy.
+Tensor widened(const Tensor& x) {
+  if (reduction_type(x.dtype()) != MPI_DATATYPE_NULL) return x;
+  return Tensor::from_values(x.to_vector(), DType::f32);
+}
+void narrow_into(Tensor& x, const Tensor& wide) {
+  if (wide.shares_storage_with(x)) return;
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.set_item(i, wide.item(i));
+}
+
+class MpiRecvRequest : public RequestState {
+ public:
+  MpiRecvRequest(MpiComm* comm, Tensor x, int src, int tag) : comm_(comm), x_(std::move(x)), src_(src), tag_(tag) {
+    MPI_Comm c = comm_->traffic().comm;
+    check(MPI_Irecv(&header_, sizeof(Header), MPI_BYTE, src, header_tag(tag), c, &requests_[0]), "MPI_Irecv");
+    check(MPI_Irecv(x_.raw(), as_int(x_.nbytes(), "recv"), MPI_BYTE, src, payload_tag(tag), c, &requests_[1]),
+          "MPI_Irecv");
+  }
+  void wait() override {
+    Session& session = comm_->session();
+    auto describe = [&] {
+      std::ostringstream what;
+      what << "recv(source rank " << src_ << ", tag " << tag_ << ", " << x_.numel() << " x "
+           << dtype_name(x_.dtype()) << ")";
+      return what.str();
+    };
+    std::vector<MPI_Request> header{requests_[0]};
+    session.wait(header, describe);
+    if (header_.numel != x_.numel() || header_.dtype != static_cast<int>(x_.dtype())) {
+      MPI_Cancel(&requests_[1]);
+      std::ostringstream what;
+      what << "recv on rank " << comm_->rank() << " from rank " << src_ << " (tag " << tag_
+           << ") expected " << x_.numel() << " x " << dtype_name(x_.dtype())
+           << " but the message holds " << header_.numel << " x "
+           << dtype_name(static_cast<DType>(header_.dtype))
+           << "; sender and receiver must agree on the size and dtype of every message";
+      throw CommMismatch(what.str());
+    }
+    std::vector<MPI_Request> payload{requests_[1]};
+    session.wait(payload, describe);
+    session.clock = std::max(session.clock, header_.arrival);
+    comm_->traffic().received[static_cast<std::size_t>(src_)] += 1;
+  }
+
+ private:
+  MpiComm* comm_;
+  Tensor x_;
+  int src_, tag_;
+  Header header_;
+  MPI_Request requests_[2];
+};
+
+class MpiSendRequest : public RequestState {
+ public:
+  MpiSendRequest(Session& session, Tensor x, MPI_Request request, std::string what)
+      : session_(session), x_(std::move(x)), request_(request), what_(std::move(what)) {}
+  void wait() override {
+    std::vector<MPI_Request> requests{request_};
+    session_.wait(requests, [&] { return what_; });
+  }
+
+ private:
+  Session& session_;
+  Tensor x_;  // keeps the storage alive until MPI is done with it
+  MPI_Request request_;
+  std::string what_;
+};
+
+}  // namespace
+
+MpiComm::MpiComm(std::shared_ptr<Session> session, std::shared_ptr<Traffic> traffic)
+    : session_(std::move(session)), traffic_(std::move(traffic)), comm_(traffic_->comm) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+// --- point to point -------------------------------------------------------------
+
+void MpiComm::send_header(const Tensor& x, int dst, int tag) {
+  session_->reap_sends();
+  const CostModel cost = cost_model();
+  session_->clock += cost.alpha + cost.beta * static_cast<double>(x.nbytes());
+  auto header = std::make_shared<Header>();
+  header->arrival = session_->clock;
+  header->numel = x.numel();
+  header->dtype = static_cast<int>(x.dtype());
+  MPI_Request request;
+  check(MPI_Isend(header.get(), sizeof(Header), MPI_BYTE, dst, header_tag(tag), comm_, &request), "MPI_Isend");
+  session_->keep_until_sent(header, request);
+  traffic_->sent[static_cast<std::size_t>(dst)] += 1;
+}
+
+void MpiComm::send(const Tensor& x, int dst, int tag) {
+  send_header(x, dst, tag);
+  // Eager: send a private copy so the caller may reuse x at once.
+  std::shared_ptr<void> copy(std::malloc(std::max<std::size_t>(x.nbytes(), 1)), std::free);
+  DTP_CHECK(copy != nullptr, "send: out of host memory copying ", x.nbytes(), " bytes");
+  if (x.nbytes() > 0) std::memcpy(copy.get(), x.raw(), x.nbytes());
+  MPI_Request request;
+  check(MPI_Isend(copy.get(), as_int(x.nbytes(), "send"), MPI_BYTE, dst, payload_tag(tag), comm_, &request),
+        "MPI_Isend");
+  session_->keep_until_sent(copy, request);
+}
+
+std::shared_ptr<RequestState> MpiComm::isend(const Tensor& x, int dst, int tag) {
+  send_header(x, dst, tag);
+  MPI_Request request;
+  check(MPI_Isend(x.raw(), as_int(x.nbytes(), "isend"), MPI_BYTE, dst, payload_tag(tag), comm_, &request),
+        "MPI_Isend");
+  return std::make_shared<MpiSendRequest>(*session_, x, request,
+                                          "isend to rank " + std::to_string(dst) + " to be received");
+}
+
+std::shared_ptr<RequestState> MpiComm::irecv(Tensor& x, int src, int tag) {
+  return std::make_shared<MpiRecvRequest>(this, x, src, tag);
+}
+
+void MpiComm::recv(Tensor& x, int src, int tag) { irecv(x, src, tag)->wait(); }
+
+// --- collectives ----------------------------------------------------------------
+
+MpiComm::Agreement MpiComm::agree(const std::string& signature, const std::string& kind,
+                                  double cost_bytes, double root_numel) {
+  // max(h) == max(-h) negated only when every rank hashed the same signature.
+  const double h = static_cast<double>(std::hash<std::string>{}(signature) & ((1ull << 52) - 1));
+  double in[4] = {h, -h, session_->clock, root_numel};
+  double out[4];
+  MPI_Request request;
+  check(MPI_Iallreduce(in, out, 4, MPI_DOUBLE, MPI_MAX, comm_, &request), "MPI_Iallreduce");
+  finish(request, signature);
+  if (out[0] != -out[1]) {
+    constexpr int kWidth = 128;
+    std::vector<char> mine(kWidth, '\0'), everyone(static_cast<std::size_t>(kWidth * size_));
+    std::strncpy(mine.data(), signature.c_str(), kWidth - 1);
+    check(MPI_Iallgather(mine.data(), kWidth, MPI_CHAR, everyone.data(), kWidth, MPI_CHAR, comm_, &request),
+          "MPI_Iallgather");
+    finish(request, "the mismatch report");
+    std::ostringstream message;
+    message << "collective mismatch: ranks called different collectives at the same step:\n";
+    for (int r = 0; r < size_; ++r) message << "  rank " << r << ": " << &everyone[static_cast<std::size_t>(r * kWidth)] << "\n";
+    message << "Every rank must call the same collective with the same kind, element count, dtype, root and op.";
+    throw CommMismatch(message.str());
+  }
+  session_->clock = out[2] + collective_cost(kind, cost_bytes, size_, cost_model());
+  return {out[3]};
+}
+
+void MpiComm::finish(MPI_Request request, const std::string& what) {
+  std::vector<MPI_Request> requests{request};
+  session_->wait(requests, [&] { return what + " with the other ranks"; });
+}
+
+void MpiComm::all_reduce(Tensor& x, ReduceOp op) {
+  agree(describe_call("all_reduce", x, -1, reduce_op_name(op)), "all_reduce", static_cast<double>(x.nbytes()));
+  Tensor work = widened(x);
+  MPI_Request request;
+  check(MPI_Iallreduce(MPI_IN_PLACE, work.raw(), as_int(static_cast<std::size_t>(work.numel()), "all_reduce"),
+                       reduction_type(work.dtype()), reduction_op(op), comm_, &request),
+        "MPI_Iallreduce");
+  finish(request, "all_reduce");
+  if (op == ReduceOp::avg) ops::scale(work, 1.0 / size_);
+  narrow_into(x, work);
+}
+
+void MpiComm::broadcast(Tensor& x, int root) {
+  agree(describe_call("broadcast", x, root, nullptr), "broadcast", static_cast<double>(x.nbytes()));
+  MPI_Request request;
+  check(MPI_Ibcast(x.raw(), as_int(x.nbytes(), "broadcast"), MPI_BYTE, root, comm_, &request), "MPI_Ibcast");
+  finish(request, "broadcast");
+}
+
+void MpiComm::reduce(Tensor& x, int root, ReduceOp op) {
+  agree(describe_call("reduce", x, root, reduce_op_name(op)), "reduce", static_cast<double>(x.nbytes()));
+  Tensor work = widened(x);
+  const int count = as_int(static_cast<std::size_t>(work.numel()), "reduce");
+  MPI_Request request;
+  if (rank_ == root) {
+    check(MPI_Ireduce(MPI_IN_PLACE, work.raw(), count, reduction_type(work.dtype()), reduction_op(op), root, comm_, &request),
+          "MPI_Ireduce");
+  } else {
+    check(MPI_Ireduce(work.raw(), nullptr, count, reduction_type(work.dtype()), reduction_op(op), root, comm_, &request),
+          "MPI_Ireduce");
+  }
+  finish(request, "reduce");
+  if (rank_ == root) {
+    if (op == ReduceOp::avg) ops::scale(work, 1.0 / size_);
+    narrow_into(x, work);
+  }
+}
+
+void MpiComm::all_gather(const Tensor& shard, Tensor& full) {
+  agree(describe_call("all_gather", full, -1, nullptr), "all_gather", static_cast<double>(full.nbytes()));
+  std::vector<int> counts, displacements;
+  chunk_layout(full.numel(), size_, full.element_size(), counts, displacements);
+  MPI_Request request;
+  check(MPI_Iallgatherv(shard.raw(), counts[rank_], MPI_BYTE, full.raw(), counts.data(), displacements.data(),
+                        MPI_BYTE, comm_, &request),
+        "MPI_Iallgatherv");
+  finish(request, "all_gather");
+}
+
+void MpiComm::reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
+  agree(describe_call("reduce_scatter", full, -1, reduce_op_name(op)), "reduce_scatter",
+        static_cast<double>(full.nbytes()));
+  Tensor in = widened(full);
+  Tensor out = reduction_type(shard.dtype()) == MPI_DATATYPE_NULL ? Tensor::zeros({shard.numel()}, DType::f32) : shard;
+  std::vector<int> counts(static_cast<std::size_t>(size_));
+  for (int r = 0; r < size_; ++r) counts[r] = static_cast<int>(chunk_range(full.numel(), size_, r).length);
+  MPI_Request request;
+  check(MPI_Ireduce_scatter(in.raw(), out.raw(), counts.data(), reduction_type(in.dtype()), reduction_op(op), comm_,
+                            &request),
+        "MPI_Ireduce_scatter");
+  finish(request, "reduce_scatter");
+  if (op == ReduceOp::avg) ops::scale(out, 1.0 / size_);
+  narrow_into(shard, out);
+}
+
+void MpiComm::all_to_all(const Tensor& in, Tensor& out) {
+  agree(describe_call("all_to_all", in, -1, nullptr), "all_to_all", static_cast<double>(in.nbytes()));
+  const int bytes_each = as_int(in.nbytes() / static_cast<std::size_t>(size_), "all_to_all");
+  MPI_Request request;
+  check(MPI_Ialltoall(in.raw(), bytes_each, MPI_BYTE, out.raw(), bytes_each, MPI_BYTE, comm_, &request),
+        "MPI_Ialltoall");
+  finish(request, "all_to_all");
+}
+
+void MpiComm::gather(const Tensor& shard, Tensor& full, int root) {
+  Agreement agreed = agree(describe_call("gather", Tensor(), root, dtype_name(shard.dtype())), "gather",
+                           static_cast<double>(shard.nbytes()) * size_,
+                           rank_ == root ? static_cast<double>(full.numel()) : -1);
+  const auto root_numel = static_cast<long long>(agreed.root_numel);
+  DTP_CHECK(shard.numel() == chunk_range(root_numel, size_, rank_).length, "gather: rank ", rank_,
+            "'s shard holds ", shard.numel(), " elements but chunk ", rank_, " of root's ", root_numel,
+            "-element buffer has ", chunk_range(root_numel, size_, rank_).length);
+  std::vector<int> counts, displacements;
+  chunk_layout(root_numel, size_, shard.element_size(), counts, displacements);
+  MPI_Request request;
+  check(MPI_Igatherv(shard.raw(), counts[rank_], MPI_BYTE, rank_ == root ? full.raw() : nullptr, counts.data(),
+                     displacements.data(), MPI_BYTE, root, comm_, &request),
+        "MPI_Igatherv");
+  finish(request, "gather");
+}
+
+void MpiComm::scatter(const Tensor& full, Tensor& shard, int root) {
+  Agreement agreed = agree(describe_call("scatter", Tensor(), root, dtype_name(shard.dtype())), "scatter",
+                           static_cast<double>(shard.nbytes()) * size_,
+                           rank_ == root ? static_cast<double>(full.numel()) : -1);
+  const auto root_numel = static_cast<long long>(agreed.root_numel);
+  DTP_CHECK(shard.numel() == chunk_range(root_numel, size_, rank_).length, "scatter: rank ", rank_,
+            "'s shard holds ", shard.numel(), " elements but chunk ", rank_, " of root's ", root_numel,
+            "-element buffer has ", chunk_range(root_numel, size_, rank_).length);
+  std::vector<int> counts, displacements;
+  chunk_layout(root_numel, size_, shard.element_size(), counts, displacements);
+  MPI_Request request;
+  check(MPI_Iscatterv(rank_ == root ? full.raw() : nullptr, counts.data(), displacements.data(), MPI_BYTE,
+                      shard.raw(), counts[rank_], MPI_BYTE, root, comm_, &request),
+        "MPI_Iscatterv");
+  finish(request, "scatter");
+}
+
+void MpiComm::barrier() {
+  agree("barrier()", "barrier", 0);
+  MPI_Request request;
+  check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+  finish(request, "barrier");
+}
+
+std::shared_ptr<CommBackend> MpiComm::split(int color, int key) {
+  // Once every rank agreed it is inside split, the blocking call cannot hang.
+  agree("split()", "split", 0);
+  auto traffic = std::make_shared<Traffic>();
+  check(MPI_Comm_split(comm_, color, key, &traffic->comm), "MPI_Comm_split");
+  MPI_Comm_set_errhandler(traffic->comm, MPI_ERRORS_RETURN);
+  int size = 1;
+  MPI_Comm_size(traffic->comm, &size);
+  traffic->sent.assign(static_cast<std::size_t>(size), 0);
+  traffic->received.assign(static_cast<std::size_t>(size), 0);
+  session_->traffic.push_back(traffic);
+  return std::make_shared<MpiComm>(session_, traffic);
+}
+
+// --- end of launch --------------------------------------------------------------
+
+std::string collect_undelivered(Session& session) {
+  std::ostringstream report;
+  for (const auto& t : session.traffic) {
+    int size = 0, rank = 0;
+    MPI_Comm_size(t->comm, &size);
+    MPI_Comm_rank(t->comm, &rank);
+    std::vector<long long> expected(static_cast<std::size_t>(size));
+    MPI_Request request;
+    check(MPI_Ialltoall(t->sent.data(), 1, MPI_LONG_LONG, expected.data(), 1, MPI_LONG_LONG, t->comm, &request),
+          "MPI_Ialltoall");
+    std::vector<MPI_Request> requests{request};
+    session.wait(requests, [] { return std::string("the end-of-launch message count"); });
+    for (int source = 0; source < size; ++source) {
+      for (long long k = t->received[source]; k < expected[source]; ++k) {
+        // Receive the leftover header and payload so the sender can finish.
+        Header header;
+        MPI_Status status;
+        check(MPI_Recv(&header, sizeof(Header), MPI_BYTE, source, MPI_ANY_TAG, t->comm, &status), "MPI_Recv");
+        std::vector<char> sink(static_cast<std::size_t>(header.numel) * dtype_size(static_cast<DType>(header.dtype)) + 1);
+        check(MPI_Recv(sink.data(), static_cast<int>(sink.size()), MPI_BYTE, source, status.MPI_TAG + 1, t->comm,
+                       MPI_STATUS_IGNORE),
+              "MPI_Recv");
+        report << "  rank " << source << " -> rank " << rank << ", tag " << status.MPI_TAG / 2 << ": "
+               << header.numel << " x " << dtype_name(static_cast<DType>(header.dtype)) << "\n";
+      }
+    }
+  }
+  session.finish_sends();
+  return report.str();
+}
+
+}  // namespace dtp::mpi

@@ -1,0 +1,206 @@
+// The mpi backend, run by CTest under `mpiexec -n 4`: every process runs
+// every test and checks its own rank's part.
+#include <gtest/gtest.h>
+
+#include <mpi.h>
+
+#include "support/harness.h"
+
+namespace dtp {
+namespace {
+
+World mpi_world(int size) {
+  World world = World::from_env(size);
+  world.backend = Backend::mpi;
+  world.timeout_seconds = 20;
+  return world;
+}
+
+RankFailure launch_failure(const World& world, const std::function<void(Comm&)>& fn) {
+  try {
+    launch(world, fn);
+  } catch (const RankFailure& failure) {
+    return failure;
+  }
+  ADD_FAILURE() << "launch was expected to fail but every rank succeeded";
+  return RankFailure(-1, "", nullptr);
+}
+
+void expect_contains(const std::string& text, const std::string& part) {
+  EXPECT_NE(text.find(part), std::string::npos) << "expected to find\n  " << part << "\nin\n" << text;
+}
+
+TEST(MpiBackend, RunsUnderMpiexecWithFourProcesses) {
+  ASSERT_EQ(max_world_size(Backend::mpi), 4) << "CTest starts this binary with mpiexec -n 4";
+}
+
+TEST(MpiBackend, PointToPointRingAndClock) {
+  launch(mpi_world(4), [](Comm& comm) {
+    EXPECT_EQ(comm.backend_name(), "mpi");
+    const int n = comm.size(), r = comm.rank();
+    Tensor out = testing::pattern_tensor(r, 1000), in = Tensor::zeros({1000}, DType::f64);
+    comm.reset_stats();
+    comm.send(out, (r + 1) % n, 3);
+    out.fill(0);  // eager: reusing the buffer is safe
+    comm.recv(in, (r + n - 1) % n, 3);
+    EXPECT_TRUE(testing::values_equal("ring exchange", r, testing::pattern_values((r + n - 1) % n, 1000),
+                                      in.to_vector()));
+    EXPECT_EQ(comm.stats().messages_sent, 1);
+    EXPECT_EQ(comm.stats().bytes_received, 8000);
+  });
+}
+
+TEST(MpiBackend, AlphaBetaClockTravelsWithMessages) {
+  launch([] { World w = mpi_world(3); w.cost = CostModel{1.0, 0.5}; return w; }(), [](Comm& comm) {
+    Tensor x = Tensor::zeros({10}, DType::f32);  // 40 bytes: each send costs 21
+    if (comm.rank() == 0) {
+      comm.send(x, 1);
+      comm.send(x, 2);
+    } else {
+      comm.recv(x, 0);
+    }
+    const double expected[] = {42, 21, 42};
+    EXPECT_DOUBLE_EQ(comm.stats().clock, expected[comm.rank()]) << "rank " << comm.rank();
+  });
+}
+
+TEST(MpiBackend, IsendIrecvAndPostOrder) {
+  launch(mpi_world(2), [](Comm& comm) {
+    if (comm.rank() == 0) {
+      Tensor a = Tensor::full({4}, 10, DType::i32), b = Tensor::full({4}, 20, DType::i32);
+      Request ra = comm.isend(a, 1, 5), rb = comm.isend(b, 1, 5);
+      ra.wait();
+      rb.wait();
+    } else {
+      Tensor a = Tensor::zeros({4}, DType::i32), b = Tensor::zeros({4}, DType::i32);
+      Request first = comm.irecv(a, 0, 5), second = comm.irecv(b, 0, 5);
+      second.wait();
+      first.wait();
+      EXPECT_EQ(a.item(3), 10);
+      EXPECT_EQ(b.item(3), 20);
+    }
+  });
+}
+
+TEST(MpiBackend, LibraryCollectivesOnUnevenLengths) {
+  for (int n = 1; n <= 4; ++n) {
+    launch(mpi_world(n), [n](Comm& comm) {
+      const int r = comm.rank();
+      const std::int64_t len = 23;
+      Tensor x = testing::pattern_tensor(r, len);
+      comm.all_reduce(x);
+      EXPECT_TRUE(testing::values_equal("all_reduce", r, testing::pattern_sum(n, len), x.to_vector(), n));
+
+      Tensor avg = Tensor::full({5}, r + 1.0, DType::f32);
+      comm.all_reduce(avg, ReduceOp::avg);
+      EXPECT_EQ(avg.item(4), (n + 1) / 2.0);
+
+      Tensor half = Tensor::full({3}, r + 1.0, DType::bf16);
+      comm.all_reduce(half, ReduceOp::max);
+      EXPECT_EQ(half.item(0), n);
+
+      ChunkRange mine = chunk_range(len, n, r);
+      Tensor full = Tensor::zeros({len}, DType::f64);
+      Tensor shard = testing::pattern_tensor(0, len).slice(mine.offset, mine.length).clone();
+      comm.all_gather(shard, full);
+      EXPECT_TRUE(testing::values_equal("all_gather", r, testing::pattern_values(0, len), full.to_vector(), n));
+
+      Tensor reduced = Tensor::zeros({mine.length}, DType::f64);
+      comm.reduce_scatter(testing::pattern_tensor(r, len), reduced);
+      std::vector<double> sum = testing::pattern_sum(n, len);
+      EXPECT_TRUE(testing::values_equal(
+          "reduce_scatter", r,
+          std::vector<double>(sum.begin() + mine.offset, sum.begin() + mine.offset + mine.length),
+          reduced.to_vector()));
+
+      Tensor b = testing::pattern_tensor(r, 7);
+      comm.broadcast(b, n - 1);
+      EXPECT_TRUE(testing::values_equal("broadcast", r, testing::pattern_values(n - 1, 7), b.to_vector()));
+
+      Tensor red = testing::pattern_tensor(r, 7);
+      comm.reduce(red, 0);
+      if (r == 0) EXPECT_TRUE(testing::values_equal("reduce", r, testing::pattern_sum(n, 7), red.to_vector()));
+
+      Tensor gathered = Tensor::zeros({len}, DType::f64);
+      comm.gather(shard, gathered, 0);
+      if (r == 0) EXPECT_TRUE(testing::values_equal("gather", r, testing::pattern_values(0, len), gathered.to_vector()));
+
+      Tensor piece = Tensor::zeros({mine.length}, DType::f64);
+      comm.scatter(testing::pattern_tensor(0, len), piece, 0);
+      EXPECT_EQ(piece.to_vector(), shard.to_vector());
+
+      Tensor in = testing::pattern_tensor(r, 2 * n), out = Tensor::zeros({2 * n}, DType::f64);
+      comm.all_to_all(in, out);
+      for (int i = 0; i < n; ++i) EXPECT_EQ(out.item(2 * i + 1), testing::pattern_value(i, 2 * r + 1, DType::f64));
+      comm.barrier();
+    });
+  }
+}
+
+TEST(MpiBackend, SplitMakesOrderedSubgroups) {
+  launch(mpi_world(4), [](Comm& comm) {
+    Comm sub = comm.split(comm.rank() % 2, -comm.rank());
+    EXPECT_EQ(sub.size(), 2);
+    EXPECT_EQ(sub.rank(), comm.rank() < 2 ? 1 : 0);
+    Tensor x = Tensor::full({1}, comm.rank(), DType::f64);
+    sub.all_reduce(x);
+    EXPECT_EQ(x.item(0), comm.rank() % 2 == 0 ? 2 : 4);
+    if (sub.rank() == 0) sub.send(x, 1, 9);
+    if (sub.rank() == 1) sub.recv(x, 0, 9);
+  });
+}
+
+TEST(MpiBackend, NativeHandleIsTheMpiCommunicator) {
+  launch(mpi_world(4), [](Comm& comm) {
+    auto* native = static_cast<MPI_Comm*>(comm.native_handle());
+    ASSERT_NE(native, nullptr);
+    int size = 0;
+    MPI_Comm_size(*native, &size);
+    EXPECT_EQ(size, 4);
+  });
+}
+
+TEST(MpiDiagnostics, MismatchedCollectivesNameEveryRanksCall) {
+  RankFailure failure = launch_failure(mpi_world(4), [](Comm& comm) {
+    Tensor x = Tensor::zeros({comm.rank() == 2 ? 20 : 10});
+    comm.all_reduce(x);
+  });
+  expect_contains(failure.what(), "collective mismatch");
+  expect_contains(failure.what(), "rank 1: all_reduce(10 x f32, sum)");
+  expect_contains(failure.what(), "rank 2: all_reduce(20 x f32, sum)");
+}
+
+TEST(MpiDiagnostics, RecvOfTheWrongSizeIsAMismatch) {
+  RankFailure failure = launch_failure(mpi_world(2), [](Comm& comm) {
+    if (comm.rank() == 0) comm.send(Tensor::zeros({5}, DType::f64), 1);
+    if (comm.rank() == 1) {
+      Tensor x = Tensor::zeros({4}, DType::f64);
+      comm.recv(x, 0);
+    }
+  });
+  EXPECT_EQ(failure.rank(), 1);
+  expect_contains(failure.what(), "expected 4 x f64 but the message holds 5 x f64");
+}
+
+TEST(MpiDiagnostics, AnExceptionInOneRankUnwindsEveryRankAndNamesIt) {
+  RankFailure failure = launch_failure(mpi_world(4), [](Comm& comm) {
+    if (comm.rank() == 2) throw std::runtime_error("boom in the backward pass");
+    Tensor x = Tensor::zeros({4});
+    comm.recv(x, 2);  // would wait forever without the failure notice
+  });
+  EXPECT_EQ(failure.rank(), 2);
+  EXPECT_EQ(std::string(failure.what()), "rank 2: boom in the backward pass");
+}
+
+TEST(MpiDiagnostics, MessagesNobodyReceivedFailTheRun) {
+  int me = -1;
+  RankFailure failure = launch_failure(mpi_world(2), [&](Comm& comm) {
+    me = comm.rank();
+    if (comm.rank() == 0) comm.send(Tensor::zeros({2}, DType::i32), 1, 4);
+  });
+  if (me == 1) expect_contains(failure.what(), "rank 0 -> rank 1, tag 4: 2 x i32");
+  expect_contains(failure.what(), "never received");
+}
+
+}  // namespace
+}  // namespace dtp
