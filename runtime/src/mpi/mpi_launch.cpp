@@ -43,11 +43,18 @@ void launch(const World& world, const std::function<void(Comm&)>& fn) {
     session->announce_failure("an exception that is not a std::exception");
     throw RankFailure(session->rank(), "an exception that is not a std::exception", std::current_exception());
   }
-  if (!undelivered.empty()) {
+  // Every rank fails when any rank was left with messages: agree on one.
+  int mine[2] = {undelivered.empty() ? 0 : 1, undelivered.empty() ? -1 : session->rank()};
+  int any[2];
+  check(MPI_Allreduce(mine, any, 2, MPI_INT, MPI_MAX, session->world_comm()), "MPI_Allreduce");
+  if (any[0]) {
     std::string message =
-        "every rank returned, but these messages were sent and never received "
-        "(each send needs a matching recv with the same source and tag):\n" + undelivered;
-    throw RankFailure(session->rank(), message, std::make_exception_ptr(CommMismatch(message)));
+        undelivered.empty()
+            ? "rank " + std::to_string(any[1]) + " finished with messages it never received (see its report)"
+            : "every rank returned, but these messages were sent and never received "
+              "(each send needs a matching recv with the same source and tag):\n" + undelivered;
+    throw RankFailure(undelivered.empty() ? any[1] : session->rank(), message,
+                      std::make_exception_ptr(CommMismatch(message)));
   }
 }
 
