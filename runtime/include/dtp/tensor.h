@@ -68,6 +68,12 @@ class Tensor {
   static Tensor full(const Shape& shape, double value, DType dtype = DType::f32,
                      Device device = Device::cpu(),
                      MemoryCategory category = MemoryCategory::other);
+  /// Uniform values in [low, high) from a counter-based generator: the same
+  /// seed gives the same values on every device.
+  static Tensor random_uniform(const Shape& shape, std::uint64_t seed, double low = -1.0,
+                               double high = 1.0, DType dtype = DType::f32,
+                               Device device = Device::cpu(),
+                               MemoryCategory category = MemoryCategory::other);
   /// A 1-D CPU tensor holding @p values converted to @p dtype.
   static Tensor from_values(const std::vector<double>& values, DType dtype = DType::f64);
 
@@ -106,20 +112,24 @@ class Tensor {
   Tensor view(const Shape& shape) const;
   /// 1-D view of all elements.
   Tensor flatten() const;
+  /// A copy on @p device (same dtype and category).
+  Tensor to(Device device) const;
   /// A deep copy in new storage (same dtype, device and category).
   Tensor clone() const;
   /// True when both tensors view the same allocation.
   bool shares_storage_with(const Tensor& other) const;
 
-  /// Copies @p source's elements; dtypes and element counts must match.
+  /// Copies @p source's elements, across devices too; dtypes and element
+  /// counts must match. GPU work is ordered on the rank's stream.
   void copy_from(const Tensor& source);
   /// Sets every element to @p value (converted to dtype()).
   void fill(double value);
-  /// Element @p index of the flattened tensor, converted to double (CPU only).
+  /// Element @p index of the flattened tensor, converted to double (a GPU
+  /// tensor is copied to the host for it: fine for checks, slow in loops).
   double item(std::int64_t index) const;
-  /// Sets element @p index of the flattened tensor (CPU only).
+  /// Sets element @p index of the flattened tensor.
   void set_item(std::int64_t index, double value);
-  /// All elements as doubles (CPU only).
+  /// All elements as doubles (copied to the host).
   std::vector<double> to_vector() const;
 
  private:

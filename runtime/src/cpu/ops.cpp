@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cpu/element.h"
+#include "cuda/device_api.h"
 #include "dtp/error.h"
 
 namespace dtp {
@@ -45,6 +46,7 @@ void accumulate(Tensor& dst, const Tensor& src, ReduceOp op) {
   check_same("accumulate", dst, src);
   DTP_CHECK(op != ReduceOp::avg,
             "accumulate: avg is not element-wise; accumulate with sum, then scale by 1/N");
+  if (dst.device().is_cuda()) return cuda::accumulate(dst.raw(), src.raw(), dst.dtype(), dst.numel(), op);
   detail::with_element(dst.dtype(), [&](auto zero) {
     using T = decltype(zero);
     using C = detail::compute_t<T>;
@@ -62,6 +64,7 @@ void accumulate(Tensor& dst, const Tensor& src, ReduceOp op) {
 void scale(Tensor& x, double factor) {
   DTP_CHECK(x.defined(), "scale: tensor must be defined");
   DTP_CHECK(is_floating(x.dtype()), "scale: needs a floating dtype, got ", x.describe());
+  if (x.device().is_cuda()) return cuda::scale(x.raw(), x.dtype(), x.numel(), factor);
   detail::with_element(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     using C = detail::compute_t<T>;
@@ -73,9 +76,7 @@ void scale(Tensor& x, double factor) {
 
 bool equal(const Tensor& a, const Tensor& b) {
   check_same("equal", a, b);
-  for (std::int64_t i = 0; i < a.numel(); ++i)
-    if (a.item(i) != b.item(i)) return false;
-  return true;
+  return a.to_vector() == b.to_vector();
 }
 
 }  // namespace ops

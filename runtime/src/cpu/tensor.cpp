@@ -4,8 +4,10 @@
 #include <cstring>
 #include <sstream>
 
-#include "dtp/error.h"
 #include "cpu/element.h"
+#include "cpu/random.h"
+#include "cuda/device_api.h"
+#include "dtp/error.h"
 
 namespace dtp {
 
@@ -64,16 +66,19 @@ class Storage {
  public:
   Storage(std::size_t bytes, Device device, MemoryCategory category)
       : bytes_(bytes), device_(device), category_(category), tracker_(current_memory_tracker()) {
-    DTP_CHECK(device.is_cpu(), "tensors on ", device.str(),
-              " need the CUDA runtime, which this build does not have yet");
-    // 64-byte alignment suits vector loads; aligned_alloc needs a multiple of it.
-    std::size_t padded = (bytes + 63) / 64 * 64;
-    data_ = std::aligned_alloc(64, padded == 0 ? 64 : padded);
-    DTP_CHECK(data_ != nullptr, "out of host memory allocating ", bytes, " bytes");
+    if (device.is_cuda()) {
+      data_ = cuda::allocate(device, bytes);
+    } else {
+      // 64-byte alignment suits vector loads; aligned_alloc needs a multiple of it.
+      std::size_t padded = (bytes + 63) / 64 * 64;
+      data_ = std::aligned_alloc(64, padded == 0 ? 64 : padded);
+      DTP_CHECK(data_ != nullptr, "out of host memory allocating ", bytes, " bytes");
+    }
     tracker_->charge(category_, static_cast<std::int64_t>(bytes_));
   }
   ~Storage() {
-    std::free(data_);
+    if (device_.is_cuda()) cuda::release(device_, data_);
+    else std::free(data_);
     tracker_->release(category_, static_cast<std::int64_t>(bytes_));
   }
   Storage(const Storage&) = delete;
@@ -104,7 +109,25 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, MemoryCateg
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device, MemoryCategory category) {
   Tensor t = empty(shape, dtype, device, category);
-  std::memset(t.raw(), 0, t.nbytes());
+  t.fill(0.0);
+  return t;
+}
+
+Tensor Tensor::random_uniform(const Shape& shape, std::uint64_t seed, double low, double high, DType dtype,
+                              Device device, MemoryCategory category) {
+  Tensor t = empty(shape, dtype, device, category);
+  if (device.is_cuda()) {
+    cuda::fill_random(t.raw(), dtype, t.numel(), seed, 0, low, high);
+    return t;
+  }
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.set_item(i, detail::random_uniform_value(seed, i, low, high));
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  DTP_CHECK(defined(), "to: undefined tensor");
+  Tensor t = empty(shape_, dtype_, device, category());
+  t.copy_from(*this);
   return t;
 }
 
@@ -192,11 +215,17 @@ void Tensor::copy_from(const Tensor& source) {
   DTP_CHECK(defined() && source.defined(), "copy_from: both tensors must be defined");
   DTP_CHECK(dtype_ == source.dtype_ && numel() == source.numel(), "copy_from: cannot copy ",
             source.describe(), " into ", describe(), ": dtype and element count must match");
-  if (nbytes() > 0 && raw() != source.raw()) std::memmove(raw(), source.raw(), nbytes());
+  if (nbytes() == 0 || raw() == source.raw()) return;
+  if (device().is_cpu() && source.device().is_cpu()) {
+    std::memmove(raw(), source.raw(), nbytes());
+  } else {
+    cuda::copy(raw(), device(), source.raw(), source.device(), nbytes());
+  }
 }
 
 
 void Tensor::fill(double value) {
+  if (device().is_cuda()) return cuda::fill(raw(), dtype_, numel(), value);
   detail::with_element(dtype_, [&](auto zero) {
     using T = decltype(zero);
     T v = detail::from_double<T>(value);
@@ -207,6 +236,7 @@ void Tensor::fill(double value) {
 
 double Tensor::item(std::int64_t index) const {
   DTP_CHECK(index >= 0 && index < numel(), "item: index ", index, " is outside ", describe());
+  if (device().is_cuda()) return slice(index, 1).to(Device::cpu()).item(0);
   double out = 0;
   detail::with_element(dtype_, [&](auto zero) {
     using T = decltype(zero);
@@ -217,6 +247,10 @@ double Tensor::item(std::int64_t index) const {
 
 void Tensor::set_item(std::int64_t index, double value) {
   DTP_CHECK(index >= 0 && index < numel(), "set_item: index ", index, " is outside ", describe());
+  if (device().is_cuda()) {
+    Tensor one = slice(index, 1);
+    return one.fill(value);
+  }
   detail::with_element(dtype_, [&](auto zero) {
     using T = decltype(zero);
     static_cast<T*>(raw())[index] = detail::from_double<T>(value);
@@ -224,6 +258,7 @@ void Tensor::set_item(std::int64_t index, double value) {
 }
 
 std::vector<double> Tensor::to_vector() const {
+  if (device().is_cuda()) return to(Device::cpu()).to_vector();
   std::vector<double> out(static_cast<std::size_t>(numel()));
   for (std::int64_t i = 0; i < numel(); ++i) out[static_cast<std::size_t>(i)] = item(i);
   return out;

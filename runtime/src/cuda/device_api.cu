@@ -1,0 +1,143 @@
+// The runtime's GPU memory and element-wise kernels (see device_api.h).
+#include "cuda/device_api.h"
+
+#include <algorithm>
+
+#include "cpu/random.h"
+#include "cuda/cuda_check.h"
+#include "cuda/element_types.cuh"
+
+namespace dtp::cuda {
+
+namespace {
+thread_local cudaStream_t stream_of_this_thread = nullptr;
+
+cudaStream_t stream() { return stream_of_this_thread; }
+
+template <typename T>
+__global__ void fill_kernel(T* data, std::int64_t count, double value) {
+  const T v = from_double<T>(value);
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    data[i] = v;
+}
+
+template <typename T>
+__global__ void random_kernel(T* data, std::int64_t count, std::uint64_t seed, std::int64_t offset,
+                              double low, double high) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    data[i] = from_double<T>(detail::random_uniform_value(seed, offset + i, low, high));
+}
+
+template <typename T>
+__global__ void accumulate_kernel(T* dst, const T* src, std::int64_t count, int op) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    auto a = load(dst, i), b = load(src, i);
+    store(dst, i, op == 0 ? a + b : op == 1 ? (a > b ? a : b) : (a < b ? a : b));
+  }
+}
+
+template <typename T>
+__global__ void scale_kernel(T* data, std::int64_t count, double factor) {
+  using C = typename Compute<T>::type;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    store(data, i, load(data, i) * static_cast<C>(factor));
+}
+}  // namespace
+
+void* allocate(Device device, std::size_t bytes) {
+  DTP_CUDA_CHECK(cudaSetDevice(device.index));
+  void* pointer = nullptr;
+  // Stream-ordered: freeing and reusing memory never waits for the whole GPU.
+  DTP_CUDA_CHECK(cudaMallocAsync(&pointer, std::max<std::size_t>(bytes, 256), stream()));
+  return pointer;
+}
+
+void release(Device device, void* pointer) {
+  if (pointer == nullptr) return;
+  cudaSetDevice(device.index);
+  cudaFreeAsync(pointer, stream());  // no throw: called from destructors
+}
+
+void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
+  if (bytes == 0) return;
+  DTP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()));
+  // The host reads what it copied as soon as this returns.
+  if (dst_device.is_cpu() || src_device.is_cpu()) DTP_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+void fill(void* data, DType dtype, std::int64_t count, double value) {
+  if (count == 0) return;
+  with_device_element(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    fill_kernel<<<blocks_for(count), 256, 0, stream()>>>(static_cast<T*>(data), count, value);
+  });
+  DTP_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_random(void* data, DType dtype, std::int64_t count, std::uint64_t seed, std::int64_t offset,
+                 double low, double high) {
+  if (count == 0) return;
+  with_device_element(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    random_kernel<<<blocks_for(count), 256, 0, stream()>>>(static_cast<T*>(data), count, seed, offset, low, high);
+  });
+  DTP_CUDA_CHECK(cudaGetLastError());
+}
+
+void accumulate(void* dst, const void* src, DType dtype, std::int64_t count, ReduceOp op) {
+  if (count == 0) return;
+  const int code = op == ReduceOp::max ? 1 : op == ReduceOp::min ? 2 : 0;
+  with_device_element(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    accumulate_kernel<<<blocks_for(count), 256, 0, stream()>>>(static_cast<T*>(dst), static_cast<const T*>(src),
+                                                               count, code);
+  });
+  DTP_CUDA_CHECK(cudaGetLastError());
+}
+
+void scale(void* data, DType dtype, std::int64_t count, double factor) {
+  if (count == 0) return;
+  with_device_element(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    scale_kernel<<<blocks_for(count), 256, 0, stream()>>>(static_cast<T*>(data), count, factor);
+  });
+  DTP_CUDA_CHECK(cudaGetLastError());
+}
+
+void synchronize() { DTP_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+void* current_stream() { return stream_of_this_thread; }
+void set_current_stream(void* s) { stream_of_this_thread = static_cast<cudaStream_t>(s); }
+
+void* create_stream(Device device) {
+  DTP_CUDA_CHECK(cudaSetDevice(device.index));
+  cudaStream_t s = nullptr;
+  DTP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
+void destroy_stream(void* s) {
+  if (s == nullptr) return;
+  cudaStreamSynchronize(static_cast<cudaStream_t>(s));
+  cudaStreamDestroy(static_cast<cudaStream_t>(s));
+}
+
+void* create_event() {
+  cudaEvent_t event = nullptr;
+  DTP_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return event;
+}
+
+void destroy_event(void* event) {
+  if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+void record(void* event) { DTP_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), stream())); }
+
+void wait(void* event) { DTP_CUDA_CHECK(cudaStreamWaitEvent(stream(), static_cast<cudaEvent_t>(event), 0)); }
+
+}  // namespace dtp::cuda
