@@ -3,6 +3,7 @@
 // received are reported as a failure too.
 #include "dtp/launch.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -13,6 +14,7 @@
 #include "comm/thread_backend.h"
 #include "comm/thread_group.h"
 #include "comm/thread_world.h"
+#include "cuda/device_api.h"
 #include "dtp/error.h"
 #ifdef DTP_HAVE_MPI
 #include "mpi/mpi_session.h"
@@ -105,8 +107,6 @@ void launch(const World& world, const std::function<void(Comm&)>& fn) {
             world.size);
   DTP_CHECK(world.timeout_seconds > 0, "launch: timeout_seconds must be positive, got ",
             world.timeout_seconds);
-  DTP_CHECK(world.device.is_cpu(), "launch: this build runs ranks on cpu only, not ",
-            world.device.str(), "; use DTP_DEVICE=cpu");
   switch (world.backend) {
     case Backend::thread: return launch_threads(world, fn);
     case Backend::mpi:
@@ -123,6 +123,14 @@ void launch(const World& world, const std::function<void(Comm&)>& fn) {
 
 namespace {
 void launch_threads(const World& world, const std::function<void(Comm&)>& fn) {
+  if (world.device.is_cuda()) {
+    const int gpus = cuda_device_count();
+    DTP_CHECK(gpus > 0, "launch: DTP_DEVICE=", world.device.str(),
+              " but no usable CUDA device was found (no GPU, no driver, or a build without CUDA)");
+    DTP_CHECK(world.device.index < gpus, "launch: ", world.device.str(), " does not exist; ", gpus,
+              " GPU(s) are visible");
+    if (world.size > 1 && gpus > 1) cuda::enable_peer_access(std::min(gpus, world.size));
+  }
   auto thread_world = std::make_shared<ThreadWorld>(world);
   std::vector<int> everyone(static_cast<std::size_t>(world.size));
   for (int r = 0; r < world.size; ++r) everyone[r] = r;
@@ -134,6 +142,10 @@ void launch_threads(const World& world, const std::function<void(Comm&)>& fn) {
   auto run_rank = [&](int rank) {
     this_thread_rank = rank;
     set_current_memory_tracker(std::make_shared<MemoryTracker>());
+    // On a GPU every rank queues its work on a stream of its own.
+    const Device device = thread_world->device_of(rank);
+    void* stream = device.is_cuda() ? cuda::create_stream(device) : nullptr;
+    cuda::set_current_stream(stream);
     try {
       {
         Comm comm(std::make_shared<ThreadComm>(group, rank));
@@ -159,6 +171,8 @@ void launch_threads(const World& world, const std::function<void(Comm&)>& fn) {
       thread_world->abort(rank, message);
       thread_world->finish(rank);
     }
+    cuda::set_current_stream(nullptr);
+    cuda::destroy_stream(stream);
     set_current_memory_tracker(nullptr);
     this_thread_rank = -1;
   };

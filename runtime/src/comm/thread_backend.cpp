@@ -9,15 +9,26 @@
 #include <sstream>
 
 #include "comm/thread_group.h"
+#include "cuda/device_api.h"
 #include "dtp/error.h"
 
 namespace dtp {
 
 ThreadComm::ThreadComm(std::shared_ptr<ThreadGroup> group, int rank)
-    : group_(std::move(group)), rank_(rank) {}
+    : group_(std::move(group)), rank_(rank) {
+  if (device().is_cuda()) {
+    ready_event_ = cuda::create_event();
+    done_event_ = cuda::create_event();
+  }
+}
+
+ThreadComm::~ThreadComm() {
+  cuda::destroy_event(ready_event_);
+  cuda::destroy_event(done_event_);
+}
 
 int ThreadComm::size() const { return group_->size(); }
-Device ThreadComm::device() const { return group_->world().config().device; }
+Device ThreadComm::device() const { return group_->world().device_of(global_rank()); }
 CostModel ThreadComm::cost_model() const { return group_->world().config().cost; }
 int ThreadComm::global_rank() const { return group_->global_rank(rank_); }
 
@@ -40,6 +51,13 @@ void ThreadComm::send(const Tensor& x, int dst, int tag) {
   message.tag = tag;
   message.payload = Tensor::empty(x.shape(), x.dtype(), x.device(), MemoryCategory::comm);
   message.payload.copy_from(x);
+  if (x.device().is_cuda()) {
+    // The copy is queued on the sender's stream; the receiver's stream waits
+    // for this event instead of the host waiting for the copy.
+    void* event = cuda::create_event();
+    cuda::record(event);
+    message.ready = std::shared_ptr<void>(event, cuda::destroy_event);
+  }
 
   ThreadWorld& world = group_->world();
   std::lock_guard lock(world.mutex);
@@ -78,6 +96,7 @@ void ThreadComm::receive(Tensor& x, int src, int tag, std::int64_t ticket) {
          << "; sender and receiver must agree on the size and dtype of every message";
     throw CommMismatch(what.str());
   }
+  if (message.ready) cuda::wait(message.ready.get());
   x.copy_from(payload);
 }
 
@@ -140,9 +159,28 @@ CollectiveCall with_op(CollectiveCall call, ReduceOp op) {
 // Runs one collective: meet, do this rank's share of the work, part.
 template <typename Work>
 void ThreadComm::collective(CollectiveCall call, Work&& work) {
+  const bool gpu = device().is_cuda();
+  if (gpu) {
+    cuda::record(ready_event_);
+    call.ready_event = ready_event_;
+    call.done_event = done_event_;
+  }
   const std::vector<CollectiveCall>& calls = group_->arrive(rank_, std::move(call));
+  // On a GPU the host only queues work: this rank's stream first waits until
+  // every peer's inputs are ready, and afterwards every peer's stream waits
+  // until this rank's reads of its buffers are done.
+  std::vector<void*> peers_done;
+  if (gpu) {
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank_) continue;
+      cuda::wait(calls[r].ready_event);
+      peers_done.push_back(calls[r].done_event);
+    }
+  }
   work(calls);
+  if (gpu) cuda::record(done_event_);
   group_->depart(rank_);
+  for (void* event : peers_done) cuda::wait(event);
 }
 
 void ThreadComm::all_reduce(Tensor& x, ReduceOp op) {
@@ -152,6 +190,13 @@ void ThreadComm::all_reduce(Tensor& x, ReduceOp op) {
     // This rank owns chunk rank_: reduce it from every rank into its own copy,
     // then write the result back into everyone's copy. Chunks are disjoint.
     const int n = size();
+    if (x.device().is_cuda()) {  // one fused kernel: n reads and n writes per element
+      std::vector<void*> buffers;
+      for (const CollectiveCall& c : calls) buffers.push_back(Tensor(c.first).raw());  // a handle: writable view
+      ChunkRange mine = chunk_range(x.numel(), n, rank_);
+      cuda::reduce_into_all(buffers.data(), n, mine.offset, mine.length, x.dtype(), op);
+      return;
+    }
     Tensor mine = calls[rank_].first.chunk(n)[rank_];
     for (int r = 0; r < n; ++r)
       if (r != rank_) ops::accumulate(mine, calls[r].first.chunk(n)[rank_], op == ReduceOp::avg ? ReduceOp::sum : op);
@@ -199,6 +244,13 @@ void ThreadComm::reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) 
   collective(std::move(call), [&](const std::vector<CollectiveCall>& calls) {
     const int n = size();
     Tensor out = shard.flatten();
+    if (out.device().is_cuda()) {
+      std::vector<const void*> inputs;
+      for (const CollectiveCall& c : calls) inputs.push_back(c.first.raw());
+      ChunkRange mine = chunk_range(full.numel(), n, rank_);
+      cuda::reduce_from_all(out.raw(), inputs.data(), n, mine.offset, mine.length, out.dtype(), op);
+      return;
+    }
     out.copy_from(calls[0].first.chunk(n)[rank_]);
     for (int r = 1; r < n; ++r)
       ops::accumulate(out, calls[r].first.chunk(n)[rank_], op == ReduceOp::avg ? ReduceOp::sum : op);

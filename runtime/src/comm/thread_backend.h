@@ -14,6 +14,7 @@ struct CollectiveCall;
 class ThreadComm : public CommBackend {
  public:
   ThreadComm(std::shared_ptr<ThreadGroup> group, int rank);
+  ~ThreadComm() override;
 
   int rank() const override { return rank_; }
   int size() const override;
@@ -47,6 +48,9 @@ class ThreadComm : public CommBackend {
 
   std::shared_ptr<ThreadGroup> group_;
   int rank_;
+  // GPU only: ranks' streams meet through events instead of host waits.
+  void* ready_event_ = nullptr;
+  void* done_event_ = nullptr;
 };
 
 }  // namespace dtp

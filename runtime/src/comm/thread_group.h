@@ -22,6 +22,7 @@ struct Message {
   std::int64_t sequence = 0;  // n-th message from source to this rank with this tag
   Tensor payload;
   double arrival = 0.0;
+  std::shared_ptr<void> ready;  // GPU payloads: event recorded after the copy-in
 };
 
 /// One rank's side of a library collective, as it arrives at the rendezvous.
@@ -35,6 +36,8 @@ struct CollectiveCall {
   double cost_bytes = 0;  // what the alpha-beta model charges for
   Tensor first, second;   // this rank's buffers; their meaning depends on kind
   int color = 0, key = 0; // split only
+  void* ready_event = nullptr;  // GPU: recorded when this rank's inputs are ready
+  void* done_event = nullptr;   // GPU: recorded when this rank's share of the work is queued
   /// "all_reduce(100 x f32, sum)", for mismatch messages and reports.
   std::string signature() const;
 };

@@ -1,5 +1,6 @@
 #include "comm/thread_world.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -11,6 +12,12 @@ namespace dtp {
 ThreadWorld::ThreadWorld(const World& world)
     : config_(world), status_(static_cast<std::size_t>(world.size)) {
   clocks.assign(static_cast<std::size_t>(world.size), 0.0);
+}
+
+Device ThreadWorld::device_of(int rank) const {
+  if (config_.device.is_cpu()) return Device::cpu();
+  const int gpus = std::max(1, cuda_device_count());
+  return Device::cuda((config_.device.index + rank) % gpus);
 }
 
 void ThreadWorld::add_group(const std::shared_ptr<ThreadGroup>& group) { groups_.push_back(group); }

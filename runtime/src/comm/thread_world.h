@@ -23,6 +23,9 @@ class ThreadWorld {
   explicit ThreadWorld(const World& world);
 
   const World& config() const { return config_; }
+  /// The device of @p rank: the host, or on cuda the visible GPUs round-robin
+  /// from the World's device index (one GPU: every rank shares it).
+  Device device_of(int rank) const;
   int size() const { return config_.size; }
 
   /// Guards everything below and every ThreadGroup of this world.

@@ -23,6 +23,9 @@ void* current_stream() { return nullptr; }
 void set_current_stream(void*) {}
 void* create_stream(Device) { no_cuda(); }
 void destroy_stream(void*) {}
+void enable_peer_access(int) {}
+void reduce_into_all(void* const*, int, std::int64_t, std::int64_t, DType, ReduceOp) { no_cuda(); }
+void reduce_from_all(void*, const void* const*, int, std::int64_t, std::int64_t, DType, ReduceOp) { no_cuda(); }
 void* create_event() { no_cuda(); }
 void destroy_event(void*) {}
 void record(void*) { no_cuda(); }

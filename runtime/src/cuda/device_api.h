@@ -44,6 +44,21 @@ void set_current_stream(void* stream);
 void* create_stream(Device device);
 void destroy_stream(void* stream);
 
+/// Lets every pair of @p devices read each other's memory (ranks of the
+/// thread backend on several GPUs work directly on each other's buffers).
+void enable_peer_access(int device_count);
+
+/// The fused all-reduce step of the thread backend: for elements
+/// [offset, offset + length) of the @p count buffers, writes the reduction of
+/// all of them into every one of them. One read and one write per element
+/// and buffer; no temporary.
+void reduce_into_all(void* const* buffers, int count, std::int64_t offset, std::int64_t length, DType dtype,
+                     ReduceOp op);
+/// out[0, length) = reduction over the @p count inputs of their elements
+/// [offset, offset + length).
+void reduce_from_all(void* out, const void* const* inputs, int count, std::int64_t offset, std::int64_t length,
+                     DType dtype, ReduceOp op);
+
 /// Events let one rank's stream wait for work queued on another's.
 void* create_event();
 void destroy_event(void* event);

@@ -1,0 +1,120 @@
+// CUDA tensors and the thread backend on one GPU. These skip where no GPU is
+// usable and fail instead under DTP_REQUIRE_GPU=1.
+#include <gtest/gtest.h>
+
+#include "support/harness.h"
+
+namespace dtp {
+namespace {
+
+World gpu_world(int size) {
+  World world;
+  world.size = size;
+  world.device = Device::cuda(0);
+  world.timeout_seconds = 30;
+  return world;
+}
+
+TEST(CudaTensor, CopiesFillsAndRandomValuesMatchTheCpu) {
+  DTP_REQUIRE_GPU();
+  for (DType dtype : {DType::f64, DType::f32, DType::bf16, DType::f16, DType::i32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor host = testing::pattern_tensor(3, 1001, dtype);
+    Tensor device = host.to(Device::cuda(0));
+    EXPECT_EQ(device.device(), Device::cuda(0));
+    EXPECT_EQ(device.to_vector(), host.to_vector());
+    Tensor copy = Tensor::zeros({1001}, dtype, Device::cuda(0));
+    copy.copy_from(device);  // device to device
+    EXPECT_EQ(copy.slice(500, 3).to_vector(), host.slice(500, 3).to_vector());
+    copy.fill(2);
+    EXPECT_EQ(copy.item(1000), 2);
+    copy.set_item(7, 5);
+    EXPECT_EQ(copy.item(7), 5);
+  }
+  Tensor cpu = Tensor::random_uniform({4097}, 42, -2, 3, DType::f32);
+  Tensor gpu = Tensor::random_uniform({4097}, 42, -2, 3, DType::f32, Device::cuda(0));
+  EXPECT_EQ(gpu.to_vector(), cpu.to_vector());
+}
+
+TEST(CudaTensor, DeviceMemoryIsChargedToTheTracker) {
+  DTP_REQUIRE_GPU();
+  auto tracker = std::make_shared<MemoryTracker>();
+  set_current_memory_tracker(tracker);
+  {
+    Tensor x = Tensor::zeros({1000}, DType::f32, Device::cuda(0), MemoryCategory::params);
+    EXPECT_EQ(tracker->live(MemoryCategory::params), 4000);
+  }
+  EXPECT_EQ(tracker->live(MemoryCategory::params), 0);
+  set_current_memory_tracker(nullptr);
+}
+
+TEST(CudaOps, AccumulateAndScaleMatchTheCpu) {
+  DTP_REQUIRE_GPU();
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min}) {
+    Tensor a = testing::pattern_tensor(1, 777, DType::f32), b = testing::pattern_tensor(2, 777, DType::f32);
+    Tensor ga = a.to(Device::cuda(0)), gb = b.to(Device::cuda(0));
+    ops::accumulate(a, b, op);
+    ops::accumulate(ga, gb, op);
+    EXPECT_EQ(ga.to_vector(), a.to_vector()) << reduce_op_name(op);
+  }
+  Tensor x = testing::pattern_tensor(0, 99, DType::f64), gx = x.to(Device::cuda(0));
+  ops::scale(x, 0.25);
+  ops::scale(gx, 0.25);
+  EXPECT_EQ(gx.to_vector(), x.to_vector());
+}
+
+TEST(CudaThreadBackend, SendRecvBetweenRanksSharingOneGpu) {
+  DTP_REQUIRE_GPU();
+  std::vector<std::vector<double>> got(4);
+  launch(gpu_world(4), [&](Comm& comm) {
+    const int n = comm.size(), r = comm.rank();
+    EXPECT_TRUE(comm.device().is_cuda());
+    Tensor out = testing::pattern_tensor(r, 10007, DType::f32, comm.device());
+    Tensor in = Tensor::zeros({10007}, DType::f32, comm.device());
+    comm.send(out, (r + 1) % n);
+    out.fill(0);  // queued after the send's copy on this rank's stream
+    comm.recv(in, (r + n - 1) % n);
+    got[r] = in.to_vector();
+  });
+  for (int r = 0; r < 4; ++r)
+    EXPECT_TRUE(testing::values_equal("gpu ring exchange", r, testing::pattern_values((r + 3) % 4, 10007, DType::f32),
+                                      got[r]));
+}
+
+class CudaLibraryCollectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaLibraryCollectives, MatchTheExactSums) {
+  DTP_REQUIRE_GPU();
+  const int n = GetParam();
+  for (std::int64_t len : {std::int64_t{1}, std::int64_t{n + 3}, std::int64_t{4 * 1024 * 1024 + 5}}) {
+    std::vector<std::vector<double>> reduced(n), gathered(n), scattered(n);
+    launch(gpu_world(n), [&](Comm& comm) {
+      const int r = comm.rank();
+      Tensor x = testing::pattern_tensor(r, len, DType::f32, comm.device());
+      comm.all_reduce(x);
+      reduced[r] = x.to_vector();
+      ChunkRange mine = chunk_range(len, n, r);
+      Tensor shard = Tensor::zeros({mine.length}, DType::f32, comm.device());
+      comm.reduce_scatter(testing::pattern_tensor(r, len, DType::f32, comm.device()), shard);
+      scattered[r] = shard.to_vector();
+      Tensor full = Tensor::zeros({len}, DType::f32, comm.device());
+      comm.all_gather(shard, full);
+      gathered[r] = full.to_vector();
+    });
+    std::vector<double> sum = testing::pattern_sum(n, len, DType::f32);
+    for (int r = 0; r < n; ++r) {
+      ChunkRange mine = chunk_range(len, n, r);
+      EXPECT_TRUE(testing::values_equal("gpu all_reduce", r, sum, reduced[r], n));
+      EXPECT_TRUE(testing::values_equal("gpu all_gather of reduce_scatter", r, sum, gathered[r], n));
+      EXPECT_TRUE(testing::values_equal(
+          "gpu reduce_scatter", r,
+          std::vector<double>(sum.begin() + mine.offset, sum.begin() + mine.offset + mine.length), scattered[r]));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CudaLibraryCollectives, ::testing::Range(1, 9),
+                         [](const auto& info) { return "world" + std::to_string(info.param); });
+
+}  // namespace
+}  // namespace dtp
