@@ -1,4 +1,5 @@
-// The mpi backend. Point to point: a small header (size, dtype, arrival time
+// The mpi backend. GPU tensors are staged through host copies (Debian's
+// Open MPI is not CUDA-aware). Point to point: a small header (size, dtype, arrival time
 // on the alpha-beta clock) travels on tag 2t and the payload on tag 2t+1, so
 // posted receives match in order and a size mismatch is caught before any
 // data lands. Collectives: MPI's own nonblocking collectives, preceded by a
@@ -81,6 +82,10 @@ void narrow_into(Tensor& x, const Tensor& wide) {
   if (wide.shares_storage_with(x)) return;
   for (std::int64_t i = 0; i < x.numel(); ++i) x.set_item(i, wide.item(i));
 }
+
+/// Debian's Open MPI cannot read GPU memory: GPU tensors go through a host copy.
+bool on_gpu(const Tensor& x) { return x.defined() && x.device().is_cuda(); }
+Tensor host_copy(const Tensor& x) { return on_gpu(x) ? x.to(Device::cpu()) : x; }
 
 class MpiRecvRequest : public RequestState {
  public:
@@ -165,6 +170,7 @@ void MpiComm::send_header(const Tensor& x, int dst, int tag) {
 }
 
 void MpiComm::send(const Tensor& x, int dst, int tag) {
+  if (on_gpu(x)) return send(host_copy(x), dst, tag);
   send_header(x, dst, tag);
   // Eager: send a private copy so the caller may reuse x at once.
   std::shared_ptr<void> copy(std::malloc(std::max<std::size_t>(x.nbytes(), 1)), std::free);
@@ -177,6 +183,7 @@ void MpiComm::send(const Tensor& x, int dst, int tag) {
 }
 
 std::shared_ptr<RequestState> MpiComm::isend(const Tensor& x, int dst, int tag) {
+  if (on_gpu(x)) return isend(host_copy(x), dst, tag);  // the request keeps the copy alive
   send_header(x, dst, tag);
   MPI_Request request;
   check(MPI_Isend(x.raw(), as_int(x.nbytes(), "isend"), MPI_BYTE, dst, payload_tag(tag), comm_, &request),
@@ -185,7 +192,28 @@ std::shared_ptr<RequestState> MpiComm::isend(const Tensor& x, int dst, int tag) 
                                           "isend to rank " + std::to_string(dst) + " to be received");
 }
 
+namespace {
+/// Receives into a host buffer, then copies to the GPU tensor.
+class StagedRecvRequest : public RequestState {
+ public:
+  StagedRecvRequest(std::shared_ptr<RequestState> inner, Tensor host, Tensor device)
+      : inner_(std::move(inner)), host_(std::move(host)), device_(std::move(device)) {}
+  void wait() override {
+    inner_->wait();
+    device_.copy_from(host_);
+  }
+
+ private:
+  std::shared_ptr<RequestState> inner_;
+  Tensor host_, device_;
+};
+}  // namespace
+
 std::shared_ptr<RequestState> MpiComm::irecv(Tensor& x, int src, int tag) {
+  if (on_gpu(x)) {
+    Tensor host = Tensor::empty(x.shape(), x.dtype(), Device::cpu(), MemoryCategory::comm);
+    return std::make_shared<StagedRecvRequest>(std::make_shared<MpiRecvRequest>(this, host, src, tag), host, x);
+  }
   return std::make_shared<MpiRecvRequest>(this, x, src, tag);
 }
 
@@ -225,6 +253,11 @@ void MpiComm::finish(MPI_Request request, const std::string& what) {
 }
 
 void MpiComm::all_reduce(Tensor& x, ReduceOp op) {
+  if (on_gpu(x)) {
+    Tensor host = host_copy(x);
+    all_reduce(host, op);
+    return x.copy_from(host);
+  }
   agree(describe_call("all_reduce", x, -1, reduce_op_name(op)), "all_reduce", static_cast<double>(x.nbytes()));
   Tensor work = widened(x);
   MPI_Request request;
@@ -237,6 +270,11 @@ void MpiComm::all_reduce(Tensor& x, ReduceOp op) {
 }
 
 void MpiComm::broadcast(Tensor& x, int root) {
+  if (on_gpu(x)) {
+    Tensor host = host_copy(x);
+    broadcast(host, root);
+    return x.copy_from(host);
+  }
   agree(describe_call("broadcast", x, root, nullptr), "broadcast", static_cast<double>(x.nbytes()));
   MPI_Request request;
   check(MPI_Ibcast(x.raw(), as_int(x.nbytes(), "broadcast"), MPI_BYTE, root, comm_, &request), "MPI_Ibcast");
@@ -244,6 +282,11 @@ void MpiComm::broadcast(Tensor& x, int root) {
 }
 
 void MpiComm::reduce(Tensor& x, int root, ReduceOp op) {
+  if (on_gpu(x)) {
+    Tensor host = host_copy(x);
+    reduce(host, root, op);
+    return x.copy_from(host);
+  }
   agree(describe_call("reduce", x, root, reduce_op_name(op)), "reduce", static_cast<double>(x.nbytes()));
   Tensor work = widened(x);
   const int count = as_int(static_cast<std::size_t>(work.numel()), "reduce");
@@ -263,6 +306,11 @@ void MpiComm::reduce(Tensor& x, int root, ReduceOp op) {
 }
 
 void MpiComm::all_gather(const Tensor& shard, Tensor& full) {
+  if (on_gpu(full) || on_gpu(shard)) {
+    Tensor host = host_copy(full);
+    all_gather(host_copy(shard), host);
+    return full.copy_from(host);
+  }
   agree(describe_call("all_gather", full, -1, nullptr), "all_gather", static_cast<double>(full.nbytes()));
   std::vector<int> counts, displacements;
   chunk_layout(full.numel(), size_, full.element_size(), counts, displacements);
@@ -274,6 +322,11 @@ void MpiComm::all_gather(const Tensor& shard, Tensor& full) {
 }
 
 void MpiComm::reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
+  if (on_gpu(full) || on_gpu(shard)) {
+    Tensor host = host_copy(shard);
+    reduce_scatter(host_copy(full), host, op);
+    return shard.copy_from(host);
+  }
   agree(describe_call("reduce_scatter", full, -1, reduce_op_name(op)), "reduce_scatter",
         static_cast<double>(full.nbytes()));
   Tensor in = widened(full);
@@ -290,6 +343,11 @@ void MpiComm::reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
 }
 
 void MpiComm::all_to_all(const Tensor& in, Tensor& out) {
+  if (on_gpu(in) || on_gpu(out)) {
+    Tensor host = host_copy(out);
+    all_to_all(host_copy(in), host);
+    return out.copy_from(host);
+  }
   agree(describe_call("all_to_all", in, -1, nullptr), "all_to_all", static_cast<double>(in.nbytes()));
   const int bytes_each = as_int(in.nbytes() / static_cast<std::size_t>(size_), "all_to_all");
   MPI_Request request;
@@ -299,6 +357,12 @@ void MpiComm::all_to_all(const Tensor& in, Tensor& out) {
 }
 
 void MpiComm::gather(const Tensor& shard, Tensor& full, int root) {
+  if (on_gpu(shard) || on_gpu(full)) {
+    Tensor host = host_copy(full);
+    gather(host_copy(shard), host, root);
+    if (rank_ == root) full.copy_from(host);
+    return;
+  }
   Agreement agreed = agree(describe_call("gather", Tensor(), root, dtype_name(shard.dtype())), "gather",
                            static_cast<double>(shard.nbytes()) * size_,
                            rank_ == root ? static_cast<double>(full.numel()) : -1);
@@ -316,6 +380,11 @@ void MpiComm::gather(const Tensor& shard, Tensor& full, int root) {
 }
 
 void MpiComm::scatter(const Tensor& full, Tensor& shard, int root) {
+  if (on_gpu(shard) || on_gpu(full)) {
+    Tensor host = host_copy(shard);
+    scatter(host_copy(full), host, root);
+    return shard.copy_from(host);
+  }
   Agreement agreed = agree(describe_call("scatter", Tensor(), root, dtype_name(shard.dtype())), "scatter",
                            static_cast<double>(shard.nbytes()) * size_,
                            rank_ == root ? static_cast<double>(full.numel()) : -1);

@@ -17,7 +17,7 @@ class MpiComm : public CommBackend {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  Device device() const override { return session_->config().device; }
+  Device device() const override { return session_->device; }
   std::string name() const override { return "mpi"; }
   CostModel cost_model() const override { return session_->config().cost; }
   double clock() const override { return session_->clock; }

@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "comm/rank_context.h"
+#include "cuda/device_api.h"
 #include "dtp/error.h"
 #include "mpi/mpi_backend.h"
 
@@ -17,14 +18,26 @@ void launch(const World& world, const std::function<void(Comm&)>& fn) {
   if (comm == MPI_COMM_NULL) return;  // this process sits out a smaller world
 
   auto session = std::make_shared<Session>(world, comm);
+  void* stream = nullptr;
+  if (world.device.is_cuda()) {
+    // One GPU per process, round-robin over the GPUs this process can see.
+    const int gpus = cuda_device_count();
+    DTP_CHECK(gpus > 0, "launch: DTP_DEVICE=", world.device.str(), " but no usable CUDA device was found");
+    session->device = Device::cuda((world.device.index + session->rank()) % gpus);
+    stream = cuda::create_stream(session->device);
+  }
+  cuda::set_current_stream(stream);
   detail::set_current_rank(session->rank());
   set_current_memory_tracker(std::make_shared<MemoryTracker>());
   struct Reset {
+    void* stream;
     ~Reset() {
+      cuda::set_current_stream(nullptr);
+      cuda::destroy_stream(stream);
       set_current_memory_tracker(nullptr);
       detail::set_current_rank(-1);
     }
-  } reset;
+  } reset{stream};
 
   std::string undelivered;
   try {

@@ -46,6 +46,8 @@ class Session {
 
   /// This process's simulated time.
   double clock = 0.0;
+  /// This rank's device: the host, or one GPU (round-robin over the visible ones).
+  Device device = Device::cpu();
 
   /// Polls until every request completes. Throws CommAborted when another
   /// rank failed, CommTimeout (after telling every rank) past the timeout.
