@@ -19,6 +19,9 @@
 #ifdef DTP_HAVE_MPI
 #include "mpi/mpi_session.h"
 #endif
+#ifdef DTP_HAVE_NCCL
+#include "nccl/nccl_backend.h"
+#endif
 
 namespace dtp {
 
@@ -95,6 +98,16 @@ int max_world_size(Backend backend) {
     return 0;
 #endif
   }
+  if (backend == Backend::nccl) {
+#ifdef DTP_HAVE_NCCL
+#ifdef DTP_HAVE_MPI
+    if (mpi::process_count_without_init() > 1) return mpi::process_count();
+#endif
+    return cuda_device_count();  // one process: one rank per GPU
+#else
+    return 0;
+#endif
+  }
   return 1024;
 }
 
@@ -117,7 +130,12 @@ void launch(const World& world, const std::function<void(Comm&)>& fn) {
                        "use DTP_BACKEND=thread");
 #endif
     case Backend::nccl:
-      DTP_CHECK(false, "launch: the nccl backend is not part of this build yet; use DTP_BACKEND=thread or mpi");
+#ifdef DTP_HAVE_NCCL
+      return nccl::launch(world, fn);
+#else
+      DTP_CHECK(false, "launch: this build has no NCCL (it needs the CUDA toolkit with NCCL at configure time); "
+                       "use DTP_BACKEND=thread or mpi");
+#endif
   }
 }
 

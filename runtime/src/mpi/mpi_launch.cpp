@@ -19,7 +19,8 @@ struct Outcome {
 };
 
 /// Runs fn on this process's rank; never throws.
-Outcome run_rank(const World& world, MPI_Comm comm, const std::function<void(Comm&)>& fn) {
+Outcome run_rank(const World& world, MPI_Comm comm, const std::function<void(Comm&)>& fn,
+                 const BackendFactory& make) {
   auto session = std::make_shared<Session>(world, comm);
   void* stream = nullptr;
   Outcome outcome;
@@ -34,11 +35,13 @@ Outcome run_rank(const World& world, MPI_Comm comm, const std::function<void(Com
     cuda::set_current_stream(stream);
     detail::set_current_rank(session->rank());
     set_current_memory_tracker(std::make_shared<MemoryTracker>());
+    std::string undelivered;
     {
-      Comm comm_handle(std::make_shared<MpiComm>(session, session->traffic.front()));
+      RankBackend rank_backend = make(session);
+      Comm comm_handle(rank_backend.backend);
       fn(comm_handle);
+      undelivered = rank_backend.finish();
     }
-    const std::string undelivered = collect_undelivered(*session);
     // Every rank fails when any rank was left with messages: agree on one.
     int mine[2] = {undelivered.empty() ? 0 : 1, undelivered.empty() ? -1 : session->rank()};
     int any[2];
@@ -72,6 +75,13 @@ Outcome run_rank(const World& world, MPI_Comm comm, const std::function<void(Com
 }  // namespace
 
 void launch(const World& world, const std::function<void(Comm&)>& fn) {
+  launch_on_processes(world, fn, [](const std::shared_ptr<Session>& session) {
+    return RankBackend{std::make_shared<MpiComm>(session, session->traffic.front()),
+                       [session] { return collect_undelivered(*session); }};
+  });
+}
+
+void launch_on_processes(const World& world, const std::function<void(Comm&)>& fn, const BackendFactory& make) {
   const int processes = process_count();
   DTP_CHECK(world.size <= processes, "launch: a world of ", world.size, " ranks on the mpi backend needs ",
             world.size, " processes, but mpiexec started ", processes, " (use mpiexec -n ", world.size, ")");
@@ -79,7 +89,7 @@ void launch(const World& world, const std::function<void(Comm&)>& fn) {
   MPI_Comm comm = MPI_COMM_NULL;
   check(MPI_Comm_split(MPI_COMM_WORLD, me < world.size ? 0 : MPI_UNDEFINED, me, &comm), "MPI_Comm_split");
   Outcome outcome;
-  if (comm != MPI_COMM_NULL) outcome = run_rank(world, comm, fn);  // else: sit out a smaller world
+  if (comm != MPI_COMM_NULL) outcome = run_rank(world, comm, fn, make);  // else: sit out a smaller world
 
   // Every process, those that sat out included, must leave launch() the same
   // way, or the next launch() would find them out of step. Agree on the first

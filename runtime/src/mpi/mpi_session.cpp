@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -54,6 +55,12 @@ int process_count() {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   return size;
+}
+
+int process_count_without_init() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"})
+    if (const char* value = std::getenv(name)) return std::max(1, std::atoi(value));
+  return 1;
 }
 
 Session::Session(const World& config, MPI_Comm comm) : config_(config), comm_(comm) {
@@ -139,6 +146,13 @@ void Session::wait(std::vector<MPI_Request>& requests, const std::function<std::
     // Oversubscribed ranks (more processes than cores) must yield the core.
     sched_yield();
   }
+}
+
+void Session::throw_if_peer_failed() {
+  poll_notices();
+  if (failed_rank_ >= 0 && failed_rank_ != rank_)
+    throw CommAborted("rank " + std::to_string(rank_) + " stopped because rank " + std::to_string(failed_rank_) +
+                      " failed: " + failure_message_);
 }
 
 void Session::announce_failure(const std::string& message) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/backend.h"
 #include "dtp/launch.h"
 
 namespace dtp::mpi {
@@ -21,6 +22,9 @@ namespace dtp::mpi {
 void ensure_initialized();
 int process_rank();
 int process_count();
+/// The number of processes the launcher started, read from its environment
+/// without initializing MPI (1 when not started by mpiexec or srun).
+int process_count_without_init();
 
 /// Throws dtp::Error with the MPI error text when @p code is not MPI_SUCCESS.
 void check(int code, const char* call);
@@ -54,6 +58,8 @@ class Session {
   /// @p describe says what this rank waits for.
   void wait(std::vector<MPI_Request>& requests, const std::function<std::string()>& describe,
             std::vector<MPI_Status>* statuses = nullptr);
+  /// Throws CommAborted when another rank announced a failure.
+  void throw_if_peer_failed();
   /// Tells every other rank that this one failed, so their waits unwind.
   void announce_failure(const std::string& message);
   /// The failure another rank announced, if any ("" when none).
@@ -85,6 +91,18 @@ class Session {
   };
   std::vector<PendingSend> sends_;
 };
+
+/// What runs on one process's rank: the Comm backend fn gets, and the
+/// end-of-launch check (returns a description of messages nobody received).
+struct RankBackend {
+  std::shared_ptr<CommBackend> backend;
+  std::function<std::string()> finish;
+};
+using BackendFactory = std::function<RankBackend(const std::shared_ptr<Session>&)>;
+
+/// Runs fn on this process's rank of the processes mpiexec started, with the
+/// backend @p make builds on the session (mpi, or nccl bootstrapped over MPI).
+void launch_on_processes(const World& world, const std::function<void(Comm&)>& fn, const BackendFactory& make);
 
 /// Runs fn on this process's rank of an MPI world (see launch()).
 void launch(const World& world, const std::function<void(Comm&)>& fn);

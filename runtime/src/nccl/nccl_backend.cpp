@@ -1,0 +1,403 @@
+// The nccl backend's operations. Two things NCCL does not do are added here:
+// - Eager sends. NCCL sends complete only when the peer receives, so send()
+//   copies and queues the message; queued sends go out in one NCCL group with
+//   the next receive or collective, which lets a ring of "send, then receive"
+//   work as it does on the other backends.
+// - Checks. Each message carries a small header (size, dtype, tag, clock)
+//   that the receiver reads before the payload, and every collective starts
+//   with a tiny all-reduce of a signature, so mismatches give a clear error
+//   instead of a GPU that waits forever. NCCL has no tags: messages between
+//   two ranks arrive in the order they were sent, whatever their tags.
+#include "nccl/nccl_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <sstream>
+#include <thread>
+
+#include "cuda/cuda_check.h"
+#include "cuda/device_api.h"
+#include "dtp/error.h"
+
+namespace dtp::nccl {
+
+void check(ncclResult_t code, const char* call, const char* file, int line) {
+  if (code == ncclSuccess || code == ncclInProgress) return;
+  throw Error(std::string("NCCL error: ") + call + " failed at " + file + ":" + std::to_string(line) + ": " +
+              ncclGetErrorString(code));
+}
+
+void ThreadControl::poll(int rank) {
+  const int failed = failed_rank_.load();
+  if (failed >= 0 && failed != rank)
+    throw CommAborted("rank " + std::to_string(rank) + " stopped because rank " + std::to_string(failed) +
+                      " failed: " + message());
+}
+
+void ThreadControl::announce(int rank, const std::string& text) {
+  std::lock_guard lock(mutex_);
+  int expected = -1;
+  if (failed_rank_.compare_exchange_strong(expected, rank)) message_ = text;
+}
+
+std::string ThreadControl::message() const {
+  std::lock_guard lock(mutex_);
+  return message_;
+}
+
+namespace {
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::f64: return ncclFloat64;
+    case DType::f32: return ncclFloat32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    case DType::i32: return ncclInt32;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+char* bytes_of(Tensor& x, std::int64_t element) {
+  return static_cast<char*>(x.raw()) + element * static_cast<std::int64_t>(x.element_size());
+}
+
+constexpr int kHeaderFields = 4;  // numel, dtype, tag, arrival time
+
+class NcclSendRequest : public RequestState {
+ public:
+  NcclSendRequest(NcclComm* comm, Tensor x) : comm_(comm), x_(std::move(x)) {}
+  void wait() override { comm_->synchronize("an isend to be received"); }
+
+ private:
+  NcclComm* comm_;
+  Tensor x_;  // stays alive until the send is done
+};
+
+class NcclRecvRequest : public RequestState {
+ public:
+  NcclRecvRequest(NcclComm* comm, Tensor x, int src, int tag) : comm_(comm), x_(std::move(x)), src_(src), tag_(tag) {}
+  void wait() override { comm_->recv(x_, src_, tag_); }
+
+ private:
+  NcclComm* comm_;
+  Tensor x_;
+  int src_, tag_;
+};
+
+}  // namespace
+
+NcclComm::NcclComm(ncclComm_t comm, int rank, int size, Device device, const World& world,
+                   std::shared_ptr<Control> control, bool owns_comm)
+    : comm_(comm), rank_(rank), size_(size), device_(device), world_(world), control_(std::move(control)),
+      owns_comm_(owns_comm), stream_(static_cast<cudaStream_t>(cuda::current_stream())),
+      sent_(static_cast<std::size_t>(size), 0), received_(static_cast<std::size_t>(size), 0) {}
+
+NcclComm::~NcclComm() {
+  if (!owns_comm_) return;
+  // After a failure GPU work may never finish: abort rather than wait for it.
+  if (control_->failed()) ncclCommAbort(comm_);
+  else ncclCommDestroy(comm_);
+}
+
+std::string NcclComm::finish() {
+  // Everyone learns how many messages each peer sent it, before anything
+  // queued is sent: a send nobody receives would otherwise hang the GPU.
+  Tensor mine = Tensor::zeros({size_}, DType::f64), theirs = Tensor::zeros({size_}, DType::f64, device_);
+  for (int r = 0; r < size_; ++r) mine.set_item(r, static_cast<double>(sent_[r]));
+  Tensor counts = mine.to(device_);
+  DTP_NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < size_; ++r) {
+    DTP_NCCL_CHECK(ncclSend(bytes_of(counts, r), 1, ncclFloat64, r, comm_, stream_));
+    DTP_NCCL_CHECK(ncclRecv(bytes_of(theirs, r), 1, ncclFloat64, r, comm_, stream_));
+  }
+  DTP_NCCL_CHECK(ncclGroupEnd());
+  synchronize("the end-of-launch message count");
+  const std::vector<double> expected = theirs.to_vector();
+  std::ostringstream report;
+  for (int r = 0; r < size_; ++r) {
+    const long long missing = static_cast<long long>(expected[r]) - received_[r];
+    if (missing > 0) report << "  rank " << r << " -> rank " << rank_ << ": " << missing << " message(s)\n";
+  }
+  if (!report.str().empty()) return report.str();
+  flush_with(nullptr);
+  synchronize("its last sends to be received");
+  return "";
+}
+
+void NcclComm::check_device(const char* op, const Tensor& x) const {
+  DTP_CHECK(x.device() == device_, op, " on the nccl backend needs tensors on this rank's GPU ", device_.str(),
+            ", got ", x.describe());
+}
+
+void NcclComm::synchronize(const std::string& what) {
+  const auto start = std::chrono::steady_clock::now();
+  for (long spins = 0;; ++spins) {
+    cudaError_t status = cudaStreamQuery(stream_);
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady) DTP_CUDA_CHECK(status);
+    if (spins % 64 == 0) {
+      control_->poll(rank_);
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > world_.timeout_seconds) {
+        ncclCommAbort(comm_);  // the GPU work can never finish: free the stream
+        owns_comm_ = false;
+        std::ostringstream report;
+        report << "timeout: rank " << rank_ << " waited " << world_.timeout_seconds
+               << " s (DTP_TIMEOUT) on " << device_.str() << " for " << what
+               << "; the NCCL communicator was aborted. The other ranks report what they were waiting for.";
+        control_->announce(rank_, report.str());
+        throw CommTimeout(report.str());
+      }
+    }
+    std::this_thread::yield();
+  }
+}
+
+void NcclComm::flush_with(const std::function<void()>& more) {
+  DTP_NCCL_CHECK(ncclGroupStart());
+  for (QueuedSend& q : queued_) {
+    DTP_NCCL_CHECK(ncclSend(q.header.raw(), kHeaderFields, ncclFloat64, q.dst, comm_, stream_));
+    sent_[q.dst] += 1;
+    DTP_NCCL_CHECK(ncclSend(q.payload.raw(), q.payload.nbytes(), ncclUint8, q.dst, comm_, stream_));
+  }
+  if (more) more();
+  DTP_NCCL_CHECK(ncclGroupEnd());
+  // The queued copies may be freed now: their frees are ordered after the sends on this stream.
+  queued_.clear();
+}
+
+// --- point to point -------------------------------------------------------------
+
+namespace {
+Tensor make_header(const Tensor& x, int tag, double arrival, Device device) {
+  return Tensor::from_values({static_cast<double>(x.numel()), static_cast<double>(static_cast<int>(x.dtype())),
+                              static_cast<double>(tag), arrival})
+      .to(device);
+}
+}  // namespace
+
+void NcclComm::send(const Tensor& x, int dst, int tag) {
+  check_device("send", x);
+  *clock_ += world_.cost.alpha + world_.cost.beta * static_cast<double>(x.nbytes());
+  Tensor copy = Tensor::empty(x.shape(), x.dtype(), device_, MemoryCategory::comm);
+  copy.copy_from(x);
+  queued_.push_back({copy, make_header(x, tag, *clock_, device_), dst});
+}
+
+std::shared_ptr<RequestState> NcclComm::isend(const Tensor& x, int dst, int tag) {
+  check_device("isend", x);
+  *clock_ += world_.cost.alpha + world_.cost.beta * static_cast<double>(x.nbytes());
+  queued_.push_back({x, make_header(x, tag, *clock_, device_), dst});  // no copy: x must stay unchanged
+  return std::make_shared<NcclSendRequest>(this, x);
+}
+
+void NcclComm::recv(Tensor& x, int src, int tag) {
+  check_device("recv", x);
+  Tensor header = Tensor::zeros({kHeaderFields}, DType::f64, device_, MemoryCategory::comm);
+  flush_with([&] { DTP_NCCL_CHECK(ncclRecv(header.raw(), kHeaderFields, ncclFloat64, src, comm_, stream_)); });
+  std::ostringstream what;
+  what << "recv(source rank " << src << ", tag " << tag << ", " << x.numel() << " x " << dtype_name(x.dtype()) << ")";
+  synchronize(what.str());
+  const std::vector<double> h = header.to_vector();
+  const auto numel = static_cast<std::int64_t>(h[0]);
+  const auto dtype = static_cast<DType>(static_cast<int>(h[1]));
+  if (numel != x.numel() || dtype != x.dtype() || static_cast<int>(h[2]) != tag) {
+    std::ostringstream message;
+    message << "recv on rank " << rank_ << " from rank " << src << " expected tag " << tag << " with " << x.numel()
+            << " x " << dtype_name(x.dtype()) << " but the next message holds tag " << static_cast<int>(h[2])
+            << " with " << numel << " x " << dtype_name(dtype)
+            << "; on nccl, messages between two ranks arrive in the order they were sent";
+    control_->announce(rank_, message.str());
+    throw CommMismatch(message.str());
+  }
+  DTP_NCCL_CHECK(ncclRecv(x.raw(), x.nbytes(), ncclUint8, src, comm_, stream_));
+  received_[src] += 1;
+  *clock_ = std::max(*clock_, h[3]);
+}
+
+std::shared_ptr<RequestState> NcclComm::irecv(Tensor& x, int src, int tag) {
+  check_device("irecv", x);
+  return std::make_shared<NcclRecvRequest>(this, x, src, tag);
+}
+
+// --- collectives ----------------------------------------------------------------
+
+double NcclComm::agree(const std::string& signature, const std::string& kind, double cost_bytes) {
+  const double h = static_cast<double>(std::hash<std::string>{}(signature) & ((1ull << 52) - 1));
+  Tensor votes = Tensor::from_values({h, -h, *clock_}).to(device_);
+  flush_with([&] { DTP_NCCL_CHECK(ncclAllReduce(votes.raw(), votes.raw(), 3, ncclFloat64, ncclMax, comm_, stream_)); });
+  synchronize("the other ranks to join " + signature);
+  const std::vector<double> v = votes.to_vector();
+  if (v[0] != -v[1]) {
+    constexpr int kWidth = 128;
+    Tensor mine = Tensor::zeros({kWidth}, DType::i32);
+    for (int i = 0; i < kWidth - 1 && i < static_cast<int>(signature.size()); ++i) mine.set_item(i, signature[i]);
+    Tensor gpu_mine = mine.to(device_), everyone = Tensor::zeros({kWidth * size_}, DType::i32, device_);
+    DTP_NCCL_CHECK(ncclAllGather(gpu_mine.raw(), everyone.raw(), kWidth, ncclInt32, comm_, stream_));
+    synchronize("the mismatch report");
+    const std::vector<double> text = everyone.to_vector();
+    std::ostringstream message;
+    message << "collective mismatch: ranks called different collectives at the same step:\n";
+    for (int r = 0; r < size_; ++r) {
+      message << "  rank " << r << ": ";
+      for (int i = 0; i < kWidth && text[r * kWidth + i] != 0; ++i) message << static_cast<char>(text[r * kWidth + i]);
+      message << "\n";
+    }
+    message << "Every rank must call the same collective with the same kind, element count, dtype, root and op.";
+    throw CommMismatch(message.str());
+  }
+  *clock_ = v[2] + collective_cost(kind, cost_bytes, size_, world_.cost);
+  return v[2];
+}
+
+namespace {
+std::string signature(const std::string& kind, const Tensor& x, int root, const char* op) {
+  std::ostringstream out;
+  out << kind << "(" << x.numel() << " x " << dtype_name(x.dtype());
+  if (root >= 0) out << ", root " << root;
+  if (op) out << ", " << op;
+  out << ")";
+  return out.str();
+}
+}  // namespace
+
+void NcclComm::all_reduce(Tensor& x, ReduceOp op) {
+  check_device("all_reduce", x);
+  agree(signature("all_reduce", x, -1, reduce_op_name(op)), "all_reduce", static_cast<double>(x.nbytes()));
+  DTP_NCCL_CHECK(ncclAllReduce(x.raw(), x.raw(), x.numel(), nccl_type(x.dtype()), nccl_op(op), comm_, stream_));
+}
+
+void NcclComm::broadcast(Tensor& x, int root) {
+  check_device("broadcast", x);
+  agree(signature("broadcast", x, root, nullptr), "broadcast", static_cast<double>(x.nbytes()));
+  DTP_NCCL_CHECK(ncclBroadcast(x.raw(), x.raw(), x.nbytes(), ncclUint8, root, comm_, stream_));
+}
+
+void NcclComm::reduce(Tensor& x, int root, ReduceOp op) {
+  check_device("reduce", x);
+  agree(signature("reduce", x, root, reduce_op_name(op)), "reduce", static_cast<double>(x.nbytes()));
+  // The receive buffer is used on the root only: everyone passes x.
+  DTP_NCCL_CHECK(ncclReduce(x.raw(), x.raw(), x.numel(), nccl_type(x.dtype()), nccl_op(op), root, comm_, stream_));
+}
+
+void NcclComm::all_gather(const Tensor& shard, Tensor& full) {
+  check_device("all_gather", full);
+  check_device("all_gather", shard);
+  agree(signature("all_gather", full, -1, nullptr), "all_gather", static_cast<double>(full.nbytes()));
+  Tensor in = shard;
+  if (full.numel() % size_ == 0) {
+    DTP_NCCL_CHECK(ncclAllGather(in.raw(), full.raw(), shard.nbytes(), ncclUint8, comm_, stream_));
+    return;
+  }
+  // Uneven chunks: one broadcast per rank's chunk, in one group.
+  DTP_NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < size_; ++r) {
+    ChunkRange range = chunk_range(full.numel(), size_, r);
+    void* target = bytes_of(full, range.offset);
+    DTP_NCCL_CHECK(ncclBroadcast(r == rank_ ? in.raw() : target, target, range.length * full.element_size(), ncclUint8,
+                                 r, comm_, stream_));
+  }
+  DTP_NCCL_CHECK(ncclGroupEnd());
+}
+
+void NcclComm::reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
+  check_device("reduce_scatter", full);
+  check_device("reduce_scatter", shard);
+  agree(signature("reduce_scatter", full, -1, reduce_op_name(op)), "reduce_scatter", static_cast<double>(full.nbytes()));
+  Tensor in = full;
+  if (full.numel() % size_ == 0) {
+    DTP_NCCL_CHECK(ncclReduceScatter(in.raw(), shard.raw(), shard.numel(), nccl_type(full.dtype()), nccl_op(op), comm_,
+                                     stream_));
+    return;
+  }
+  // Uneven chunks: one reduce per chunk to its owner, in one group.
+  DTP_NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < size_; ++r) {
+    ChunkRange range = chunk_range(full.numel(), size_, r);
+    void* source = bytes_of(in, range.offset);
+    DTP_NCCL_CHECK(ncclReduce(source, r == rank_ ? shard.raw() : source, range.length, nccl_type(full.dtype()),
+                              nccl_op(op), r, comm_, stream_));
+  }
+  DTP_NCCL_CHECK(ncclGroupEnd());
+}
+
+void NcclComm::all_to_all(const Tensor& in, Tensor& out) {
+  check_device("all_to_all", in);
+  check_device("all_to_all", out);
+  agree(signature("all_to_all", in, -1, nullptr), "all_to_all", static_cast<double>(in.nbytes()));
+  Tensor source = in;
+  const std::int64_t each = in.numel() / size_;
+  DTP_NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < size_; ++r) {
+    DTP_NCCL_CHECK(ncclSend(bytes_of(source, r * each), each * in.element_size(), ncclUint8, r, comm_, stream_));
+    DTP_NCCL_CHECK(ncclRecv(bytes_of(out, r * each), each * out.element_size(), ncclUint8, r, comm_, stream_));
+  }
+  DTP_NCCL_CHECK(ncclGroupEnd());
+}
+
+void NcclComm::gather(const Tensor& shard, Tensor& full, int root) {
+  check_device("gather", shard);
+  agree(signature("gather", shard, root, nullptr), "gather", static_cast<double>(shard.nbytes()) * size_);
+  Tensor mine = shard;
+  DTP_NCCL_CHECK(ncclGroupStart());
+  if (rank_ == root) {
+    for (int r = 0; r < size_; ++r) {
+      ChunkRange range = chunk_range(full.numel(), size_, r);
+      if (r == root) continue;
+      DTP_NCCL_CHECK(ncclRecv(bytes_of(full, range.offset), range.length * full.element_size(), ncclUint8, r, comm_,
+                              stream_));
+    }
+  } else {
+    DTP_NCCL_CHECK(ncclSend(mine.raw(), mine.nbytes(), ncclUint8, root, comm_, stream_));
+  }
+  DTP_NCCL_CHECK(ncclGroupEnd());
+  if (rank_ == root) full.flatten().chunk(size_)[rank_].copy_from(shard);
+}
+
+void NcclComm::scatter(const Tensor& full, Tensor& shard, int root) {
+  check_device("scatter", shard);
+  agree(signature("scatter", shard, root, nullptr), "scatter", static_cast<double>(shard.nbytes()) * size_);
+  Tensor source = full;
+  DTP_NCCL_CHECK(ncclGroupStart());
+  if (rank_ == root) {
+    for (int r = 0; r < size_; ++r) {
+      ChunkRange range = chunk_range(full.numel(), size_, r);
+      if (r == root) continue;
+      DTP_NCCL_CHECK(ncclSend(bytes_of(source, range.offset), range.length * full.element_size(), ncclUint8, r, comm_,
+                              stream_));
+    }
+  } else {
+    DTP_NCCL_CHECK(ncclRecv(shard.raw(), shard.nbytes(), ncclUint8, root, comm_, stream_));
+  }
+  DTP_NCCL_CHECK(ncclGroupEnd());
+  if (rank_ == root) shard.copy_from(source.flatten().chunk(size_)[rank_]);
+}
+
+void NcclComm::barrier() { agree("barrier()", "barrier", 0); }
+
+std::shared_ptr<CommBackend> NcclComm::split(int color, int key) {
+  agree("split()", "split", 0);
+  ncclComm_t sub = nullptr;
+  DTP_NCCL_CHECK(ncclCommSplit(comm_, color, key, &sub, nullptr));
+  int sub_rank = 0, sub_size = 0;
+  DTP_NCCL_CHECK(ncclCommUserRank(sub, &sub_rank));
+  DTP_NCCL_CHECK(ncclCommCount(sub, &sub_size));
+  auto child = std::make_shared<NcclComm>(sub, sub_rank, sub_size, device_, world_, control_, true);
+  child->clock_ = clock_;  // the same rank: the same clock
+  return child;
+}
+
+}  // namespace dtp::nccl

@@ -1,0 +1,117 @@
+// Internal: the nccl backend — one GPU per rank, every operation on NCCL.
+//
+// Ranks are either processes started by mpiexec (the NCCL unique id travels
+// over MPI) or threads of one process, one per visible GPU. NCCL work is
+// asynchronous on the rank's stream; whenever the host must wait it polls
+// the stream, so a wait can time out with a report (the NCCL communicator is
+// aborted) or unwind when another rank failed.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/backend.h"
+#include "dtp/launch.h"
+
+namespace dtp::nccl {
+
+/// Throws dtp::Error naming the NCCL call, file and line when @p code fails.
+void check(ncclResult_t code, const char* call, const char* file, int line);
+#define DTP_NCCL_CHECK(call) ::dtp::nccl::check((call), #call, __FILE__, __LINE__)
+
+/// How ranks learn that another rank failed (shared by a launch's ranks).
+class Control {
+ public:
+  virtual ~Control() = default;
+  /// Throws CommAborted when another rank announced a failure.
+  virtual void poll(int rank) = 0;
+  virtual void announce(int rank, const std::string& message) = 0;
+  /// True once any rank announced a failure.
+  virtual bool failed() const = 0;
+};
+
+/// Ranks that are threads of one process: a flag and the first message.
+class ThreadControl : public Control {
+ public:
+  void poll(int rank) override;
+  void announce(int rank, const std::string& message) override;
+  bool failed() const override { return failed_rank_ >= 0; }
+  int failed_rank() const { return failed_rank_; }
+  std::string message() const;
+
+ private:
+  std::atomic<int> failed_rank_{-1};
+  mutable std::mutex mutex_;
+  std::string message_;
+};
+
+class NcclComm : public CommBackend {
+ public:
+  NcclComm(ncclComm_t comm, int rank, int size, Device device, const World& world,
+           std::shared_ptr<Control> control, bool owns_comm);
+  ~NcclComm() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Device device() const override { return device_; }
+  std::string name() const override { return "nccl"; }
+  CostModel cost_model() const override { return world_.cost; }
+  double clock() const override { return *clock_; }
+  void set_clock(double time) override { *clock_ = time; }
+  void* native_handle() override { return &comm_; }
+
+  void send(const Tensor& x, int dst, int tag) override;
+  std::shared_ptr<RequestState> isend(const Tensor& x, int dst, int tag) override;
+  void recv(Tensor& x, int src, int tag) override;
+  std::shared_ptr<RequestState> irecv(Tensor& x, int src, int tag) override;
+
+  void all_reduce(Tensor& x, ReduceOp op) override;
+  void broadcast(Tensor& x, int root) override;
+  void reduce(Tensor& x, int root, ReduceOp op) override;
+  void all_gather(const Tensor& shard, Tensor& full) override;
+  void reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) override;
+  void all_to_all(const Tensor& in, Tensor& out) override;
+  void gather(const Tensor& shard, Tensor& full, int root) override;
+  void scatter(const Tensor& full, Tensor& shard, int root) override;
+  void barrier() override;
+  std::shared_ptr<CommBackend> split(int color, int key) override;
+
+  /// End of launch: reports messages nobody received ("" when none), else
+  /// sends what is still queued and waits for it.
+  std::string finish();
+  /// Waits (polling) until the rank's stream has done everything queued.
+  void synchronize(const std::string& what);
+
+ private:
+  struct QueuedSend {
+    Tensor payload;  // private copy: send() is eager
+    Tensor header;   // numel, dtype, arrival time
+    int dst;
+  };
+  void flush_with(const std::function<void()>& more);
+  double agree(const std::string& signature, const std::string& kind, double cost_bytes);
+  void check_device(const char* op, const Tensor& x) const;
+
+  ncclComm_t comm_;
+  int rank_, size_;
+  Device device_;
+  World world_;
+  std::shared_ptr<Control> control_;
+  bool owns_comm_;
+  cudaStream_t stream_;
+  std::shared_ptr<double> clock_ = std::make_shared<double>(0.0);  // one per rank, shared by its comms
+  std::vector<long long> sent_, received_;                            // messages per peer
+  std::vector<QueuedSend> queued_;
+};
+
+/// Runs fn on every rank of a world on the nccl backend (see launch()).
+void launch(const World& world, const std::function<void(Comm&)>& fn);
+
+}  // namespace dtp::nccl
