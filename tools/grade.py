@@ -1,0 +1,494 @@
+#!/usr/bin/env python3
+"""The DTP scoreboard: runs the puzzle checkers and says which puzzles are solved.
+
+Usage (normally through ./dtp grade):
+    tools/grade.py [CHAPTER] [--junit FILE] [--reference] [--build-dir DIR]
+
+It finds build/tests/chNN_puzzles_tests (or chNN_reference_tests with
+--reference), runs each under a timeout with GoogleTest's JSON output, groups
+the tests by suite into puzzles (suite Puzzle1_4_ring_all_gather is puzzle 1.4
+ring_all_gather) and prints one table per chapter with the first failure line
+of every unsolved puzzle.
+
+Exit status: 0 when every binary ran to the end (even if puzzles fail: this is
+a report), 1 when a binary crashed or timed out (or, with --expect-unsolved, a
+puzzle passed on its stub), 2 when there was nothing to grade.
+
+Standard library only, so any python3 runs it.
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BINARY_RE = re.compile(r"^ch(\d+)_(puzzles|reference)_tests$")
+# Suite names: Puzzle1_4_ring_all_gather, possibly with a parameterized or
+# typed prefix/suffix: Sizes/Puzzle1_4_ring_all_gather, Puzzle1_4_x/0.
+PUZZLE_RE = re.compile(r"(?:^|/)Puzzle(\d+)_(\d+[a-z]*)_([A-Za-z0-9_]+?)(?:/\d+)?$")
+LOCATION_RE = re.compile(r"^(unknown file|.*:\d+)(: Failure)?$")
+EXCEPTION_RE = re.compile(r'C\+\+ exception with description "(.*)" thrown in (the test body|[^.]*)\.',
+                          re.S)
+ACTUAL_FALSE_RE = re.compile(r"Actual: false \((.*)\)\s*\nExpected: true", re.S)
+LINE_WIDTH = 100
+
+
+@dataclass
+class TestResult:
+    suite: str
+    name: str
+    status: str = "notrun"  # passed, failed, skipped, error, notrun
+    messages: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class Puzzle:
+    chapter: int
+    number: str  # "4", "3a", or "" for a suite that is not a puzzle
+    name: str
+    tests: list = field(default_factory=list)
+
+    @property
+    def id(self):
+        return f"{self.chapter}.{self.number}" if self.number else "-"
+
+    def sort_key(self):
+        m = re.match(r"(\d+)(.*)", self.number)
+        return (0, int(m.group(1)), m.group(2)) if m else (1, 0, self.name)
+
+    def count(self, status):
+        return sum(1 for t in self.tests if t.status == status)
+
+    @property
+    def verdict(self):
+        if any(t.status in ("failed", "error", "notrun") for t in self.tests):
+            return "FAIL"
+        if self.tests and all(t.status == "skipped" for t in self.tests):
+            return "SKIP"
+        return "PASS"
+
+
+def first_line(text):
+    """The line of a gtest failure message a student should read first."""
+    lines = text.strip("\n").splitlines()
+    if lines and LOCATION_RE.match(lines[0].strip()):
+        lines = lines[1:]
+    body = "\n".join(lines).strip()
+    m = EXCEPTION_RE.search(body)
+    if m:
+        body = m.group(1).strip()
+    else:
+        m = ACTUAL_FALSE_RE.search(body)
+        if m:
+            body = m.group(1).strip()
+    lines = [l.strip() for l in body.splitlines() if l.strip()]
+    if not lines:
+        return "(no message)"
+    line = lines[0]
+    # "Expected equality of these values:" says nothing alone: add what follows.
+    if line.endswith(":") and len(lines) > 1:
+        line = " ".join(lines)
+    line = re.sub(r"\s+", " ", line)
+    if len(line) > LINE_WIDTH:
+        line = line[: LINE_WIDTH - 3] + "..."
+    return line
+
+
+def signal_name(returncode):
+    try:
+        return signal.Signals(-returncode).name
+    except (ValueError, AttributeError):
+        return f"signal {-returncode}"
+
+
+def list_tests(binary, env, timeout):
+    """All tests of a gtest binary in order, as (suite, name) pairs."""
+    out = subprocess.run([str(binary), "--gtest_list_tests"], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                         timeout=timeout, text=True, errors="replace")
+    if out.returncode != 0:
+        raise RuntimeError(f"--gtest_list_tests exited with {out.returncode}:\n{out.stdout[-2000:]}")
+    tests, suite = [], None
+    for raw in out.stdout.splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line:
+            continue
+        if not raw.startswith(" ") and line.endswith("."):
+            suite = line[:-1]
+        elif raw.startswith("  ") and suite is not None:
+            tests.append((suite, line.strip()))
+    return tests
+
+
+RUN_LINE = re.compile(r"^\[ +(RUN|OK|FAILED|SKIPPED) +\] ([^\s.]+)\.(\S+?)(?:,? where .*?)?( \(\d+ ms\))?$")
+
+
+@dataclass
+class Run:
+    """What one run of a gtest binary left behind."""
+    outcome: str  # "finished", "crashed", "exited", "test-timeout", "binary-timeout"
+    returncode: object
+    report: object  # the parsed JSON, or None
+    stdout: str
+    running: object  # (suite, name) of the test running when it was stopped
+
+
+def run_gtest(binary, env, gtest_filter, test_timeout, deadline):
+    """Runs the binary once, watching its console: a test that runs longer than
+    test_timeout, or a run that passes the deadline, is killed."""
+    with tempfile.TemporaryDirectory(prefix="dtp-grade-") as tmp:
+        json_path = Path(tmp) / "result.json"
+        log_path = Path(tmp) / "stdout.txt"
+        args = [str(binary), f"--gtest_output=json:{json_path}", "--gtest_color=no"]
+        if gtest_filter:
+            args.append(f"--gtest_filter={gtest_filter}")
+        running, started, pending = None, time.monotonic(), ""
+        outcome = None
+        with open(log_path, "wb") as log, open(log_path, "rb") as watch:
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            while True:
+                try:
+                    proc.wait(timeout=0.1)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                pending += watch.read().decode(errors="replace")
+                *lines, pending = pending.split("\n")
+                for line in lines:
+                    m = RUN_LINE.match(line)
+                    if m and m.group(1) == "RUN":
+                        running, started = (m.group(2), m.group(3)), time.monotonic()
+                    elif m and m.group(4) is not None:
+                        running = None
+                now = time.monotonic()
+                if running is not None and now - started > test_timeout:
+                    outcome = "test-timeout"
+                elif now > deadline:
+                    outcome = "binary-timeout"
+                if outcome:
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    proc.wait()
+                    break
+        stdout = log_path.read_text(errors="replace")
+        report = None
+        if outcome is None and json_path.exists():
+            try:
+                report = json.loads(json_path.read_text(errors="replace"))
+            except json.JSONDecodeError:
+                report = None
+        if outcome is None:
+            if report is not None:
+                outcome = "finished"
+            elif proc.returncode < 0:
+                outcome = "crashed"
+            else:
+                outcome = "exited"
+        return Run(outcome, proc.returncode, report, stdout, running)
+
+
+def apply_json(report, results):
+    for suite in report.get("testsuites", []):
+        for test in suite.get("testsuite", []):
+            key = (suite.get("name", ""), test.get("name", ""))
+            result = results.get(key)
+            if result is None:
+                result = results[key] = TestResult(*key)
+            failures = [f.get("failure", "") for f in test.get("failures", [])]
+            try:
+                result.seconds = float(str(test.get("time", "0")).rstrip("s") or 0)
+            except ValueError:
+                pass
+            if test.get("status") == "NOTRUN" or test.get("result") == "SUPPRESSED":
+                result.status = "notrun"
+                result.messages = ["disabled"]
+            elif failures:
+                result.status = "failed"
+                result.messages = failures
+            elif test.get("result") == "SKIPPED":
+                result.status = "skipped"
+            else:
+                result.status = "passed"
+
+
+def apply_stdout(stdout, results):
+    """Recovers results from the console log of a run that never wrote its JSON.
+    Returns the test that was running when the log stops, if any."""
+    running, text = None, []
+    for line in stdout.splitlines():
+        m = RUN_LINE.match(line)
+        if not m:
+            if running is not None:
+                text.append(line)
+            continue
+        kind, key = m.group(1), (m.group(2), m.group(3))
+        if kind == "RUN":
+            running, text = key, []
+            continue
+        if key != running or m.group(4) is None:
+            continue  # the FAILED summary at the end repeats names without a time
+        result = results.setdefault(key, TestResult(*key))
+        if kind == "OK":
+            result.status = "passed"
+        elif kind == "SKIPPED":
+            result.status = "skipped"
+        else:
+            result.status = "failed"
+            blocks = re.split(r"(?m)^(?=\S.*: Failure$|unknown file: Failure$)", "\n".join(text))
+            result.messages = [b for b in blocks if b.strip()] or ["failed (see the test log)"]
+        running = None
+    return running
+
+
+def grade_binary(binary, env, timeout, test_timeout):
+    """Runs one checker binary; returns ({(suite, name): TestResult}, [problems]).
+
+    A crash or a hung test does not hide the others: the binary runs again on
+    the tests that have not run yet. A hung test also skips the rest of its
+    puzzle (they would most likely hang too). Everything stops at `timeout`
+    seconds for the binary; tests not run by then are marked so."""
+    try:
+        order = list_tests(binary, env, min(timeout, 60))
+    except (subprocess.TimeoutExpired, RuntimeError, OSError) as error:
+        return {}, [f"could not list the tests of {binary.name}: {error}"]
+    results = {key: TestResult(*key) for key in order}
+    deadline = time.monotonic() + timeout
+    crashes, hangs, problems = [], [], []
+    gtest_filter = None
+    while True:
+        run = run_gtest(binary, env, gtest_filter, test_timeout, deadline)
+        if run.outcome == "finished":
+            apply_json(run.report, results)
+            if run.returncode not in (0, 1):
+                problems.append(f"{binary.name} exited with status {run.returncode}")
+            break
+        culprit = apply_stdout(run.stdout, results) or run.running
+        # The console output of the test that was running, for the JUnit report.
+        last_run = run.stdout.rfind("[ RUN      ]")
+        tail = "\n".join(run.stdout[max(last_run, 0):].splitlines()[-30:])
+        if run.outcome == "crashed":
+            why = f"crashed ({signal_name(run.returncode)})"
+        elif run.outcome == "exited":
+            why = f"exited with status {run.returncode} before writing its report"
+        elif run.outcome == "test-timeout":
+            why = f"timed out after {test_timeout:.0f} s"
+        else:
+            why = f"ran out of time ({timeout:.0f} s for the binary)"
+        if culprit is not None:
+            result = results.setdefault(culprit, TestResult(*culprit))
+            result.status = "error"
+            result.messages = [f"{why} in this test\n{tail}"]
+            (hangs if "time" in run.outcome else crashes).append(f"{culprit[0]}.{culprit[1]}")
+            if run.outcome == "test-timeout":
+                for key in order:
+                    if key[0] == culprit[0] and results[key].status == "notrun":
+                        results[key].status = "error"
+                        results[key].messages = [f"not run: {culprit[1]} of this puzzle hung"]
+        pending = [k for k in order if results[k].status == "notrun"]
+        if run.outcome == "binary-timeout" or culprit is None or time.monotonic() > deadline:
+            if culprit is None and run.outcome != "binary-timeout":
+                problems.append(f"{binary.name} {why} outside any test")
+            if pending:
+                problems.append(f"{binary.name}: {len(pending)} test(s) not run "
+                                f"(the binary ran out of time or crashed outside a test)")
+            for key in pending:
+                results[key].status = "error"
+                results[key].messages = [f"not run: {binary.name} {why}\n{tail}"]
+            break
+        if not pending:
+            break
+        gtest_filter = ":".join(f"{s}.{n}" for s, n in pending)
+    for what, tests in (("crashed", crashes), ("timed out", hangs)):
+        if tests:
+            suites = {}
+            for test in tests:
+                suite = test.split(".", 1)[0]
+                suites[suite] = suites.get(suite, 0) + 1
+            problems.append(f"{binary.name}: tests {what} in " + ", ".join(
+                f"{suite} ({count} test{'s' if count > 1 else ''})" for suite, count in suites.items()))
+    return results, problems
+
+
+def group_puzzles(chapter, results):
+    puzzles = {}
+    for result in results.values():
+        m = PUZZLE_RE.search(result.suite)
+        if m and int(m.group(1)) == chapter:
+            key = (m.group(2), m.group(3))
+        elif m:
+            key = (f"{m.group(2)}", f"{m.group(3)} (chapter {m.group(1)}?)")
+        else:
+            key = ("", result.suite)
+        puzzle = puzzles.get(key)
+        if puzzle is None:
+            puzzle = puzzles[key] = Puzzle(chapter, key[0], key[1])
+        puzzle.tests.append(result)
+    return sorted(puzzles.values(), key=Puzzle.sort_key)
+
+
+def chapter_title(chapter):
+    matches = sorted((ROOT / "chapters").glob(f"{chapter:02d}_*"))
+    return matches[0].name if matches else f"{chapter:02d}"
+
+
+def first_failure(puzzle):
+    for test in puzzle.tests:
+        if test.status in ("failed", "error", "notrun") and test.messages:
+            return first_line(test.messages[0])
+    return ""
+
+
+def print_table(chapter, binary, puzzles, flavor, out):
+    title = f"Chapter {chapter_title(chapter)} ({binary.name})"
+    print(title, file=out)
+    print("=" * len(title), file=out)
+    width = max([len("name")] + [len(p.name) for p in puzzles])
+    rows = []
+    for p in puzzles:
+        tests = f"{p.count('passed')}/{len(p.tests) - p.count('skipped')}"
+        if p.count("skipped"):
+            tests += f" ({p.count('skipped')} skipped)"
+        rows.append((p, tests))
+    tests_width = max([len("tests")] + [len(t) for _, t in rows])
+    print(f"{'puzzle':<7} {'name':<{width}}  {'result':<6}  {'tests':<{tests_width}}  first failure",
+          file=out)
+    for p, tests in rows:
+        print(f"{p.id:<7} {p.name:<{width}}  {p.verdict:<6}  {tests:<{tests_width}}  "
+              f"{first_failure(p)}".rstrip(), file=out)
+    solved = sum(1 for p in puzzles if p.verdict == "PASS")
+    word = "solved" if flavor == "puzzles" else "pass (reference)"
+    summary = f"ch{chapter:02d}: {solved} of {len(puzzles)} puzzles {word}"
+    return summary
+
+
+def write_junit(path, graded):
+    root = ET.Element("testsuites", name="DTP puzzles")
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for chapter, flavor, puzzles in graded:
+        for p in puzzles:
+            name = f"ch{chapter:02d} puzzle {p.id} {p.name}" if p.number else f"ch{chapter:02d} {p.name}"
+            counts = {
+                "tests": len(p.tests),
+                "failures": p.count("failed"),
+                "errors": p.count("error") + p.count("notrun"),
+                "skipped": p.count("skipped"),
+            }
+            suite = ET.SubElement(root, "testsuite", name=name,
+                                  time=f"{sum(t.seconds for t in p.tests):.3f}",
+                                  **{k: str(v) for k, v in counts.items()})
+            for k in totals:
+                totals[k] += counts[k]
+            for t in p.tests:
+                case = ET.SubElement(suite, "testcase", classname=f"ch{chapter:02d}.{t.suite}",
+                                     name=t.name, time=f"{t.seconds:.3f}")
+                text = "\n\n".join(t.messages)
+                if t.status == "failed":
+                    ET.SubElement(case, "failure", message=first_line(t.messages[0]),
+                                  type="failure").text = text
+                elif t.status in ("error", "notrun"):
+                    message = first_line(t.messages[0]) if t.messages else "not run"
+                    ET.SubElement(case, "error", message=message, type="error").text = text
+                elif t.status == "skipped":
+                    ET.SubElement(case, "skipped")
+    for k, v in totals.items():
+        root.set(k, str(v))
+    tree = ET.ElementTree(root)
+    ET.indent(tree)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tree.write(path, encoding="utf-8", xml_declaration=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="dtp grade",
+        description="Run the puzzle checkers and print which puzzles are solved.")
+    parser.add_argument("chapter", nargs="?", help="only this chapter, e.g. 01 or 1")
+    parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML (one testsuite per puzzle)")
+    parser.add_argument("--reference", action="store_true",
+                        help="grade the reference solution instead of the puzzles (instructors)")
+    parser.add_argument("--build-dir", metavar="DIR",
+                        default=os.environ.get("DTP_BUILD_DIR", str(ROOT / "build")),
+                        help="build folder (default: $DTP_BUILD_DIR or build/)")
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                        help="seconds one checker binary may run in all (default 300)")
+    parser.add_argument("--test-timeout", type=float, default=60.0, metavar="S",
+                        help="seconds one test may run before it counts as hung (default 60)")
+    parser.add_argument("--expect-unsolved", action="store_true",
+                        help="CI: exit 1 if any puzzle passes (checkers must fail on stubs)")
+    args = parser.parse_args(argv)
+
+    flavor = "reference" if args.reference else "puzzles"
+    tests_dir = Path(args.build_dir) / "tests"
+    binaries = {}
+    for path in sorted(tests_dir.glob(f"ch*_{flavor}_tests")):
+        m = BINARY_RE.match(path.name)
+        if m and path.is_file() and os.access(path, os.X_OK):
+            binaries[int(m.group(1))] = path
+    if args.chapter is not None:
+        if not args.chapter.isdigit():
+            print(f"grade: chapter must be a number like 01 or 1, got '{args.chapter}'", file=sys.stderr)
+            return 2
+        wanted = int(args.chapter)
+        if wanted not in binaries:
+            have = ", ".join(f"{c:02d}" for c in sorted(binaries)) or "none"
+            print(f"grade: no {tests_dir}/ch{wanted:02d}_{flavor}_tests (built chapters: {have}).",
+                  file=sys.stderr)
+            return 2
+        binaries = {wanted: binaries[wanted]}
+    if not binaries:
+        print(f"grade: no checker binaries ch*_{flavor}_tests in {tests_dir}; build first "
+              f"(./dtp build).", file=sys.stderr)
+        return 2
+
+    env = dict(os.environ)
+    env.setdefault("DTP_TIMEOUT", "5")
+    env["GTEST_COLOR"] = "no"
+
+    graded, summaries, problems, unexpected = [], [], [], []
+    for chapter, binary in sorted(binaries.items()):
+        print(f"grade: running {binary.name} ...", file=sys.stderr, flush=True)
+        results, binary_problems = grade_binary(binary, env, args.timeout, args.test_timeout)
+        problems += binary_problems
+        puzzles = group_puzzles(chapter, results)
+        graded.append((chapter, flavor, puzzles))
+        print(file=sys.stdout)
+        summaries.append(print_table(chapter, binary, puzzles, flavor, sys.stdout))
+        if not puzzles:
+            summaries[-1] += " (no tests found)"
+        sys.stdout.flush()
+        unexpected += [f"ch{chapter:02d} puzzle {p.id} {p.name}" for p in puzzles if p.verdict == "PASS"]
+
+    print()
+    for line in summaries:
+        print(line)
+    if args.junit:
+        write_junit(args.junit, graded)
+        print(f"JUnit XML written to {args.junit}")
+    sys.stdout.flush()
+    status = 0
+    for problem in problems:
+        print(f"grade: error: {problem}", file=sys.stderr)
+        status = 1
+    if args.expect_unsolved and unexpected:
+        print("grade: error: these checkers pass on their stubs (a checker must fail on a stub): "
+              + ", ".join(unexpected), file=sys.stderr)
+        status = 1
+    sys.stdout.flush()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
