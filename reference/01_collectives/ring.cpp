@@ -10,6 +10,11 @@
 // r owning chunk r, so the all-reduce is simply one pass after the other.
 // Empty chunks (numel < N) are still sent as 0-element messages: every rank
 // then does the same number of rounds and nobody waits for a missing message.
+//
+// Each round posts its receive and its send together (irecv + isend) and
+// waits for both: the chunk being sent is never the one being written in the
+// same round, so no copy is needed, and on MPI the receive is already posted
+// when the neighbour's data arrives.
 #include <vector>
 
 #include "01_collectives/collectives.h"
@@ -24,6 +29,14 @@ constexpr int kAllReduceGatherTag = 801;
 
 int wrap(int index, int world) { return ((index % world) + world) % world; }
 
+// One ring round: send `out` to the right while receiving `in` from the left.
+void exchange(Comm& comm, const Tensor& out, int right, Tensor& in, int left, int tag) {
+  Request receive = comm.irecv(in, left, tag);
+  Request send = comm.isend(out, right, tag);
+  receive.wait();
+  send.wait();
+}
+
 // All-gather over the chunks of a flat buffer whose chunk r is already filled.
 void all_gather_chunks(Comm& comm, std::vector<Tensor>& chunks, int tag) {
   const int world = comm.size();
@@ -31,9 +44,7 @@ void all_gather_chunks(Comm& comm, std::vector<Tensor>& chunks, int tag) {
   const int right = wrap(rank + 1, world);
   const int left = wrap(rank - 1, world);
   for (int k = 0; k + 1 < world; ++k) {
-    // Send is eager, so sending first and then receiving cannot deadlock.
-    comm.send(chunks[wrap(rank - k, world)], right, tag);
-    comm.recv(chunks[wrap(rank - k - 1, world)], left, tag);
+    exchange(comm, chunks[wrap(rank - k, world)], right, chunks[wrap(rank - k - 1, world)], left, tag);
   }
 }
 
@@ -101,10 +112,9 @@ void ring_all_reduce(Comm& comm, Tensor& x) {
   // Reduce-scatter in place: the partial sums travel inside x's own chunks,
   // so the only extra memory is one chunk to receive into.
   for (int k = 0; k + 1 < world; ++k) {
-    comm.send(chunks[wrap(rank - k - 1, world)], right, kAllReduceScatterTag);
     Tensor& target = chunks[wrap(rank - k - 2, world)];
     Tensor landing = incoming.slice(0, target.numel());
-    comm.recv(landing, left, kAllReduceScatterTag);
+    exchange(comm, chunks[wrap(rank - k - 1, world)], right, landing, left, kAllReduceScatterTag);
     ops::accumulate(target, landing);
   }
   // Now chunk r is complete on rank r: spread the finished chunks around.
