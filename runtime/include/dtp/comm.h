@@ -32,10 +32,10 @@ struct CostModel {
 
 /// What one rank's Comm did since construction or reset_stats().
 struct CommStats {
-  std::int64_t messages_sent = 0;
-  std::int64_t bytes_sent = 0;
-  std::int64_t messages_received = 0;
-  std::int64_t bytes_received = 0;
+  std::int64_t messages_sent = 0;      ///< send and isend calls (library collectives not counted)
+  std::int64_t bytes_sent = 0;         ///< payload bytes of those sends
+  std::int64_t messages_received = 0;  ///< recv and irecv calls (irecv counts when posted)
+  std::int64_t bytes_received = 0;     ///< payload bytes of those receives
   /// Library collective calls by kind ("all_reduce", "broadcast", ...).
   std::map<std::string, std::int64_t> collective_calls;
   /// Payload bytes of library collectives (each call's buffer size on this rank).
@@ -53,11 +53,13 @@ class RequestState;
 class Request {
  public:
   Request() = default;
+  /// Wraps a backend's pending operation; Comm::isend and Comm::irecv make these.
   explicit Request(std::shared_ptr<RequestState> state) : state_(std::move(state)) {}
   /// Blocks until the operation is complete; times out like recv.
   void wait();
   /// True once wait() has returned (or the operation needed no waiting).
   bool completed() const;
+  /// False for a default-constructed Request; wait() on one returns at once.
   bool valid() const { return state_ != nullptr; }
 
  private:
@@ -70,10 +72,14 @@ void wait_all(std::vector<Request>& requests);
 /// A communicator: this rank's view of a group of ranks.
 class Comm {
  public:
+  /// Wraps one rank's backend (launch() does this); throws dtp::Error if it is null.
   explicit Comm(std::shared_ptr<CommBackend> backend);
 
+  /// This rank's index in the communicator, in [0, size()).
   int rank() const;
+  /// Number of ranks in the communicator.
   int size() const;
+  /// Where this rank's tensors live: cpu, or its own GPU.
   Device device() const;
   /// "thread", "mpi" or "nccl".
   std::string backend_name() const;
@@ -81,7 +87,7 @@ class Comm {
   // --- point to point ----------------------------------------------------
   // Tags are in [0, kMaxTag). Messages from one source with one tag arrive in
   // the order they were sent.
-  static constexpr int kMaxTag = 1 << 20;
+  static constexpr int kMaxTag = 1 << 20;  ///< a tag outside [0, kMaxTag) throws dtp::Error
   /// Sends a copy of @p x to @p dst. Eager: returns at once, never blocks.
   void send(const Tensor& x, int dst, int tag = 0);
   /// Receives the next message from @p src with @p tag into @p x. Blocks; the

@@ -8,16 +8,22 @@ namespace dtp {
 
 /// A device: the host CPU or CUDA device number `index`.
 struct Device {
+  /// Host memory or CUDA device memory.
   enum class Kind { cpu, cuda };
-  Kind kind = Kind::cpu;
-  int index = 0;
+  Kind kind = Kind::cpu;  ///< host or GPU
+  int index = 0;  ///< CUDA device ordinal; always 0 for cpu
 
+  /// The host.
   static Device cpu() { return {Kind::cpu, 0}; }
+  /// GPU @p index; not checked against the GPUs present (launch() checks).
   static Device cuda(int index = 0) { return {Kind::cuda, index}; }
+  /// True for the host.
   bool is_cpu() const { return kind == Kind::cpu; }
+  /// True for any GPU, whatever its index.
   bool is_cuda() const { return kind == Kind::cuda; }
   /// "cpu" or "cuda:k".
   std::string str() const;
+  /// Equal when both kind and index match.
   bool operator==(const Device&) const = default;
 };
 

@@ -14,6 +14,7 @@ namespace dtp {
 /// Base of every error DTP raises for bad input or a broken protocol.
 class Error : public std::runtime_error {
  public:
+  /// @param message returned by what(); say what was expected and what was found.
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
@@ -54,6 +55,7 @@ class CommAborted : public Error {
   using Error::Error;
 };
 
+/// @cond INTERNAL
 namespace detail {
 template <typename... Parts>
 std::string concat(const Parts&... parts) {
@@ -63,6 +65,7 @@ std::string concat(const Parts&... parts) {
 }
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 }  // namespace detail
+/// @endcond
 
 }  // namespace dtp
 

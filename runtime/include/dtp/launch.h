@@ -23,11 +23,11 @@ double default_timeout_seconds();
 
 /// How many ranks, on what, and how the clock counts.
 struct World {
-  int size = 1;
-  Backend backend = Backend::thread;
-  Device device = Device::cpu();
-  CostModel cost{};
-  double timeout_seconds = default_timeout_seconds();
+  int size = 1;  ///< number of ranks, 1 to max_world_size(backend)
+  Backend backend = Backend::thread;  ///< which Comm implementation connects the ranks
+  Device device = Device::cpu();  ///< cpu, or cuda: ranks are spread over the visible GPUs
+  CostModel cost{};  ///< costs for the simulated clocks; the default (0, 0) keeps them at 0
+  double timeout_seconds = default_timeout_seconds();  ///< wait before CommTimeout; must be > 0
 
   /// A world of @p size ranks on the backend and device named by DTP_BACKEND
   /// and DTP_DEVICE (defaults "thread" and "cpu").
@@ -38,7 +38,9 @@ struct World {
 /// its message. Deliberately not a dtp::Error (see NotSolved).
 class RankFailure : public std::runtime_error {
  public:
+  /// what() becomes "rank <rank>: <message>"; @p original is what the rank threw.
   RankFailure(int rank, const std::string& message, std::exception_ptr original);
+  /// The rank (in the launched world) that failed first.
   int rank() const { return rank_; }
   /// The exception the rank threw.
   std::exception_ptr original() const { return original_; }

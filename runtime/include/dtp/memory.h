@@ -16,6 +16,7 @@ namespace dtp {
 
 /// What an allocation holds.
 enum class MemoryCategory { params, grads, optimizer, activations, comm, other };
+/// Number of MemoryCategory values (for per-category arrays).
 inline constexpr int kMemoryCategoryCount = 6;
 /// "params", "grads", "optimizer", "activations", "comm" or "other".
 const char* memory_category_name(MemoryCategory category);
@@ -23,7 +24,9 @@ const char* memory_category_name(MemoryCategory category);
 /// Live and peak bytes per category for one rank. Thread-safe.
 class MemoryTracker {
  public:
+  /// Adds @p bytes to live(category) and total_live(), raising the peaks if exceeded.
   void charge(MemoryCategory category, std::int64_t bytes);
+  /// Subtracts @p bytes charged earlier under @p category; peaks are unchanged.
   void release(MemoryCategory category, std::int64_t bytes);
   /// Bytes allocated now in @p category.
   std::int64_t live(MemoryCategory category) const;

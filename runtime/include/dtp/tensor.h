@@ -22,15 +22,22 @@ namespace dtp {
 /// A shape of 0 to 4 dimensions. A 0-D shape holds one element.
 class Shape {
  public:
+  /// Most dimensions a Shape (and so a Tensor) can have.
   static constexpr int kMaxDims = 4;
   Shape() = default;
+  /// Sizes outermost first, e.g. {2, 3}; throws dtp::Error on too many dims or a negative size.
   Shape(std::initializer_list<std::int64_t> dims);
+  /// As the initializer-list form, for sizes known only at run time.
   explicit Shape(const std::vector<std::int64_t>& dims);
+  /// Number of dimensions, 0 to kMaxDims.
   int ndim() const { return ndim_; }
+  /// Size of dimension @p dim; throws dtp::Error unless 0 <= dim < ndim().
   std::int64_t operator[](int dim) const;
+  /// Product of the sizes: 1 for a 0-D shape, 0 if any size is 0.
   std::int64_t numel() const;
   /// "[2, 3]".
   std::string str() const;
+  /// Same number of dimensions and the same sizes.
   bool operator==(const Shape& other) const;
 
  private:
@@ -40,8 +47,8 @@ class Shape {
 
 /// One part of a buffer split into `parts` pieces: elements [offset, offset + length).
 struct ChunkRange {
-  std::int64_t offset = 0;
-  std::int64_t length = 0;
+  std::int64_t offset = 0;  ///< index of the chunk's first element
+  std::int64_t length = 0;  ///< elements in the chunk; 0 for chunks past the end
 };
 
 /// The DTP chunking rule, used by Tensor::chunk and by every collective:
@@ -62,9 +69,11 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype = DType::f32,
                       Device device = Device::cpu(),
                       MemoryCategory category = MemoryCategory::other);
+  /// As empty(), with every element 0.
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32,
                       Device device = Device::cpu(),
                       MemoryCategory category = MemoryCategory::other);
+  /// As empty(), with every element set to @p value converted to @p dtype.
   static Tensor full(const Shape& shape, double value, DType dtype = DType::f32,
                      Device device = Device::cpu(),
                      MemoryCategory category = MemoryCategory::other);
@@ -77,15 +86,25 @@ class Tensor {
   /// A 1-D CPU tensor holding @p values converted to @p dtype.
   static Tensor from_values(const std::vector<double>& values, DType dtype = DType::f64);
 
+  /// False for a default-constructed tensor; data access and views on one throw.
   bool defined() const { return storage_ != nullptr; }
+  /// Dimensions of this view (not of the whole storage).
   const Shape& shape() const { return shape_; }
+  /// Number of dimensions, 0 to Shape::kMaxDims.
   int ndim() const { return shape_.ndim(); }
+  /// Size of dimension @p dim; throws dtp::Error if out of range.
   std::int64_t size(int dim) const { return shape_[dim]; }
+  /// Elements in this view.
   std::int64_t numel() const { return shape_.numel(); }
+  /// Element type; data<T>() needs the matching T.
   DType dtype() const { return dtype_; }
+  /// Where the storage lives; cpu for an undefined tensor.
   Device device() const;
+  /// Category the storage is charged under; other for an undefined tensor.
   MemoryCategory category() const;
+  /// Bytes per element of dtype().
   std::size_t element_size() const { return dtype_size(dtype_); }
+  /// Bytes in this view: numel() * element_size().
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * element_size(); }
   /// "f32[2, 3] on cpu".
   std::string describe() const;
@@ -96,12 +115,15 @@ class Tensor {
     check_dtype(dtype_of<T>());
     return static_cast<T*>(raw());
   }
+  /// Const typed pointer to the first element; throws if T does not match dtype().
   template <typename T>
   const T* data() const {
     check_dtype(dtype_of<T>());
     return static_cast<const T*>(raw());
   }
+  /// Untyped pointer to the first element (device memory on a GPU); throws if undefined.
   void* raw();
+  /// Const form of raw().
   const void* raw() const;
 
   /// 1-D view of flattened elements [start, start + length).

@@ -11,16 +11,18 @@ namespace dtp::trace {
 struct Span {
   std::string name;      ///< e.g. "all_reduce" or "block 3 backward"
   std::string category;  ///< "compute", "comm", "schedule", ...
-  int rank = 0;
+  int rank = 0;          ///< rank that recorded it; 0 outside launch()
   double start_us = 0;   ///< microseconds since enable()
-  double end_us = 0;
+  double end_us = 0;     ///< microseconds since enable(), when the span ended
 };
 
 /// Starts recording (clears earlier spans).
 void enable();
 /// Stops recording; recorded spans stay until the next enable() or clear().
 void disable();
+/// True between enable() and disable().
 bool enabled();
+/// Drops the recorded spans; recording stays on or off as it was.
 void clear();
 /// Spans recorded so far, in the order they ended.
 std::vector<Span> spans();
@@ -30,6 +32,7 @@ void write_chrome_json(const std::string& path);
 /// Records one span on the calling rank from construction to destruction.
 class Scope {
  public:
+  /// Notes the start time if recording is on; otherwise this scope records nothing.
   Scope(std::string name, std::string category);
   ~Scope();
   Scope(const Scope&) = delete;
