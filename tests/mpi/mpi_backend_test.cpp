@@ -148,6 +148,22 @@ TEST(MpiBackend, LibraryCollectivesOnUnevenLengths) {
   }
 }
 
+TEST(MpiBackend, NonBlockingAllReduceOverlapsPointToPoint) {
+  launch(mpi_world(2), [](Comm& comm) {
+    Tensor x = Tensor::full({8}, comm.rank() + 1.0, DType::f64), note = Tensor::zeros({1}, DType::f64);
+    if (comm.rank() == 0) {
+      Request pending = comm.iall_reduce(x, ReduceOp::avg);
+      comm.send(note, 1);
+      pending.wait();
+    } else {
+      Request pending = comm.iall_reduce(x, ReduceOp::avg);
+      comm.recv(note, 0);
+      pending.wait();
+    }
+    EXPECT_EQ(x.item(7), 1.5);
+  });
+}
+
 TEST(MpiBackend, SplitMakesOrderedSubgroups) {
   launch(mpi_world(4), [](Comm& comm) {
     Comm sub = comm.split(comm.rank() % 2, -comm.rank());

@@ -104,6 +104,12 @@ class Comm {
   // --- library collectives (chapters 02+; chapter 01 rebuilds them) -------
   /// Every rank's x becomes the element-wise reduction over all ranks.
   void all_reduce(Tensor& x, ReduceOp op = ReduceOp::sum);
+  /// Non-blocking all_reduce: returns at once; x holds the result when the
+  /// request's wait() returns, and must not be touched before. Ranks must
+  /// start their non-blocking collectives in the same order. On thread and
+  /// mpi it runs on the rank's communication thread (or MPI's nonblocking
+  /// collective), overlapping the rank's computation; on nccl, on a side stream.
+  Request iall_reduce(Tensor& x, ReduceOp op = ReduceOp::sum);
   /// Every rank's x becomes root's x.
   void broadcast(Tensor& x, int root);
   /// Root's x becomes the reduction over all ranks; other ranks' x is unchanged.

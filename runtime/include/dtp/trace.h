@@ -11,7 +11,8 @@ namespace dtp::trace {
 struct Span {
   std::string name;      ///< e.g. "all_reduce" or "block 3 backward"
   std::string category;  ///< "compute", "comm", "schedule", ...
-  int rank = 0;          ///< rank that recorded it; 0 outside launch()
+  int rank = 0;          ///< the rank (0 outside launch())
+  int lane = 0;          ///< 0: the rank's own thread; 1: its communication thread
   double start_us = 0;   ///< microseconds since enable()
   double end_us = 0;     ///< microseconds since enable(), when the span ended
 };

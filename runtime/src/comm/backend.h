@@ -11,6 +11,8 @@
 namespace dtp {
 
 /// The part of a non-blocking operation a backend completes in wait().
+class AsyncWorker;
+
 class RequestState {
  public:
   virtual ~RequestState() = default;
@@ -21,7 +23,8 @@ class RequestState {
 /// One rank's end of a communicator.
 class CommBackend {
  public:
-  virtual ~CommBackend() = default;
+  CommBackend();
+  virtual ~CommBackend();
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual Device device() const = 0;
@@ -43,6 +46,9 @@ class CommBackend {
   }
 
   virtual void all_reduce(Tensor& x, ReduceOp op) = 0;
+  /// Starts all_reduce(x, op) and returns at once. Default: runs it on this
+  /// rank's communication thread (see AsyncWorker), in call order.
+  virtual std::shared_ptr<RequestState> iall_reduce(Tensor& x, ReduceOp op);
   virtual void broadcast(Tensor& x, int root) = 0;
   virtual void reduce(Tensor& x, int root, ReduceOp op) = 0;
   virtual void all_gather(const Tensor& shard, Tensor& full) = 0;
@@ -55,6 +61,16 @@ class CommBackend {
 
   /// Counters kept by Comm on the backend's behalf.
   CommStats stats;
+
+ protected:
+  /// Hook for a backend to track its communication thread's state (the thread
+  /// backend's deadlock detection); called on that thread around each op.
+  virtual void worker_busy(bool busy) { (void)busy; }
+  /// Derived destructors call this first: the queued work uses their members.
+  void stop_worker();
+
+ private:
+  std::unique_ptr<AsyncWorker> worker_;
 };
 
 /// Simulated time of one library collective under the alpha-beta model, as

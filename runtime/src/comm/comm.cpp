@@ -3,6 +3,9 @@
 
 #include <cmath>
 
+#include "dtp/launch.h"
+
+#include "comm/async_worker.h"
 #include "comm/backend.h"
 #include "dtp/error.h"
 #include "dtp/trace.h"
@@ -39,6 +42,22 @@ double collective_cost(const std::string& kind, double bytes, int n, CostModel c
     return (n - 1) * a + share * bytes * b;
   return log_rounds * a;  // barrier, split: a tree of empty messages
 }
+
+CommBackend::CommBackend() = default;
+CommBackend::~CommBackend() = default;
+
+std::shared_ptr<RequestState> CommBackend::iall_reduce(Tensor& x, ReduceOp op) {
+  if (!worker_) worker_ = std::make_unique<AsyncWorker>(current_rank());
+  Tensor target = x;  // a handle: the queued op keeps the storage alive
+  return worker_->submit(
+      [this, target, op]() mutable {
+        trace::Scope span("all_reduce", "comm");
+        all_reduce(target, op);
+      },
+      [this](bool busy) { worker_busy(busy); });
+}
+
+void CommBackend::stop_worker() { worker_.reset(); }
 
 namespace {
 void check_defined(const char* op, const char* name, const Tensor& t) {
@@ -132,6 +151,14 @@ void Comm::all_reduce(Tensor& x, ReduceOp op) {
   trace::Scope span("all_reduce", "comm");
   backend_->all_reduce(x, op);
   count_collective("all_reduce", x);
+}
+
+Request Comm::iall_reduce(Tensor& x, ReduceOp op) {
+  check_defined("iall_reduce", "x", x);
+  check_reduce_op("iall_reduce", x, op);
+  auto state = backend_->iall_reduce(x, op);
+  count_collective("all_reduce", x);
+  return Request(std::move(state));
 }
 
 void Comm::broadcast(Tensor& x, int root) {

@@ -87,8 +87,12 @@ std::string describe_exception(const std::exception_ptr& error) {
 }
 }  // namespace
 
+thread_local bool this_thread_is_comm_worker = false;
+
 int current_rank() { return this_thread_rank; }
 void detail::set_current_rank(int rank) { this_thread_rank = rank; }
+bool detail::is_comm_worker() { return this_thread_is_comm_worker; }
+void detail::set_comm_worker(bool worker) { this_thread_is_comm_worker = worker; }
 
 int max_world_size(Backend backend) {
   if (backend == Backend::mpi) {

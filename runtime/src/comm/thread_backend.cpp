@@ -6,6 +6,7 @@
 #include "comm/thread_backend.h"
 
 #include <algorithm>
+#include <exception>
 #include <sstream>
 
 #include "comm/thread_group.h"
@@ -23,6 +24,13 @@ ThreadComm::ThreadComm(std::shared_ptr<ThreadGroup> group, int rank)
 }
 
 ThreadComm::~ThreadComm() {
+  if (std::uncaught_exceptions() > 0) {
+    // This rank is failing: release peers (and our own communication thread)
+    // from any collective they wait in, instead of waiting for the timeout.
+    std::lock_guard lock(group_->world().mutex);
+    group_->world().abort(global_rank(), "it failed");
+  }
+  stop_worker();
   cuda::destroy_event(ready_event_);
   cuda::destroy_event(done_event_);
 }
@@ -31,6 +39,11 @@ int ThreadComm::size() const { return group_->size(); }
 Device ThreadComm::device() const { return group_->world().device_of(global_rank()); }
 CostModel ThreadComm::cost_model() const { return group_->world().config().cost; }
 int ThreadComm::global_rank() const { return group_->global_rank(rank_); }
+
+void ThreadComm::worker_busy(bool busy) {
+  std::lock_guard lock(group_->world().mutex);
+  group_->world().set_worker_busy(global_rank(), busy);
+}
 
 double ThreadComm::clock() const {
   std::lock_guard lock(group_->world().mutex);

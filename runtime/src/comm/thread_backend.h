@@ -41,6 +41,9 @@ class ThreadComm : public CommBackend {
   void barrier() override;
   std::shared_ptr<CommBackend> split(int color, int key) override;
 
+ protected:
+  void worker_busy(bool busy) override;
+
  private:
   int global_rank() const;
   template <typename Work>

@@ -4,14 +4,33 @@
 #include <cstdio>
 #include <sstream>
 
+#include "comm/rank_context.h"
 #include "comm/thread_group.h"
 #include "dtp/error.h"
 
 namespace dtp {
 
 ThreadWorld::ThreadWorld(const World& world)
-    : config_(world), status_(static_cast<std::size_t>(world.size)) {
+    : config_(world), status_(static_cast<std::size_t>(2 * world.size)) {
   clocks.assign(static_cast<std::size_t>(world.size), 0.0);
+  for (int r = world.size; r < 2 * world.size; ++r) status_[r].state = State::idle;
+}
+
+int ThreadWorld::slot(int rank) const { return detail::is_comm_worker() ? size() + rank : rank; }
+
+void ThreadWorld::set_worker_busy(int rank, bool busy) {
+  status_[size() + rank].state = busy ? State::running : State::idle;
+  if (!busy && !aborted_ && everyone_stuck()) declare_deadlock();
+  changed.notify_all();
+}
+
+void ThreadWorld::declare_deadlock() {
+  bool anyone_waiting = false;
+  for (const RankStatus& s : status_) anyone_waiting |= s.state == State::waiting;
+  if (!anyone_waiting) return;
+  deadlocked_ = aborted_ = true;
+  abort_reason_ = "of a deadlock";
+  deadlock_report_ = "deadlock: every rank still running waits for something no rank can send.\n" + report();
 }
 
 Device ThreadWorld::device_of(int rank) const {
@@ -54,15 +73,7 @@ bool ThreadWorld::everyone_stuck() const {
 void ThreadWorld::finish(int rank) {
   status_[rank].state = State::finished;
   // The last running rank leaving can strand the others for good.
-  if (!aborted_ && everyone_stuck()) {
-    bool anyone_waiting = false;
-    for (const RankStatus& s : status_) anyone_waiting |= s.state == State::waiting;
-    if (anyone_waiting) {
-      deadlocked_ = aborted_ = true;
-      abort_reason_ = "of a deadlock";
-      deadlock_report_ = "deadlock: every rank still running waits for something no rank can send.\n" + report();
-    }
-  }
+  if (!aborted_ && everyone_stuck()) declare_deadlock();
   changed.notify_all();
 }
 
@@ -71,7 +82,7 @@ void ThreadWorld::wait_until(std::unique_lock<std::mutex>& lock, int rank,
                              const std::function<std::string()>& describe) {
   throw_if_aborted(rank);
   if (ready()) return;
-  RankStatus& me = status_[rank];
+  RankStatus& me = status_[slot(rank)];
   me = {State::waiting, ready, describe, std::chrono::steady_clock::now()};
   struct BackToRunning {
     RankStatus& status;
@@ -79,9 +90,7 @@ void ThreadWorld::wait_until(std::unique_lock<std::mutex>& lock, int rank,
   } back_to_running{me};
 
   if (everyone_stuck()) {
-    deadlocked_ = aborted_ = true;
-    abort_reason_ = "of a deadlock";
-    deadlock_report_ = "deadlock: every rank still running waits for something no rank can send.\n" + report();
+    declare_deadlock();
     changed.notify_all();
     throw CommDeadlock(deadlock_report_);
   }
@@ -107,12 +116,19 @@ std::string ThreadWorld::report() const {
   std::ostringstream out;
   out << "What every rank is doing:\n";
   const auto now = std::chrono::steady_clock::now();
-  for (int r = 0; r < size(); ++r) {
-    const RankStatus& s = status_[r];
-    out << "  rank " << r << ": ";
+  for (int slot = 0; slot < 2 * size(); ++slot) {
+    const RankStatus& s = status_[slot];
+    const int r = slot % size();
+    if (slot >= size()) {
+      if (s.state == State::idle) continue;  // communication threads matter only when busy
+      out << "  rank " << r << "'s communication thread: ";
+    } else {
+      out << "  rank " << r << ": ";
+    }
     switch (s.state) {
       case State::running: out << "running (not inside a communication call)"; break;
       case State::finished: out << "finished"; break;
+      case State::idle: out << "idle"; break;
       case State::waiting: {
         double waited = std::chrono::duration<double>(now - s.since).count();
         char seconds[32];

@@ -51,6 +51,9 @@ class ThreadWorld {
   void abort(int rank, const std::string& reason);
   /// Records that @p rank returned from its function (lock held); may detect a deadlock.
   void finish(int rank);
+  /// Rank @p rank's communication thread starts (busy) or ends (idle) a
+  /// queued operation (lock held).
+  void set_worker_busy(int rank, bool busy);
 
   /// Registers a group so reports can list its undelivered messages.
   void add_group(const std::shared_ptr<ThreadGroup>& group);
@@ -60,7 +63,9 @@ class ThreadWorld {
   std::string report() const;
 
  private:
-  enum class State { running, waiting, finished };
+  // A rank's communication thread is idle when it has nothing queued: like a
+  // finished rank, it cannot wake anybody.
+  enum class State { running, waiting, finished, idle };
   struct RankStatus {
     State state = State::running;
     std::function<bool()> ready;
@@ -68,6 +73,10 @@ class ThreadWorld {
     std::chrono::steady_clock::time_point since;
   };
   bool everyone_stuck() const;
+  // Slots 0..size-1 are the ranks' own threads, size..2*size-1 their
+  // communication threads (see detail::is_comm_worker()).
+  int slot(int rank) const;
+  void declare_deadlock();
 
   World config_;
   std::vector<RankStatus> status_;

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "dtp/error.h"
+#include "comm/rank_context.h"
 #include "dtp/launch.h"
 
 namespace dtp::trace {
@@ -63,17 +64,24 @@ void write_chrome_json(const std::string& path) {
   std::vector<Span> all = spans();
   std::ofstream out(path);
   DTP_CHECK(out.good(), "trace: cannot write '", path, "'");
-  // Complete events ("ph":"X"): one track (tid) per rank.
+  // Complete events ("ph":"X"): one track (tid) per rank and lane, named by
+  // metadata events so Perfetto shows "rank 0" and "rank 0 comm".
   out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  int ranks = 0;
+  for (const Span& s : all) ranks = std::max(ranks, s.rank + 1);
+  for (int r = 0; r < ranks; ++r)
+    for (int lane = 0; lane < 2; ++lane)
+      out << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" << 2 * r + lane
+          << ",\"args\":{\"name\":\"rank " << r << (lane ? " comm" : "") << "\"}},\n";
   for (std::size_t i = 0; i < all.size(); ++i) {
     const Span& s = all[i];
     char times[96];
     std::snprintf(times, sizeof times, "\"ts\":%.3f,\"dur\":%.3f", s.start_us, s.end_us - s.start_us);
     out << "{\"name\":\"" << json_escape(s.name) << "\",\"cat\":\"" << json_escape(s.category)
-        << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << s.rank << "," << times << "}"
-        << (i + 1 < all.size() ? ",\n" : "\n");
+        << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << 2 * s.rank + s.lane << "," << times << "}"
+        << ",\n";
   }
-  out << "]}\n";
+  out << "{\"name\":\"dtp\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{}}\n]}\n";
 }
 
 Scope::Scope(std::string name, std::string category) {
@@ -86,7 +94,8 @@ Scope::Scope(std::string name, std::string category) {
 
 Scope::~Scope() {
   if (!active_ || !recording) return;
-  Span span{std::move(name_), std::move(category_), std::max(current_rank(), 0), start_us_, now_us()};
+  Span span{std::move(name_), std::move(category_), std::max(current_rank(), 0),
+            detail::is_comm_worker() ? 1 : 0, start_us_, now_us()};
   std::lock_guard lock(spans_mutex);
   recorded.push_back(std::move(span));
 }

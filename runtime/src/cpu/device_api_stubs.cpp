@@ -23,6 +23,7 @@ void* current_stream() { return nullptr; }
 void set_current_stream(void*) {}
 void* create_stream(Device) { no_cuda(); }
 void destroy_stream(void*) {}
+int stream_device(void*) { no_cuda(); }
 void enable_peer_access(int) {}
 void reduce_into_all(void* const*, int, std::int64_t, std::int64_t, DType, ReduceOp) { no_cuda(); }
 void reduce_from_all(void*, const void* const*, int, std::int64_t, std::int64_t, DType, ReduceOp) { no_cuda(); }

@@ -126,6 +126,12 @@ void destroy_stream(void* s) {
   cudaStreamDestroy(static_cast<cudaStream_t>(s));
 }
 
+int stream_device(void* s) {
+  int device = 0;
+  DTP_CUDA_CHECK(cudaStreamGetDevice(static_cast<cudaStream_t>(s), &device));
+  return device;
+}
+
 void* create_event() {
   cudaEvent_t event = nullptr;
   DTP_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));

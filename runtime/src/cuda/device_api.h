@@ -43,6 +43,8 @@ void set_current_stream(void* stream);
 /// A non-blocking stream on @p device (also makes it the thread's device).
 void* create_stream(Device device);
 void destroy_stream(void* stream);
+/// The GPU a stream belongs to.
+int stream_device(void* stream);
 
 /// Lets every pair of @p devices read each other's memory (ranks of the
 /// thread backend on several GPUs work directly on each other's buffers).

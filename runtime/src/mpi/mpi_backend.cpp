@@ -269,6 +269,41 @@ void MpiComm::all_reduce(Tensor& x, ReduceOp op) {
   narrow_into(x, work);
 }
 
+namespace {
+/// MPI's own nonblocking all-reduce; wait() polls it like every MPI wait.
+class MpiCollectiveRequest : public RequestState {
+ public:
+  MpiCollectiveRequest(Session& session, MPI_Request request, Tensor x, Tensor work, double scale)
+      : session_(session), request_(request), x_(std::move(x)), work_(std::move(work)), scale_(scale) {}
+  void wait() override {
+    std::vector<MPI_Request> requests{request_};
+    session_.wait(requests, [] { return std::string("a non-blocking all_reduce with the other ranks"); });
+    if (scale_ != 1.0) ops::scale(work_, scale_);
+    narrow_into(x_, work_);
+  }
+
+ private:
+  Session& session_;
+  MPI_Request request_;
+  Tensor x_, work_;
+  double scale_;
+};
+}  // namespace
+
+std::shared_ptr<RequestState> MpiComm::iall_reduce(Tensor& x, ReduceOp op) {
+  // The signature check meets the other ranks first; the reduction itself
+  // then proceeds while this rank computes (MPI advances it in every MPI call).
+  DTP_CHECK(!on_gpu(x), "iall_reduce on the mpi backend needs a host tensor (GPU tensors: use the nccl backend)");
+  agree(describe_call("all_reduce", x, -1, reduce_op_name(op)), "all_reduce", static_cast<double>(x.nbytes()));
+  Tensor work = widened(x);
+  MPI_Request request;
+  check(MPI_Iallreduce(MPI_IN_PLACE, work.raw(), as_int(static_cast<std::size_t>(work.numel()), "iall_reduce"),
+                       reduction_type(work.dtype()), reduction_op(op), comm_, &request),
+        "MPI_Iallreduce");
+  return std::make_shared<MpiCollectiveRequest>(*session_, request, x, work,
+                                                op == ReduceOp::avg ? 1.0 / size_ : 1.0);
+}
+
 void MpiComm::broadcast(Tensor& x, int root) {
   if (on_gpu(x)) {
     Tensor host = host_copy(x);

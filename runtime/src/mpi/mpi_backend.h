@@ -14,6 +14,7 @@ namespace dtp::mpi {
 class MpiComm : public CommBackend {
  public:
   MpiComm(std::shared_ptr<Session> session, std::shared_ptr<Traffic> traffic);
+  ~MpiComm() override { stop_worker(); }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -30,6 +31,7 @@ class MpiComm : public CommBackend {
   std::shared_ptr<RequestState> irecv(Tensor& x, int src, int tag) override;
 
   void all_reduce(Tensor& x, ReduceOp op) override;
+  std::shared_ptr<RequestState> iall_reduce(Tensor& x, ReduceOp op) override;
   void broadcast(Tensor& x, int root) override;
   void reduce(Tensor& x, int root, ReduceOp op) override;
   void all_gather(const Tensor& shard, Tensor& full) override;

@@ -106,6 +106,8 @@ NcclComm::NcclComm(ncclComm_t comm, int rank, int size, Device device, const Wor
       sent_(static_cast<std::size_t>(size), 0), received_(static_cast<std::size_t>(size), 0) {}
 
 NcclComm::~NcclComm() {
+  stop_worker();
+  if (side_stream_ != nullptr) cuda::destroy_stream(side_stream_);
   if (!owns_comm_) return;
   // After a failure GPU work may never finish: abort rather than wait for it.
   if (control_->failed()) ncclCommAbort(comm_);
@@ -278,6 +280,34 @@ void NcclComm::all_reduce(Tensor& x, ReduceOp op) {
   check_device("all_reduce", x);
   agree(signature("all_reduce", x, -1, reduce_op_name(op)), "all_reduce", static_cast<double>(x.nbytes()));
   DTP_NCCL_CHECK(ncclAllReduce(x.raw(), x.raw(), x.numel(), nccl_type(x.dtype()), nccl_op(op), comm_, stream_));
+}
+
+namespace {
+/// The rank's stream waits for the side stream's all-reduce at wait().
+class SideStreamRequest : public RequestState {
+ public:
+  SideStreamRequest(Tensor x, void* done) : x_(std::move(x)), done_(done) {}
+  ~SideStreamRequest() override { cuda::destroy_event(done_); }
+  void wait() override { cuda::wait(done_); }
+
+ private:
+  Tensor x_;
+  void* done_;
+};
+}  // namespace
+
+std::shared_ptr<RequestState> NcclComm::iall_reduce(Tensor& x, ReduceOp op) {
+  check_device("iall_reduce", x);
+  agree(signature("all_reduce", x, -1, reduce_op_name(op)), "all_reduce", static_cast<double>(x.nbytes()));
+  if (side_stream_ == nullptr) side_stream_ = static_cast<cudaStream_t>(cuda::create_stream(device_));
+  void* inputs_ready = cuda::create_event();
+  cuda::record(inputs_ready);  // on the rank's stream: x is complete here
+  DTP_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, static_cast<cudaEvent_t>(inputs_ready), 0));
+  cuda::destroy_event(inputs_ready);
+  DTP_NCCL_CHECK(ncclAllReduce(x.raw(), x.raw(), x.numel(), nccl_type(x.dtype()), nccl_op(op), comm_, side_stream_));
+  void* done = cuda::create_event();
+  DTP_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(done), side_stream_));
+  return std::make_shared<SideStreamRequest>(x, done);
 }
 
 void NcclComm::broadcast(Tensor& x, int root) {

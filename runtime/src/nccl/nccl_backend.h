@@ -73,6 +73,7 @@ class NcclComm : public CommBackend {
   std::shared_ptr<RequestState> irecv(Tensor& x, int src, int tag) override;
 
   void all_reduce(Tensor& x, ReduceOp op) override;
+  std::shared_ptr<RequestState> iall_reduce(Tensor& x, ReduceOp op) override;
   void broadcast(Tensor& x, int root) override;
   void reduce(Tensor& x, int root, ReduceOp op) override;
   void all_gather(const Tensor& shard, Tensor& full) override;
@@ -109,6 +110,7 @@ class NcclComm : public CommBackend {
   std::shared_ptr<double> clock_ = std::make_shared<double>(0.0);  // one per rank, shared by its comms
   std::vector<long long> sent_, received_;                            // messages per peer
   std::vector<QueuedSend> queued_;
+  cudaStream_t side_stream_ = nullptr;  // non-blocking collectives run here, beside compute
 };
 
 /// Runs fn on every rank of a world on the nccl backend (see launch()).
