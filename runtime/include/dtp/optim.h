@@ -1,0 +1,122 @@
+/// @file optim.h
+/// @brief Optimizers over flat buffers, the learning-rate schedule, and
+/// clipping by global gradient norm.
+///
+/// An optimizer updates a list of (params, grads) buffer pairs: whole units in
+/// single-device training, shards under ZeRO, buckets wherever convenient. Its
+/// state has the layout of the params and is charged to MemoryCategory::optimizer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtp/nn.h"
+#include "dtp/tensor.h"
+
+namespace dtp {
+
+/// A flat parameter buffer and the gradient buffer laid out like it.
+struct ParamBuffer {
+  std::string name;  ///< e.g. the unit name
+  Tensor params;     ///< updated in place
+  Tensor grads;      ///< read
+};
+
+/// One ParamBuffer per unit of @p model (forward order), named after the unit.
+std::vector<ParamBuffer> param_buffers(GPT& model);
+
+/// The gradient buffers of @p buffers.
+std::vector<Tensor> grad_tensors(const std::vector<ParamBuffer>& buffers);
+
+/// Base of SGD and AdamW.
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  /// Applies one update with learning rate @p lr to every buffer, from its grads.
+  virtual void step(double lr) = 0;
+  /// "sgd" or "adamw".
+  virtual std::string name() const = 0;
+  /// Updates applied so far.
+  std::int64_t steps() const { return steps_; }
+  /// The buffers this optimizer updates.
+  const std::vector<ParamBuffer>& buffers() const { return buffers_; }
+
+ protected:
+  /// Checks that each buffer's params and grads match.
+  explicit Optimizer(std::vector<ParamBuffer> buffers);
+  /// A zeroed state buffer like buffers()[i].params (MemoryCategory::optimizer).
+  Tensor new_state(std::size_t i) const;
+  std::vector<ParamBuffer> buffers_;  ///< what step() updates
+  std::int64_t steps_ = 0;            ///< updates applied so far
+};
+
+/// Settings of SGD.
+struct SGDConfig {
+  double momentum = 0.9;      ///< 0 disables momentum (and its state)
+  double weight_decay = 0.0;  ///< L2 added to the gradient
+  bool nesterov = false;      ///< Nesterov momentum
+};
+
+/// SGD with (optionally Nesterov) momentum; see ops::sgd_update.
+class SGD : public Optimizer {
+ public:
+  /// Allocates a momentum buffer per buffer (none with momentum 0).
+  SGD(std::vector<ParamBuffer> buffers, SGDConfig config = {});
+  void step(double lr) override;
+  std::string name() const override { return "sgd"; }
+  /// The momentum buffer of buffer @p i (undefined with momentum 0).
+  const Tensor& momentum_buffer(std::size_t i) const { return momentum_.at(i); }
+  /// The settings.
+  const SGDConfig& config() const { return config_; }
+
+ private:
+  SGDConfig config_;
+  std::vector<Tensor> momentum_;
+};
+
+/// Settings of AdamW.
+struct AdamWConfig {
+  double beta1 = 0.9;         ///< decay of the first moment
+  double beta2 = 0.95;        ///< decay of the second moment
+  double eps = 1e-8;          ///< added to sqrt(v^)
+  double weight_decay = 0.0;  ///< decoupled: p -= lr * weight_decay * p, applied to every element
+};
+
+/// Adam with bias correction and decoupled weight decay; see ops::adamw_update.
+class AdamW : public Optimizer {
+ public:
+  /// Allocates m and v per buffer (2x the parameters, MemoryCategory::optimizer).
+  AdamW(std::vector<ParamBuffer> buffers, AdamWConfig config = {});
+  void step(double lr) override;
+  std::string name() const override { return "adamw"; }
+  /// m of buffer @p i.
+  const Tensor& first_moment(std::size_t i) const { return m_.at(i); }
+  /// v of buffer @p i.
+  const Tensor& second_moment(std::size_t i) const { return v_.at(i); }
+  /// The settings.
+  const AdamWConfig& config() const { return config_; }
+
+ private:
+  AdamWConfig config_;
+  std::vector<Tensor> m_, v_;
+};
+
+/// Linear warm-up from max_lr / warmup_steps to max_lr over warmup_steps,
+/// then cosine decay to min_lr at total_steps (and min_lr after).
+struct LRSchedule {
+  double max_lr = 1e-3;           ///< peak, reached at the end of warm-up
+  double min_lr = 1e-4;           ///< floor, reached at total_steps
+  std::int64_t warmup_steps = 0;  ///< linear warm-up length
+  std::int64_t total_steps = 1;   ///< where the cosine ends
+  /// The learning rate of step @p step, counted from 0.
+  double at(std::int64_t step) const;
+};
+
+/// sqrt of the sum of squares of every element of every tensor (in double).
+double global_grad_norm(const std::vector<Tensor>& grads);
+/// Scales every gradient by max_norm / norm when the global norm exceeds
+/// @p max_norm (no clipping when max_norm <= 0). Returns the norm before clipping.
+double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm);
+
+}  // namespace dtp

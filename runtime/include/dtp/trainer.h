@@ -1,0 +1,154 @@
+/// @file trainer.h
+/// @brief Single-device training: the Trainer (one optimizer step at a time),
+/// the train() loop behind `dtp train`, step records and their JSON lines.
+///
+/// Later chapters build on Trainer: a data-parallel rank constructs
+/// `Trainer(config, rank, world)` (it then samples only its slice of each
+/// global batch), hooks communication into `trainer.model().on_grad_ready(...)`
+/// and calls `step()`. A whole strategy can be registered under a name that
+/// `dtp train --strategy NAME` runs.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtp/data.h"
+#include "dtp/nn.h"
+#include "dtp/optim.h"
+
+namespace dtp {
+
+/// Everything a training run needs. Same config, same run (bit for bit on CPU).
+struct TrainConfig {
+  /// The model. vocab_size is taken from the data; context is raised to seq if smaller.
+  GPTConfig model;
+  std::string data_path;            ///< a text file (byte tokens); empty: synthetic data
+  SyntheticConfig synthetic;        ///< used when data_path is empty (vocab_size from model)
+  std::int64_t steps = 300;         ///< optimizer steps
+  std::int64_t batch = 16;          ///< global batch (sequences per step)
+  std::int64_t seq = 64;            ///< tokens per sequence
+  std::string optimizer = "adamw";  ///< "adamw" or "sgd"
+  double lr = 3e-3;                 ///< peak learning rate
+  double min_lr_ratio = 0.1;        ///< the cosine ends at lr * min_lr_ratio
+  std::int64_t warmup = 20;         ///< linear warm-up steps
+  double weight_decay = 0.0;        ///< decoupled (AdamW) or L2 (SGD)
+  double beta1 = 0.9;               ///< AdamW first-moment decay
+  double beta2 = 0.95;              ///< AdamW second-moment decay
+  double momentum = 0.9;            ///< SGD
+  double grad_clip = 1.0;           ///< clip by global norm; <= 0 disables
+  std::uint64_t seed = 1234;        ///< seeds the weights, the synthetic data and the sampler
+  std::string strategy = "single";  ///< a registered strategy (see strategy_names())
+  std::string trace_path;           ///< Chrome trace JSON of the run (empty: none)
+  std::string json_path;            ///< JSON-lines log (empty: none)
+
+  /// Throws dtp::Error naming the first bad field.
+  void validate() const;
+  /// The schedule these settings give.
+  LRSchedule schedule() const;
+};
+
+/// What one optimizer step did.
+struct StepRecord {
+  std::int64_t step = 0;                   ///< counted from 1
+  double loss = 0;                         ///< mean loss of this rank's batch
+  double lr = 0;                           ///< learning rate used
+  double grad_norm = 0;                    ///< global norm before clipping
+  double seconds = 0;                      ///< wall time of the step
+  double tokens_per_second = 0;            ///< tokens / seconds
+  std::int64_t tokens = 0;                 ///< tokens this rank processed
+  std::int64_t peak_bytes = 0;             ///< highest tracked memory during the step
+  std::int64_t peak_activation_bytes = 0;  ///< ... of it, MemoryCategory::activations
+};
+
+/// A finished run.
+struct TrainResult {
+  std::vector<StepRecord> steps;  ///< one per step
+  double seconds = 0;             ///< wall time, setup included
+  std::int64_t parameters = 0;    ///< model size
+  std::string data_name;          ///< what it trained on
+  /// Peak bytes per MemoryCategory over the run (index = category).
+  std::vector<std::int64_t> peak_by_category;
+  std::int64_t peak_bytes = 0;  ///< highest tracked memory of any step
+  /// Mean loss of the first / last min(10, steps) steps.
+  double first_loss() const;
+  /// Mean loss of the last min(10, steps) steps.
+  double last_loss() const;
+};
+
+/// The model, optimizer and sampler of one (data-parallel) rank.
+class Trainer {
+ public:
+  /// Loads the data, builds the model and optimizer. With world > 1 the
+  /// sampler yields only this rank's slice of each global batch.
+  explicit Trainer(const TrainConfig& config, int rank = 0, int world = 1);
+  /// One step: next batch, zero_grad, forward, backward (grad-ready hooks
+  /// fire), after-backward hooks, clip, optimizer update. Throws when the
+  /// loss is not finite.
+  StepRecord step();
+  /// Runs @p hook after every backward, before clipping and the update: where
+  /// a data-parallel strategy waits for its outstanding gradient all-reduces.
+  void on_after_backward(std::function<void()> hook) { after_backward_.push_back(std::move(hook)); }
+  /// Steps taken so far.
+  std::int64_t steps_done() const { return steps_done_; }
+  /// The model (hook communication into it with on_grad_ready).
+  GPT& model() { return *model_; }
+  /// The optimizer over the model's units.
+  Optimizer& optimizer() { return *optimizer_; }
+  /// This rank's sampler.
+  const BatchSampler& sampler() const { return *sampler_; }
+  /// The config as resolved (vocab and context filled in).
+  const TrainConfig& config() const { return config_; }
+
+ private:
+  TrainConfig config_;
+  std::unique_ptr<GPT> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<BatchSampler> sampler_;
+  std::vector<std::function<void()>> after_backward_;
+  std::int64_t steps_done_ = 0;
+};
+
+/// Loads the dataset a config names (the file, or the synthetic stream).
+TokenDataset load_dataset(const TrainConfig& config);
+
+/// Called after every step with its record.
+using StepCallback = std::function<void(const StepRecord&)>;
+/// A whole training strategy: runs config.steps steps, calling on_step after each.
+using StrategyFn = std::function<TrainResult(const TrainConfig&, const StepCallback&)>;
+
+/// Makes `train()` (and `dtp train --strategy NAME`) run @p fn for @p name.
+void register_strategy(const std::string& name, StrategyFn fn);
+/// Registered strategy names, sorted ("single" is always there).
+std::vector<std::string> strategy_names();
+
+/// Runs the strategy config.strategy (throws dtp::Error listing the accepted
+/// names for an unknown one). Writes the trace and JSON log when asked.
+TrainResult train(const TrainConfig& config, const StepCallback& on_step = {});
+/// The single-device loop that the "single" strategy runs.
+TrainResult train_single(const TrainConfig& config, const StepCallback& on_step = {});
+
+/// One progress line: "step   10/200  loss 3.2145  lr 1.50e-03  ...".
+std::string format_step(const StepRecord& record, std::int64_t total_steps);
+/// The closing summary: time, throughput, loss before and after, memory.
+std::string format_summary(const TrainResult& result);
+/// {"kind":"step","step":10,"loss":...} (one line, no newline).
+std::string step_json(const StepRecord& record);
+
+/// Writes one JSON object per line; flushes each line.
+class JsonLinesWriter {
+ public:
+  /// Throws dtp::Error naming @p path when it cannot be opened.
+  explicit JsonLinesWriter(const std::string& path);
+  /// Writes @p json_object and a newline.
+  void write(const std::string& json_object);
+
+ private:
+  std::ofstream out_;
+  std::string path_;
+};
+
+}  // namespace dtp

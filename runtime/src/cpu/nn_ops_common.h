@@ -1,0 +1,61 @@
+// Internal: argument checks and dtype dispatch shared by the CPU nn ops.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cpu/element.h"
+#include "dtp/error.h"
+#include "dtp/tensor.h"
+
+namespace dtp::detail {
+
+/// Fails unless @p t is defined and on the CPU.
+inline void check_cpu(const char* op, const char* name, const Tensor& t) {
+  DTP_CHECK(t.defined(), op, ": ", name, " is an undefined tensor");
+  DTP_CHECK(t.device().is_cpu(), op, ": ", name, " is ", t.describe(),
+            "; this op has only a CPU kernel so far (its CUDA kernel is not written yet)");
+}
+
+/// Fails unless @p t is an f32 or f64 CPU tensor.
+inline void check_float(const char* op, const char* name, const Tensor& t) {
+  check_cpu(op, name, t);
+  DTP_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, op, ": ", name, " is ",
+            t.describe(), "; CPU kernels support f32 and f64 (cast other dtypes first)");
+}
+
+/// Fails unless @p t has @p dtype (the dtype of the op's first input).
+inline void check_dtype_is(const char* op, const char* name, const Tensor& t, DType dtype) {
+  DTP_CHECK(t.dtype() == dtype, op, ": ", name, " is ", t.describe(), " but must be ",
+            dtype_name(dtype), " like the other inputs");
+}
+
+/// Fails unless @p t has exactly @p expected as its shape.
+inline void check_shape(const char* op, const char* name, const Tensor& t, const Shape& expected) {
+  DTP_CHECK(t.shape() == expected, op, ": ", name, " must have shape ", expected.str(), ", got ",
+            t.describe());
+}
+
+/// Fails unless @p t has @p expected elements.
+inline void check_numel(const char* op, const char* name, const Tensor& t, std::int64_t expected,
+                        const std::string& why) {
+  DTP_CHECK(t.numel() == expected, op, ": ", name, " must have ", expected, " elements (", why,
+            "), got ", t.describe());
+}
+
+/// The last dim of @p t (columns of the matrix view); fails for 0-D tensors.
+inline std::int64_t last_dim(const char* op, const char* name, const Tensor& t) {
+  DTP_CHECK(t.ndim() >= 1, op, ": ", name, " needs at least one dimension, got ", t.describe());
+  return t.size(t.ndim() - 1);
+}
+
+/// Calls fn(T{}) with T = float or double for @p dtype (checked by check_float).
+template <typename Fn>
+void with_float(DType dtype, Fn&& fn) {
+  if (dtype == DType::f64)
+    fn(double{});
+  else
+    fn(float{});
+}
+
+}  // namespace dtp::detail

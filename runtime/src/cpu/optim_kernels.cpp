@@ -1,0 +1,75 @@
+// Optimizer updates on flat buffers. They work on any matching views, so a
+// ZeRO shard or a bucket is updated exactly like a whole unit.
+#include <cmath>
+
+#include "cpu/nn_ops_common.h"
+#include "dtp/nn_ops.h"
+
+namespace dtp::ops {
+
+void adamw_update(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, double lr,
+                  double beta1, double beta2, double eps, double weight_decay, std::int64_t step) {
+  const char* op = "adamw_update";
+  detail::check_float(op, "params", params);
+  for (auto [name, t] :
+       {std::pair<const char*, const Tensor*>{"grads", &grads}, {"m", &m}, {"v", &v}}) {
+    detail::check_float(op, name, *t);
+    detail::check_dtype_is(op, name, *t, params.dtype());
+    detail::check_numel(op, name, *t, params.numel(), "as many as params");
+  }
+  DTP_CHECK(step >= 1, op, ": step counts from 1, got ", step);
+  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  detail::with_float(params.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* __restrict p = params.data<T>();
+    const T* __restrict g = grads.data<T>();
+    T* __restrict pm = m.data<T>();
+    T* __restrict pv = v.data<T>();
+    const T b1 = static_cast<T>(beta1), b2 = static_cast<T>(beta2);
+    const T step_size = static_cast<T>(lr / bias1);
+    const T inv_sqrt_bias2 = static_cast<T>(1.0 / std::sqrt(bias2));
+    const T e = static_cast<T>(eps), decay = static_cast<T>(lr * weight_decay);
+    for (std::int64_t i = 0, n = params.numel(); i < n; ++i) {
+      pm[i] = b1 * pm[i] + (T(1) - b1) * g[i];
+      pv[i] = b2 * pv[i] + (T(1) - b2) * g[i] * g[i];
+      const T denom = std::sqrt(pv[i]) * inv_sqrt_bias2 + e;
+      p[i] -= step_size * pm[i] / denom + decay * p[i];
+    }
+  });
+}
+
+void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, double lr,
+                double momentum, double weight_decay, bool nesterov) {
+  const char* op = "sgd_update";
+  detail::check_float(op, "params", params);
+  detail::check_float(op, "grads", grads);
+  detail::check_dtype_is(op, "grads", grads, params.dtype());
+  detail::check_numel(op, "grads", grads, params.numel(), "as many as params");
+  const bool use_momentum = momentum != 0.0;
+  if (use_momentum) {
+    detail::check_float(op, "momentum_buffer", momentum_buffer);
+    detail::check_dtype_is(op, "momentum_buffer", momentum_buffer, params.dtype());
+    detail::check_numel(op, "momentum_buffer", momentum_buffer, params.numel(),
+                        "as many as params");
+  }
+  detail::with_float(params.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* __restrict p = params.data<T>();
+    const T* __restrict g = grads.data<T>();
+    T* __restrict buf = use_momentum ? momentum_buffer.data<T>() : nullptr;
+    const T mu = static_cast<T>(momentum), wd = static_cast<T>(weight_decay),
+            rate = static_cast<T>(lr);
+    for (std::int64_t i = 0, n = params.numel(); i < n; ++i) {
+      const T grad = g[i] + wd * p[i];
+      if (!use_momentum) {
+        p[i] -= rate * grad;
+        continue;
+      }
+      buf[i] = mu * buf[i] + grad;
+      p[i] -= rate * (nesterov ? grad + mu * buf[i] : buf[i]);
+    }
+  });
+}
+
+}  // namespace dtp::ops

@@ -1,0 +1,66 @@
+// Row softmax over the last dim (max-subtracted), and its backward.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "cpu/nn_ops_common.h"
+#include "dtp/nn_ops.h"
+
+namespace dtp::ops {
+
+void softmax_forward(const Tensor& x, Tensor& y) {
+  detail::check_float("softmax_forward", "x", x);
+  detail::check_float("softmax_forward", "y", y);
+  detail::check_dtype_is("softmax_forward", "y", y, x.dtype());
+  detail::check_shape("softmax_forward", "y", y, x.shape());
+  const std::int64_t C = detail::last_dim("softmax_forward", "x", x);
+  if (C == 0) return;
+  const std::int64_t rows = x.numel() / C;
+  detail::with_float(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    for (std::int64_t n = 0; n < rows; ++n) {
+      const T* in = px + n * C;
+      T* out = py + n * C;
+      T m = -std::numeric_limits<T>::infinity();
+      for (std::int64_t c = 0; c < C; ++c) m = std::max(m, in[c]);
+      T sum = 0;
+      for (std::int64_t c = 0; c < C; ++c) {
+        out[c] = std::exp(in[c] - m);
+        sum += out[c];
+      }
+      const T inv = T(1) / sum;
+      for (std::int64_t c = 0; c < C; ++c) out[c] *= inv;
+    }
+  });
+}
+
+void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  detail::check_float("softmax_backward", "y", y);
+  detail::check_float("softmax_backward", "dy", dy);
+  detail::check_float("softmax_backward", "dx", dx);
+  detail::check_dtype_is("softmax_backward", "dy", dy, y.dtype());
+  detail::check_dtype_is("softmax_backward", "dx", dx, y.dtype());
+  detail::check_shape("softmax_backward", "dy", dy, y.shape());
+  detail::check_shape("softmax_backward", "dx", dx, y.shape());
+  const std::int64_t C = detail::last_dim("softmax_backward", "y", y);
+  if (C == 0) return;
+  const std::int64_t rows = y.numel() / C;
+  detail::with_float(y.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* py = y.data<T>();
+    const T* pdy = dy.data<T>();
+    T* pdx = dx.data<T>();
+    for (std::int64_t n = 0; n < rows; ++n) {
+      const T* p = py + n * C;
+      const T* g = pdy + n * C;
+      T dot = 0;
+      for (std::int64_t c = 0; c < C; ++c) dot += p[c] * g[c];
+      T* out = pdx + n * C;
+      for (std::int64_t c = 0; c < C; ++c) out[c] = p[c] * (g[c] - dot);
+    }
+  });
+}
+
+}  // namespace dtp::ops

@@ -1,0 +1,54 @@
+// GPTConfig: validation, parameter count and a one-line description.
+#include <sstream>
+
+#include "dtp/error.h"
+#include "dtp/nn.h"
+
+namespace dtp {
+
+const char* attention_kind_name(AttentionKind kind) {
+  return kind == AttentionKind::flash ? "flash" : "naive";
+}
+
+AttentionKind parse_attention_kind(const std::string& name) {
+  if (name == "naive") return AttentionKind::naive;
+  if (name == "flash") return AttentionKind::flash;
+  DTP_CHECK(false, "unknown attention kind '", name, "'; accepted: naive, flash");
+  return AttentionKind::naive;
+}
+
+void GPTConfig::validate() const {
+  DTP_CHECK(vocab_size >= 1, "GPTConfig: vocab_size must be at least 1, got ", vocab_size);
+  DTP_CHECK(context >= 1, "GPTConfig: context must be at least 1, got ", context);
+  DTP_CHECK(d_model >= 1, "GPTConfig: d_model must be at least 1, got ", d_model);
+  DTP_CHECK(heads >= 1, "GPTConfig: heads must be at least 1, got ", heads);
+  DTP_CHECK(d_model % heads == 0, "GPTConfig: d_model (", d_model, ") must divide by heads (",
+            heads, ")");
+  DTP_CHECK(layers >= 0, "GPTConfig: layers must be >= 0, got ", layers);
+  DTP_CHECK(mlp_ratio >= 1, "GPTConfig: mlp_ratio must be at least 1, got ", mlp_ratio);
+  DTP_CHECK(init_std > 0, "GPTConfig: init_std must be positive, got ", init_std);
+  DTP_CHECK(layernorm_eps > 0, "GPTConfig: layernorm_eps must be positive, got ", layernorm_eps);
+  DTP_CHECK(dtype == DType::f32 || dtype == DType::f64, "GPTConfig: dtype must be f32 or f64, got ",
+            dtype_name(dtype), " (16-bit training keeps f32 master weights: chapter 07)");
+}
+
+std::int64_t GPTConfig::parameter_count() const {
+  const std::int64_t V = vocab_size, P = context, C = d_model, H = std::int64_t{mlp_ratio} * C;
+  const std::int64_t embedding = V * C + P * C;
+  const std::int64_t block = 2 * 2 * C          // two LayerNorms
+                             + 4 * (C * C + C)  // q, k, v, proj
+                             + (C * H + H)      // fc
+                             + (H * C + C);     // proj
+  const std::int64_t head = 2 * C + V * C;
+  return embedding + layers * block + head;
+}
+
+std::string GPTConfig::describe() const {
+  std::ostringstream out;
+  out << "vocab " << vocab_size << ", context " << context << ", d_model " << d_model << ", heads "
+      << heads << ", layers " << layers << ", " << dtype_name(dtype) << " on " << device.str()
+      << ", " << attention_kind_name(attention) << " attention";
+  return out.str();
+}
+
+}  // namespace dtp

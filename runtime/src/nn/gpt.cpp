@@ -1,0 +1,122 @@
+// The GPT: units in order, the saved activations of one forward, and the
+// backward that hands each unit to the grad-ready hooks as soon as it is done.
+#include "dtp/error.h"
+#include "dtp/nn.h"
+#include "dtp/trace.h"
+
+namespace dtp {
+
+GPT::GPT(const GPTConfig& config) : config_(config) {
+  config_.validate();
+  embedding_ = std::make_unique<Embedding>(config_);
+  for (int layer = 0; layer < config_.layers; ++layer)
+    blocks_.push_back(std::make_unique<Block>(config_, layer));
+  head_ = std::make_unique<Head>(config_);
+}
+
+void GPT::check_tokens(const Tensor& tokens, const char* what) const {
+  DTP_CHECK(tokens.defined() && tokens.dtype() == DType::i32 && tokens.ndim() == 2, "GPT: ", what,
+            " must be i32 [B, T], got ", tokens.describe());
+  DTP_CHECK(tokens.size(1) >= 1 && tokens.size(1) <= config_.context, "GPT: ", what,
+            " has T = ", tokens.size(1), "; T must be in [1, context = ", config_.context, "]");
+}
+
+double GPT::forward(const Tensor& tokens, const Tensor& targets) {
+  check_tokens(tokens, "tokens");
+  check_tokens(targets, "targets");
+  DTP_CHECK(tokens.shape() == targets.shape(),
+            "GPT forward: targets must have the shape of tokens ", tokens.shape().str(), ", got ",
+            targets.describe());
+  release_activations();
+  block_saved_.resize(blocks_.size());
+  Tensor x;
+  {
+    trace::Scope span("embedding forward", "compute");
+    x = embedding_->forward(tokens, embedding_saved_);
+  }
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    trace::Scope span(blocks_[i]->name() + " forward", "compute");
+    x = blocks_[i]->forward(x, block_saved_[i]);
+  }
+  double loss;
+  {
+    trace::Scope span("head forward", "compute");
+    loss = head_->forward(x, targets, head_saved_);
+  }
+  has_saved_ = true;
+  return loss;
+}
+
+void GPT::backward(double loss_scale) {
+  DTP_CHECK(has_saved_, "GPT backward: call forward() first (each forward allows one backward)");
+  has_saved_ = false;
+  Tensor dx;
+  {
+    trace::Scope span("head backward", "compute");
+    dx = head_->backward(head_saved_, loss_scale);
+  }
+  for (auto& hook : hooks_) hook(*head_);
+  for (std::size_t i = blocks_.size(); i-- > 0;) {
+    {
+      trace::Scope span(blocks_[i]->name() + " backward", "compute");
+      dx = blocks_[i]->backward(dx, block_saved_[i]);
+    }
+    for (auto& hook : hooks_) hook(*blocks_[i]);
+  }
+  {
+    trace::Scope span("embedding backward", "compute");
+    embedding_->backward(dx, embedding_saved_);
+  }
+  dx = Tensor();
+  for (auto& hook : hooks_) hook(*embedding_);
+}
+
+Tensor GPT::logits(const Tensor& tokens) const {
+  check_tokens(tokens, "tokens");
+  EmbeddingSaved embedding_saved;
+  Tensor x = embedding_->forward(tokens, embedding_saved);
+  for (const auto& block : blocks_) {
+    BlockSaved saved;
+    x = block->forward(x, saved);
+  }
+  return head_->logits(x);
+}
+
+void GPT::release_activations() {
+  embedding_saved_ = EmbeddingSaved{};
+  for (BlockSaved& saved : block_saved_) saved.clear();
+  head_saved_ = HeadSaved{};
+  has_saved_ = false;
+}
+
+void GPT::zero_grad() {
+  for (Unit* unit : units()) unit->zero_grad();
+}
+
+std::vector<Unit*> GPT::units() {
+  std::vector<Unit*> out{embedding_.get()};
+  for (auto& block : blocks_) out.push_back(block.get());
+  out.push_back(head_.get());
+  return out;
+}
+
+std::vector<const Unit*> GPT::units() const {
+  std::vector<const Unit*> out{embedding_.get()};
+  for (const auto& block : blocks_) out.push_back(block.get());
+  out.push_back(head_.get());
+  return out;
+}
+
+Block& GPT::block(int layer) {
+  DTP_CHECK(layer >= 0 && layer < num_blocks(), "GPT: block ", layer,
+            " does not exist; the model has ", num_blocks(), " blocks");
+  return *blocks_[static_cast<std::size_t>(layer)];
+}
+
+std::int64_t GPT::parameter_count() const {
+  std::int64_t total = 0;
+  for (const Unit* unit : units()) total += unit->numel();
+  return total;
+}
+
+}  // namespace dtp

@@ -1,0 +1,98 @@
+// SGD, AdamW, the warm-up + cosine schedule and global-norm clipping.
+#include "dtp/optim.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "dtp/error.h"
+#include "dtp/nn_ops.h"
+#include "dtp/ops.h"
+
+namespace dtp {
+
+std::vector<ParamBuffer> param_buffers(GPT& model) {
+  std::vector<ParamBuffer> out;
+  for (Unit* unit : model.units()) out.push_back({unit->name(), unit->params(), unit->grads()});
+  return out;
+}
+
+std::vector<Tensor> grad_tensors(const std::vector<ParamBuffer>& buffers) {
+  std::vector<Tensor> out;
+  for (const ParamBuffer& b : buffers) out.push_back(b.grads);
+  return out;
+}
+
+Optimizer::Optimizer(std::vector<ParamBuffer> buffers) : buffers_(std::move(buffers)) {
+  for (const ParamBuffer& b : buffers_) {
+    DTP_CHECK(b.params.defined() && b.grads.defined(), "optimizer: buffer '", b.name,
+              "' needs defined params and grads");
+    DTP_CHECK(b.params.numel() == b.grads.numel() && b.params.dtype() == b.grads.dtype(),
+              "optimizer: buffer '", b.name, "' has params ", b.params.describe(), " but grads ",
+              b.grads.describe(), "; they must match in dtype and element count");
+  }
+}
+
+Tensor Optimizer::new_state(std::size_t i) const {
+  const Tensor& p = buffers_[i].params;
+  return Tensor::zeros(p.shape(), p.dtype(), p.device(), MemoryCategory::optimizer);
+}
+
+SGD::SGD(std::vector<ParamBuffer> buffers, SGDConfig config)
+    : Optimizer(std::move(buffers)), config_(config) {
+  DTP_CHECK(config_.momentum >= 0 && config_.momentum < 1, "SGD: momentum must be in [0, 1), got ",
+            config_.momentum);
+  for (std::size_t i = 0; i < buffers_.size(); ++i)
+    momentum_.push_back(config_.momentum != 0 ? new_state(i) : Tensor());
+}
+
+void SGD::step(double lr) {
+  ++steps_;
+  for (std::size_t i = 0; i < buffers_.size(); ++i)
+    ops::sgd_update(buffers_[i].params, buffers_[i].grads, momentum_[i], lr, config_.momentum,
+                    config_.weight_decay, config_.nesterov);
+}
+
+AdamW::AdamW(std::vector<ParamBuffer> buffers, AdamWConfig config)
+    : Optimizer(std::move(buffers)), config_(config) {
+  DTP_CHECK(config_.beta1 >= 0 && config_.beta1 < 1 && config_.beta2 >= 0 && config_.beta2 < 1,
+            "AdamW: beta1 and beta2 must be in [0, 1), got ", config_.beta1, " and ",
+            config_.beta2);
+  for (std::size_t i = 0; i < buffers_.size(); ++i) {
+    m_.push_back(new_state(i));
+    v_.push_back(new_state(i));
+  }
+}
+
+void AdamW::step(double lr) {
+  ++steps_;
+  for (std::size_t i = 0; i < buffers_.size(); ++i)
+    ops::adamw_update(buffers_[i].params, buffers_[i].grads, m_[i], v_[i], lr, config_.beta1,
+                      config_.beta2, config_.eps, config_.weight_decay, steps_);
+}
+
+double LRSchedule::at(std::int64_t step) const {
+  if (step < warmup_steps)
+    return max_lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  const std::int64_t decay_steps = total_steps - warmup_steps;
+  if (decay_steps <= 0) return max_lr;
+  const double progress =
+      std::min(1.0, static_cast<double>(step - warmup_steps) / static_cast<double>(decay_steps));
+  return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+double global_grad_norm(const std::vector<Tensor>& grads) {
+  double sum = 0;
+  for (const Tensor& g : grads) sum += ops::sum_squares(g);
+  return std::sqrt(sum);
+}
+
+double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm) {
+  const double norm = global_grad_norm(grads);
+  if (max_norm > 0 && norm > max_norm && std::isfinite(norm)) {
+    const double factor = max_norm / (norm + 1e-6);
+    for (Tensor g : grads) ops::scale(g, factor);
+  }
+  return norm;
+}
+
+}  // namespace dtp

@@ -1,0 +1,305 @@
+// The single-device trainer, the strategy registry, and the log formats.
+#include "dtp/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <mutex>
+
+#include "dtp/error.h"
+#include "dtp/memory.h"
+#include "dtp/trace.h"
+
+namespace dtp {
+
+namespace {
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_number(double value) {
+  if (!std::isfinite(value)) return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", value);
+  return buf;
+}
+
+std::string mebibytes(std::int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / 1048576.0);
+  return buf;
+}
+
+std::string rate(double tokens_per_second) {
+  char buf[32];
+  if (tokens_per_second >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", tokens_per_second / 1e6);
+  else if (tokens_per_second >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", tokens_per_second / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", tokens_per_second);
+  return buf;
+}
+
+std::mutex registry_mutex;
+std::map<std::string, StrategyFn>& registry() {
+  static std::map<std::string, StrategyFn> strategies{{"single", train_single}};
+  return strategies;
+}
+}  // namespace
+
+// --- config ---------------------------------------------------------------------------------
+
+void TrainConfig::validate() const {
+  DTP_CHECK(steps >= 1, "train: steps must be at least 1, got ", steps);
+  DTP_CHECK(batch >= 1, "train: batch must be at least 1, got ", batch);
+  DTP_CHECK(seq >= 1, "train: seq must be at least 1, got ", seq);
+  DTP_CHECK(optimizer == "adamw" || optimizer == "sgd", "train: unknown optimizer '", optimizer,
+            "'; accepted: adamw, sgd");
+  DTP_CHECK(lr > 0 && std::isfinite(lr), "train: lr must be positive, got ", lr);
+  DTP_CHECK(min_lr_ratio >= 0 && min_lr_ratio <= 1, "train: min_lr_ratio must be in [0, 1], got ",
+            min_lr_ratio);
+  DTP_CHECK(warmup >= 0, "train: warmup must be >= 0, got ", warmup);
+  DTP_CHECK(weight_decay >= 0, "train: weight_decay must be >= 0, got ", weight_decay);
+}
+
+LRSchedule TrainConfig::schedule() const {
+  return LRSchedule{lr, lr * min_lr_ratio, warmup, steps};
+}
+
+double TrainResult::first_loss() const {
+  const std::size_t n = std::min<std::size_t>(10, steps.size());
+  double sum = 0;
+  for (std::size_t i = 0; i < n; ++i) sum += steps[i].loss;
+  return n ? sum / static_cast<double>(n) : 0.0;
+}
+
+double TrainResult::last_loss() const {
+  const std::size_t n = std::min<std::size_t>(10, steps.size());
+  double sum = 0;
+  for (std::size_t i = steps.size() - n; i < steps.size(); ++i) sum += steps[i].loss;
+  return n ? sum / static_cast<double>(n) : 0.0;
+}
+
+TokenDataset load_dataset(const TrainConfig& config) {
+  if (!config.data_path.empty()) return TokenDataset::from_text_file(config.data_path);
+  SyntheticConfig synthetic = config.synthetic;
+  synthetic.vocab_size = config.model.vocab_size;
+  synthetic.seed = config.seed;
+  return TokenDataset::synthetic(synthetic);
+}
+
+// --- Trainer --------------------------------------------------------------------------------
+
+Trainer::Trainer(const TrainConfig& config, int rank, int world) : config_(config) {
+  config_.validate();
+  TokenDataset data = load_dataset(config_);
+  config_.model.vocab_size = data.vocab_size();
+  config_.model.context =
+      static_cast<int>(std::max<std::int64_t>(config_.model.context, config_.seq));
+  config_.model.seed = config_.seed;
+  sampler_ = std::make_unique<BatchSampler>(std::move(data), config_.batch, config_.seq, rank,
+                                            world, Rng::derive(config_.seed, 7));
+  model_ = std::make_unique<GPT>(config_.model);
+  if (config_.optimizer == "sgd") {
+    optimizer_ = std::make_unique<SGD>(param_buffers(*model_),
+                                       SGDConfig{config_.momentum, config_.weight_decay, false});
+  } else {
+    optimizer_ = std::make_unique<AdamW>(
+        param_buffers(*model_),
+        AdamWConfig{config_.beta1, config_.beta2, 1e-8, config_.weight_decay});
+  }
+}
+
+StepRecord Trainer::step() {
+  std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
+  tracker->reset_peaks();
+  const auto start = std::chrono::steady_clock::now();
+  StepRecord record;
+  record.step = steps_done_ + 1;
+  Batch batch = sampler_->batch(steps_done_, config_.model.device);
+  model_->zero_grad();
+  record.loss = model_->forward(batch.inputs, batch.targets);
+  DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ",
+            record.step, "; try a lower --lr or a tighter --clip");
+  model_->backward();
+  for (auto& hook : after_backward_) hook();
+  record.grad_norm = clip_grad_norm(grad_tensors(optimizer_->buffers()), config_.grad_clip);
+  record.lr = config_.schedule().at(steps_done_);
+  {
+    trace::Scope span("optimizer step", "compute");
+    optimizer_->step(record.lr);
+  }
+  record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  record.tokens = batch.inputs.numel();
+  record.tokens_per_second =
+      record.seconds > 0 ? static_cast<double>(record.tokens) / record.seconds : 0;
+  record.peak_bytes = tracker->total_peak();
+  record.peak_activation_bytes = tracker->peak(MemoryCategory::activations);
+  ++steps_done_;
+  return record;
+}
+
+// --- strategies -----------------------------------------------------------------------------
+
+void register_strategy(const std::string& name, StrategyFn fn) {
+  DTP_CHECK(!name.empty() && fn, "register_strategy: needs a name and a function");
+  std::lock_guard lock(registry_mutex);
+  registry()[name] = std::move(fn);
+}
+
+std::vector<std::string> strategy_names() {
+  std::lock_guard lock(registry_mutex);
+  std::vector<std::string> names;
+  for (const auto& [name, fn] : registry()) names.push_back(name);
+  return names;
+}
+
+TrainResult train_single(const TrainConfig& config, const StepCallback& on_step) {
+  const auto start = std::chrono::steady_clock::now();
+  Trainer trainer(config);
+  TrainResult result;
+  result.parameters = trainer.model().parameter_count();
+  result.data_name = trainer.sampler().data().name();
+  result.peak_by_category.assign(kMemoryCategoryCount, 0);
+  std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
+  for (std::int64_t s = 0; s < config.steps; ++s) {
+    StepRecord record = trainer.step();
+    for (int c = 0; c < kMemoryCategoryCount; ++c)
+      result.peak_by_category[c] =
+          std::max(result.peak_by_category[c], tracker->peak(static_cast<MemoryCategory>(c)));
+    result.peak_bytes = std::max(result.peak_bytes, record.peak_bytes);
+    result.steps.push_back(record);
+    if (on_step) on_step(record);
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+TrainResult train(const TrainConfig& config, const StepCallback& on_step) {
+  config.validate();
+  StrategyFn fn;
+  {
+    std::lock_guard lock(registry_mutex);
+    auto it = registry().find(config.strategy);
+    if (it != registry().end()) fn = it->second;
+  }
+  if (!fn) {
+    std::string names;
+    for (const std::string& name : strategy_names()) names += (names.empty() ? "" : ", ") + name;
+    DTP_CHECK(false, "unknown strategy '", config.strategy, "'; accepted: ", names);
+  }
+  std::unique_ptr<JsonLinesWriter> log;
+  if (!config.json_path.empty()) {
+    log = std::make_unique<JsonLinesWriter>(config.json_path);
+    log->write("{\"kind\":\"config\",\"strategy\":" + json_string(config.strategy) + ",\"steps\":" +
+               std::to_string(config.steps) + ",\"batch\":" + std::to_string(config.batch) +
+               ",\"seq\":" + std::to_string(config.seq) + ",\"lr\":" + json_number(config.lr) +
+               ",\"optimizer\":" + json_string(config.optimizer) +
+               ",\"seed\":" + std::to_string(config.seed) +
+               ",\"device\":" + json_string(config.model.device.str()) +
+               ",\"dtype\":" + json_string(dtype_name(config.model.dtype)) + ",\"data\":" +
+               json_string(config.data_path.empty() ? "synthetic" : config.data_path) + "}");
+  }
+  if (!config.trace_path.empty()) trace::enable();
+  StepCallback callback = [&](const StepRecord& record) {
+    if (log) log->write(step_json(record));
+    if (on_step) on_step(record);
+  };
+  TrainResult result;
+  try {
+    result = fn(config, callback);
+  } catch (...) {
+    if (!config.trace_path.empty()) trace::disable();
+    throw;
+  }
+  if (!config.trace_path.empty()) {
+    trace::disable();
+    trace::write_chrome_json(config.trace_path);
+  }
+  if (log) {
+    log->write("{\"kind\":\"summary\",\"steps\":" + std::to_string(result.steps.size()) +
+               ",\"seconds\":" + json_number(result.seconds) +
+               ",\"parameters\":" + std::to_string(result.parameters) +
+               ",\"first_loss\":" + json_number(result.first_loss()) +
+               ",\"last_loss\":" + json_number(result.last_loss()) +
+               ",\"peak_bytes\":" + std::to_string(result.peak_bytes) + "}");
+  }
+  return result;
+}
+
+// --- formats --------------------------------------------------------------------------------
+
+std::string format_step(const StepRecord& r, std::int64_t total_steps) {
+  const int width = static_cast<int>(std::to_string(total_steps).size());
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "step %*lld/%lld  loss %.4f  lr %.2e  grad norm %6.3f  %7s tok/s  peak %s  %.1f ms",
+                width, static_cast<long long>(r.step), static_cast<long long>(total_steps), r.loss,
+                r.lr, r.grad_norm, rate(r.tokens_per_second).c_str(),
+                mebibytes(r.peak_bytes).c_str(), r.seconds * 1e3);
+  return buf;
+}
+
+std::string format_summary(const TrainResult& result) {
+  std::int64_t tokens = 0;
+  double step_seconds = 0;
+  for (const StepRecord& r : result.steps) {
+    tokens += r.tokens;
+    step_seconds += r.seconds;
+  }
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "trained %zu steps in %.1f s (%s tok/s); loss %.4f -> %.4f (mean of first and last "
+                "%zu steps)\n",
+                result.steps.size(), result.seconds,
+                rate(step_seconds > 0 ? static_cast<double>(tokens) / step_seconds : 0).c_str(),
+                result.first_loss(), result.last_loss(),
+                std::min<std::size_t>(10, result.steps.size()));
+  std::string out = buf;
+  out += "peak memory " + mebibytes(result.peak_bytes) + ":";
+  for (int c = 0; c < static_cast<int>(result.peak_by_category.size()); ++c) {
+    if (result.peak_by_category[c] == 0) continue;
+    out += std::string(" ") + memory_category_name(static_cast<MemoryCategory>(c)) + " " +
+           mebibytes(result.peak_by_category[c]) + ",";
+  }
+  if (out.back() == ',') out.pop_back();
+  return out;
+}
+
+std::string step_json(const StepRecord& r) {
+  return "{\"kind\":\"step\",\"step\":" + std::to_string(r.step) +
+         ",\"loss\":" + json_number(r.loss) + ",\"lr\":" + json_number(r.lr) +
+         ",\"grad_norm\":" + json_number(r.grad_norm) + ",\"seconds\":" + json_number(r.seconds) +
+         ",\"tokens\":" + std::to_string(r.tokens) +
+         ",\"tokens_per_s\":" + json_number(r.tokens_per_second) +
+         ",\"peak_bytes\":" + std::to_string(r.peak_bytes) +
+         ",\"peak_activation_bytes\":" + std::to_string(r.peak_activation_bytes) + "}";
+}
+
+JsonLinesWriter::JsonLinesWriter(const std::string& path) : out_(path), path_(path) {
+  DTP_CHECK(out_.good(), "cannot write the JSON log '", path, "'");
+}
+
+void JsonLinesWriter::write(const std::string& json_object) {
+  out_ << json_object << '\n';
+  out_.flush();
+  DTP_CHECK(out_.good(), "error writing the JSON log '", path_, "'");
+}
+
+}  // namespace dtp
