@@ -1,0 +1,232 @@
+// Shared pieces of the chapter 02 checkers: a tiny deterministic training
+// config, the single-device run every distributed run is compared with, and
+// comparisons whose messages name the rank, step, unit and parameter.
+//
+// The pattern every training chapter copies:
+//   1. compute the single-device reference (every process computes it
+//      identically, so it also works under mpiexec where a process holds
+//      only its own rank);
+//   2. run the distributed strategy inside run_ranks(); each rank compares
+//      its own state with the reference INSIDE the rank body and writes a
+//      message into its slot of a per-rank vector;
+//   3. after the launch, report every non-empty slot.
+#pragma once
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "02_ddp/ddp.h"
+#include "support/harness.h"
+
+namespace dtp::testing::ch02 {
+
+// Tolerance. Everything runs in f64. A distributed run differs from the
+// single-device run only in the order partial sums are added (per-rank
+// batches, then the all-reduce), which moves results by a few ulps (~1e-16
+// relative); three SGD steps amplify that by at most a few orders. Real
+// mistakes are far larger: a sum instead of a mean is off by a factor of W,
+// a unit left unsynchronized keeps its local gradient, off by ~10-100%.
+inline constexpr double kAbsTolerance = 1e-10;
+inline constexpr double kRelTolerance = 1e-8;
+
+inline bool close_enough(double expected, double got) {
+  return std::fabs(expected - got) <= kAbsTolerance + kRelTolerance * std::fabs(expected);
+}
+
+// A tiny GPT on synthetic data: vocab 32, seq 8, d_model 16, 2 heads, 2
+// blocks, f64. SGD with momentum and no clipping, because both AdamW and
+// clipping hide a wrongly scaled gradient (AdamW divides by its own RMS).
+inline TrainConfig tiny_config(std::int64_t global_batch = 12, std::int64_t steps = 3) {
+  TrainConfig config;
+  config.model.vocab_size = 32;
+  config.model.context = 8;
+  config.model.d_model = 16;
+  config.model.heads = 2;
+  config.model.layers = 2;
+  config.model.dtype = DType::f64;
+  config.synthetic.length = 4096;
+  config.steps = steps;
+  config.batch = global_batch;
+  config.seq = 8;
+  config.optimizer = "sgd";
+  config.lr = 0.05;
+  config.warmup = 0;
+  config.min_lr_ratio = 1.0;
+  config.momentum = 0.9;
+  config.grad_clip = 0;
+  config.seed = 2024;
+  return config;
+}
+
+// Parameters and gradients of every unit, and the loss of every step.
+struct ModelState {
+  std::vector<double> losses;                   // per step
+  std::vector<std::vector<double>> params;      // per unit, flat
+  std::vector<std::vector<double>> grads;       // per unit, flat (the last step's)
+};
+
+inline ModelState capture(GPT& model, std::vector<double> losses) {
+  ModelState state;
+  state.losses = std::move(losses);
+  for (Unit* unit : model.units()) {
+    state.params.push_back(unit->params().to_vector());
+    state.grads.push_back(unit->grads().to_vector());
+  }
+  return state;
+}
+
+// The single-device run of the same global batch: Trainer(config), steps steps.
+inline ModelState single_device(const TrainConfig& config) {
+  Trainer trainer(config);
+  std::vector<double> losses;
+  for (std::int64_t s = 0; s < config.steps; ++s) losses.push_back(trainer.step().loss);
+  return capture(trainer.model(), losses);
+}
+
+// Finds which named parameter element `flat` of a unit belongs to.
+inline std::string locate(const Unit& unit, std::int64_t flat) {
+  for (const ParamView& p : unit.parameters())
+    if (flat >= p.offset && flat < p.offset + p.shape.numel())
+      return "'" + p.name + "' element " + std::to_string(flat - p.offset);
+  return "flat element " + std::to_string(flat);
+}
+
+inline std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.12g", v);
+  return buf;
+}
+
+// "" when @p got matches @p expected; otherwise a message naming the first
+// wrong element of each unit that differs.
+inline std::string compare_units(const std::string& what, GPT& model,
+                                 const std::vector<std::vector<double>>& expected,
+                                 const std::vector<std::vector<double>>& got) {
+  std::string message;
+  std::vector<Unit*> units = model.units();
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    std::int64_t wrong = 0, first = -1;
+    for (std::size_t i = 0; i < expected[u].size(); ++i) {
+      if (!close_enough(expected[u][i], got[u][i])) {
+        if (first < 0) first = static_cast<std::int64_t>(i);
+        ++wrong;
+      }
+    }
+    if (wrong == 0) continue;
+    const auto f = static_cast<std::size_t>(first);
+    message += "\n    unit '" + units[u]->name() + "' " + what + " of " + locate(*units[u], first) +
+               ": expected " + number(expected[u][f]) + ", got " + number(got[u][f]) + " (" +
+               std::to_string(wrong) + " of " + std::to_string(expected[u].size()) +
+               " elements wrong)";
+  }
+  return message;
+}
+
+// Compares one rank's model (and the losses averaged over ranks) with the
+// single-device reference after the run; "" when everything matches.
+inline std::string compare_with_single(const ModelState& expected, GPT& model,
+                                       const std::vector<double>& mean_losses, int rank) {
+  ModelState got = capture(model, mean_losses);
+  std::string message;
+  for (std::size_t s = 0; s < expected.losses.size(); ++s)
+    if (s >= got.losses.size() || !close_enough(expected.losses[s], got.losses[s]))
+      message += "\n    step " + std::to_string(s + 1) + " loss (mean over ranks): expected " +
+                 number(expected.losses[s]) + ", got " +
+                 (s < got.losses.size() ? number(got.losses[s]) : std::string("nothing"));
+  message += compare_units("gradient after the last step", model, expected.grads, got.grads);
+  message += compare_units("parameter after the last step", model, expected.params, got.params);
+  if (message.empty()) return "";
+  return "rank " + std::to_string(rank) + " differs from single-device training on the same global batch" +
+         " (tolerance |diff| <= 1e-10 + 1e-8 |expected|):" + message;
+}
+
+// The mean over ranks of each rank's per-step losses (one all-reduce; call it
+// after the communication counts were taken).
+inline std::vector<double> mean_over_ranks(Comm& comm, const std::vector<double>& losses) {
+  Tensor t = Tensor::from_values(losses, DType::f64);
+  comm.all_reduce(t, ReduceOp::avg);
+  return t.to_vector();
+}
+
+inline std::int64_t all_reduce_calls(const CommStats& stats) {
+  auto it = stats.collective_calls.find("all_reduce");
+  return it == stats.collective_calls.end() ? 0 : it->second;
+}
+
+inline std::int64_t gradient_bytes(GPT& model) {
+  std::int64_t bytes = 0;
+  for (Unit* unit : model.units()) bytes += static_cast<std::int64_t>(unit->grads().nbytes());
+  return bytes;
+}
+
+inline std::int64_t parameter_tensors(GPT& model) {
+  std::int64_t n = 0;
+  for (Unit* unit : model.units()) n += static_cast<std::int64_t>(unit->parameters().size());
+  return n;
+}
+
+// Runs body on `world` ranks; every rank writes "" or a failure into
+// failures[rank]. A rank that throws (a stub's NotSolved) fails the test with
+// its message. Works under mpi: each process fills its own slot.
+inline void run_and_report(const std::string& what, int world,
+                           const std::function<std::string(Comm&)>& body) {
+  std::vector<std::string> failures(static_cast<std::size_t>(world));
+  try {
+    run_ranks(world, [&](Comm& comm) { failures[static_cast<std::size_t>(comm.rank())] = body(comm); });
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << what << " on " << world << " rank(s) threw: " << e.what();
+    return;
+  }
+  for (const std::string& failure : failures)
+    if (!failure.empty()) ADD_FAILURE() << what << " on " << world << " rank(s): " << failure;
+}
+
+// Per-step communication of one rank.
+struct StepComm {
+  std::int64_t all_reduces = 0;
+  std::int64_t other_collectives = 0;
+  std::int64_t bytes = 0;
+};
+
+inline StepComm comm_between(const CommStats& before, const CommStats& after) {
+  StepComm c;
+  c.all_reduces = all_reduce_calls(after) - all_reduce_calls(before);
+  c.other_collectives =
+      after.total_collective_calls() - before.total_collective_calls() - c.all_reduces;
+  c.bytes = after.collective_bytes - before.collective_bytes;
+  return c;
+}
+
+// Trains `config.steps` steps as a DDP rank: Trainer(config, rank, world),
+// with `install` plugging the strategy into it (hooks, on_after_backward).
+// Returns the per-step communication; fills losses with this rank's losses.
+inline std::vector<StepComm> train_rank(Comm& comm, Trainer& trainer, std::vector<double>& losses) {
+  std::vector<StepComm> steps;
+  for (std::int64_t s = 0; s < trainer.config().steps; ++s) {
+    const CommStats before = comm.stats();
+    losses.push_back(trainer.step().loss);
+    steps.push_back(comm_between(before, comm.stats()));
+  }
+  return steps;
+}
+
+// "" when every step issued exactly `calls` all-reduces of `bytes` in total
+// and no other collective.
+inline std::string check_step_comm(const std::vector<StepComm>& steps, std::int64_t calls,
+                                   std::int64_t bytes, const std::string& formula, int rank) {
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    const StepComm& c = steps[s];
+    if (c.all_reduces != calls || c.bytes != bytes || c.other_collectives != 0)
+      return "rank " + std::to_string(rank) + ", step " + std::to_string(s + 1) + ": expected " +
+             std::to_string(calls) + " all-reduce(s) (" + formula + ") moving " +
+             std::to_string(bytes) + " bytes (the gradient size) and no other collective; got " +
+             std::to_string(c.all_reduces) + " all-reduce(s), " + std::to_string(c.bytes) +
+             " bytes, " + std::to_string(c.other_collectives) + " other collective call(s)";
+  }
+  return "";
+}
+
+}  // namespace dtp::testing::ch02

@@ -1,0 +1,66 @@
+// Checkers for 2.1 naive DDP (one all-reduce per parameter) and 2.2 flat DDP
+// (one all-reduce per unit): after 3 steps on world sizes 1-4, every rank
+// equals single-device training on the same global batch, and each step
+// issues exactly the expected all-reduces.
+#include "ddp_checks.h"
+
+namespace {
+
+using namespace dtp;
+using namespace dtp::testing;
+using namespace dtp::testing::ch02;
+
+using Sync = std::function<void(Comm&, GPT&)>;
+
+// The pattern: Trainer(config, rank, world) + on_after_backward(sync).
+void expect_matches_single(const std::string& name, const Sync& sync) {
+  const TrainConfig config = tiny_config();
+  const ModelState expected = single_device(config);
+  for (int world = 1; world <= 4; ++world) {
+    run_and_report(name + " vs single device", world, [&](Comm& comm) {
+      Trainer trainer(config, comm.rank(), comm.size());
+      trainer.on_after_backward([&] { sync(comm, trainer.model()); });
+      std::vector<double> losses;
+      train_rank(comm, trainer, losses);
+      return compare_with_single(expected, trainer.model(), mean_over_ranks(comm, losses), comm.rank());
+    });
+  }
+}
+
+// calls_per_step(model) all-reduces per step moving the gradient bytes.
+void expect_communication(const std::string& name, const Sync& sync,
+                          const std::function<std::int64_t(GPT&)>& calls_per_step,
+                          const std::string& formula) {
+  const TrainConfig config = tiny_config();
+  for (int world : {2, 3}) {
+    run_and_report(name + " communication", world, [&](Comm& comm) {
+      Trainer trainer(config, comm.rank(), comm.size());
+      trainer.on_after_backward([&] { sync(comm, trainer.model()); });
+      std::vector<double> losses;
+      const std::vector<StepComm> steps = train_rank(comm, trainer, losses);
+      return check_step_comm(steps, calls_per_step(trainer.model()), gradient_bytes(trainer.model()),
+                             formula, comm.rank());
+    });
+  }
+}
+
+TEST(Puzzle2_1_naive_ddp, MatchesSingleDeviceOnWorlds1To4) {
+  expect_matches_single("2.1 naive_all_reduce_gradients", dtp::ch02::naive_all_reduce_gradients);
+}
+
+TEST(Puzzle2_1_naive_ddp, OneAllReducePerParameter) {
+  expect_communication("2.1 naive_all_reduce_gradients", dtp::ch02::naive_all_reduce_gradients,
+                       parameter_tensors, "one per named parameter");
+}
+
+TEST(Puzzle2_2_flat_ddp, MatchesSingleDeviceOnWorlds1To4) {
+  expect_matches_single("2.2 flat_all_reduce_gradients", dtp::ch02::flat_all_reduce_gradients);
+}
+
+TEST(Puzzle2_2_flat_ddp, OneAllReducePerUnit) {
+  expect_communication(
+      "2.2 flat_all_reduce_gradients", dtp::ch02::flat_all_reduce_gradients,
+      [](GPT& model) { return static_cast<std::int64_t>(model.units().size()); }, "one per unit");
+}
+
+}  // namespace
