@@ -1,6 +1,8 @@
 // dtp-train: train the small GPT and print one line per step.
 //   dtp train --device cpu --steps 300 --batch 16 --seq 64 [--data FILE]
-//             [--trace out.json] [--json log.jsonl] [--strategy single]
+//             [--trace out.json] [--json log.jsonl] [--strategy single|ddp]
+//   dtp train --strategy ddp --world 4 [--bucket-mb 1] [--accumulate K]
+//             [--ddp-mode naive|flat|bucketed]
 // The defaults reach a clearly lower loss on the synthetic data within a
 // minute on two CPU cores.
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <malloc.h>
 #endif
 
+#include "02_ddp/ddp.h"
 #include "dtp/device.h"
 #include "dtp/error.h"
 #include "dtp/trainer.h"
@@ -23,13 +26,14 @@ namespace {
 
 const char* kUsage = R"(Usage: dtp train [OPTIONS]
 
-Trains a small GPT on one device and prints one line per step
+Trains a small GPT on one device (or on data-parallel ranks with --strategy ddp)
+and prints one line per step
 (step, loss, learning rate, gradient norm, tokens/s, peak memory, step time),
 then a summary.
 
 Run:
   --device cpu|cuda[:k]   where to train (default cpu)
-  --strategy NAME         how to train (default single; later chapters add more)
+  --strategy NAME         how to train: single (default) or ddp (chapter 02)
   --steps K               optimizer steps (default 300)
   --batch B               sequences per step, the global batch (default 16)
   --seq T                 tokens per sequence (default 64)
@@ -39,6 +43,17 @@ Run:
   --trace FILE            write a Chrome/Perfetto trace of the run
   --json FILE             write a JSON-lines log (config, one line per step, summary)
   --log-every N           print every N-th step (default 1; the last always prints)
+
+Data parallel (--strategy ddp, chapter 02):
+  --world N               data-parallel ranks (default 2); threads of this process,
+                          or the processes of mpiexec with DTP_BACKEND=mpi
+  --ddp-mode MODE         naive (2.1), flat (2.2) or bucketed (2.3, default)
+  --bucket-mb X           bucket size in MiB for bucketed mode (default 1; 0: one
+                          bucket per parameter)
+  --accumulate K          micro-batches per optimizer step (default 1); the global
+                          batch must divide by world x K
+  A line per rank follows each printed step: its all-reduces, bytes and the
+  time its thread waited on communication (exposed, not overlapped).
 
 Model:
   --layers N              transformer blocks (default 2)
@@ -103,7 +118,8 @@ auto parse_with(const std::string& flag, const std::string& text, Fn fn) -> decl
   }
 }
 
-dtp::TrainConfig parse_arguments(int argc, char** argv, int& log_every) {
+dtp::TrainConfig parse_arguments(int argc, char** argv, int& log_every,
+                                 dtp::ch02::DdpOptions& ddp, bool& ddp_flags) {
   dtp::TrainConfig config;
   using Setter = std::function<void(const std::string&, const std::string&)>;
   const std::map<std::string, Setter> options = {
@@ -149,6 +165,29 @@ dtp::TrainConfig parse_arguments(int argc, char** argv, int& log_every) {
       {"--weight-decay", [&](auto& f, auto& v) { config.weight_decay = parse_double(f, v, 0); }},
       {"--momentum", [&](auto& f, auto& v) { config.momentum = parse_double(f, v, 0); }},
       {"--clip", [&](auto& f, auto& v) { config.grad_clip = parse_double(f, v, 0); }},
+      {"--world",
+       [&](auto& f, auto& v) {
+         ddp.world = static_cast<int>(parse_int(f, v, 1));
+         ddp_flags = true;
+       }},
+      {"--bucket-mb",
+       [&](auto& f, auto& v) {
+         ddp.bucket_bytes = static_cast<std::int64_t>(parse_double(f, v, 0) * 1024 * 1024);
+         ddp_flags = true;
+       }},
+      {"--accumulate",
+       [&](auto& f, auto& v) {
+         ddp.accumulate = parse_int(f, v, 1);
+         ddp_flags = true;
+       }},
+      {"--ddp-mode",
+       [&](auto& f, auto& v) {
+         if (v == "naive") ddp.mode = dtp::ch02::DdpMode::naive;
+         else if (v == "flat") ddp.mode = dtp::ch02::DdpMode::flat;
+         else if (v == "bucketed") ddp.mode = dtp::ch02::DdpMode::bucketed;
+         else throw UsageError{f + " accepts naive, flat or bucketed, got '" + v + "'"};
+         ddp_flags = true;
+       }},
   };
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -188,9 +227,25 @@ void check_strategy(const std::string& strategy) {
 int main(int argc, char** argv) {
   int log_every = 1;
   dtp::TrainConfig config;
+  dtp::ch02::DdpOptions ddp;
+  bool ddp_flags = false;
+  const char* kModeNames[] = {"naive", "flat", "bucketed"};
   try {
-    config = parse_arguments(argc, argv, log_every);
+    config = parse_arguments(argc, argv, log_every, ddp, ddp_flags);
+    // A ddp step line is followed by one line per rank: what it communicated.
+    ddp.on_comm = [&](std::int64_t step, const std::vector<dtp::ch02::RankCommStep>& ranks) {
+      if (!(step % log_every == 0 || step == config.steps || step == 1)) return;
+      for (const auto& r : ranks)
+        std::printf("    rank %d: loss %.4f  %lld all-reduce(s)  %.3f MiB  exposed comm %.2f ms\n",
+                    r.rank, r.loss, static_cast<long long>(r.all_reduces),
+                    static_cast<double>(r.bytes) / (1024.0 * 1024.0), r.exposed_seconds * 1e3);
+      std::fflush(stdout);
+    };
+    dtp::ch02::register_ddp_strategy(ddp);
     check_strategy(config.strategy);
+    if (ddp_flags && config.strategy != "ddp")
+      throw UsageError{"--world, --bucket-mb, --accumulate and --ddp-mode need --strategy ddp"};
+    if (config.strategy == "ddp") dtp::ch02::validate_ddp(config, ddp);
     if (config.model.device.is_cuda() && dtp::cuda_device_count() == 0)
       throw UsageError{"--device " + config.model.device.str() +
                        ": no usable CUDA device here (none found, or DTP was built without CUDA)"};
@@ -219,6 +274,14 @@ int main(int argc, char** argv) {
     if (!config.data_path.empty()) resolved.model.vocab_size = 256;
     std::printf("dtp train: strategy %s, %s\n", config.strategy.c_str(),
                 config.model.device.str().c_str());
+    if (config.strategy == "ddp")
+      std::printf("ddp: %d ranks (%s backend), %s, bucket %.2f MiB, accumulate %lld: %lld sequences "
+                  "per rank per micro-step\n",
+                  ddp.world, std::getenv("DTP_BACKEND") ? std::getenv("DTP_BACKEND") : "thread",
+                  kModeNames[static_cast<int>(ddp.mode)],
+                  static_cast<double>(ddp.bucket_bytes) / (1024.0 * 1024.0),
+                  static_cast<long long>(ddp.accumulate),
+                  static_cast<long long>(config.batch / (ddp.world * ddp.accumulate)));
     std::printf("model: %s (%lld parameters)\n", resolved.model.describe().c_str(),
                 static_cast<long long>(resolved.model.parameter_count()));
     std::printf("data: %s; batch %lld x seq %lld = %lld tokens per step\n",

@@ -1,0 +1,140 @@
+// dtp-bench-ddp-step: the step time of data-parallel training on this machine.
+//   dtp-bench-ddp-step [--world 4] [--steps 20] [--json FILE]
+// Compares, for one small model and the same per-rank batch:
+//   single x N   N times the single-rank step (the compute-only bound when N
+//                ranks share the CPU cores: N ranks must do N times the work)
+//   naive        2.1, one all-reduce per parameter
+//   flat         2.2, one all-reduce per unit
+//   bucketed     2.3, buckets overlapped with backward
+// Prints a table and writes one JSON object per measurement. Times are the
+// median of the steps after two warm-up steps, of rank 0.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "02_ddp/ddp.h"
+#include "dtp/trainer.h"
+
+namespace {
+
+double median_step_seconds(const dtp::TrainResult& result) {
+  std::vector<double> t;
+  for (std::size_t i = 2; i < result.steps.size(); ++i) t.push_back(result.steps[i].seconds);
+  std::sort(t.begin(), t.end());
+  return t.empty() ? 0 : t[t.size() / 2];
+}
+
+std::string git_revision() {
+  if (const char* rev = std::getenv("DTP_GIT_REV")) return rev;
+  std::string folder = __FILE__;  // this source's checkout
+  folder = folder.substr(0, folder.find_last_of('/') + 1);
+  std::string out;
+  if (FILE* p = popen(("git -C '" + folder + "' rev-parse --short HEAD 2>/dev/null").c_str(), "r")) {
+    char buf[64];
+    if (std::fgets(buf, sizeof buf, p)) out = buf;
+    pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out.empty() ? "unknown" : out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int world = 4;
+  std::int64_t steps = 20;
+  std::string json_path;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--world") world = std::atoi(argv[i + 1]);
+    else if (flag == "--steps") steps = std::atoll(argv[i + 1]);
+    else if (flag == "--json") json_path = argv[i + 1];
+    else {
+      std::fprintf(stderr, "usage: dtp-bench-ddp-step [--world N] [--steps K] [--json FILE]\n");
+      return 2;
+    }
+  }
+  if (world < 1 || steps < 3) {
+    std::fprintf(stderr, "dtp-bench-ddp-step: need --world >= 1 and --steps >= 3\n");
+    return 2;
+  }
+  const std::int64_t per_rank_batch = 4;
+  dtp::TrainConfig config;
+  config.model.d_model = 64;
+  config.model.heads = 4;
+  config.model.layers = 4;
+  config.seq = 64;
+  config.steps = steps;
+  config.synthetic.length = 1 << 16;
+
+  struct Row {
+    std::string what;
+    double seconds;
+    std::int64_t all_reduces;
+    std::int64_t bytes;
+    double exposed;
+  };
+  std::vector<Row> rows;
+
+  dtp::TrainConfig single = config;
+  single.batch = per_rank_batch;
+  const double single_s = median_step_seconds(dtp::train_single(single));
+  rows.push_back({"single x " + std::to_string(world), single_s * world, 0, 0, 0});
+
+  const std::int64_t bucket_bytes = 256 * 1024;
+  for (auto mode : {dtp::ch02::DdpMode::naive, dtp::ch02::DdpMode::flat, dtp::ch02::DdpMode::bucketed}) {
+    dtp::ch02::DdpOptions options;
+    options.world = world;
+    options.mode = mode;
+    options.bucket_bytes = bucket_bytes;
+    std::vector<double> exposed;
+    std::int64_t calls = 0, bytes = 0;
+    options.on_comm = [&](std::int64_t step, const std::vector<dtp::ch02::RankCommStep>& ranks) {
+      if (step <= 2) return;
+      exposed.push_back(ranks[0].exposed_seconds);
+      calls = ranks[0].all_reduces;
+      bytes = ranks[0].bytes;
+    };
+    dtp::ch02::register_ddp_strategy(options);
+    dtp::TrainConfig ddp = config;
+    ddp.batch = per_rank_batch * world;
+    ddp.strategy = "ddp";
+    const double s = median_step_seconds(dtp::train(ddp));
+    std::sort(exposed.begin(), exposed.end());
+    const char* names[] = {"naive", "flat", "bucketed"};
+    rows.push_back({names[static_cast<int>(mode)], s, calls, bytes, exposed.empty() ? 0 : exposed[exposed.size() / 2]});
+  }
+
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  const std::string rev = git_revision();
+  std::printf("# ddp step, thread backend on cpu, %d ranks, %lld sequences x %lld tokens per rank\n", world,
+              static_cast<long long>(per_rank_batch), static_cast<long long>(config.seq));
+  std::printf("# model: d_model %d, %d layers, %d heads (%s), bucket %lld KiB, median of %lld steps\n",
+              config.model.d_model, config.model.layers, config.model.heads, "f32",
+              static_cast<long long>(bucket_bytes / 1024), static_cast<long long>(steps - 2));
+  std::printf("%-12s %12s %12s %14s %18s %10s\n", "what", "step ms", "all-reduces", "bytes/rank",
+              "exposed comm ms", "vs bound");
+  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
+  for (const Row& r : rows) {
+    std::printf("%-12s %12.2f %12lld %14lld %18.2f %9.2fx\n", r.what.c_str(), r.seconds * 1e3,
+                static_cast<long long>(r.all_reduces), static_cast<long long>(r.bytes), r.exposed * 1e3,
+                r.seconds / rows[0].seconds);
+    if (json)
+      std::fprintf(json,
+                   "{\"what\":\"ddp_step\",\"variant\":\"%s\",\"backend\":\"thread\",\"device\":\"cpu\","
+                   "\"world\":%d,\"per_rank_batch\":%lld,\"seq\":%lld,\"d_model\":%d,\"layers\":%d,"
+                   "\"bucket_bytes\":%lld,\"step_s\":%.6g,\"all_reduces\":%lld,\"bytes\":%lld,"
+                   "\"exposed_comm_s\":%.6g,\"vs_compute_bound\":%.4f,\"date\":\"%s\",\"git\":\"%s\"}\n",
+                   r.what.c_str(), world, static_cast<long long>(per_rank_batch),
+                   static_cast<long long>(config.seq), config.model.d_model, config.model.layers,
+                   static_cast<long long>(bucket_bytes), r.seconds, static_cast<long long>(r.all_reduces),
+                   static_cast<long long>(r.bytes), r.exposed, r.seconds / rows[0].seconds, date, rev.c_str());
+  }
+  if (json) std::fclose(json);
+  return 0;
+}
