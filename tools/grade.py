@@ -78,6 +78,9 @@ class Puzzle:
         return "PASS"
 
 
+NOT_SOLVED_RE = re.compile(r"(rank \d+: )?puzzle \S+ \S+ is not solved yet")
+
+
 def first_line(text):
     """The line of a gtest failure message a student should read first."""
     lines = text.strip("\n").splitlines()
@@ -91,7 +94,14 @@ def first_line(text):
         m = ACTUAL_FALSE_RE.search(body)
         if m:
             body = m.group(1).strip()
+    # An unsolved stub says so somewhere in the message: that is the news.
+    m = NOT_SOLVED_RE.search(body)
+    if m:
+        return m.group(0)
     lines = [l.strip() for l in body.splitlines() if l.strip()]
+    # FAIL() << "..." puts a bare "Failed" first; the message follows.
+    if len(lines) > 1 and lines[0] == "Failed":
+        lines = lines[1:]
     if not lines:
         return "(no message)"
     line = lines[0]
