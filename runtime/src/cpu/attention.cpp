@@ -6,11 +6,13 @@
 #include <vector>
 
 #include "cpu/attention_common.h"
+#include "cuda/nn_kernels.h"
 
 namespace dtp::ops {
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& probs, const AttentionMask& mask, double scale) {
+  if (q.device().is_cuda()) return cuda::attention_forward(q, k, v, out, probs, mask, scale);
   const char* op = "attention_forward";
   const detail::AttentionDims d = detail::attention_dims(op, q, k, v, scale);
   detail::check_float(op, "out", out);
@@ -61,6 +63,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs,
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionMask& mask, double scale) {
+  if (q.device().is_cuda()) return cuda::attention_backward(q, k, v, probs, dout, dq, dk, dv, mask, scale);
   const char* op = "attention_backward";
   const detail::AttentionDims d = detail::attention_dims(op, q, k, v, scale);
   for (auto [name, t, shape] :

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "cpu/nn_ops_common.h"
+#include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
 
 namespace dtp::ops {
@@ -47,6 +48,7 @@ T row_logsumexp(const T* row, std::int64_t V, T& max_out) {
 }  // namespace
 
 double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses) {
+  if (logits.device().is_cuda()) return cuda::cross_entropy_forward(logits, targets, losses);
   const char* op = "cross_entropy_forward";
   const Rows r = check_logits(op, logits, targets);
   if (losses.defined()) {
@@ -73,6 +75,7 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double loss_scale,
                             Tensor& dlogits) {
+  if (logits.device().is_cuda()) return cuda::cross_entropy_backward(logits, targets, loss_scale, dlogits);
   const char* op = "cross_entropy_backward";
   const Rows r = check_logits(op, logits, targets);
   detail::check_float(op, "dlogits", dlogits);

@@ -3,6 +3,7 @@
 #include <numbers>
 
 #include "cpu/nn_ops_common.h"
+#include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
 
 namespace dtp {
@@ -47,6 +48,7 @@ double Rng::normal() {
 namespace ops {
 
 void fill_normal(Tensor& x, double mean, double std, Rng& rng) {
+  if (x.device().is_cuda()) return cuda::fill_normal(x, mean, std, rng);
   detail::check_cpu("fill_normal", "x", x);
   DTP_CHECK(is_floating(x.dtype()), "fill_normal: x must be floating, got ", x.describe());
   detail::with_element(x.dtype(), [&](auto zero) {
@@ -58,6 +60,7 @@ void fill_normal(Tensor& x, double mean, double std, Rng& rng) {
 }
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  if (a.device().is_cuda()) return cuda::add(a, b, out);
   detail::check_float("add", "a", a);
   detail::check_float("add", "b", b);
   detail::check_float("add", "out", out);
@@ -75,6 +78,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void axpy(Tensor& y, double alpha, const Tensor& x) {
+  if (y.device().is_cuda()) return cuda::axpy(y, alpha, x);
   detail::check_float("axpy", "y", y);
   detail::check_float("axpy", "x", x);
   detail::check_dtype_is("axpy", "x", x, y.dtype());
@@ -89,6 +93,7 @@ void axpy(Tensor& y, double alpha, const Tensor& x) {
 }
 
 double sum_squares(const Tensor& x) {
+  if (x.device().is_cuda()) return cuda::sum_squares(x);
   detail::check_float("sum_squares", "x", x);
   double total = 0;
   detail::with_float(x.dtype(), [&](auto zero) {
@@ -103,6 +108,7 @@ double sum_squares(const Tensor& x) {
 }
 
 bool all_finite(const Tensor& x) {
+  if (x.device().is_cuda()) return cuda::all_finite(x);
   detail::check_cpu("all_finite", "x", x);
   bool finite = true;
   detail::with_element(x.dtype(), [&](auto zero) {
@@ -123,6 +129,7 @@ bool all_finite(const Tensor& x) {
 }
 
 void cast(const Tensor& src, Tensor& dst) {
+  if (src.device().is_cuda()) return cuda::cast(src, dst);
   detail::check_cpu("cast", "src", src);
   detail::check_cpu("cast", "dst", dst);
   detail::check_numel("cast", "dst", dst, src.numel(), "as many as src");
@@ -157,6 +164,7 @@ T fast_tanh(T u) {
 }  // namespace
 
 void gelu_forward(const Tensor& x, Tensor& y) {
+  if (x.device().is_cuda()) return cuda::gelu_forward(x, y);
   detail::check_float("gelu_forward", "x", x);
   detail::check_float("gelu_forward", "y", y);
   detail::check_dtype_is("gelu_forward", "y", y, x.dtype());
@@ -174,6 +182,7 @@ void gelu_forward(const Tensor& x, Tensor& y) {
 }
 
 void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  if (x.device().is_cuda()) return cuda::gelu_backward(x, dy, dx);
   detail::check_float("gelu_backward", "x", x);
   detail::check_float("gelu_backward", "dy", dy);
   detail::check_float("gelu_backward", "dx", dx);

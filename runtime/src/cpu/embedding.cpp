@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "cpu/nn_ops_common.h"
+#include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
 
 namespace dtp::ops {
@@ -21,6 +22,7 @@ std::int32_t checked_id(const char* op, const std::int32_t* ids, std::int64_t n,
 }  // namespace
 
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
+  if (table.device().is_cuda()) return cuda::embedding_forward(ids, table, out);
   const char* op = "embedding_forward";
   check_ids(op, ids);
   detail::check_float(op, "table", table);
@@ -43,6 +45,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+  if (dout.device().is_cuda()) return cuda::embedding_backward(ids, dout, dtable);
   const char* op = "embedding_backward";
   check_ids(op, ids);
   detail::check_float(op, "dtable", dtable);
@@ -82,6 +85,7 @@ void check_positions(const char* op, const Tensor& x, const char* table_name, co
 }  // namespace
 
 void add_positions(Tensor& x, const Tensor& positions, std::int64_t start) {
+  if (x.device().is_cuda()) return cuda::add_positions(x, positions, start);
   check_positions("add_positions", x, "positions", positions, start);
   const std::int64_t B = x.size(0), T_ = x.size(1), C = x.size(2);
   detail::with_float(x.dtype(), [&](auto zero) {
@@ -98,6 +102,7 @@ void add_positions(Tensor& x, const Tensor& positions, std::int64_t start) {
 }
 
 void positions_backward(const Tensor& dx, Tensor& dpositions, std::int64_t start) {
+  if (dx.device().is_cuda()) return cuda::positions_backward(dx, dpositions, start);
   check_positions("positions_backward", dx, "dpositions", dpositions, start);
   const std::int64_t B = dx.size(0), T_ = dx.size(1), C = dx.size(2);
   detail::with_float(dx.dtype(), [&](auto zero) {

@@ -9,12 +9,14 @@
 #include <vector>
 
 #include "cpu/attention_common.h"
+#include "cuda/nn_kernels.h"
 
 namespace dtp::ops {
 
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                              Tensor& row_max, Tensor& row_sum, const AttentionMask& mask,
                              double scale, std::int64_t block_size) {
+  if (q.device().is_cuda()) return cuda::flash_attention_forward(q, k, v, out, row_max, row_sum, mask, scale, block_size);
   const char* op = "flash_attention_forward";
   const detail::AttentionDims d = detail::attention_dims(op, q, k, v, scale);
   DTP_CHECK(block_size >= 1, op, ": block_size must be at least 1, got ", block_size);
@@ -75,6 +77,7 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& row_max, const Tensor& row_sum, const Tensor& dout,
                               Tensor& dq, Tensor& dk, Tensor& dv, const AttentionMask& mask,
                               double scale) {
+  if (q.device().is_cuda()) return cuda::flash_attention_backward(q, k, v, out, row_max, row_sum, dout, dq, dk, dv, mask, scale);
   const char* op = "flash_attention_backward";
   const detail::AttentionDims d = detail::attention_dims(op, q, k, v, scale);
   for (auto [name, t, shape] :
@@ -135,6 +138,7 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
 
 void attention_merge(Tensor& out, Tensor& row_max, Tensor& row_sum, const Tensor& other_out,
                      const Tensor& other_max, const Tensor& other_sum) {
+  if (out.device().is_cuda()) return cuda::attention_merge(out, row_max, row_sum, other_out, other_max, other_sum);
   const char* op = "attention_merge";
   detail::check_float(op, "out", out);
   DTP_CHECK(out.ndim() == 4, op, ": out must be [B, Tq, H, D], got ", out.describe());

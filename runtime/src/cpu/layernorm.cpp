@@ -3,12 +3,14 @@
 #include <cmath>
 
 #include "cpu/nn_ops_common.h"
+#include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
 
 namespace dtp::ops {
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
                        Tensor& mean, Tensor& rstd, double eps) {
+  if (x.device().is_cuda()) return cuda::layernorm_forward(x, weight, bias, y, mean, rstd, eps);
   const char* op = "layernorm_forward";
   detail::check_float(op, "x", x);
   for (auto [name, t] : {std::pair<const char*, const Tensor*>{"weight", &weight},
@@ -54,6 +56,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) {
+  if (dy.device().is_cuda()) return cuda::layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias);
   const char* op = "layernorm_backward";
   detail::check_float(op, "x", x);
   for (auto [name, t] : {std::pair<const char*, const Tensor*>{"dy", &dy},

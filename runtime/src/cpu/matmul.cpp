@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu/nn_ops_common.h"
+#include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
 
 namespace dtp::ops {
@@ -109,6 +110,7 @@ MatrixDims matrix_dims(const char* name, const Tensor& t) {
 
 void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, bool transpose_b,
             double alpha, double beta) {
+  if (a.device().is_cuda()) return cuda::matmul(a, b, out, transpose_a, transpose_b, alpha, beta);
   detail::check_float("matmul", "a", a);
   detail::check_float("matmul", "b", b);
   detail::check_float("matmul", "out", out);
@@ -150,6 +152,7 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, boo
 }
 
 void add_bias(Tensor& x, const Tensor& bias) {
+  if (x.device().is_cuda()) return cuda::add_bias(x, bias);
   detail::check_float("add_bias", "x", x);
   detail::check_float("add_bias", "bias", bias);
   detail::check_dtype_is("add_bias", "bias", bias, x.dtype());
@@ -168,6 +171,7 @@ void add_bias(Tensor& x, const Tensor& bias) {
 }
 
 void bias_backward(const Tensor& dy, Tensor& dbias) {
+  if (dy.device().is_cuda()) return cuda::bias_backward(dy, dbias);
   detail::check_float("bias_backward", "dy", dy);
   detail::check_float("bias_backward", "dbias", dbias);
   detail::check_dtype_is("bias_backward", "dbias", dbias, dy.dtype());

@@ -3,12 +3,14 @@
 #include <cmath>
 
 #include "cpu/nn_ops_common.h"
+#include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
 
 namespace dtp::ops {
 
 void adamw_update(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, double lr,
                   double beta1, double beta2, double eps, double weight_decay, std::int64_t step) {
+  if (params.device().is_cuda()) return cuda::adamw_update(params, grads, m, v, lr, beta1, beta2, eps, weight_decay, step);
   const char* op = "adamw_update";
   detail::check_float(op, "params", params);
   for (auto [name, t] :
@@ -41,6 +43,7 @@ void adamw_update(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, dou
 
 void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, double lr,
                 double momentum, double weight_decay, bool nesterov) {
+  if (params.device().is_cuda()) return cuda::sgd_update(params, grads, momentum_buffer, lr, momentum, weight_decay, nesterov);
   const char* op = "sgd_update";
   detail::check_float(op, "params", params);
   detail::check_float(op, "grads", grads);

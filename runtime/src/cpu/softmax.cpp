@@ -4,11 +4,13 @@
 #include <limits>
 
 #include "cpu/nn_ops_common.h"
+#include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
 
 namespace dtp::ops {
 
 void softmax_forward(const Tensor& x, Tensor& y) {
+  if (x.device().is_cuda()) return cuda::softmax_forward(x, y);
   detail::check_float("softmax_forward", "x", x);
   detail::check_float("softmax_forward", "y", y);
   detail::check_dtype_is("softmax_forward", "y", y, x.dtype());
@@ -37,6 +39,7 @@ void softmax_forward(const Tensor& x, Tensor& y) {
 }
 
 void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  if (y.device().is_cuda()) return cuda::softmax_backward(y, dy, dx);
   detail::check_float("softmax_backward", "y", y);
   detail::check_float("softmax_backward", "dy", dy);
   detail::check_float("softmax_backward", "dx", dx);

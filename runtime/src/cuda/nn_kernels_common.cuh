@@ -1,0 +1,141 @@
+// Internal: argument checks, dtype dispatch and block reductions shared by the
+// nn kernels (nn_kernels_*.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "cpu/nn_ops_common.h"  // check_shape, check_numel, last_dim (device-agnostic)
+#include "cuda/cuda_check.h"
+#include "cuda/device_api.h"
+#include "cuda/element_types.cuh"
+#include "cuda/nn_kernels.h"
+
+namespace dtp::cuda::nn {
+
+/// The calling rank's stream.
+inline cudaStream_t stream() { return static_cast<cudaStream_t>(current_stream()); }
+
+/// Fails unless @p t is defined and on a GPU (and on @p device when given).
+inline void check_gpu(const char* op, const char* name, const Tensor& t) {
+  DTP_CHECK(t.defined(), op, ": ", name, " is an undefined tensor");
+  DTP_CHECK(t.device().is_cuda(), op, ": ", name, " is ", t.describe(),
+            " but the other inputs are on a GPU (move it with .to(device) first)");
+}
+inline void check_same_gpu(const char* op, const char* name, const Tensor& t, Device device) {
+  check_gpu(op, name, t);
+  DTP_CHECK(t.device() == device, op, ": ", name, " is ", t.describe(), " but must be on ",
+            device.str(), " like the other inputs");
+}
+
+/// The floating dtypes the CUDA nn kernels accept today.
+inline bool cuda_float_supported(DType dtype) { return dtype == DType::f32; }
+
+/// Fails unless @p t is a floating GPU tensor of a supported dtype on @p device.
+inline void check_float(const char* op, const char* name, const Tensor& t, Device device) {
+  check_same_gpu(op, name, t, device);
+  DTP_CHECK(cuda_float_supported(t.dtype()), op, ": ", name, " is ", t.describe(),
+            "; the CUDA kernels support f32 so far (bf16/f16 come later; cast first)");
+}
+
+/// Makes @p device current for the calling thread (kernels launch there).
+inline void use_device(Device device) { DTP_CUDA_CHECK(cudaSetDevice(device.index)); }
+
+/// Calls fn(T{}) with T the device storage type of @p dtype (checked by
+/// check_float). Adding bf16/f16 here instantiates every kernel for them.
+template <typename Fn>
+void with_float(DType dtype, Fn&& fn) {
+  if (dtype == DType::f32) fn(float{});
+  else throw Error(std::string("CUDA nn kernels: unsupported dtype ") + dtype_name(dtype));
+}
+
+/// Raises the error of the last launch, if any.
+inline void check_launch() { DTP_CUDA_CHECK(cudaGetLastError()); }
+
+template <typename T>
+inline T* ptr(Tensor& t) {
+  return static_cast<T*>(t.raw());
+}
+template <typename T>
+inline const T* ptr(const Tensor& t) {
+  return static_cast<const T*>(t.raw());
+}
+
+/// Rows of the matrix view of @p t with @p cols columns.
+inline std::int64_t rows_of(const Tensor& t, std::int64_t cols) { return cols == 0 ? 0 : t.numel() / cols; }
+
+inline unsigned grid_for(std::int64_t count, int threads = 256) { return blocks_for(count, threads); }
+
+// --- reductions ---------------------------------------------------------------
+
+template <typename A>
+__device__ __forceinline__ A warp_sum(A v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every
+/// thread gets the result. @p shared holds 32 elements.
+template <typename A>
+__device__ __forceinline__ A block_sum(A v, A* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // shared may still be read by a previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : A(0);
+  return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+/// Online-softmax pair (running max m, sum of exp(x - m)) and its merge.
+struct MaxSum {
+  float m;
+  float s;
+};
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.f};
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+__device__ __forceinline__ MaxSum warp_merge(MaxSum v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    MaxSum o{__shfl_xor_sync(0xffffffffu, v.m, offset), __shfl_xor_sync(0xffffffffu, v.s, offset)};
+    v = merge(v, o);
+  }
+  return v;
+}
+/// Block-wide online-softmax merge; every thread gets the result. @p shared
+/// holds 32 pairs.
+__device__ __forceinline__ MaxSum block_merge(MaxSum v, MaxSum* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_merge(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : MaxSum{-INFINITY, 0.f};
+  return warp_merge(v);
+}
+
+}  // namespace dtp::cuda::nn

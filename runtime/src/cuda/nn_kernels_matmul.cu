@@ -1,0 +1,142 @@
+// Matrix products through cuBLAS. cuBLAS is column-major; a row-major matrix
+// is the column-major view of its transpose, so the row-major product
+// C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T:
+// the operands swap places and keep their own transpose flags.
+//
+// f32 uses TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to
+// 10 mantissa bits, products accumulated in f32), unless DTP_TF32=0.
+// One cuBLAS handle per thread and GPU, created on first use and pointed at
+// the rank's current stream before every call.
+#include <cublas_v2.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <map>
+
+#include "cuda/nn_kernels_common.cuh"
+
+namespace dtp::cuda {
+
+namespace {
+
+const char* cublas_status_name(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "unknown cuBLAS status";
+  }
+}
+
+#define DTP_CUBLAS_CHECK(call)                                                                \
+  do {                                                                                        \
+    cublasStatus_t dtp_cublas_status = (call);                                                \
+    if (dtp_cublas_status != CUBLAS_STATUS_SUCCESS)                                           \
+      throw ::dtp::Error(std::string("cuBLAS error: ") + #call + " failed at " + __FILE__ + ":" + \
+                         std::to_string(__LINE__) + ": " + cublas_status_name(dtp_cublas_status)); \
+  } while (0)
+
+bool tf32_from_environment() {
+  const char* value = std::getenv("DTP_TF32");
+  return value == nullptr || std::string(value) != "0";
+}
+
+std::atomic<bool>& tf32_flag() {
+  static std::atomic<bool> flag{tf32_from_environment()};
+  return flag;
+}
+
+// The calling thread's handles, one per GPU; destroyed when the thread ends.
+struct Handles {
+  std::map<int, cublasHandle_t> by_device;
+  ~Handles() {
+    for (auto& entry : by_device) cublasDestroy(entry.second);
+  }
+};
+
+cublasHandle_t handle_for_current_stream() {
+  thread_local Handles handles;
+  int device = 0;
+  DTP_CUDA_CHECK(cudaGetDevice(&device));
+  cublasHandle_t& handle = handles.by_device[device];
+  if (handle == nullptr) DTP_CUBLAS_CHECK(cublasCreate(&handle));
+  DTP_CUBLAS_CHECK(cublasSetStream(handle, nn::stream()));
+  return handle;
+}
+
+cublasComputeType_t compute_type_f32() {
+  return tf32_enabled() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+int as_int(const char* what, std::int64_t v) {
+  DTP_CHECK(v >= 0 && v <= INT_MAX, "matmul: ", what, " = ", v, " does not fit cuBLAS's int");
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+bool tf32_enabled() { return tf32_flag().load(); }
+void set_tf32_enabled(bool enabled) { tf32_flag().store(enabled); }
+
+void gemm_strided_batched_f32(bool transpose_a, bool transpose_b, std::int64_t M, std::int64_t N,
+                              std::int64_t K, float alpha, const float* A, std::int64_t lda,
+                              std::int64_t stride_a, const float* B, std::int64_t ldb,
+                              std::int64_t stride_b, float beta, float* C, std::int64_t ldc,
+                              std::int64_t stride_c, std::int64_t batch) {
+  if (M == 0 || N == 0 || batch == 0) return;
+  cublasHandle_t handle = handle_for_current_stream();
+  // Column-major: C^T [N, M] = op(B)^T [N, K] op(A)^T [K, M].
+  DTP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      as_int("N", N), as_int("M", M), as_int("K", K), &alpha, B, CUDA_R_32F, as_int("ldb", ldb),
+      stride_b, A, CUDA_R_32F, as_int("lda", lda), stride_a, &beta, C, CUDA_R_32F,
+      as_int("ldc", ldc), stride_c, as_int("batch", batch), compute_type_f32(), CUBLAS_GEMM_DEFAULT));
+}
+
+void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, bool transpose_b,
+            double alpha, double beta) {
+  const char* op = "matmul";
+  nn::check_float(op, "a", a, a.device());
+  nn::check_float(op, "b", b, a.device());
+  nn::check_float(op, "out", out, a.device());
+  detail::check_dtype_is(op, "b", b, a.dtype());
+  detail::check_dtype_is(op, "out", out, a.dtype());
+  const std::int64_t a_cols = detail::last_dim(op, "a", a), b_cols = detail::last_dim(op, "b", b),
+                     o_cols = detail::last_dim(op, "out", out);
+  const std::int64_t a_rows = nn::rows_of(a, a_cols), b_rows = nn::rows_of(b, b_cols),
+                     o_rows = nn::rows_of(out, o_cols);
+  const std::int64_t M = transpose_a ? a_cols : a_rows, K = transpose_a ? a_rows : a_cols;
+  const std::int64_t Kb = transpose_b ? b_cols : b_rows, N = transpose_b ? b_rows : b_cols;
+  DTP_CHECK(K == Kb, "matmul: inner dimensions differ: op(a) is [", M, ", ", K, "] (a is ",
+            a.describe(), transpose_a ? ", transposed" : "", ") but op(b) is [", Kb, ", ", N,
+            "] (b is ", b.describe(), transpose_b ? ", transposed" : "", ")");
+  DTP_CHECK(o_rows == M && o_cols == N, "matmul: out must be a [", M, ", ", N,
+            "] matrix (rows = all leading dims, columns = last dim), got ", out.describe());
+  DTP_CHECK(!out.shares_storage_with(a) && !out.shares_storage_with(b),
+            "matmul: out must not share storage with a or b");
+  if (M == 0 || N == 0) return;
+  nn::use_device(a.device());
+  if (K == 0) {  // cuBLAS would leave C alone; the contract is C = beta C
+    if (beta == 0.0) out.fill(0);
+    else if (beta != 1.0) scale(out.raw(), out.dtype(), out.numel(), beta);
+    return;
+  }
+  nn::with_float(a.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    static_assert(std::is_same_v<T, float>, "only f32 goes through cuBLAS so far");
+    // beta = 0: cuBLAS does not read C, so NaNs in out are ignored as promised.
+    gemm_strided_batched_f32(transpose_a, transpose_b, M, N, K, static_cast<float>(alpha),
+                             nn::ptr<float>(a), transpose_a ? M : K, 0, nn::ptr<float>(b),
+                             transpose_b ? K : N, 0, static_cast<float>(beta),
+                             nn::ptr<float>(out), N, 0, 1);
+  });
+}
+
+}  // namespace dtp::cuda

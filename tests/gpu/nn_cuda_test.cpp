@@ -1,0 +1,398 @@
+// The CUDA nn kernels against the CPU ones: the same inputs (random_uniform
+// with one seed gives identical values on both devices) must give the same
+// outputs within stated tolerances, op by op and for a whole GPT training
+// step. Skips without a GPU; fails instead under DTP_REQUIRE_GPU=1.
+//
+// Tolerances (max |gpu - cpu| <= atol + rtol * |cpu|, element-wise):
+// - f32 element-wise, LayerNorm, softmax, cross-entropy, optimizers,
+//   flash attention: rtol = atol = 1e-5 (order of summation differs; the
+//   kernels use expf/tanhf where the CPU uses std::exp/fast_tanh).
+// - anything that goes through cuBLAS with TF32 (matmul, naive attention):
+//   rtol = 1e-2, atol = 1e-2 * max|cpu| (TF32 keeps 10 mantissa bits).
+// - a whole GPT step (TF32 matmuls): loss within 1e-3 relative, every
+//   gradient within 2e-2 of its buffer's max |grad|, and after one AdamW
+//   step every parameter within 2 lr (Adam normalizes the step, so a
+//   near-zero gradient whose sign differs moves by up to lr either way) with
+//   at least 99% of them within 1e-5.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "dtp/nn.h"
+#include "dtp/nn_ops.h"
+#include "dtp/optim.h"
+#include "support/harness.h"
+
+namespace dtp {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+Tensor rand_on(Device device, const Shape& shape, std::uint64_t seed, double low = -1, double high = 1,
+               DType dtype = DType::f32) {
+  return Tensor::random_uniform(shape, seed, low, high, dtype, device);
+}
+
+// A CPU tensor and its GPU twin with the same values.
+struct Pair {
+  Tensor cpu, gpu;
+};
+Pair rand_pair(const Shape& shape, std::uint64_t seed, double low = -1, double high = 1,
+               DType dtype = DType::f32) {
+  return {rand_on(Device::cpu(), shape, seed, low, high, dtype), rand_on(kGpu, shape, seed, low, high, dtype)};
+}
+Pair zeros_pair(const Shape& shape, DType dtype = DType::f32) {
+  return {Tensor::zeros(shape, dtype), Tensor::zeros(shape, dtype, kGpu)};
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+// Element-wise |gpu - cpu| <= atol + rtol |cpu|; reports the worst element.
+void expect_close(const Tensor& gpu, const Tensor& cpu, double rtol, double atol, const std::string& what) {
+  ASSERT_EQ(gpu.numel(), cpu.numel()) << what;
+  ASSERT_TRUE(gpu.device().is_cuda()) << what;
+  const std::vector<double> g = gpu.to_vector(), c = cpu.to_vector();
+  std::int64_t worst = -1;
+  double worst_excess = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const double err = std::abs(g[i] - c[i]), allowed = atol + rtol * std::abs(c[i]);
+    if (!(err <= allowed) && (worst < 0 || err - allowed > worst_excess)) {
+      worst = static_cast<std::int64_t>(i);
+      worst_excess = err - allowed;
+    }
+  }
+  EXPECT_LT(worst, 0) << what << ": element " << worst << " is " << (worst >= 0 ? g[worst] : 0)
+                      << " on the GPU and " << (worst >= 0 ? c[worst] : 0) << " on the CPU (rtol " << rtol
+                      << ", atol " << atol << ")";
+}
+
+constexpr double kTight = 1e-5;
+constexpr double kTf32 = 1e-2;
+
+void expect_close_tf32(const Tensor& gpu, const Tensor& cpu, const std::string& what) {
+  expect_close(gpu, cpu, kTf32, kTf32 * std::max(1e-30, max_abs(cpu.to_vector())), what);
+}
+
+TEST(CudaNnOps, ElementwiseMatchTheCpu) {
+  DTP_REQUIRE_GPU();
+  const Shape shape{3, 1000};
+  Pair a = rand_pair(shape, 1), b = rand_pair(shape, 2);
+  Pair out = zeros_pair(shape);
+  ops::add(a.cpu, b.cpu, out.cpu);
+  ops::add(a.gpu, b.gpu, out.gpu);
+  expect_close(out.gpu, out.cpu, kTight, kTight, "add");
+  ops::axpy(out.cpu, -0.37, a.cpu);
+  ops::axpy(out.gpu, -0.37, a.gpu);
+  expect_close(out.gpu, out.cpu, kTight, kTight, "axpy");
+  EXPECT_NEAR(ops::sum_squares(a.gpu), ops::sum_squares(a.cpu), 1e-9 * ops::sum_squares(a.cpu));
+  EXPECT_TRUE(ops::all_finite(a.gpu));
+  Tensor bad = a.gpu.clone();
+  bad.set_item(2999, std::nan(""));
+  EXPECT_FALSE(ops::all_finite(bad));
+  bad.set_item(2999, INFINITY);
+  EXPECT_FALSE(ops::all_finite(bad));
+
+  Pair bias = rand_pair({1000}, 3);
+  ops::add_bias(out.cpu, bias.cpu);
+  ops::add_bias(out.gpu, bias.gpu);
+  expect_close(out.gpu, out.cpu, kTight, kTight, "add_bias");
+  Pair dbias = rand_pair({1000}, 4);
+  ops::bias_backward(a.cpu, dbias.cpu);
+  ops::bias_backward(a.gpu, dbias.gpu);
+  expect_close(dbias.gpu, dbias.cpu, kTight, kTight, "bias_backward (accumulates)");
+
+  Pair x = rand_pair(shape, 5, -6, 6), y = zeros_pair(shape), dx = zeros_pair(shape);
+  ops::gelu_forward(x.cpu, y.cpu);
+  ops::gelu_forward(x.gpu, y.gpu);
+  expect_close(y.gpu, y.cpu, kTight, kTight, "gelu_forward");
+  ops::gelu_backward(x.cpu, b.cpu, dx.cpu);
+  ops::gelu_backward(x.gpu, b.gpu, dx.gpu);
+  expect_close(dx.gpu, dx.cpu, kTight, kTight, "gelu_backward");
+}
+
+TEST(CudaNnOps, CastsMatchTheCpu) {
+  DTP_REQUIRE_GPU();
+  Pair x = rand_pair({4099}, 6, -100, 100);
+  for (DType dtype : {DType::f64, DType::bf16, DType::f16, DType::i32, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Pair y = zeros_pair({4099}, dtype);
+    ops::cast(x.cpu, y.cpu);
+    ops::cast(x.gpu, y.gpu);
+    EXPECT_EQ(y.gpu.to_vector(), y.cpu.to_vector());  // conversions are exact functions
+    Pair back = zeros_pair({4099});
+    ops::cast(y.cpu, back.cpu);
+    ops::cast(y.gpu, back.gpu);
+    EXPECT_EQ(back.gpu.to_vector(), back.cpu.to_vector());
+  }
+}
+
+TEST(CudaNnOps, MatmulMatchesTheCpuWithinTf32) {
+  DTP_REQUIRE_GPU();
+  const std::int64_t M = 67, N = 45, K = 130;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(std::string("transpose_a ") + (ta ? "1" : "0") + " transpose_b " + (tb ? "1" : "0"));
+      Pair a = rand_pair(ta ? Shape{K, M} : Shape{M, K}, 7), b = rand_pair(tb ? Shape{N, K} : Shape{K, N}, 8);
+      Pair c = rand_pair({M, N}, 9);
+      ops::matmul(a.cpu, b.cpu, c.cpu, ta, tb, 0.5, 1.0);  // accumulate into existing values
+      ops::matmul(a.gpu, b.gpu, c.gpu, ta, tb, 0.5, 1.0);
+      expect_close_tf32(c.gpu, c.cpu, "matmul beta=1");
+      Tensor nan_out = Tensor::full({M, N}, std::nan(""), DType::f32, kGpu);
+      ops::matmul(a.gpu, b.gpu, nan_out, ta, tb, 0.5, 0.0);  // beta 0 ignores old NaNs
+      EXPECT_TRUE(ops::all_finite(nan_out));
+    }
+  // A [B, T, C] activation times a weight [out, C]^T, as Linear does.
+  Pair x = rand_pair({2, 33, 48}, 10), w = rand_pair({96, 48}, 11), y = zeros_pair({2, 33, 96});
+  ops::matmul(x.cpu, w.cpu, y.cpu, false, true);
+  ops::matmul(x.gpu, w.gpu, y.gpu, false, true);
+  expect_close_tf32(y.gpu, y.cpu, "linear");
+}
+
+TEST(CudaNnOps, UnsupportedDtypesFailClearly) {
+  DTP_REQUIRE_GPU();
+  Tensor a = rand_on(kGpu, {4, 4}, 1, -1, 1, DType::f64), out = Tensor::zeros({4, 4}, DType::f64, kGpu);
+  try {
+    ops::gelu_forward(a, out);
+    FAIL() << "f64 gelu on CUDA should fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("support f32"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaNnOps, LayerNormAndSoftmaxMatchTheCpu) {
+  DTP_REQUIRE_GPU();
+  for (std::int64_t C : {50, 768}) {
+    SCOPED_TRACE("C = " + std::to_string(C));
+    const Shape shape{2, 37, C};
+    Pair x = rand_pair(shape, 12, -3, 3), w = rand_pair({C}, 13, 0.5, 1.5), b = rand_pair({C}, 14);
+    Pair y = zeros_pair(shape), mean = zeros_pair({2, 37}), rstd = zeros_pair({2, 37});
+    ops::layernorm_forward(x.cpu, w.cpu, b.cpu, y.cpu, mean.cpu, rstd.cpu);
+    ops::layernorm_forward(x.gpu, w.gpu, b.gpu, y.gpu, mean.gpu, rstd.gpu);
+    expect_close(y.gpu, y.cpu, kTight, kTight, "layernorm y");
+    expect_close(mean.gpu, mean.cpu, kTight, kTight, "layernorm mean");
+    expect_close(rstd.gpu, rstd.cpu, kTight, kTight, "layernorm rstd");
+    Pair dy = rand_pair(shape, 15), dx = zeros_pair(shape), dw = rand_pair({C}, 16), db = rand_pair({C}, 17);
+    ops::layernorm_backward(dy.cpu, x.cpu, w.cpu, mean.cpu, rstd.cpu, dx.cpu, dw.cpu, db.cpu);
+    ops::layernorm_backward(dy.gpu, x.gpu, w.gpu, mean.gpu, rstd.gpu, dx.gpu, dw.gpu, db.gpu);
+    expect_close(dx.gpu, dx.cpu, kTight, kTight, "layernorm dx");
+    expect_close(dw.gpu, dw.cpu, 1e-4, 1e-4, "layernorm dweight (sum of 74 rows)");
+    expect_close(db.gpu, db.cpu, 1e-4, 1e-4, "layernorm dbias (sum of 74 rows)");
+
+    Pair s = zeros_pair(shape), ds = zeros_pair(shape);
+    ops::softmax_forward(x.cpu, s.cpu);
+    ops::softmax_forward(x.gpu, s.gpu);
+    expect_close(s.gpu, s.cpu, kTight, kTight, "softmax");
+    ops::softmax_backward(s.cpu, dy.cpu, ds.cpu);
+    ops::softmax_backward(s.gpu, dy.gpu, ds.gpu);
+    expect_close(ds.gpu, ds.cpu, kTight, kTight, "softmax backward");
+  }
+}
+
+struct AttentionCase {
+  std::int64_t B, Tq, Tk, H, D;
+  ops::AttentionMask mask;
+};
+
+std::vector<AttentionCase> attention_cases() {
+  return {{2, 40, 40, 3, 16, {}},
+          {1, 70, 70, 2, 64, {}},
+          {2, 33, 33, 2, 80, {}},                      // head dim not a power of two
+          {1, 20, 45, 2, 32, {true, 30, 0}},           // a later block of queries (ring attention)
+          {1, 25, 30, 2, 16, {true, 0, 10}},           // keys after queries: early rows see nothing
+          {2, 17, 29, 1, 8, {false, 0, 0}}};           // no mask
+}
+
+TEST(CudaNnOps, NaiveAttentionMatchesTheCpu) {
+  DTP_REQUIRE_GPU();
+  for (const AttentionCase& c : attention_cases()) {
+    SCOPED_TRACE("Tq " + std::to_string(c.Tq) + " Tk " + std::to_string(c.Tk) + " D " + std::to_string(c.D));
+    const Shape qs{c.B, c.Tq, c.H, c.D}, ks{c.B, c.Tk, c.H, c.D};
+    Pair q = rand_pair(qs, 20), k = rand_pair(ks, 21), v = rand_pair(ks, 22), dout = rand_pair(qs, 23);
+    Pair out = zeros_pair(qs), probs = zeros_pair({c.B, c.H, c.Tq, c.Tk});
+    ops::attention_forward(q.cpu, k.cpu, v.cpu, out.cpu, probs.cpu, c.mask);
+    ops::attention_forward(q.gpu, k.gpu, v.gpu, out.gpu, probs.gpu, c.mask);
+    expect_close(probs.gpu, probs.cpu, kTf32, 1e-3, "probs (TF32 scores)");
+    expect_close_tf32(out.gpu, out.cpu, "out");
+    Pair dq = zeros_pair(qs), dk = zeros_pair(ks), dv = zeros_pair(ks);
+    ops::attention_backward(q.cpu, k.cpu, v.cpu, probs.cpu, dout.cpu, dq.cpu, dk.cpu, dv.cpu, c.mask);
+    ops::attention_backward(q.gpu, k.gpu, v.gpu, probs.gpu, dout.gpu, dq.gpu, dk.gpu, dv.gpu, c.mask);
+    expect_close_tf32(dq.gpu, dq.cpu, "dq");
+    expect_close_tf32(dk.gpu, dk.cpu, "dk");
+    expect_close_tf32(dv.gpu, dv.cpu, "dv");
+  }
+}
+
+TEST(CudaNnOps, FlashAttentionMatchesTheCpu) {
+  DTP_REQUIRE_GPU();
+  for (const AttentionCase& c : attention_cases()) {
+    SCOPED_TRACE("Tq " + std::to_string(c.Tq) + " Tk " + std::to_string(c.Tk) + " D " + std::to_string(c.D));
+    const Shape qs{c.B, c.Tq, c.H, c.D}, ks{c.B, c.Tk, c.H, c.D}, stat{c.B, c.H, c.Tq};
+    Pair q = rand_pair(qs, 30), k = rand_pair(ks, 31), v = rand_pair(ks, 32), dout = rand_pair(qs, 33);
+    Pair out = zeros_pair(qs), m = zeros_pair(stat), l = zeros_pair(stat);
+    ops::flash_attention_forward(q.cpu, k.cpu, v.cpu, out.cpu, m.cpu, l.cpu, c.mask);
+    ops::flash_attention_forward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu, c.mask);
+    expect_close(out.gpu, out.cpu, 1e-4, 1e-5, "out");
+    expect_close(l.gpu, l.cpu, 1e-4, 1e-5, "row_sum");
+    // row_max is -inf for rows that see no key: compare where finite.
+    const auto mg = m.gpu.to_vector(), mc = m.cpu.to_vector();
+    for (std::size_t i = 0; i < mg.size(); ++i) {
+      if (std::isinf(mc[i])) EXPECT_TRUE(std::isinf(mg[i]) && mg[i] < 0) << "row " << i;
+      else EXPECT_NEAR(mg[i], mc[i], 1e-5 + 1e-5 * std::abs(mc[i])) << "row " << i;
+    }
+    Pair dq = zeros_pair(qs), dk = zeros_pair(ks), dv = zeros_pair(ks);
+    ops::flash_attention_backward(q.cpu, k.cpu, v.cpu, out.cpu, m.cpu, l.cpu, dout.cpu, dq.cpu, dk.cpu, dv.cpu,
+                                  c.mask);
+    ops::flash_attention_backward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu, dout.gpu, dq.gpu, dk.gpu, dv.gpu,
+                                  c.mask);
+    expect_close(dq.gpu, dq.cpu, 1e-4, 1e-4, "dq");
+    expect_close(dk.gpu, dk.cpu, 1e-4, 1e-4, "dk");
+    expect_close(dv.gpu, dv.cpu, 1e-4, 1e-4, "dv");
+
+    // Merge with a second partial result over other keys.
+    Pair out2 = rand_pair(qs, 34), m2 = rand_pair(stat, 35), l2 = rand_pair(stat, 36, 0, 3);
+    ops::attention_merge(out.cpu, m.cpu, l.cpu, out2.cpu, m2.cpu, l2.cpu);
+    ops::attention_merge(out.gpu, m.gpu, l.gpu, out2.gpu, m2.gpu, l2.gpu);
+    expect_close(out.gpu, out.cpu, 1e-4, 1e-5, "merged out");
+    expect_close(l.gpu, l.cpu, 1e-4, 1e-5, "merged row_sum");
+  }
+}
+
+TEST(CudaNnOps, EmbeddingMatchesTheCpu) {
+  DTP_REQUIRE_GPU();
+  const std::int64_t V = 50, C = 24, B = 3, T = 40;
+  Pair ids = rand_pair({B, T}, 40, 0, V, DType::i32);  // many repeated ids: atomics must add up
+  Pair table = rand_pair({V, C}, 41), out = zeros_pair({B, T, C});
+  ops::embedding_forward(ids.cpu, table.cpu, out.cpu);
+  ops::embedding_forward(ids.gpu, table.gpu, out.gpu);
+  EXPECT_EQ(out.gpu.to_vector(), out.cpu.to_vector());
+  Pair dout = rand_pair({B, T, C}, 42), dtable = rand_pair({V, C}, 43);
+  ops::embedding_backward(ids.cpu, dout.cpu, dtable.cpu);
+  ops::embedding_backward(ids.gpu, dout.gpu, dtable.gpu);
+  expect_close(dtable.gpu, dtable.cpu, kTight, kTight, "embedding_backward");
+  Pair pos = rand_pair({64, C}, 44), dpos = rand_pair({64, C}, 45);
+  ops::add_positions(out.cpu, pos.cpu, 5);
+  ops::add_positions(out.gpu, pos.gpu, 5);
+  expect_close(out.gpu, out.cpu, kTight, kTight, "add_positions");
+  ops::positions_backward(dout.cpu, dpos.cpu, 5);
+  ops::positions_backward(dout.gpu, dpos.gpu, 5);
+  expect_close(dpos.gpu, dpos.cpu, kTight, kTight, "positions_backward");
+  Tensor bad = ids.gpu.clone();
+  bad.set_item(17, V);
+  EXPECT_THROW(ops::embedding_forward(bad, table.gpu, out.gpu), Error);
+}
+
+TEST(CudaNnOps, CrossEntropyMatchesTheCpu) {
+  DTP_REQUIRE_GPU();
+  for (std::int64_t V : {100, 50304}) {
+    SCOPED_TRACE("V = " + std::to_string(V));
+    const std::int64_t N = 24;
+    Pair logits = rand_pair({2, N / 2, V}, 50, -4, 4), targets = rand_pair({2, N / 2}, 51, 0, V, DType::i32);
+    Pair losses = zeros_pair({N});
+    const double cpu = ops::cross_entropy_forward(logits.cpu, targets.cpu, losses.cpu);
+    const double gpu = ops::cross_entropy_forward(logits.gpu, targets.gpu, losses.gpu);
+    EXPECT_NEAR(gpu, cpu, 1e-5 * std::abs(cpu));
+    expect_close(losses.gpu, losses.cpu, kTight, kTight, "per-row losses");
+    Tensor none;
+    EXPECT_NEAR(ops::cross_entropy_forward(logits.gpu, targets.gpu, none), cpu, 1e-5 * std::abs(cpu));
+    // In place, as the model does it.
+    ops::cross_entropy_backward(logits.cpu, targets.cpu, 1.0 / N, logits.cpu);
+    ops::cross_entropy_backward(logits.gpu, targets.gpu, 1.0 / N, logits.gpu);
+    expect_close(logits.gpu, logits.cpu, kTight, 1e-7, "dlogits (in place)");
+  }
+}
+
+TEST(CudaNnOps, OptimizersMatchTheCpu) {
+  DTP_REQUIRE_GPU();
+  const Shape shape{5000};
+  Pair p = rand_pair(shape, 60), g = rand_pair(shape, 61), m = rand_pair(shape, 62, -0.1, 0.1),
+       v = rand_pair(shape, 63, 0, 0.01);
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    ops::adamw_update(p.cpu, g.cpu, m.cpu, v.cpu, 1e-3, 0.9, 0.95, 1e-8, 0.1, step);
+    ops::adamw_update(p.gpu, g.gpu, m.gpu, v.gpu, 1e-3, 0.9, 0.95, 1e-8, 0.1, step);
+  }
+  expect_close(p.gpu, p.cpu, kTight, kTight, "adamw params");
+  expect_close(m.gpu, m.cpu, kTight, kTight, "adamw m");
+  expect_close(v.gpu, v.cpu, kTight, kTight, "adamw v");
+  for (bool nesterov : {false, true}) {
+    Pair buf = zeros_pair(shape);
+    for (int i = 0; i < 3; ++i) {
+      ops::sgd_update(p.cpu, g.cpu, buf.cpu, 0.1, 0.9, 0.01, nesterov);
+      ops::sgd_update(p.gpu, g.gpu, buf.gpu, 0.1, 0.9, 0.01, nesterov);
+    }
+    expect_close(p.gpu, p.cpu, kTight, kTight, nesterov ? "sgd nesterov" : "sgd momentum");
+  }
+  Tensor none;
+  ops::sgd_update(p.cpu, g.cpu, none, 0.1, 0.0);
+  ops::sgd_update(p.gpu, g.gpu, none, 0.1, 0.0);
+  expect_close(p.gpu, p.cpu, kTight, kTight, "plain sgd");
+}
+
+// One whole training step (forward, backward, AdamW) of a small GPT on both
+// devices from the same seed.
+void check_training_step(AttentionKind kind) {
+  GPTConfig config;
+  config.vocab_size = 96;
+  config.context = 48;
+  config.d_model = 64;
+  config.heads = 4;
+  config.layers = 2;
+  config.attention = kind;
+  GPTConfig gpu_config = config;
+  gpu_config.device = kGpu;
+  GPT cpu_model(config), gpu_model(gpu_config);
+  const std::int64_t B = 3, T = 40;
+  Pair tokens = rand_pair({B, T}, 70, 0, config.vocab_size, DType::i32);
+  Pair targets = rand_pair({B, T}, 71, 0, config.vocab_size, DType::i32);
+  const double cpu_loss = cpu_model.forward(tokens.cpu, targets.cpu);
+  const double gpu_loss = gpu_model.forward(tokens.gpu, targets.gpu);
+  EXPECT_NEAR(gpu_loss, cpu_loss, 1e-3 * cpu_loss);
+  cpu_model.backward();
+  gpu_model.backward();
+  const auto cpu_units = cpu_model.units();
+  const auto gpu_units = gpu_model.units();
+  ASSERT_EQ(cpu_units.size(), gpu_units.size());
+  for (std::size_t u = 0; u < cpu_units.size(); ++u) {
+    for (std::size_t i = 0; i < cpu_units[u]->parameters().size(); ++i) {
+      const ParamView& c = cpu_units[u]->parameters()[i];
+      const ParamView& g = gpu_units[u]->parameters()[i];
+      const double scale = std::max(1e-12, max_abs(c.grad.to_vector()));
+      expect_close(g.grad, c.grad, 0, 2e-2 * scale, cpu_units[u]->name() + "." + c.name + " grad");
+    }
+  }
+  const double lr = 1e-3;
+  AdamW cpu_opt(param_buffers(cpu_model)), gpu_opt(param_buffers(gpu_model));
+  cpu_opt.step(lr);
+  gpu_opt.step(lr);
+  for (std::size_t u = 0; u < cpu_units.size(); ++u) {
+    const auto pc = cpu_units[u]->params().to_vector(), pg = gpu_units[u]->params().to_vector();
+    std::size_t loose = 0;
+    double worst = 0;
+    for (std::size_t i = 0; i < pc.size(); ++i) {
+      const double err = std::abs(pc[i] - pg[i]);
+      worst = std::max(worst, err);
+      if (err > 1e-5) ++loose;
+    }
+    EXPECT_LE(worst, 2 * lr + 1e-6) << cpu_units[u]->name();
+    EXPECT_LE(loose, pc.size() / 100) << cpu_units[u]->name() << ": " << loose << " of " << pc.size()
+                                      << " parameters differ by more than 1e-5";
+  }
+}
+
+TEST(CudaNnTraining, OneGptStepMatchesTheCpuNaiveAttention) {
+  DTP_REQUIRE_GPU();
+  check_training_step(AttentionKind::naive);
+}
+
+TEST(CudaNnTraining, OneGptStepMatchesTheCpuFlashAttention) {
+  DTP_REQUIRE_GPU();
+  check_training_step(AttentionKind::flash);
+}
+
+}  // namespace
+}  // namespace dtp
