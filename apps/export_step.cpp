@@ -1,0 +1,127 @@
+// dtp-export-step: one forward/backward of a small seeded GPT on fixed
+// tokens, written to JSON so that tools/torch_crosscheck.py can redo it in
+// PyTorch and compare the loss and every gradient.
+//   dtp-export-step --out step.json [--device cpu|cuda] [--attention naive|flash]
+//                   [--seed 1234] [--layers 2] [--d-model 64] [--heads 4]
+//                   [--vocab 96] [--context 48] [--batch 3] [--seq 40]
+// Format: {"config": {...}, "tokens": [[...]], "targets": [[...]],
+// "loss": L, "params": [{"name": "block.0.attn.q.weight", "shape": [...],
+// "value": [...], "grad": [...]}, ...]}, floats printed with 9 significant
+// digits (exact for f32). Parameter names are "<unit>.<parameter>".
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "dtp/device.h"
+#include "dtp/error.h"
+#include "dtp/nn.h"
+
+namespace {
+
+void write_numbers(std::FILE* f, const std::vector<double>& values, bool integers) {
+  std::fputc('[', f);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (i) std::fputc(',', f);
+    if (integers) std::fprintf(f, "%lld", static_cast<long long>(values[i]));
+    else std::fprintf(f, "%.9g", values[i]);
+  }
+  std::fputc(']', f);
+}
+
+void write_rows(std::FILE* f, const dtp::Tensor& t) {
+  const std::vector<double> v = t.to_vector();
+  const std::int64_t rows = t.size(0), cols = t.size(1);
+  std::fputc('[', f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (r) std::fputc(',', f);
+    write_numbers(f, std::vector<double>(v.begin() + r * cols, v.begin() + (r + 1) * cols), true);
+  }
+  std::fputc(']', f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    dtp::GPTConfig config;
+    config.vocab_size = 96;
+    config.context = 48;
+    config.d_model = 64;
+    config.heads = 4;
+    config.layers = 2;
+    std::int64_t batch = 3, seq = 40;
+    std::string out_path = "step.json";
+    for (int i = 1; i < argc; ++i) {
+      const std::string flag = argv[i];
+      if (flag == "--help" || flag == "-h") {
+        std::printf("usage: dtp-export-step --out FILE [--device cpu|cuda] [--attention naive|flash] "
+                    "[--seed S] [--layers L] [--d-model C] [--heads H] [--vocab V] [--context P] "
+                    "[--batch B] [--seq T]\n");
+        return 0;
+      }
+      DTP_CHECK(i + 1 < argc, "dtp-export-step: ", flag, " needs a value");
+      const std::string value = argv[++i];
+      if (flag == "--out") out_path = value;
+      else if (flag == "--device") config.device = dtp::parse_device(value);
+      else if (flag == "--attention") config.attention = dtp::parse_attention_kind(value);
+      else if (flag == "--seed") config.seed = std::strtoull(value.c_str(), nullptr, 10);
+      else if (flag == "--layers") config.layers = std::atoi(value.c_str());
+      else if (flag == "--d-model") config.d_model = std::atoi(value.c_str());
+      else if (flag == "--heads") config.heads = std::atoi(value.c_str());
+      else if (flag == "--vocab") config.vocab_size = std::atoi(value.c_str());
+      else if (flag == "--context") config.context = std::atoi(value.c_str());
+      else if (flag == "--batch") batch = std::atoll(value.c_str());
+      else if (flag == "--seq") seq = std::atoll(value.c_str());
+      else throw dtp::Error("dtp-export-step: unknown option " + flag + " (see --help)");
+    }
+    if (config.device.is_cuda() && dtp::cuda_device_count() == 0) {
+      std::fprintf(stderr, "dtp-export-step: no usable CUDA device\n");
+      return 1;
+    }
+    config.validate();
+    dtp::GPT model(config);
+    const dtp::Tensor tokens = dtp::Tensor::random_uniform({batch, seq}, config.seed + 1, 0, config.vocab_size,
+                                                           dtp::DType::i32, config.device);
+    const dtp::Tensor targets = dtp::Tensor::random_uniform({batch, seq}, config.seed + 2, 0, config.vocab_size,
+                                                            dtp::DType::i32, config.device);
+    model.zero_grad();
+    const double loss = model.forward(tokens, targets);
+    model.backward();
+
+    std::FILE* f = std::fopen(out_path.c_str(), "w");
+    DTP_CHECK(f != nullptr, "dtp-export-step: cannot write ", out_path);
+    std::fprintf(f,
+                 "{\"config\":{\"vocab_size\":%d,\"context\":%d,\"d_model\":%d,\"heads\":%d,\"layers\":%d,"
+                 "\"mlp_ratio\":%d,\"layernorm_eps\":%.9g,\"attention\":\"%s\",\"device\":\"%s\",\"seed\":%llu},",
+                 config.vocab_size, config.context, config.d_model, config.heads, config.layers, config.mlp_ratio,
+                 config.layernorm_eps, dtp::attention_kind_name(config.attention), config.device.str().c_str(),
+                 static_cast<unsigned long long>(config.seed));
+    std::fprintf(f, "\n\"tokens\":");
+    write_rows(f, tokens);
+    std::fprintf(f, ",\n\"targets\":");
+    write_rows(f, targets);
+    std::fprintf(f, ",\n\"loss\":%.17g,\n\"params\":[", loss);
+    bool first = true;
+    for (dtp::Unit* unit : model.units()) {
+      for (const dtp::ParamView& p : unit->parameters()) {
+        std::fprintf(f, "%s\n{\"name\":\"%s.%s\",\"shape\":[", first ? "" : ",", unit->name().c_str(),
+                     p.name.c_str());
+        first = false;
+        for (int d = 0; d < p.shape.ndim(); ++d) std::fprintf(f, "%s%lld", d ? "," : "", static_cast<long long>(p.shape[d]));
+        std::fprintf(f, "],\"value\":");
+        write_numbers(f, p.value.to_vector(), false);
+        std::fprintf(f, ",\"grad\":");
+        write_numbers(f, p.grad.to_vector(), false);
+        std::fputc('}', f);
+      }
+    }
+    std::fprintf(f, "\n]}\n");
+    std::fclose(f);
+    std::printf("wrote %s: %s, loss %.6f\n", out_path.c_str(), config.describe().c_str(), loss);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,224 @@
+// dtp-bench-train-step: one GPU, a GPT-2-small-shaped model (12 layers,
+// d_model 768, 12 heads, context 1024, vocab 50304) in f32 storage with TF32
+// matmuls; prints tokens/s and MFU of whole training steps (forward,
+// backward, AdamW), then per-op timings against their roofline.
+//   dtp-bench-train-step [--batch 8] [--seq 1024] [--layers 12] [--d-model 768]
+//                        [--heads 12] [--vocab 50304] [--steps 10] [--warmup 2]
+//                        [--attention flash|naive] [--peak-tflops 494.7]
+//                        [--bandwidth-tbs 3.35] [--json FILE]
+// MFU = model flops per token x tokens/s / peak, with model flops per token
+// = 6 N (N = parameters) + 12 L T C (attention scores and values, forward and
+// backward, T = sequence length). Peak: 494.7 TFLOP/s, H100 SXM dense TF32
+// (no sparsity); memory roofline: 3.35 TB/s HBM3 (H100 SXM). Both can be
+// overridden for other GPUs (H200: 4.8 TB/s).
+// GPU time is measured on the host around many queued launches that end in
+// a blocking copy (Tensor::item), so launch overhead is amortized, not hidden.
+// Without a usable GPU it says so and exits 0.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dtp/device.h"
+#include "dtp/error.h"
+#include "dtp/nn.h"
+#include "dtp/nn_ops.h"
+#include "dtp/optim.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Mean seconds of fn over @p reps runs, after one warm-up run; @p sync
+// blocks until the GPU is done.
+double time_op(int reps, const std::function<void()>& fn, const std::function<void()>& sync) {
+  fn();
+  sync();
+  const auto start = Clock::now();
+  for (int i = 0; i < reps; ++i) fn();
+  sync();
+  return seconds_since(start) / reps;
+}
+
+struct OpRow {
+  std::string name;
+  double seconds;
+  double bytes;  // minimal HBM traffic
+  double flops;  // useful flops
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    dtp::GPTConfig config;
+    config.layers = 12;
+    config.d_model = 768;
+    config.heads = 12;
+    config.context = 1024;
+    config.vocab_size = 50304;
+    config.attention = dtp::AttentionKind::flash;
+    std::int64_t batch = 8, seq = -1, steps = 10, warmup = 2;
+    double peak_tflops = 494.7, bandwidth_tbs = 3.35;
+    std::string json_path;
+    for (int i = 1; i < argc; ++i) {
+      const std::string flag = argv[i];
+      if (flag == "--help" || flag == "-h") {
+        std::printf("usage: dtp-bench-train-step [--batch B] [--seq T] [--layers L] [--d-model C] [--heads H] "
+                    "[--vocab V] [--steps K] [--warmup W] [--attention flash|naive] [--peak-tflops F] "
+                    "[--bandwidth-tbs BW] [--json FILE]\n");
+        return 0;
+      }
+      DTP_CHECK(i + 1 < argc, "dtp-bench-train-step: ", flag, " needs a value");
+      const std::string value = argv[++i];
+      if (flag == "--batch") batch = std::atoll(value.c_str());
+      else if (flag == "--seq") seq = std::atoll(value.c_str());
+      else if (flag == "--layers") config.layers = std::atoi(value.c_str());
+      else if (flag == "--d-model") config.d_model = std::atoi(value.c_str());
+      else if (flag == "--heads") config.heads = std::atoi(value.c_str());
+      else if (flag == "--vocab") config.vocab_size = std::atoi(value.c_str());
+      else if (flag == "--context") config.context = std::atoi(value.c_str());
+      else if (flag == "--steps") steps = std::atoll(value.c_str());
+      else if (flag == "--warmup") warmup = std::atoll(value.c_str());
+      else if (flag == "--attention") config.attention = dtp::parse_attention_kind(value);
+      else if (flag == "--peak-tflops") peak_tflops = std::atof(value.c_str());
+      else if (flag == "--bandwidth-tbs") bandwidth_tbs = std::atof(value.c_str());
+      else if (flag == "--json") json_path = value;
+      else throw dtp::Error("dtp-bench-train-step: unknown option " + flag + " (see --help)");
+    }
+    if (dtp::cuda_device_count() == 0) {
+      std::printf("no usable CUDA device: this benchmark needs a GPU\n");
+      return 0;
+    }
+    if (seq < 0) seq = config.context;
+    config.context = std::max<int>(config.context, static_cast<int>(seq));
+    config.device = dtp::Device::cuda(0);
+    config.validate();
+
+    dtp::GPT model(config);
+    dtp::AdamW optimizer(dtp::param_buffers(model));
+    const dtp::Tensor tokens = dtp::Tensor::random_uniform({batch, seq}, 1, 0, config.vocab_size, dtp::DType::i32,
+                                                           config.device);
+    const dtp::Tensor targets = dtp::Tensor::random_uniform({batch, seq}, 2, 0, config.vocab_size, dtp::DType::i32,
+                                                            config.device);
+    dtp::Tensor probe = model.embedding().params();
+    auto sync = [&] { (void)probe.item(0); };  // a blocking copy: the stream is drained
+
+    std::vector<double> step_seconds;
+    double loss = 0;
+    for (std::int64_t s = 0; s < warmup + steps; ++s) {
+      const auto start = Clock::now();
+      model.zero_grad();
+      loss = model.forward(tokens, targets);
+      model.backward();
+      optimizer.step(3e-4);
+      sync();
+      if (s >= warmup) step_seconds.push_back(seconds_since(start));
+    }
+    std::sort(step_seconds.begin(), step_seconds.end());
+    const double step_s = step_seconds[step_seconds.size() / 2];
+    const double N = static_cast<double>(model.parameter_count());
+    const double L = config.layers, C = config.d_model, T = static_cast<double>(seq);
+    const double tokens_per_step = static_cast<double>(batch) * T;
+    const double flops_per_token = 6 * N + 12 * L * T * C;
+    const double tokens_per_s = tokens_per_step / step_s;
+    const double mfu = flops_per_token * tokens_per_s / (peak_tflops * 1e12);
+
+    // Per-op timings at the model's shapes.
+    const std::int64_t BT = batch * seq, H = config.heads, D = config.head_dim(), V = config.vocab_size;
+    const dtp::Device gpu = config.device;
+    auto rnd = [&](const dtp::Shape& shape, std::uint64_t seed) {
+      return dtp::Tensor::random_uniform(shape, seed, -1, 1, dtp::DType::f32, gpu);
+    };
+    std::vector<OpRow> rows;
+    const int reps = 20;
+    {
+      dtp::Tensor x = rnd({BT, static_cast<std::int64_t>(C)}, 3), w = rnd({static_cast<std::int64_t>(C)}, 4),
+                  b = rnd({static_cast<std::int64_t>(C)}, 5), y = rnd(x.shape(), 6), mean = rnd({BT}, 7),
+                  rstd = rnd({BT}, 8), dx = rnd(x.shape(), 9), dw = rnd(w.shape(), 10), db = rnd(b.shape(), 11);
+      const double xb = 4.0 * BT * C;
+      rows.push_back({"layernorm fwd", time_op(reps, [&] { dtp::ops::layernorm_forward(x, w, b, y, mean, rstd); }, sync),
+                      2 * xb, 0});
+      rows.push_back({"layernorm bwd",
+                      time_op(reps, [&] { dtp::ops::layernorm_backward(y, x, w, mean, rstd, dx, dw, db); }, sync),
+                      3 * xb, 0});
+    }
+    {
+      const dtp::Shape qs{batch, seq, H, D}, stat{batch, H, seq};
+      dtp::Tensor q = rnd(qs, 12), k = rnd(qs, 13), v = rnd(qs, 14), out = rnd(qs, 15), m = rnd(stat, 16),
+                  l = rnd(stat, 17), dout = rnd(qs, 18), dq = rnd(qs, 19), dk = rnd(qs, 20), dv = rnd(qs, 21);
+      const double fwd_flops = 2.0 * batch * H * T * T * D;  // QK^T and PV, causal half
+      const double io = 4.0 * 4 * BT * C;
+      rows.push_back({"flash attention fwd",
+                      time_op(reps, [&] { dtp::ops::flash_attention_forward(q, k, v, out, m, l); }, sync), io,
+                      fwd_flops});
+      rows.push_back({"flash attention bwd",
+                      time_op(reps, [&] { dtp::ops::flash_attention_backward(q, k, v, out, m, l, dout, dq, dk, dv); },
+                              sync),
+                      2 * io, 2.5 * fwd_flops});
+    }
+    {
+      dtp::Tensor logits = rnd({BT, V}, 22), dlogits = rnd({BT, V}, 23);
+      dtp::Tensor tg = dtp::Tensor::random_uniform({BT}, 24, 0, static_cast<double>(V), dtp::DType::i32, gpu), none;
+      const double lb = 4.0 * BT * V;
+      rows.push_back({"cross-entropy fwd", time_op(reps, [&] { dtp::ops::cross_entropy_forward(logits, tg, none); }, sync),
+                      lb, 0});
+      rows.push_back({"cross-entropy bwd",
+                      time_op(reps, [&] { dtp::ops::cross_entropy_backward(logits, tg, 1.0 / BT, dlogits); }, sync),
+                      2 * lb, 0});
+    }
+    {
+      const auto n = static_cast<std::int64_t>(N);
+      dtp::Tensor p = rnd({n}, 25), g = rnd({n}, 26), m = dtp::Tensor::zeros({n}, dtp::DType::f32, gpu),
+                  v = dtp::Tensor::zeros({n}, dtp::DType::f32, gpu);
+      std::int64_t t = 0;
+      rows.push_back({"adamw (all params)",
+                      time_op(reps, [&] { dtp::ops::adamw_update(p, g, m, v, 1e-4, 0.9, 0.95, 1e-8, 0.1, ++t); }, sync),
+                      7.0 * 4 * N, 0});
+    }
+
+    std::printf("# train step on %s: %s, batch %lld x seq %lld, f32 storage, TF32 matmuls\n", gpu.str().c_str(),
+                config.describe().c_str(), static_cast<long long>(batch), static_cast<long long>(seq));
+    std::printf("# peak %.1f TFLOP/s (dense TF32), %.2f TB/s HBM; model flops/token %.4g (6N + 12 L T C, N = %.0f)\n",
+                peak_tflops, bandwidth_tbs, flops_per_token, N);
+    std::printf("step %.2f ms (median of %lld), loss %.4f, %.0f tokens/s, MFU %.1f%%\n\n", step_s * 1e3,
+                static_cast<long long>(steps), loss, tokens_per_s, 100 * mfu);
+    std::printf("%-22s %10s %12s %12s %10s\n", "op", "ms", "roofline ms", "bound", "of roof");
+    FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
+    if (json)
+      std::fprintf(json,
+                   "{\"what\":\"train_step\",\"device\":\"%s\",\"layers\":%d,\"d_model\":%d,\"heads\":%d,\"vocab\":%d,"
+                   "\"batch\":%lld,\"seq\":%lld,\"attention\":\"%s\",\"params\":%.0f,\"step_s\":%.6g,\"loss\":%.6g,"
+                   "\"tokens_per_s\":%.6g,\"flops_per_token\":%.6g,\"peak_tflops\":%.6g,\"mfu\":%.6g}\n",
+                   gpu.str().c_str(), config.layers, config.d_model, config.heads, config.vocab_size,
+                   static_cast<long long>(batch), static_cast<long long>(seq),
+                   dtp::attention_kind_name(config.attention), N, step_s, loss, tokens_per_s, flops_per_token,
+                   peak_tflops, mfu);
+    for (const OpRow& r : rows) {
+      const double mem_s = r.bytes / (bandwidth_tbs * 1e12), flop_s = r.flops / (peak_tflops * 1e12);
+      const double roof = std::max(mem_s, flop_s);
+      const char* bound = flop_s > mem_s ? "compute" : "memory";
+      std::printf("%-22s %10.3f %12.3f %12s %9.0f%%\n", r.name.c_str(), r.seconds * 1e3, roof * 1e3, bound,
+                  100 * roof / r.seconds);
+      if (json)
+        std::fprintf(json,
+                     "{\"what\":\"train_step_op\",\"op\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"seq\":%lld,"
+                     "\"seconds\":%.6g,\"bytes\":%.6g,\"flops\":%.6g,\"roofline_s\":%.6g,\"bound\":\"%s\","
+                     "\"fraction_of_roofline\":%.4f}\n",
+                     r.name.c_str(), gpu.str().c_str(), static_cast<long long>(batch), static_cast<long long>(seq),
+                     r.seconds, r.bytes, r.flops, roof, bound, roof / r.seconds);
+    }
+    if (json) std::fclose(json);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
