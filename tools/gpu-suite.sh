@@ -30,9 +30,21 @@ if [[ -x "$bench" ]]; then
     --json "$results/collectives-nccl-$gpu-$stamp.jsonl" > "$results/bench-nccl.txt" 2>&1
 fi
 
+# The model: PyTorch cross-check (where torch is installed) and the GPT-2-small step.
+for mode in "--device cpu" "--device cuda --attention naive" "--device cuda --attention flash"; do
+  echo "== torch_crosscheck $mode" >> "$results/torch-crosscheck.txt"
+  python3 tools/torch_crosscheck.py --exporter "$build/bin/dtp-export-step" $mode >> "$results/torch-crosscheck.txt" 2>&1
+  echo "exit $?" >> "$results/torch-crosscheck.txt"
+done
+if [[ -x "$build/bin/dtp-bench-train-step" ]]; then
+  "$build/bin/dtp-bench-train-step" --json "$results/train-step-$gpu-$stamp.jsonl" > "$results/bench-train-step.txt" 2>&1
+fi
+
 echo "== GPU checkers (ctest -L gpu, DTP_REQUIRE_GPU=1): exit $ctest_status"
 grep -E "tests passed|tests failed" "$results/gpu-ctest.log" | tail -1
 grep -E "\(Failed\)|\(Timeout\)" "$results/gpu-ctest.log" | head -20
+echo "== PyTorch cross-check"
+grep -E "^== |exit |max|skipped" "$results/torch-crosscheck.txt" | tail -12
 for table in "$results"/bench-*.txt; do
   [[ -f "$table" ]] || continue
   echo "== $(basename "$table" .txt)"
