@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "comm/thread_group.h"
+#include "cpu/reduce_into_all.h"
 #include "cuda/device_api.h"
 #include "dtp/error.h"
 
@@ -203,19 +204,16 @@ void ThreadComm::all_reduce(Tensor& x, ReduceOp op) {
     // This rank owns chunk rank_: reduce it from every rank into its own copy,
     // then write the result back into everyone's copy. Chunks are disjoint.
     const int n = size();
-    if (x.device().is_cuda()) {  // one fused kernel: n reads and n writes per element
-      std::vector<void*> buffers;
-      for (const CollectiveCall& c : calls) buffers.push_back(Tensor(c.first).raw());  // a handle: writable view
-      ChunkRange mine = chunk_range(x.numel(), n, rank_);
+    // One fused pass (a kernel on the GPU, cache tiles on the host): n reads
+    // and n writes per element of this rank's chunk.
+    std::vector<void*> buffers;
+    for (const CollectiveCall& c : calls) buffers.push_back(Tensor(c.first).raw());  // a handle: writable view
+    ChunkRange mine = chunk_range(x.numel(), n, rank_);
+    if (x.device().is_cuda()) {
       cuda::reduce_into_all(buffers.data(), n, mine.offset, mine.length, x.dtype(), op);
-      return;
+    } else {
+      cpu::reduce_into_all(buffers, mine.offset, mine.length, x.dtype(), op);
     }
-    Tensor mine = calls[rank_].first.chunk(n)[rank_];
-    for (int r = 0; r < n; ++r)
-      if (r != rank_) ops::accumulate(mine, calls[r].first.chunk(n)[rank_], op == ReduceOp::avg ? ReduceOp::sum : op);
-    if (op == ReduceOp::avg) ops::scale(mine, 1.0 / n);
-    for (int r = 0; r < n; ++r)
-      if (r != rank_) calls[r].first.chunk(n)[rank_].copy_from(mine);
   });
 }
 
