@@ -55,6 +55,7 @@
 
 #include "01_collectives/collectives.h"
 #include "dtp/dtp.h"
+#include "dtp/json.h"
 
 #ifdef DTP_HAVE_MPI
 #include <mpi.h>
@@ -339,29 +340,9 @@ int world_size_for(const dtp::World& world, const Options& o) {
 
 // --- JSON lines ----------------------------------------------------------------
 
-std::string json_quote(const std::string& text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-      out += escaped;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-std::string json_number(double value) {
-  if (!std::isfinite(value)) return "null";
-  char text[32];
-  std::snprintf(text, sizeof text, "%.6g", value);
-  return text;
-}
+// JSON pieces come from dtp/json.h; numbers keep 6 significant digits here.
+std::string json_quote(const std::string& text) { return dtp::json_string(text); }
+std::string json_number(double value) { return dtp::json_number(value, 6); }
 
 class JsonLine {
  public:

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "dtp/error.h"
+#include "dtp/json.h"
 #include "comm/rank_context.h"
 #include "dtp/launch.h"
 
@@ -24,20 +25,6 @@ double now_us() {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - origin).count();
 }
 
-std::string json_escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
 }  // namespace
 
 void enable() {
@@ -77,8 +64,8 @@ void write_chrome_json(const std::string& path) {
     const Span& s = all[i];
     char times[96];
     std::snprintf(times, sizeof times, "\"ts\":%.3f,\"dur\":%.3f", s.start_us, s.end_us - s.start_us);
-    out << "{\"name\":\"" << json_escape(s.name) << "\",\"cat\":\"" << json_escape(s.category)
-        << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << 2 * s.rank + s.lane << "," << times << "}"
+    out << "{\"name\":" << json_string(s.name) << ",\"cat\":" << json_string(s.category)
+        << ",\"ph\":\"X\",\"pid\":0,\"tid\":" << 2 * s.rank + s.lane << "," << times << "}"
         << ",\n";
   }
   out << "{\"name\":\"dtp\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{}}\n]}\n";

@@ -9,36 +9,13 @@
 #include <mutex>
 
 #include "dtp/error.h"
+#include "dtp/json.h"
 #include "dtp/memory.h"
 #include "dtp/trace.h"
 
 namespace dtp {
 
 namespace {
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-std::string json_number(double value) {
-  if (!std::isfinite(value)) return "null";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", value);
-  return buf;
-}
-
 std::string mebibytes(std::int64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / 1048576.0);
