@@ -122,11 +122,7 @@ TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const 
         loss_sum += rc.loss;
       }
       record.loss = loss_sum / comm.size();  // equal slices: the mean of means is the global mean
-      for (int c = 0; c < kMemoryCategoryCount; ++c)
-        result.peak_by_category[c] =
-            std::max(result.peak_by_category[c], tracker->peak(static_cast<MemoryCategory>(c)));
-      result.peak_bytes = std::max(result.peak_bytes, record.peak_bytes);
-      result.steps.push_back(record);
+      result.add_step(record, *tracker);
       if (on_step) on_step(record);
       if (options.on_comm) options.on_comm(record.step, ranks);
     }

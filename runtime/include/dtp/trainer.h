@@ -73,6 +73,8 @@ struct TrainResult {
   /// Peak bytes per MemoryCategory over the run (index = category).
   std::vector<std::int64_t> peak_by_category;
   std::int64_t peak_bytes = 0;  ///< highest tracked memory of any step
+  /// Appends @p record and folds the tracker's peaks into the run's peaks.
+  void add_step(const StepRecord& record, const MemoryTracker& tracker);
   /// Mean loss of the first / last min(10, steps) steps.
   double first_loss() const;
   /// Mean loss of the last min(10, steps) steps.

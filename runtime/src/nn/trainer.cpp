@@ -147,6 +147,15 @@ std::vector<std::string> strategy_names() {
   return names;
 }
 
+void TrainResult::add_step(const StepRecord& record, const MemoryTracker& tracker) {
+  if (peak_by_category.size() < static_cast<std::size_t>(kMemoryCategoryCount))
+    peak_by_category.resize(kMemoryCategoryCount, 0);
+  for (int c = 0; c < kMemoryCategoryCount; ++c)
+    peak_by_category[c] = std::max(peak_by_category[c], tracker.peak(static_cast<MemoryCategory>(c)));
+  peak_bytes = std::max(peak_bytes, record.peak_bytes);
+  steps.push_back(record);
+}
+
 TrainResult train_single(const TrainConfig& config, const StepCallback& on_step) {
   const auto start = std::chrono::steady_clock::now();
   Trainer trainer(config);
@@ -157,11 +166,7 @@ TrainResult train_single(const TrainConfig& config, const StepCallback& on_step)
   std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
   for (std::int64_t s = 0; s < config.steps; ++s) {
     StepRecord record = trainer.step();
-    for (int c = 0; c < kMemoryCategoryCount; ++c)
-      result.peak_by_category[c] =
-          std::max(result.peak_by_category[c], tracker->peak(static_cast<MemoryCategory>(c)));
-    result.peak_bytes = std::max(result.peak_bytes, record.peak_bytes);
-    result.steps.push_back(record);
+    result.add_step(record, *tracker);
     if (on_step) on_step(record);
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
