@@ -2,22 +2,28 @@
 """The DTP scoreboard: runs the puzzle checkers and says which puzzles are solved.
 
 Usage (normally through ./dtp grade):
-    tools/grade.py [CHAPTER] [--junit FILE] [--reference] [--build-dir DIR]
+    tools/grade.py [CHAPTER] [--puzzle N.k] [-v] [--junit FILE] [--reference]
+                   [--build] [--build-dir DIR]
 
-It finds build/tests/chNN_puzzles_tests (or chNN_reference_tests with
---reference), runs each under a timeout with GoogleTest's JSON output, groups
-the tests by suite into puzzles (suite Puzzle1_4_ring_all_gather is puzzle 1.4
-ring_all_gather) and prints one table per chapter with the first failure line
-of every unsolved puzzle.
+With --build it first builds each chapter's checkers on its own (a chapter
+whose puzzles do not compile shows its compiler errors; the other chapters are
+still graded). It runs build/tests/chNN_puzzles_tests (or chNN_reference_tests
+with --reference) under a timeout with GoogleTest's JSON output, groups the
+tests by suite into puzzles (suite Puzzle1_4_ring_all_gather is puzzle 1.4
+ring_all_gather) and prints one table per chapter with the first failure of
+every unsolved puzzle, wrapped, never cut. --puzzle N.k grades one puzzle and
+prints every failing checker's whole message; -v does that for all puzzles.
 
 Exit status: 0 when every binary ran to the end (even if puzzles fail: this is
-a report), 1 when a binary crashed or timed out (or, with --expect-unsolved, a
-puzzle passed on its stub), 2 when there was nothing to grade.
+a report), 1 when a chapter did not compile, a binary crashed or timed out
+(or, with --expect-unsolved, a puzzle passed on its stub), 2 when there was
+nothing to grade or the arguments were wrong.
 
 Standard library only, so any python3 runs it.
 """
 
 import argparse
+import fnmatch
 import json
 import os
 import re
@@ -25,12 +31,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import build_progress  # noqa: E402  (tools/build_progress.py)
 BINARY_RE = re.compile(r"^ch(\d+)_(puzzles|reference)_tests$")
 # Suite names: Puzzle1_4_ring_all_gather, possibly with a parameterized or
 # typed prefix/suffix: Sizes/Puzzle1_4_ring_all_gather, Puzzle1_4_x/0.
@@ -39,7 +48,10 @@ LOCATION_RE = re.compile(r"^(unknown file|.*:\d+)(: Failure)?$")
 EXCEPTION_RE = re.compile(r'C\+\+ exception with description "(.*)" thrown in (the test body|[^.]*)\.',
                           re.S)
 ACTUAL_FALSE_RE = re.compile(r"Actual: false \((.*)\)\s*\nExpected: true", re.S)
-LINE_WIDTH = 100
+PUZZLE_ID_RE = re.compile(r"^(\d+)\.(\d+[a-z]*)$")
+# A first failure longer than this many wrapped lines ends with a pointer to
+# --puzzle, which prints it whole.
+MAX_ROW_LINES = 8
 
 
 @dataclass
@@ -108,10 +120,30 @@ def first_line(text):
     # "Expected equality of these values:" says nothing alone: add what follows.
     if line.endswith(":") and len(lines) > 1:
         line = " ".join(lines)
-    line = re.sub(r"\s+", " ", line)
-    if len(line) > LINE_WIDTH:
-        line = line[: LINE_WIDTH - 3] + "..."
-    return line
+    return re.sub(r"\s+", " ", line)
+
+
+def full_message(text):
+    """A gtest failure without its file:line header, for --puzzle and -v."""
+    lines = text.strip("\n").splitlines()
+    if lines and LOCATION_RE.match(lines[0].strip()):
+        lines = lines[1:]
+    body = "\n".join(lines).strip()
+    m = EXCEPTION_RE.search(body)
+    if m:
+        body = m.group(1).strip()
+    if body.startswith("Failed\n"):
+        body = body[len("Failed\n"):]
+    return body or "(no message)"
+
+
+def terminal_width(out):
+    try:
+        if out.isatty():
+            return max(60, os.get_terminal_size(out.fileno()).columns)
+    except (OSError, AttributeError, ValueError):
+        pass
+    return max(60, int(os.environ.get("COLUMNS", "120") or 120))
 
 
 def signal_name(returncode):
@@ -263,7 +295,13 @@ def apply_stdout(stdout, results):
     return running
 
 
-def grade_binary(binary, env, timeout, test_timeout):
+def matches_filter(key, gtest_filter):
+    """True when suite.name matches one of the ':'-separated gtest patterns."""
+    name = f"{key[0]}.{key[1]}"
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in gtest_filter.split(":"))
+
+
+def grade_binary(binary, env, timeout, test_timeout, only=None):
     """Runs one checker binary; returns ({(suite, name): TestResult}, [problems]).
 
     A crash or a hung test does not hide the others: the binary runs again on
@@ -274,10 +312,12 @@ def grade_binary(binary, env, timeout, test_timeout):
         order = list_tests(binary, env, min(timeout, 60))
     except (subprocess.TimeoutExpired, RuntimeError, OSError) as error:
         return {}, [f"could not list the tests of {binary.name}: {error}"]
+    if only:
+        order = [key for key in order if matches_filter(key, only)]
     results = {key: TestResult(*key) for key in order}
     deadline = time.monotonic() + timeout
     crashes, hangs, problems = [], [], []
-    gtest_filter = None
+    gtest_filter = only
     while True:
         run = run_gtest(binary, env, gtest_filter, test_timeout, deadline)
         if run.outcome == "finished":
@@ -361,8 +401,9 @@ def first_failure(puzzle):
     return ""
 
 
-def print_table(chapter, binary, puzzles, flavor, out):
-    title = f"Chapter {chapter_title(chapter)} ({binary.name})"
+def print_table(chapter, binary_name, puzzles, flavor, out, hint=""):
+    """One row per puzzle; the first failure is wrapped under its column."""
+    title = f"Chapter {chapter_title(chapter)} ({binary_name})"
     print(title, file=out)
     print("=" * len(title), file=out)
     width = max([len("name")] + [len(p.name) for p in puzzles])
@@ -373,15 +414,69 @@ def print_table(chapter, binary, puzzles, flavor, out):
             tests += f" ({p.count('skipped')} skipped)"
         rows.append((p, tests))
     tests_width = max([len("tests")] + [len(t) for _, t in rows])
+    indent = 7 + 1 + width + 2 + 6 + 2 + tests_width + 2
+    text_width = max(40, terminal_width(out) - indent)
     print(f"{'puzzle':<7} {'name':<{width}}  {'result':<6}  {'tests':<{tests_width}}  first failure",
           file=out)
     for p, tests in rows:
+        lines = textwrap.wrap(first_failure(p), text_width, break_on_hyphens=False) or [""]
+        if len(lines) > MAX_ROW_LINES:
+            lines = lines[:MAX_ROW_LINES - 1] + [
+                f"... (the whole message: ./dtp grade {chapter:02d} --puzzle {p.id})"]
         print(f"{p.id:<7} {p.name:<{width}}  {p.verdict:<6}  {tests:<{tests_width}}  "
-              f"{first_failure(p)}".rstrip(), file=out)
+              f"{lines[0]}".rstrip(), file=out)
+        for line in lines[1:]:
+            print(" " * indent + line, file=out)
+    if hint and any(p.verdict == "FAIL" for p in puzzles):
+        print(hint, file=out)
     solved = sum(1 for p in puzzles if p.verdict == "PASS")
     word = "solved" if flavor == "puzzles" else "pass (reference)"
     summary = f"ch{chapter:02d}: {solved} of {len(puzzles)} puzzles {word}"
     return summary
+
+
+def print_failures(puzzles, out):
+    """Every failing checker of these puzzles with its whole message."""
+    for p in puzzles:
+        for t in p.tests:
+            if t.status not in ("failed", "error", "notrun"):
+                continue
+            print(f"\n--- puzzle {p.id} {p.name}: {t.suite}.{t.name} "
+                  f"({t.status.upper()}, {t.seconds:.1f} s)", file=out)
+            for message in t.messages or ["not run"]:
+                print(textwrap.indent(full_message(message), "    "), file=out)
+
+
+def print_compile_failure(chapter, target, log_path, errors, out):
+    title = f"Chapter {chapter_title(chapter)} ({target})"
+    print(title, file=out)
+    print("=" * len(title), file=out)
+    print(f"does not compile; its puzzles are not graded. The compiler says:", file=out)
+    for line in errors or ["(no error line found)"]:
+        print("    " + line, file=out)
+    print(f"(whole build log: {log_path})", file=out)
+    return f"ch{chapter:02d}: does not compile"
+
+
+def source_chapters():
+    """Chapters that have checkers in tests/NN_name/."""
+    chapters = []
+    for folder in sorted((ROOT / "tests").glob("[0-9][0-9]_*")):
+        if folder.is_dir() and any(folder.glob("*_test.cpp")):
+            chapters.append(int(folder.name[:2]))
+    return chapters
+
+
+def build_chapter(build_dir, chapter, flavor, jobs):
+    """Builds one chapter's checker binary. Returns (ok, log path, error lines)."""
+    target = f"ch{chapter:02d}_{flavor}_tests"
+    log_path = Path(build_dir) / f"dtp-build-{target}.log"
+    command = ["cmake", "--build", str(build_dir), "--target", target, "-j", str(jobs)]
+    status, text = build_progress.run(str(log_path), command, out=sys.stderr,
+                                      label=f"grade: building {target} ")
+    if status == 0:
+        return True, log_path, []
+    return False, log_path, build_progress.error_lines(text, limit=40)
 
 
 def write_junit(path, graded):
@@ -426,9 +521,17 @@ def main(argv=None):
         prog="dtp grade",
         description="Run the puzzle checkers and print which puzzles are solved.")
     parser.add_argument("chapter", nargs="?", help="only this chapter, e.g. 01 or 1")
+    parser.add_argument("--puzzle", metavar="N.k",
+                        help="only this puzzle (e.g. 1.4), with every failing checker's whole message")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print every failing checker's whole message")
     parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML (one testsuite per puzzle)")
     parser.add_argument("--reference", action="store_true",
                         help="grade the reference solution instead of the puzzles (instructors)")
+    parser.add_argument("--build", action="store_true",
+                        help="build each chapter's checkers first, one chapter at a time")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, metavar="N",
+                        help="parallel compile jobs with --build (default: all cores)")
     parser.add_argument("--build-dir", metavar="DIR",
                         default=os.environ.get("DTP_BUILD_DIR", str(ROOT / "build")),
                         help="build folder (default: $DTP_BUILD_DIR or build/)")
@@ -440,44 +543,92 @@ def main(argv=None):
                         help="CI: exit 1 if any puzzle passes (checkers must fail on stubs)")
     args = parser.parse_args(argv)
 
+    def usage_error(message):
+        print(f"grade: {message}", file=sys.stderr)
+        return 2
+
+    puzzle_chapter = puzzle_number = None
+    if args.puzzle is not None:
+        m = PUZZLE_ID_RE.match(args.puzzle.strip())
+        if not m:
+            return usage_error(f"--puzzle takes a puzzle id like 1.4 or 2.3, got '{args.puzzle}'")
+        puzzle_chapter, puzzle_number = int(m.group(1)), m.group(2)
+    wanted = None
+    if args.chapter is not None:
+        if not args.chapter.isdigit():
+            return usage_error(f"chapter must be a number like 01 or 1, got '{args.chapter}'")
+        wanted = int(args.chapter)
+    if puzzle_chapter is not None:
+        if wanted is not None and wanted != puzzle_chapter:
+            return usage_error(f"puzzle {args.puzzle} belongs to chapter {puzzle_chapter:02d}, "
+                               f"not {wanted:02d}")
+        wanted = puzzle_chapter
+
     flavor = "reference" if args.reference else "puzzles"
     tests_dir = Path(args.build_dir) / "tests"
+    problems = []
+
+    # Build each chapter on its own: one chapter's compile error does not stop the others.
+    compile_failures = {}
+    if args.build:
+        chapters = source_chapters()
+        if wanted is not None:
+            if wanted not in chapters:
+                have = ", ".join(f"{c:02d}" for c in chapters) or "none"
+                return usage_error(f"no checkers for chapter {wanted:02d} in tests/ (chapters: {have})")
+            chapters = [wanted]
+        for chapter in chapters:
+            ok, log_path, errors = build_chapter(args.build_dir, chapter, flavor, args.jobs)
+            if not ok:
+                compile_failures[chapter] = (f"ch{chapter:02d}_{flavor}_tests", log_path, errors)
+
     binaries = {}
     for path in sorted(tests_dir.glob(f"ch*_{flavor}_tests")):
         m = BINARY_RE.match(path.name)
-        if m and path.is_file() and os.access(path, os.X_OK):
+        if m and path.is_file() and os.access(path, os.X_OK) and int(m.group(1)) not in compile_failures:
             binaries[int(m.group(1))] = path
-    if args.chapter is not None:
-        if not args.chapter.isdigit():
-            print(f"grade: chapter must be a number like 01 or 1, got '{args.chapter}'", file=sys.stderr)
-            return 2
-        wanted = int(args.chapter)
-        if wanted not in binaries:
+    if wanted is not None:
+        if wanted not in binaries and wanted not in compile_failures:
             have = ", ".join(f"{c:02d}" for c in sorted(binaries)) or "none"
-            print(f"grade: no {tests_dir}/ch{wanted:02d}_{flavor}_tests (built chapters: {have}).",
-                  file=sys.stderr)
-            return 2
-        binaries = {wanted: binaries[wanted]}
-    if not binaries:
-        print(f"grade: no checker binaries ch*_{flavor}_tests in {tests_dir}; build first "
-              f"(./dtp build).", file=sys.stderr)
-        return 2
+            return usage_error(f"no {tests_dir}/ch{wanted:02d}_{flavor}_tests (built chapters: {have}).")
+        binaries = {c: b for c, b in binaries.items() if c == wanted}
+    if not binaries and not compile_failures:
+        return usage_error(f"no checker binaries ch*_{flavor}_tests in {tests_dir}; build first "
+                           f"(./dtp build).")
 
     env = dict(os.environ)
     env.setdefault("DTP_TIMEOUT", "5")
     env["GTEST_COLOR"] = "no"
+    gtest_filter = None
+    if puzzle_number is not None:
+        suite = f"Puzzle{puzzle_chapter}_{puzzle_number.replace('.', '_')}_*"
+        gtest_filter = f"{suite}.*:*/{suite}.*"
 
-    graded, summaries, problems, unexpected = [], [], [], []
-    for chapter, binary in sorted(binaries.items()):
+    graded, summaries, unexpected = [], [], []
+    for chapter in sorted(set(binaries) | set(compile_failures)):
+        print(file=sys.stdout)
+        if chapter in compile_failures:
+            summaries.append(print_compile_failure(chapter, *compile_failures[chapter], sys.stdout))
+            problems.append(f"ch{chapter:02d} does not compile (see its table)")
+            continue
+        binary = binaries[chapter]
         print(f"grade: running {binary.name} ...", file=sys.stderr, flush=True)
-        results, binary_problems = grade_binary(binary, env, args.timeout, args.test_timeout)
+        results, binary_problems = grade_binary(binary, env, args.timeout, args.test_timeout,
+                                                gtest_filter)
         problems += binary_problems
         puzzles = group_puzzles(chapter, results)
+        if puzzle_number is not None:
+            puzzles = [p for p in puzzles if p.number == puzzle_number]
+            if not puzzles:
+                return usage_error(f"chapter {chapter:02d} has no puzzle {args.puzzle}")
         graded.append((chapter, flavor, puzzles))
-        print(file=sys.stdout)
-        summaries.append(print_table(chapter, binary, puzzles, flavor, sys.stdout))
+        hint = "" if (args.verbose or puzzle_number) else \
+            f"(every failing checker in full: ./dtp grade {chapter:02d} --puzzle N.k, or -v)"
+        summaries.append(print_table(chapter, binary.name, puzzles, flavor, sys.stdout, hint))
         if not puzzles:
             summaries[-1] += " (no tests found)"
+        if args.verbose or puzzle_number is not None:
+            print_failures(puzzles, sys.stdout)
         sys.stdout.flush()
         unexpected += [f"ch{chapter:02d} puzzle {p.id} {p.name}" for p in puzzles if p.verdict == "PASS"]
 
