@@ -31,7 +31,8 @@ void expect_all_reduce(const std::string& name, const AllReduce& all_reduce, int
                        DType dtype = DType::f64, Shape shape = {}, const std::string& detail = "") {
   const std::vector<RankOutcome> outcomes = run_all_reduce(name, all_reduce, n, numel, dtype, {}, shape);
   const std::vector<double> sum = pattern_sum(n, numel, dtype);
-  EXPECT_TRUE(ranks_hold(describe_run(name, n, numel, dtype) + detail, outcomes, [&](int) { return sum; }, n));
+  EXPECT_TRUE(ranks_hold(describe_run(name, n, numel, dtype) + detail, outcomes, [&](int) { return sum; }, n,
+                         sums_of(n, dtype)));
 }
 
 // The sweeps every all-reduce gets.

@@ -278,11 +278,12 @@ inline std::vector<double> slice_of(const std::vector<double>& values, ChunkRang
 /// Every rank in @p ranks (all ranks when empty) that ran in this process must
 /// hold expected(rank).
 /// Reports the first few wrong ranks through values_equal, with chunk
-/// locations when @p chunks > 0.
+/// locations when @p chunks > 0 and values decoded in words under @p key
+/// ("got 16777217 = rank 1's element 0 alone").
 inline ::testing::AssertionResult ranks_hold(const std::string& context,
                                              const std::vector<RankOutcome>& outcomes,
                                              const std::function<std::vector<double>(int)>& expected,
-                                             int chunks, std::vector<int> ranks = {}) {
+                                             int chunks, PatternKey key, std::vector<int> ranks = {}) {
   if (ranks.empty()) {
     for (std::size_t rank = 0; rank < outcomes.size(); ++rank) ranks.push_back(static_cast<int>(rank));
   }
@@ -292,7 +293,7 @@ inline ::testing::AssertionResult ranks_hold(const std::string& context,
   for (int rank : ranks) {
     if (!outcomes[static_cast<std::size_t>(rank)].here) continue;  // another process checks it
     ::testing::AssertionResult same =
-        values_equal(context, rank, expected(rank), outcomes[static_cast<std::size_t>(rank)].values, chunks);
+        values_equal(context, rank, expected(rank), outcomes[static_cast<std::size_t>(rank)].values, chunks, key);
     if (same) continue;
     if (wrong_ranks < kShownRanks) report << (wrong_ranks ? "\n" : "") << same.message();
     ++wrong_ranks;
@@ -309,6 +310,10 @@ std::string cat(const Parts&... parts) {
   (out << ... << parts);
   return out.str();
 }
+
+/// Keys for decoding values in messages: the collective copies or sums.
+inline PatternKey copies_of(int n, DType dtype) { return PatternKey{n, dtype, PatternMeaning::copies}; }
+inline PatternKey sums_of(int n, DType dtype) { return PatternKey{n, dtype, PatternMeaning::sums}; }
 
 /// The dtypes every puzzle is also run with besides f64.
 inline std::vector<DType> other_dtypes() { return {DType::f32, DType::i32}; }

@@ -38,7 +38,8 @@ std::vector<double> expected_out(int n, std::int64_t chunk, int rank, DType dtyp
 void expect_all_to_all(int n, std::int64_t chunk, DType dtype = DType::f64) {
   const std::vector<RankOutcome> outcomes = run_all_to_all(n, chunk, dtype);
   EXPECT_TRUE(ranks_hold(describe_run("pairwise_all_to_all", n, n * chunk, dtype), outcomes,
-                         [&](int rank) { return expected_out(n, chunk, rank, dtype); }, n));
+                         [&](int rank) { return expected_out(n, chunk, rank, dtype); }, n,
+                         copies_of(n, dtype)));
 }
 
 // Sizes must divide by N, so the sweep is over the chunk each pair exchanges:
@@ -77,7 +78,8 @@ TEST(Puzzle1_6_pairwise_all_to_all, TwoDimensionalShape) {
     return out.to_vector();
   });
   EXPECT_TRUE(ranks_hold("pairwise_all_to_all on N=3 with shapes [3, 2, 3] -> [6, 3]", outcomes,
-                         [&](int rank) { return expected_out(n, 6, rank, DType::f64); }, n));
+                         [&](int rank) { return expected_out(n, 6, rank, DType::f64); }, n,
+                         copies_of(n, DType::f64)));
 }
 
 // What one rank saw when handed bad sizes.

@@ -30,7 +30,7 @@ void expect_all_gather(int n, std::int64_t numel, DType dtype = DType::f64, Shap
   const std::vector<RankOutcome> outcomes = run_all_gather(n, numel, dtype, {}, full_shape);
   const std::vector<double> expected = gathered_pattern(n, numel, dtype);
   EXPECT_TRUE(ranks_hold(describe_run("ring_all_gather", n, numel, dtype), outcomes,
-                         [&](int) { return expected; }, n));
+                         [&](int) { return expected; }, n, copies_of(n, dtype)));
 }
 
 TEST(Puzzle1_4_ring_all_gather, ExactResults) {
@@ -125,7 +125,7 @@ void expect_reduce_scatter(int n, std::int64_t numel, DType dtype = DType::f64) 
   }
   EXPECT_TRUE(ranks_hold(
       context + " (shard = chunk r of the sum)", outcomes,
-      [&](int rank) { return slice_of(sum, chunk_range(numel, n, rank)); }, 0));
+      [&](int rank) { return slice_of(sum, chunk_range(numel, n, rank)); }, 0, sums_of(n, dtype)));
 }
 
 TEST(Puzzle1_5_ring_reduce_scatter, ExactResults) {

@@ -32,7 +32,8 @@ void expect_scatter(int n, std::int64_t numel, int root, DType dtype = DType::f6
   const std::vector<RankOutcome> outcomes = run_scatter(n, numel, root, dtype);
   const std::vector<double> root_full = pattern_values(root, numel, dtype);
   EXPECT_TRUE(ranks_hold(
-      context, outcomes, [&](int rank) { return slice_of(root_full, chunk_range(numel, n, rank)); }, 0));
+      context, outcomes, [&](int rank) { return slice_of(root_full, chunk_range(numel, n, rank)); }, 0,
+      copies_of(n, dtype)));
 }
 
 // Rank r's shard is its pattern over chunk r's length. Every rank's full
@@ -58,7 +59,7 @@ void expect_gather(int n, std::int64_t numel, int root, DType dtype = DType::f64
   const std::vector<RankOutcome> outcomes = run_gather(n, numel, root, dtype);
   const std::vector<double> gathered = gathered_pattern(n, numel, dtype);
   const std::vector<double> untouched(static_cast<std::size_t>(numel), kPoison);
-  EXPECT_TRUE(ranks_hold(context, outcomes, [&](int) { return gathered; }, n, {root}));
+  EXPECT_TRUE(ranks_hold(context, outcomes, [&](int) { return gathered; }, n, copies_of(n, dtype), {root}));
   for (int rank = 0; rank < n; ++rank) {
     if (rank == root || !outcomes[static_cast<std::size_t>(rank)].here) continue;
     EXPECT_TRUE(values_equal(context + " (a non-root full must stay untouched)", rank, untouched,

@@ -30,7 +30,7 @@ void expect_broadcast(int n, std::int64_t numel, int root, DType dtype = DType::
   const std::string context = cat(describe_run("tree_broadcast", n, numel, dtype), ", root ", root);
   const std::vector<RankOutcome> outcomes = run_broadcast(n, numel, root, dtype, {}, shape);
   const std::vector<double> expected = pattern_values(root, numel, dtype);
-  EXPECT_TRUE(ranks_hold(context, outcomes, [&](int) { return expected; }, n));
+  EXPECT_TRUE(ranks_hold(context, outcomes, [&](int) { return expected; }, n, copies_of(n, dtype)));
 }
 
 TEST(Puzzle1_1_tree_broadcast, ExactResults) {
@@ -124,7 +124,7 @@ void expect_reduce(int n, std::int64_t numel, int root, DType dtype = DType::f64
   const std::string context = cat(describe_run("tree_reduce", n, numel, dtype), ", root ", root);
   const std::vector<RankOutcome> outcomes = run_reduce(n, numel, root, dtype);
   const std::vector<double> expected = pattern_sum(n, numel, dtype);
-  EXPECT_TRUE(ranks_hold(context, outcomes, [&](int) { return expected; }, n, {root}));
+  EXPECT_TRUE(ranks_hold(context, outcomes, [&](int) { return expected; }, n, sums_of(n, dtype), {root}));
 }
 
 TEST(Puzzle1_2_tree_reduce, ExactResults) {

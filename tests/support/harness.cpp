@@ -62,7 +62,120 @@ bool same_value(double expected, double got) {
   return expected == got;
 }
 
+// The pattern index (within one period) a value of rank r holds.
+struct Single {
+  int rank;
+  std::int64_t index;
+};
+
+std::string ranks_phrase(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t k = 0; k < ranks.size(); ++k) {
+    if (k > 0) out += (k + 1 == ranks.size()) ? " and " : ", ";
+    out += std::to_string(ranks[k]);
+  }
+  return out;
+}
+
+// " (index mod P)" for dtypes whose pattern repeats within the lengths checked.
+std::string index_words(std::int64_t index, DType dtype) {
+  std::string out = "element " + std::to_string(index);
+  if (dtype != DType::f64) out += " (mod " + std::to_string(pattern_period(dtype)) + ")";
+  return out;
+}
+
+// The subsets of ranks 0..world-1 (as bit masks) whose pattern values at
+// `index` add up to `value`.
+std::vector<unsigned> subsets_summing_to(double value, int world, std::int64_t index, DType dtype) {
+  std::vector<unsigned> found;
+  for (unsigned mask = 1; mask < (1u << world); ++mask) {
+    double sum = 0;
+    for (int r = 0; r < world; ++r)
+      if (mask & (1u << r)) sum += pattern_value(r, index, dtype);
+    if (sum == value) found.push_back(mask);
+  }
+  return found;
+}
+
+std::vector<int> ranks_of(unsigned mask, int world) {
+  std::vector<int> ranks;
+  for (int r = 0; r < world; ++r)
+    if (mask & (1u << r)) ranks.push_back(r);
+  return ranks;
+}
+
+// Explanations at one pattern index: a single rank's value, a sum over some
+// ranks, or the full sum with one rank counted twice.
+std::string describe_at_index(double value, PatternKey key, std::int64_t index) {
+  const int world = key.world;
+  const std::vector<unsigned> subsets = subsets_summing_to(value, world, index, key.dtype);
+  if (subsets.size() == 1) {
+    const std::vector<int> ranks = ranks_of(subsets[0], world);
+    if (ranks.size() == 1) {
+      const bool alone = world > 1 && key.meaning == PatternMeaning::sums;
+      return "rank " + std::to_string(ranks[0]) + "'s " + index_words(index, key.dtype) +
+             (alone ? " alone" : "");
+    }
+    if (static_cast<int>(ranks.size()) == world)
+      return "the sum over all " + std::to_string(world) + " ranks of " + index_words(index, key.dtype);
+    return "the sum over " + ranks_phrase(ranks) + " only of " + index_words(index, key.dtype);
+  }
+  if (subsets.size() > 1) {
+    // Several subsets fit (possible with the short f16/bf16 periods): say so.
+    return "a sum over " + ranks_phrase(ranks_of(subsets[0], world)) + " (or another set of ranks) of " +
+           index_words(index, key.dtype);
+  }
+  double full = 0;
+  for (int r = 0; r < world; ++r) full += pattern_value(r, index, key.dtype);
+  for (int r = 0; r < world && world > 1; ++r) {
+    if (value == full + pattern_value(r, index, key.dtype))
+      return "the sum over all " + std::to_string(world) + " ranks of " + index_words(index, key.dtype) +
+             " plus rank " + std::to_string(r) + "'s value again (added twice)";
+    if (value == 2 * full)
+      return "twice the sum over all " + std::to_string(world) + " ranks of " +
+             index_words(index, key.dtype) + " (the whole sum added twice)";
+  }
+  return "";
+}
+
+// The pattern index an expected value belongs to: one rank's value
+// (rank * period + index + 1) for copies, the sum over all W ranks
+// (period * W(W-1)/2 + W * (index + 1)) for sums; -1 when it is neither.
+std::int64_t pattern_index_of(double value, PatternKey key) {
+  if (key.world <= 0 || !(value > 0) || value != std::trunc(value) || value > 9.0e15) return -1;
+  const std::int64_t period = pattern_period(key.dtype);
+  const auto v = static_cast<std::int64_t>(value);
+  if (key.meaning == PatternMeaning::copies) {
+    return (v - 1) / period < key.world ? (v - 1) % period : -1;
+  }
+  const std::int64_t w = key.world;
+  const std::int64_t rest = v - period * w * (w - 1) / 2;
+  if (rest <= 0 || rest % w != 0 || rest / w - 1 >= period) return -1;
+  return rest / w - 1;
+}
+
 }  // namespace
+
+std::string describe_pattern_value(double value, PatternKey key, std::int64_t index_hint) {
+  if (value == kUnwritten)
+    return "-1, the fill value: never written, or copied from a part of a buffer that was never "
+           "written (a chunk index off by one copies a neighbour's unfilled chunk)";
+  if (key.world <= 0 || key.world > 16 || !std::isfinite(value) || value != std::trunc(value) ||
+      value <= 0)
+    return "";
+  const std::int64_t period = pattern_period(key.dtype);
+  if (index_hint >= 0) {
+    if (std::string words = describe_at_index(value, key, index_hint % period); !words.empty())
+      return words;
+  }
+  // One rank's value at another index: a copy from the wrong place.
+  const auto v = static_cast<std::int64_t>(value);
+  const std::int64_t rank = (v - 1) / period;
+  if (rank < key.world) {
+    return "rank " + std::to_string(rank) + "'s " + index_words((v - 1) % period, key.dtype);
+  }
+  return "";
+}
 
 double pattern_value(int rank, std::int64_t index, DType dtype) {
   const std::int64_t period = pattern_period(dtype);
@@ -94,7 +207,7 @@ std::vector<double> pattern_sum(int world_size, std::int64_t numel, DType dtype)
 
 ::testing::AssertionResult values_equal(const std::string& what, int rank,
                                         const std::vector<double>& expected,
-                                        const std::vector<double>& got, int chunks) {
+                                        const std::vector<double>& got, int chunks, PatternKey key) {
   std::ostringstream head;
   head << what;
   if (rank >= 0) head << ": rank " << rank;
@@ -120,7 +233,13 @@ std::vector<double> pattern_sum(int world_size, std::int64_t numel, DType dtype)
         examples << " (chunk " << c << " of " << chunks << ", offset "
                  << i - chunk_range(numel, chunks, c).offset << ")";
       }
-      examples << ": expected " << format_value(e) << ", got " << format_value(g);
+      examples << ": expected " << format_value(e);
+      const std::int64_t index = pattern_index_of(e, key);
+      const std::string expected_words = key.world > 0 ? describe_pattern_value(e, key, index) : "";
+      if (!expected_words.empty()) examples << " = " << expected_words;
+      examples << ", got " << format_value(g);
+      const std::string got_words = key.world > 0 ? describe_pattern_value(g, key, index) : "";
+      if (!got_words.empty()) examples << " = " << got_words;
     }
     ++wrong;
   }

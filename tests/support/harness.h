@@ -40,13 +40,43 @@ std::vector<double> pattern_values(int rank, std::int64_t numel, DType dtype = D
 /// Element-wise sum over ranks 0..world_size-1 of pattern_values().
 std::vector<double> pattern_sum(int world_size, std::int64_t numel, DType dtype = DType::f64);
 
+/// The value a checker fills an output buffer with before the call: never a
+/// pattern value nor a sum of them, so seeing it means "never written".
+inline constexpr double kUnwritten = -1.0;
+
+/// How expected values were made from the pattern: copies of one rank's
+/// values (broadcast, gather, all-gather, all-to-all) or sums over ranks
+/// (reduce, all-reduce, reduce-scatter).
+enum class PatternMeaning { copies, sums };
+
+/// Which pattern made the values being compared: the world size whose ranks
+/// contributed, the dtype (it sets the period) and whether the expected
+/// values are copies or sums. world 0: not pattern data, nothing is decoded.
+struct PatternKey {
+  int world = 0;                                  ///< ranks whose values may appear (0: don't decode)
+  DType dtype = DType::f64;                       ///< dtype of the pattern (sets the index period)
+  PatternMeaning meaning = PatternMeaning::copies;  ///< what an expected value is
+};
+
+/// Says what a value made of pattern data is, in words: "rank 1's element 0",
+/// "the sum over ranks 0 and 2 of element 5", "the sum over all 4 ranks of
+/// element 5 plus rank 3's element 5 again", "-1, the fill value: never
+/// written". @p index_hint is the pattern index the value should belong to
+/// (decoded from the expected value; -1 when unknown): explanations at that
+/// index are preferred. "" when the value fits no explanation.
+std::string describe_pattern_value(double value, PatternKey key, std::int64_t index_hint = -1);
+
 /// Compares exactly. On mismatch the message names @p what, the rank, the
 /// first few wrong elements with expected and got, and how many are wrong.
 /// With @p chunks > 0 each element is also located as "chunk c of chunks,
-/// offset o" under chunk_range(expected.size(), chunks, c).
+/// offset o" under chunk_range(expected.size(), chunks, c). With a @p key,
+/// expected and got values are decoded in words (describe_pattern_value):
+/// "got 16777217 = rank 1's element 0 alone (expected 16777218 = the sum over
+/// ranks 0 and 1 of element 0)".
 ::testing::AssertionResult values_equal(const std::string& what, int rank,
                                         const std::vector<double>& expected,
-                                        const std::vector<double>& got, int chunks = 0);
+                                        const std::vector<double>& got, int chunks = 0,
+                                        PatternKey key = {});
 
 /// True when DTP_REQUIRE_GPU=1: GPU checks must run, not skip.
 bool gpu_required();
