@@ -79,6 +79,33 @@ void expect_accumulation_matches(int world, std::int64_t k) {
   });
 }
 
+// One optimizer step's gradients, right after the synchronization, against
+// the single-device gradient of the whole global batch: a missing 1/K shows
+// as "2.00x the single-device mean" even on one rank.
+TEST(Puzzle2_4_gradient_accumulation, FirstStepGradientsAreTheBigBatchMean) {
+  const std::int64_t k = 2;
+  const TrainConfig config = tiny_config(12 * k, 1);
+  const UnitGradients expected = first_step_gradients(config);
+  for (int world : {1, 2, 3}) {
+    run_and_report("2.4 accumulation_step, K = 2, first-step gradients vs the single-device mean", world,
+                   [&](Comm& comm) {
+                     const UnitGradients local = first_step_gradients(config, comm.rank(), comm.size());
+                     Trainer trainer(config, comm.rank(), comm.size());
+                     GPT& model = trainer.model();
+                     const BatchSampler& sampler = trainer.sampler();
+                     const std::int64_t micro = sampler.local_batch() / k;
+                     std::vector<Batch> micro_batches;
+                     for (std::int64_t i = 0; i < k; ++i)
+                       micro_batches.push_back(sampler.samples(0, sampler.first_sample() + i * micro, micro));
+                     model.zero_grad();
+                     dtp::ch02::accumulation_step(model, micro_batches, [&] {
+                       for (Unit* unit : model.units()) comm.all_reduce(unit->grads(), ReduceOp::avg);
+                     });
+                     return check_first_step_gradients(expected, local, model, comm.rank(), comm.size(), k);
+                   });
+  }
+}
+
 TEST(Puzzle2_4_gradient_accumulation, MatchesSingleDeviceBigBatchK2) {
   for (int world = 1; world <= 4; ++world) expect_accumulation_matches(world, 2);
 }

@@ -15,6 +15,8 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -143,6 +145,149 @@ inline std::string compare_with_single(const ModelState& expected, GPT& model,
          " (tolerance |diff| <= 1e-10 + 1e-8 |expected|):" + message;
 }
 
+// --- First-step gradients -----------------------------------------------------
+// Before comparing K steps, the checkers compare the gradients right after the
+// first synchronization with the single-device gradient of the same global
+// batch. One step cannot hide a mistake behind the optimizer, so a wrong scale
+// shows as an exact ratio ("2.00x the single-device mean") and a parameter
+// that was never averaged equals this rank's own local gradient.
+
+using UnitGradients = std::vector<std::vector<double>>;  // per unit, flat
+
+inline UnitGradients gradients_of(GPT& model) {
+  UnitGradients grads;
+  for (Unit* unit : model.units()) grads.push_back(unit->grads().to_vector());
+  return grads;
+}
+
+// The gradients after the first backward of Trainer(config[, rank, world]),
+// before any optimizer step; no synchronization: with world > 1 this is the
+// rank's local gradient of its own slice of the batch.
+inline UnitGradients first_step_gradients(const TrainConfig& config, int rank = 0, int world = 1) {
+  TrainConfig one = config;
+  one.steps = 1;
+  Trainer trainer(one, rank, world);
+  UnitGradients grads;
+  trainer.on_after_backward([&] { grads = gradients_of(trainer.model()); });
+  trainer.step();
+  return grads;
+}
+
+// What one parameter's gradient is, compared with the expected one.
+struct GradientVerdict {
+  enum Kind { right, scaled, local, zero, other } kind = right;
+  double ratio = 1;  // got / expected, for scaled
+};
+
+inline GradientVerdict judge(const double* expected, const double* local, const double* got,
+                             std::int64_t n) {
+  bool all_close = true, all_local = true, all_zero = true;
+  double ge = 0, ee = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    all_close = all_close && close_enough(expected[i], got[i]);
+    all_local = all_local && close_enough(local[i], got[i]);
+    all_zero = all_zero && got[i] == 0;
+    ge += got[i] * expected[i];
+    ee += expected[i] * expected[i];
+  }
+  if (all_close) return {};
+  if (all_local) return {GradientVerdict::local, 1};
+  if (all_zero) return {GradientVerdict::zero, 0};
+  if (ee > 0) {
+    const double ratio = ge / ee;
+    bool scaled = true;
+    for (std::int64_t i = 0; i < n && scaled; ++i) scaled = close_enough(ratio * expected[i], got[i]);
+    if (scaled) return {GradientVerdict::scaled, ratio};
+  }
+  return {GradientVerdict::other, 0};
+}
+
+// What a ratio most likely means, for a run on `world` ranks with `k`
+// accumulated micro-batches.
+inline std::string explain_ratio(double ratio, int world, std::int64_t k) {
+  auto near = [&](double x) { return std::fabs(ratio - x) <= 1e-6 * std::fabs(x); };
+  const std::string w = std::to_string(world);
+  if (world > 1 && near(world))
+    return "did you sum over the ranks without dividing by the world size " + w +
+           "? (ReduceOp::avg averages)";
+  if (world > 1 && near(1.0 / world))
+    return "divided by the world size twice? (ReduceOp::avg already divides by " + w + ")";
+  if (k > 1 && near(static_cast<double>(k)))
+    return "did you scale each micro-batch's loss by 1/K (K = " + std::to_string(k) +
+           ", GPT::backward's loss_scale)?";
+  if (k > 1 && near(static_cast<double>(k) * world))
+    return "two scale mistakes: summed over ranks (x" + w + ") and loss not scaled by 1/K (x" +
+           std::to_string(k) + ")";
+  if (world > 1 && near(static_cast<double>(world - 1) / world))
+    return "one rank's gradient is missing from the average?";
+  return "a wrong scale factor";
+}
+
+// "" when every parameter's gradient equals the expected one; otherwise the
+// verdict first (what the wrong gradients are), then where and the numbers.
+inline std::string check_first_step_gradients(const UnitGradients& expected, const UnitGradients& local,
+                                              GPT& model, int rank, int world, std::int64_t k = 1) {
+  std::vector<Unit*> units = model.units();
+  const UnitGradients got = gradients_of(model);
+  std::map<std::string, std::vector<std::string>> groups;  // verdict -> "unit 'u' 'p'"
+  std::string example;
+  int wrong = 0, total = 0;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    for (const ParamView& p : units[u]->parameters()) {
+      ++total;
+      const std::int64_t n = p.shape.numel();
+      const auto o = static_cast<std::size_t>(p.offset);
+      const GradientVerdict v = judge(&expected[u][o], &local[u][o], &got[u][o], n);
+      if (v.kind == GradientVerdict::right) continue;
+      ++wrong;
+      std::string words;
+      switch (v.kind) {
+        case GradientVerdict::scaled: {
+          char ratio[32];
+          std::snprintf(ratio, sizeof ratio, "%.2fx", v.ratio);
+          words = std::string(ratio) + " the single-device mean: " + explain_ratio(v.ratio, world, k);
+          break;
+        }
+        case GradientVerdict::local:
+          words = "this rank's own local gradient, never averaged over the ranks (skipped?)";
+          break;
+        case GradientVerdict::zero:
+          words = "all zero (overwritten, or never copied back?)";
+          break;
+        default:
+          words = "neither the mean, a multiple of it, nor the local gradient (mixed up with another "
+                  "parameter's, or averaged before backward finished?)";
+      }
+      groups[words].push_back("'" + units[u]->name() + "' '" + p.name + "'");
+      if (example.empty()) {
+        std::int64_t i = 0;
+        while (i + 1 < n && close_enough(expected[u][o + i], got[u][o + i])) ++i;
+        example = "e.g. unit '" + units[u]->name() + "' '" + p.name + "' element " + std::to_string(i) +
+                  ": expected " + number(expected[u][o + i]) + ", got " + number(got[u][o + i]) +
+                  " (this rank's local gradient: " + number(local[u][o + i]) + ")";
+      }
+    }
+  }
+  if (wrong == 0) return "";
+  auto list = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (std::size_t i = 0; i < names.size() && i < 4; ++i) out += (i ? ", " : "") + names[i];
+    return names.size() > 4 ? out + ", ..." : out;
+  };
+  // The verdict first: it is what the scoreboard's one row shows.
+  std::string message = "rank " + std::to_string(rank) + ", step 1, gradients after synchronization: ";
+  if (groups.size() == 1) {
+    const auto& [words, names] = *groups.begin();
+    message += std::to_string(wrong) + " of " + std::to_string(total) + " parameters are " + words + " (" +
+               list(names) + ")";
+  } else {
+    message += std::to_string(wrong) + " of " + std::to_string(total) + " parameters wrong:";
+    for (const auto& [words, names] : groups)
+      message += "\n    " + std::to_string(names.size()) + " are " + words + " (" + list(names) + ")";
+  }
+  return message + "\n    " + example;
+}
+
 // The mean over ranks of each rank's per-step losses (one all-reduce; call it
 // after the communication counts were taken).
 inline std::vector<double> mean_over_ranks(Comm& comm, const std::vector<double>& losses) {
@@ -180,8 +325,33 @@ inline void run_and_report(const std::string& what, int world,
     ADD_FAILURE() << what << " on " << world << " rank(s) threw: " << e.what();
     return;
   }
+  // The failure first (what is wrong, where), then which run it was.
   for (const std::string& failure : failures)
-    if (!failure.empty()) ADD_FAILURE() << what << " on " << world << " rank(s): " << failure;
+    if (!failure.empty()) ADD_FAILURE() << failure << "\n    [" << what << ", on " << world << " rank(s)]";
+}
+
+// The first-step check for a strategy that plugs into the trainer: `install`
+// registers its synchronization (hooks, on_after_backward) and returns
+// whatever must live as long as the trainer. The checker's own after-backward
+// hook, registered last, reads the gradients right after the strategy's.
+using Install = std::function<std::shared_ptr<void>(Comm&, Trainer&)>;
+
+inline void expect_first_step_gradients(const std::string& what, const Install& install) {
+  const TrainConfig config = tiny_config(12, 1);
+  const UnitGradients expected = first_step_gradients(config);
+  for (int world : {2, 3, 4}) {
+    run_and_report(what + ", first-step gradients vs the single-device mean", world, [&](Comm& comm) {
+      const UnitGradients local = first_step_gradients(config, comm.rank(), comm.size());
+      Trainer trainer(config, comm.rank(), comm.size());
+      const std::shared_ptr<void> keep = install(comm, trainer);
+      std::string failure = "rank " + std::to_string(comm.rank()) + ": backward never finished";
+      trainer.on_after_backward([&] {
+        failure = check_first_step_gradients(expected, local, trainer.model(), comm.rank(), comm.size());
+      });
+      trainer.step();
+      return failure;
+    });
+  }
 }
 
 // Per-step communication of one rank.

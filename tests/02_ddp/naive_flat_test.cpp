@@ -1,7 +1,9 @@
 // Checkers for 2.1 naive DDP (one all-reduce per parameter) and 2.2 flat DDP
-// (one all-reduce per unit): after 3 steps on world sizes 1-4, every rank
-// equals single-device training on the same global batch, and each step
-// issues exactly the expected all-reduces.
+// (one all-reduce per unit): the first step's synchronized gradients equal
+// the single-device gradient of the same global batch (a wrong scale is named
+// as a ratio), after 3 steps on world sizes 1-4 every rank equals
+// single-device training, and each step issues exactly the expected
+// all-reduces.
 #include "ddp_checks.h"
 
 namespace {
@@ -44,6 +46,19 @@ void expect_communication(const std::string& name, const Sync& sync,
   }
 }
 
+// An after-backward synchronization, as the trainer's hook.
+Install after_backward(const Sync& sync) {
+  return [sync](Comm& comm, Trainer& trainer) -> std::shared_ptr<void> {
+    trainer.on_after_backward([&comm, &trainer, sync] { sync(comm, trainer.model()); });
+    return nullptr;
+  };
+}
+
+TEST(Puzzle2_1_naive_ddp, FirstStepGradientsAreTheSingleDeviceMean) {
+  expect_first_step_gradients("2.1 naive_all_reduce_gradients",
+                              after_backward(dtp::ch02::naive_all_reduce_gradients));
+}
+
 TEST(Puzzle2_1_naive_ddp, MatchesSingleDeviceOnWorlds1To4) {
   expect_matches_single("2.1 naive_all_reduce_gradients", dtp::ch02::naive_all_reduce_gradients);
 }
@@ -51,6 +66,11 @@ TEST(Puzzle2_1_naive_ddp, MatchesSingleDeviceOnWorlds1To4) {
 TEST(Puzzle2_1_naive_ddp, OneAllReducePerParameter) {
   expect_communication("2.1 naive_all_reduce_gradients", dtp::ch02::naive_all_reduce_gradients,
                        parameter_tensors, "one per named parameter");
+}
+
+TEST(Puzzle2_2_flat_ddp, FirstStepGradientsAreTheSingleDeviceMean) {
+  expect_first_step_gradients("2.2 flat_all_reduce_gradients",
+                              after_backward(dtp::ch02::flat_all_reduce_gradients));
 }
 
 TEST(Puzzle2_2_flat_ddp, MatchesSingleDeviceOnWorlds1To4) {

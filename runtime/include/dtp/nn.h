@@ -109,6 +109,11 @@ class Unit {
   std::int64_t numel() const { return numel_; }
   /// Every parameter in layout order.
   const std::vector<ParamView>& parameters() const { return views_; }
+  /// Every parameter in layout order, writable, so that
+  /// `for (ParamView& p : unit->parameters()) comm.all_reduce(p.grad, ...)`
+  /// compiles (collectives take a Tensor&). Write into the views' values;
+  /// never reassign a view (it would stop aliasing the flat buffers).
+  std::vector<ParamView>& parameters() { return views_; }
   /// The parameter called @p name; throws listing the names this unit has.
   const ParamView& parameter(const std::string& name) const;
   /// Sets the gradient buffer to zero.

@@ -20,6 +20,9 @@ std::int64_t CommStats::total_collective_calls() const {
 
 void Request::wait() {
   if (!state_ || state_->completed) return;
+  // A span on the waiting thread: time blocked on communication is visible in
+  // the trace (and a DDP that waits during backward is caught by its checker).
+  trace::Scope span("wait", "comm");
   state_->wait();
   state_->completed = true;
 }
