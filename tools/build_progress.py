@@ -53,7 +53,10 @@ def error_lines(log_text, limit=60):
             for follow in lines[i + 1:i + 3]:
                 if follow.startswith(" ") and follow not in keep:
                     keep.append(follow)
-    return keep[:limit]
+    # make's own "Error 2" lines only repeat that something failed; keep them
+    # only when the compiler said nothing.
+    compiler = [line for line in keep if not re.match(r"^g?make(\[\d+\])?: \*\*\*", line)]
+    return (compiler or keep)[:limit]
 
 
 def run(log_path, command, out=sys.stderr, label=""):
