@@ -124,7 +124,7 @@ class BucketedAllReduce {
 double accumulation_step(GPT& model, const std::vector<Batch>& micro_batches,
                          const std::function<void()>& synchronize_gradients);
 
-// --- provided by the reference (not a puzzle) -----------------------------------
+// --- provided (not a puzzle): drivers/02_ddp/ddp_strategy.cpp -------------------
 
 /// How `dtp train --strategy ddp` synchronizes gradients.
 enum class DdpMode {
@@ -142,24 +142,42 @@ struct RankCommStep {
   double exposed_seconds = 0;     ///< time the rank thread spent blocked on communication
 };
 
+/// DdpOptions::bucket_bytes meaning "choose from the model" (default_bucket_bytes).
+inline constexpr std::int64_t kAutoBucketBytes = -1;
+/// About how many buckets the default bucket size makes of a model's gradients.
+inline constexpr std::int64_t kDefaultBucketCount = 4;
+
 /// Settings of the "ddp" strategy.
 struct DdpOptions {
   int world = 2;                         ///< data-parallel ranks (World::from_env)
   DdpMode mode = DdpMode::bucketed;      ///< how gradients are averaged
-  std::int64_t bucket_bytes = 1 << 20;   ///< 2.3's bucket size
+  /// 2.3's bucket size in bytes; kAutoBucketBytes: default_bucket_bytes(model).
+  std::int64_t bucket_bytes = kAutoBucketBytes;
   std::int64_t accumulate = 1;           ///< micro-batches per optimizer step (2.4)
   /// Called on rank 0 after each step with every rank's numbers (index = rank).
   std::function<void(std::int64_t step, const std::vector<RankCommStep>&)> on_comm;
 };
 
+/// The bucket size that splits @p model's gradients into about
+/// kDefaultBucketCount buckets (gradient bytes / kDefaultBucketCount), so
+/// that the default run overlaps communication with backward.
+std::int64_t default_bucket_bytes(const GPT& model);
+
+/// options.bucket_bytes, or default_bucket_bytes(model) for kAutoBucketBytes.
+std::int64_t resolve_bucket_bytes(const DdpOptions& options, const GPT& model);
+
 /// Checks @p options against @p config: world >= 1, accumulate >= 1,
-/// bucket_bytes >= 0, and config.batch divisible by world * accumulate (the
-/// message names the batch, the world size and K). Throws dtp::Error.
+/// bucket_bytes >= 0 or kAutoBucketBytes, and config.batch divisible by
+/// world * accumulate (the message names --batch, --world and --accumulate;
+/// no overflow for huge values). Throws dtp::Error.
 void validate_ddp(const TrainConfig& config, const DdpOptions& options);
 
 /// Registers the "ddp" strategy with @p options (the last registration wins).
-/// It launches options.world ranks; the StepRecord it reports has the loss
-/// averaged over ranks and rank 0's other fields.
+/// It launches options.world ranks, which first check that they agree on
+/// their settings and initial parameters (check_ranks_agree). The StepRecord
+/// it reports has the loss averaged over ranks, the tokens of all ranks, the
+/// slowest rank's step time (so tokens_per_second is global) and rank 0's
+/// other fields.
 void register_ddp_strategy(const DdpOptions& options);
 
 }  // namespace dtp::ch02

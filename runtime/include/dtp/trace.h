@@ -2,6 +2,7 @@
 /// @brief Per-rank spans of work, exported as Chrome / Perfetto trace JSON.
 #pragma once
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,39 @@ bool enabled();
 void clear();
 /// Spans recorded so far, in the order they ended.
 std::vector<Span> spans();
+/// spans()[first...]: what ended since a caller last saw spans().size() ==
+/// @p first (a writer streaming a long run copies only the new ones).
+std::vector<Span> spans_since(std::size_t first);
 /// Writes spans() as Chrome trace-event JSON (open in ui.perfetto.dev).
 void write_chrome_json(const std::string& path);
+
+/// A Chrome trace file written while the run goes on, so that a run that
+/// fails (or is killed) still leaves what it recorded on disk. The file is
+/// opened and its header written in the constructor (a bad path fails before
+/// any work); every write is checked and flushed. Until finish() the file
+/// lacks its closing "]}" (Perfetto still loads the events before a kill).
+class ChromeTraceFile {
+ public:
+  /// Creates @p path and writes the header; throws dtp::Error naming the path.
+  explicit ChromeTraceFile(std::string path);
+  /// Closes the file; a file not finished stays without its closing.
+  ~ChromeTraceFile();
+  ChromeTraceFile(const ChromeTraceFile&) = delete;
+  ChromeTraceFile& operator=(const ChromeTraceFile&) = delete;
+  /// Writes @p spans and flushes; throws dtp::Error when the write fails.
+  void append(const std::vector<Span>& spans);
+  /// Writes the closing and closes; throws dtp::Error when that fails.
+  void finish();
+  /// Spans written so far.
+  std::size_t spans_written() const { return written_; }
+
+ private:
+  void check_stream(const char* doing);
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  std::vector<bool> named_tracks_;  // tracks (2 * rank + lane) whose name is written
+  std::size_t written_ = 0;
+};
 
 /// Records one span on the calling rank from construction to destruction.
 class Scope {

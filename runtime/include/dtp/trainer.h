@@ -57,9 +57,9 @@ struct StepRecord {
   double loss = 0;                         ///< mean loss of this rank's batch
   double lr = 0;                           ///< learning rate used
   double grad_norm = 0;                    ///< global norm before clipping
-  double seconds = 0;                      ///< wall time of the step
+  double seconds = 0;                      ///< wall time of the step (a strategy: its slowest rank's)
   double tokens_per_second = 0;            ///< tokens / seconds
-  std::int64_t tokens = 0;                 ///< tokens this rank processed
+  std::int64_t tokens = 0;                 ///< tokens of the step (a strategy: over all ranks)
   std::int64_t peak_bytes = 0;             ///< highest tracked memory during the step
   std::int64_t peak_activation_bytes = 0;  ///< ... of it, MemoryCategory::activations
 };
@@ -75,9 +75,12 @@ struct TrainResult {
   std::int64_t peak_bytes = 0;  ///< highest tracked memory of any step
   /// Appends @p record and folds the tracker's peaks into the run's peaks.
   void add_step(const StepRecord& record, const MemoryTracker& tracker);
-  /// Mean loss of the first / last min(10, steps) steps.
+  /// Steps averaged by first_loss() and last_loss(): 10, or half of a
+  /// shorter run (so the two never overlap), or 1 for a one-step run.
+  std::int64_t loss_window() const;
+  /// Mean loss of the first loss_window() steps.
   double first_loss() const;
-  /// Mean loss of the last min(10, steps) steps.
+  /// Mean loss of the last loss_window() steps.
   double last_loss() const;
 };
 
@@ -128,7 +131,9 @@ void register_strategy(const std::string& name, StrategyFn fn);
 std::vector<std::string> strategy_names();
 
 /// Runs the strategy config.strategy (throws dtp::Error listing the accepted
-/// names for an unknown one). Writes the trace and JSON log when asked.
+/// names for an unknown one). Writes the trace and JSON log when asked: both
+/// are opened before the first step and written as the run goes, and a run
+/// that fails still leaves its spans and a {"kind":"failed"} log line.
 TrainResult train(const TrainConfig& config, const StepCallback& on_step = {});
 /// The single-device loop that the "single" strategy runs.
 TrainResult train_single(const TrainConfig& config, const StepCallback& on_step = {});

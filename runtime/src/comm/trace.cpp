@@ -47,6 +47,12 @@ std::vector<Span> spans() {
   return recorded;
 }
 
+std::vector<Span> spans_since(std::size_t first) {
+  std::lock_guard lock(spans_mutex);
+  if (first >= recorded.size()) return {};
+  return std::vector<Span>(recorded.begin() + static_cast<std::ptrdiff_t>(first), recorded.end());
+}
+
 void write_chrome_json(const std::string& path) {
   std::vector<Span> all = spans();
   std::ofstream out(path);

@@ -13,16 +13,31 @@ namespace dtp {
 
 // --- Shape -------------------------------------------------------------------
 
+namespace {
+std::string describe_dims(const std::vector<std::int64_t>& dims) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) out += (i ? ", " : "") + std::to_string(dims[i]);
+  return out + "]";
+}
+}  // namespace
+
 Shape::Shape(std::initializer_list<std::int64_t> dims) : Shape(std::vector<std::int64_t>(dims)) {}
 
 Shape::Shape(const std::vector<std::int64_t>& dims) {
   DTP_CHECK(dims.size() <= kMaxDims, "a shape has at most ", kMaxDims, " dimensions, got ",
             dims.size());
+  // numel() multiplies the dimensions without checks, so a shape whose
+  // element count would overflow an int64 is refused here, once.
+  std::int64_t elements = 1;
   for (std::int64_t d : dims) {
     DTP_CHECK(d >= 0, "shape dimensions must be >= 0, got ", d);
+    DTP_CHECK(!__builtin_mul_overflow(elements, d, &elements), "shape ",
+              describe_dims(dims), " has more elements than a 64-bit count holds");
     dims_[ndim_++] = d;
   }
 }
+
+
 
 std::int64_t Shape::operator[](int dim) const {
   DTP_CHECK(dim >= 0 && dim < ndim_, "dimension ", dim, " is out of range for shape ", str());
@@ -100,8 +115,11 @@ class Storage {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, MemoryCategory category) {
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype),
-                                         device, category);
+  std::int64_t bytes = 0;
+  DTP_CHECK(!__builtin_mul_overflow(shape.numel(), static_cast<std::int64_t>(dtype_size(dtype)), &bytes),
+            "a tensor of shape ", shape.str(), " and dtype ", dtype_name(dtype),
+            " has more bytes than a 64-bit count holds");
+  t.storage_ = std::make_shared<Storage>(static_cast<std::size_t>(bytes), device, category);
   t.shape_ = shape;
   t.dtype_ = dtype;
   return t;

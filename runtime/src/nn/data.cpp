@@ -3,6 +3,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -44,6 +45,9 @@ TokenDataset TokenDataset::synthetic(const SyntheticConfig& c) {
 }
 
 TokenDataset TokenDataset::from_text_file(const std::string& path) {
+  std::error_code error;
+  DTP_CHECK(!std::filesystem::is_directory(path, error), "data file '", path,
+            "' is a directory; give a text file");
   std::ifstream in(path, std::ios::binary);
   DTP_CHECK(in.good(), "cannot read data file '", path, "': ", std::strerror(errno));
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -84,7 +88,11 @@ BatchSampler::BatchSampler(TokenDataset data, std::int64_t global_batch, std::in
   DTP_CHECK(global_batch % world == 0, "sampler: the global batch (", global_batch,
             ") does not divide by the world size (", world,
             "); every data-parallel rank needs the same number of samples");
-  DTP_CHECK(data_.size() >= seq + 1, "data '", data_.name(), "' has ", data_.size(),
+  std::int64_t tokens_per_step = 0;
+  DTP_CHECK(!__builtin_mul_overflow(global_batch, seq, &tokens_per_step), "sampler: batch x seq = ",
+            global_batch, " x ", seq, " tokens per step overflows a 64-bit count");
+  // size - 1 >= seq, not size >= seq + 1: seq + 1 overflows for the largest seq.
+  DTP_CHECK(data_.size() - 1 >= seq, "data '", data_.name(), "' has ", data_.size(),
             " tokens, but one sequence of ", seq, " needs ", seq + 1,
             " (its inputs plus the last target)");
 }

@@ -33,6 +33,17 @@ std::string rate(double tokens_per_second) {
   return buf;
 }
 
+std::string config_json(const TrainConfig& config) {
+  return "{\"kind\":\"config\",\"strategy\":" + json_string(config.strategy) +
+         ",\"steps\":" + std::to_string(config.steps) + ",\"batch\":" +
+         std::to_string(config.batch) + ",\"seq\":" + std::to_string(config.seq) +
+         ",\"lr\":" + json_number(config.lr) + ",\"optimizer\":" + json_string(config.optimizer) +
+         ",\"seed\":" + std::to_string(config.seed) +
+         ",\"device\":" + json_string(config.model.device.str()) +
+         ",\"dtype\":" + json_string(dtype_name(config.model.dtype)) + ",\"data\":" +
+         json_string(config.data_path.empty() ? "synthetic" : config.data_path) + "}";
+}
+
 std::mutex registry_mutex;
 std::map<std::string, StrategyFn>& registry() {
   static std::map<std::string, StrategyFn> strategies{{"single", train_single}};
@@ -52,22 +63,36 @@ void TrainConfig::validate() const {
   DTP_CHECK(min_lr_ratio >= 0 && min_lr_ratio <= 1, "train: min_lr_ratio must be in [0, 1], got ",
             min_lr_ratio);
   DTP_CHECK(warmup >= 0, "train: warmup must be >= 0, got ", warmup);
-  DTP_CHECK(weight_decay >= 0, "train: weight_decay must be >= 0, got ", weight_decay);
+  DTP_CHECK(weight_decay >= 0 && std::isfinite(weight_decay),
+            "train: weight_decay must be finite and >= 0, got ", weight_decay);
+  DTP_CHECK(momentum >= 0 && momentum < 1, "train: momentum must be in [0, 1), got ", momentum);
+  DTP_CHECK(std::isfinite(grad_clip), "train: grad_clip must be finite, got ", grad_clip);
+  // Tokens per step must be countable (batch x seq in an int64).
+  std::int64_t tokens = 0;
+  DTP_CHECK(!__builtin_mul_overflow(batch, seq, &tokens), "train: batch x seq = ", batch, " x ",
+            seq, " tokens per step overflows a 64-bit count");
 }
 
 LRSchedule TrainConfig::schedule() const {
   return LRSchedule{lr, lr * min_lr_ratio, warmup, steps};
 }
 
+std::int64_t TrainResult::loss_window() const {
+  // Ten steps smooth the noise of single batches; a short run takes half its
+  // steps so that "first" and "last" never share a step (one step: itself).
+  const auto n = static_cast<std::int64_t>(steps.size());
+  return std::max<std::int64_t>(std::min<std::int64_t>(10, n / 2), std::min<std::int64_t>(n, 1));
+}
+
 double TrainResult::first_loss() const {
-  const std::size_t n = std::min<std::size_t>(10, steps.size());
+  const auto n = static_cast<std::size_t>(loss_window());
   double sum = 0;
   for (std::size_t i = 0; i < n; ++i) sum += steps[i].loss;
   return n ? sum / static_cast<double>(n) : 0.0;
 }
 
 double TrainResult::last_loss() const {
-  const std::size_t n = std::min<std::size_t>(10, steps.size());
+  const auto n = static_cast<std::size_t>(loss_window());
   double sum = 0;
   for (std::size_t i = steps.size() - n; i < steps.size(); ++i) sum += steps[i].loss;
   return n ? sum / static_cast<double>(n) : 0.0;
@@ -186,38 +211,64 @@ TrainResult train(const TrainConfig& config, const StepCallback& on_step) {
     for (const std::string& name : strategy_names()) names += (names.empty() ? "" : ", ") + name;
     DTP_CHECK(false, "unknown strategy '", config.strategy, "'; accepted: ", names);
   }
+  // Both outputs are opened before the first step: a bad path fails at once,
+  // not after the run.
   std::unique_ptr<JsonLinesWriter> log;
   if (!config.json_path.empty()) {
     log = std::make_unique<JsonLinesWriter>(config.json_path);
-    log->write("{\"kind\":\"config\",\"strategy\":" + json_string(config.strategy) + ",\"steps\":" +
-               std::to_string(config.steps) + ",\"batch\":" + std::to_string(config.batch) +
-               ",\"seq\":" + std::to_string(config.seq) + ",\"lr\":" + json_number(config.lr) +
-               ",\"optimizer\":" + json_string(config.optimizer) +
-               ",\"seed\":" + std::to_string(config.seed) +
-               ",\"device\":" + json_string(config.model.device.str()) +
-               ",\"dtype\":" + json_string(dtype_name(config.model.dtype)) + ",\"data\":" +
-               json_string(config.data_path.empty() ? "synthetic" : config.data_path) + "}");
+    log->write(config_json(config));
   }
-  if (!config.trace_path.empty()) trace::enable();
+  std::unique_ptr<trace::ChromeTraceFile> trace_file;
+  std::size_t traced = 0;
+  // Streams the spans recorded since the last call (every rank's, on the
+  // thread backend; this process's under mpiexec).
+  auto write_new_spans = [&] {
+    if (!trace_file) return;
+    std::vector<trace::Span> fresh = trace::spans_since(traced);
+    traced += fresh.size();
+    trace_file->append(fresh);
+  };
+  if (!config.trace_path.empty()) {
+    trace_file = std::make_unique<trace::ChromeTraceFile>(config.trace_path);
+    trace::enable();
+  }
+  std::int64_t steps_logged = 0;
   StepCallback callback = [&](const StepRecord& record) {
     if (log) log->write(step_json(record));
+    ++steps_logged;
+    write_new_spans();
     if (on_step) on_step(record);
   };
   TrainResult result;
   try {
     result = fn(config, callback);
-  } catch (...) {
-    if (!config.trace_path.empty()) trace::disable();
+  } catch (const std::exception& e) {
+    // Keep what the run recorded up to the failure: the spans and a last
+    // log line that says why it stopped. Errors here must not hide the first.
+    trace::disable();
+    try {
+      write_new_spans();
+      if (trace_file) trace_file->finish();
+    } catch (const std::exception&) {
+    }
+    try {
+      if (log)
+        log->write("{\"kind\":\"failed\",\"steps\":" + std::to_string(steps_logged) +
+                   ",\"error\":" + json_string(e.what()) + "}");
+    } catch (const std::exception&) {
+    }
     throw;
   }
-  if (!config.trace_path.empty()) {
+  if (trace_file) {
     trace::disable();
-    trace::write_chrome_json(config.trace_path);
+    write_new_spans();
+    trace_file->finish();
   }
   if (log) {
     log->write("{\"kind\":\"summary\",\"steps\":" + std::to_string(result.steps.size()) +
                ",\"seconds\":" + json_number(result.seconds) +
                ",\"parameters\":" + std::to_string(result.parameters) +
+               ",\"loss_window\":" + std::to_string(result.loss_window()) +
                ",\"first_loss\":" + json_number(result.first_loss()) +
                ",\"last_loss\":" + json_number(result.last_loss()) +
                ",\"peak_bytes\":" + std::to_string(result.peak_bytes) + "}");
@@ -245,14 +296,23 @@ std::string format_summary(const TrainResult& result) {
     tokens += r.tokens;
     step_seconds += r.seconds;
   }
+  // Name the averaged steps: "mean of steps 1-10 -> 291-300".
+  const std::int64_t n = static_cast<std::int64_t>(result.steps.size());
+  const std::int64_t w = result.loss_window();
+  char window[96];
+  if (n <= 1)
+    std::snprintf(window, sizeof window, "(one step)");
+  else if (w == 1)
+    std::snprintf(window, sizeof window, "(step 1 -> step %lld)", static_cast<long long>(n));
+  else
+    std::snprintf(window, sizeof window, "(mean of steps 1-%lld -> %lld-%lld)",
+                  static_cast<long long>(w), static_cast<long long>(n - w + 1),
+                  static_cast<long long>(n));
   char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "trained %zu steps in %.1f s (%s tok/s); loss %.4f -> %.4f (mean of first and last "
-                "%zu steps)\n",
+  std::snprintf(buf, sizeof buf, "trained %zu steps in %.1f s (%s tok/s); loss %.4f -> %.4f %s\n",
                 result.steps.size(), result.seconds,
                 rate(step_seconds > 0 ? static_cast<double>(tokens) / step_seconds : 0).c_str(),
-                result.first_loss(), result.last_loss(),
-                std::min<std::size_t>(10, result.steps.size()));
+                result.first_loss(), result.last_loss(), window);
   std::string out = buf;
   out += "peak memory " + mebibytes(result.peak_bytes) + ":";
   for (int c = 0; c < static_cast<int>(result.peak_by_category.size()); ++c) {

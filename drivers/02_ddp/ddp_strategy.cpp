@@ -1,7 +1,8 @@
 // `dtp train --strategy ddp`: the chapter's puzzles wired into the trainer.
-// Not a puzzle: the plumbing every data-parallel chapter repeats. A rank
-// builds Trainer(config, rank, world) so its sampler yields its slice of the
-// global batch, and plugs gradient averaging in where it belongs:
+// Provided code, not a puzzle (see drivers/README.md): the plumbing every
+// data-parallel chapter repeats. A rank builds Trainer(config, rank, world)
+// so its sampler yields its slice of the global batch, and plugs gradient
+// averaging in where it belongs:
 //   K = 1: Trainer::step() with on_after_backward (2.1, 2.2, 2.3's finish);
 //          2.3 also hooks the model's grad-ready callbacks.
 //   K > 1: a step written out here around accumulation_step (2.4); the one
@@ -12,6 +13,7 @@
 #include <memory>
 
 #include "02_ddp/ddp.h"
+#include "dtp/agreement.h"
 #include "dtp/error.h"
 #include "dtp/launch.h"
 #include "dtp/memory.h"
@@ -59,6 +61,21 @@ StepRecord accumulated_step(Trainer& trainer, std::int64_t step, std::int64_t k,
   return record;
 }
 
+// The settings every rank must share: the trainer's and the strategy's own.
+std::vector<RunSetting> ddp_settings(const TrainConfig& config, const DdpOptions& options) {
+  const char* modes[] = {"naive", "flat", "bucketed"};
+  std::vector<RunSetting> settings = run_settings(config);
+  settings.push_back({"--ddp-mode", modes[static_cast<int>(options.mode)]});
+  settings.push_back({"--bucket-mb", options.bucket_bytes == kAutoBucketBytes
+                                         ? "auto" : std::to_string(options.bucket_bytes) + " bytes"});
+  settings.push_back({"--accumulate", std::to_string(options.accumulate)});
+  return settings;
+}
+
+// What rank 0 gathers from every rank after each step (reporting traffic,
+// taken after the step's own numbers were measured).
+enum Gathered { kLoss, kAllReduces, kBytes, kExposed, kSeconds, kTokens, kGatheredCount };
+
 TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const StepCallback& on_step) {
   validate_ddp(config, options);
   const auto start = Clock::now();
@@ -67,6 +84,7 @@ TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const 
   launch(World::from_env(options.world), [&](Comm& comm) {
     Trainer trainer(config, comm.rank(), comm.size());
     GPT& model = trainer.model();
+    check_ranks_agree(comm, ddp_settings(config, options), model);
     double exposed = 0;  // seconds this rank's thread waited on communication this step
     auto timed = [&exposed](const std::function<void()>& fn) {
       const auto t0 = Clock::now();
@@ -80,7 +98,7 @@ TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const 
     } else if (options.mode == DdpMode::flat || options.accumulate > 1) {
       synchronize = [&] { timed([&] { flat_all_reduce_gradients(comm, model); }); };
     } else {
-      buckets = std::make_unique<BucketedAllReduce>(comm, model, options.bucket_bytes);
+      buckets = std::make_unique<BucketedAllReduce>(comm, model, resolve_bucket_bytes(options, model));
       synchronize = [&] { timed([&] { buckets->finish(); }); };
     }
     if (options.accumulate == 1) trainer.on_after_backward(synchronize);
@@ -89,8 +107,8 @@ TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const 
       result.data_name = trainer.sampler().data().name();
     }
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    Tensor mine = Tensor::zeros(Shape{4}, DType::f64);
-    Tensor all = Tensor::zeros(Shape{4 * static_cast<std::int64_t>(comm.size())}, DType::f64);
+    Tensor mine = Tensor::zeros(Shape{kGatheredCount}, DType::f64);
+    Tensor all = Tensor::zeros(Shape{kGatheredCount * static_cast<std::int64_t>(comm.size())}, DType::f64);
     for (std::int64_t s = 0; s < config.steps; ++s) {
       const CommStats before = comm.stats();
       exposed = 0;
@@ -102,26 +120,37 @@ TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const 
         auto it = st.collective_calls.find("all_reduce");
         return it == st.collective_calls.end() ? std::int64_t{0} : it->second;
       };
-      // Gather (loss, calls, bytes, exposed) to rank 0: reporting traffic,
-      // measured after the step's own numbers were taken.
-      mine.copy_from(Tensor::from_values({record.loss, static_cast<double>(calls(after) - calls(before)),
-                                          static_cast<double>(after.collective_bytes - before.collective_bytes),
-                                          exposed}));
+      std::vector<double> values(kGatheredCount);
+      values[kLoss] = record.loss;
+      values[kAllReduces] = static_cast<double>(calls(after) - calls(before));
+      values[kBytes] = static_cast<double>(after.collective_bytes - before.collective_bytes);
+      values[kExposed] = exposed;
+      values[kSeconds] = record.seconds;
+      values[kTokens] = static_cast<double>(record.tokens);
+      mine.copy_from(Tensor::from_values(values));
       comm.gather(mine, all, 0);
       if (comm.rank() != 0) continue;
       const std::vector<double> v = all.to_vector();
       std::vector<RankCommStep> ranks(static_cast<std::size_t>(comm.size()));
-      double loss_sum = 0;
+      const auto at = [&](int rank, Gathered what) { return v[static_cast<std::size_t>(kGatheredCount * rank + what)]; };
+      double loss_sum = 0, slowest = 0, tokens = 0;
       for (int r = 0; r < comm.size(); ++r) {
         RankCommStep& rc = ranks[static_cast<std::size_t>(r)];
         rc.rank = r;
-        rc.loss = v[4 * r];
-        rc.all_reduces = static_cast<std::int64_t>(v[4 * r + 1]);
-        rc.bytes = static_cast<std::int64_t>(v[4 * r + 2]);
-        rc.exposed_seconds = v[4 * r + 3];
+        rc.loss = at(r, kLoss);
+        rc.all_reduces = static_cast<std::int64_t>(at(r, kAllReduces));
+        rc.bytes = static_cast<std::int64_t>(at(r, kBytes));
+        rc.exposed_seconds = at(r, kExposed);
         loss_sum += rc.loss;
+        slowest = std::max(slowest, at(r, kSeconds));
+        tokens += at(r, kTokens);
       }
-      record.loss = loss_sum / comm.size();  // equal slices: the mean of means is the global mean
+      // Equal slices: the mean of the ranks' means is the global batch's mean.
+      record.loss = loss_sum / comm.size();
+      // The step is done when its slowest rank is; it processed every rank's tokens.
+      record.seconds = slowest;
+      record.tokens = static_cast<std::int64_t>(tokens);
+      record.tokens_per_second = slowest > 0 ? tokens / slowest : 0;
       result.add_step(record, *tracker);
       if (on_step) on_step(record);
       if (options.on_comm) options.on_comm(record.step, ranks);
@@ -133,16 +162,36 @@ TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const 
 
 }  // namespace
 
+std::int64_t default_bucket_bytes(const GPT& model) {
+  std::int64_t gradient_bytes = 0;
+  for (const Unit* unit : model.units()) gradient_bytes += static_cast<std::int64_t>(unit->params().nbytes());
+  // A bucket closes once it holds at least this much, so the model's
+  // gradients make about kDefaultBucketCount buckets: enough that the first
+  // all-reduce starts while backward still runs, few enough to stay large.
+  return std::max<std::int64_t>(1, gradient_bytes / kDefaultBucketCount);
+}
+
+std::int64_t resolve_bucket_bytes(const DdpOptions& options, const GPT& model) {
+  return options.bucket_bytes == kAutoBucketBytes ? default_bucket_bytes(model) : options.bucket_bytes;
+}
+
 void validate_ddp(const TrainConfig& config, const DdpOptions& options) {
-  DTP_CHECK(options.world >= 1, "ddp: the world size must be at least 1, got ", options.world);
-  DTP_CHECK(options.accumulate >= 1, "ddp: accumulate (K) must be at least 1, got ", options.accumulate);
-  DTP_CHECK(options.bucket_bytes >= 0, "ddp: bucket bytes must be >= 0, got ", options.bucket_bytes);
-  DTP_CHECK(config.batch >= options.world,
-            "ddp: the global batch (", config.batch, " sequences) is smaller than the world size (",
-            options.world, " ranks): every rank needs at least one sequence");
-  DTP_CHECK(config.batch % (options.world * options.accumulate) == 0, "ddp: the global batch (",
-            config.batch, " sequences) must divide evenly by world size x accumulation = ",
-            options.world, " x ", options.accumulate, " = ", options.world * options.accumulate,
+  DTP_CHECK(options.world >= 1, "ddp: --world (ranks) must be at least 1, got ", options.world);
+  DTP_CHECK(options.accumulate >= 1, "ddp: --accumulate (K) must be at least 1, got ", options.accumulate);
+  DTP_CHECK(options.bucket_bytes >= 0 || options.bucket_bytes == kAutoBucketBytes,
+            "ddp: bucket bytes must be >= 0 (or kAutoBucketBytes), got ", options.bucket_bytes);
+  DTP_CHECK(config.batch >= options.world, "ddp: the global batch (--batch ", config.batch,
+            ") is smaller than the world size (--world ", options.world,
+            "): every rank needs at least one sequence");
+  // world x K can overflow for a huge K; batch >= world x K is needed anyway
+  // (every micro-batch holds at least one sequence), and checking it by
+  // division first keeps the product in range.
+  DTP_CHECK(options.accumulate <= config.batch / options.world,
+            "ddp: the global batch (--batch ", config.batch, ") must hold at least --world x --accumulate = ",
+            options.world, " x ", options.accumulate, " sequences (one per micro-batch and rank)");
+  DTP_CHECK(config.batch % (options.world * options.accumulate) == 0, "ddp: the global batch (--batch ",
+            config.batch, ") must divide evenly by --world x --accumulate = ", options.world, " x ",
+            options.accumulate, " = ", options.world * options.accumulate,
             " (equal micro-batches on every rank)");
 }
 

@@ -1,0 +1,321 @@
+// dtp-train's flags: parsing with ranges, then the checks between flags.
+#include "train/options.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+
+#include "dtp/device.h"
+#include "dtp/error.h"
+
+namespace dtp::train_app {
+
+const char* const kUsage = R"(Usage: dtp train [OPTIONS]
+
+Trains a small GPT on one device (or on data-parallel ranks with --strategy ddp),
+shows a progress line (loss, tokens/s, time left) and a summary.
+
+Run:
+  --device cpu|cuda[:k]   where to train (default cpu)
+  --strategy NAME         how to train: single (default) or ddp (chapter 02)
+  --impl puzzles|reference
+                          whose code a strategy with puzzles runs: yours in
+                          puzzles/ (default) or the reference solution
+                          (bin/dtp-train-reference, started for you)
+  --steps K               optimizer steps, 1 to 10^9 (default 300)
+  --batch B               sequences per step, the global batch, 1 to 1048576 (default 16)
+  --seq T                 tokens per sequence, 1 to 65536 (default 64)
+  --data FILE             train on the bytes of a text file (vocabulary 256);
+                          default: the synthetic phrase stream
+  --seed N                seeds weights, data and sampling, 0 to 2^63-1 (default 1234)
+  --trace FILE            write a Chrome/Perfetto trace of the run (written as it
+                          runs; under mpiexec rank 0's spans)
+  --json FILE             write a JSON-lines log (config, one line per step, summary)
+  --log-every N           keep a line every N steps (default: about ten per run);
+                          on a terminal a line updates in place in between
+
+Data parallel (--strategy ddp, chapter 02):
+  --world N               data-parallel ranks, 1 to 1024 (default 2; under mpiexec
+                          with DTP_BACKEND=mpi: the number of processes)
+  --ddp-mode MODE         naive (2.1), flat (2.2) or bucketed (2.3, default)
+  --bucket-mb X           bucket size in MiB for bucketed mode, 0 to 1048576
+                          (default: a quarter of the model's gradients, so about
+                          4 buckets; 0: one bucket per parameter)
+  --accumulate K          micro-batches per optimizer step, 1 to 1048576 (default 1);
+                          the global batch must divide by world x K
+  A line per rank follows each kept step: its all-reduces, bytes and the
+  time its thread waited on communication (exposed, not overlapped).
+
+Model:
+  --layers N              transformer blocks, 0 to 256 (default 2)
+  --d-model C             width, 1 to 65536 (default 64)
+  --heads H               attention heads, 1 to 65536; C must divide by H (default 4)
+  --vocab V               vocabulary of the synthetic data, 2 to 1048576 (default 64)
+  --attention KIND        naive or flash (default naive)
+  --dtype f32|f64         parameter and activation dtype (default f32)
+
+Optimizer:
+  --optimizer NAME        adamw or sgd (default adamw)
+  --lr X                  peak learning rate, 1e-12 to 1000 (default 3e-3)
+  --warmup N              linear warm-up steps, 0 to 10^9 (default 20)
+  --min-lr-ratio X        cosine decay ends at lr * X, 0 to 1 (default 0.1)
+  --weight-decay X        decoupled weight decay, 0 to 100 (default 0)
+  --momentum X            SGD momentum, 0 to below 1 (default 0.9)
+  --clip X                clip gradients to this global norm, 0 to 10^6; 0 disables
+                          (default 1)
+
+  -h, --help              this text
+
+Exit status: 0 trained; 1 the run failed; 2 a bad command line; 3 a puzzle
+the run needs is not solved yet.
+)";
+
+namespace {
+
+std::string range_text(double low, double high) {
+  char text[96];
+  std::snprintf(text, sizeof text, "[%.15g, %.15g]", low, high);
+  return text;
+}
+
+// An integer in [low, high], the whole text (no "12x", no " 12", no "1e3").
+std::int64_t parse_int(const std::string& flag, const std::string& text, std::int64_t low,
+                       std::int64_t high) {
+  const std::string expected = flag + " expects an integer in [" + std::to_string(low) + ", " +
+                               std::to_string(high) + "], got '" + text + "'";
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])))
+    throw UsageError{expected};
+  errno = 0;
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (end != text.c_str() + text.size() || errno == ERANGE || value < low || value > high)
+    throw UsageError{expected};
+  return value;
+}
+
+// A finite number in [low, high]; `below_high` makes the upper end open.
+double parse_real(const std::string& flag, const std::string& text, double low, double high,
+                  bool below_high = false) {
+  std::string range = range_text(low, high);
+  if (below_high) range.back() = ')';
+  const std::string expected = flag + " expects a number in " + range + ", got '" + text + "'";
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])))
+    throw UsageError{expected};
+  errno = 0;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  const bool in_range = std::isfinite(value) && value >= low && (below_high ? value < high : value <= high);
+  if (end != text.c_str() + text.size() || errno == ERANGE || !in_range) throw UsageError{expected};
+  return value;
+}
+
+template <typename Fn>
+auto parse_with(const std::string& flag, const std::string& text, Fn fn) -> decltype(fn(text)) {
+  try {
+    return fn(text);
+  } catch (const dtp::Error& e) {
+    throw UsageError{flag + ": " + e.what()};
+  }
+}
+
+constexpr std::int64_t kMaxSteps = 1000000000;
+constexpr std::int64_t kMaxBatch = 1 << 20;
+constexpr std::int64_t kMaxSeq = 1 << 16;
+constexpr std::int64_t kMaxWidth = 1 << 16;
+
+// Creates (or keeps) @p path to learn now, not after the run, that it cannot
+// be written. Appending leaves an existing file as it is until the run.
+void check_writable(const std::string& flag, const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "a");
+  if (file == nullptr)
+    throw UsageError{flag + ": cannot write '" + path + "': " + std::strerror(errno)};
+  std::fclose(file);
+}
+
+void check_data_file(const std::string& path, std::int64_t seq) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (!fs::exists(status))
+    throw UsageError{"--data expects a readable text file, got '" + path + "' (no such file)"};
+  if (fs::is_directory(status))
+    throw UsageError{"--data expects a text file, got the directory '" + path + "'"};
+  if (!fs::is_regular_file(status))
+    throw UsageError{"--data expects a regular text file, got '" + path + "'"};
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr)
+    throw UsageError{"--data: cannot read '" + path + "': " + std::strerror(errno)};
+  std::fclose(file);
+  const auto bytes = static_cast<std::int64_t>(fs::file_size(path, error));
+  if (bytes <= seq)
+    throw UsageError{"--data '" + path + "' has " + std::to_string(bytes) + " bytes, but --seq " +
+                     std::to_string(seq) + " needs at least " + std::to_string(seq + 1) +
+                     " (a sequence and its last target)"};
+}
+
+}  // namespace
+
+std::string find_flag(int argc, char** argv, const std::string& flag) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == flag && i + 1 < argc) return argv[i + 1];
+    if (arg.rfind(flag + "=", 0) == 0) return arg.substr(flag.size() + 1);
+  }
+  return "";
+}
+
+Options parse_arguments(int argc, char** argv) {
+  Options o;
+  TrainConfig& config = o.config;
+  ch02::DdpOptions& ddp = o.ddp;
+  using Setter = std::function<void(const std::string&, const std::string&)>;
+  auto as_int = [](std::int64_t v) { return static_cast<int>(v); };  // callers bound v to int
+  const std::map<std::string, Setter> options = {
+      {"--device", [&](auto& f, auto& v) { config.model.device = parse_with(f, v, dtp::parse_device); }},
+      {"--strategy",
+       [&](auto& f, auto& v) {
+         if (v.empty()) throw UsageError{f + " expects a strategy name, got ''"};
+         config.strategy = v;
+       }},
+      {"--impl",
+       [&](auto& f, auto& v) {
+         if (v != "puzzles" && v != "reference")
+           throw UsageError{f + " accepts puzzles or reference, got '" + v + "'"};
+         o.impl = v;
+       }},
+      {"--steps", [&](auto& f, auto& v) { config.steps = parse_int(f, v, 1, kMaxSteps); }},
+      {"--batch", [&](auto& f, auto& v) { config.batch = parse_int(f, v, 1, kMaxBatch); }},
+      {"--seq", [&](auto& f, auto& v) { config.seq = parse_int(f, v, 1, kMaxSeq); }},
+      {"--data",
+       [&](auto& f, auto& v) {
+         if (v.empty()) throw UsageError{f + " expects a file path, got ''"};
+         config.data_path = v;
+       }},
+      {"--seed",
+       [&](auto& f, auto& v) {
+         config.seed = static_cast<std::uint64_t>(parse_int(f, v, 0, std::numeric_limits<std::int64_t>::max()));
+       }},
+      {"--trace",
+       [&](auto& f, auto& v) {
+         if (v.empty()) throw UsageError{f + " expects a file path, got ''"};
+         config.trace_path = v;
+       }},
+      {"--json",
+       [&](auto& f, auto& v) {
+         if (v.empty()) throw UsageError{f + " expects a file path, got ''"};
+         config.json_path = v;
+       }},
+      {"--log-every", [&](auto& f, auto& v) { o.log_every = parse_int(f, v, 1, kMaxSteps); }},
+      {"--layers", [&](auto& f, auto& v) { config.model.layers = as_int(parse_int(f, v, 0, 256)); }},
+      {"--d-model", [&](auto& f, auto& v) { config.model.d_model = as_int(parse_int(f, v, 1, kMaxWidth)); }},
+      {"--heads", [&](auto& f, auto& v) { config.model.heads = as_int(parse_int(f, v, 1, kMaxWidth)); }},
+      {"--vocab", [&](auto& f, auto& v) { config.model.vocab_size = as_int(parse_int(f, v, 2, 1 << 20)); }},
+      {"--attention",
+       [&](auto& f, auto& v) { config.model.attention = parse_with(f, v, dtp::parse_attention_kind); }},
+      {"--dtype",
+       [&](auto& f, auto& v) {
+         if (v != "f32" && v != "f64") throw UsageError{f + " accepts f32 or f64, got '" + v + "'"};
+         config.model.dtype = dtp::parse_dtype(v);
+       }},
+      {"--optimizer",
+       [&](auto& f, auto& v) {
+         if (v != "adamw" && v != "sgd") throw UsageError{f + " accepts adamw or sgd, got '" + v + "'"};
+         config.optimizer = v;
+       }},
+      {"--lr", [&](auto& f, auto& v) { config.lr = parse_real(f, v, 1e-12, 1000); }},
+      {"--warmup", [&](auto& f, auto& v) { config.warmup = parse_int(f, v, 0, kMaxSteps); }},
+      {"--min-lr-ratio", [&](auto& f, auto& v) { config.min_lr_ratio = parse_real(f, v, 0, 1); }},
+      {"--weight-decay", [&](auto& f, auto& v) { config.weight_decay = parse_real(f, v, 0, 100); }},
+      {"--momentum", [&](auto& f, auto& v) { config.momentum = parse_real(f, v, 0, 1, true); }},
+      {"--clip", [&](auto& f, auto& v) { config.grad_clip = parse_real(f, v, 0, 1e6); }},
+      {"--world",
+       [&](auto& f, auto& v) {
+         ddp.world = as_int(parse_int(f, v, 1, 1024));
+         o.world_given = o.ddp_flags = true;
+       }},
+      {"--bucket-mb",
+       [&](auto& f, auto& v) {
+         // Bounded, so the product is far inside an int64 and llround is defined.
+         ddp.bucket_bytes = std::llround(parse_real(f, v, 0, 1 << 20) * 1024 * 1024);
+         o.ddp_flags = true;
+       }},
+      {"--accumulate",
+       [&](auto& f, auto& v) {
+         ddp.accumulate = parse_int(f, v, 1, kMaxBatch);
+         o.ddp_flags = true;
+       }},
+      {"--ddp-mode",
+       [&](auto& f, auto& v) {
+         if (v == "naive") ddp.mode = ch02::DdpMode::naive;
+         else if (v == "flat") ddp.mode = ch02::DdpMode::flat;
+         else if (v == "bucketed") ddp.mode = ch02::DdpMode::bucketed;
+         else throw UsageError{f + " accepts naive, flat or bucketed, got '" + v + "'"};
+         o.ddp_flags = true;
+       }},
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    std::string value;
+    bool has_value = false;
+    if (auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_value = true;
+    }
+    auto it = options.find(arg);
+    if (it == options.end()) throw UsageError{"unknown option '" + arg + "' (see --help)"};
+    if (!has_value) {
+      if (i + 1 >= argc) throw UsageError{arg + " needs a value (see --help)"};
+      value = argv[++i];
+    }
+    it->second(arg, value);
+  }
+  return o;
+}
+
+void check_options(const Options& o) {
+  const TrainConfig& config = o.config;
+  std::string names;
+  bool known = false;
+  for (const std::string& name : strategy_names()) {
+    known = known || name == config.strategy;
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  if (!known)
+    throw UsageError{"--strategy: unknown strategy '" + config.strategy + "'; accepted: " + names};
+  if (o.ddp_flags && config.strategy != "ddp")
+    throw UsageError{"--world, --bucket-mb, --accumulate and --ddp-mode need --strategy ddp"};
+  if (config.model.d_model % config.model.heads != 0)
+    throw UsageError{"--heads " + std::to_string(config.model.heads) + " must divide --d-model " +
+                     std::to_string(config.model.d_model)};
+  if (config.strategy == "ddp") {
+    try {
+      ch02::validate_ddp(config, o.ddp);
+    } catch (const dtp::Error& e) {
+      throw UsageError{e.what()};
+    }
+  }
+  if (!config.data_path.empty()) check_data_file(config.data_path, config.seq);
+  if (!config.trace_path.empty() || !config.json_path.empty()) {
+    if (config.trace_path == config.json_path)
+      throw UsageError{"--trace and --json name the same file '" + config.json_path + "'"};
+    if (!config.trace_path.empty()) check_writable("--trace", config.trace_path);
+    if (!config.json_path.empty()) check_writable("--json", config.json_path);
+  }
+  if (config.model.device.is_cuda() && dtp::cuda_device_count() == 0)
+    throw UsageError{"--device " + config.model.device.str() +
+                     ": no usable CUDA device here (none found, or DTP was built without CUDA)"};
+}
+
+}  // namespace dtp::train_app

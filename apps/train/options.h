@@ -1,0 +1,44 @@
+// dtp-train's command line: every flag, its accepted range, and the checks
+// that involve several flags. Every error is a UsageError that names the flag
+// and what it accepts; main() prints it and exits with status 2.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "02_ddp/ddp.h"
+#include "dtp/trainer.h"
+
+namespace dtp::train_app {
+
+/// A bad command line: the message names the flag and the accepted values.
+struct UsageError {
+  std::string message;
+};
+
+/// Everything the command line sets.
+struct Options {
+  TrainConfig config;
+  ch02::DdpOptions ddp;
+  std::int64_t log_every = 0;  ///< 0: about ten lines per run
+  std::string impl;            ///< "puzzles", "reference" or "" (this binary's)
+  bool ddp_flags = false;      ///< a ddp-only flag was given
+  bool world_given = false;    ///< --world was given (under mpiexec it defaults to the processes)
+};
+
+/// The --help text.
+extern const char* const kUsage;
+
+/// Parses argv; throws UsageError. Prints --help and exits on -h/--help.
+Options parse_arguments(int argc, char** argv);
+
+/// The checks between flags and against the file system: strategy names,
+/// ddp divisibility, heads | d_model, the data file, writable outputs.
+/// Throws UsageError.
+void check_options(const Options& options);
+
+/// The value of "--flag VALUE" or "--flag=VALUE" in argv, or "" (a quick look
+/// for --impl before anything else runs).
+std::string find_flag(int argc, char** argv, const std::string& flag);
+
+}  // namespace dtp::train_app

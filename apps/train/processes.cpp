@@ -1,0 +1,87 @@
+#include "train/processes.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "dtp/error.h"
+#include "dtp/launch.h"
+
+#ifndef DTP_TRAIN_IMPL
+#error "DTP_TRAIN_IMPL (puzzles or reference) is set by apps/CMakeLists.txt"
+#endif
+
+namespace dtp::train_app {
+namespace {
+
+// Processes mpiexec started, as its launcher tells each of them (Open MPI,
+// then the PMI variables of MPICH and Slurm); 1 outside mpiexec.
+int launcher_process_count() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
+    if (const char* value = std::getenv(name)) {
+      const int n = std::atoi(value);
+      if (n >= 1) return n;
+    }
+  }
+  return 1;
+}
+
+}  // namespace
+
+const char* this_impl() { return DTP_TRAIN_IMPL; }
+
+void run_impl(const std::string& impl, char** argv) {
+  if (impl != "puzzles" && impl != "reference") return;
+  if (impl == this_impl()) return;
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  const std::string sibling = impl == "reference" ? "dtp-train-reference" : "dtp-train";
+  const std::filesystem::path program = (error ? std::filesystem::path(argv[0]).parent_path()
+                                               : self.parent_path()) / sibling;
+  const std::string path = program.string();
+  argv[0] = const_cast<char*>(path.c_str());
+  ::execv(path.c_str(), argv);
+  // execv returns only on failure.
+  throw UsageError{"--impl " + impl + ": cannot start '" + path + "': " + std::strerror(errno) +
+                   " (build it: cmake --build build --target " + sibling + ")"};
+}
+
+ProcessRole join_processes(Options& options) {
+  ProcessRole role;
+  const char* backend = std::getenv("DTP_BACKEND");
+  role.mpi = backend != nullptr && std::string(backend) == "mpi";
+  const int started = launcher_process_count();
+  if (!role.mpi) {
+    if (started > 1)
+      throw UsageError{"dtp-train runs as one of " + std::to_string(started) +
+                       " mpiexec processes, but DTP_BACKEND is not mpi: each would train alone "
+                       "and write the same files; set DTP_BACKEND=mpi"};
+    return role;
+  }
+  role.processes = max_world_size(Backend::mpi);
+  if (role.processes < 1)
+    throw UsageError{"DTP_BACKEND=mpi, but this dtp-train was built without MPI"};
+  if (options.config.strategy == "single" && role.processes > 1)
+    throw UsageError{"--strategy single trains one replica, but mpiexec started " +
+                     std::to_string(role.processes) + " processes; use --strategy ddp --world " +
+                     std::to_string(role.processes)};
+  if (!options.world_given) options.ddp.world = role.processes;
+  // A world of one rank runs on MPI process 0 alone: the others sit it out,
+  // which tells each process whether it is the one that reports.
+  bool holds_rank_zero = false;
+  World probe;
+  probe.size = 1;
+  probe.backend = Backend::mpi;
+  launch(probe, [&](Comm&) { holds_rank_zero = true; });
+  role.reports = holds_rank_zero;
+  if (!role.reports) {
+    options.config.json_path.clear();
+    options.config.trace_path.clear();
+  }
+  return role;
+}
+
+}  // namespace dtp::train_app

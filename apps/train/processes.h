@@ -1,0 +1,35 @@
+// Which program and which process does the work: --impl picks the binary
+// (the puzzles and the reference cannot share one), and under mpiexec only
+// the process holding rank 0 prints and writes files.
+#pragma once
+
+#include <string>
+
+#include "train/options.h"
+
+namespace dtp::train_app {
+
+/// "puzzles" or "reference": the library this binary is linked with.
+const char* this_impl();
+
+/// When @p impl names the other library, replaces this process with the
+/// sibling binary (bin/dtp-train <-> bin/dtp-train-reference) and the same
+/// arguments; returns only when @p impl is this binary's (or empty or
+/// invalid: the full parse reports that). Throws UsageError when the sibling
+/// cannot be started.
+void run_impl(const std::string& impl, char** argv);
+
+/// How this process takes part in the run.
+struct ProcessRole {
+  int processes = 1;     ///< processes mpiexec started (1 without mpiexec)
+  bool reports = true;   ///< prints, and writes --json and --trace
+  bool mpi = false;      ///< DTP_BACKEND=mpi
+};
+
+/// Learns this process's role and adjusts @p options to it: under mpiexec
+/// --world defaults to the process count, and processes other than rank 0's
+/// write no files. Throws UsageError for runs that would train separate
+/// replicas (several processes on the thread backend, or --strategy single).
+ProcessRole join_processes(Options& options);
+
+}  // namespace dtp::train_app

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Runs dtp-train on every row of bad_inputs.txt and checks that each is a
+clear usage error: exit status 2, quickly, with the expected text (which
+names the flag) in stderr and no training. Prints every row that failed."""
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+
+
+def rows(table):
+    for number, line in enumerate(open(table), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        expected, _, arguments = line.partition(" | ")
+        yield number, expected.strip(), arguments.strip()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--program", required=True)
+    parser.add_argument("--table", required=True)
+    args = parser.parse_args()
+    failures = []
+    count = 0
+    with tempfile.TemporaryDirectory() as folder:
+        open(os.path.join(folder, "three.txt"), "w").write("abc")
+        open(os.path.join(folder, "empty.txt"), "w").close()
+        missing = os.path.join(folder, "no-such-folder")
+        env = dict(os.environ, DTP_BACKEND="thread")
+        for number, expected, arguments in rows(args.table):
+            count += 1
+            fill = lambda text: text.replace("{dir}", folder).replace("{missing}", missing)
+            argv = [args.program] + [fill(a) for a in shlex.split(arguments)]
+            want = fill(expected)
+            try:
+                run = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env,
+                                     stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                failures.append(f"line {number}: `{arguments}`: expected exit 2 at once, "
+                                f"got no exit within 30 s (a hang or a run)")
+                continue
+            problems = []
+            if run.returncode != 2:
+                problems.append(f"exit status {run.returncode} (expected 2)")
+            if want not in run.stderr:
+                problems.append(f"stderr without '{want}'")
+            if "trained" in run.stdout or "step " in run.stdout:
+                problems.append("it trained")
+            if problems:
+                failures.append(f"line {number}: `{arguments}`: " + "; ".join(problems) +
+                                f"\n    stderr: {run.stderr.strip()[:400]!r}")
+    for failure in failures:
+        print(failure)
+    print(f"{count - len(failures)} of {count} bad command lines were clear usage errors")
+    return 1 if failures or count == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Checks of the built dtp-train programs, one subcommand per CTest test.
+Each failure says what was expected and what the program did."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+FAILURES = []
+
+
+def expect(condition, message):
+    if not condition:
+        FAILURES.append(message)
+    return condition
+
+
+def run(argv, timeout=300, env=None):
+    merged = dict(os.environ)
+    merged.update(env or {})
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=merged,
+                            stdin=subprocess.DEVNULL)
+    return result
+
+
+def show(result):
+    return (f"exit {result.returncode}\n--- stdout (end) ---\n{result.stdout[-1500:]}"
+            f"\n--- stderr (end) ---\n{result.stderr[-1500:]}")
+
+
+def read_trace(path, where):
+    """The trace must be one valid JSON document; returns its track names."""
+    try:
+        document = json.load(open(path))
+    except (OSError, ValueError) as error:
+        expect(False, f"{where}: the trace {path} is not valid JSON: {error}")
+        return set()
+    names = {e["args"]["name"] for e in document.get("traceEvents", [])
+             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    spans = [e for e in document["traceEvents"] if e.get("ph") == "X"]
+    expect(spans, f"{where}: the trace holds no spans")
+    return names
+
+
+def read_log(path, where):
+    """Every line of the JSON-lines log must parse on its own."""
+    objects = []
+    for number, line in enumerate(open(path), 1):
+        try:
+            objects.append(json.loads(line))
+        except ValueError as error:
+            expect(False, f"{where}: line {number} of {path} is not JSON ({error}): {line[:200]!r}")
+    return objects
+
+
+# --- --impl and unsolved puzzles ----------------------------------------------------------
+
+PUZZLES = [  # (dtp-train flags, the puzzle it needs first, its checker suite)
+    (["--ddp-mode", "naive"], "2.1 naive_ddp", "Puzzle2_1_naive_ddp"),
+    (["--ddp-mode", "flat"], "2.2 flat_ddp", "Puzzle2_2_flat_ddp"),
+    ([], "2.3 bucketed_ddp", "Puzzle2_3_bucketed_ddp"),
+    (["--ddp-mode", "flat", "--accumulate", "2"], "2.4 gradient_accumulation",
+     "Puzzle2_4_gradient_accumulation"),
+]
+
+
+def check_unsolved(args):
+    """dtp-train runs puzzles/: an unsolved puzzle stops it with its name and
+    exit status 3. Once the student solves it, the run must train (exit 0) and
+    that puzzle's checkers must pass; training while they fail would mean
+    dtp-train did not run puzzles/."""
+    base = ["--strategy", "ddp", "--world", "2", "--steps", "2", "--batch", "8"]
+    for flags, puzzle, suite in PUZZLES:
+        for impl in ([], ["--impl", "puzzles"]):
+            argv = [args.train] + base + flags + impl
+            where = " ".join(argv[1:])
+            result = run(argv, timeout=120, env={"DTP_BACKEND": "thread"})
+            if result.returncode == 0:
+                checker = run([args.checkers, f"--gtest_filter={suite}.*:*/{suite}.*"], timeout=600)
+                expect(checker.returncode == 0,
+                       f"`dtp-train {where}` trained (exit 0), but the checkers of puzzle {puzzle} "
+                       f"fail: dtp-train did not run the code in puzzles/")
+                continue
+            wanted = f"puzzle {puzzle} is not solved yet; `--impl reference` runs the reference"
+            expect(result.returncode == 3 and wanted in result.stderr,
+                   f"`dtp-train {where}`: expected exit 3 and '{wanted}' in stderr; got {show(result)}")
+            expect("trained" not in result.stdout,
+                   f"`dtp-train {where}` printed a summary although it stopped: {show(result)}")
+    # --impl reference starts the sibling program, which trains.
+    argv = [args.train] + base + ["--ddp-mode", "flat", "--impl", "reference"]
+    result = run(argv, timeout=300, env={"DTP_BACKEND": "thread"})
+    expect(result.returncode == 0 and "ddp, cpu, reference" in result.stdout
+           and "trained 2 steps" in result.stdout,
+           f"`dtp-train ... --impl reference` must run bin/dtp-train-reference and train; got {show(result)}")
+    # ... and the reference program's --impl puzzles comes back to dtp-train.
+    argv = [args.reference] + base + ["--ddp-mode", "flat", "--impl", "puzzles"]
+    result = run(argv, timeout=120, env={"DTP_BACKEND": "thread"})
+    expect(result.returncode in (0, 3) and "ddp, cpu, puzzles" in result.stdout,
+           f"`dtp-train-reference ... --impl puzzles` must run bin/dtp-train; got {show(result)}")
+
+
+# --- outputs and the progress display -----------------------------------------------------
+
+def check_outputs(args):
+    with tempfile.TemporaryDirectory() as folder:
+        trace, log = os.path.join(folder, "t.json"), os.path.join(folder, "l.jsonl")
+        argv = [args.reference, "--strategy", "ddp", "--world", "2", "--steps", "3", "--batch", "8",
+                "--trace", trace, "--json", log]
+        result = run(argv, env={"DTP_BACKEND": "thread"})
+        if expect(result.returncode == 0, f"a traced ddp run must succeed; got {show(result)}"):
+            names = read_trace(trace, "ddp on threads")
+            for rank in ("rank 0", "rank 1"):
+                expect(rank in names, f"ddp on threads: the trace lacks the track '{rank}'; has {sorted(names)}")
+            kinds = [o.get("kind") for o in read_log(log, "ddp on threads")]
+            expect(kinds == ["config", "step", "step", "step", "summary"],
+                   f"ddp on threads: log kinds {kinds}, expected config, 3 steps, summary")
+
+        # A run that fails keeps what it recorded: a finished trace and a last log line.
+        argv = [args.reference, "--steps", "30", "--optimizer", "sgd", "--lr", "1000", "--clip", "0", "--warmup", "0",
+                "--trace", trace, "--json", log]
+        result = run(argv)
+        if expect(result.returncode == 1 and "the loss is" in result.stderr,
+                  f"sgd with lr 1000 must diverge and fail with exit 1 naming the loss; got {show(result)}"):
+            read_trace(trace, "a run that failed")
+            objects = read_log(log, "a run that failed")
+            expect(objects and objects[-1].get("kind") == "failed" and "loss" in objects[-1].get("error", ""),
+                   f"a failed run's log must end with a 'failed' line naming the error; got {objects[-1:]}")
+
+    # A trace that cannot be written fails at once (not after the run, not exit 0).
+    result = run([args.reference, "--steps", "200", "--trace", "/dev/full"])
+    expect(result.returncode == 1 and "/dev/full" in result.stderr and "trained" not in result.stdout
+           and "step " not in result.stdout,
+           f"--trace /dev/full must fail before the first step with exit 1; got {show(result)}")
+
+    # Not a terminal: about ten kept lines, the first and the last included.
+    result = run([args.reference, "--steps", "40"])
+    lines = [l for l in result.stdout.splitlines() if l.startswith("step ")]
+    expect(result.returncode == 0 and 5 <= len(lines) <= 12 and lines[0].startswith("step  1/40")
+           and lines[-1].startswith("step 40/40"),
+           f"40 steps into a pipe: expected about 10 lines from step 1 to step 40; got {len(lines)}: {lines}")
+    expect("ETA" in lines[1] if len(lines) > 1 else False, f"kept lines show the time left; got {lines[:2]}")
+    expect("(mean of steps 1-10 -> 31-40)" in result.stdout,
+           f"the summary must say which steps it averages; got {result.stdout[-400:]}")
+    result = run([args.reference, "--steps", "5"])
+    expect("(mean of steps 1-2 -> 4-5)" in result.stdout,
+           f"5 steps: the averaged windows must not overlap; got {result.stdout[-400:]}")
+
+
+# --- under mpiexec ------------------------------------------------------------------------
+
+def mpi_env():
+    return {"DTP_BACKEND": "mpi", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "OMPI_MCA_rmaps_base_oversubscribe": "1", "DTP_TIMEOUT": "30"}
+
+
+def mpiexec(args):
+    return [args.mpiexec, "--oversubscribe", "--mca", "btl", "self,vader"]
+
+
+def check_mpi_outputs(args):
+    with tempfile.TemporaryDirectory() as folder:
+        trace, log = os.path.join(folder, "t.json"), os.path.join(folder, "l.jsonl")
+        argv = mpiexec(args) + ["-n", "4", args.reference, "--strategy", "ddp", "--steps", "3",
+                                "--batch", "8", "--trace", trace, "--json", log]
+        result = run(argv, timeout=300, env=mpi_env())
+        if not expect(result.returncode == 0, f"4 MPI processes must train; got {show(result)}"):
+            return
+        expect(result.stdout.count("dtp train:") == 1,
+               f"the header must print once, not {result.stdout.count('dtp train:')} times:\n{result.stdout}")
+        expect(result.stdout.count("trained ") == 1 and "trained 3 steps" in result.stdout,
+               f"one summary ('trained 3 steps'), got:\n{result.stdout}")
+        expect("ddp: 4 ranks (mpi backend)" in result.stdout,
+               f"--world defaults to the 4 processes; got:\n{result.stdout}")
+        names = read_trace(trace, "mpiexec -n 4")
+        expect("rank 0" in names, f"mpiexec -n 4: the trace lacks rank 0; has {sorted(names)}")
+        kinds = [o.get("kind") for o in read_log(log, "mpiexec -n 4")]
+        expect(kinds == ["config", "step", "step", "step", "summary"],
+               f"mpiexec -n 4: log kinds {kinds}, expected config, 3 steps, summary (one writer)")
+
+
+def check_mpi_diverging(args):
+    common = ["--strategy", "ddp", "--world", "4", "--steps", "2", "--batch", "8"]
+    argv = (mpiexec(args) + ["-n", "3", args.reference] + common + [":", "-n", "1", args.reference]
+            + common + ["--seed", "7"])
+    result = run(argv, timeout=300, env=mpi_env())
+    wanted = "rank 3 has --seed 7 but rank 0 has --seed 1234"
+    expect(result.returncode != 0 and wanted in result.stdout + result.stderr,
+           f"one process with another --seed: expected a non-zero exit and '{wanted}'; got {show(result)}")
+    expect("trained" not in result.stdout, f"diverging replicas must not train; got {show(result)}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("check", choices=["unsolved", "outputs", "mpi-outputs", "mpi-diverging"])
+    parser.add_argument("--train", help="bin/dtp-train (the puzzles)")
+    parser.add_argument("--reference", help="bin/dtp-train-reference")
+    parser.add_argument("--checkers", help="ch02_puzzles_tests")
+    parser.add_argument("--mpiexec")
+    args = parser.parse_args()
+    {"unsolved": check_unsolved, "outputs": check_outputs, "mpi-outputs": check_mpi_outputs,
+     "mpi-diverging": check_mpi_diverging}[args.check](args)
+    for failure in FAILURES:
+        print("FAILED:", failure, "\n")
+    print(f"{args.check}: {'passed' if not FAILURES else f'{len(FAILURES)} failure(s)'}")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
