@@ -19,6 +19,8 @@ const char* backend_name(Backend backend);
 Backend parse_backend(const std::string& name);
 
 /// Seconds a blocking call waits before it fails: DTP_TIMEOUT, or 60.
+/// Throws dtp::Error unless it is a positive, finite number; values above
+/// 10^7 s (about four months) are clamped to that.
 double default_timeout_seconds();
 
 /// How many ranks, on what, and how the clock counts.
@@ -54,7 +56,8 @@ class RankFailure : public std::runtime_error {
 
 /// Runs fn(comm) on every rank of @p world and returns when all are done.
 /// If any rank throws, the others are unwound and RankFailure names the first.
-/// A rank that ends with messages nobody received is also a failure.
+/// A rank that ends with messages nobody received is also a failure, and so
+/// is a non-blocking operation that failed although nobody waited on it.
 /// thread: one thread per rank. mpi: this process is one rank of the processes
 /// mpiexec started; with world.size below that count, the processes past
 /// world.size sit this launch out. Every process must make the same launch()
