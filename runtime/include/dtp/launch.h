@@ -23,6 +23,20 @@ Backend parse_backend(const std::string& name);
 /// 10^7 s (about four months) are clamped to that.
 double default_timeout_seconds();
 
+/// What send() waits for. Real MPI sends small messages eagerly (copied into
+/// a buffer, send returns at once) and large ones by rendezvous (send returns
+/// only once the receiver has posted the matching receive). A program that is
+/// correct only because sends are buffered deadlocks on a cluster; run it
+/// under sync to see that here.
+enum class SendMode {
+  eager,  ///< send copies the message and returns at once
+  sync,   ///< send (and isend's wait) returns once the matching receive is posted, as MPI_Ssend
+};
+/// "eager" or "sync".
+const char* send_mode_name(SendMode mode);
+/// DTP_SEND: "eager" (the default) or "sync"; anything else throws dtp::Error.
+SendMode default_send_mode();
+
 /// How many ranks, on what, and how the clock counts.
 struct World {
   int size = 1;  ///< number of ranks, 1 to max_world_size(backend)
@@ -30,6 +44,7 @@ struct World {
   Device device = Device::cpu();  ///< cpu, or cuda: ranks are spread over the visible GPUs
   CostModel cost{};  ///< costs for the simulated clocks; the default (0, 0) keeps them at 0
   double timeout_seconds = default_timeout_seconds();  ///< wait before CommTimeout; must be > 0
+  SendMode send_mode = default_send_mode();  ///< eager, or sync to find orderings that need buffering
 
   /// A world of @p size ranks on the backend and device named by DTP_BACKEND
   /// and DTP_DEVICE (defaults "thread" and "cpu").

@@ -54,6 +54,17 @@ double default_timeout_seconds() {
   return std::min(seconds, kLongestTimeoutSeconds);
 }
 
+const char* send_mode_name(SendMode mode) { return mode == SendMode::sync ? "sync" : "eager"; }
+
+SendMode default_send_mode() {
+  const char* text = std::getenv("DTP_SEND");
+  if (text == nullptr || *text == '\0') return SendMode::eager;
+  for (SendMode mode : {SendMode::eager, SendMode::sync})
+    if (std::string(text) == send_mode_name(mode)) return mode;
+  DTP_CHECK(false, "DTP_SEND must be eager or sync, got '", text, "'");
+  return SendMode::eager;
+}
+
 World World::from_env(int size) {
   World world;
   world.size = size;

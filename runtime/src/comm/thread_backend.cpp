@@ -84,7 +84,45 @@ std::int64_t ThreadComm::post_copy(const Tensor& x, int dst, int tag) {
   return sequence;
 }
 
-void ThreadComm::send(const Tensor& x, int dst, int tag) { post_copy(x, dst, tag); }
+void ThreadComm::send(const Tensor& x, int dst, int tag) {
+  const std::int64_t sequence = post_copy(x, dst, tag);
+  if (group_->world().config().send_mode == SendMode::sync) wait_until_received(x, dst, tag, sequence);
+}
+
+void ThreadComm::wait_until_received(const Tensor& x, int dst, int tag, std::int64_t sequence) {
+  ThreadWorld& world = group_->world();
+  std::unique_lock lock(world.mutex);
+  std::ostringstream what;
+  what << "send(destination rank " << group_->global_rank(dst) << ", tag " << tag << ", " << x.numel()
+       << " x " << dtype_name(x.dtype()) << ") to be matched by a recv (DTP_SEND=sync)";
+  if (group_->name() != "the world") what << " on " << group_->name();
+  world.wait_until(
+      lock, global_rank(), [&] { return group_->receive_posted(dst, rank_, tag, sequence); },
+      [description = what.str()] { return description; });
+}
+
+namespace {
+/// An isend under DTP_SEND=sync: the message is already in the mailbox; the
+/// request completes once the receiver has posted the matching receive.
+class ThreadSyncSendRequest : public RequestState {
+ public:
+  ThreadSyncSendRequest(ThreadComm* comm, Tensor x, int dst, int tag, std::int64_t sequence)
+      : comm_(comm), x_(std::move(x)), dst_(dst), tag_(tag), sequence_(sequence) {}
+  void wait() override { comm_->wait_until_received(x_, dst_, tag_, sequence_); }
+
+ private:
+  ThreadComm* comm_;
+  Tensor x_;  // for the report only: the message holds its own copy
+  int dst_, tag_;
+  std::int64_t sequence_;
+};
+}  // namespace
+
+std::shared_ptr<RequestState> ThreadComm::isend(const Tensor& x, int dst, int tag) {
+  const std::int64_t sequence = post_copy(x, dst, tag);
+  if (group_->world().config().send_mode != SendMode::sync) return nullptr;  // eager: done
+  return std::make_shared<ThreadSyncSendRequest>(this, x, dst, tag, sequence);
+}
 
 void ThreadComm::receive(Tensor& x, int src, int tag, std::int64_t ticket) {
   ThreadWorld& world = group_->world();
@@ -121,6 +159,7 @@ void ThreadComm::recv(Tensor& x, int src, int tag) {
   {
     std::lock_guard lock(group_->world().mutex);
     ticket = group_->take_ticket(rank_, src, tag);
+    if (group_->world().config().send_mode == SendMode::sync) group_->world().changed.notify_all();
   }
   receive(x, src, tag, ticket);
 }
@@ -148,6 +187,8 @@ std::shared_ptr<RequestState> ThreadComm::irecv(Tensor& x, int src, int tag) {
     std::lock_guard lock(group_->world().mutex);
     group_->world().throw_if_aborted(global_rank());
     ticket = group_->take_ticket(rank_, src, tag);
+    // A synchronous sender waiting for this receive may go on.
+    if (group_->world().config().send_mode == SendMode::sync) group_->world().changed.notify_all();
   }
   return std::make_shared<ThreadRecvRequest>(this, x, src, tag, ticket);
 }

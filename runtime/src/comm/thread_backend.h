@@ -25,10 +25,14 @@ class ThreadComm : public CommBackend {
   void set_clock(double time) override;
 
   void send(const Tensor& x, int dst, int tag) override;
+  std::shared_ptr<RequestState> isend(const Tensor& x, int dst, int tag) override;
   void recv(Tensor& x, int src, int tag) override;
   std::shared_ptr<RequestState> irecv(Tensor& x, int src, int tag) override;
   /// Waits for the message with this (source, tag) ticket and copies it into x.
   void receive(Tensor& x, int src, int tag, std::int64_t ticket);
+  /// Synchronous sends: waits until @p dst has posted the receive matching
+  /// message number @p sequence of this rank's (dst, tag) messages.
+  void wait_until_received(const Tensor& x, int dst, int tag, std::int64_t sequence);
 
   void all_reduce(Tensor& x, ReduceOp op) override;
   std::shared_ptr<RequestState> iall_reduce(Tensor& x, ReduceOp op) override;

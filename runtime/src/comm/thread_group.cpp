@@ -55,6 +55,11 @@ std::int64_t ThreadGroup::take_ticket(int destination, int source, int tag) {
   return tickets_[{destination, source, tag}]++;
 }
 
+bool ThreadGroup::receive_posted(int destination, int source, int tag, std::int64_t sequence) const {
+  auto posted = tickets_.find({destination, source, tag});
+  return posted != tickets_.end() && posted->second > sequence;
+}
+
 namespace {
 auto matches(int source, int tag, std::int64_t ticket) {
   return [=](const Message& m) { return m.source == source && m.tag == tag && m.sequence == ticket; };

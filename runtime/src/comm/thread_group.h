@@ -71,6 +71,9 @@ class ThreadGroup {
   bool has_message(int destination, int source, int tag, std::int64_t ticket) const;
   /// Removes and returns the message with that ticket; it must have arrived.
   Message take_message(int destination, int source, int tag, std::int64_t ticket);
+  /// True once the receiver has posted the receive that matches the message
+  /// with this sequence number (a synchronous send may then return). Pure.
+  bool receive_posted(int destination, int source, int tag, std::int64_t sequence) const;
   /// Lines describing messages nobody has received yet.
   std::string describe_undelivered() const;
 
