@@ -16,9 +16,9 @@ namespace dtp {
 namespace {
 
 using testing::contains;
-using testing::ScopedEnv;
 using testing::launch_failure;
 using testing::original_is;
+using testing::ScopedEnv;
 using testing::thread_world;
 
 double triangle(int n) { return n * (n + 1) / 2.0; }

@@ -14,9 +14,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using testing::contains;
-using testing::ScopedEnv;
 using testing::launch_failure;
 using testing::original_is;
+using testing::ScopedEnv;
 
 World world_of(int size, SendMode mode, double timeout_seconds = 20.0) {
   World world = testing::thread_world(size, timeout_seconds);
@@ -43,7 +43,8 @@ TEST(SyncSend, ARingThatSendsFirstPassesEagerButDeadlocksSync) {
     const auto start = Clock::now();
     RankFailure failure = launch_failure(world_of(n, SendMode::sync, 30.0), send_then_receive_ring);
     EXPECT_TRUE(original_is<CommDeadlock>(failure)) << failure.what();
-    EXPECT_TRUE(contains(failure.what(), "send(destination rank 1, tag 3, 4 x f32) to be matched by a recv (DTP_SEND=sync)"));
+    EXPECT_TRUE(contains(failure.what(),
+                         "send(destination rank 1, tag 3, 4 x f32) to be matched by a recv (DTP_SEND=sync)"));
     EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0)
         << "a deadlock must be reported at once, not after DTP_TIMEOUT";
   }
