@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "02_ddp/ddp.h"
+#include "02_ddp/ddp_checks.h"
 #include "dtp/dtp.h"
 #include "support/harness.h"
 
@@ -18,23 +19,9 @@ namespace {
 
 // A tiny f64 run (SGD, no clipping): the distributed losses must equal the
 // single-device ones up to the order of partial sums.
+// (chapter 02's checkers' tiny model, with the ddp strategy named).
 TrainConfig tiny_config(std::int64_t batch, std::int64_t steps) {
-  TrainConfig config;
-  config.model.vocab_size = 32;
-  config.model.context = 8;
-  config.model.d_model = 16;
-  config.model.heads = 2;
-  config.model.layers = 2;
-  config.model.dtype = DType::f64;
-  config.synthetic.length = 4096;
-  config.steps = steps;
-  config.batch = batch;
-  config.seq = 8;
-  config.optimizer = "sgd";
-  config.lr = 0.05;
-  config.warmup = 0;
-  config.min_lr_ratio = 1.0;
-  config.grad_clip = 0;
+  TrainConfig config = testing::ch02::tiny_config(batch, steps);
   config.seed = 77;
   config.strategy = "ddp";
   return config;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "comm_test_helpers.h"
 #include "support/harness.h"
 
 namespace dtp {
@@ -13,35 +14,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-World small_world(int size, double timeout_seconds = 5.0) {
-  World world;
-  world.size = size;
-  world.timeout_seconds = timeout_seconds;
-  return world;
-}
-
-// Runs launch and returns the failure it must raise.
-RankFailure launch_failure(const World& world, const std::function<void(Comm&)>& fn) {
-  try {
-    launch(world, fn);
-  } catch (const RankFailure& failure) {
-    return failure;
-  }
-  ADD_FAILURE() << "launch was expected to fail but every rank succeeded";
-  return RankFailure(-1, "", nullptr);
-}
-
-template <typename E>
-bool original_is(const RankFailure& failure) {
-  if (!failure.original()) return false;
-  try {
-    failure.rethrow_original();
-  } catch (const E&) {
-    return true;
-  } catch (...) {
-  }
-  return false;
-}
+// Small thread worlds, launches that must fail, the thrown exception's type.
+using testing::launch_failure;
+using testing::original_is;
+using testing::thread_world;
 
 void expect_contains(const std::string& text, const std::string& part) {
   EXPECT_NE(text.find(part), std::string::npos) << "expected to find\n  " << part << "\nin\n" << text;
@@ -50,7 +26,7 @@ void expect_contains(const std::string& text, const std::string& part) {
 TEST(Diagnostics, RecvTimeoutReportsWhatEveryRankIsDoing) {
   const auto start = Clock::now();
   std::atomic<bool> timed_out{false};
-  RankFailure failure = launch_failure(small_world(3, 0.3), [&](Comm& comm) {
+  RankFailure failure = launch_failure(thread_world(3, 0.3), [&](Comm& comm) {
     Tensor x = Tensor::zeros({4}, DType::f32);
     if (comm.rank() == 0) {
       try {
@@ -79,7 +55,7 @@ TEST(Diagnostics, RecvTimeoutReportsWhatEveryRankIsDoing) {
 
 TEST(Diagnostics, DeadlockIsReportedAtOnceWithoutWaitingForTheTimeout) {
   const auto start = Clock::now();
-  RankFailure failure = launch_failure(small_world(2, 30.0), [](Comm& comm) {
+  RankFailure failure = launch_failure(thread_world(2, 30.0), [](Comm& comm) {
     Tensor x = Tensor::zeros({8}, DType::f64);
     comm.recv(x, 1 - comm.rank());  // both wait, nobody sends
   });
@@ -94,7 +70,7 @@ TEST(Diagnostics, DeadlockIsReportedAtOnceWithoutWaitingForTheTimeout) {
 }
 
 TEST(Diagnostics, TagMismatchShowsTheUnreceivedMessage) {
-  RankFailure failure = launch_failure(small_world(2), [](Comm& comm) {
+  RankFailure failure = launch_failure(thread_world(2), [](Comm& comm) {
     Tensor x = Tensor::zeros({3}, DType::f32);
     if (comm.rank() == 0) comm.send(x, 1, /*tag=*/1);
     if (comm.rank() == 1) comm.recv(x, 0, /*tag=*/2);
@@ -145,7 +121,7 @@ TEST(Diagnostics, MismatchedCollectivesNameEveryRanksCall) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    RankFailure failure = launch_failure(small_world(2), c.body);
+    RankFailure failure = launch_failure(thread_world(2), c.body);
     EXPECT_TRUE(original_is<CommMismatch>(failure)) << failure.what();
     expect_contains(failure.what(), "collective mismatch");
     expect_contains(failure.what(), std::string("rank 0: ") + c.rank0);
@@ -154,7 +130,7 @@ TEST(Diagnostics, MismatchedCollectivesNameEveryRanksCall) {
 }
 
 TEST(Diagnostics, RecvOfTheWrongSizeIsAMismatch) {
-  RankFailure failure = launch_failure(small_world(2), [](Comm& comm) {
+  RankFailure failure = launch_failure(thread_world(2), [](Comm& comm) {
     if (comm.rank() == 0) comm.send(Tensor::zeros({5}, DType::f64), 1);
     if (comm.rank() == 1) {
       Tensor x = Tensor::zeros({4}, DType::f64);
@@ -168,7 +144,7 @@ TEST(Diagnostics, RecvOfTheWrongSizeIsAMismatch) {
 
 TEST(Diagnostics, AnExceptionInOneRankUnwindsEveryRankAndNamesIt) {
   const auto start = Clock::now();
-  RankFailure failure = launch_failure(small_world(4, 30.0), [](Comm& comm) {
+  RankFailure failure = launch_failure(thread_world(4, 30.0), [](Comm& comm) {
     if (comm.rank() == 2) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       throw std::runtime_error("boom in the backward pass");
@@ -181,7 +157,7 @@ TEST(Diagnostics, AnExceptionInOneRankUnwindsEveryRankAndNamesIt) {
 }
 
 TEST(Diagnostics, MessagesNobodyReceivedFailTheRun) {
-  RankFailure failure = launch_failure(small_world(3), [](Comm& comm) {
+  RankFailure failure = launch_failure(thread_world(3), [](Comm& comm) {
     if (comm.rank() == 1) comm.send(Tensor::zeros({2}, DType::i32), 2, 4);
   });
   EXPECT_EQ(failure.rank(), 2);
@@ -190,7 +166,7 @@ TEST(Diagnostics, MessagesNobodyReceivedFailTheRun) {
 }
 
 TEST(Diagnostics, BadArgumentsSayWhatWasExpected) {
-  launch(small_world(3), [](Comm& comm) {
+  launch(thread_world(3), [](Comm& comm) {
     Tensor x = Tensor::zeros({7});
     try {
       comm.all_to_all(x, x);
@@ -216,8 +192,8 @@ TEST(Diagnostics, BadArgumentsSayWhatWasExpected) {
     EXPECT_THROW(comm.send(Tensor(), 0), Error);
     EXPECT_THROW(comm.split(-1, 0), Error);
   });
-  EXPECT_THROW(launch(small_world(0), [](Comm&) {}), Error);
-  World nccl = small_world(2);
+  EXPECT_THROW(launch(thread_world(0), [](Comm&) {}), Error);
+  World nccl = thread_world(2);
   nccl.backend = Backend::nccl;  // not part of this build
   EXPECT_THROW(launch(nccl, [](Comm&) {}), Error);
   EXPECT_THROW(parse_backend("gloo"), Error);
