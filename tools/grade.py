@@ -93,16 +93,21 @@ class Puzzle:
 NOT_SOLVED_RE = re.compile(r"(rank \d+: )?puzzle \S+ \S+ is not solved yet")
 
 
-def first_line(text):
-    """The line of a gtest failure message a student should read first."""
+def message_body(text):
+    """A gtest failure without its file:line header, and a C++ exception's
+    description without gtest's wrapping."""
     lines = text.strip("\n").splitlines()
     if lines and LOCATION_RE.match(lines[0].strip()):
         lines = lines[1:]
     body = "\n".join(lines).strip()
     m = EXCEPTION_RE.search(body)
-    if m:
-        body = m.group(1).strip()
-    else:
+    return (m.group(1).strip(), True) if m else (body, False)
+
+
+def first_line(text):
+    """The line of a gtest failure message a student should read first."""
+    body, was_exception = message_body(text)
+    if not was_exception:
         m = ACTUAL_FALSE_RE.search(body)
         if m:
             body = m.group(1).strip()
@@ -125,13 +130,7 @@ def first_line(text):
 
 def full_message(text):
     """A gtest failure without its file:line header, for --puzzle and -v."""
-    lines = text.strip("\n").splitlines()
-    if lines and LOCATION_RE.match(lines[0].strip()):
-        lines = lines[1:]
-    body = "\n".join(lines).strip()
-    m = EXCEPTION_RE.search(body)
-    if m:
-        body = m.group(1).strip()
+    body, _ = message_body(text)
     if body.startswith("Failed\n"):
         body = body[len("Failed\n"):]
     return body or "(no message)"

@@ -4,6 +4,9 @@
 // sends to r + k and receives from r - k: each step is a perfect matching
 // (a permutation), so every rank sends one and receives one message per step
 // and no link is asked to carry two messages at once. N - 1 steps of S / N.
+// Each step posts its receive and its send together: with synchronous sends
+// (DTP_SEND=sync, large messages on MPI) a send-then-recv would deadlock,
+// every rank waiting in send for a partner that is sending too.
 #include <vector>
 
 #include "01_collectives/collectives.h"
@@ -12,6 +15,13 @@ namespace dtp::ch01 {
 namespace {
 
 constexpr int kAllToAllTag = 600;
+
+void exchange(Comm& comm, const Tensor& out, int to, Tensor& in, int from) {
+  Request receive = comm.irecv(in, from, kAllToAllTag);
+  Request send = comm.isend(out, to, kAllToAllTag);
+  receive.wait();
+  send.wait();
+}
 
 }  // namespace
 
@@ -29,8 +39,7 @@ void pairwise_all_to_all(Comm& comm, const Tensor& in, Tensor& out) {
   for (int k = 1; k < world; ++k) {
     const int to = (rank + k) % world;
     const int from = (rank - k + world) % world;
-    comm.send(outgoing[to], to, kAllToAllTag);
-    comm.recv(incoming[from], from, kAllToAllTag);
+    exchange(comm, outgoing[to], to, incoming[from], from);
   }
 }
 

@@ -13,6 +13,10 @@
 // up, each odd one folds its vector into its even neighbour and waits; the P
 // remaining ranks run the algorithm; the odd ones get the result at the end.
 // That costs two extra rounds and 2 S bytes on those ranks.
+//
+// Partners swap halves, so each round posts its receive and its send together:
+// send-then-recv on both sides deadlocks wherever sends are synchronous
+// (large messages on MPI, DTP_SEND=sync).
 #include <cstdint>
 
 #include "01_collectives/collectives.h"
@@ -31,6 +35,14 @@ Tensor blocks(const Tensor& flat, int parts, int first, int count) {
   const ChunkRange begin = chunk_range(flat.numel(), parts, first);
   const ChunkRange last = chunk_range(flat.numel(), parts, first + count - 1);
   return flat.slice(begin.offset, last.offset + last.length - begin.offset);
+}
+
+// Sends `out` to `partner` while receiving `in` from it; out and in never overlap.
+void swap_with(Comm& comm, int partner, const Tensor& out, Tensor& in, int tag) {
+  Request receive = comm.irecv(in, partner, tag);
+  Request send = comm.isend(out, partner, tag);
+  receive.wait();
+  send.wait();
 }
 
 }  // namespace
@@ -72,9 +84,8 @@ void halving_doubling_all_reduce(Comm& comm, Tensor& x) {
   for (int d = active / 2; d >= 1; d /= 2) {
     const int partner = me ^ d;
     Tensor keep = blocks(flat, active, me & ~(d - 1), d);
-    comm.send(blocks(flat, active, partner & ~(d - 1), d), real(partner), kHalvingTag);
     Tensor incoming = scratch.slice(0, keep.numel());
-    comm.recv(incoming, real(partner), kHalvingTag);
+    swap_with(comm, real(partner), blocks(flat, active, partner & ~(d - 1), d), incoming, kHalvingTag);
     ops::accumulate(keep, incoming);
   }
 
@@ -82,9 +93,8 @@ void halving_doubling_all_reduce(Comm& comm, Tensor& x) {
   // reverse order; the received range lands directly in place.
   for (int d = 1; d < active; d *= 2) {
     const int partner = me ^ d;
-    comm.send(blocks(flat, active, me & ~(d - 1), d), real(partner), kDoublingTag);
     Tensor theirs = blocks(flat, active, partner & ~(d - 1), d);
-    comm.recv(theirs, real(partner), kDoublingTag);
+    swap_with(comm, real(partner), blocks(flat, active, me & ~(d - 1), d), theirs, kDoublingTag);
   }
 
   if (folded) comm.send(flat, rank + 1, kUnfoldTag);

@@ -14,7 +14,9 @@
 // Each round posts its receive and its send together (irecv + isend) and
 // waits for both: the chunk being sent is never the one being written in the
 // same round, so no copy is needed, and on MPI the receive is already posted
-// when the neighbour's data arrives.
+// when the neighbour's data arrives. A plain send-then-recv would deadlock
+// wherever sends are synchronous (large messages on MPI, DTP_SEND=sync):
+// every rank would wait in send for a neighbour that is itself sending.
 #include <vector>
 
 #include "01_collectives/collectives.h"
@@ -79,24 +81,21 @@ void ring_reduce_scatter(Comm& comm, const Tensor& full, Tensor& shard) {
     mine.copy_from(chunks[0]);
     return;
   }
-  // full is read-only, so the running partial sum lives in a scratch chunk;
-  // the last round receives straight into shard.
-  Tensor partial = chunk_scratch(chunks);
+  // full is read-only, so the running partial sum lives in scratch chunks;
+  // the last round receives straight into shard. Two of them: a round
+  // receives into one while the other, summed the round before, is sent.
+  Tensor partials[2] = {chunk_scratch(chunks), chunk_scratch(chunks)};
   const int right = wrap(rank + 1, world);
   const int left = wrap(rank - 1, world);
   for (int k = 0; k + 1 < world; ++k) {
     const int send_index = wrap(rank - k - 1, world);
     const int recv_index = wrap(rank - k - 2, world);
     // Round 0 forwards this rank's own data; later rounds forward the partial
-    // sum that arrived in the round before (send copies, so partial is free
-    // to be overwritten by the next receive).
-    if (k == 0) {
-      comm.send(chunks[send_index], right, kReduceScatterTag);
-    } else {
-      comm.send(partial.slice(0, chunks[send_index].numel()), right, kReduceScatterTag);
-    }
-    Tensor incoming = (k + 2 == world) ? mine : partial.slice(0, chunks[recv_index].numel());
-    comm.recv(incoming, left, kReduceScatterTag);
+    // sum that arrived in the round before.
+    const Tensor outgoing =
+        k == 0 ? chunks[send_index] : partials[(k + 1) % 2].slice(0, chunks[send_index].numel());
+    Tensor incoming = (k + 2 == world) ? mine : partials[k % 2].slice(0, chunks[recv_index].numel());
+    exchange(comm, outgoing, right, incoming, left, kReduceScatterTag);
     ops::accumulate(incoming, chunks[recv_index]);
   }
 }

@@ -4,7 +4,9 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <optional>
+#include <thread>
 
 #include "support/harness.h"
 
@@ -91,6 +93,37 @@ TEST(MpiBackend, IsendIrecvAndPostOrder) {
       EXPECT_EQ(b.item(3), 20);
     }
   });
+}
+
+TEST(MpiBackend, SyncSendReturnsOnlyOnceTheReceiveIsPosted) {
+  // Rank 1 posts each receive 300 ms late: under DTP_SEND=sync (MPI_Issend)
+  // rank 0's send and its isend's wait last at least that long.
+  World world = mpi_world(2);
+  world.send_mode = SendMode::sync;
+  double send_seconds = 1e9, isend_wait_seconds = 1e9;
+  launch(world, [&](Comm& comm) {
+    Tensor x = Tensor::full({8}, 1.0, DType::f64);
+    if (comm.rank() == 0) {
+      auto start = std::chrono::steady_clock::now();
+      comm.send(x, 1, 0);
+      send_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      Request request = comm.isend(x, 1, 1);
+      start = std::chrono::steady_clock::now();
+      request.wait();
+      isend_wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      comm.recv(x, 0, 0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      comm.recv(x, 0, 1);
+    }
+  });
+  int me = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  if (me == 0) {
+    EXPECT_GE(send_seconds, 0.25);
+    EXPECT_GE(isend_wait_seconds, 0.25);
+  }
 }
 
 TEST(MpiBackend, LibraryCollectivesOnUnevenLengths) {

@@ -88,7 +88,10 @@ class Comm {
   // Tags are in [0, kMaxTag). Messages from one source with one tag arrive in
   // the order they were sent.
   static constexpr int kMaxTag = 1 << 20;  ///< a tag outside [0, kMaxTag) throws dtp::Error
-  /// Sends a copy of @p x to @p dst. Eager: returns at once, never blocks.
+  /// Sends a copy of @p x to @p dst. Eager by default: returns at once, never
+  /// blocks. Under SendMode::sync (DTP_SEND=sync) it returns only once @p dst
+  /// has posted the matching receive, as MPI_Ssend; waiting too long is a
+  /// timeout, and a send nobody can ever receive is reported as a deadlock.
   void send(const Tensor& x, int dst, int tag = 0);
   /// Receives the next message from @p src with @p tag into @p x. Blocks; the
   /// message must have exactly x's dtype and element count. Times out after
@@ -97,6 +100,8 @@ class Comm {
   /// Starts sending @p x without copying it where the backend can (mpi, nccl):
   /// x must not change until the request's wait() returns. The thread backend
   /// copies anyway, so breaking that rule shows only on the other backends.
+  /// Under SendMode::sync the request's wait() returns only once the
+  /// matching receive has been posted.
   Request isend(const Tensor& x, int dst, int tag = 0);
   /// Posts a receive; @p x is written when the request's wait() returns.
   Request irecv(Tensor& x, int src, int tag = 0);

@@ -19,7 +19,23 @@ const char* backend_name(Backend backend);
 Backend parse_backend(const std::string& name);
 
 /// Seconds a blocking call waits before it fails: DTP_TIMEOUT, or 60.
+/// Throws dtp::Error unless it is a positive, finite number; values above
+/// 10^7 s (about four months) are clamped to that.
 double default_timeout_seconds();
+
+/// What send() waits for. Real MPI sends small messages eagerly (copied into
+/// a buffer, send returns at once) and large ones by rendezvous (send returns
+/// only once the receiver has posted the matching receive). A program that is
+/// correct only because sends are buffered deadlocks on a cluster; run it
+/// under sync to see that here.
+enum class SendMode {
+  eager,  ///< send copies the message and returns at once
+  sync,   ///< send (and isend's wait) returns once the matching receive is posted, as MPI_Ssend
+};
+/// "eager" or "sync".
+const char* send_mode_name(SendMode mode);
+/// DTP_SEND: "eager" (the default) or "sync"; anything else throws dtp::Error.
+SendMode default_send_mode();
 
 /// How many ranks, on what, and how the clock counts.
 struct World {
@@ -28,6 +44,7 @@ struct World {
   Device device = Device::cpu();  ///< cpu, or cuda: ranks are spread over the visible GPUs
   CostModel cost{};  ///< costs for the simulated clocks; the default (0, 0) keeps them at 0
   double timeout_seconds = default_timeout_seconds();  ///< wait before CommTimeout; must be > 0
+  SendMode send_mode = default_send_mode();  ///< eager, or sync to find orderings that need buffering
 
   /// A world of @p size ranks on the backend and device named by DTP_BACKEND
   /// and DTP_DEVICE (defaults "thread" and "cpu").
@@ -54,7 +71,8 @@ class RankFailure : public std::runtime_error {
 
 /// Runs fn(comm) on every rank of @p world and returns when all are done.
 /// If any rank throws, the others are unwound and RankFailure names the first.
-/// A rank that ends with messages nobody received is also a failure.
+/// A rank that ends with messages nobody received is also a failure, and so
+/// is a non-blocking operation that failed although nobody waited on it.
 /// thread: one thread per rank. mpi: this process is one rank of the processes
 /// mpiexec started; with world.size below that count, the processes past
 /// world.size sit this launch out. Every process must make the same launch()

@@ -8,10 +8,10 @@ namespace dtp {
 
 struct AsyncWorker::Job {
   std::function<void()> op;
-  std::function<void(bool)> on_busy;
   std::mutex mutex;
   std::condition_variable done_changed;
   bool done = false;
+  bool waited = false;  // someone called wait(): an error has reached them
   std::exception_ptr error;
   void* inputs_ready = nullptr;  // GPU: the rank's stream reached the submit
   void* finished = nullptr;      // GPU: the collective's work is done
@@ -34,13 +34,22 @@ AsyncWorker::AsyncWorker(int rank)
   thread_ = std::thread([this] { run(); });
 }
 
-AsyncWorker::~AsyncWorker() {
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
+AsyncWorker::~AsyncWorker() { stop(); }
+
+std::exception_ptr AsyncWorker::stop() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
   }
-  wake_.notify_all();
-  thread_.join();
+  for (const std::shared_ptr<Job>& job : failed_) {
+    std::lock_guard lock(job->mutex);
+    if (!job->waited) return job->error;
+  }
+  return nullptr;
 }
 
 bool AsyncWorker::busy() const {
@@ -48,10 +57,9 @@ bool AsyncWorker::busy() const {
   return running_ > 0 || !queue_.empty();
 }
 
-std::shared_ptr<RequestState> AsyncWorker::submit(std::function<void()> op, std::function<void(bool)> on_busy) {
+std::shared_ptr<RequestState> AsyncWorker::submit(std::function<void()> op) {
   auto job = std::make_shared<Job>();
   job->op = std::move(op);
-  job->on_busy = std::move(on_busy);
   if (rank_stream_ != nullptr) {
     // The collective must see everything the rank queued before calling it.
     job->inputs_ready = cuda::create_event();
@@ -69,6 +77,7 @@ std::shared_ptr<RequestState> AsyncWorker::submit(std::function<void()> op, std:
       std::unique_lock lock(job->mutex);
       // The op's own waits are bounded by DTP_TIMEOUT, so this one is too.
       job->done_changed.wait(lock, [&] { return job->done; });
+      job->waited = true;
     }
     if (rank_stream != nullptr) {
       cuda::wait(job->finished);  // later work on the rank's stream sees the result
@@ -101,20 +110,20 @@ void AsyncWorker::run() {
     }
     try {
       if (job->inputs_ready) cuda::wait(job->inputs_ready);
-      if (job->on_busy) job->on_busy(true);
       job->op();
     } catch (...) {
       job->error = std::current_exception();
     }
     try {
-      if (job->on_busy) job->on_busy(false);
       if (job->finished) cuda::record(job->finished);
     } catch (...) {
       if (!job->error) job->error = std::current_exception();
     }
+    job->op = nullptr;  // release the buffers it holds
     {
       std::lock_guard lock(mutex_);
       --running_;
+      if (job->error) failed_.push_back(job);
     }
     {
       std::lock_guard lock(job->mutex);

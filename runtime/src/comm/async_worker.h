@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "comm/backend.h"
 
@@ -19,16 +20,19 @@ class AsyncWorker {
  public:
   /// @p rank: whose thread this is (for current_rank(), traces and reports).
   explicit AsyncWorker(int rank);
-  /// Finishes what is queued, then stops the thread.
+  /// Finishes what is queued, then stops the thread (see stop()).
   ~AsyncWorker();
   AsyncWorker(const AsyncWorker&) = delete;
   AsyncWorker& operator=(const AsyncWorker&) = delete;
 
   /// Queues @p op; the request's wait() returns when it has run (and rethrows
-  /// what it threw). @p on_busy(true/false) brackets the op on the worker.
-  std::shared_ptr<RequestState> submit(std::function<void()> op, std::function<void(bool)> on_busy);
+  /// what it threw).
+  std::shared_ptr<RequestState> submit(std::function<void()> op);
   /// True while something is queued or running.
   bool busy() const;
+  /// Finishes what is queued and stops the thread. Returns what the first op
+  /// that failed and was never waited on threw (nullptr when there is none).
+  std::exception_ptr stop();
 
  private:
   struct Job;
@@ -40,6 +44,7 @@ class AsyncWorker {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Job>> queue_;
+  std::vector<std::shared_ptr<Job>> failed_;  // kept to see whether anyone waited
   int running_ = 0;
   bool stopping_ = false;
   std::thread thread_;

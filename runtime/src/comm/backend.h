@@ -3,6 +3,7 @@
 // so a backend only moves data and keeps its clock.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -63,10 +64,15 @@ class CommBackend {
   CommStats stats;
 
  protected:
-  /// Hook for a backend to track its communication thread's state (the thread
-  /// backend's deadlock detection); called on that thread around each op.
-  virtual void worker_busy(bool busy) { (void)busy; }
+  /// Queues @p op on this rank's communication thread, behind the ops queued
+  /// before it; the request's wait() returns once it ran (and rethrows).
+  std::shared_ptr<RequestState> run_in_background(std::function<void()> op);
+  /// True while an op is queued or running on the communication thread.
+  bool background_work_pending() const;
   /// Derived destructors call this first: the queued work uses their members.
+  /// It lets the queued ops finish; one that failed and was never waited on
+  /// is handed to the rank's launch (detail::note_unobserved_failure), which
+  /// reports it: a failure must not vanish because nobody asked.
   void stop_worker();
 
  private:

@@ -7,6 +7,7 @@
 
 #include "comm/async_worker.h"
 #include "comm/backend.h"
+#include "comm/rank_context.h"
 #include "dtp/error.h"
 #include "dtp/trace.h"
 
@@ -49,18 +50,27 @@ double collective_cost(const std::string& kind, double bytes, int n, CostModel c
 CommBackend::CommBackend() = default;
 CommBackend::~CommBackend() = default;
 
-std::shared_ptr<RequestState> CommBackend::iall_reduce(Tensor& x, ReduceOp op) {
+std::shared_ptr<RequestState> CommBackend::run_in_background(std::function<void()> op) {
   if (!worker_) worker_ = std::make_unique<AsyncWorker>(current_rank());
-  Tensor target = x;  // a handle: the queued op keeps the storage alive
-  return worker_->submit(
-      [this, target, op]() mutable {
-        trace::Scope span("all_reduce", "comm");
-        all_reduce(target, op);
-      },
-      [this](bool busy) { worker_busy(busy); });
+  return worker_->submit(std::move(op));
 }
 
-void CommBackend::stop_worker() { worker_.reset(); }
+bool CommBackend::background_work_pending() const { return worker_ && worker_->busy(); }
+
+std::shared_ptr<RequestState> CommBackend::iall_reduce(Tensor& x, ReduceOp op) {
+  Tensor target = x;  // a handle: the queued op keeps the storage alive
+  return run_in_background([this, target, op]() mutable {
+    trace::Scope span("all_reduce", "comm");
+    all_reduce(target, op);
+  });
+}
+
+void CommBackend::stop_worker() {
+  if (!worker_) return;
+  std::exception_ptr unobserved = worker_->stop();
+  worker_.reset();
+  if (unobserved) detail::note_unobserved_failure(unobserved);
+}
 
 namespace {
 void check_defined(const char* op, const char* name, const Tensor& t) {

@@ -5,15 +5,18 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "comm/rank_context.h"
 #include "comm/thread_backend.h"
 #include "comm/thread_group.h"
 #include "comm/thread_world.h"
+#include "comm/timeout.h"
 #include "cuda/device_api.h"
 #include "dtp/error.h"
 #ifdef DTP_HAVE_MPI
@@ -46,9 +49,20 @@ double default_timeout_seconds() {
   if (text == nullptr || *text == '\0') return 60.0;
   char* end = nullptr;
   double seconds = std::strtod(text, &end);
-  DTP_CHECK(*end == '\0' && seconds > 0, "DTP_TIMEOUT must be a positive number of seconds, got '",
-            text, "'");
-  return seconds;
+  DTP_CHECK(*end == '\0' && std::isfinite(seconds) && seconds > 0,
+            "DTP_TIMEOUT must be a positive, finite number of seconds (for example 60), got '", text, "'");
+  return std::min(seconds, kLongestTimeoutSeconds);
+}
+
+const char* send_mode_name(SendMode mode) { return mode == SendMode::sync ? "sync" : "eager"; }
+
+SendMode default_send_mode() {
+  const char* text = std::getenv("DTP_SEND");
+  if (text == nullptr || *text == '\0') return SendMode::eager;
+  for (SendMode mode : {SendMode::eager, SendMode::sync})
+    if (std::string(text) == send_mode_name(mode)) return mode;
+  DTP_CHECK(false, "DTP_SEND must be eager or sync, got '", text, "'");
+  return SendMode::eager;
 }
 
 World World::from_env(int size) {
@@ -88,11 +102,16 @@ std::string describe_exception(const std::exception_ptr& error) {
 }  // namespace
 
 thread_local bool this_thread_is_comm_worker = false;
+thread_local std::exception_ptr this_thread_unobserved_failure;
 
 int current_rank() { return this_thread_rank; }
 void detail::set_current_rank(int rank) { this_thread_rank = rank; }
 bool detail::is_comm_worker() { return this_thread_is_comm_worker; }
 void detail::set_comm_worker(bool worker) { this_thread_is_comm_worker = worker; }
+void detail::note_unobserved_failure(std::exception_ptr error) {
+  if (!this_thread_unobserved_failure) this_thread_unobserved_failure = std::move(error);
+}
+std::exception_ptr detail::take_unobserved_failure() { return std::exchange(this_thread_unobserved_failure, nullptr); }
 
 int max_world_size(Backend backend) {
   if (backend == Backend::mpi) {
@@ -122,7 +141,8 @@ void launch_threads(const World& world, const std::function<void(Comm&)>& fn);
 void launch(const World& world, const std::function<void(Comm&)>& fn) {
   DTP_CHECK(world.size >= 1 && world.size <= 1024, "launch: world size must be in [1, 1024], got ",
             world.size);
-  DTP_CHECK(world.timeout_seconds > 0, "launch: timeout_seconds must be positive, got ",
+  DTP_CHECK(std::isfinite(world.timeout_seconds) && world.timeout_seconds > 0,
+            "launch: timeout_seconds must be a positive, finite number of seconds, got ",
             world.timeout_seconds);
   switch (world.backend) {
     case Backend::thread: return launch_threads(world, fn);
@@ -168,15 +188,8 @@ void launch_threads(const World& world, const std::function<void(Comm&)>& fn) {
     const Device device = thread_world->device_of(rank);
     void* stream = device.is_cuda() ? cuda::create_stream(device) : nullptr;
     cuda::set_current_stream(stream);
-    try {
-      {
-        Comm comm(std::make_shared<ThreadComm>(group, rank));
-        fn(comm);
-      }
-      std::lock_guard lock(thread_world->mutex);
-      thread_world->finish(rank);
-    } catch (...) {
-      std::exception_ptr error = std::current_exception();
+    // Records this rank's failure and unwinds the others.
+    auto fail = [&](std::exception_ptr error, const std::string& message) {
       bool secondary = false;
       try {
         std::rethrow_exception(error);
@@ -184,7 +197,6 @@ void launch_threads(const World& world, const std::function<void(Comm&)>& fn) {
         secondary = true;
       } catch (...) {
       }
-      std::string message = describe_exception(error);
       {
         std::lock_guard lock(failures_mutex);
         failures.push_back({rank, message, error, secondary});
@@ -192,6 +204,22 @@ void launch_threads(const World& world, const std::function<void(Comm&)>& fn) {
       std::lock_guard lock(thread_world->mutex);
       thread_world->abort(rank, message);
       thread_world->finish(rank);
+    };
+    try {
+      {
+        Comm comm(std::make_shared<ThreadComm>(group, rank));
+        fn(comm);
+      }
+      if (std::exception_ptr error = detail::take_unobserved_failure()) {
+        fail(error, "a non-blocking collective that was never waited on failed: " + describe_exception(error));
+      } else {
+        std::lock_guard lock(thread_world->mutex);
+        thread_world->finish(rank);
+      }
+    } catch (...) {
+      detail::take_unobserved_failure();  // this rank fails anyway; report what it threw
+      std::exception_ptr error = std::current_exception();
+      fail(error, describe_exception(error));
     }
     cuda::set_current_stream(nullptr);
     cuda::destroy_stream(stream);

@@ -9,42 +9,41 @@
 #include <exception>
 #include <sstream>
 
+#include "comm/rank_context.h"
 #include "comm/thread_group.h"
 #include "cpu/reduce_into_all.h"
 #include "cuda/device_api.h"
 #include "dtp/error.h"
+#include "dtp/trace.h"
 
 namespace dtp {
 
 ThreadComm::ThreadComm(std::shared_ptr<ThreadGroup> group, int rank)
     : group_(std::move(group)), rank_(rank) {
-  if (device().is_cuda()) {
-    ready_event_ = cuda::create_event();
-    done_event_ = cuda::create_event();
-  }
+  if (device().is_cuda())
+    for (StreamEvents& events : events_) events = {cuda::create_event(), cuda::create_event()};
 }
 
 ThreadComm::~ThreadComm() {
-  if (std::uncaught_exceptions() > 0) {
-    // This rank is failing: release peers (and our own communication thread)
-    // from any collective they wait in, instead of waiting for the timeout.
+  if (std::uncaught_exceptions() > 0 && background_work_pending()) {
+    // This rank is failing with collectives still queued on its communication
+    // thread: they wait for peers that may be waiting for this rank. Release
+    // everyone now instead of after the timeout. With nothing pending there
+    // is nobody to release, and the rank may yet catch the exception.
     std::lock_guard lock(group_->world().mutex);
-    group_->world().abort(global_rank(), "it failed");
+    group_->world().abort(global_rank(), "it failed with non-blocking collectives pending");
   }
   stop_worker();
-  cuda::destroy_event(ready_event_);
-  cuda::destroy_event(done_event_);
+  for (StreamEvents& events : events_) {
+    cuda::destroy_event(events.ready);
+    cuda::destroy_event(events.done);
+  }
 }
 
 int ThreadComm::size() const { return group_->size(); }
 Device ThreadComm::device() const { return group_->world().device_of(global_rank()); }
 CostModel ThreadComm::cost_model() const { return group_->world().config().cost; }
 int ThreadComm::global_rank() const { return group_->global_rank(rank_); }
-
-void ThreadComm::worker_busy(bool busy) {
-  std::lock_guard lock(group_->world().mutex);
-  group_->world().set_worker_busy(global_rank(), busy);
-}
 
 double ThreadComm::clock() const {
   std::lock_guard lock(group_->world().mutex);
@@ -58,7 +57,7 @@ void ThreadComm::set_clock(double time) {
 
 // --- point to point -------------------------------------------------------------
 
-void ThreadComm::send(const Tensor& x, int dst, int tag) {
+std::int64_t ThreadComm::post_copy(const Tensor& x, int dst, int tag) {
   // Copy first, outside the lock: the caller may reuse x as soon as we return.
   Message message;
   message.source = rank_;
@@ -80,8 +79,49 @@ void ThreadComm::send(const Tensor& x, int dst, int tag) {
   double& clock = world.clocks[global_rank()];
   clock += cost.alpha + cost.beta * static_cast<double>(x.nbytes());
   message.arrival = clock;
-  group_->post(dst, std::move(message));
+  const std::int64_t sequence = group_->post(dst, std::move(message));
   world.changed.notify_all();
+  return sequence;
+}
+
+void ThreadComm::send(const Tensor& x, int dst, int tag) {
+  const std::int64_t sequence = post_copy(x, dst, tag);
+  if (group_->world().config().send_mode == SendMode::sync) wait_until_received(x, dst, tag, sequence);
+}
+
+void ThreadComm::wait_until_received(const Tensor& x, int dst, int tag, std::int64_t sequence) {
+  ThreadWorld& world = group_->world();
+  std::unique_lock lock(world.mutex);
+  std::ostringstream what;
+  what << "send(destination rank " << group_->global_rank(dst) << ", tag " << tag << ", " << x.numel()
+       << " x " << dtype_name(x.dtype()) << ") to be matched by a recv (DTP_SEND=sync)";
+  if (group_->name() != "the world") what << " on " << group_->name();
+  world.wait_until(
+      lock, global_rank(), [&] { return group_->receive_posted(dst, rank_, tag, sequence); },
+      [description = what.str()] { return description; });
+}
+
+namespace {
+/// An isend under DTP_SEND=sync: the message is already in the mailbox; the
+/// request completes once the receiver has posted the matching receive.
+class ThreadSyncSendRequest : public RequestState {
+ public:
+  ThreadSyncSendRequest(ThreadComm* comm, Tensor x, int dst, int tag, std::int64_t sequence)
+      : comm_(comm), x_(std::move(x)), dst_(dst), tag_(tag), sequence_(sequence) {}
+  void wait() override { comm_->wait_until_received(x_, dst_, tag_, sequence_); }
+
+ private:
+  ThreadComm* comm_;
+  Tensor x_;  // for the report only: the message holds its own copy
+  int dst_, tag_;
+  std::int64_t sequence_;
+};
+}  // namespace
+
+std::shared_ptr<RequestState> ThreadComm::isend(const Tensor& x, int dst, int tag) {
+  const std::int64_t sequence = post_copy(x, dst, tag);
+  if (group_->world().config().send_mode != SendMode::sync) return nullptr;  // eager: done
+  return std::make_shared<ThreadSyncSendRequest>(this, x, dst, tag, sequence);
 }
 
 void ThreadComm::receive(Tensor& x, int src, int tag, std::int64_t ticket) {
@@ -119,6 +159,7 @@ void ThreadComm::recv(Tensor& x, int src, int tag) {
   {
     std::lock_guard lock(group_->world().mutex);
     ticket = group_->take_ticket(rank_, src, tag);
+    if (group_->world().config().send_mode == SendMode::sync) group_->world().changed.notify_all();
   }
   receive(x, src, tag, ticket);
 }
@@ -146,6 +187,8 @@ std::shared_ptr<RequestState> ThreadComm::irecv(Tensor& x, int src, int tag) {
     std::lock_guard lock(group_->world().mutex);
     group_->world().throw_if_aborted(global_rank());
     ticket = group_->take_ticket(rank_, src, tag);
+    // A synchronous sender waiting for this receive may go on.
+    if (group_->world().config().send_mode == SendMode::sync) group_->world().changed.notify_all();
   }
   return std::make_shared<ThreadRecvRequest>(this, x, src, tag, ticket);
 }
@@ -170,14 +213,16 @@ CollectiveCall with_op(CollectiveCall call, ReduceOp op) {
 }
 }  // namespace
 
-// Runs one collective: meet, do this rank's share of the work, part.
 template <typename Work>
 void ThreadComm::collective(CollectiveCall call, Work&& work) {
+  if (call.sequence < 0) call.sequence = next_collective_++;
+  const std::int64_t sequence = call.sequence;
   const bool gpu = device().is_cuda();
+  const StreamEvents& events = events_[detail::is_comm_worker() ? 1 : 0];
   if (gpu) {
-    cuda::record(ready_event_);
-    call.ready_event = ready_event_;
-    call.done_event = done_event_;
+    cuda::record(events.ready);
+    call.ready_event = events.ready;
+    call.done_event = events.done;
   }
   const std::vector<CollectiveCall>& calls = group_->arrive(rank_, std::move(call));
   // On a GPU the host only queues work: this rank's stream first waits until
@@ -192,13 +237,45 @@ void ThreadComm::collective(CollectiveCall call, Work&& work) {
     }
   }
   work(calls);
-  if (gpu) cuda::record(done_event_);
-  group_->depart(rank_);
+  if (gpu) cuda::record(events.done);
+  group_->depart(rank_, sequence);
   for (void* event : peers_done) cuda::wait(event);
 }
 
-void ThreadComm::all_reduce(Tensor& x, ReduceOp op) {
+void ThreadComm::all_reduce(Tensor& x, ReduceOp op) { all_reduce_as(next_collective_++, x, op); }
+
+std::shared_ptr<RequestState> ThreadComm::iall_reduce(Tensor& x, ReduceOp op) {
+  // Its place among this communicator's collectives is fixed now, in call
+  // order, however late the communication thread gets to run it.
+  const std::int64_t sequence = next_collective_++;
+  ThreadWorld& world = group_->world();
+  int thread;
+  {
+    std::lock_guard lock(world.mutex);
+    world.throw_if_aborted(global_rank());
+    if (communication_thread_ < 0) communication_thread_ = world.add_communication_thread(global_rank());
+    thread = communication_thread_;
+    world.job_queued(thread);  // busy from now on, not only once it starts
+  }
+  Tensor target = x;  // a handle: the queued op keeps the storage alive
+  return run_in_background([this, target, op, sequence, thread]() mutable {
+    ThreadWorld::wait_as_communication_thread(thread);
+    struct JobFinished {
+      ThreadWorld& world;
+      int thread;
+      ~JobFinished() {
+        std::lock_guard lock(world.mutex);
+        world.job_finished(thread);
+      }
+    } job_finished{group_->world(), thread};
+    trace::Scope span("all_reduce", "comm");
+    all_reduce_as(sequence, target, op);
+  });
+}
+
+void ThreadComm::all_reduce_as(std::int64_t sequence, Tensor& x, ReduceOp op) {
   CollectiveCall call = with_op(make_call("all_reduce", x, static_cast<double>(x.nbytes())), op);
+  call.sequence = sequence;
   call.first = x.flatten();
   collective(std::move(call), [&](const std::vector<CollectiveCall>& calls) {
     // This rank owns chunk rank_: reduce it from every rank into its own copy,
@@ -308,9 +385,10 @@ std::shared_ptr<CommBackend> ThreadComm::split(int color, int key) {
   CollectiveCall call = make_call("split", Tensor(), 0);
   call.color = color;
   call.key = key;
+  const std::int64_t sequence = call.sequence = next_collective_++;
   group_->arrive(rank_, std::move(call));
-  auto [group, rank] = group_->split_result(rank_);
-  group_->depart(rank_);
+  auto [group, rank] = group_->split_result(rank_, sequence);
+  group_->depart(rank_, sequence);
   return std::make_shared<ThreadComm>(group, rank);
 }
 

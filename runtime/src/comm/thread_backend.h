@@ -25,12 +25,17 @@ class ThreadComm : public CommBackend {
   void set_clock(double time) override;
 
   void send(const Tensor& x, int dst, int tag) override;
+  std::shared_ptr<RequestState> isend(const Tensor& x, int dst, int tag) override;
   void recv(Tensor& x, int src, int tag) override;
   std::shared_ptr<RequestState> irecv(Tensor& x, int src, int tag) override;
   /// Waits for the message with this (source, tag) ticket and copies it into x.
   void receive(Tensor& x, int src, int tag, std::int64_t ticket);
+  /// Synchronous sends: waits until @p dst has posted the receive matching
+  /// message number @p sequence of this rank's (dst, tag) messages.
+  void wait_until_received(const Tensor& x, int dst, int tag, std::int64_t sequence);
 
   void all_reduce(Tensor& x, ReduceOp op) override;
+  std::shared_ptr<RequestState> iall_reduce(Tensor& x, ReduceOp op) override;
   void broadcast(Tensor& x, int root) override;
   void reduce(Tensor& x, int root, ReduceOp op) override;
   void all_gather(const Tensor& shard, Tensor& full) override;
@@ -41,19 +46,33 @@ class ThreadComm : public CommBackend {
   void barrier() override;
   std::shared_ptr<CommBackend> split(int color, int key) override;
 
- protected:
-  void worker_busy(bool busy) override;
-
  private:
   int global_rank() const;
+  /// Copies @p x into dst's mailbox; returns the message's sequence number.
+  std::int64_t post_copy(const Tensor& x, int dst, int tag);
+  /// Runs one collective: meet, do this rank's share of the work, part.
+  /// Blocking collectives take the next sequence number here; iall_reduce
+  /// took its own when it was called.
   template <typename Work>
   void collective(CollectiveCall call, Work&& work);
+  void all_reduce_as(std::int64_t sequence, Tensor& x, ReduceOp op);
 
   std::shared_ptr<ThreadGroup> group_;
   int rank_;
-  // GPU only: ranks' streams meet through events instead of host waits.
-  void* ready_event_ = nullptr;
-  void* done_event_ = nullptr;
+  // The sequence number of this rank's next collective on this communicator
+  // (used on the rank's own thread only).
+  std::int64_t next_collective_ = 0;
+  // This rank's communication thread for this communicator in the world's
+  // deadlock bookkeeping; -1 until the first non-blocking collective.
+  int communication_thread_ = -1;
+  // GPU only: ranks' streams meet through events instead of host waits. One
+  // pair for the rank's thread, one for its communication thread, which may
+  // be inside a collective at the same time.
+  struct StreamEvents {
+    void* ready = nullptr;
+    void* done = nullptr;
+  };
+  StreamEvents events_[2];
 };
 
 }  // namespace dtp

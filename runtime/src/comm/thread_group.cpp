@@ -22,8 +22,6 @@ std::string CollectiveCall::signature() const {
 ThreadGroup::ThreadGroup(std::shared_ptr<ThreadWorld> world, std::vector<int> members)
     : world_(std::move(world)), members_(std::move(members)) {
   mailbox_.resize(members_.size());
-  calls_.resize(members_.size());
-  split_result_.resize(members_.size());
 }
 
 std::shared_ptr<ThreadGroup> ThreadGroup::create(std::shared_ptr<ThreadWorld> world,
@@ -46,13 +44,20 @@ std::string ThreadGroup::name() const {
 
 // --- point to point -------------------------------------------------------------
 
-void ThreadGroup::post(int destination, Message message) {
-  message.sequence = sent_[{destination, message.source, message.tag}]++;
+std::int64_t ThreadGroup::post(int destination, Message message) {
+  const std::int64_t sequence = sent_[{destination, message.source, message.tag}]++;
+  message.sequence = sequence;
   mailbox_[destination].push_back(std::move(message));
+  return sequence;
 }
 
 std::int64_t ThreadGroup::take_ticket(int destination, int source, int tag) {
   return tickets_[{destination, source, tag}]++;
+}
+
+bool ThreadGroup::receive_posted(int destination, int source, int tag, std::int64_t sequence) const {
+  auto posted = tickets_.find({destination, source, tag});
+  return posted != tickets_.end() && posted->second > sequence;
 }
 
 namespace {
@@ -94,57 +99,69 @@ std::string ThreadGroup::describe_undelivered() const {
 // other ranks' memory, then depart (nobody returns, and perhaps reuses its
 // buffer, while a peer still reads it).
 
+ThreadGroup::Rendezvous& ThreadGroup::rendezvous(std::int64_t sequence) {
+  Rendezvous& meeting = rendezvous_[sequence];
+  if (meeting.calls.empty()) {
+    meeting.calls.resize(members_.size());
+    meeting.split_result.resize(members_.size());
+  }
+  return meeting;
+}
+
 const std::vector<CollectiveCall>& ThreadGroup::arrive(int rank, CollectiveCall call) {
   std::unique_lock lock(world_->mutex);
   world_->throw_if_aborted(global_rank(rank));
-  const std::int64_t generation = generation_;
-  calls_[rank] = std::move(call);
-  ++arrived_;
-  if (arrived_ == size()) {
-    complete_arrival();
+  const std::int64_t sequence = call.sequence;
+  Rendezvous& meeting = rendezvous(sequence);
+  meeting.calls[rank] = std::move(call);
+  if (++meeting.arrived == size()) {
+    complete_arrival(meeting);
   } else {
-    const std::string what = calls_[rank].signature();
+    const std::string what = meeting.calls[rank].signature();
     world_->wait_until(
-        lock, global_rank(rank), [&] { return generation_ > generation; },
-        [&, what] {
+        lock, global_rank(rank), [&meeting] { return meeting.complete; },
+        [this, &meeting, what] {
           std::string missing;
           for (int r = 0; r < size(); ++r)
-            if (calls_[r].kind.empty()) missing += (missing.empty() ? "" : ", ") + std::to_string(global_rank(r));
+            if (meeting.calls[r].kind.empty()) missing += (missing.empty() ? "" : ", ") + std::to_string(global_rank(r));
           return "the other ranks to join " + what + " on " + name() + " (not arrived: rank " +
                  missing + ")";
         });
   }
-  return calls_;
+  return meeting.calls;
 }
 
-void ThreadGroup::complete_arrival() {
+void ThreadGroup::complete_arrival(Rendezvous& meeting) {
+  const std::vector<CollectiveCall>& calls = meeting.calls;
   // Every rank must be calling the same collective on buffers that agree.
-  const CollectiveCall& first = calls_[0];
+  const CollectiveCall& first = calls[0];
   for (int r = 1; r < size(); ++r) {
-    const CollectiveCall& c = calls_[r];
+    const CollectiveCall& c = calls[r];
     bool same = c.kind == first.kind && c.root == first.root && c.uses_op == first.uses_op &&
                 (!c.uses_op || c.op == first.op) &&
                 (c.kind == "barrier" || c.kind == "split" || c.dtype == first.dtype) &&
                 (c.count < 0 || first.count < 0 || c.count == first.count);
     if (!same) {
       std::ostringstream message;
-      message << "collective mismatch on " << name() << ": ranks called different collectives at the same step:\n";
+      message << "collective mismatch on " << name()
+              << ": ranks called different collectives at the same step (collective #"
+              << first.sequence + 1 << " on it):\n";
       for (int q = 0; q < size(); ++q)
-        message << "  rank " << global_rank(q) << ": " << calls_[q].signature() << "\n";
-      message << "Every rank must call the same collective with the same kind, element count, dtype, root and op.";
+        message << "  rank " << global_rank(q) << ": " << calls[q].signature() << "\n";
+      message << "Every rank must call the same collectives in the same order, with the same kind, element count, dtype, root and op.";
       world_->abort(global_rank(r), "collective mismatch");
       throw CommMismatch(message.str());
     }
   }
   // Gather and scatter: only the root knows the full size; check every shard against it.
   if (first.kind == "gather" || first.kind == "scatter") {
-    const Tensor& full = calls_[first.root].second;
+    const Tensor& full = calls[first.root].second;
     for (int r = 0; r < size(); ++r) {
       ChunkRange range = chunk_range(full.numel(), size(), r);
-      if (calls_[r].first.numel() != range.length || calls_[r].first.dtype() != full.dtype()) {
+      if (calls[r].first.numel() != range.length || calls[r].first.dtype() != full.dtype()) {
         std::ostringstream message;
         message << first.kind << " on " << name() << ": rank " << global_rank(r) << "'s shard is "
-                << calls_[r].first.describe() << " but chunk " << r << " of root's "
+                << calls[r].first.describe() << " but chunk " << r << " of root's "
                 << full.describe() << " has " << range.length << " elements";
         world_->abort(global_rank(r), "collective mismatch");
         throw CommMismatch(message.str());
@@ -159,37 +176,38 @@ void ThreadGroup::complete_arrival() {
 
   if (first.kind == "split") {
     std::map<int, std::vector<int>> by_color;  // color -> group ranks in (key, rank) order
-    for (int r = 0; r < size(); ++r) by_color[calls_[r].color].push_back(r);
+    for (int r = 0; r < size(); ++r) by_color[calls[r].color].push_back(r);
     for (auto& [color, ranks] : by_color) {
       std::stable_sort(ranks.begin(), ranks.end(),
-                       [&](int a, int b) { return calls_[a].key < calls_[b].key; });
+                       [&](int a, int b) { return calls[a].key < calls[b].key; });
       std::vector<int> global;
       for (int r : ranks) global.push_back(global_rank(r));
       auto group = ThreadGroup::create(world_, global);
       for (std::size_t i = 0; i < ranks.size(); ++i)
-        split_result_[ranks[i]] = {group, static_cast<int>(i)};
+        meeting.split_result[ranks[i]] = {group, static_cast<int>(i)};
     }
   }
-  arrived_ = 0;
-  ++generation_;
+  meeting.complete = true;
   world_->changed.notify_all();
 }
 
-void ThreadGroup::depart(int rank) {
+std::pair<std::shared_ptr<ThreadGroup>, int> ThreadGroup::split_result(int rank, std::int64_t sequence) const {
+  std::lock_guard lock(world_->mutex);
+  return rendezvous_.at(sequence).split_result[rank];
+}
+
+void ThreadGroup::depart(int rank, std::int64_t sequence) {
   std::unique_lock lock(world_->mutex);
-  const std::int64_t generation = generation_;
-  ++departed_;
-  if (departed_ == size()) {
-    departed_ = 0;
-    for (CollectiveCall& c : calls_) c = CollectiveCall{};
-    ++departures_;
+  Rendezvous& meeting = rendezvous_.at(sequence);
+  if (++meeting.departed == size()) {
+    rendezvous_.erase(sequence);
     world_->changed.notify_all();
     return;
   }
-  const std::string what = calls_[rank].signature();
+  const std::string what = meeting.calls[rank].signature();
   world_->wait_until(
-      lock, global_rank(rank), [&] { return departures_ >= generation; },
-      [&, what] { return "the other ranks to finish " + what + " on " + name(); });
+      lock, global_rank(rank), [this, sequence] { return !rendezvous_.contains(sequence); },
+      [this, what] { return "the other ranks to finish " + what + " on " + name(); });
 }
 
 }  // namespace dtp

@@ -1,6 +1,12 @@
 // Internal: one communicator's shared state in the thread backend — the
 // mailboxes of its point-to-point messages and the rendezvous where its
 // library collectives meet. Guarded by the world's mutex.
+//
+// Collectives meet by sequence number, as in MPI and NCCL: the k-th
+// collective a rank calls on a communicator meets the k-th of every other
+// rank, whichever thread runs it. A rank's communication thread (running
+// iall_reduce) and its own thread (a blocking all_reduce) can therefore be
+// in two collectives of one communicator at once without mixing them up.
 #pragma once
 
 #include <deque>
@@ -27,6 +33,7 @@ struct Message {
 
 /// One rank's side of a library collective, as it arrives at the rendezvous.
 struct CollectiveCall {
+  std::int64_t sequence = -1;  // this rank's n-th collective on the communicator
   std::string kind;
   DType dtype = DType::f32;
   std::int64_t count = -1;  // elements compared across ranks; -1 = not compared
@@ -55,7 +62,8 @@ class ThreadGroup {
   std::string name() const;
 
   // --- point to point (callers hold the world lock) ---
-  void post(int destination, Message message);
+  /// Drops @p message in the destination's mailbox; returns its sequence number.
+  std::int64_t post(int destination, Message message);
   /// The ticket of the next receive this rank posts for (source, tag).
   std::int64_t take_ticket(int destination, int source, int tag);
   /// True once the message with that ticket has arrived. Pure: wait predicates
@@ -63,22 +71,33 @@ class ThreadGroup {
   bool has_message(int destination, int source, int tag, std::int64_t ticket) const;
   /// Removes and returns the message with that ticket; it must have arrived.
   Message take_message(int destination, int source, int tag, std::int64_t ticket);
+  /// True once the receiver has posted the receive that matches the message
+  /// with this sequence number (a synchronous send may then return). Pure.
+  bool receive_posted(int destination, int source, int tag, std::int64_t sequence) const;
   /// Lines describing messages nobody has received yet.
   std::string describe_undelivered() const;
 
   // --- collectives ---
-  /// Blocks until every rank of the group has arrived; the calls must agree
-  /// (throws CommMismatch otherwise). Returns every rank's call, valid until depart().
+  /// Blocks until every rank of the group has arrived at collective number
+  /// call.sequence; the calls must agree (throws CommMismatch otherwise).
+  /// Returns every rank's call, valid until depart().
   const std::vector<CollectiveCall>& arrive(int rank, CollectiveCall call);
-  /// Blocks until every rank is done with the buffers of this collective.
-  void depart(int rank);
+  /// Blocks until every rank is done with the buffers of collective @p sequence.
+  void depart(int rank, std::int64_t sequence);
   /// After a split's arrive(): this rank's new group and rank in it.
-  std::pair<std::shared_ptr<ThreadGroup>, int> split_result(int rank) const {
-    return split_result_[rank];
-  }
+  std::pair<std::shared_ptr<ThreadGroup>, int> split_result(int rank, std::int64_t sequence) const;
 
  private:
-  void complete_arrival();  // run by the last rank to arrive, lock held
+  /// Where the ranks meet for one collective.
+  struct Rendezvous {
+    std::vector<CollectiveCall> calls;  // by rank
+    int arrived = 0;
+    int departed = 0;
+    bool complete = false;  // everyone arrived and the calls agree
+    std::vector<std::pair<std::shared_ptr<ThreadGroup>, int>> split_result;
+  };
+  Rendezvous& rendezvous(std::int64_t sequence);
+  void complete_arrival(Rendezvous& meeting);  // run by the last rank to arrive, lock held
 
   std::shared_ptr<ThreadWorld> world_;
   std::vector<int> members_;
@@ -86,12 +105,8 @@ class ThreadGroup {
   std::map<std::tuple<int, int, int>, std::int64_t> sent_;     // (dst, src, tag) -> count
   std::map<std::tuple<int, int, int>, std::int64_t> tickets_;  // (dst, src, tag) -> count
 
-  std::vector<CollectiveCall> calls_;
-  int arrived_ = 0;
-  int departed_ = 0;
-  std::int64_t generation_ = 0;  // collectives completed
-  std::int64_t departures_ = 0;  // collectives every rank has left
-  std::vector<std::pair<std::shared_ptr<ThreadGroup>, int>> split_result_;
+  // Collectives some rank has reached and not every rank has left, by sequence.
+  std::map<std::int64_t, Rendezvous> rendezvous_;
 };
 
 }  // namespace dtp

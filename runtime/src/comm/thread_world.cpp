@@ -4,29 +4,57 @@
 #include <cstdio>
 #include <sstream>
 
-#include "comm/rank_context.h"
 #include "comm/thread_group.h"
+#include "comm/timeout.h"
 #include "dtp/error.h"
 
 namespace dtp {
 
-ThreadWorld::ThreadWorld(const World& world)
-    : config_(world), status_(static_cast<std::size_t>(2 * world.size)) {
+namespace {
+// -1 on a rank's own thread; the id of the communication thread otherwise.
+thread_local int this_communication_thread = -1;
+}  // namespace
+
+ThreadWorld::ThreadWorld(const World& world) : config_(world) {
   clocks.assign(static_cast<std::size_t>(world.size), 0.0);
-  for (int r = world.size; r < 2 * world.size; ++r) status_[r].state = State::idle;
+  for (int r = 0; r < world.size; ++r) {
+    status_.emplace_back();
+    status_.back().rank = r;
+  }
 }
 
-int ThreadWorld::slot(int rank) const { return detail::is_comm_worker() ? size() + rank : rank; }
+ThreadWorld::ThreadStatus& ThreadWorld::status_of_this_thread(int rank) {
+  return this_communication_thread >= 0 ? status_[this_communication_thread] : status_[rank];
+}
 
-void ThreadWorld::set_worker_busy(int rank, bool busy) {
-  status_[size() + rank].state = busy ? State::running : State::idle;
-  if (!busy && !aborted_ && everyone_stuck()) declare_deadlock();
+int ThreadWorld::add_communication_thread(int rank) {
+  ThreadStatus& thread = status_.emplace_back();
+  thread.rank = rank;
+  thread.communication_thread = true;
+  thread.state = State::idle;
+  return static_cast<int>(status_.size()) - 1;
+}
+
+void ThreadWorld::wait_as_communication_thread(int id) { this_communication_thread = id; }
+
+void ThreadWorld::job_queued(int id) {
+  ThreadStatus& thread = status_[id];
+  ++thread.jobs;
+  // A waiting thread stays waiting: the new job runs only after the current one.
+  if (thread.state == State::idle) thread.state = State::running;
+}
+
+void ThreadWorld::job_finished(int id) {
+  ThreadStatus& thread = status_[id];
+  if (--thread.jobs > 0) return;
+  thread.state = State::idle;
+  if (!aborted_ && everyone_stuck()) declare_deadlock();
   changed.notify_all();
 }
 
 void ThreadWorld::declare_deadlock() {
   bool anyone_waiting = false;
-  for (const RankStatus& s : status_) anyone_waiting |= s.state == State::waiting;
+  for (const ThreadStatus& s : status_) anyone_waiting |= s.state == State::waiting;
   if (!anyone_waiting) return;
   deadlocked_ = aborted_ = true;
   abort_reason_ = "of a deadlock";
@@ -63,7 +91,7 @@ void ThreadWorld::abort(int rank, const std::string& reason) {
 }
 
 bool ThreadWorld::everyone_stuck() const {
-  for (const RankStatus& s : status_) {
+  for (const ThreadStatus& s : status_) {
     if (s.state == State::running) return false;
     if (s.state == State::waiting && s.ready()) return false;
   }
@@ -82,10 +110,13 @@ void ThreadWorld::wait_until(std::unique_lock<std::mutex>& lock, int rank,
                              const std::function<std::string()>& describe) {
   throw_if_aborted(rank);
   if (ready()) return;
-  RankStatus& me = status_[slot(rank)];
-  me = {State::waiting, ready, describe, std::chrono::steady_clock::now()};
+  ThreadStatus& me = status_of_this_thread(rank);
+  me.state = State::waiting;
+  me.ready = ready;
+  me.describe = describe;
+  me.since = std::chrono::steady_clock::now();
   struct BackToRunning {
-    RankStatus& status;
+    ThreadStatus& status;
     ~BackToRunning() { status.state = State::running; }
   } back_to_running{me};
 
@@ -94,8 +125,7 @@ void ThreadWorld::wait_until(std::unique_lock<std::mutex>& lock, int rank,
     changed.notify_all();
     throw CommDeadlock(deadlock_report_);
   }
-  const auto deadline = me.since + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                       std::chrono::duration<double>(config_.timeout_seconds));
+  const auto deadline = me.since + timeout_duration(config_.timeout_seconds);
   while (!ready()) {
     throw_if_aborted(rank);
     if (changed.wait_until(lock, deadline) == std::cv_status::timeout && !ready()) {
@@ -116,17 +146,17 @@ std::string ThreadWorld::report() const {
   std::ostringstream out;
   out << "What every rank is doing:\n";
   const auto now = std::chrono::steady_clock::now();
-  for (int slot = 0; slot < 2 * size(); ++slot) {
-    const RankStatus& s = status_[slot];
-    const int r = slot % size();
-    if (slot >= size()) {
+  for (const ThreadStatus& s : status_) {
+    if (s.communication_thread) {
       if (s.state == State::idle) continue;  // communication threads matter only when busy
-      out << "  rank " << r << "'s communication thread: ";
+      out << "  rank " << s.rank << "'s communication thread: ";
     } else {
-      out << "  rank " << r << ": ";
+      out << "  rank " << s.rank << ": ";
     }
     switch (s.state) {
-      case State::running: out << "running (not inside a communication call)"; break;
+      case State::running:
+        out << (s.communication_thread ? "running a queued collective" : "running (not inside a communication call)");
+        break;
       case State::finished: out << "finished"; break;
       case State::idle: out << "idle"; break;
       case State::waiting: {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -36,11 +37,12 @@ class ThreadWorld {
   /// Simulated time of each (global) rank.
   std::vector<double> clocks;
 
-  /// Blocks rank @p rank (lock held) until ready() is true. ready() must not
-  /// change state: other ranks evaluate it too, to detect a deadlock. Throws CommAborted
-  /// if another rank failed, CommDeadlock if every unfinished rank is waiting
-  /// on something no one can provide, CommTimeout after timeout_seconds.
-  /// @p describe says what the rank waits for, for the report.
+  /// Blocks the calling thread of rank @p rank (lock held) until ready() is
+  /// true. ready() must not change state: other ranks evaluate it too, to
+  /// detect a deadlock. Throws CommAborted if another rank failed,
+  /// CommDeadlock if every unfinished thread is waiting on something no one
+  /// can provide, CommTimeout after timeout_seconds. @p describe says what
+  /// the thread waits for, for the report.
   void wait_until(std::unique_lock<std::mutex>& lock, int rank,
                   const std::function<bool()>& ready,
                   const std::function<std::string()>& describe);
@@ -51,9 +53,17 @@ class ThreadWorld {
   void abort(int rank, const std::string& reason);
   /// Records that @p rank returned from its function (lock held); may detect a deadlock.
   void finish(int rank);
-  /// Rank @p rank's communication thread starts (busy) or ends (idle) a
-  /// queued operation (lock held).
-  void set_worker_busy(int rank, bool busy);
+
+  // --- communication threads (lock held) ---
+  /// A new communication thread of @p rank; returns its id for the calls below.
+  int add_communication_thread(int rank);
+  /// Makes the waits of the calling thread count as communication thread @p id.
+  static void wait_as_communication_thread(int id);
+  /// A job was queued on communication thread @p id: from now on it is busy,
+  /// never idle, even before the job starts (it will run and may wake others).
+  void job_queued(int id);
+  /// A job of communication thread @p id ended; with none left it is idle.
+  void job_finished(int id);
 
   /// Registers a group so reports can list its undelivered messages.
   void add_group(const std::shared_ptr<ThreadGroup>& group);
@@ -63,23 +73,28 @@ class ThreadWorld {
   std::string report() const;
 
  private:
-  // A rank's communication thread is idle when it has nothing queued: like a
-  // finished rank, it cannot wake anybody.
+  // A communication thread is idle when it has no job queued or running:
+  // like a finished rank, it cannot wake anybody.
   enum class State { running, waiting, finished, idle };
-  struct RankStatus {
+  struct ThreadStatus {
+    int rank = 0;
+    bool communication_thread = false;
+    int jobs = 0;  // communication threads: queued or running
     State state = State::running;
     std::function<bool()> ready;
     std::function<std::string()> describe;
     std::chrono::steady_clock::time_point since;
   };
   bool everyone_stuck() const;
-  // Slots 0..size-1 are the ranks' own threads, size..2*size-1 their
-  // communication threads (see detail::is_comm_worker()).
-  int slot(int rank) const;
+  // The status of the calling thread: its rank's own, or that of the
+  // communication thread it is (see wait_as_communication_thread()).
+  ThreadStatus& status_of_this_thread(int rank);
   void declare_deadlock();
 
   World config_;
-  std::vector<RankStatus> status_;
+  // The ranks' own threads first (index = rank), then communication threads.
+  // A deque: entries stay put while waiting threads hold references.
+  std::deque<ThreadStatus> status_;
   std::vector<std::weak_ptr<ThreadGroup>> groups_;
   bool aborted_ = false;
   bool deadlocked_ = false;

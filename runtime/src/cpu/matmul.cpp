@@ -75,8 +75,10 @@ template <typename T>
 // One clone per instruction set, picked when the program loads: AVX2 where the
 // CPU has it (8 floats per instruction instead of 4). No FMA and no
 // reassociation, so every element is computed exactly as in the baseline
-// clone: results do not depend on the machine.
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+// clone: results do not depend on the machine. Not under ThreadSanitizer:
+// it instruments the ifunc resolver that picks the clone, which runs while
+// the program is loaded, before TSan is ready, and crashes it.
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define DTP_MULTIVERSION [[gnu::target_clones("avx2", "default")]]
 #else
 #define DTP_MULTIVERSION

@@ -171,6 +171,8 @@ void MpiComm::send_header(const Tensor& x, int dst, int tag) {
 
 void MpiComm::send(const Tensor& x, int dst, int tag) {
   if (on_gpu(x)) return send(host_copy(x), dst, tag);
+  // Synchronous: MPI_Issend, polled like every wait until the receive is posted.
+  if (session_->config().send_mode == SendMode::sync) return isend(x, dst, tag)->wait();
   send_header(x, dst, tag);
   // Eager: send a private copy so the caller may reuse x at once.
   std::shared_ptr<void> copy(std::malloc(std::max<std::size_t>(x.nbytes(), 1)), std::free);
@@ -186,10 +188,20 @@ std::shared_ptr<RequestState> MpiComm::isend(const Tensor& x, int dst, int tag) 
   if (on_gpu(x)) return isend(host_copy(x), dst, tag);  // the request keeps the copy alive
   send_header(x, dst, tag);
   MPI_Request request;
-  check(MPI_Isend(x.raw(), as_int(x.nbytes(), "isend"), MPI_BYTE, dst, payload_tag(tag), comm_, &request),
-        "MPI_Isend");
-  return std::make_shared<MpiSendRequest>(*session_, x, request,
-                                          "isend to rank " + std::to_string(dst) + " to be received");
+  std::ostringstream what;
+  if (session_->config().send_mode == SendMode::sync) {
+    // Completes only once the receiver has posted the payload's receive
+    // (MpiRecvRequest posts header and payload receives together).
+    check(MPI_Issend(x.raw(), as_int(x.nbytes(), "isend"), MPI_BYTE, dst, payload_tag(tag), comm_, &request),
+          "MPI_Issend");
+    what << "send(destination rank " << dst << ", tag " << tag << ", " << x.numel() << " x "
+         << dtype_name(x.dtype()) << ") to be matched by a recv (DTP_SEND=sync)";
+  } else {
+    check(MPI_Isend(x.raw(), as_int(x.nbytes(), "isend"), MPI_BYTE, dst, payload_tag(tag), comm_, &request),
+          "MPI_Isend");
+    what << "isend to rank " << dst << " to be received";
+  }
+  return std::make_shared<MpiSendRequest>(*session_, x, request, what.str());
 }
 
 namespace {

@@ -42,6 +42,8 @@ Outcome run_rank(const World& world, MPI_Comm comm, const std::function<void(Com
       fn(comm_handle);
       undelivered = rank_backend.finish();
     }
+    // A non-blocking operation that failed is a failure even if nobody waited on it.
+    if (std::exception_ptr error = detail::take_unobserved_failure()) std::rethrow_exception(error);
     // Every rank fails when any rank was left with messages: agree on one.
     int mine[2] = {undelivered.empty() ? 0 : 1, undelivered.empty() ? -1 : session->rank()};
     int any[2];

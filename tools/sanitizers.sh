@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The sanitizer jobs of CI: builds the runtime tests and the chapter reference
+# checkers under ThreadSanitizer (build-tsan/) and under AddressSanitizer +
+# UndefinedBehaviorSanitizer (build-asan/), CUDA and MPI off, and runs them
+# (ctest labels runtime and reference, without mpi and gpu). Any race, bad
+# memory access or undefined behaviour stops the test that hit it and fails
+# the job.
+#
+# usage: tools/sanitizers.sh [thread] [address]     (default: both, in turn)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+JOBS="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
+LAUNCHER=()
+if command -v ccache >/dev/null; then LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+
+# halt_on_error: the first report ends the test (a failure, not a log line).
+# second_deadlock_stack: lock-order reports show where both locks were taken.
+# The suppressions file lists false positives only, each with its reason.
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$ROOT/tools/tsan.supp"
+export ASAN_OPTIONS="halt_on_error=1 detect_leaks=1 abort_on_error=0"
+export UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1"
+
+# The checkers of every chapter that has them: chNN_reference_tests.
+reference_targets() {
+  local dir
+  for dir in "$ROOT"/tests/[0-9][0-9]_*/; do
+    compgen -G "$dir*_test.cpp" >/dev/null && echo "ch$(basename "$dir" | cut -c1-2)_reference_tests"
+  done
+}
+
+run_job() {
+  local sanitizer=$1 dir
+  case "$sanitizer" in
+    thread) dir="$ROOT/build-tsan" ;;
+    address) dir="$ROOT/build-asan" ;;
+    *) echo "sanitizers.sh: unknown sanitizer '$sanitizer' (expected thread or address)" >&2; return 2 ;;
+  esac
+  local start=$SECONDS
+  echo "=== $sanitizer sanitizer: configure and build $dir"
+  # Sanitized code runs several times slower: give a recv and a test longer.
+  cmake -S "$ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DDTP_SANITIZE="$sanitizer" \
+    -DDTP_ENABLE_CUDA=OFF -DDTP_ENABLE_MPI=OFF -DDTP_EXPECT_STUBS_FAIL=OFF -DDTP_BUILD_DOCS=OFF \
+    -DDTP_COMM_TIMEOUT_S=60 -DDTP_TEST_TIMEOUT_S=600 "${LAUNCHER[@]}" >/dev/null
+  # shellcheck disable=SC2046
+  cmake --build "$dir" -j "$JOBS" --target runtime_tests $(reference_targets)
+  echo "=== $sanitizer sanitizer: run ($((SECONDS - start)) s so far)"
+  # ThreadSanitizer checks every memory access, which turns the LargeBuffer
+  # checkers (a million elements on every world size, the same code paths as
+  # the shorter lengths) into six minutes of their own, and the sync flavour
+  # repeats all of chapter 01 (its own runtime tests, SyncSend.*, do run).
+  local skip=()
+  [[ $sanitizer == thread ]] && skip=(-E LargeBuffer -LE 'mpi|gpu|sync') || skip=(-LE 'mpi|gpu')
+  local status=0
+  ctest --test-dir "$dir" -L 'runtime|reference' "${skip[@]}" --output-on-failure -j "$JOBS" \
+    --no-tests=error || status=$?
+  echo "=== $sanitizer sanitizer: $([[ $status == 0 ]] && echo passed || echo FAILED) in $((SECONDS - start)) s"
+  return "$status"
+}
+
+sanitizers=("$@")
+((${#sanitizers[@]})) || sanitizers=(thread address)
+failed=()
+for sanitizer in "${sanitizers[@]}"; do
+  run_job "$sanitizer" || failed+=("$sanitizer")
+done
+if ((${#failed[@]})); then
+  echo "sanitizers.sh: failed under: ${failed[*]}" >&2
+  exit 1
+fi
