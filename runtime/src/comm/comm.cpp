@@ -65,6 +65,22 @@ std::shared_ptr<RequestState> CommBackend::iall_reduce(Tensor& x, ReduceOp op) {
   });
 }
 
+std::shared_ptr<RequestState> CommBackend::iall_gather(const Tensor& shard, Tensor& full) {
+  Tensor input = shard, output = full;  // handles: the queued op keeps both alive
+  return run_in_background([this, input, output]() mutable {
+    trace::Scope span("all_gather", "comm");
+    all_gather(input, output);
+  });
+}
+
+std::shared_ptr<RequestState> CommBackend::ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
+  Tensor input = full, output = shard;
+  return run_in_background([this, input, output, op]() mutable {
+    trace::Scope span("reduce_scatter", "comm");
+    reduce_scatter(input, output, op);
+  });
+}
+
 void CommBackend::stop_worker() {
   if (!worker_) return;
   std::exception_ptr unobserved = worker_->stop();
@@ -208,6 +224,25 @@ void Comm::reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
   trace::Scope span("reduce_scatter", "comm");
   backend_->reduce_scatter(full, shard, op);
   count_collective("reduce_scatter", full);
+}
+
+Request Comm::iall_gather(const Tensor& shard, Tensor& full) {
+  check_defined("iall_gather", "shard", shard);
+  check_defined("iall_gather", "full", full);
+  check_shard("iall_gather", shard, full, rank());
+  auto state = backend_->iall_gather(shard, full);
+  count_collective("all_gather", full);  // the same collective as all_gather, counted alike
+  return Request(std::move(state));
+}
+
+Request Comm::ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
+  check_defined("ireduce_scatter", "full", full);
+  check_defined("ireduce_scatter", "shard", shard);
+  check_shard("ireduce_scatter", shard, full, rank());
+  check_reduce_op("ireduce_scatter", full, op);
+  auto state = backend_->ireduce_scatter(full, shard, op);
+  count_collective("reduce_scatter", full);
+  return Request(std::move(state));
 }
 
 void Comm::all_to_all(const Tensor& in, Tensor& out) {
