@@ -116,13 +116,20 @@ struct Bytes {
 Bytes formula(const std::string& stage, const ShardSizes& z, std::int64_t states, std::int64_t e, bool on_gpu) {
   const std::int64_t Psi = z.total, S = z.shards, U = z.largest_unit, P = z.largest_pair;
   Bytes b;
-  if (stage == "ddp") b = {Psi, Psi, states * Psi, 0};
-  else if (stage == "zero1") b = {Psi, Psi + S, states * S, 0};
-  else if (stage == "zero2") b = {Psi, S + U, states * S, 0};
-  else if (stage == "zero3") b = {S + U, S + U, states * S, 0};
-  else if (stage == "zero3-prefetch") b = {S + P, S + U, states * S, 0};
-  else if (on_gpu) b = {Psi, Psi + S, 0, (states + 1) * S};  // zero1-offload: host grads S not on the device
-  else b = {Psi, Psi + 2 * S, (states + 1) * S, 0};           // zero1-offload on the CPU: one memory
+  if (stage == "ddp")
+    b = {Psi, Psi, states * Psi, 0};
+  else if (stage == "zero1")
+    b = {Psi, Psi + S, states * S, 0};
+  else if (stage == "zero2")
+    b = {Psi, S + U, states * S, 0};
+  else if (stage == "zero3")
+    b = {S + U, S + U, states * S, 0};
+  else if (stage == "zero3-prefetch")
+    b = {S + P, S + U, states * S, 0};
+  else if (on_gpu)
+    b = {Psi, Psi + S, 0, (states + 1) * S};  // zero1-offload: host grads S not on the device
+  else
+    b = {Psi, Psi + 2 * S, (states + 1) * S, 0};  // zero1-offload on the CPU: one memory
   b.params *= e;
   b.grads *= e;
   b.optimizer *= e;
@@ -134,8 +141,14 @@ Bytes formula(const std::string& stage, const ShardSizes& z, std::int64_t states
 
 // What each rank reports (gathered to rank 0 after the run).
 enum Field {
-  kParams, kGrads, kOptimizer, kHostOptimizer,    // steady-state peaks, bytes
-  kAllReduces, kAllGathers, kReduceScatters, kCommBytes,  // the last step's collectives
+  kParams,
+  kGrads,
+  kOptimizer,
+  kHostOptimizer,  // steady-state peaks, bytes
+  kAllReduces,
+  kAllGathers,
+  kReduceScatters,
+  kCommBytes,  // the last step's collectives
   kFieldCount
 };
 
@@ -145,8 +158,8 @@ struct RankResult {
 };
 
 struct Run {
-  std::vector<RankResult> ranks;   // filled in the process that hosted rank 0
-  std::vector<std::int64_t> units; // elements of each unit
+  std::vector<RankResult> ranks;    // filled in the process that hosted rank 0
+  std::vector<std::int64_t> units;  // elements of each unit
   bool hosted_rank0 = false;
   bool on_gpu = false;
 };
@@ -164,11 +177,16 @@ Run run_stage(const std::string& stage, int world, const dtp::TrainConfig& base,
       });
     } else {
       std::unique_ptr<dtp::ch03::ShardedOptimizer> zero;
-      if (stage == "zero1") zero = std::make_unique<dtp::ch03::Zero1>(comm, model, trainer.config());
-      else if (stage == "zero2") zero = std::make_unique<dtp::ch03::Zero2>(comm, model, trainer.config());
-      else if (stage == "zero3") zero = std::make_unique<dtp::ch03::Zero3>(comm, model, trainer.config());
-      else if (stage == "zero3-prefetch") zero = std::make_unique<dtp::ch03::Zero3Prefetch>(comm, model, trainer.config());
-      else zero = std::make_unique<dtp::ch03::Zero1Offload>(comm, model, trainer.config());
+      if (stage == "zero1")
+        zero = std::make_unique<dtp::ch03::Zero1>(comm, model, trainer.config());
+      else if (stage == "zero2")
+        zero = std::make_unique<dtp::ch03::Zero2>(comm, model, trainer.config());
+      else if (stage == "zero3")
+        zero = std::make_unique<dtp::ch03::Zero3>(comm, model, trainer.config());
+      else if (stage == "zero3-prefetch")
+        zero = std::make_unique<dtp::ch03::Zero3Prefetch>(comm, model, trainer.config());
+      else
+        zero = std::make_unique<dtp::ch03::Zero1Offload>(comm, model, trainer.config());
       trainer.on_after_backward([z = zero.get()] { z->finish_backward(); });
       trainer.set_optimizer(std::move(zero));
     }
@@ -185,12 +203,10 @@ Run run_stage(const std::string& stage, int world, const dtp::TrainConfig& base,
       if (s == 0) continue;  // the first step allocates what later steps reuse
       mine[kParams] = std::max(mine[kParams], static_cast<double>(tracker.peak(MemoryCategory::params, kind)));
       mine[kGrads] = std::max(mine[kGrads], static_cast<double>(tracker.peak(MemoryCategory::grads, kind)));
-      mine[kOptimizer] =
-          std::max(mine[kOptimizer], static_cast<double>(tracker.peak(MemoryCategory::optimizer, kind)));
+      mine[kOptimizer] = std::max(mine[kOptimizer], static_cast<double>(tracker.peak(MemoryCategory::optimizer, kind)));
       if (kind != dtp::Device::Kind::cpu)
         mine[kHostOptimizer] = std::max(
-            mine[kHostOptimizer],
-            static_cast<double>(tracker.peak(MemoryCategory::optimizer, dtp::Device::Kind::cpu)));
+            mine[kHostOptimizer], static_cast<double>(tracker.peak(MemoryCategory::optimizer, dtp::Device::Kind::cpu)));
       auto calls = [&](const char* op) {
         auto count = [op](const dtp::CommStats& st) {
           auto it = st.collective_calls.find(op);
@@ -294,22 +310,33 @@ int main(int argc, char** argv) {
         for (const std::string& w : split(value)) worlds.push_back(std::stoi(w));
       } else if (flag == "--stages") {
         stages = split(value);
-      } else if (flag == "--steps") steps = std::stoll(value);
-      else if (flag == "--layers") config.model.layers = std::stoi(value);
-      else if (flag == "--d-model") config.model.d_model = std::stoi(value);
-      else if (flag == "--heads") config.model.heads = std::stoi(value);
-      else if (flag == "--seq") config.seq = std::stoll(value);
-      else if (flag == "--batch") per_rank_batch = std::stoll(value);
-      else if (flag == "--optimizer") config.optimizer = value;
-      else if (flag == "--dtype") config.model.dtype = dtp::parse_dtype(value);
-      else if (flag == "--json") json_path = value;
-      else throw std::invalid_argument("unknown option " + flag);
+      } else if (flag == "--steps")
+        steps = std::stoll(value);
+      else if (flag == "--layers")
+        config.model.layers = std::stoi(value);
+      else if (flag == "--d-model")
+        config.model.d_model = std::stoi(value);
+      else if (flag == "--heads")
+        config.model.heads = std::stoi(value);
+      else if (flag == "--seq")
+        config.seq = std::stoll(value);
+      else if (flag == "--batch")
+        per_rank_batch = std::stoll(value);
+      else if (flag == "--optimizer")
+        config.optimizer = value;
+      else if (flag == "--dtype")
+        config.model.dtype = dtp::parse_dtype(value);
+      else if (flag == "--json")
+        json_path = value;
+      else
+        throw std::invalid_argument("unknown option " + flag);
     }
     for (const std::string& stage : stages)
       if (std::find(std::begin(kStages), std::end(kStages), stage) == std::end(kStages))
         throw std::invalid_argument("unknown stage '" + stage +
                                     "' (ddp, zero1, zero2, zero3, zero3-prefetch, zero1-offload)");
-    if (worlds.empty() || steps < 3 || per_rank_batch < 1) throw std::invalid_argument("need --worlds, --steps >= 3, --batch >= 1");
+    if (worlds.empty() || steps < 3 || per_rank_batch < 1)
+      throw std::invalid_argument("need --worlds, --steps >= 3, --batch >= 1");
     for (int w : worlds)
       if (w < 1) throw std::invalid_argument("world sizes must be >= 1");
   } catch (const std::exception& e) {
@@ -362,11 +389,12 @@ int main(int argc, char** argv) {
         std::printf("# zero memory, %s backend on %s, %s, %s (%lld optimizer state(s) per parameter)\n",
                     backend.c_str(), device.c_str(), dtp::dtype_name(config.model.dtype), config.optimizer.c_str(),
                     static_cast<long long>(states));
-        std::printf("# model: d_model %d, %d layers, %d heads, %zu units, Psi = %lld parameters; "
-                    "%lld x %lld tokens per rank; median of %lld steps\n",
-                    config.model.d_model, config.model.layers, config.model.heads, run.units.size(),
-                    static_cast<long long>(psi), static_cast<long long>(per_rank_batch),
-                    static_cast<long long>(config.seq), static_cast<long long>(steps - 2));
+        std::printf(
+            "# model: d_model %d, %d layers, %d heads, %zu units, Psi = %lld parameters; "
+            "%lld x %lld tokens per rank; median of %lld steps\n",
+            config.model.d_model, config.model.layers, config.model.heads, run.units.size(),
+            static_cast<long long>(psi), static_cast<long long>(per_rank_batch), static_cast<long long>(config.seq),
+            static_cast<long long>(steps - 2));
         std::printf("# peaks in KiB on the model's device; 'max' is the largest over ranks; formula for that rank\n");
         std::printf("%-15s %5s %10s %10s %10s %10s %10s %8s %10s %9s %9s\n", "stage", "world", "params", "grads",
                     "optimizer", "total", "max total", "formula", "step ms", "vs ddp", "comm MiB");
@@ -406,32 +434,52 @@ int main(int argc, char** argv) {
       const RankResult& r0 = run.ranks[0];
       const std::int64_t total0 = params[0] + grads[0] + optimizer[0];
       const double vs_ddp = ddp_seconds > 0 ? seconds / ddp_seconds : 0;
-      std::printf("%-15s %5d %10.1f %10.1f %10.1f %10.1f %10.1f %8s %10.2f %8.2fx %9.2f\n", stage.c_str(), world,
-                  params[0] / 1024.0, grads[0] / 1024.0, optimizer[0] / 1024.0, total0 / 1024.0, max_total / 1024.0,
-                  std::abs(worst_ratio - 1.0) <= 1e-9 ? "exact" : (std::to_string(worst_ratio).substr(0, 6) + "x").c_str(),
-                  seconds * 1e3, vs_ddp, r0.fields[kCommBytes] / (1024.0 * 1024.0));
+      std::printf(
+          "%-15s %5d %10.1f %10.1f %10.1f %10.1f %10.1f %8s %10.2f %8.2fx %9.2f\n", stage.c_str(), world,
+          params[0] / 1024.0, grads[0] / 1024.0, optimizer[0] / 1024.0, total0 / 1024.0, max_total / 1024.0,
+          std::abs(worst_ratio - 1.0) <= 1e-9 ? "exact" : (std::to_string(worst_ratio).substr(0, 6) + "x").c_str(),
+          seconds * 1e3, vs_ddp, r0.fields[kCommBytes] / (1024.0 * 1024.0));
       if (json) {
         JsonLine line;
-        line.add("what", "zero_memory").add("stage", stage).add("backend", backend).add("device", device)
-            .add("world", world).add("dtype", dtp::dtype_name(config.model.dtype)).add("optimizer", config.optimizer)
-            .add("optimizer_states", states).add("d_model", config.model.d_model).add("layers", config.model.layers)
-            .add("heads", config.model.heads).add("seq", config.seq).add("per_rank_batch", per_rank_batch)
+        line.add("what", "zero_memory")
+            .add("stage", stage)
+            .add("backend", backend)
+            .add("device", device)
+            .add("world", world)
+            .add("dtype", dtp::dtype_name(config.model.dtype))
+            .add("optimizer", config.optimizer)
+            .add("optimizer_states", states)
+            .add("d_model", config.model.d_model)
+            .add("layers", config.model.layers)
+            .add("heads", config.model.heads)
+            .add("seq", config.seq)
+            .add("per_rank_batch", per_rank_batch)
             .add("unit_numel", run.units)
-            .add("params_bytes", params[0]).add("grads_bytes", grads[0]).add("optimizer_bytes", optimizer[0])
+            .add("params_bytes", params[0])
+            .add("grads_bytes", grads[0])
+            .add("optimizer_bytes", optimizer[0])
             .add("host_optimizer_bytes", static_cast<std::int64_t>(r0.fields[kHostOptimizer]))
-            .add("formula_params_bytes", rank0_formula.params).add("formula_grads_bytes", rank0_formula.grads)
+            .add("formula_params_bytes", rank0_formula.params)
+            .add("formula_grads_bytes", rank0_formula.grads)
             .add("formula_optimizer_bytes", rank0_formula.optimizer)
             .add("formula_host_optimizer_bytes", rank0_formula.host_optimizer)
-            .add("params_bytes_per_rank", params).add("grads_bytes_per_rank", grads)
-            .add("optimizer_bytes_per_rank", optimizer).add("formula_total_bytes_per_rank", formula_total)
-            .add("max_total_bytes", max_total).add("formula_max_total_bytes", max_formula.total())
+            .add("params_bytes_per_rank", params)
+            .add("grads_bytes_per_rank", grads)
+            .add("optimizer_bytes_per_rank", optimizer)
+            .add("formula_total_bytes_per_rank", formula_total)
+            .add("max_total_bytes", max_total)
+            .add("formula_max_total_bytes", max_formula.total())
             .add("worst_ratio_to_formula", worst_ratio)
-            .add("step_s", seconds).add("ddp_step_s", ddp_seconds).add("vs_ddp", vs_ddp)
+            .add("step_s", seconds)
+            .add("ddp_step_s", ddp_seconds)
+            .add("vs_ddp", vs_ddp)
             .add("all_reduces", static_cast<std::int64_t>(r0.fields[kAllReduces]))
             .add("all_gathers", static_cast<std::int64_t>(r0.fields[kAllGathers]))
             .add("reduce_scatters", static_cast<std::int64_t>(r0.fields[kReduceScatters]))
             .add("collective_bytes", static_cast<std::int64_t>(r0.fields[kCommBytes]))
-            .add("steps", steps).add("date", date).add("git", rev);
+            .add("steps", steps)
+            .add("date", date)
+            .add("git", rev);
         std::fprintf(json, "%s\n", line.str().c_str());
         std::fflush(json);
       }
@@ -439,7 +487,9 @@ int main(int argc, char** argv) {
   }
   if (json) std::fclose(json);
   if (printed_header && mismatches > 0)
-    std::printf("# %d row(s) differ from the formulas: the 'formula' column shows the worst ratio of any rank and "
-                "category\n", mismatches);
+    std::printf(
+        "# %d row(s) differ from the formulas: the 'formula' column shows the worst ratio of any rank and "
+        "category\n",
+        mismatches);
   return 0;
 }
