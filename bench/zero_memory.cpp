@@ -139,16 +139,18 @@ Bytes formula(const std::string& stage, const ShardSizes& z, std::int64_t states
 
 // --- one run ---------------------------------------------------------------------
 
-// What each rank reports (gathered to rank 0 after the run).
+// What each rank reports (gathered to rank 0 after the run): steady-state
+// peak bytes (params .. host optimizer), then the last step's collective
+// calls and bytes.
 enum Field {
   kParams,
   kGrads,
   kOptimizer,
-  kHostOptimizer,  // steady-state peaks, bytes
+  kHostOptimizer,
   kAllReduces,
   kAllGathers,
   kReduceScatters,
-  kCommBytes,  // the last step's collectives
+  kCommBytes,
   kFieldCount
 };
 
