@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -259,5 +260,65 @@ class Zero1Offload : public ShardedOptimizer {
  private:
   std::vector<Tensor> device_gradient_shards_;  ///< the reduce-scatter targets
 };
+
+// --- provided (not a puzzle): drivers/03_zero_fsdp/zero_strategy.cpp -----------
+
+/// What one rank held and moved in one optimizer step of `dtp train
+/// --strategy zero`, next to what the same rank would hold under DDP
+/// (chapter 02), which keeps everything whole on every rank.
+///
+/// The peaks are the memory tracker's (MemoryTracker::peak), which
+/// Trainer::step() resets at the start of every step, on the kind of device
+/// the model trains on.
+struct RankMemoryStep {
+  int rank = 0;                         ///< the rank
+  double loss = 0;                      ///< the rank's mean loss over its slice of the batch
+  std::int64_t params_peak = 0;         ///< highest MemoryCategory::params bytes during the step
+  std::int64_t grads_peak = 0;          ///< highest MemoryCategory::grads bytes during the step
+  std::int64_t optimizer_peak = 0;      ///< highest MemoryCategory::optimizer bytes during the step
+  /// Highest optimizer bytes in host memory while the model trains on a GPU
+  /// (what --offload moved off the device); 0 when the model trains on the
+  /// CPU, where optimizer_peak already holds them.
+  std::int64_t host_optimizer_peak = 0;
+  std::int64_t ddp_params = 0;     ///< DDP's parameters: Psi elements x the element size
+  std::int64_t ddp_grads = 0;      ///< DDP's gradients: Psi elements x the element size
+  /// DDP's optimizer state: states per element (AdamW 2, SGD with momentum 1,
+  /// without 0) x Psi x the element size.
+  std::int64_t ddp_optimizer = 0;
+  std::int64_t bytes_moved = 0;    ///< payload bytes of this rank's collectives in the step (CommStats)
+};
+
+/// Settings of the "zero" strategy.
+struct ZeroOptions {
+  int world = 2;          ///< data-parallel ranks (World::from_env)
+  int stage = 1;          ///< 1: Zero1 (3.1), 2: Zero2 (3.2), 3: Zero3 (3.3)
+  bool prefetch = false;  ///< stage 3 only: Zero3Prefetch (3.4) instead of Zero3
+  bool offload = false;   ///< stage 1 only: Zero1Offload (3.5) instead of Zero1
+  /// Called on rank 0 after each step with every rank's numbers (index = rank).
+  std::function<void(std::int64_t step, const std::vector<RankMemoryStep>&)> on_memory;
+};
+
+/// The name of the stage @p options select, as its name() says: "zero1",
+/// "zero2", "zero3", "zero3-prefetch" or "zero1-offload".
+std::string zero_stage_name(const ZeroOptions& options);
+
+/// The puzzle that implements the stage @p options select: "3.1" to "3.5".
+std::string zero_puzzle(const ZeroOptions& options);
+
+/// Checks @p options against @p config: world >= 1, stage 1, 2 or 3,
+/// --prefetch only with stage 3, --offload only with stage 1, and a global
+/// batch that splits into equal non-empty slices (config.batch a multiple of
+/// world, at least world). Each message names the flag and what it accepts.
+/// Throws dtp::Error.
+void validate_zero(const TrainConfig& config, const ZeroOptions& options);
+
+/// Registers the "zero" strategy with @p options (the last registration
+/// wins). It launches options.world ranks; each builds
+/// Trainer(config, rank, world), checks that all ranks agree on their
+/// settings and initial parameters (check_ranks_agree), plugs in the stage
+/// as this file's comment shows and trains. The StepRecord it reports has
+/// the loss averaged over ranks, the tokens of all ranks, the slowest rank's
+/// step time and rank 0's other fields.
+void register_zero_strategy(const ZeroOptions& options);
 
 }  // namespace dtp::ch03
