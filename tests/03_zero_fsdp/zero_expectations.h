@@ -201,7 +201,11 @@ inline void expect_communication(Stage stage) {
                                     scatters - reduces;
         const std::int64_t want_gathers = (gathers_twice ? 2 : 1) * units;
         const std::int64_t bytes = after.collective_bytes - before.collective_bytes;
-        const std::int64_t want_bytes = (want_gathers + units) * size.total * e + 8;
+        // CommStats counts each call's full unit buffer, so per pass over the
+        // units: Psi elements. Gather passes (1 or 2) + one reduce-scatter pass,
+        // plus the gradient norm's one f64.
+        const std::int64_t passes = (gathers_twice ? 2 : 1) + 1;
+        const std::int64_t want_bytes = passes * size.total * e + 8;
         if (gathers != want_gathers || scatters != units || reduces != 1 || others != 0 || bytes != want_bytes)
           return "rank " + std::to_string(comm.rank()) + ", step " + std::to_string(s) + ": expected " +
                  std::to_string(units) + " reduce-scatters (one per unit), " + std::to_string(want_gathers) +
