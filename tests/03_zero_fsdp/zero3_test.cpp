@@ -96,8 +96,7 @@ TEST(Puzzle3_4_zero3_prefetch, CommunicationPerStep) { expect_communication(Stag
 TEST(Puzzle3_4_zero3_prefetch, UnitsSmallerThanTheWorld) { expect_units_smaller_than_the_world(Stage::prefetch); }
 
 // With prefetch, the gather of unit i+1 starts (on the communication lane)
-// before unit i's forward ends: it travels while unit i computes. Exact, not
-// timing: the prefetch is issued before unit i's forward begins.
+// before unit i's forward ends: it travels while unit i computes.
 TEST(Puzzle3_4_zero3_prefetch, NextUnitsGatherStartsBeforeTheCurrentForwardEnds) {
   if (!thread_backend()) GTEST_SKIP() << "the trace lanes are the thread backend's; the thread flavour checks this";
   std::vector<std::string> units;
@@ -113,15 +112,26 @@ TEST(Puzzle3_4_zero3_prefetch, NextUnitsGatherStartsBeforeTheCurrentForwardEnds)
         << "rank " << rank << ": expected " << 2 * (n - 1)
         << " all-gathers per step on the communication thread (Comm::iall_gather of the next unit, in forward "
            "and in backward), got " << t.gathers_on_comm_lane.size() << " in " << steps << " steps";
-    for (std::size_t s = 0; s < steps; ++s) {
-      for (std::size_t i = 0; i + 1 < n; ++i) {
+    // The span on the communication lane starts when the communication
+    // thread picks the gather up, a little after it was posted; the
+    // embedding's forward (tens of microseconds) is too short to show that
+    // reliably, so the check starts at block.0, and a unit passes when its
+    // gather overlaps in any step (a prefetch that is waited on at once never
+    // does).
+    for (std::size_t i = 1; i + 1 < n; ++i) {
+      std::string late;
+      bool seen = false;
+      for (std::size_t s = 0; s < steps && !seen; ++s) {
         const trace::Span& gather = t.gathers_on_comm_lane[s * 2 * (n - 1) + i];  // the gather of unit i+1
         const auto& [name, forward] = t.forwards[s * n + i];
-        EXPECT_LT(gather.start_us, forward.end_us)
-            << "rank " << rank << ", step " << s + 1 << ": the gather of unit '" << units[i + 1] << "' started at "
-            << gather.start_us << " us, after unit '" << name << "''s forward ended at " << forward.end_us
-            << " us: start the next unit's iall_gather before the current unit runs, so it travels meanwhile";
+        seen = gather.start_us < forward.end_us;
+        if (!seen && late.empty())
+          late = "step " + std::to_string(s + 1) + ": the gather of unit '" + units[i + 1] + "' started at " +
+                 std::to_string(gather.start_us) + " us, after unit '" + name + "''s forward ended at " +
+                 std::to_string(forward.end_us) + " us";
       }
+      EXPECT_TRUE(seen) << "rank " << rank << ", in " << steps << " steps: " << late
+                        << ": start the next unit's iall_gather before the current unit runs, so it travels meanwhile";
     }
   }
 }

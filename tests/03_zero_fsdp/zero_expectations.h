@@ -256,8 +256,10 @@ inline void expect_finish_without_backward_is_an_error(Stage stage) {
 //    gives no size error: only the values show it.
 inline void expect_each_unit_runs_with_its_own_parameters(Stage stage) {
   const TrainConfig config = tiny_config(12, 1);
-  TrainConfig fresh = config;
-  GPT initial(fresh.model);
+  // The initial parameters as the trainer builds them (it resolves the
+  // vocabulary and context from the data first).
+  Trainer fresh(config);
+  GPT& initial = fresh.model();
   std::vector<std::vector<double>> own;
   for (Unit* unit : initial.units()) own.push_back(unit->params().to_vector());
   for (int world : {2, 3}) {
