@@ -24,25 +24,12 @@ TrainConfig traced_config() {
   return config;
 }
 
-struct RankTrace {
-  std::vector<trace::Span> gathers_on_comm_lane;                 // lane 1, by start
-  std::vector<std::pair<std::string, trace::Span>> forwards;     // unit forward spans, lane 0, in order
-};
-
-RankTrace trace_of(const std::vector<trace::Span>& spans, int rank, const std::vector<std::string>& units) {
-  RankTrace t;
-  for (const trace::Span& s : spans) {
-    if (s.rank != rank) continue;
-    if (s.lane == 1 && s.name == "all_gather") t.gathers_on_comm_lane.push_back(s);
-    if (s.lane == 0)
-      for (const std::string& unit : units)
-        if (s.name == unit + " forward") t.forwards.push_back({unit, s});
-  }
-  auto by_start = [](const trace::Span& a, const trace::Span& b) { return a.start_us < b.start_us; };
-  std::sort(t.gathers_on_comm_lane.begin(), t.gathers_on_comm_lane.end(), by_start);
-  std::sort(t.forwards.begin(), t.forwards.end(),
-            [](const auto& a, const auto& b) { return a.second.start_us < b.second.start_us; });
-  return t;
+// All-gathers that ran on rank `rank`'s communication thread (lane 1): the
+// ones started with Comm::iall_gather.
+std::size_t gathers_on_comm_lane(const std::vector<trace::Span>& spans, int rank) {
+  return static_cast<std::size_t>(std::count_if(spans.begin(), spans.end(), [rank](const trace::Span& s) {
+    return s.rank == rank && s.lane == 1 && s.name == "all_gather";
+  }));
 }
 
 // Trains `stage` for traced_config().steps steps on 2 ranks with the trace on.
@@ -79,9 +66,9 @@ TEST(Puzzle3_3_zero3, GathersOnDemandWithoutPrefetch) {
   const std::vector<trace::Span> spans = traced_run(Stage::zero3, units);
   if (::testing::Test::HasFailure()) return;
   for (int rank = 0; rank < 2; ++rank) {
-    const RankTrace t = trace_of(spans, rank, units);
-    EXPECT_TRUE(t.gathers_on_comm_lane.empty())
-        << "rank " << rank << ": " << t.gathers_on_comm_lane.size()
+    const std::size_t gathers = gathers_on_comm_lane(spans, rank);
+    EXPECT_EQ(gathers, 0u)
+        << "rank " << rank << ": " << gathers
         << " all-gathers ran on the communication thread; Zero3 gathers a unit with the blocking all_gather "
            "right before it runs (prefetching is puzzle 3.4)";
   }
@@ -95,9 +82,47 @@ TEST(Puzzle3_4_zero3_prefetch, MemoryPerRankMatchesTheFormulas) { expect_memory(
 TEST(Puzzle3_4_zero3_prefetch, CommunicationPerStep) { expect_communication(Stage::prefetch); }
 TEST(Puzzle3_4_zero3_prefetch, UnitsSmallerThanTheWorld) { expect_units_smaller_than_the_world(Stage::prefetch); }
 
-// With prefetch, the gather of unit i+1 starts (on the communication lane)
-// before unit i's forward ends: it travels while unit i computes.
-TEST(Puzzle3_4_zero3_prefetch, NextUnitsGatherStartsBeforeTheCurrentForwardEnds) {
+// With prefetch, the gather of the unit that runs next is travelling while
+// the current unit computes. Read exactly, from the order of events on the
+// rank's own thread (lane 0), not from timings: before unit k computes, the
+// next unit's Comm::iall_gather has been posted (an "iall_gather" span), and
+// it has not been waited on yet (the "wait" spans so far are only for the
+// units already computed). In forward the next unit is k+1; in backward k-1.
+struct Pass {
+  std::vector<double> posts, waits;                    // lane-0 start times, in order
+  std::vector<std::pair<std::string, trace::Span>> units;  // unit compute spans, in run order
+};
+
+// Splits rank `rank`'s lane-0 events into passes: forward, backward, forward, ...
+std::vector<Pass> passes_of(const std::vector<trace::Span>& spans, int rank, const std::vector<std::string>& units) {
+  std::vector<trace::Span> lane0;
+  for (const trace::Span& s : spans)
+    if (s.rank == rank && s.lane == 0) lane0.push_back(s);
+  std::sort(lane0.begin(), lane0.end(),
+            [](const trace::Span& a, const trace::Span& b) { return a.start_us < b.start_us; });
+  std::vector<Pass> passes(1);
+  bool forward = true;
+  for (const trace::Span& s : lane0) {
+    const std::string pass_word = forward ? " forward" : " backward";
+    if (s.name == "iall_gather") passes.back().posts.push_back(s.start_us);
+    if (s.name == "wait") passes.back().waits.push_back(s.start_us);
+    for (const std::string& unit : units)
+      if (s.name == unit + pass_word) passes.back().units.push_back({unit, s});
+    // A pass ends with its last unit: the head in forward, the embedding in backward.
+    if (s.name == (forward ? units.back() : units.front()) + pass_word) {
+      passes.emplace_back();
+      forward = !forward;
+    }
+  }
+  passes.pop_back();  // the empty pass opened after the last backward
+  return passes;
+}
+
+std::size_t count_before(const std::vector<double>& times, double t) {
+  return static_cast<std::size_t>(std::count_if(times.begin(), times.end(), [t](double x) { return x < t; }));
+}
+
+TEST(Puzzle3_4_zero3_prefetch, NextUnitsGatherTravelsWhileTheCurrentUnitComputes) {
   if (!thread_backend()) GTEST_SKIP() << "the trace lanes are the thread backend's; the thread flavour checks this";
   std::vector<std::string> units;
   const std::vector<trace::Span> spans = traced_run(Stage::prefetch, units);
@@ -105,33 +130,39 @@ TEST(Puzzle3_4_zero3_prefetch, NextUnitsGatherStartsBeforeTheCurrentForwardEnds)
   const std::size_t n = units.size();
   const std::size_t steps = static_cast<std::size_t>(traced_config().steps);
   for (int rank = 0; rank < 2; ++rank) {
-    const RankTrace t = trace_of(spans, rank, units);
-    ASSERT_EQ(t.forwards.size(), n * steps) << "rank " << rank << ": expected one forward span per unit and step";
+    const std::size_t gathers = gathers_on_comm_lane(spans, rank);
     // Per step: n-1 prefetches in forward (units 1..n-1) and n-1 in backward.
-    ASSERT_EQ(t.gathers_on_comm_lane.size(), 2 * (n - 1) * steps)
+    ASSERT_EQ(gathers, 2 * (n - 1) * steps)
         << "rank " << rank << ": expected " << 2 * (n - 1)
         << " all-gathers per step on the communication thread (Comm::iall_gather of the next unit, in forward "
-           "and in backward), got " << t.gathers_on_comm_lane.size() << " in " << steps << " steps";
-    // The span on the communication lane starts when the communication
-    // thread picks the gather up, a little after it was posted; the
-    // embedding's forward (tens of microseconds) is too short to show that
-    // reliably, so the check starts at block.0, and a unit passes when its
-    // gather overlaps in any step (a prefetch that is waited on at once never
-    // does).
-    for (std::size_t i = 1; i + 1 < n; ++i) {
-      std::string late;
-      bool seen = false;
-      for (std::size_t s = 0; s < steps && !seen; ++s) {
-        const trace::Span& gather = t.gathers_on_comm_lane[s * 2 * (n - 1) + i];  // the gather of unit i+1
-        const auto& [name, forward] = t.forwards[s * n + i];
-        seen = gather.start_us < forward.end_us;
-        if (!seen && late.empty())
-          late = "step " + std::to_string(s + 1) + ": the gather of unit '" + units[i + 1] + "' started at " +
-                 std::to_string(gather.start_us) + " us, after unit '" + name + "''s forward ended at " +
-                 std::to_string(forward.end_us) + " us";
+           "and in backward), got " << gathers << " in " << steps << " steps";
+    const std::vector<Pass> passes = passes_of(spans, rank, units);
+    ASSERT_EQ(passes.size(), 2 * steps) << "rank " << rank << ": expected a forward and a backward pass per step";
+    for (std::size_t p = 0; p < passes.size(); ++p) {
+      const Pass& pass = passes[p];
+      const bool forward = p % 2 == 0;
+      const std::string where = "rank " + std::to_string(rank) + ", step " + std::to_string(p / 2 + 1) + ", " +
+                                (forward ? "forward" : "backward");
+      ASSERT_EQ(pass.units.size(), n) << where << ": expected one span per unit";
+      // Every unit but the last of the pass has a successor to prefetch.
+      for (std::size_t k = 0; k + 1 < n; ++k) {
+        const auto& [name, compute] = pass.units[k];
+        const std::string next = pass.units[k + 1].first;
+        const std::size_t posted = count_before(pass.posts, compute.start_us);
+        const std::size_t waited = count_before(pass.waits, compute.end_us);
+        EXPECT_GE(posted, k + 1) << where << ": when unit '" << name << "' began to compute, " << posted
+                                 << " iall_gather(s) had been posted in this pass, expected " << k + 1
+                                 << " (one for every unit after the first, up to and including '" << next
+                                 << "'). Post the next unit's gather in the hook before '" << name
+                                 << "' runs, so it travels meanwhile";
+        EXPECT_LE(waited, k) << where << ": when unit '" << name << "' finished computing, " << waited
+                             << " request(s) had been waited on in this pass, expected at most " << k
+                             << " (one for each unit after the first that already ran): the gather of '" << next
+                             << "' was waited on before '" << name
+                             << "' computed, so nothing overlapped it. Wait for it in the hook before '" << next
+                             << "' runs";
+        if (::testing::Test::HasFailure()) return;  // one pass tells the story
       }
-      EXPECT_TRUE(seen) << "rank " << rank << ", in " << steps << " steps: " << late
-                        << ": start the next unit's iall_gather before the current unit runs, so it travels meanwhile";
     }
   }
 }

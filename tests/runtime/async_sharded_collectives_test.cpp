@@ -145,8 +145,9 @@ TEST(AsyncShardedCollectives, TheyRunOnTheCommunicationThreadsLane) {
     s.wait();
   });
   trace::disable();
-  int gather_on_comm_lane = 0, scatter_on_comm_lane = 0, elsewhere = 0;
+  int gather_on_comm_lane = 0, scatter_on_comm_lane = 0, elsewhere = 0, posted_on_rank_lane = 0;
   for (const trace::Span& span : trace::spans()) {
+    if ((span.name == "iall_gather" || span.name == "ireduce_scatter") && span.lane == 0) ++posted_on_rank_lane;
     if (span.name != "all_gather" && span.name != "reduce_scatter") continue;
     if (span.lane != 1) ++elsewhere;
     else if (span.name == "all_gather") ++gather_on_comm_lane;
@@ -155,6 +156,63 @@ TEST(AsyncShardedCollectives, TheyRunOnTheCommunicationThreadsLane) {
   EXPECT_EQ(gather_on_comm_lane, 3);
   EXPECT_EQ(scatter_on_comm_lane, 3);
   EXPECT_EQ(elsewhere, 0) << "the caller's thread must not record them: it only queues the work";
+  EXPECT_EQ(posted_on_rank_lane, 6) << "each call leaves a short span named after it where it was posted";
+}
+
+// ZeRO-1/2 gather the updated shards into the parameters they are a view of:
+// the shard is the rank's own chunk of full. Every backend takes that (MPI
+// needs MPI_IN_PLACE); any other overlap is an error at the call.
+TEST(AsyncShardedCollectives, AllGatherInPlaceFromTheRanksOwnChunk) {
+  for (int n : testing::all_world_sizes()) {
+    for (std::int64_t len : {std::int64_t{3}, std::int64_t{23}}) {
+      SCOPED_TRACE("world " + std::to_string(n) + ", " + std::to_string(len) + " elements");
+      Results blocking(n), nonblocking(n);
+      testing::run_ranks(n, [&](Comm& comm) {
+        const int r = comm.rank();
+        ChunkRange mine = chunk_range(len, n, r);
+        for (bool async : {false, true}) {
+          // Only this rank's own chunk holds the pattern; the rest is -1.
+          Tensor full = Tensor::full({len}, -1.0, DType::f64);
+          full.slice(mine.offset, mine.length).copy_from(testing::pattern_tensor(0, len).slice(mine.offset, mine.length));
+          Tensor shard = full.slice(mine.offset, mine.length);
+          if (async) {
+            comm.iall_gather(shard, full).wait();
+            nonblocking[r] = full.to_vector();
+          } else {
+            comm.all_gather(shard, full);
+            blocking[r] = full.to_vector();
+          }
+        }
+      });
+      for (int r = 0; r < n; ++r) {
+        EXPECT_TRUE(testing::values_equal("in-place all_gather", r, testing::pattern_values(0, len), blocking[r], n));
+        EXPECT_TRUE(testing::values_equal("in-place iall_gather", r, testing::pattern_values(0, len), nonblocking[r], n));
+      }
+    }
+  }
+}
+
+TEST(AsyncShardedCollectives, OverlapOtherThanTheOwnChunkIsAnErrorAtTheCall) {
+  testing::run_ranks(2, [](Comm& comm) {
+    const int r = comm.rank();
+    Tensor full = Tensor::zeros({10});
+    Tensor neighbours = full.slice(r == 0 ? 5 : 0, 5);  // the other rank's chunk
+    try {
+      comm.all_gather(neighbours, full);
+      ADD_FAILURE() << "a shard inside full but not this rank's chunk must throw";
+    } catch (const Error& e) {
+      EXPECT_TRUE(testing::contains(e.what(), "shares memory with full")) << e.what();
+      EXPECT_TRUE(testing::contains(e.what(), "passes full's own chunk " + std::to_string(r))) << e.what();
+    }
+    Tensor own = full.slice(r == 0 ? 0 : 5, 5);
+    try {
+      comm.reduce_scatter(full, own);
+      ADD_FAILURE() << "an in-place reduce_scatter must throw";
+    } catch (const Error& e) {
+      EXPECT_TRUE(testing::contains(e.what(), "only all_gather may work in place")) << e.what();
+    }
+    EXPECT_THROW(comm.ireduce_scatter(full, own), Error);
+  });
 }
 
 TEST(AsyncShardedCollectives, InterleavedWithBlockingCollectivesForManyIterations) {

@@ -87,6 +87,12 @@ void narrow_into(Tensor& x, const Tensor& wide) {
 bool on_gpu(const Tensor& x) { return x.defined() && x.device().is_cuda(); }
 Tensor host_copy(const Tensor& x) { return on_gpu(x) ? x.to(Device::cpu()) : x; }
 
+// An all-gather whose shard is already its own chunk of the output (ZeRO's
+// in-place gather) must say MPI_IN_PLACE: MPI forbids overlapping buffers.
+const void* send_buffer(const Tensor& shard, const Tensor& full, int displacement_bytes) {
+  return shard.raw() == static_cast<const char*>(full.raw()) + displacement_bytes ? MPI_IN_PLACE : shard.raw();
+}
+
 class MpiRecvRequest : public RequestState {
  public:
   MpiRecvRequest(MpiComm* comm, Tensor x, int src, int tag) : comm_(comm), x_(std::move(x)), src_(src), tag_(tag) {
@@ -349,7 +355,8 @@ std::shared_ptr<RequestState> MpiComm::iall_gather(const Tensor& shard, Tensor& 
   Tensor input = host_copy(shard);
   Tensor output = on_gpu(full) ? Tensor::empty(full.shape(), full.dtype(), Device::cpu(), MemoryCategory::comm) : full;
   chunk_layout(full.numel(), size_, full.element_size(), pending->counts, pending->displacements);
-  check(MPI_Iallgatherv(input.raw(), pending->counts[rank_], MPI_BYTE, output.raw(), pending->counts.data(),
+  check(MPI_Iallgatherv(send_buffer(input, output, pending->displacements[rank_]), pending->counts[rank_], MPI_BYTE,
+                        output.raw(), pending->counts.data(),
                         pending->displacements.data(), MPI_BYTE, comm_, &pending->request),
         "MPI_Iallgatherv");
   pending->buffers = {input, output};
@@ -431,7 +438,8 @@ void MpiComm::all_gather(const Tensor& shard, Tensor& full) {
   std::vector<int> counts, displacements;
   chunk_layout(full.numel(), size_, full.element_size(), counts, displacements);
   MPI_Request request;
-  check(MPI_Iallgatherv(shard.raw(), counts[rank_], MPI_BYTE, full.raw(), counts.data(), displacements.data(),
+  check(MPI_Iallgatherv(send_buffer(shard, full, displacements[rank_]), counts[rank_], MPI_BYTE, full.raw(),
+                        counts.data(), displacements.data(),
                         MPI_BYTE, comm_, &request),
         "MPI_Iallgatherv");
   finish(request, "all_gather");
