@@ -171,6 +171,21 @@ int main(int argc, char** argv) {
                   r.rank, mib(r.params_peak), mib(r.ddp_params), mib(r.grads_peak), mib(r.ddp_grads),
                   mib(r.optimizer_peak), host, mib(r.ddp_optimizer), mib(r.bytes_moved));
     }
+    // Once: where a stage holds more than DDP, say why (the lesson's section 2).
+    static bool explained = false;
+    const auto& first = ranks.front();
+    if (!explained && first.params_peak > first.ddp_params) {
+      std::printf("    note: the parameter peak is above DDP's: the shards plus the whole units being gathered (two "
+                  "with prefetch) outweigh one model when a unit is a large share of it (here %lld blocks); with "
+                  "more blocks each unit is a smaller share (try --layers 8)\n",
+                  static_cast<long long>(config.model.layers));
+      explained = true;
+    }
+    if (!explained && first.grads_peak > first.ddp_grads) {
+      std::printf("    note: ZeRO-1 holds more gradient bytes than DDP: the full gradient stays and the reduce-scatter "
+                  "writes a separate gradient shard (what ZeRO-2 saves)\n");
+      explained = true;
+    }
     std::fflush(stdout);
   };
   dtp::ch02::register_ddp_strategy(options.ddp);

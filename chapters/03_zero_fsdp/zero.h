@@ -225,7 +225,7 @@ class Zero3Prefetch : public Zero3 {
  public:
   /// As Zero3, with prefetching hooks instead.
   Zero3Prefetch(Comm& comm, GPT& model, const TrainConfig& config);
-  /// Waits for a prefetch still in flight, then removes the hooks.
+  /// Waits for a prefetch still in flight (~Zero3 then removes the hooks).
   ~Zero3Prefetch() override;
 
  private:

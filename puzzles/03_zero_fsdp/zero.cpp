@@ -53,8 +53,8 @@ Zero2::Zero2(Comm& comm, GPT& model, const TrainConfig& config)
       reduced_(model.units().size(), false) {
   // About 12 lines.
   // 1. Release every unit's full gradient: unit->set_buffers(unit->params(), Tensor()).
-  // 2. on_before_backward: give the unit a zeroed full gradient buffer
-  //    (MemoryCategory::grads, like its params).
+  // 2. on_before_backward: give the unit a zeroed full gradient buffer, the
+  //    same shape, dtype and device as unit.params(), MemoryCategory::grads.
   // 3. on_grad_ready: reduce-scatter (mean) its grads into its gradient shard,
   //    release the full gradient, note the unit as reduced.
   throw dtp::NotSolved("3.2 zero2");
@@ -79,11 +79,12 @@ void Zero2::step(double lr) {
 Zero3::Zero3(std::string name, Comm& comm, GPT& model, const TrainConfig& config)
     : ShardedOptimizer(std::move(name), comm, model, config, parameter_shard_views(model, comm.size(), comm.rank())),
       reduced_(model.units().size(), false) {
-  // About 12 lines. The parameter shards passed above are views into the full
-  // parameters, which this stage must release: pass tensors of their own
-  // instead (write a helper that copies each unit's shard_range slice into a
-  // Tensor::empty(..., MemoryCategory::params)), then release every unit's
-  // full buffers: unit->set_buffers(Tensor(), Tensor()).
+  // About 12 lines. The parameter shards passed above, in the initializer
+  // list, are views into the full parameters, which this stage must release:
+  // views would keep them alive. Replace parameter_shard_views(...) there with
+  // a helper of your own (a function above this constructor) that copies each
+  // unit's shard_range slice into a Tensor::empty(..., MemoryCategory::params).
+  // Then, here, release every unit's full buffers: unit->set_buffers(Tensor(), Tensor()).
   throw dtp::NotSolved("3.3 zero3");
 }
 
@@ -140,17 +141,21 @@ Zero3Prefetch::Zero3Prefetch(Comm& comm, GPT& model, const TrainConfig& config)
 }
 
 Zero3Prefetch::~Zero3Prefetch() {
-  // About 4 lines: wait for next_.request (it writes into next_.full); never throw.
+  // About 4 lines: wait for next_.request (it writes into next_.full) and
+  // swallow any error (a destructor must not throw). wait() on a default
+  // Request returns at once. ~Zero3 removes the hooks afterwards.
 }
 
 // --- 3.5 optimizer offload -------------------------------------------------------
 
 Zero1Offload::Zero1Offload(Comm& comm, GPT& model, const TrainConfig& config)
     : ShardedOptimizer("zero1-offload", comm, model, config, parameter_shard_views(model, comm.size(), comm.rank())) {
-  // About 14 lines. The shards above are views on the device; pass host copies
-  // instead (a helper: Tensor::empty(view.shape(), view.dtype(), Device::cpu(),
-  // MemoryCategory::optimizer) + copy_from), and allocate one zeroed device
-  // gradient shard per unit into device_gradient_shards_.
+  // About 14 lines. The shards passed above, in the initializer list, are
+  // views on the device: replace parameter_shard_views(...) there with a
+  // helper of your own that makes host copies (Tensor::empty(view.shape(),
+  // view.dtype(), Device::cpu(), MemoryCategory::optimizer) + copy_from).
+  // Here, allocate one zeroed device gradient shard per unit into
+  // device_gradient_shards_.
   throw dtp::NotSolved("3.5 zero1_offload");
 }
 

@@ -144,7 +144,15 @@ inline void expect_memory(Stage stage) {
           f = expect("optimizer state", optimizer, states * size.shards * e, "2 S e", whole_model);
           if (f.empty())
             f = expect("parameters between steps", params, size.shards * e, "S e",
-                       "only the shards: release every unit's full parameters after it ran");
+                       params == size.total * e
+                           ? "only the shards; got exactly Psi e, one whole model: are the parameter shards views "
+                             "into the full buffers (parameter_shard_views)? A view keeps its whole buffer alive "
+                             "after set_buffers(Tensor(), Tensor()); copy each shard into a tensor of its own"
+                       : params == (size.total + size.shards) * e
+                           ? "only the shards; got (Psi + S) e, the shards plus every unit's full parameters: "
+                             "release each unit's full buffers (set_buffers(Tensor(), Tensor())) in the "
+                             "constructor and after each forward and backward"
+                           : "only the shards: release every unit's full parameters after it ran");
           if (f.empty())
             f = at_most("the parameter peak", params_peak, (size.shards + units) * e,
                         two ? "(S + two largest units) e" : "(S + U) e",

@@ -199,6 +199,9 @@ def check_zero_lines(program, launcher, where, env, backend):
                    and "optimizer " in line and " moved " in line,
                    f"{where}: after '{lines[i]}' expected a line per rank ('    rank {rank}: params ... (DDP ...)  "
                    f"grads ... optimizer ... moved ...'); got {ranks}")
+    # 2 blocks: the shards plus two whole units outweigh the model, and the log says why, once.
+    notes = [line for line in lines if line.startswith("    note: the parameter peak is above DDP's")]
+    expect(len(notes) == 1, f"{where}: expected one note explaining the parameter peak above DDP's; got {notes}")
 
 
 # --- under mpiexec ------------------------------------------------------------------------
