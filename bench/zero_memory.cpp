@@ -3,7 +3,7 @@
 //   dtp-bench-zero-memory [--worlds 1,2,...,8] [--stages ddp,zero1,...] [--steps 6]
 //                         [--layers 4] [--d-model 128] [--heads 4] [--seq 64]
 //                         [--batch 2] [--optimizer adamw|sgd] [--dtype f32|f64]
-//                         [--json FILE]
+//                         [--repeats 3] [--json FILE]
 // Stages:
 //   ddp             a full replica per rank; one all_reduce(avg) per unit's
 //                   flat gradient after backward (written here, chapter 02's 2.2)
@@ -18,7 +18,10 @@
 // peaks when it starts, so these are steady-state peaks) and compares them with
 // the lesson's formulas, computed here from the shard lengths. Step time: the
 // slowest rank's time of each step, median over the steps after two warm-up
-// steps. Prints a table and appends one JSON object per (stage, world).
+// steps of every repeat. The stages of one world run in turn, --repeats times
+// round-robin, so a machine that speeds up or slows down during the run (other
+// work, frequency changes) moves every stage alike and the ratios to DDP hold.
+// Prints a table and appends one JSON object per (stage, world).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -245,17 +248,19 @@ Run run_stage(const std::string& stage, int world, const dtp::TrainConfig& base,
   return run;
 }
 
-// Median over the steps after two warm-up steps of the slowest rank's time.
-double median_step_seconds(const Run& run) {
-  std::vector<double> slowest;
+// The slowest rank's time of each step after two warm-up steps, appended to @p into.
+void add_slowest_steps(const Run& run, std::vector<double>& into) {
   const std::size_t steps = run.ranks.empty() ? 0 : run.ranks[0].step_seconds.size();
   for (std::size_t s = 2; s < steps; ++s) {
     double t = 0;
     for (const RankResult& r : run.ranks) t = std::max(t, r.step_seconds[s]);
-    slowest.push_back(t);
+    into.push_back(t);
   }
-  std::sort(slowest.begin(), slowest.end());
-  return slowest.empty() ? 0 : slowest[slowest.size() / 2];
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0 : values[values.size() / 2];
 }
 
 std::vector<std::string> split(const std::string& text) {
@@ -271,13 +276,14 @@ void usage(FILE* to) {
                "usage: dtp-bench-zero-memory [--worlds 1,2,...,8] [--stages LIST] [--steps K]\n"
                "                             [--layers L] [--d-model C] [--heads H] [--seq T]\n"
                "                             [--batch B] [--optimizer adamw|sgd] [--dtype f32|f64]\n"
-               "                             [--json FILE]\n"
+               "                             [--repeats R] [--json FILE]\n"
                "  --worlds     world sizes, a comma list (default 1,2,3,4,5,6,7,8)\n"
                "  --stages     a comma list of ddp, zero1, zero2, zero3, zero3-prefetch, zero1-offload\n"
                "               (default all; ddp is always run too, as the baseline of the time ratio)\n"
                "  --steps      steps per run, >= 3 (default 6): peaks from step 2 on, times after 2 warm-up steps\n"
                "  --layers, --d-model, --heads, --seq   the model (default 4, 128, 4, 64)\n"
                "  --batch      sequences per rank per step (default 2; the global batch is B x world)\n"
+               "  --repeats    runs of every stage per world, in turn (default 3): times pooled over them\n"
                "  --optimizer  adamw (2 states per parameter, default) or sgd (momentum 0.9: 1 state)\n"
                "  --dtype      f32 (default) or f64\n"
                "  --json FILE  append one JSON object per (stage, world) to FILE\n"
@@ -289,7 +295,7 @@ void usage(FILE* to) {
 int main(int argc, char** argv) {
   std::vector<int> worlds = {1, 2, 3, 4, 5, 6, 7, 8};
   std::vector<std::string> stages(std::begin(kStages), std::end(kStages));
-  std::int64_t steps = 6, per_rank_batch = 2;
+  std::int64_t steps = 6, per_rank_batch = 2, repeats = 3;
   std::string json_path;
   dtp::TrainConfig config;
   config.model.layers = 4;
@@ -328,6 +334,8 @@ int main(int argc, char** argv) {
         config.optimizer = value;
       else if (flag == "--dtype")
         config.model.dtype = dtp::parse_dtype(value);
+      else if (flag == "--repeats")
+        repeats = std::stoll(value);
       else if (flag == "--json")
         json_path = value;
       else
@@ -337,8 +345,8 @@ int main(int argc, char** argv) {
       if (std::find(std::begin(kStages), std::end(kStages), stage) == std::end(kStages))
         throw std::invalid_argument("unknown stage '" + stage +
                                     "' (ddp, zero1, zero2, zero3, zero3-prefetch, zero1-offload)");
-    if (worlds.empty() || steps < 3 || per_rank_batch < 1)
-      throw std::invalid_argument("need --worlds, --steps >= 3, --batch >= 1");
+    if (worlds.empty() || steps < 3 || per_rank_batch < 1 || repeats < 1)
+      throw std::invalid_argument("need --worlds, --steps >= 3, --batch >= 1, --repeats >= 1");
     for (int w : worlds)
       if (w < 1) throw std::invalid_argument("world sizes must be >= 1");
   } catch (const std::exception& e) {
@@ -370,20 +378,31 @@ int main(int argc, char** argv) {
   bool printed_header = false;
   int mismatches = 0;
   for (int world : worlds) {
-    double ddp_seconds = 0;
-    for (const std::string& stage : order) {
-      dtp::TrainConfig c = config;
-      c.batch = per_rank_batch * world;
-      Run run;
-      try {
-        run = run_stage(stage, world, c, steps);
-      } catch (const std::exception& error) {
-        std::fprintf(stderr, "dtp-bench-zero-memory: %s on %d rank(s) failed: %s\n", stage.c_str(), world,
-                     error.what());
-        return 1;
+    // Every stage once per round, --repeats rounds: memory from the first
+    // run (every run holds the same), times pooled over all of them.
+    std::vector<Run> first(order.size());
+    std::vector<std::vector<double>> times(order.size());
+    for (std::int64_t round = 0; round < repeats; ++round) {
+      for (std::size_t i = 0; i < order.size(); ++i) {
+        dtp::TrainConfig c = config;
+        c.batch = per_rank_batch * world;
+        try {
+          Run run = run_stage(order[i], world, c, steps);
+          add_slowest_steps(run, times[i]);
+          if (round == 0) first[i] = std::move(run);
+        } catch (const std::exception& error) {
+          std::fprintf(stderr, "dtp-bench-zero-memory: %s on %d rank(s) failed: %s\n", order[i].c_str(), world,
+                       error.what());
+          return 1;
+        }
       }
+    }
+    double ddp_seconds = 0;
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const std::string& stage = order[i];
+      const Run& run = first[i];
       if (!run.hosted_rank0) continue;  // under mpiexec, only rank 0's process reports
-      const double seconds = median_step_seconds(run);
+      const double seconds = median(times[i]);
       if (stage == "ddp") ddp_seconds = seconds;
       if (!printed_header) {
         std::int64_t psi = 0;
@@ -393,10 +412,10 @@ int main(int argc, char** argv) {
                     static_cast<long long>(states));
         std::printf(
             "# model: d_model %d, %d layers, %d heads, %zu units, Psi = %lld parameters; "
-            "%lld x %lld tokens per rank; median of %lld steps\n",
+            "%lld x %lld tokens per rank; median of %lld steps x %lld rounds\n",
             config.model.d_model, config.model.layers, config.model.heads, run.units.size(),
             static_cast<long long>(psi), static_cast<long long>(per_rank_batch), static_cast<long long>(config.seq),
-            static_cast<long long>(steps - 2));
+            static_cast<long long>(steps - 2), static_cast<long long>(repeats));
         std::printf("# peaks in KiB on the model's device; 'max' is the largest over ranks; formula for that rank\n");
         std::printf("%-15s %5s %10s %10s %10s %10s %10s %8s %10s %9s %9s\n", "stage", "world", "params", "grads",
                     "optimizer", "total", "max total", "formula", "step ms", "vs ddp", "comm MiB");
@@ -480,6 +499,7 @@ int main(int argc, char** argv) {
             .add("reduce_scatters", static_cast<std::int64_t>(r0.fields[kReduceScatters]))
             .add("collective_bytes", static_cast<std::int64_t>(r0.fields[kCommBytes]))
             .add("steps", steps)
+            .add("repeats", repeats)
             .add("date", date)
             .add("git", rev);
         std::fprintf(json, "%s\n", line.str().c_str());
