@@ -3,6 +3,7 @@
 //             [--trace out.json] [--json log.jsonl] [--strategy single|ddp]
 //   dtp train --strategy ddp --world 4 [--impl puzzles|reference]
 //             [--ddp-mode naive|flat|bucketed] [--bucket-mb X] [--accumulate K]
+//   dtp train --strategy zero --world 4 --stage 1|2|3 [--prefetch] [--offload]
 // Built twice from this source (apps/CMakeLists.txt): bin/dtp-train runs the
 // puzzles, bin/dtp-train-reference the reference. The defaults reach a
 // clearly lower loss on the synthetic data within a minute on two CPU cores.
@@ -18,6 +19,7 @@
 #endif
 
 #include "02_ddp/ddp.h"
+#include "03_zero_fsdp/zero.h"
 #include "dtp/error.h"
 #include "dtp/launch.h"
 #include "dtp/trainer.h"
@@ -88,6 +90,20 @@ void print_header(const Options& o, const ProcessRole& role) {
                 static_cast<long long>(ddp.accumulate),
                 static_cast<long long>(config.batch / (ddp.world * ddp.accumulate)));
   }
+  if (config.strategy == "zero") {
+    const dtp::ch03::ZeroOptions& zero = o.zero;
+    const char* sharded[] = {"", "optimizer state", "gradients and optimizer state",
+                             "parameters, gradients and optimizer state"};
+    std::printf("zero: %d ranks (%s backend), stage %d%s (%s, puzzle %s): %s sharded%s; %lld sequences per "
+                "rank\n",
+                zero.world, role.mpi ? "mpi" : "thread", zero.stage,
+                zero.prefetch ? " with prefetch" : zero.offload ? " with offload" : "",
+                dtp::ch03::zero_stage_name(zero).c_str(), dtp::ch03::zero_puzzle(zero).c_str(),
+                sharded[zero.stage], zero.offload ? ", in host memory" : "",
+                static_cast<long long>(config.batch / zero.world));
+    std::printf("zero: after each kept step, per rank: peak MiB per category during the step (a DDP rank's "
+                "in parentheses) and the MiB its collectives moved\n");
+  }
   std::printf("model: %s (%lld parameters)\n", resolved.model.describe().c_str(),
               static_cast<long long>(resolved.model.parameter_count()));
   std::printf("data: %s; batch %lld x seq %lld = %lld tokens per step\n",
@@ -110,7 +126,9 @@ int main(int argc, char** argv) {
     // Before anything else: --impl may name the sibling binary.
     run_impl(find_flag(argc, argv, "--impl"), argv);
     options = parse_arguments(argc, argv);
-    dtp::ch02::register_ddp_strategy(options.ddp);  // for the name check; registered again below
+    // For the name check; registered again below, with their reporting callbacks.
+    dtp::ch02::register_ddp_strategy(options.ddp);
+    dtp::ch03::register_zero_strategy(options.zero);
     role = join_processes(options);
     if (role.reports) check_options(options);
   } catch (const UsageError& e) {
@@ -140,7 +158,38 @@ int main(int argc, char** argv) {
                   static_cast<double>(r.bytes) / (1024.0 * 1024.0), r.exposed_seconds * 1e3);
     std::fflush(stdout);
   };
+  // A zero kept line is followed by one line per rank: what it held and moved.
+  options.zero.on_memory = [&](std::int64_t step, const std::vector<dtp::ch03::RankMemoryStep>& ranks) {
+    if (!role.reports || !progress.keeps(step)) return;
+    const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); };
+    for (const auto& r : ranks) {
+      // On a GPU, offloaded optimizer state sits in host memory: show it apart.
+      char host[48] = "";
+      if (r.host_optimizer_peak > 0) std::snprintf(host, sizeof host, " + host %.3f", mib(r.host_optimizer_peak));
+      std::printf("    rank %d: params %.3f MiB (DDP %.3f)  grads %.3f MiB (DDP %.3f)  optimizer %.3f MiB%s "
+                  "(DDP %.3f)  moved %.3f MiB\n",
+                  r.rank, mib(r.params_peak), mib(r.ddp_params), mib(r.grads_peak), mib(r.ddp_grads),
+                  mib(r.optimizer_peak), host, mib(r.ddp_optimizer), mib(r.bytes_moved));
+    }
+    // Once: where a stage holds more than DDP, say why (the lesson's section 2).
+    static bool explained = false;
+    const auto& first = ranks.front();
+    if (!explained && first.params_peak > first.ddp_params) {
+      std::printf("    note: the parameter peak is above DDP's: the shards plus the whole units being gathered (two "
+                  "with prefetch) outweigh one model when a unit is a large share of it (here %lld blocks); with "
+                  "more blocks each unit is a smaller share (try --layers 8)\n",
+                  static_cast<long long>(config.model.layers));
+      explained = true;
+    }
+    if (!explained && first.grads_peak > first.ddp_grads) {
+      std::printf("    note: ZeRO-1 holds more gradient bytes than DDP: the full gradient stays and the reduce-scatter "
+                  "writes a separate gradient shard (what ZeRO-2 saves)\n");
+      explained = true;
+    }
+    std::fflush(stdout);
+  };
   dtp::ch02::register_ddp_strategy(options.ddp);
+  dtp::ch03::register_zero_strategy(options.zero);
   try {
     if (role.reports) print_header(options, role);
     dtp::TrainResult result = dtp::train(config, [&](const dtp::StepRecord& record) {

@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """Doxygen input filter: GitHub-style math in Markdown to Doxygen formulas.
 
+It also turns a lesson's picture links into docs/figures (written relative
+to the lesson, e.g. ../../docs/figures/x.png, so GitHub shows them) into the
+bare file name, which Doxygen finds on its IMAGE_PATH and copies into the
+HTML folder.
+
 The lessons are written for GitHub, where $x$ is inline math and $$x$$ is a
 display formula. Doxygen 1.9 wants \\f$x\\f$ and \\f[x\\f] instead. This filter
 rewrites one file to stdout, leaving fenced code blocks, `code spans` and \\$
@@ -11,14 +16,17 @@ import re
 import sys
 
 FENCE = re.compile(r"^\s*(```|~~~)")
+# A picture link into docs/figures: ![alt](../../docs/figures/name.png).
+FIGURE = re.compile(r"(!\[[^\]]*\]\()(?:\.\./)*docs/figures/([^)\s]+\))")
 # Inline math: $ then a non-blank, up to a non-blank then $ not followed by a digit.
 INLINE = re.compile(r"(?<![\\$])\$(?=\S)(.+?)(?<=\S)(?<!\\)\$(?![\d$])")
 
 
 def convert_text(text):
-    """Rewrites math in text that holds no code: $$..$$ first, then $..$."""
+    """Rewrites text that holds no code: $$..$$ first, then figure links, then $..$."""
     text = re.sub(r"(?<!\\)\$\$(.+?)(?<!\\)\$\$", lambda m: "\\f[" + m.group(1) + "\\f]",
                   text, flags=re.S)
+    text = FIGURE.sub(lambda m: m.group(1) + m.group(2), text)
     return INLINE.sub(lambda m: "\\f$" + m.group(1) + "\\f$", text)
 
 

@@ -19,12 +19,13 @@ namespace dtp::train_app {
 
 const char* const kUsage = R"(Usage: dtp train [OPTIONS]
 
-Trains a small GPT on one device (or on data-parallel ranks with --strategy ddp),
-shows a progress line (loss, tokens/s, time left) and a summary.
+Trains a small GPT on one device (or on data-parallel ranks with --strategy ddp
+or zero), shows a progress line (loss, tokens/s, time left) and a summary.
 
 Run:
   --device cpu|cuda[:k]   where to train (default cpu)
-  --strategy NAME         how to train: single (default) or ddp (chapter 02)
+  --strategy NAME         how to train: single (default), ddp (chapter 02) or
+                          zero (chapter 03)
   --impl puzzles|reference
                           whose code a strategy with puzzles runs: yours in
                           puzzles/ (default) or the reference solution
@@ -41,7 +42,7 @@ Run:
   --log-every N           keep a line every N steps (default: about ten per run);
                           on a terminal a line updates in place in between
 
-Data parallel (--strategy ddp, chapter 02):
+Data parallel (--strategy ddp, chapter 02; --world also for zero):
   --world N               data-parallel ranks, 1 to 1024 (default 2; under mpiexec
                           with DTP_BACKEND=mpi: the number of processes)
   --ddp-mode MODE         naive (2.1), flat (2.2) or bucketed (2.3, default)
@@ -52,6 +53,17 @@ Data parallel (--strategy ddp, chapter 02):
                           the global batch must divide by world x K
   A line per rank follows each kept step: its all-reduces, bytes and the
   time its thread waited on communication (exposed, not overlapped).
+
+ZeRO / FSDP (--strategy zero, chapter 03; --world as above):
+  --stage S               what each rank keeps only a 1/N shard of, 1 to 3
+                          (default 1): 1 the optimizer state (3.1), 2 also the
+                          gradients (3.2), 3 also the parameters (3.3, FSDP)
+  --prefetch              with --stage 3: gather the next unit's parameters while
+                          the current one computes (3.4)
+  --offload               with --stage 1: keep the optimizer state and its update
+                          in host memory (3.5)
+  A line per rank follows each kept step: its peak memory per category (what
+  a DDP rank would hold in parentheses) and the bytes its collectives moved.
 
 Model:
   --layers N              transformer blocks, 0 to 256 (default 2)
@@ -237,8 +249,13 @@ Options parse_arguments(int argc, char** argv) {
       {"--clip", [&](auto& f, auto& v) { config.grad_clip = parse_real(f, v, 0, 1e6); }},
       {"--world",
        [&](auto& f, auto& v) {
-         ddp.world = as_int(parse_int(f, v, 1, 1024));
-         o.world_given = o.ddp_flags = true;
+         ddp.world = o.zero.world = as_int(parse_int(f, v, 1, 1024));
+         o.world_given = true;
+       }},
+      {"--stage",
+       [&](auto& f, auto& v) {
+         o.zero.stage = as_int(parse_int(f, v, 1, 3));
+         o.zero_flags = true;
        }},
       {"--bucket-mb",
        [&](auto& f, auto& v) {
@@ -260,6 +277,11 @@ Options parse_arguments(int argc, char** argv) {
          o.ddp_flags = true;
        }},
   };
+  // Flags that take no value: present means on.
+  const std::map<std::string, std::function<void()>> switches = {
+      {"--prefetch", [&] { o.zero.prefetch = o.zero_flags = true; }},
+      {"--offload", [&] { o.zero.offload = o.zero_flags = true; }},
+  };
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
@@ -272,6 +294,11 @@ Options parse_arguments(int argc, char** argv) {
       value = arg.substr(eq + 1);
       arg = arg.substr(0, eq);
       has_value = true;
+    }
+    if (auto on = switches.find(arg); on != switches.end()) {
+      if (has_value) throw UsageError{arg + " takes no value, got '" + argv[i] + "'"};
+      on->second();
+      continue;
     }
     auto it = options.find(arg);
     if (it == options.end()) throw UsageError{"unknown option '" + arg + "' (see --help)"};
@@ -294,14 +321,25 @@ void check_options(const Options& o) {
   }
   if (!known)
     throw UsageError{"--strategy: unknown strategy '" + config.strategy + "'; accepted: " + names};
+  if (o.world_given && config.strategy != "ddp" && config.strategy != "zero")
+    throw UsageError{"--world needs a data-parallel strategy: --strategy ddp or --strategy zero"};
   if (o.ddp_flags && config.strategy != "ddp")
-    throw UsageError{"--world, --bucket-mb, --accumulate and --ddp-mode need --strategy ddp"};
+    throw UsageError{"--bucket-mb, --accumulate and --ddp-mode need --strategy ddp"};
+  if (o.zero_flags && config.strategy != "zero")
+    throw UsageError{"--stage, --prefetch and --offload need --strategy zero"};
   if (config.model.d_model % config.model.heads != 0)
     throw UsageError{"--heads " + std::to_string(config.model.heads) + " must divide --d-model " +
                      std::to_string(config.model.d_model)};
   if (config.strategy == "ddp") {
     try {
       ch02::validate_ddp(config, o.ddp);
+    } catch (const dtp::Error& e) {
+      throw UsageError{e.what()};
+    }
+  }
+  if (config.strategy == "zero") {
+    try {
+      ch03::validate_zero(config, o.zero);
     } catch (const dtp::Error& e) {
       throw UsageError{e.what()};
     }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "02_ddp/ddp.h"
+#include "03_zero_fsdp/zero.h"
 #include "dtp/trainer.h"
 
 namespace dtp::train_app {
@@ -20,9 +21,11 @@ struct UsageError {
 struct Options {
   TrainConfig config;
   ch02::DdpOptions ddp;
+  ch03::ZeroOptions zero;      ///< --world sets its world and ddp's alike
   std::int64_t log_every = 0;  ///< 0: about ten lines per run
   std::string impl;            ///< "puzzles", "reference" or "" (this binary's)
-  bool ddp_flags = false;      ///< a ddp-only flag was given
+  bool ddp_flags = false;      ///< a ddp-only flag was given (--bucket-mb, --accumulate, --ddp-mode)
+  bool zero_flags = false;     ///< a zero-only flag was given (--stage, --prefetch, --offload)
   bool world_given = false;    ///< --world was given (under mpiexec it defaults to the processes)
 };
 
@@ -33,7 +36,7 @@ extern const char* const kUsage;
 Options parse_arguments(int argc, char** argv);
 
 /// The checks between flags and against the file system: strategy names,
-/// ddp divisibility, heads | d_model, the data file, writable outputs.
+/// ddp and zero settings, heads | d_model, the data file, writable outputs.
 /// Throws UsageError.
 void check_options(const Options& options);
 

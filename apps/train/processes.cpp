@@ -68,7 +68,7 @@ ProcessRole join_processes(Options& options) {
     throw UsageError{"--strategy single trains one replica, but mpiexec started " +
                      std::to_string(role.processes) + " processes; use --strategy ddp --world " +
                      std::to_string(role.processes)};
-  if (!options.world_given) options.ddp.world = role.processes;
+  if (!options.world_given) options.ddp.world = options.zero.world = role.processes;
   // A world of one rank runs on MPI process 0 alone: the others sit it out,
   // which tells each process whether it is the one that reports.
   bool holds_rank_zero = false;

@@ -47,7 +47,7 @@ StepRecord accumulated_step(Trainer& trainer, std::int64_t step, std::int64_t k,
   record.loss = accumulation_step(trainer.model(), micro_batches, synchronize);
   DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ",
             record.step, "; try a lower --lr or a tighter --clip");
-  record.grad_norm = clip_grad_norm(grad_tensors(trainer.optimizer().buffers()), config.grad_clip);
+  record.grad_norm = trainer.optimizer().clip_gradients(config.grad_clip);
   record.lr = config.schedule().at(step);
   {
     trace::Scope span("optimizer step", "compute");

@@ -57,37 +57,62 @@ def read_log(path, where):
 
 # --- --impl and unsolved puzzles ----------------------------------------------------------
 
-PUZZLES = [  # (dtp-train flags, the puzzle it needs first, its checker suite)
-    (["--ddp-mode", "naive"], "2.1 naive_ddp", "Puzzle2_1_naive_ddp"),
-    (["--ddp-mode", "flat"], "2.2 flat_ddp", "Puzzle2_2_flat_ddp"),
-    ([], "2.3 bucketed_ddp", "Puzzle2_3_bucketed_ddp"),
-    (["--ddp-mode", "flat", "--accumulate", "2"], "2.4 gradient_accumulation",
-     "Puzzle2_4_gradient_accumulation"),
+DDP = ["--strategy", "ddp"]
+ZERO = ["--strategy", "zero"]
+PUZZLES = [  # (dtp-train flags, the puzzles it needs in the order it runs them, as (name, checker suite))
+    (DDP + ["--ddp-mode", "naive"], [("2.1 naive_ddp", "Puzzle2_1_naive_ddp")]),
+    (DDP + ["--ddp-mode", "flat"], [("2.2 flat_ddp", "Puzzle2_2_flat_ddp")]),
+    (DDP, [("2.3 bucketed_ddp", "Puzzle2_3_bucketed_ddp")]),
+    (DDP + ["--ddp-mode", "flat", "--accumulate", "2"],
+     [("2.4 gradient_accumulation", "Puzzle2_4_gradient_accumulation")]),
+    (ZERO + ["--stage", "1"], [("3.1 zero1", "Puzzle3_1_zero1")]),
+    (ZERO + ["--stage", "2"], [("3.2 zero2", "Puzzle3_2_zero2")]),
+    (ZERO + ["--stage", "3"], [("3.3 zero3", "Puzzle3_3_zero3")]),
+    # Zero3Prefetch's constructor runs Zero3's first: 3.3 stops it before 3.4 does.
+    (ZERO + ["--stage", "3", "--prefetch"],
+     [("3.3 zero3", "Puzzle3_3_zero3"), ("3.4 zero3_prefetch", "Puzzle3_4_zero3_prefetch")]),
+    (ZERO + ["--offload"], [("3.5 zero1_offload", "Puzzle3_5_zero1_offload")]),
 ]
+
+
+def checkers_pass(args, suite):
+    """Whether the checkers of `suite` (Puzzle2_3_..., Puzzle3_1_...) pass, run
+    from the chapter's checker binary (chNN_puzzles_tests)."""
+    chapter = "ch0" + suite[len("Puzzle")]
+    binary = next((b for b in args.checkers if os.path.basename(b).startswith(chapter + "_")), None)
+    if not expect(binary, f"no checker binary for {suite} among --checkers {args.checkers}"):
+        return False
+    return run([binary, f"--gtest_filter={suite}.*:*/{suite}.*"], timeout=600).returncode == 0
 
 
 def check_unsolved(args):
     """dtp-train runs puzzles/: an unsolved puzzle stops it with its name and
-    exit status 3. Once the student solves it, the run must train (exit 0) and
-    that puzzle's checkers must pass; training while they fail would mean
-    dtp-train did not run puzzles/."""
-    base = ["--strategy", "ddp", "--world", "2", "--steps", "2", "--batch", "8"]
-    for flags, puzzle, suite in PUZZLES:
+    exit status 3: the first puzzle the run needs whose checkers fail. Once
+    the student solves them, the run must train (exit 0) and those puzzles'
+    checkers must pass; training while they fail would mean dtp-train did not
+    run puzzles/."""
+    base = ["--world", "2", "--steps", "2", "--batch", "8"]
+    for flags, needed in PUZZLES:
         for impl in ([], ["--impl", "puzzles"]):
-            argv = [args.train] + base + flags + impl
+            argv = [args.train] + flags + base + impl
             where = " ".join(argv[1:])
             result = run(argv, timeout=120, env={"DTP_BACKEND": "thread"})
             if result.returncode == 0:
-                checker = run([args.checkers, f"--gtest_filter={suite}.*:*/{suite}.*"], timeout=600)
-                expect(checker.returncode == 0,
-                       f"`dtp-train {where}` trained (exit 0), but the checkers of puzzle {puzzle} "
-                       f"fail: dtp-train did not run the code in puzzles/")
+                for puzzle, suite in needed:
+                    expect(checkers_pass(args, suite),
+                           f"`dtp-train {where}` trained (exit 0), but the checkers of puzzle {puzzle} "
+                           f"fail: dtp-train did not run the code in puzzles/")
                 continue
+            # With one puzzle needed it must be the one; with more, the first unsolved.
+            puzzle = needed[0][0]
+            if len(needed) > 1:
+                puzzle = next((p for p, suite in needed if not checkers_pass(args, suite)), puzzle)
             wanted = f"puzzle {puzzle} is not solved yet; `--impl reference` runs the reference"
             expect(result.returncode == 3 and wanted in result.stderr,
                    f"`dtp-train {where}`: expected exit 3 and '{wanted}' in stderr; got {show(result)}")
             expect("trained" not in result.stdout,
                    f"`dtp-train {where}` printed a summary although it stopped: {show(result)}")
+    base = DDP + base
     # --impl reference starts the sibling program, which trains.
     argv = [args.train] + base + ["--ddp-mode", "flat", "--impl", "reference"]
     result = run(argv, timeout=300, env={"DTP_BACKEND": "thread"})
@@ -128,6 +153,8 @@ def check_outputs(args):
             expect(objects and objects[-1].get("kind") == "failed" and "loss" in objects[-1].get("error", ""),
                    f"a failed run's log must end with a 'failed' line naming the error; got {objects[-1:]}")
 
+    check_zero_lines(args.reference, [], "zero on threads", {"DTP_BACKEND": "thread"}, "thread")
+
     # A trace that cannot be written fails at once (not after the run, not exit 0).
     result = run([args.reference, "--steps", "200", "--trace", "/dev/full"])
     expect(result.returncode == 1 and "/dev/full" in result.stderr and "trained" not in result.stdout
@@ -146,6 +173,35 @@ def check_outputs(args):
     result = run([args.reference, "--steps", "5"])
     expect("(mean of steps 1-2 -> 4-5)" in result.stdout,
            f"5 steps: the averaged windows must not overlap; got {result.stdout[-400:]}")
+
+
+def check_zero_lines(program, launcher, where, env, backend):
+    """--strategy zero: the header names the ranks, backend, stage and puzzle;
+    every kept step line is followed by one line per rank, each with its
+    memory per category, DDP's in parentheses, and the bytes it moved."""
+    argv = launcher + [program, "--strategy", "zero", "--stage", "3", "--prefetch", "--world", "2",
+                       "--steps", "3", "--batch", "8"]
+    result = run(argv, timeout=300, env=env)
+    if not expect(result.returncode == 0, f"{where}: {' '.join(argv)} must train; got {show(result)}"):
+        return
+    header = f"zero: 2 ranks ({backend} backend), stage 3 with prefetch (zero3-prefetch, puzzle 3.4)"
+    expect(result.stdout.count(header) == 1, f"{where}: expected the header '{header}' once; got:\n{result.stdout}")
+    # mpiexec gives its processes a terminal: kept lines then start with "\r\033[K".
+    lines = [line.split("\r")[-1].replace("\x1b[K", "") for line in result.stdout.split("\n")]
+    lines = [line for line in lines if line]
+    steps = [i for i, line in enumerate(lines) if line.startswith("step ")]
+    expect(len(steps) == 3, f"{where}: 3 steps keep 3 lines (every step of a short run); got {len(steps)}:\n{result.stdout}")
+    for i in steps:
+        ranks = lines[i + 1:i + 3]
+        expect(len(ranks) == 2, f"{where}: expected 2 rank lines after '{lines[i]}'; got {ranks}")
+        for rank, line in enumerate(ranks):
+            expect(line.startswith(f"    rank {rank}: params ") and line.count("(DDP ") == 3 and "grads " in line
+                   and "optimizer " in line and " moved " in line,
+                   f"{where}: after '{lines[i]}' expected a line per rank ('    rank {rank}: params ... (DDP ...)  "
+                   f"grads ... optimizer ... moved ...'); got {ranks}")
+    # 2 blocks: the shards plus two whole units outweigh the model, and the log says why, once.
+    notes = [line for line in lines if line.startswith("    note: the parameter peak is above DDP's")]
+    expect(len(notes) == 1, f"{where}: expected one note explaining the parameter peak above DDP's; got {notes}")
 
 
 # --- under mpiexec ------------------------------------------------------------------------
@@ -178,6 +234,8 @@ def check_mpi_outputs(args):
         kinds = [o.get("kind") for o in read_log(log, "mpiexec -n 4")]
         expect(kinds == ["config", "step", "step", "step", "summary"],
                f"mpiexec -n 4: log kinds {kinds}, expected config, 3 steps, summary (one writer)")
+    # The zero driver under mpiexec: one header, one line per rank, printed once.
+    check_zero_lines(args.reference, mpiexec(args) + ["-n", "2"], "zero under mpiexec -n 2", mpi_env(), "mpi")
 
 
 def check_mpi_diverging(args):
@@ -196,7 +254,8 @@ def main():
     parser.add_argument("check", choices=["unsolved", "outputs", "mpi-outputs", "mpi-diverging"])
     parser.add_argument("--train", help="bin/dtp-train (the puzzles)")
     parser.add_argument("--reference", help="bin/dtp-train-reference")
-    parser.add_argument("--checkers", help="ch02_puzzles_tests")
+    parser.add_argument("--checkers", action="append", default=[],
+                        help="a chapter's checkers built against puzzles/ (ch02_puzzles_tests, ...); repeatable")
     parser.add_argument("--mpiexec")
     args = parser.parse_args()
     {"unsolved": check_unsolved, "outputs": check_outputs, "mpi-outputs": check_mpi_outputs,

@@ -48,6 +48,23 @@ TEST(CudaTensor, DeviceMemoryIsChargedToTheTracker) {
   set_current_memory_tracker(nullptr);
 }
 
+TEST(CudaTensor, DeviceMemoryIsChargedToTheGpuSideOfTheTracker) {
+  DTP_REQUIRE_GPU();
+  auto tracker = std::make_shared<MemoryTracker>();
+  set_current_memory_tracker(tracker);
+  {
+    Tensor on_gpu = Tensor::zeros({1000}, DType::f32, Device::cuda(0), MemoryCategory::optimizer);
+    Tensor on_host = on_gpu.to(Device::cpu());  // an offloaded copy: same category, the host's side
+    EXPECT_EQ(tracker->live(MemoryCategory::optimizer, DeviceKind::cuda), 4000);
+    EXPECT_EQ(tracker->live(MemoryCategory::optimizer, DeviceKind::cpu), 4000);
+    EXPECT_EQ(tracker->live(MemoryCategory::optimizer), 8000);
+    EXPECT_NE(tracker->summary().find("cuda live"), std::string::npos) << tracker->summary();
+  }
+  EXPECT_EQ(tracker->live(MemoryCategory::optimizer, DeviceKind::cuda), 0);
+  EXPECT_EQ(tracker->peak(MemoryCategory::optimizer, DeviceKind::cuda), 4000);
+  set_current_memory_tracker(nullptr);
+}
+
 TEST(CudaOps, AccumulateAndScaleMatchTheCpu) {
   DTP_REQUIRE_GPU();
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min}) {

@@ -197,6 +197,63 @@ TEST(MpiBackend, NonBlockingAllReduceOverlapsPointToPoint) {
   });
 }
 
+TEST(MpiBackend, NonBlockingAllGatherAndReduceScatterOnUnevenLengths) {
+  for (int n = 1; n <= 4; ++n) {
+    launch(mpi_world(n), [n](Comm& comm) {
+      const int r = comm.rank();
+      for (std::int64_t len : {std::int64_t{3}, std::int64_t{23}}) {
+        ChunkRange mine = chunk_range(len, n, r);
+        Tensor shard = testing::pattern_tensor(0, len).slice(mine.offset, mine.length).clone();
+        Tensor full = Tensor::zeros({len}, DType::f64);
+        Tensor contribution = testing::pattern_tensor(r, len), summed = Tensor::zeros({mine.length}, DType::f64);
+        Tensor half_in = Tensor::full({len}, r + 1.0, DType::bf16), half_out = Tensor::zeros({mine.length}, DType::bf16);
+        Tensor norm = Tensor::full({1}, r + 1.0, DType::f64);
+        comm.reset_stats();
+        Request g = comm.iall_gather(shard, full);
+        Request s = comm.ireduce_scatter(contribution, summed);
+        comm.all_reduce(norm);  // a blocking collective while both are in flight
+        Request h = comm.ireduce_scatter(half_in, half_out, ReduceOp::avg);
+        h.wait();
+        s.wait();
+        g.wait();
+        EXPECT_EQ(norm.item(0), n * (n + 1) / 2.0);
+        EXPECT_TRUE(testing::values_equal("iall_gather", r, testing::pattern_values(0, len), full.to_vector(), n));
+        std::vector<double> sum = testing::pattern_sum(n, len);
+        EXPECT_TRUE(testing::values_equal(
+            "ireduce_scatter", r,
+            std::vector<double>(sum.begin() + mine.offset, sum.begin() + mine.offset + mine.length),
+            summed.to_vector()));
+        for (std::int64_t i = 0; i < mine.length; ++i) EXPECT_EQ(half_out.item(i), (n + 1) / 2.0);
+        EXPECT_TRUE(testing::values_equal("ireduce_scatter's input afterwards", r, testing::pattern_values(r, len),
+                                          contribution.to_vector()));
+        // Counted as the blocking ones are.
+        CommStats stats = comm.stats();
+        EXPECT_EQ(stats.collective_calls["all_gather"], 1);
+        EXPECT_EQ(stats.collective_calls["reduce_scatter"], 2);
+        EXPECT_EQ(stats.collective_bytes, static_cast<std::int64_t>(full.nbytes() + contribution.nbytes() +
+                                                                    half_in.nbytes() + norm.nbytes()));
+      }
+    });
+  }
+}
+
+TEST(MpiBackend, NonBlockingShardedCollectivesOverlapPointToPoint) {
+  launch(mpi_world(2), [](Comm& comm) {
+    const int r = comm.rank();
+    Tensor shard = Tensor::full({4}, r + 1.0, DType::f64), full = Tensor::zeros({8}, DType::f64);
+    Tensor grads = Tensor::full({8}, r + 1.0, DType::f64), mine = Tensor::zeros({4}, DType::f64);
+    Tensor note = Tensor::zeros({1}, DType::f64);
+    Request g = comm.iall_gather(shard, full);
+    Request s = comm.ireduce_scatter(grads, mine);
+    if (r == 0) comm.send(note, 1);
+    else comm.recv(note, 0);
+    g.wait();
+    s.wait();
+    EXPECT_EQ(full.item(7), 2.0);
+    EXPECT_EQ(mine.item(0), 3.0);
+  });
+}
+
 TEST(MpiBackend, SplitMakesOrderedSubgroups) {
   launch(mpi_world(4), [](Comm& comm) {
     Comm sub = comm.split(comm.rank() % 2, -comm.rank());

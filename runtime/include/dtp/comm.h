@@ -124,6 +124,22 @@ class Comm {
   void all_gather(const Tensor& shard, Tensor& full);
   /// shard = chunk r (chunk_range) of the reduction of every rank's full.
   void reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op = ReduceOp::sum);
+  /// Non-blocking all_gather: same layout and checks, same statistics
+  /// ("all_gather", full's bytes) and the same alpha-beta cost. Returns at
+  /// once; @p shard must not change and @p full must not be read until the
+  /// request's wait() returns. Non-blocking collectives, blocking ones
+  /// included, meet in the order each rank calls them, so ranks must call
+  /// them in the same order. On thread it runs on the rank's communication
+  /// thread (a trace span "all_gather" on lane 1); on mpi it is MPI's
+  /// nonblocking collective; on nccl, a side stream. FSDP prefetches the next
+  /// unit's parameters with it while the current unit computes.
+  Request iall_gather(const Tensor& shard, Tensor& full);
+  /// Non-blocking reduce_scatter: same layout, checks, statistics
+  /// ("reduce_scatter", full's bytes) and cost. Returns at once; @p full must
+  /// not change and @p shard must not be read until the request's wait()
+  /// returns. Ordering and where it runs as iall_gather. ZeRO-2/3 and FSDP
+  /// reduce a unit's gradients with it while backward goes on.
+  Request ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op = ReduceOp::sum);
   /// Chunk j of rank i's @p in lands as chunk i of rank j's @p out.
   /// in.numel() and out.numel() must be equal and divisible by size().
   void all_to_all(const Tensor& in, Tensor& out);

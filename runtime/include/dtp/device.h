@@ -27,6 +27,14 @@ struct Device {
   bool operator==(const Device&) const = default;
 };
 
+/// Host or GPU, without the GPU's index: what the memory tracker splits by.
+/// The same enum as Device::kind (DeviceKind::cpu, DeviceKind::cuda).
+using DeviceKind = Device::Kind;
+/// Number of DeviceKind values (for per-kind arrays).
+inline constexpr int kDeviceKindCount = 2;
+/// "cpu" or "cuda".
+const char* device_kind_name(DeviceKind kind);
+
 /// Parses "cpu", "cuda" or "cuda:k"; throws dtp::Error naming the accepted forms.
 Device parse_device(const std::string& text);
 

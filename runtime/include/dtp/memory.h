@@ -1,9 +1,12 @@
 /// @file memory.h
-/// @brief The per-rank memory tracker: live and peak bytes per category.
+/// @brief The per-rank memory tracker: live and peak bytes per category and
+/// per device kind (host or GPU).
 ///
 /// Every Tensor allocation is charged to the tracker of the rank that made it,
-/// under a category. Checkers compare peaks with a chapter's memory formulas
-/// (ZeRO, activation checkpointing, pipeline schedules).
+/// under a category and the kind of device it lives on. Checkers compare
+/// peaks with a chapter's memory formulas (ZeRO, activation checkpointing,
+/// pipeline schedules); optimizer offload moves state from the GPU to the
+/// host, which the per-device split shows.
 #pragma once
 
 #include <array>
@@ -11,6 +14,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+
+#include "dtp/device.h"
 
 namespace dtp {
 
@@ -21,30 +26,42 @@ inline constexpr int kMemoryCategoryCount = 6;
 /// "params", "grads", "optimizer", "activations", "comm" or "other".
 const char* memory_category_name(MemoryCategory category);
 
-/// Live and peak bytes per category for one rank. Thread-safe.
+/// Live and peak bytes per category and device kind for one rank. Thread-safe.
 class MemoryTracker {
  public:
-  /// Adds @p bytes to live(category) and total_live(), raising the peaks if exceeded.
-  void charge(MemoryCategory category, std::int64_t bytes);
-  /// Subtracts @p bytes charged earlier under @p category; peaks are unchanged.
-  void release(MemoryCategory category, std::int64_t bytes);
-  /// Bytes allocated now in @p category.
+  /// Adds @p bytes to live(category, where) (and so to live(category) and
+  /// total_live()), raising every peak that is exceeded.
+  void charge(MemoryCategory category, std::int64_t bytes, DeviceKind where = DeviceKind::cpu);
+  /// Subtracts @p bytes charged earlier under @p category on @p where; peaks are unchanged.
+  void release(MemoryCategory category, std::int64_t bytes, DeviceKind where = DeviceKind::cpu);
+  /// Bytes allocated now in @p category, host and GPU together.
   std::int64_t live(MemoryCategory category) const;
-  /// Highest live(category) since construction or reset_peaks().
+  /// Highest live(category) since construction or reset_peaks(). This is the
+  /// peak of the host + GPU sum, which can be below the sum of the two peaks.
   std::int64_t peak(MemoryCategory category) const;
-  /// Bytes allocated now, all categories.
+  /// Bytes allocated now in @p category on devices of kind @p where.
+  std::int64_t live(MemoryCategory category, DeviceKind where) const;
+  /// Highest live(category, where) since construction or reset_peaks().
+  std::int64_t peak(MemoryCategory category, DeviceKind where) const;
+  /// Bytes allocated now, all categories and devices.
   std::int64_t total_live() const;
   /// Highest total_live() since construction or reset_peaks().
   std::int64_t total_peak() const;
   /// Sets every peak to the current live value.
   void reset_peaks();
-  /// One line per category: "params live 1.0 MiB peak 2.0 MiB".
+  /// One line per category: "params live 1.0 MiB peak 2.0 MiB"; a category
+  /// with memory on both the host and a GPU adds its split per device kind.
   std::string summary() const;
 
  private:
+  // Indexed [device kind][category]; the per-category sums keep their own
+  // peaks because the peak of a sum is not the sum of the peaks.
+  using PerCategory = std::array<std::int64_t, kMemoryCategoryCount>;
   mutable std::mutex mutex_;
-  std::array<std::int64_t, kMemoryCategoryCount> live_{};
-  std::array<std::int64_t, kMemoryCategoryCount> peak_{};
+  std::array<PerCategory, kDeviceKindCount> device_live_{};
+  std::array<PerCategory, kDeviceKindCount> device_peak_{};
+  PerCategory live_{};
+  PerCategory peak_{};
   std::int64_t total_live_ = 0;
   std::int64_t total_peak_ = 0;
 };

@@ -81,7 +81,7 @@ struct ParamView {
   std::string name;         ///< e.g. "attn.q.weight"
   Shape shape;              ///< its shape
   std::int64_t offset = 0;  ///< elements from the start of the flat buffers
-  Tensor value;             ///< view of Unit::params()
+  Tensor value;             ///< view of Unit::params() (undefined when params are)
   Tensor grad;              ///< view of Unit::grads() (undefined when grads are)
 };
 
@@ -97,7 +97,8 @@ class Unit {
   const std::string& name() const { return name_; }
   /// Position in the model: 0 embedding, 1..layers the blocks, layers + 1 the head.
   int index() const { return index_; }
-  /// The flat parameter buffer (1-D, MemoryCategory::params).
+  /// The flat parameter buffer (1-D, MemoryCategory::params); undefined
+  /// while released (see set_buffers()).
   Tensor& params() { return params_; }
   /// The flat parameter buffer.
   const Tensor& params() const { return params_; }
@@ -116,15 +117,27 @@ class Unit {
   std::vector<ParamView>& parameters() { return views_; }
   /// The parameter called @p name; throws listing the names this unit has.
   const ParamView& parameter(const std::string& name) const;
-  /// Sets the gradient buffer to zero.
+  /// Sets the gradient buffer to zero (nothing while it is released).
   void zero_grad();
   /// Re-initializes every parameter from the model seed (the same values as at
-  /// construction, independent of other units).
+  /// construction, independent of other units). Throws while the parameters
+  /// are released.
   void reset_parameters();
-  /// Replaces the flat buffers (same numel and dtype; @p grads may be
-  /// undefined) and re-points every view and layer at them. FSDP gathers full
-  /// parameters into a fresh buffer and installs it here before forward.
+  /// Replaces the flat buffers (same numel and dtype) and re-points every
+  /// view and layer at them. Either may be an undefined tensor: the buffer is
+  /// then released, and the unit keeps no reference to the old storage (its
+  /// views and layers become undefined too), so the memory is freed as soon
+  /// as the caller drops its own handles. FSDP gathers full parameters into a
+  /// fresh buffer and installs it here before a unit's forward or backward,
+  /// and releases it afterwards. Saved activations never refer to
+  /// parameters, so releasing between forward and backward is fine.
   void set_buffers(Tensor params, Tensor grads);
+  /// False while the parameters are released: forward and backward then
+  /// throw dtp::Error.
+  bool has_params() const { return params_.defined(); }
+  /// False while the gradients are released: backward then throws, and
+  /// zero_grad() skips the unit.
+  bool has_grads() const { return grads_.defined(); }
 
  protected:
   /// Allocates zeroed flat buffers for @p layout; the derived constructor
@@ -139,6 +152,9 @@ class Unit {
   /// Finishes construction: initializes parameters and binds. Derived
   /// constructors call it last.
   void finish_construction();
+  /// Throws dtp::Error when the parameters are released; @p pass is
+  /// "forward" or "backward", for the message.
+  void require_params(const char* pass) const;
 
   GPTConfig config_;  ///< the model's config
 
@@ -446,6 +462,23 @@ class Head : public Unit {
 /// The whole GPT: embedding, blocks, head. forward() saves what backward()
 /// needs; backward() accumulates gradients unit by unit in reverse and calls
 /// every grad-ready hook as soon as a unit's gradients are final.
+///
+/// Unit hooks let a strategy act around each unit without owning the loop
+/// (FSDP gathers a unit's parameters before it runs and frees them after;
+/// DDP reduces gradients as they become ready). For a model with blocks
+/// 0..L-1, forward() and logits() call, for each unit in forward order
+/// (embedding, block.0, ..., block.L-1, head):
+///
+///     before-forward hooks(unit), the unit's forward, after-forward hooks(unit)
+///
+/// and backward() calls, for each unit in reverse order (head, block.L-1,
+/// ..., block.0, embedding):
+///
+///     before-backward hooks(unit), the unit's backward, grad-ready hooks(unit)
+///
+/// Hooks of one kind run in the order they were added, outside the unit's
+/// trace span (so communication they start is not counted as the unit's
+/// compute). A hook may replace the unit's buffers (Unit::set_buffers).
 class GPT {
  public:
   /// Builds the units; each is initialized from (config.seed, unit index).
@@ -462,6 +495,8 @@ class GPT {
   /// For gradient accumulation over k micro-batches pass loss_scale = 1/k.
   void backward(double loss_scale = 1.0);
   /// Logits [B, T, vocab] (MemoryCategory::other), no activations kept.
+  /// Calls the before- and after-forward hooks like forward(), which may
+  /// change the units' buffers even though the model is const here.
   Tensor logits(const Tensor& tokens) const;
   /// True between forward() and backward().
   bool has_saved_activations() const { return has_saved_; }
@@ -470,13 +505,27 @@ class GPT {
 
   /// Zeroes every unit's gradient buffer.
   void zero_grad();
-  /// Called during backward() with each unit whose gradients are complete, in
-  /// reverse order: head, block.L-1, ..., block.0, embedding. DDP all-reduces there.
-  using GradReadyHook = std::function<void(Unit&)>;
-  /// Adds a hook; hooks run in the order they were added.
-  void on_grad_ready(GradReadyHook hook) { hooks_.push_back(std::move(hook)); }
-  /// Removes every hook.
-  void clear_grad_ready_hooks() { hooks_.clear(); }
+  /// A hook called with one unit (see the class comment for when).
+  using UnitHook = std::function<void(Unit&)>;
+  /// The same as UnitHook, under the name chapter 02 uses.
+  using GradReadyHook = UnitHook;
+  /// Adds a hook called before each unit's forward, in forward order
+  /// (embedding, block.0, ..., head), by forward() and logits().
+  void on_before_forward(UnitHook hook) { before_forward_hooks_.push_back(std::move(hook)); }
+  /// Adds a hook called after each unit's forward, in forward order, by
+  /// forward() and logits().
+  void on_after_forward(UnitHook hook) { after_forward_hooks_.push_back(std::move(hook)); }
+  /// Adds a hook called before each unit's backward, in reverse order (head,
+  /// block.L-1, ..., block.0, embedding).
+  void on_before_backward(UnitHook hook) { before_backward_hooks_.push_back(std::move(hook)); }
+  /// Adds a hook called after each unit's backward, once its gradients are
+  /// complete, in reverse order: head, block.L-1, ..., block.0, embedding.
+  /// DDP all-reduces there; FSDP reduce-scatters and frees the parameters.
+  void on_grad_ready(GradReadyHook hook) { grad_ready_hooks_.push_back(std::move(hook)); }
+  /// Removes every grad-ready hook (the other kinds stay).
+  void clear_grad_ready_hooks() { grad_ready_hooks_.clear(); }
+  /// Removes every hook of every kind, grad-ready included.
+  void clear_hooks();
 
   /// All units in forward order: embedding, blocks, head.
   std::vector<Unit*> units();
@@ -495,11 +544,16 @@ class GPT {
 
  private:
   void check_tokens(const Tensor& tokens, const char* what) const;
+  /// Calls each of @p hooks with @p unit, in order.
+  static void run_hooks(const std::vector<UnitHook>& hooks, Unit& unit);
   GPTConfig config_;
   std::unique_ptr<Embedding> embedding_;
   std::vector<std::unique_ptr<Block>> blocks_;
   std::unique_ptr<Head> head_;
-  std::vector<GradReadyHook> hooks_;
+  std::vector<UnitHook> before_forward_hooks_;
+  std::vector<UnitHook> after_forward_hooks_;
+  std::vector<UnitHook> before_backward_hooks_;
+  std::vector<UnitHook> grad_ready_hooks_;
   EmbeddingSaved embedding_saved_;
   std::vector<BlockSaved> block_saved_;
   HeadSaved head_saved_;

@@ -37,6 +37,12 @@ class Optimizer {
   virtual void step(double lr) = 0;
   /// "sgd" or "adamw".
   virtual std::string name() const = 0;
+  /// Scales the gradients of buffers() so that their global norm is at most
+  /// @p max_norm (no clipping when max_norm <= 0); returns the norm before
+  /// clipping. Default: clip_grad_norm over buffers()' gradients. A sharded
+  /// optimizer (ZeRO) overrides it to sum the squares over every rank's
+  /// shard, so all ranks clip by the norm of the whole model.
+  virtual double clip_gradients(double max_norm);
   /// Updates applied so far.
   std::int64_t steps() const { return steps_; }
   /// The buffers this optimizer updates.

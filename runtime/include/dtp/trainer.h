@@ -84,15 +84,22 @@ struct TrainResult {
   double last_loss() const;
 };
 
+/// The optimizer @p config names (SGD or AdamW, with its settings) over
+/// @p buffers: what Trainer builds over the model's units, and what a sharded
+/// strategy builds over its shards.
+std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& config, std::vector<ParamBuffer> buffers);
+
 /// The model, optimizer and sampler of one (data-parallel) rank.
 class Trainer {
  public:
-  /// Loads the data, builds the model and optimizer. With world > 1 the
-  /// sampler yields only this rank's slice of each global batch.
+  /// Loads the data and builds the model. With world > 1 the sampler yields
+  /// only this rank's slice of each global batch. The optimizer is built on
+  /// first use (optimizer() or step()), so set_optimizer() before that never
+  /// allocates full-size optimizer state.
   explicit Trainer(const TrainConfig& config, int rank = 0, int world = 1);
   /// One step: next batch, zero_grad, forward, backward (grad-ready hooks
-  /// fire), after-backward hooks, clip, optimizer update. Throws when the
-  /// loss is not finite.
+  /// fire), after-backward hooks, optimizer().clip_gradients, optimizer
+  /// update. Throws when the loss is not finite.
   StepRecord step();
   /// Runs @p hook after every backward, before clipping and the update: where
   /// a data-parallel strategy waits for its outstanding gradient all-reduces.
@@ -101,8 +108,12 @@ class Trainer {
   std::int64_t steps_done() const { return steps_done_; }
   /// The model (hook communication into it with on_grad_ready).
   GPT& model() { return *model_; }
-  /// The optimizer over the model's units.
-  Optimizer& optimizer() { return *optimizer_; }
+  /// The optimizer: the one given to set_optimizer(), else (built now if
+  /// needed) make_optimizer(config(), param_buffers(model())).
+  Optimizer& optimizer();
+  /// Uses @p optimizer from now on (a sharded one, over this rank's shards),
+  /// replacing any built before; throws dtp::Error when it is null.
+  void set_optimizer(std::unique_ptr<Optimizer> optimizer);
   /// This rank's sampler.
   const BatchSampler& sampler() const { return *sampler_; }
   /// The config as resolved (vocab and context filled in).
@@ -111,7 +122,7 @@ class Trainer {
  private:
   TrainConfig config_;
   std::unique_ptr<GPT> model_;
-  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Optimizer> optimizer_;  // null until first needed or set
   std::unique_ptr<BatchSampler> sampler_;
   std::vector<std::function<void()>> after_backward_;
   std::int64_t steps_done_ = 0;

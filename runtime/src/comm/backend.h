@@ -54,6 +54,12 @@ class CommBackend {
   virtual void reduce(Tensor& x, int root, ReduceOp op) = 0;
   virtual void all_gather(const Tensor& shard, Tensor& full) = 0;
   virtual void reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) = 0;
+  /// Starts all_gather(shard, full) and returns at once. Default: runs it on
+  /// this rank's communication thread, like iall_reduce.
+  virtual std::shared_ptr<RequestState> iall_gather(const Tensor& shard, Tensor& full);
+  /// Starts reduce_scatter(full, shard, op) and returns at once. Default: the
+  /// communication thread, like iall_reduce.
+  virtual std::shared_ptr<RequestState> ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op);
   virtual void all_to_all(const Tensor& in, Tensor& out) = 0;
   virtual void gather(const Tensor& shard, Tensor& full, int root) = 0;
   virtual void scatter(const Tensor& full, Tensor& shard, int root) = 0;

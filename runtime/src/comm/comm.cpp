@@ -65,6 +65,22 @@ std::shared_ptr<RequestState> CommBackend::iall_reduce(Tensor& x, ReduceOp op) {
   });
 }
 
+std::shared_ptr<RequestState> CommBackend::iall_gather(const Tensor& shard, Tensor& full) {
+  Tensor input = shard, output = full;  // handles: the queued op keeps both alive
+  return run_in_background([this, input, output]() mutable {
+    trace::Scope span("all_gather", "comm");
+    all_gather(input, output);
+  });
+}
+
+std::shared_ptr<RequestState> CommBackend::ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
+  Tensor input = full, output = shard;
+  return run_in_background([this, input, output, op]() mutable {
+    trace::Scope span("reduce_scatter", "comm");
+    reduce_scatter(input, output, op);
+  });
+}
+
 void CommBackend::stop_worker() {
   if (!worker_) return;
   std::exception_ptr unobserved = worker_->stop();
@@ -156,6 +172,21 @@ void Comm::check_shard(const char* op, const Tensor& shard, const Tensor& full, 
   DTP_CHECK(shard.numel() == range.length, op, ": rank ", rank, "'s shard must hold chunk ", rank,
             " of ", size(), " of a ", full.numel(), "-element buffer, which is ", range.length,
             " elements, but it holds ", shard.numel());
+  // Where shard and full share memory, only the in-place all-gather is defined:
+  // the shard is exactly this rank's own chunk of full.
+  const auto* shard_begin = static_cast<const char*>(shard.raw());
+  const auto* full_begin = static_cast<const char*>(full.raw());
+  const bool overlap = shard.device() == full.device() && shard.nbytes() > 0 && full.nbytes() > 0 &&
+                       shard_begin < full_begin + full.nbytes() && full_begin < shard_begin + shard.nbytes();
+  if (!overlap) return;
+  const bool in_place = shard_begin == full_begin + range.offset * full.element_size();
+  const std::string name = op;
+  DTP_CHECK(in_place && (name == "all_gather" || name == "iall_gather"), op, ": shard ", shard.describe(),
+            " shares memory with full ", full.describe(),
+            in_place ? "; only all_gather may work in place (pass a separate shard)"
+                     : std::string("; an in-place all_gather passes full's own chunk ") + std::to_string(rank) +
+                           " (elements " + std::to_string(range.offset) + ".." +
+                           std::to_string(range.offset + range.length) + ") as the shard, any other overlap is an error");
 }
 
 void Comm::all_reduce(Tensor& x, ReduceOp op) {
@@ -169,6 +200,7 @@ void Comm::all_reduce(Tensor& x, ReduceOp op) {
 Request Comm::iall_reduce(Tensor& x, ReduceOp op) {
   check_defined("iall_reduce", "x", x);
   check_reduce_op("iall_reduce", x, op);
+  trace::Scope span("iall_reduce", "comm");  // when it was posted, on the caller's lane
   auto state = backend_->iall_reduce(x, op);
   count_collective("all_reduce", x);
   return Request(std::move(state));
@@ -208,6 +240,27 @@ void Comm::reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
   trace::Scope span("reduce_scatter", "comm");
   backend_->reduce_scatter(full, shard, op);
   count_collective("reduce_scatter", full);
+}
+
+Request Comm::iall_gather(const Tensor& shard, Tensor& full) {
+  check_defined("iall_gather", "shard", shard);
+  check_defined("iall_gather", "full", full);
+  check_shard("iall_gather", shard, full, rank());
+  trace::Scope span("iall_gather", "comm");  // when it was posted, on the caller's lane
+  auto state = backend_->iall_gather(shard, full);
+  count_collective("all_gather", full);  // the same collective as all_gather, counted alike
+  return Request(std::move(state));
+}
+
+Request Comm::ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
+  check_defined("ireduce_scatter", "full", full);
+  check_defined("ireduce_scatter", "shard", shard);
+  check_shard("ireduce_scatter", shard, full, rank());
+  check_reduce_op("ireduce_scatter", full, op);
+  trace::Scope span("ireduce_scatter", "comm");  // when it was posted, on the caller's lane
+  auto state = backend_->ireduce_scatter(full, shard, op);
+  count_collective("reduce_scatter", full);
+  return Request(std::move(state));
 }
 
 void Comm::all_to_all(const Tensor& in, Tensor& out) {

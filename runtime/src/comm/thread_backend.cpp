@@ -244,7 +244,8 @@ void ThreadComm::collective(CollectiveCall call, Work&& work) {
 
 void ThreadComm::all_reduce(Tensor& x, ReduceOp op) { all_reduce_as(next_collective_++, x, op); }
 
-std::shared_ptr<RequestState> ThreadComm::iall_reduce(Tensor& x, ReduceOp op) {
+std::shared_ptr<RequestState> ThreadComm::in_background(const char* span_name,
+                                                        std::function<void(std::int64_t)> run) {
   // Its place among this communicator's collectives is fixed now, in call
   // order, however late the communication thread gets to run it.
   const std::int64_t sequence = next_collective_++;
@@ -257,8 +258,7 @@ std::shared_ptr<RequestState> ThreadComm::iall_reduce(Tensor& x, ReduceOp op) {
     thread = communication_thread_;
     world.job_queued(thread);  // busy from now on, not only once it starts
   }
-  Tensor target = x;  // a handle: the queued op keeps the storage alive
-  return run_in_background([this, target, op, sequence, thread]() mutable {
+  return run_in_background([this, span_name, run = std::move(run), sequence, thread] {
     ThreadWorld::wait_as_communication_thread(thread);
     struct JobFinished {
       ThreadWorld& world;
@@ -268,8 +268,28 @@ std::shared_ptr<RequestState> ThreadComm::iall_reduce(Tensor& x, ReduceOp op) {
         world.job_finished(thread);
       }
     } job_finished{group_->world(), thread};
-    trace::Scope span("all_reduce", "comm");
+    trace::Scope span(span_name, "comm");
+    run(sequence);
+  });
+}
+
+// The queued work holds handles to the caller's tensors, which keeps their
+// storage alive until it has run.
+std::shared_ptr<RequestState> ThreadComm::iall_reduce(Tensor& x, ReduceOp op) {
+  return in_background("all_reduce", [this, target = x, op](std::int64_t sequence) mutable {
     all_reduce_as(sequence, target, op);
+  });
+}
+
+std::shared_ptr<RequestState> ThreadComm::iall_gather(const Tensor& shard, Tensor& full) {
+  return in_background("all_gather", [this, input = shard, output = full](std::int64_t sequence) mutable {
+    all_gather_as(sequence, input, output);
+  });
+}
+
+std::shared_ptr<RequestState> ThreadComm::ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
+  return in_background("reduce_scatter", [this, input = full, output = shard, op](std::int64_t sequence) mutable {
+    reduce_scatter_as(sequence, input, output, op);
   });
 }
 
@@ -317,8 +337,11 @@ void ThreadComm::reduce(Tensor& x, int root, ReduceOp op) {
   });
 }
 
-void ThreadComm::all_gather(const Tensor& shard, Tensor& full) {
+void ThreadComm::all_gather(const Tensor& shard, Tensor& full) { all_gather_as(next_collective_++, shard, full); }
+
+void ThreadComm::all_gather_as(std::int64_t sequence, const Tensor& shard, Tensor& full) {
   CollectiveCall call = make_call("all_gather", full, static_cast<double>(full.nbytes()));
+  call.sequence = sequence;
   call.first = shard;
   collective(std::move(call), [&](const std::vector<CollectiveCall>& calls) {
     std::vector<Tensor> parts = full.flatten().chunk(size());
@@ -327,7 +350,12 @@ void ThreadComm::all_gather(const Tensor& shard, Tensor& full) {
 }
 
 void ThreadComm::reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
+  reduce_scatter_as(next_collective_++, full, shard, op);
+}
+
+void ThreadComm::reduce_scatter_as(std::int64_t sequence, const Tensor& full, Tensor& shard, ReduceOp op) {
   CollectiveCall call = with_op(make_call("reduce_scatter", full, static_cast<double>(full.nbytes())), op);
+  call.sequence = sequence;
   call.first = full.flatten();
   collective(std::move(call), [&](const std::vector<CollectiveCall>& calls) {
     const int n = size();

@@ -1,6 +1,7 @@
 // Internal: the thread backend's CommBackend (see thread_backend.cpp).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -36,6 +37,8 @@ class ThreadComm : public CommBackend {
 
   void all_reduce(Tensor& x, ReduceOp op) override;
   std::shared_ptr<RequestState> iall_reduce(Tensor& x, ReduceOp op) override;
+  std::shared_ptr<RequestState> iall_gather(const Tensor& shard, Tensor& full) override;
+  std::shared_ptr<RequestState> ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) override;
   void broadcast(Tensor& x, int root) override;
   void reduce(Tensor& x, int root, ReduceOp op) override;
   void all_gather(const Tensor& shard, Tensor& full) override;
@@ -51,11 +54,19 @@ class ThreadComm : public CommBackend {
   /// Copies @p x into dst's mailbox; returns the message's sequence number.
   std::int64_t post_copy(const Tensor& x, int dst, int tag);
   /// Runs one collective: meet, do this rank's share of the work, part.
-  /// Blocking collectives take the next sequence number here; iall_reduce
-  /// took its own when it was called.
+  /// Blocking collectives take the next sequence number here unless call.sequence
+  /// is set (the non-blocking ones took theirs when they were called).
   template <typename Work>
   void collective(CollectiveCall call, Work&& work);
+  /// Queues @p run on this rank's communication thread as the collective
+  /// with the next sequence number, taken now (in call order, however late
+  /// the thread gets to it); it runs inside a trace span named @p span_name.
+  std::shared_ptr<RequestState> in_background(const char* span_name,
+                                              std::function<void(std::int64_t sequence)> run);
+  // The collectives, as collective number @p sequence on this communicator.
   void all_reduce_as(std::int64_t sequence, Tensor& x, ReduceOp op);
+  void all_gather_as(std::int64_t sequence, const Tensor& shard, Tensor& full);
+  void reduce_scatter_as(std::int64_t sequence, const Tensor& full, Tensor& shard, ReduceOp op);
 
   std::shared_ptr<ThreadGroup> group_;
   int rank_;

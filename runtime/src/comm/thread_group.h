@@ -5,7 +5,7 @@
 // Collectives meet by sequence number, as in MPI and NCCL: the k-th
 // collective a rank calls on a communicator meets the k-th of every other
 // rank, whichever thread runs it. A rank's communication thread (running
-// iall_reduce) and its own thread (a blocking all_reduce) can therefore be
+// its non-blocking collectives) and its own thread (a blocking one) can therefore be
 // in two collectives of one communicator at once without mixing them up.
 #pragma once
 

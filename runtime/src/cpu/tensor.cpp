@@ -89,12 +89,12 @@ class Storage {
       data_ = std::aligned_alloc(64, padded == 0 ? 64 : padded);
       DTP_CHECK(data_ != nullptr, "out of host memory allocating ", bytes, " bytes");
     }
-    tracker_->charge(category_, static_cast<std::int64_t>(bytes_));
+    tracker_->charge(category_, static_cast<std::int64_t>(bytes_), device_.kind);
   }
   ~Storage() {
     if (device_.is_cuda()) cuda::release(device_, data_);
     else std::free(data_);
-    tracker_->release(category_, static_cast<std::int64_t>(bytes_));
+    tracker_->release(category_, static_cast<std::int64_t>(bytes_), device_.kind);
   }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

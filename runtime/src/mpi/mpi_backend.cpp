@@ -87,6 +87,12 @@ void narrow_into(Tensor& x, const Tensor& wide) {
 bool on_gpu(const Tensor& x) { return x.defined() && x.device().is_cuda(); }
 Tensor host_copy(const Tensor& x) { return on_gpu(x) ? x.to(Device::cpu()) : x; }
 
+// An all-gather whose shard is already its own chunk of the output (ZeRO's
+// in-place gather) must say MPI_IN_PLACE: MPI forbids overlapping buffers.
+const void* send_buffer(const Tensor& shard, const Tensor& full, int displacement_bytes) {
+  return shard.raw() == static_cast<const char*>(full.raw()) + displacement_bytes ? MPI_IN_PLACE : shard.raw();
+}
+
 class MpiRecvRequest : public RequestState {
  public:
   MpiRecvRequest(MpiComm* comm, Tensor x, int src, int tag) : comm_(comm), x_(std::move(x)), src_(src), tag_(tag) {
@@ -316,6 +322,76 @@ std::shared_ptr<RequestState> MpiComm::iall_reduce(Tensor& x, ReduceOp op) {
                                                 op == ReduceOp::avg ? 1.0 / size_ : 1.0);
 }
 
+namespace {
+/// A started MPI_Iallgatherv or MPI_Ireduce_scatter. MPI reads the buffers and
+/// the count arrays until the request completes, so this keeps them alive;
+/// wait() polls like every MPI wait, then runs @p finish (scale, narrow,
+/// copy a staged result to the GPU).
+class MpiShardedRequest : public RequestState {
+ public:
+  MpiShardedRequest(Session& session, std::string what) : session_(session), what_(std::move(what)) {}
+  void wait() override {
+    std::vector<MPI_Request> requests{request};
+    session_.wait(requests, [&] { return "a non-blocking " + what_ + " with the other ranks"; });
+    if (finish) finish();
+  }
+
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::vector<Tensor> buffers;            // what MPI reads or writes
+  std::vector<int> counts, displacements;  // MPI's v-collectives read these until completion
+  std::function<void()> finish;
+
+ private:
+  Session& session_;
+  std::string what_;
+};
+}  // namespace
+
+std::shared_ptr<RequestState> MpiComm::iall_gather(const Tensor& shard, Tensor& full) {
+  // As iall_reduce: the signature check meets the other ranks now, the data
+  // moves while this rank computes. GPU tensors are staged through the host.
+  agree(describe_call("all_gather", full, -1, nullptr), "all_gather", static_cast<double>(full.nbytes()));
+  auto pending = std::make_shared<MpiShardedRequest>(*session_, "all_gather");
+  Tensor input = host_copy(shard);
+  Tensor output = on_gpu(full) ? Tensor::empty(full.shape(), full.dtype(), Device::cpu(), MemoryCategory::comm) : full;
+  chunk_layout(full.numel(), size_, full.element_size(), pending->counts, pending->displacements);
+  check(MPI_Iallgatherv(send_buffer(input, output, pending->displacements[rank_]), pending->counts[rank_], MPI_BYTE,
+                        output.raw(), pending->counts.data(),
+                        pending->displacements.data(), MPI_BYTE, comm_, &pending->request),
+        "MPI_Iallgatherv");
+  pending->buffers = {input, output};
+  if (on_gpu(full)) pending->finish = [target = full, output]() mutable { target.copy_from(output); };
+  return pending;
+}
+
+std::shared_ptr<RequestState> MpiComm::ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
+  agree(describe_call("reduce_scatter", full, -1, reduce_op_name(op)), "reduce_scatter",
+        static_cast<double>(full.nbytes()));
+  auto pending = std::make_shared<MpiShardedRequest>(*session_, "reduce_scatter");
+  // bf16/f16 reduce in f32; GPU tensors through the host. Either way MPI
+  // works on a host buffer of its own and finish() writes the shard.
+  Tensor input = widened(host_copy(full));
+  const bool direct = !on_gpu(shard) && reduction_type(shard.dtype()) != MPI_DATATYPE_NULL;
+  Tensor output = direct ? shard : Tensor::zeros({shard.numel()}, input.dtype(), Device::cpu(), MemoryCategory::comm);
+  pending->counts.resize(static_cast<std::size_t>(size_));
+  for (int r = 0; r < size_; ++r) pending->counts[r] = static_cast<int>(chunk_range(full.numel(), size_, r).length);
+  check(MPI_Ireduce_scatter(input.raw(), output.raw(), pending->counts.data(), reduction_type(input.dtype()),
+                            reduction_op(op), comm_, &pending->request),
+        "MPI_Ireduce_scatter");
+  pending->buffers = {input, output};
+  const double scale = op == ReduceOp::avg ? 1.0 / size_ : 1.0;
+  pending->finish = [target = shard, output, scale, direct]() mutable {
+    if (scale != 1.0) ops::scale(output, scale);
+    if (direct) return;
+    if (output.dtype() == target.dtype()) return target.copy_from(output);  // a staged GPU shard
+    Tensor narrow = on_gpu(target) ? Tensor::empty(target.shape(), target.dtype(), Device::cpu(), MemoryCategory::comm)
+                                   : target;
+    narrow_into(narrow, output);
+    if (on_gpu(target)) target.copy_from(narrow);
+  };
+  return pending;
+}
+
 void MpiComm::broadcast(Tensor& x, int root) {
   if (on_gpu(x)) {
     Tensor host = host_copy(x);
@@ -362,7 +438,8 @@ void MpiComm::all_gather(const Tensor& shard, Tensor& full) {
   std::vector<int> counts, displacements;
   chunk_layout(full.numel(), size_, full.element_size(), counts, displacements);
   MPI_Request request;
-  check(MPI_Iallgatherv(shard.raw(), counts[rank_], MPI_BYTE, full.raw(), counts.data(), displacements.data(),
+  check(MPI_Iallgatherv(send_buffer(shard, full, displacements[rank_]), counts[rank_], MPI_BYTE, full.raw(),
+                        counts.data(), displacements.data(),
                         MPI_BYTE, comm_, &request),
         "MPI_Iallgatherv");
   finish(request, "all_gather");

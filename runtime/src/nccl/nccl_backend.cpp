@@ -283,31 +283,59 @@ void NcclComm::all_reduce(Tensor& x, ReduceOp op) {
 }
 
 namespace {
-/// The rank's stream waits for the side stream's all-reduce at wait().
+/// The rank's stream waits for the side stream's collective at wait().
 class SideStreamRequest : public RequestState {
  public:
-  SideStreamRequest(Tensor x, void* done) : x_(std::move(x)), done_(done) {}
+  SideStreamRequest(std::vector<Tensor> buffers, void* done) : buffers_(std::move(buffers)), done_(done) {}
   ~SideStreamRequest() override { cuda::destroy_event(done_); }
   void wait() override { cuda::wait(done_); }
 
  private:
-  Tensor x_;
+  std::vector<Tensor> buffers_;  // kept alive until the side stream is done with them
   void* done_;
 };
+
+/// Records the end of the work queued on @p side so far.
+std::shared_ptr<RequestState> finished_on(cudaStream_t side, std::vector<Tensor> buffers) {
+  void* done = cuda::create_event();
+  DTP_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(done), side));
+  return std::make_shared<SideStreamRequest>(std::move(buffers), done);
+}
 }  // namespace
+
+cudaStream_t NcclComm::side_stream_after_inputs() {
+  if (side_stream_ == nullptr) side_stream_ = static_cast<cudaStream_t>(cuda::create_stream(device_));
+  void* inputs_ready = cuda::create_event();
+  cuda::record(inputs_ready);  // on the rank's stream: the inputs are complete here
+  DTP_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, static_cast<cudaEvent_t>(inputs_ready), 0));
+  cuda::destroy_event(inputs_ready);
+  return side_stream_;
+}
 
 std::shared_ptr<RequestState> NcclComm::iall_reduce(Tensor& x, ReduceOp op) {
   check_device("iall_reduce", x);
   agree(signature("all_reduce", x, -1, reduce_op_name(op)), "all_reduce", static_cast<double>(x.nbytes()));
-  if (side_stream_ == nullptr) side_stream_ = static_cast<cudaStream_t>(cuda::create_stream(device_));
-  void* inputs_ready = cuda::create_event();
-  cuda::record(inputs_ready);  // on the rank's stream: x is complete here
-  DTP_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, static_cast<cudaEvent_t>(inputs_ready), 0));
-  cuda::destroy_event(inputs_ready);
-  DTP_NCCL_CHECK(ncclAllReduce(x.raw(), x.raw(), x.numel(), nccl_type(x.dtype()), nccl_op(op), comm_, side_stream_));
-  void* done = cuda::create_event();
-  DTP_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(done), side_stream_));
-  return std::make_shared<SideStreamRequest>(x, done);
+  cudaStream_t side = side_stream_after_inputs();
+  DTP_NCCL_CHECK(ncclAllReduce(x.raw(), x.raw(), x.numel(), nccl_type(x.dtype()), nccl_op(op), comm_, side));
+  return finished_on(side, {x});
+}
+
+std::shared_ptr<RequestState> NcclComm::iall_gather(const Tensor& shard, Tensor& full) {
+  check_device("iall_gather", full);
+  check_device("iall_gather", shard);
+  agree(signature("all_gather", full, -1, nullptr), "all_gather", static_cast<double>(full.nbytes()));
+  cudaStream_t side = side_stream_after_inputs();
+  enqueue_all_gather(shard, full, side);
+  return finished_on(side, {shard, full});
+}
+
+std::shared_ptr<RequestState> NcclComm::ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
+  check_device("ireduce_scatter", full);
+  check_device("ireduce_scatter", shard);
+  agree(signature("reduce_scatter", full, -1, reduce_op_name(op)), "reduce_scatter", static_cast<double>(full.nbytes()));
+  cudaStream_t side = side_stream_after_inputs();
+  enqueue_reduce_scatter(full, shard, op, side);
+  return finished_on(side, {full, shard});
 }
 
 void NcclComm::broadcast(Tensor& x, int root) {
@@ -327,9 +355,13 @@ void NcclComm::all_gather(const Tensor& shard, Tensor& full) {
   check_device("all_gather", full);
   check_device("all_gather", shard);
   agree(signature("all_gather", full, -1, nullptr), "all_gather", static_cast<double>(full.nbytes()));
+  enqueue_all_gather(shard, full, stream_);
+}
+
+void NcclComm::enqueue_all_gather(const Tensor& shard, Tensor& full, cudaStream_t stream) {
   Tensor in = shard;
   if (full.numel() % size_ == 0) {
-    DTP_NCCL_CHECK(ncclAllGather(in.raw(), full.raw(), shard.nbytes(), ncclUint8, comm_, stream_));
+    DTP_NCCL_CHECK(ncclAllGather(in.raw(), full.raw(), shard.nbytes(), ncclUint8, comm_, stream));
     return;
   }
   // Uneven chunks: one broadcast per rank's chunk, in one group.
@@ -338,7 +370,7 @@ void NcclComm::all_gather(const Tensor& shard, Tensor& full) {
     ChunkRange range = chunk_range(full.numel(), size_, r);
     void* target = bytes_of(full, range.offset);
     DTP_NCCL_CHECK(ncclBroadcast(r == rank_ ? in.raw() : target, target, range.length * full.element_size(), ncclUint8,
-                                 r, comm_, stream_));
+                                 r, comm_, stream));
   }
   DTP_NCCL_CHECK(ncclGroupEnd());
 }
@@ -347,10 +379,14 @@ void NcclComm::reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
   check_device("reduce_scatter", full);
   check_device("reduce_scatter", shard);
   agree(signature("reduce_scatter", full, -1, reduce_op_name(op)), "reduce_scatter", static_cast<double>(full.nbytes()));
+  enqueue_reduce_scatter(full, shard, op, stream_);
+}
+
+void NcclComm::enqueue_reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op, cudaStream_t stream) {
   Tensor in = full;
   if (full.numel() % size_ == 0) {
     DTP_NCCL_CHECK(ncclReduceScatter(in.raw(), shard.raw(), shard.numel(), nccl_type(full.dtype()), nccl_op(op), comm_,
-                                     stream_));
+                                     stream));
     return;
   }
   // Uneven chunks: one reduce per chunk to its owner, in one group.
@@ -359,7 +395,7 @@ void NcclComm::reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
     ChunkRange range = chunk_range(full.numel(), size_, r);
     void* source = bytes_of(in, range.offset);
     DTP_NCCL_CHECK(ncclReduce(source, r == rank_ ? shard.raw() : source, range.length, nccl_type(full.dtype()),
-                              nccl_op(op), r, comm_, stream_));
+                              nccl_op(op), r, comm_, stream));
   }
   DTP_NCCL_CHECK(ncclGroupEnd());
 }

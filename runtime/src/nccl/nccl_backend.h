@@ -74,6 +74,8 @@ class NcclComm : public CommBackend {
 
   void all_reduce(Tensor& x, ReduceOp op) override;
   std::shared_ptr<RequestState> iall_reduce(Tensor& x, ReduceOp op) override;
+  std::shared_ptr<RequestState> iall_gather(const Tensor& shard, Tensor& full) override;
+  std::shared_ptr<RequestState> ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) override;
   void broadcast(Tensor& x, int root) override;
   void reduce(Tensor& x, int root, ReduceOp op) override;
   void all_gather(const Tensor& shard, Tensor& full) override;
@@ -99,6 +101,12 @@ class NcclComm : public CommBackend {
   void flush_with(const std::function<void()>& more);
   double agree(const std::string& signature, const std::string& kind, double cost_bytes);
   void check_device(const char* op, const Tensor& x) const;
+  /// The side stream, made to wait until the rank's stream reaches this
+  /// point (the inputs of a non-blocking collective are complete there).
+  cudaStream_t side_stream_after_inputs();
+  /// Queues the NCCL calls of all_gather / reduce_scatter on @p stream.
+  void enqueue_all_gather(const Tensor& shard, Tensor& full, cudaStream_t stream);
+  void enqueue_reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op, cudaStream_t stream);
 
   ncclComm_t comm_;
   int rank_, size_;

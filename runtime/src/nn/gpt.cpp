@@ -21,6 +21,17 @@ void GPT::check_tokens(const Tensor& tokens, const char* what) const {
             " has T = ", tokens.size(1), "; T must be in [1, context = ", config_.context, "]");
 }
 
+void GPT::run_hooks(const std::vector<UnitHook>& hooks, Unit& unit) {
+  for (const UnitHook& hook : hooks) hook(unit);
+}
+
+void GPT::clear_hooks() {
+  before_forward_hooks_.clear();
+  after_forward_hooks_.clear();
+  before_backward_hooks_.clear();
+  grad_ready_hooks_.clear();
+}
+
 double GPT::forward(const Tensor& tokens, const Tensor& targets) {
   check_tokens(tokens, "tokens");
   check_tokens(targets, "targets");
@@ -29,20 +40,29 @@ double GPT::forward(const Tensor& tokens, const Tensor& targets) {
             targets.describe());
   release_activations();
   block_saved_.resize(blocks_.size());
+  // Each unit's hooks run outside its span: a hook's all-gather is not the unit's compute.
   Tensor x;
+  run_hooks(before_forward_hooks_, *embedding_);
   {
     trace::Scope span("embedding forward", "compute");
     x = embedding_->forward(tokens, embedding_saved_);
   }
+  run_hooks(after_forward_hooks_, *embedding_);
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
-    trace::Scope span(blocks_[i]->name() + " forward", "compute");
-    x = blocks_[i]->forward(x, block_saved_[i]);
+    run_hooks(before_forward_hooks_, *blocks_[i]);
+    {
+      trace::Scope span(blocks_[i]->name() + " forward", "compute");
+      x = blocks_[i]->forward(x, block_saved_[i]);
+    }
+    run_hooks(after_forward_hooks_, *blocks_[i]);
   }
   double loss;
+  run_hooks(before_forward_hooks_, *head_);
   {
     trace::Scope span("head forward", "compute");
     loss = head_->forward(x, targets, head_saved_);
   }
+  run_hooks(after_forward_hooks_, *head_);
   has_saved_ = true;
   return loss;
 }
@@ -51,35 +71,47 @@ void GPT::backward(double loss_scale) {
   DTP_CHECK(has_saved_, "GPT backward: call forward() first (each forward allows one backward)");
   has_saved_ = false;
   Tensor dx;
+  run_hooks(before_backward_hooks_, *head_);
   {
     trace::Scope span("head backward", "compute");
     dx = head_->backward(head_saved_, loss_scale);
   }
-  for (auto& hook : hooks_) hook(*head_);
+  run_hooks(grad_ready_hooks_, *head_);
   for (std::size_t i = blocks_.size(); i-- > 0;) {
+    run_hooks(before_backward_hooks_, *blocks_[i]);
     {
       trace::Scope span(blocks_[i]->name() + " backward", "compute");
       dx = blocks_[i]->backward(dx, block_saved_[i]);
     }
-    for (auto& hook : hooks_) hook(*blocks_[i]);
+    run_hooks(grad_ready_hooks_, *blocks_[i]);
   }
+  run_hooks(before_backward_hooks_, *embedding_);
   {
     trace::Scope span("embedding backward", "compute");
     embedding_->backward(dx, embedding_saved_);
   }
   dx = Tensor();
-  for (auto& hook : hooks_) hook(*embedding_);
+  run_hooks(grad_ready_hooks_, *embedding_);
 }
 
 Tensor GPT::logits(const Tensor& tokens) const {
   check_tokens(tokens, "tokens");
+  // unique_ptr hands out non-const units even here: the hooks may install
+  // gathered parameters, which an evaluation needs as much as training does.
   EmbeddingSaved embedding_saved;
+  run_hooks(before_forward_hooks_, *embedding_);
   Tensor x = embedding_->forward(tokens, embedding_saved);
+  run_hooks(after_forward_hooks_, *embedding_);
   for (const auto& block : blocks_) {
     BlockSaved saved;
+    run_hooks(before_forward_hooks_, *block);
     x = block->forward(x, saved);
+    run_hooks(after_forward_hooks_, *block);
   }
-  return head_->logits(x);
+  run_hooks(before_forward_hooks_, *head_);
+  Tensor out = head_->logits(x);
+  run_hooks(after_forward_hooks_, *head_);
+  return out;
 }
 
 void GPT::release_activations() {

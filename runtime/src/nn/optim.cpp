@@ -32,6 +32,8 @@ Optimizer::Optimizer(std::vector<ParamBuffer> buffers) : buffers_(std::move(buff
   }
 }
 
+double Optimizer::clip_gradients(double max_norm) { return clip_grad_norm(grad_tensors(buffers_), max_norm); }
+
 Tensor Optimizer::new_state(std::size_t i) const {
   const Tensor& p = buffers_[i].params;
   return Tensor::zeros(p.shape(), p.dtype(), p.device(), MemoryCategory::optimizer);

@@ -118,14 +118,27 @@ Trainer::Trainer(const TrainConfig& config, int rank, int world) : config_(confi
   sampler_ = std::make_unique<BatchSampler>(std::move(data), config_.batch, config_.seq, rank,
                                             world, Rng::derive(config_.seed, 7));
   model_ = std::make_unique<GPT>(config_.model);
-  if (config_.optimizer == "sgd") {
-    optimizer_ = std::make_unique<SGD>(param_buffers(*model_),
-                                       SGDConfig{config_.momentum, config_.weight_decay, false});
-  } else {
-    optimizer_ = std::make_unique<AdamW>(
-        param_buffers(*model_),
-        AdamWConfig{config_.beta1, config_.beta2, 1e-8, config_.weight_decay});
-  }
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& config, std::vector<ParamBuffer> buffers) {
+  if (config.optimizer == "sgd")
+    return std::make_unique<SGD>(std::move(buffers), SGDConfig{config.momentum, config.weight_decay, false});
+  DTP_CHECK(config.optimizer == "adamw", "make_optimizer: unknown optimizer '", config.optimizer,
+            "'; accepted: adamw, sgd");
+  return std::make_unique<AdamW>(std::move(buffers),
+                                 AdamWConfig{config.beta1, config.beta2, 1e-8, config.weight_decay});
+}
+
+Optimizer& Trainer::optimizer() {
+  // Built on first use: a strategy that shards the optimizer sets its own
+  // first, and the full-size state is never allocated.
+  if (!optimizer_) optimizer_ = make_optimizer(config_, param_buffers(*model_));
+  return *optimizer_;
+}
+
+void Trainer::set_optimizer(std::unique_ptr<Optimizer> optimizer) {
+  DTP_CHECK(optimizer != nullptr, "Trainer::set_optimizer needs an optimizer, got a null pointer");
+  optimizer_ = std::move(optimizer);
 }
 
 StepRecord Trainer::step() {
@@ -141,11 +154,11 @@ StepRecord Trainer::step() {
             record.step, "; try a lower --lr or a tighter --clip");
   model_->backward();
   for (auto& hook : after_backward_) hook();
-  record.grad_norm = clip_grad_norm(grad_tensors(optimizer_->buffers()), config_.grad_clip);
+  record.grad_norm = optimizer().clip_gradients(config_.grad_clip);
   record.lr = config_.schedule().at(steps_done_);
   {
     trace::Scope span("optimizer step", "compute");
-    optimizer_->step(record.lr);
+    optimizer().step(record.lr);
   }
   record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   record.tokens = batch.inputs.numel();

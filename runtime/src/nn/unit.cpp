@@ -29,7 +29,7 @@ void Unit::make_views() {
     view.name = spec.name;
     view.shape = spec.shape;
     view.offset = offset;
-    view.value = params_.slice(offset, spec.shape.numel()).view(spec.shape);
+    if (params_.defined()) view.value = params_.slice(offset, spec.shape.numel()).view(spec.shape);
     if (grads_.defined()) view.grad = grads_.slice(offset, spec.shape.numel()).view(spec.shape);
     views_.push_back(std::move(view));
     offset += spec.shape.numel();
@@ -49,7 +49,14 @@ void Unit::zero_grad() {
   if (grads_.defined()) grads_.fill(0.0);
 }
 
+void Unit::require_params(const char* pass) const {
+  DTP_CHECK(params_.defined(), "unit '", name_, "' has no parameters: all-gather them before its ", pass,
+            " (FSDP), then install them with set_buffers()");
+}
+
 void Unit::reset_parameters() {
+  DTP_CHECK(params_.defined(), "unit '", name_,
+            "': reset_parameters needs its parameters; install a buffer with set_buffers() first");
   // Values are drawn on the host and copied, so every device starts from the
   // same weights.
   const bool on_host = params_.device().is_cpu();
@@ -73,13 +80,15 @@ void Unit::reset_parameters() {
 }
 
 void Unit::set_buffers(Tensor params, Tensor grads) {
-  DTP_CHECK(params.defined() && params.numel() == numel_ && params.dtype() == config_.dtype,
+  DTP_CHECK(!params.defined() || (params.numel() == numel_ && params.dtype() == config_.dtype),
             "unit '", name_, "': set_buffers needs params with ", numel_, " elements of ",
-            dtype_name(config_.dtype), ", got ", params.describe());
+            dtype_name(config_.dtype), " (or an undefined tensor to release them), got ", params.describe());
   DTP_CHECK(!grads.defined() || (grads.numel() == numel_ && grads.dtype() == config_.dtype),
             "unit '", name_, "': set_buffers needs grads with ", numel_, " elements of ",
             dtype_name(config_.dtype), " (or an undefined tensor), got ", grads.describe());
-  params_ = params.flatten();
+  // Views and layers are rebuilt from the new buffers, so no handle to the
+  // old storage survives here: a released buffer is freed with its last user.
+  params_ = params.defined() ? params.flatten() : Tensor();
   grads_ = grads.defined() ? grads.flatten() : Tensor();
   make_views();
   bind();

@@ -56,6 +56,7 @@ void Embedding::bind() {
 
 Tensor Embedding::forward(const Tensor& ids, EmbeddingSaved& saved,
                           std::int64_t start_position) const {
+  require_params("forward");
   check_ids("Embedding forward: ids", ids, config_);
   Tensor x = new_activation(Shape{ids.size(0), ids.size(1), config_.d_model}, tokens);
   ops::embedding_forward(ids, tokens, x);
@@ -66,6 +67,7 @@ Tensor Embedding::forward(const Tensor& ids, EmbeddingSaved& saved,
 }
 
 void Embedding::backward(const Tensor& dx, EmbeddingSaved& saved) {
+  require_params("backward");
   DTP_CHECK(saved.ids.defined(),
             "Embedding backward: no saved ids (forward not run, or already released)");
   DTP_CHECK(tokens_grad.defined(), "Embedding backward: the unit has no gradient buffer");
@@ -94,6 +96,7 @@ void Block::bind() {
 }
 
 Tensor Block::forward(const Tensor& x, BlockSaved& saved) const {
+  require_params("forward");
   DTP_CHECK(x.defined() && x.ndim() == 3 && x.size(2) == config_.d_model, name(),
             " forward: input must be [B, T, ", config_.d_model, "], got ", x.describe());
   Tensor h, mid;
@@ -111,6 +114,7 @@ Tensor Block::forward(const Tensor& x, BlockSaved& saved) const {
 }
 
 Tensor Block::backward(const Tensor& dy, BlockSaved& saved, WeightGrads mode) const {
+  require_params("backward");
   DTP_CHECK(saved.ln1.input.defined(), name(),
             " backward: no saved activations (forward not run, or already released)");
   PendingWeightGrads* defer = mode == WeightGrads::deferred ? &saved.pending : nullptr;
@@ -148,6 +152,7 @@ void Head::bind() {
 }
 
 double Head::forward(const Tensor& x, const Tensor& targets, HeadSaved& saved) const {
+  require_params("forward");
   DTP_CHECK(x.defined() && x.ndim() == 3 && x.size(2) == config_.d_model,
             "head forward: input must be [B, T, ", config_.d_model, "], got ", x.describe());
   check_ids("head forward: targets", targets, config_);
@@ -160,6 +165,7 @@ double Head::forward(const Tensor& x, const Tensor& targets, HeadSaved& saved) c
 }
 
 Tensor Head::backward(HeadSaved& saved, double loss_scale) const {
+  require_params("backward");
   Tensor dlogits = loss.backward(saved.loss, loss_scale);
   Tensor dh = lm.backward(dlogits, saved.lm);
   dlogits = Tensor();
@@ -167,6 +173,7 @@ Tensor Head::backward(HeadSaved& saved, double loss_scale) const {
 }
 
 Tensor Head::logits(const Tensor& x) const {
+  require_params("forward");
   HeadSaved scratch;
   Tensor h = ln.forward(x, scratch.ln);
   Tensor out = Tensor::empty(Shape{x.size(0), x.size(1), config_.vocab_size}, x.dtype(), x.device(),

@@ -1,0 +1,198 @@
+// `dtp train --strategy zero`: the chapter's stages wired into the trainer.
+// Provided code, not a puzzle (see drivers/README.md). A rank builds
+// Trainer(config, rank, world) so its sampler yields its slice of the global
+// batch, plugs in the stage the options select exactly as zero.h shows
+// (set_optimizer, finish_backward after every backward) and steps. After each
+// step rank 0 gathers what every rank held (peaks per memory category) and
+// moved, and reports it next to what a DDP rank holds: the lesson's table,
+// measured.
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "03_zero_fsdp/zero.h"
+#include "dtp/agreement.h"
+#include "dtp/error.h"
+#include "dtp/launch.h"
+#include "dtp/memory.h"
+
+namespace dtp::ch03 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::unique_ptr<ShardedOptimizer> make_stage(const ZeroOptions& options, Comm& comm, GPT& model,
+                                             const TrainConfig& config) {
+  switch (options.stage) {
+    case 1:
+      if (options.offload) return std::make_unique<Zero1Offload>(comm, model, config);
+      return std::make_unique<Zero1>(comm, model, config);
+    case 2:
+      return std::make_unique<Zero2>(comm, model, config);
+    default:
+      if (options.prefetch) return std::make_unique<Zero3Prefetch>(comm, model, config);
+      return std::make_unique<Zero3>(comm, model, config);
+  }
+}
+
+// The settings every rank must share: the trainer's and the strategy's own.
+std::vector<RunSetting> zero_settings(const TrainConfig& config, const ZeroOptions& options) {
+  std::vector<RunSetting> settings = run_settings(config);
+  settings.push_back({"--stage", std::to_string(options.stage)});
+  settings.push_back({"--prefetch", options.prefetch ? "on" : "off"});
+  settings.push_back({"--offload", options.offload ? "on" : "off"});
+  return settings;
+}
+
+// Optimizer state elements per parameter element of the optimizer the
+// config builds: AdamW keeps m and v; SGD a momentum buffer unless momentum is 0.
+std::int64_t optimizer_states(const TrainConfig& config) {
+  if (config.optimizer == "adamw") return 2;
+  return config.momentum != 0 ? 1 : 0;
+}
+
+// What a DDP rank holds of the same model: every buffer whole.
+struct DdpFootprint {
+  std::int64_t params = 0;
+  std::int64_t grads = 0;
+  std::int64_t optimizer = 0;
+};
+
+DdpFootprint ddp_footprint(const TrainConfig& config, const GPT& model) {
+  std::int64_t elements = 0;
+  for (const Unit* unit : model.units()) elements += unit->numel();
+  const auto bytes = elements * static_cast<std::int64_t>(dtype_size(config.model.dtype));
+  return {bytes, bytes, optimizer_states(config) * bytes};
+}
+
+// What rank 0 gathers from every rank after each step (reporting traffic,
+// taken after the step's own numbers were measured).
+enum Gathered {
+  kLoss,
+  kParamsPeak,
+  kGradsPeak,
+  kOptimizerPeak,
+  kHostOptimizerPeak,
+  kBytesMoved,
+  kSeconds,
+  kTokens,
+  kGatheredCount
+};
+
+TrainResult run_zero(const TrainConfig& config, const ZeroOptions& options, const StepCallback& on_step) {
+  validate_zero(config, options);
+  const auto start = Clock::now();
+  TrainResult result;
+  result.peak_by_category.assign(kMemoryCategoryCount, 0);
+  launch(World::from_env(options.world), [&](Comm& comm) {
+    Trainer trainer(config, comm.rank(), comm.size());
+    GPT& model = trainer.model();
+    // Before the stage exists: ZeRO-3 releases the full parameters that the
+    // check fingerprints.
+    check_ranks_agree(comm, zero_settings(config, options), model);
+    const DdpFootprint ddp = ddp_footprint(trainer.config(), model);
+    if (comm.rank() == 0) {
+      result.parameters = model.parameter_count();
+      result.data_name = trainer.sampler().data().name();
+    }
+    std::unique_ptr<ShardedOptimizer> zero = make_stage(options, comm, model, trainer.config());
+    trainer.on_after_backward([stage = zero.get()] { stage->finish_backward(); });
+    trainer.set_optimizer(std::move(zero));
+
+    const DeviceKind trains_on = trainer.config().model.device.kind;
+    std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
+    Tensor mine = Tensor::zeros(Shape{kGatheredCount}, DType::f64);
+    Tensor all = Tensor::zeros(Shape{kGatheredCount * static_cast<std::int64_t>(comm.size())}, DType::f64);
+    for (std::int64_t s = 0; s < config.steps; ++s) {
+      const std::int64_t bytes_before = comm.stats().collective_bytes;
+      StepRecord record = trainer.step();  // resets the tracker's peaks first
+      std::vector<double> values(kGatheredCount);
+      values[kLoss] = record.loss;
+      values[kParamsPeak] = static_cast<double>(tracker->peak(MemoryCategory::params, trains_on));
+      values[kGradsPeak] = static_cast<double>(tracker->peak(MemoryCategory::grads, trains_on));
+      values[kOptimizerPeak] = static_cast<double>(tracker->peak(MemoryCategory::optimizer, trains_on));
+      values[kHostOptimizerPeak] = trains_on == DeviceKind::cpu
+                                       ? 0.0
+                                       : static_cast<double>(tracker->peak(MemoryCategory::optimizer, DeviceKind::cpu));
+      values[kBytesMoved] = static_cast<double>(comm.stats().collective_bytes - bytes_before);
+      values[kSeconds] = record.seconds;
+      values[kTokens] = static_cast<double>(record.tokens);
+      mine.copy_from(Tensor::from_values(values));
+      comm.gather(mine, all, 0);
+      if (comm.rank() != 0) continue;
+      const std::vector<double> v = all.to_vector();
+      const auto at = [&](int rank, Gathered what) { return v[static_cast<std::size_t>(kGatheredCount * rank + what)]; };
+      const auto bytes_at = [&](int rank, Gathered what) { return static_cast<std::int64_t>(at(rank, what)); };
+      std::vector<RankMemoryStep> ranks(static_cast<std::size_t>(comm.size()));
+      double loss_sum = 0, slowest = 0, tokens = 0;
+      for (int r = 0; r < comm.size(); ++r) {
+        RankMemoryStep& rank = ranks[static_cast<std::size_t>(r)];
+        rank.rank = r;
+        rank.loss = at(r, kLoss);
+        rank.params_peak = bytes_at(r, kParamsPeak);
+        rank.grads_peak = bytes_at(r, kGradsPeak);
+        rank.optimizer_peak = bytes_at(r, kOptimizerPeak);
+        rank.host_optimizer_peak = bytes_at(r, kHostOptimizerPeak);
+        rank.ddp_params = ddp.params;
+        rank.ddp_grads = ddp.grads;
+        rank.ddp_optimizer = ddp.optimizer;
+        rank.bytes_moved = bytes_at(r, kBytesMoved);
+        loss_sum += rank.loss;
+        slowest = std::max(slowest, at(r, kSeconds));
+        tokens += at(r, kTokens);
+      }
+      // Equal slices: the mean of the ranks' means is the global batch's mean.
+      record.loss = loss_sum / comm.size();
+      // The step is done when its slowest rank is; it processed every rank's tokens.
+      record.seconds = slowest;
+      record.tokens = static_cast<std::int64_t>(tokens);
+      record.tokens_per_second = slowest > 0 ? tokens / slowest : 0;
+      result.add_step(record, *tracker);
+      if (on_step) on_step(record);
+      if (options.on_memory) options.on_memory(record.step, ranks);
+    }
+  });
+  result.seconds = seconds_since(start);
+  return result;
+}
+
+}  // namespace
+
+std::string zero_stage_name(const ZeroOptions& options) {
+  if (options.stage == 1) return options.offload ? "zero1-offload" : "zero1";
+  if (options.stage == 2) return "zero2";
+  return options.prefetch ? "zero3-prefetch" : "zero3";
+}
+
+std::string zero_puzzle(const ZeroOptions& options) {
+  if (options.stage == 1) return options.offload ? "3.5" : "3.1";
+  if (options.stage == 2) return "3.2";
+  return options.prefetch ? "3.4" : "3.3";
+}
+
+void validate_zero(const TrainConfig& config, const ZeroOptions& options) {
+  DTP_CHECK(options.world >= 1, "zero: --world (ranks) must be at least 1, got ", options.world);
+  DTP_CHECK(options.stage >= 1 && options.stage <= 3, "zero: --stage must be 1, 2 or 3, got ", options.stage);
+  DTP_CHECK(!options.prefetch || options.stage == 3,
+            "zero: --prefetch is implemented for --stage 3 (puzzle 3.4), got --stage ", options.stage);
+  DTP_CHECK(!options.offload || options.stage == 1,
+            "zero: --offload is implemented for --stage 1 (puzzle 3.5), got --stage ", options.stage);
+  DTP_CHECK(config.batch >= options.world, "zero: the global batch (--batch ", config.batch,
+            ") is smaller than the world size (--world ", options.world,
+            "): every rank needs at least one sequence");
+  DTP_CHECK(config.batch % options.world == 0, "zero: the global batch (--batch ", config.batch,
+            ") must divide evenly by --world ", options.world, " (equal slices on every rank)");
+}
+
+void register_zero_strategy(const ZeroOptions& options) {
+  register_strategy("zero", [options](const TrainConfig& config, const StepCallback& on_step) {
+    return run_zero(config, options, on_step);
+  });
+}
+
+}  // namespace dtp::ch03

@@ -1,0 +1,413 @@
+// What every training chapter's checkers share: a tiny deterministic
+// training config, the single-device run a distributed run is compared with,
+// first-step gradient checks whose messages say what a wrong gradient IS
+// ("2.00x the single-device mean"), comparisons that name the rank, step,
+// unit and parameter, and a runner that collects one message per rank.
+//
+// The pattern every training chapter copies:
+//   1. compute the single-device reference (every process computes it
+//      identically, so it also works under mpiexec where a process holds
+//      only its own rank);
+//   2. run the distributed strategy inside run_ranks(); each rank compares
+//      its own state with the reference INSIDE the rank body and writes a
+//      message into its slot of a per-rank vector;
+//   3. after the launch, report every non-empty slot.
+#pragma once
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtp/dtp.h"
+#include "dtp/nn.h"
+#include "dtp/trainer.h"
+#include "support/harness.h"
+
+namespace dtp::testing {
+
+// Tolerance. Everything runs in f64. A distributed run differs from the
+// single-device run only in the order partial sums are added (per-rank
+// batches, then the all-reduce), which moves results by a few ulps (~1e-16
+// relative); three SGD steps amplify that by at most a few orders. Real
+// mistakes are far larger: a sum instead of a mean is off by a factor of W,
+// a unit left unsynchronized keeps its local gradient, off by ~10-100%.
+inline constexpr double kAbsTolerance = 1e-10;
+inline constexpr double kRelTolerance = 1e-8;
+
+inline bool close_enough(double expected, double got) {
+  return std::fabs(expected - got) <= kAbsTolerance + kRelTolerance * std::fabs(expected);
+}
+
+// A tiny GPT on synthetic data: vocab 32, seq 8, d_model 16, 2 heads, 2
+// blocks, f64. SGD with momentum and no clipping, because both AdamW and
+// clipping hide a wrongly scaled gradient (AdamW divides by its own RMS).
+inline TrainConfig tiny_config(std::int64_t global_batch = 12, std::int64_t steps = 3) {
+  TrainConfig config;
+  config.model.vocab_size = 32;
+  config.model.context = 8;
+  config.model.d_model = 16;
+  config.model.heads = 2;
+  config.model.layers = 2;
+  config.model.dtype = DType::f64;
+  config.synthetic.length = 4096;
+  config.steps = steps;
+  config.batch = global_batch;
+  config.seq = 8;
+  config.optimizer = "sgd";
+  config.lr = 0.05;
+  config.warmup = 0;
+  config.min_lr_ratio = 1.0;
+  config.momentum = 0.9;
+  config.grad_clip = 0;
+  config.seed = 2024;
+  return config;
+}
+
+// Parameters and gradients of every unit, and the loss of every step.
+struct ModelState {
+  std::vector<double> losses;                   // per step
+  std::vector<std::vector<double>> params;      // per unit, flat
+  std::vector<std::vector<double>> grads;       // per unit, flat (the last step's)
+};
+
+inline ModelState capture(GPT& model, std::vector<double> losses) {
+  ModelState state;
+  state.losses = std::move(losses);
+  for (Unit* unit : model.units()) {
+    state.params.push_back(unit->params().to_vector());
+    state.grads.push_back(unit->grads().to_vector());
+  }
+  return state;
+}
+
+// The single-device run of the same global batch: Trainer(config), steps steps.
+inline ModelState single_device(const TrainConfig& config) {
+  Trainer trainer(config);
+  std::vector<double> losses;
+  for (std::int64_t s = 0; s < config.steps; ++s) losses.push_back(trainer.step().loss);
+  return capture(trainer.model(), losses);
+}
+
+// Finds which named parameter element `flat` of a unit belongs to.
+inline std::string locate(const Unit& unit, std::int64_t flat) {
+  for (const ParamView& p : unit.parameters())
+    if (flat >= p.offset && flat < p.offset + p.shape.numel())
+      return "'" + p.name + "' element " + std::to_string(flat - p.offset);
+  return "flat element " + std::to_string(flat);
+}
+
+inline std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.12g", v);
+  return buf;
+}
+
+// "" when @p got matches @p expected; otherwise a message naming the first
+// wrong element of each unit that differs.
+inline std::string compare_units(const std::string& what, GPT& model,
+                                 const std::vector<std::vector<double>>& expected,
+                                 const std::vector<std::vector<double>>& got) {
+  std::string message;
+  std::vector<Unit*> units = model.units();
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    std::int64_t wrong = 0, first = -1;
+    for (std::size_t i = 0; i < expected[u].size(); ++i) {
+      if (!close_enough(expected[u][i], got[u][i])) {
+        if (first < 0) first = static_cast<std::int64_t>(i);
+        ++wrong;
+      }
+    }
+    if (wrong == 0) continue;
+    const auto f = static_cast<std::size_t>(first);
+    message += "\n    unit '" + units[u]->name() + "' " + what + " of " + locate(*units[u], first) +
+               ": expected " + number(expected[u][f]) + ", got " + number(got[u][f]) + " (" +
+               std::to_string(wrong) + " of " + std::to_string(expected[u].size()) +
+               " elements wrong)";
+  }
+  return message;
+}
+
+// Compares one rank's model (and the losses averaged over ranks) with the
+// single-device reference after the run; "" when everything matches.
+inline std::string compare_with_single(const ModelState& expected, GPT& model,
+                                       const std::vector<double>& mean_losses, int rank) {
+  ModelState got = capture(model, mean_losses);
+  std::string message;
+  for (std::size_t s = 0; s < expected.losses.size(); ++s)
+    if (s >= got.losses.size() || !close_enough(expected.losses[s], got.losses[s]))
+      message += "\n    step " + std::to_string(s + 1) + " loss (mean over ranks): expected " +
+                 number(expected.losses[s]) + ", got " +
+                 (s < got.losses.size() ? number(got.losses[s]) : std::string("nothing"));
+  message += compare_units("gradient after the last step", model, expected.grads, got.grads);
+  message += compare_units("parameter after the last step", model, expected.params, got.params);
+  if (message.empty()) return "";
+  return "rank " + std::to_string(rank) + " differs from single-device training on the same global batch" +
+         " (tolerance |diff| <= 1e-10 + 1e-8 |expected|):" + message;
+}
+
+// --- First-step gradients -----------------------------------------------------
+// Before comparing K steps, the checkers compare the gradients right after the
+// first synchronization with the single-device gradient of the same global
+// batch. One step cannot hide a mistake behind the optimizer, so a wrong scale
+// shows as an exact ratio ("2.00x the single-device mean") and a parameter
+// that was never averaged equals this rank's own local gradient.
+
+using UnitGradients = std::vector<std::vector<double>>;  // per unit, flat
+
+inline UnitGradients gradients_of(GPT& model) {
+  UnitGradients grads;
+  for (Unit* unit : model.units()) grads.push_back(unit->grads().to_vector());
+  return grads;
+}
+
+// The gradients after the first backward of Trainer(config[, rank, world]),
+// before any optimizer step; no synchronization: with world > 1 this is the
+// rank's local gradient of its own slice of the batch.
+inline UnitGradients first_step_gradients(const TrainConfig& config, int rank = 0, int world = 1) {
+  TrainConfig one = config;
+  one.steps = 1;
+  Trainer trainer(one, rank, world);
+  UnitGradients grads;
+  trainer.on_after_backward([&] { grads = gradients_of(trainer.model()); });
+  trainer.step();
+  return grads;
+}
+
+// What one parameter's gradient is, compared with the expected one.
+struct GradientVerdict {
+  enum Kind { right, scaled, local, zero, other } kind = right;
+  double ratio = 1;  // got / expected, for scaled
+};
+
+inline GradientVerdict judge(const double* expected, const double* local, const double* got,
+                             std::int64_t n) {
+  bool all_close = true, all_local = true, all_zero = true;
+  double ge = 0, ee = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    all_close = all_close && close_enough(expected[i], got[i]);
+    all_local = all_local && close_enough(local[i], got[i]);
+    all_zero = all_zero && got[i] == 0;
+    ge += got[i] * expected[i];
+    ee += expected[i] * expected[i];
+  }
+  if (all_close) return {};
+  if (all_local) return {GradientVerdict::local, 1};
+  if (all_zero) return {GradientVerdict::zero, 0};
+  if (ee > 0) {
+    const double ratio = ge / ee;
+    bool scaled = true;
+    for (std::int64_t i = 0; i < n && scaled; ++i) scaled = close_enough(ratio * expected[i], got[i]);
+    if (scaled) return {GradientVerdict::scaled, ratio};
+  }
+  return {GradientVerdict::other, 0};
+}
+
+// What a ratio most likely means, for a run on `world` ranks with `k`
+// accumulated micro-batches.
+inline std::string explain_ratio(double ratio, int world, std::int64_t k) {
+  auto near = [&](double x) { return std::fabs(ratio - x) <= 1e-6 * std::fabs(x); };
+  const std::string w = std::to_string(world);
+  if (world > 1 && near(world))
+    return "did you sum over the ranks without dividing by the world size " + w +
+           "? (ReduceOp::avg averages)";
+  if (world > 1 && near(1.0 / world))
+    return "divided by the world size twice? (ReduceOp::avg already divides by " + w + ")";
+  if (k > 1 && near(static_cast<double>(k)))
+    return "did you scale each micro-batch's loss by 1/K (K = " + std::to_string(k) +
+           ", GPT::backward's loss_scale)?";
+  if (k > 1 && near(static_cast<double>(k) * world))
+    return "two scale mistakes: summed over ranks (x" + w + ") and loss not scaled by 1/K (x" +
+           std::to_string(k) + ")";
+  if (world > 1 && near(static_cast<double>(world - 1) / world))
+    return "one rank's gradient is missing from the average?";
+  return "a wrong scale factor";
+}
+
+// A piece of gradient to judge: a parameter, or one rank's shard of a unit.
+struct GradientPiece {
+  std::string label;                         // "'block.0' 'attn.q.weight'"
+  const double* expected = nullptr;          // the single-device mean
+  const double* local = nullptr;             // this rank's own, unsynchronized
+  const double* got = nullptr;               // what the strategy produced
+  std::int64_t numel = 0;
+  std::function<std::string(std::int64_t)> where;  // "unit 'head' 'weight' element 3"
+};
+
+// "" when every piece equals its expected gradient; otherwise the verdict
+// first (what the wrong gradients are), then one example with the numbers.
+inline std::string judge_gradient_pieces(const std::vector<GradientPiece>& pieces, const std::string& what,
+                                         int rank, int world, std::int64_t k) {
+  std::map<std::string, std::vector<std::string>> groups;  // verdict -> labels
+  std::string example;
+  int wrong = 0;
+  for (const GradientPiece& piece : pieces) {
+    const GradientVerdict v = judge(piece.expected, piece.local, piece.got, piece.numel);
+    if (v.kind == GradientVerdict::right) continue;
+    ++wrong;
+    std::string words;
+    switch (v.kind) {
+      case GradientVerdict::scaled: {
+        char ratio[32];
+        std::snprintf(ratio, sizeof ratio, "%.2fx", v.ratio);
+        words = std::string(ratio) + " the single-device mean: " + explain_ratio(v.ratio, world, k);
+        break;
+      }
+      case GradientVerdict::local:
+        words = "this rank's own local gradient, never averaged over the ranks (skipped?)";
+        break;
+      case GradientVerdict::zero:
+        words = "all zero (never reduced, overwritten, or never copied back?)";
+        break;
+      default:
+        words = "neither the mean, a multiple of it, nor the local gradient (mixed up with another "
+                "part's, or reduced before backward finished?)";
+    }
+    groups[words].push_back(piece.label);
+    if (example.empty()) {
+      std::int64_t i = 0;
+      while (i + 1 < piece.numel && close_enough(piece.expected[i], piece.got[i])) ++i;
+      example = "e.g. " + piece.where(i) + ": expected " + number(piece.expected[i]) + ", got " +
+                number(piece.got[i]) + " (this rank's local gradient: " + number(piece.local[i]) + ")";
+    }
+  }
+  if (wrong == 0) return "";
+  auto list = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (std::size_t i = 0; i < names.size() && i < 4; ++i) out += (i ? ", " : "") + names[i];
+    return names.size() > 4 ? out + ", ..." : out;
+  };
+  // The verdict first: it is what the scoreboard's one row shows.
+  const std::string total = std::to_string(pieces.size());
+  std::string message = "rank " + std::to_string(rank) + ", step 1, " + what + ": ";
+  if (groups.size() == 1) {
+    const auto& [words, names] = *groups.begin();
+    message += std::to_string(wrong) + " of " + total + " are " + words + " (" + list(names) + ")";
+  } else {
+    message += std::to_string(wrong) + " of " + total + " wrong:";
+    for (const auto& [words, names] : groups)
+      message += "\n    " + std::to_string(names.size()) + " are " + words + " (" + list(names) + ")";
+  }
+  return message + "\n    " + example;
+}
+
+// Every named parameter's gradient after synchronization against the
+// single-device mean: "" or the verdict.
+inline std::string check_first_step_gradients(const UnitGradients& expected, const UnitGradients& local,
+                                              GPT& model, int rank, int world, std::int64_t k = 1) {
+  std::vector<Unit*> units = model.units();
+  const UnitGradients got = gradients_of(model);
+  std::vector<GradientPiece> pieces;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    for (const ParamView& p : units[u]->parameters()) {
+      const auto o = static_cast<std::size_t>(p.offset);
+      const std::string name = "'" + units[u]->name() + "' '" + p.name + "'";
+      pieces.push_back(GradientPiece{name, &expected[u][o], &local[u][o], &got[u][o], p.shape.numel(),
+                                     [name](std::int64_t i) { return "unit " + name + " element " + std::to_string(i); }});
+    }
+  }
+  return judge_gradient_pieces(pieces, "gradients after synchronization (parameters)", rank, world, k);
+}
+
+// This rank's gradient shard of every unit (chunk shards[u] of its flat
+// gradient) against the same slice of the single-device mean.
+inline std::string check_first_step_gradient_shards(const UnitGradients& expected, const UnitGradients& local,
+                                                    GPT& model, const std::vector<ChunkRange>& shards,
+                                                    const UnitGradients& got_shards, int rank, int world) {
+  std::vector<Unit*> units = model.units();
+  std::vector<GradientPiece> pieces;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const ChunkRange range = shards[u];
+    if (range.length == 0) continue;
+    if (static_cast<std::int64_t>(got_shards[u].size()) != range.length)
+      return "rank " + std::to_string(rank) + ": unit '" + units[u]->name() + "' gradient shard holds " +
+             std::to_string(got_shards[u].size()) + " elements; expected " + std::to_string(range.length) +
+             " (chunk " + std::to_string(rank) + " of " + std::to_string(world) + " of its " +
+             std::to_string(expected[u].size()) + " elements, chunk_range)";
+    const auto o = static_cast<std::size_t>(range.offset);
+    const Unit* unit = units[u];
+    const std::string label = "'" + unit->name() + "' shard [" + std::to_string(range.offset) + ", " +
+                              std::to_string(range.offset + range.length) + ")";
+    pieces.push_back(GradientPiece{label, &expected[u][o], &local[u][o], got_shards[u].data(), range.length,
+                                   [unit, range](std::int64_t i) {
+                                     return "unit '" + unit->name() + "' " + locate(*unit, range.offset + i);
+                                   }});
+  }
+  return judge_gradient_pieces(pieces, "gradient shards after reduce-scatter (units)", rank, world, 1);
+}
+
+// The mean over ranks of each rank's per-step losses (one all-reduce; call it
+// after the communication counts were taken).
+inline std::vector<double> mean_over_ranks(Comm& comm, const std::vector<double>& losses) {
+  Tensor t = Tensor::from_values(losses, DType::f64);
+  comm.all_reduce(t, ReduceOp::avg);
+  return t.to_vector();
+}
+
+inline std::int64_t all_reduce_calls(const CommStats& stats) {
+  auto it = stats.collective_calls.find("all_reduce");
+  return it == stats.collective_calls.end() ? 0 : it->second;
+}
+
+inline std::int64_t gradient_bytes(GPT& model) {
+  std::int64_t bytes = 0;
+  for (Unit* unit : model.units()) bytes += static_cast<std::int64_t>(unit->grads().nbytes());
+  return bytes;
+}
+
+inline std::int64_t parameter_tensors(GPT& model) {
+  std::int64_t n = 0;
+  for (Unit* unit : model.units()) n += static_cast<std::int64_t>(unit->parameters().size());
+  return n;
+}
+
+// Runs body on `world` ranks; every rank writes "" or a failure into
+// failures[rank]. A rank that throws (a stub's NotSolved) fails the test with
+// its message. Works under mpi: each process fills its own slot.
+inline void run_and_report(const std::string& what, int world,
+                           const std::function<std::string(Comm&)>& body) {
+  std::vector<std::string> failures(static_cast<std::size_t>(world));
+  try {
+    run_ranks(world, [&](Comm& comm) { failures[static_cast<std::size_t>(comm.rank())] = body(comm); });
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << what << " on " << world << " rank(s) threw: " << e.what();
+    return;
+  }
+  // The failure first (what is wrong, where), then which run it was.
+  for (const std::string& failure : failures)
+    if (!failure.empty()) ADD_FAILURE() << failure << "\n    [" << what << ", on " << world << " rank(s)]";
+}
+
+// Per-step communication of one rank.
+struct StepComm {
+  std::int64_t all_reduces = 0;
+  std::int64_t other_collectives = 0;
+  std::int64_t bytes = 0;
+};
+
+inline StepComm comm_between(const CommStats& before, const CommStats& after) {
+  StepComm c;
+  c.all_reduces = all_reduce_calls(after) - all_reduce_calls(before);
+  c.other_collectives =
+      after.total_collective_calls() - before.total_collective_calls() - c.all_reduces;
+  c.bytes = after.collective_bytes - before.collective_bytes;
+  return c;
+}
+
+// Trains `config.steps` steps as a DDP rank: Trainer(config, rank, world),
+// with `install` plugging the strategy into it (hooks, on_after_backward).
+// Returns the per-step communication; fills losses with this rank's losses.
+inline std::vector<StepComm> train_rank(Comm& comm, Trainer& trainer, std::vector<double>& losses) {
+  std::vector<StepComm> steps;
+  for (std::int64_t s = 0; s < trainer.config().steps; ++s) {
+    const CommStats before = comm.stats();
+    losses.push_back(trainer.step().loss);
+    steps.push_back(comm_between(before, comm.stats()));
+  }
+  return steps;
+}
+
+}  // namespace dtp::testing
