@@ -21,7 +21,7 @@ namespace {
 // single-device ones up to the order of partial sums.
 // (chapter 02's checkers' tiny model, with the ddp strategy named).
 TrainConfig tiny_config(std::int64_t batch, std::int64_t steps) {
-  TrainConfig config = testing::ch02::tiny_config(batch, steps);
+  TrainConfig config = testing::tiny_config(batch, steps);
   config.seed = 77;
   config.strategy = "ddp";
   return config;
