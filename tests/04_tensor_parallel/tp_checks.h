@@ -201,3 +201,87 @@ inline std::vector<double> grad_columns(const Linear& full, int t, int r) {
 }
 
 }  // namespace dtp::testing::ch04
+
+namespace dtp::testing::ch04 {
+
+// The worlds of @p sizes this backend can run (mpiexec -n 4 runs at most 4).
+inline std::vector<int> runnable(const std::vector<int>& sizes) {
+  const World world = World::from_env(1);
+  std::vector<int> out;
+  for (int n : sizes)
+    if (world.backend == Backend::thread || n <= max_world_size(world.backend)) out.push_back(n);
+  return out;
+}
+
+// Column sums of a row-major [rows, K] matrix: a bias gradient.
+inline std::vector<double> column_sums(const std::vector<double>& m, std::int64_t K) {
+  std::vector<double> sums(static_cast<std::size_t>(K), 0.0);
+  for (std::size_t i = 0; i < m.size(); ++i) sums[i % static_cast<std::size_t>(K)] += m[i];
+  return sums;
+}
+
+// A rank's activation tensor from host values (f64), shaped.
+inline Tensor tensor_of(const std::vector<double>& v, const Shape& shape) {
+  return Tensor::from_values(v, DType::f64).view(shape);
+}
+
+// Which slice of a serial parameter of shape `full` a TP rank holds, worked
+// out from the shard's shape alone: the same shape is a replica, fewer rows
+// is a row slice (column-parallel weights and biases, the vocabulary), fewer
+// columns a column slice (row-parallel weights).
+inline std::vector<double> expected_slice(const std::vector<double>& full, const Shape& full_shape,
+                                          const Shape& shard_shape, int t, int r) {
+  if (full_shape == shard_shape) return full;
+  const std::int64_t row_length = full_shape.ndim() == 2 ? full_shape[1] : 1;
+  if (shard_shape[0] * t == full_shape[0]) return rows_of(full, row_length, r * shard_shape[0], shard_shape[0]);
+  return columns_of(full, row_length, r * shard_shape[1], shard_shape[1]);
+}
+
+// Compares every parameter's gradient (or value) of a TP unit with its slice
+// of the serial unit's. `what` is "gradient" or "value".
+inline std::string check_unit_slices(const std::string& what, int rank, int t, const Unit& serial, const Unit& tp,
+                                     bool gradients, const std::string& hint_for_replicated = "") {
+  std::string m;
+  for (const ParamView& p : tp.parameters()) {
+    const ParamView& f = serial.parameter(p.name);
+    const std::vector<double> expected =
+        expected_slice(values(gradients ? f.grad : f.value), f.shape, p.shape, t, rank);
+    const std::vector<double> got = values(gradients ? p.grad : p.value);
+    std::vector<Mistake> mistakes;
+    for (int k : {2, 3, 4, 8})
+      if (k <= 2 * t) mistakes.push_back({std::to_string(k) + ".00x the single-device " + what, times(expected, k)});
+    mistakes.push_back({"half the single-device " + what, times(expected, 0.5)});
+    std::string one = check_values("unit '" + tp.name() + "' " + what + " of '" + p.name + "'", rank, expected, got,
+                                   mistakes);
+    if (!one.empty() && p.shape == f.shape && !hint_for_replicated.empty()) one += "\n      " + hint_for_replicated;
+    m += one;
+  }
+  return m;
+}
+
+// "" when every rank of @p group holds bitwise the same values in each of
+// @p tensors (replicated parameters or their gradients); else names the
+// first tensor and element that differ from rank 0's.
+inline std::string check_replicas_agree(Comm& group, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                        const std::string& hint) {
+  std::string m;
+  for (const auto& [name, tensor] : tensors) {
+    Tensor mine = tensor.flatten().clone();
+    Tensor all = Tensor::empty(Shape{mine.numel() * group.size()}, mine.dtype(), mine.device());
+    group.all_gather(mine, all);
+    const std::vector<double> v = values(all);
+    const std::size_t n = static_cast<std::size_t>(mine.numel());
+    for (int r = 1; r < group.size() && m.empty(); ++r)
+      for (std::size_t i = 0; i < n; ++i)
+        if (v[r * n + i] != v[i]) {
+          m += "\n    " + name + " element " + std::to_string(i) + ": TP rank " + std::to_string(r) + " holds " +
+               number(v[r * n + i]) + " but TP rank 0 holds " + number(v[i]) +
+               ": a replicated tensor must be bitwise the same on every rank of the group. " + hint;
+          break;
+        }
+    if (!m.empty()) break;
+  }
+  return m;
+}
+
+}  // namespace dtp::testing::ch04
