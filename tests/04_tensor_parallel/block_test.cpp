@@ -27,6 +27,7 @@ std::string block_on(Comm& comm, bool sp) {
   const int t = comm.size(), r = comm.rank();
   const GPTConfig config = layer_config();
   Block serial(config, 0);
+  randomize(serial, 7);
   const std::vector<double> x = values(random_tensor(Shape{kB, kT, kC}, 71));
   const std::vector<double> dy = values(random_tensor(Shape{kB, kT, kC}, 72));
   std::vector<double> y_full, dx_full;

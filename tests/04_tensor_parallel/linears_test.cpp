@@ -18,6 +18,7 @@ std::vector<double> sum_of_slices(const std::vector<double>& full, std::int64_t 
 std::string column_parallel_on(Comm& comm, bool sp) {
   const int t = comm.size(), r = comm.rank();
   Block block(layer_config(), 0);
+  randomize(block, 7);
   const Linear& full = block.mlp.fc;  // [96, 24] with bias
   const std::int64_t in = full.in_features, out = full.out_features, n = out / t;
   Tensor x = random_tensor(Shape{kB, kT, in}, 11), dy = random_tensor(Shape{kB, kT, out}, 12);
@@ -73,6 +74,7 @@ std::string column_parallel_on(Comm& comm, bool sp) {
 std::string row_parallel_on(Comm& comm, bool sp) {
   const int t = comm.size(), r = comm.rank();
   Block block(layer_config(), 0);
+  randomize(block, 7);
   const Linear& full = block.mlp.proj;  // [24, 96] with bias
   const std::int64_t in = full.in_features, out = full.out_features, n = in / t;
   Tensor x = random_tensor(Shape{kB, kT, in}, 13), dy = random_tensor(Shape{kB, kT, out}, 14);

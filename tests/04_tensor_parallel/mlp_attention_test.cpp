@@ -51,6 +51,7 @@ std::string mlp_on(Comm& comm, bool sp) {
   const int t = comm.size(), r = comm.rank();
   const GPTConfig config = layer_config();
   Block block(config, 0);
+  randomize(block, 7);
   const Mlp& full = block.mlp;
   const std::vector<double> x = values(random_tensor(Shape{kB, kT, kC}, 21));
   const std::vector<double> dy = values(random_tensor(Shape{kB, kT, kC}, 22));
@@ -85,6 +86,7 @@ std::string attention_on(Comm& comm, bool sp, AttentionKind kind) {
   const int t = comm.size(), r = comm.rank();
   const GPTConfig config = layer_config(kind);
   Block block(config, 0);
+  randomize(block, 7);
   const CausalSelfAttention& full = block.attn;
   const std::vector<double> x = values(random_tensor(Shape{kB, kT, kC}, 23));
   const std::vector<double> dy = values(random_tensor(Shape{kB, kT, kC}, 24));

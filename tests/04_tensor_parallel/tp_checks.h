@@ -285,3 +285,18 @@ inline std::string check_replicas_agree(Comm& group, const std::vector<std::pair
 }
 
 }  // namespace dtp::testing::ch04
+
+namespace dtp::testing::ch04 {
+
+// Gives every parameter of a serial unit a random value, biases included (a
+// model fresh from initialization has zero biases, which would hide a bias
+// added t times): LayerNorm gains in [0.5, 1.5], the rest in [-0.5, 0.5].
+inline void randomize(Unit& unit, std::uint64_t seed) {
+  for (ParamView& p : unit.parameters()) {
+    const bool gain = p.name.rfind("ln", 0) == 0 && p.name.size() > 7 &&
+                      p.name.compare(p.name.size() - 7, 7, ".weight") == 0;
+    p.value.copy_from(random_tensor(p.shape, seed++, gain ? 0.5 : -0.5, gain ? 1.5 : 0.5));
+  }
+}
+
+}  // namespace dtp::testing::ch04
