@@ -20,12 +20,12 @@ namespace dtp::train_app {
 const char* const kUsage = R"(Usage: dtp train [OPTIONS]
 
 Trains a small GPT on one device (or on data-parallel ranks with --strategy ddp
-or zero), shows a progress line (loss, tokens/s, time left) and a summary.
+or zero, or tensor-parallel ones with --strategy tp), shows a progress line (loss, tokens/s, time left) and a summary.
 
 Run:
   --device cpu|cuda[:k]   where to train (default cpu)
-  --strategy NAME         how to train: single (default), ddp (chapter 02) or
-                          zero (chapter 03)
+  --strategy NAME         how to train: single (default), ddp (chapter 02),
+                          zero (chapter 03) or tp (chapter 04)
   --impl puzzles|reference
                           whose code a strategy with puzzles runs: yours in
                           puzzles/ (default) or the reference solution
@@ -64,6 +64,16 @@ ZeRO / FSDP (--strategy zero, chapter 03; --world as above):
                           in host memory (3.5)
   A line per rank follows each kept step: its peak memory per category (what
   a DDP rank would hold in parentheses) and the bytes its collectives moved.
+
+Tensor parallel (--strategy tp, chapter 04):
+  --tp T                  ranks per tensor-parallel group, 1 to 1024 (default 2);
+                          heads, vocabulary and MLP width must divide by T
+  --dp D                  data-parallel groups, 1 to 1024 (default 1); the world
+                          is D x T ranks (under mpiexec: as many processes)
+  --sequence-parallel     also split the LayerNorm and residual activations
+                          by tokens (Megatron sequence parallelism, 4.7)
+  A line per rank follows each kept step: its parameter bytes, its peak
+  activation bytes and the bytes its collectives moved.
 
 Model:
   --layers N              transformer blocks, 0 to 256 (default 2)
@@ -252,6 +262,16 @@ Options parse_arguments(int argc, char** argv) {
          ddp.world = o.zero.world = as_int(parse_int(f, v, 1, 1024));
          o.world_given = true;
        }},
+      {"--tp",
+       [&](auto& f, auto& v) {
+         o.tp.tp = as_int(parse_int(f, v, 1, 1024));
+         o.tp_flags = true;
+       }},
+      {"--dp",
+       [&](auto& f, auto& v) {
+         o.tp.dp = as_int(parse_int(f, v, 1, 1024));
+         o.tp_flags = true;
+       }},
       {"--stage",
        [&](auto& f, auto& v) {
          o.zero.stage = as_int(parse_int(f, v, 1, 3));
@@ -281,6 +301,7 @@ Options parse_arguments(int argc, char** argv) {
   const std::map<std::string, std::function<void()>> switches = {
       {"--prefetch", [&] { o.zero.prefetch = o.zero_flags = true; }},
       {"--offload", [&] { o.zero.offload = o.zero_flags = true; }},
+      {"--sequence-parallel", [&] { o.tp.sequence_parallel = o.tp_flags = true; }},
   };
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -327,6 +348,8 @@ void check_options(const Options& o) {
     throw UsageError{"--bucket-mb, --accumulate and --ddp-mode need --strategy ddp"};
   if (o.zero_flags && config.strategy != "zero")
     throw UsageError{"--stage, --prefetch and --offload need --strategy zero"};
+  if (o.tp_flags && config.strategy != "tp")
+    throw UsageError{"--tp, --dp and --sequence-parallel need --strategy tp"};
   if (config.model.d_model % config.model.heads != 0)
     throw UsageError{"--heads " + std::to_string(config.model.heads) + " must divide --d-model " +
                      std::to_string(config.model.d_model)};
@@ -340,6 +363,13 @@ void check_options(const Options& o) {
   if (config.strategy == "zero") {
     try {
       ch03::validate_zero(config, o.zero);
+    } catch (const dtp::Error& e) {
+      throw UsageError{e.what()};
+    }
+  }
+  if (config.strategy == "tp") {
+    try {
+      ch04::validate_tensor_parallel(config, o.tp);
     } catch (const dtp::Error& e) {
       throw UsageError{e.what()};
     }

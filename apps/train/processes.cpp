@@ -69,6 +69,10 @@ ProcessRole join_processes(Options& options) {
                      std::to_string(role.processes) + " processes; use --strategy ddp --world " +
                      std::to_string(role.processes)};
   if (!options.world_given) options.ddp.world = options.zero.world = role.processes;
+  if (options.config.strategy == "tp" && options.tp.tp * options.tp.dp != role.processes)
+    throw UsageError{"--strategy tp runs --dp " + std::to_string(options.tp.dp) + " x --tp " +
+                     std::to_string(options.tp.tp) + " = " + std::to_string(options.tp.tp * options.tp.dp) +
+                     " ranks, but mpiexec started " + std::to_string(role.processes) + " processes"};
   // A world of one rank runs on MPI process 0 alone: the others sit it out,
   // which tells each process whether it is the one that reports.
   bool holds_rank_zero = false;

@@ -59,6 +59,7 @@ def read_log(path, where):
 
 DDP = ["--strategy", "ddp"]
 ZERO = ["--strategy", "zero"]
+TP = ["--strategy", "tp", "--tp", "2"]
 PUZZLES = [  # (dtp-train flags, the puzzles it needs in the order it runs them, as (name, checker suite))
     (DDP + ["--ddp-mode", "naive"], [("2.1 naive_ddp", "Puzzle2_1_naive_ddp")]),
     (DDP + ["--ddp-mode", "flat"], [("2.2 flat_ddp", "Puzzle2_2_flat_ddp")]),
@@ -72,6 +73,9 @@ PUZZLES = [  # (dtp-train flags, the puzzles it needs in the order it runs them,
     (ZERO + ["--stage", "3", "--prefetch"],
      [("3.3 zero3", "Puzzle3_3_zero3"), ("3.4 zero3_prefetch", "Puzzle3_4_zero3_prefetch")]),
     (ZERO + ["--offload"], [("3.5 zero1_offload", "Puzzle3_5_zero1_offload")]),
+    # The mesh (4.8) is the first thing a tp run builds.
+    (TP, [("4.8 tensor_parallel_gpt", "Puzzle4_8_tensor_parallel_gpt")]),
+    (TP + ["--sequence-parallel"], [("4.8 tensor_parallel_gpt", "Puzzle4_8_tensor_parallel_gpt")]),
 ]
 
 
@@ -94,7 +98,8 @@ def check_unsolved(args):
     base = ["--world", "2", "--steps", "2", "--batch", "8"]
     for flags, needed in PUZZLES:
         for impl in ([], ["--impl", "puzzles"]):
-            argv = [args.train] + flags + base + impl
+            # tp sizes its world with --tp and --dp, not --world.
+            argv = [args.train] + flags + (base[2:] if flags[:2] == TP[:2] else base) + impl
             where = " ".join(argv[1:])
             result = run(argv, timeout=120, env={"DTP_BACKEND": "thread"})
             if result.returncode == 0:

@@ -97,6 +97,8 @@ class Unit {
   const std::string& name() const { return name_; }
   /// Position in the model: 0 embedding, 1..layers the blocks, layers + 1 the head.
   int index() const { return index_; }
+  /// The config of the model the unit belongs to.
+  const GPTConfig& config() const { return config_; }
   /// The flat parameter buffer (1-D, MemoryCategory::params); undefined
   /// while released (see set_buffers()).
   Tensor& params() { return params_; }

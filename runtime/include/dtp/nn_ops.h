@@ -187,6 +187,36 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double loss_scale,
                             Tensor& dlogits);
 
+// --- tensor parallelism: a vocabulary split over ranks (chapter 04) ----------------------
+// Rank r of t holds rows [vocab_start, vocab_start + V/t) of the token table
+// and the same slice of every row of logits. These ops do one rank's share;
+// the caller combines the ranks' shares with collectives.
+
+/// out[n, :] = table_shard[ids[n] - vocab_start, :] when vocab_start <= ids[n]
+/// < vocab_start + Vs (Vs = table_shard's rows), else zeros: this rank's part
+/// of a vocabulary-parallel lookup. ids i32 (N elements), out [..., C], N rows.
+void embedding_shard_forward(const Tensor& ids, const Tensor& table_shard, std::int64_t vocab_start,
+                             Tensor& out);
+/// dtable_shard[ids[n] - vocab_start, :] += dout[n, :] for the ids inside the
+/// shard's rows; the others are skipped.
+void embedding_shard_backward(const Tensor& ids, const Tensor& dout, std::int64_t vocab_start,
+                              Tensor& dtable_shard);
+/// out[n] = the largest element of row n of x [..., V] (N rows, out N elements).
+void row_max(const Tensor& x, Tensor& out);
+/// Per row n of a logits slice [..., Vs] (ids vocab_start + v), given the
+/// row's max over the WHOLE vocabulary row_max[n]:
+/// sum_exp[n] = sum_v exp(logits[n, v] - row_max[n]), and target_logit[n] =
+/// logits[n, targets[n] - vocab_start] when the target lies in the slice,
+/// else 0. Targets are i32, one per row, in [0, V) of the whole vocabulary.
+void vocab_shard_softmax_sums(const Tensor& logits, const Tensor& targets, std::int64_t vocab_start,
+                              const Tensor& row_max, Tensor& sum_exp, Tensor& target_logit);
+/// dlogits[n, v] = (exp(logits[n, v] - row_max[n]) / sum_exp[n] - [vocab_start + v ==
+/// targets[n]]) * loss_scale, with row_max and sum_exp over the whole vocabulary.
+/// dlogits may alias logits.
+void vocab_shard_cross_entropy_backward(const Tensor& logits, const Tensor& targets,
+                                        std::int64_t vocab_start, const Tensor& row_max,
+                                        const Tensor& sum_exp, double loss_scale, Tensor& dlogits);
+
 // --- optimizer updates on flat buffers ----------------------------------------------------
 
 /// One AdamW step on matching flat buffers (any shapes with equal numel, one

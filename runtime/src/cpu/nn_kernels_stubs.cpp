@@ -46,6 +46,11 @@ void add_positions(Tensor&, const Tensor&, std::int64_t) { no_cuda("add_position
 void positions_backward(const Tensor&, Tensor&, std::int64_t) { no_cuda("positions_backward"); }
 double cross_entropy_forward(const Tensor&, const Tensor&, Tensor&) { no_cuda("cross_entropy_forward"); }
 void cross_entropy_backward(const Tensor&, const Tensor&, double, Tensor&) { no_cuda("cross_entropy_backward"); }
+void embedding_shard_forward(const Tensor&, const Tensor&, std::int64_t, Tensor&) { no_cuda("embedding_shard_forward"); }
+void embedding_shard_backward(const Tensor&, const Tensor&, std::int64_t, Tensor&) { no_cuda("embedding_shard_backward"); }
+void row_max(const Tensor&, Tensor&) { no_cuda("row_max"); }
+void vocab_shard_softmax_sums(const Tensor&, const Tensor&, std::int64_t, const Tensor&, Tensor&, Tensor&) { no_cuda("vocab_shard_softmax_sums"); }
+void vocab_shard_cross_entropy_backward(const Tensor&, const Tensor&, std::int64_t, const Tensor&, const Tensor&, double, Tensor&) { no_cuda("vocab_shard_cross_entropy_backward"); }
 
 }  // namespace dtp::cuda
 #endif

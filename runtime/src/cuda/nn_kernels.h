@@ -90,4 +90,16 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double loss_scale,
                             Tensor& dlogits);
 
+// --- vocabulary-parallel lookup and loss (nn_kernels_vocab_parallel.cu) ---
+void embedding_shard_forward(const Tensor& ids, const Tensor& table_shard, std::int64_t vocab_start,
+                             Tensor& out);
+void embedding_shard_backward(const Tensor& ids, const Tensor& dout, std::int64_t vocab_start,
+                              Tensor& dtable_shard);
+void row_max(const Tensor& x, Tensor& out);
+void vocab_shard_softmax_sums(const Tensor& logits, const Tensor& targets, std::int64_t vocab_start,
+                              const Tensor& row_max, Tensor& sum_exp, Tensor& target_logit);
+void vocab_shard_cross_entropy_backward(const Tensor& logits, const Tensor& targets,
+                                        std::int64_t vocab_start, const Tensor& row_max,
+                                        const Tensor& sum_exp, double loss_scale, Tensor& dlogits);
+
 }  // namespace dtp::cuda

@@ -1,0 +1,302 @@
+// What the chapter 04 checkers share: a small f64 model whose every dimension
+// splits over 1, 2, 3 and 4 ranks, the slices a TP rank should hold (worked
+// out here from the shapes, never read from the code under test), a
+// comparison that decodes a wrong value into the mistake that makes it, and
+// the communication a call made.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "04_tensor_parallel/tensor_parallel.h"
+#include "support/training.h"
+
+namespace dtp::testing::ch04 {
+
+using namespace dtp::ch04;
+
+// B = 2 sequences of T = 6 tokens: N = 12 tokens split over 1, 2, 3 or 4
+// ranks; C = 24 with 12 heads of 2; vocabulary 24; MLP width 96.
+inline constexpr std::int64_t kB = 2, kT = 6, kN = kB * kT, kC = 24, kHeads = 12, kVocab = 24;
+
+// The tensor-parallel sizes every layer checker sweeps.
+inline std::vector<int> tp_sizes() { return {1, 2, 3, 4}; }
+
+inline GPTConfig layer_config(AttentionKind kind = AttentionKind::naive) {
+  GPTConfig c;
+  c.vocab_size = static_cast<int>(kVocab);
+  c.context = static_cast<int>(kT);
+  c.d_model = static_cast<int>(kC);
+  c.heads = static_cast<int>(kHeads);
+  c.layers = 1;
+  c.dtype = DType::f64;
+  c.init_std = 0.3;  // larger than training's, so that every path matters in the output
+  c.attention = kind;
+  c.seed = 404;
+  return c;
+}
+
+inline Tensor random_tensor(const Shape& shape, std::uint64_t seed, double low = -1.0, double high = 1.0) {
+  return Tensor::random_uniform(shape, seed, low, high, DType::f64);
+}
+
+// Rows [r0, r0 + n) of a row-major matrix with `row_length` columns (or of a vector: row_length 1).
+inline std::vector<double> rows_of(const std::vector<double>& full, std::int64_t row_length, std::int64_t r0,
+                                   std::int64_t n) {
+  return {full.begin() + r0 * row_length, full.begin() + (r0 + n) * row_length};
+}
+
+// Columns [c0, c0 + n) of a row-major [R, K] matrix.
+inline std::vector<double> columns_of(const std::vector<double>& full, std::int64_t K, std::int64_t c0, std::int64_t n) {
+  std::vector<double> out;
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(full.size()) / K; ++i)
+    out.insert(out.end(), full.begin() + i * K + c0, full.begin() + i * K + c0 + n);
+  return out;
+}
+
+// Rank r's equal part of `size` over t ranks.
+inline std::int64_t part(std::int64_t size, int t) { return size / t; }
+
+// This rank's token shard of a [N, K] activation: rows chunk r.
+inline std::vector<double> my_tokens(const std::vector<double>& full, std::int64_t K, int t, int r) {
+  const std::int64_t rows = static_cast<std::int64_t>(full.size()) / K / t;
+  return rows_of(full, K, r * rows, rows);
+}
+
+// A wrong value's likely cause: "got" matches `values` (within tolerance).
+struct Mistake {
+  std::string what;
+  std::vector<double> values;
+};
+
+inline bool all_close(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!close_enough(a[i], b[i])) return false;
+  return true;
+}
+
+// Adds element-wise.
+inline std::vector<double> plus(std::vector<double> a, const std::vector<double>& b, double scale = 1.0) {
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] += scale * b[i];
+  return a;
+}
+inline std::vector<double> times(std::vector<double> a, double factor) {
+  for (double& v : a) v *= factor;
+  return a;
+}
+
+// "" when got matches expected; else names the rank, what, the first wrong
+// element, how many are wrong and, when got is exactly one of the known
+// mistakes, says which.
+inline std::string check_values(const std::string& what, int rank, const std::vector<double>& expected,
+                                const std::vector<double>& got, const std::vector<Mistake>& mistakes = {}) {
+  if (got.size() != expected.size())
+    return "\n    rank " + std::to_string(rank) + ": " + what + " has " + std::to_string(got.size()) +
+           " elements, expected " + std::to_string(expected.size());
+  std::int64_t wrong = 0, first = -1;
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    if (!close_enough(expected[i], got[i])) {
+      if (first < 0) first = static_cast<std::int64_t>(i);
+      ++wrong;
+    }
+  if (wrong == 0) return "";
+  const auto f = static_cast<std::size_t>(first);
+  std::string message = "\n    rank " + std::to_string(rank) + ": " + what + " element " + std::to_string(first) +
+                        ": expected " + number(expected[f]) + ", got " + number(got[f]) + " (" +
+                        std::to_string(wrong) + " of " + std::to_string(expected.size()) + " elements wrong)";
+  for (const Mistake& m : mistakes)
+    if (all_close(m.values, got)) return message + "\n      = " + m.what;
+  if (all_close(times(expected, 0), got)) return message + "\n      = all zeros: never written";
+  return message;
+}
+
+// Collective calls by kind and bytes between two snapshots of one Comm.
+struct CommUse {
+  std::map<std::string, std::int64_t> calls;
+  std::int64_t bytes = 0;
+  std::int64_t count(const std::string& kind) const {
+    auto it = calls.find(kind);
+    return it == calls.end() ? 0 : it->second;
+  }
+  std::string str() const {
+    std::string s;
+    for (const auto& [kind, n] : calls)
+      if (n > 0) s += (s.empty() ? "" : ", ") + std::to_string(n) + " " + kind;
+    return (s.empty() ? std::string("no collectives") : s) + " (" + std::to_string(bytes) + " bytes)";
+  }
+};
+
+inline CommUse comm_use(const CommStats& before, const CommStats& after) {
+  CommUse use;
+  for (const auto& [kind, n] : after.collective_calls) {
+    auto it = before.collective_calls.find(kind);
+    const std::int64_t delta = n - (it == before.collective_calls.end() ? 0 : it->second);
+    if (delta != 0) use.calls[kind] = delta;
+  }
+  use.bytes = after.collective_bytes - before.collective_bytes;
+  return use;
+}
+
+// "" when `got` is exactly `expected_calls` (kind -> count) with `expected_bytes`.
+inline std::string check_comm(const std::string& when, int rank, const CommUse& got,
+                              const std::map<std::string, std::int64_t>& expected_calls,
+                              std::int64_t expected_bytes, const std::string& why) {
+  bool ok = got.bytes == expected_bytes;
+  std::map<std::string, std::int64_t> want = expected_calls;
+  for (const auto& [kind, n] : got.calls) ok = ok && want[kind] == n;
+  for (const auto& [kind, n] : want) ok = ok && got.count(kind) == n;
+  if (ok) return "";
+  CommUse expected;
+  expected.calls = expected_calls;
+  expected.bytes = expected_bytes;
+  return "\n    rank " + std::to_string(rank) + ": " + when + " made " + got.str() + ", expected " +
+         expected.str() + ": " + why;
+}
+
+// Host values of a tensor.
+inline std::vector<double> values(const Tensor& t) { return t.to_vector(); }
+
+// Fresh shard tensors for a Linear whose weight is [out, in] (bias [out] when has_bias).
+inline void give_linear(Linear& layer, const std::vector<double>& weight, const std::vector<double>& bias) {
+  const auto make = [](const std::vector<double>& v, const Shape& shape) {
+    return Tensor::from_values(v, DType::f64).view(shape);
+  };
+  layer.weight = make(weight, Shape{layer.out_features, layer.in_features});
+  layer.weight_grad = Tensor::zeros(Shape{layer.out_features, layer.in_features}, DType::f64);
+  if (layer.has_bias) {
+    layer.bias = make(bias, Shape{layer.out_features});
+    layer.bias_grad = Tensor::zeros(Shape{layer.out_features}, DType::f64);
+  }
+}
+
+// Loads rank r's output rows of `full` into a column-parallel layer.
+inline void load_rows(ColumnParallelLinear& layer, const Linear& full, int t, int r) {
+  const std::int64_t n = part(full.out_features, t);
+  give_linear(layer.local, rows_of(values(full.weight), full.in_features, r * n, n),
+              full.has_bias ? rows_of(values(full.bias), 1, r * n, n) : std::vector<double>{});
+}
+
+// Loads rank r's input columns of `full` (and its whole bias) into a row-parallel layer.
+inline void load_columns(RowParallelLinear& layer, const Linear& full, int t, int r) {
+  const std::int64_t n = part(full.in_features, t);
+  give_linear(layer.local, columns_of(values(full.weight), full.in_features, r * n, n), {});
+  layer.bias = Tensor::from_values(values(full.bias), DType::f64);
+  layer.bias_grad = Tensor::zeros(Shape{full.out_features}, DType::f64);
+}
+
+// The serial reference's weight gradient rows / columns of rank r.
+inline std::vector<double> grad_rows(const Linear& full, int t, int r) {
+  const std::int64_t n = part(full.out_features, t);
+  return rows_of(values(full.weight_grad), full.in_features, r * n, n);
+}
+inline std::vector<double> grad_columns(const Linear& full, int t, int r) {
+  const std::int64_t n = part(full.in_features, t);
+  return columns_of(values(full.weight_grad), full.in_features, r * n, n);
+}
+
+}  // namespace dtp::testing::ch04
+
+namespace dtp::testing::ch04 {
+
+// The worlds of @p sizes this backend can run (mpiexec -n 4 runs at most 4).
+inline std::vector<int> runnable(const std::vector<int>& sizes) {
+  const World world = World::from_env(1);
+  std::vector<int> out;
+  for (int n : sizes)
+    if (world.backend == Backend::thread || n <= max_world_size(world.backend)) out.push_back(n);
+  return out;
+}
+
+// Column sums of a row-major [rows, K] matrix: a bias gradient.
+inline std::vector<double> column_sums(const std::vector<double>& m, std::int64_t K) {
+  std::vector<double> sums(static_cast<std::size_t>(K), 0.0);
+  for (std::size_t i = 0; i < m.size(); ++i) sums[i % static_cast<std::size_t>(K)] += m[i];
+  return sums;
+}
+
+// A rank's activation tensor from host values (f64), shaped.
+inline Tensor tensor_of(const std::vector<double>& v, const Shape& shape) {
+  return Tensor::from_values(v, DType::f64).view(shape);
+}
+
+// Which slice of a serial parameter of shape `full` a TP rank holds, worked
+// out from the shard's shape alone: the same shape is a replica, fewer rows
+// is a row slice (column-parallel weights and biases, the vocabulary), fewer
+// columns a column slice (row-parallel weights).
+inline std::vector<double> expected_slice(const std::vector<double>& full, const Shape& full_shape,
+                                          const Shape& shard_shape, int t, int r) {
+  if (full_shape == shard_shape) return full;
+  const std::int64_t row_length = full_shape.ndim() == 2 ? full_shape[1] : 1;
+  if (shard_shape[0] * t == full_shape[0]) return rows_of(full, row_length, r * shard_shape[0], shard_shape[0]);
+  return columns_of(full, row_length, r * shard_shape[1], shard_shape[1]);
+}
+
+// Compares every parameter's gradient (or value) of a TP unit with its slice
+// of the serial unit's. `what` is "gradient" or "value".
+inline std::string check_unit_slices(const std::string& what, int rank, int t, const Unit& serial, const Unit& tp,
+                                     bool gradients, const std::string& hint_for_replicated = "") {
+  std::string m;
+  for (const ParamView& p : tp.parameters()) {
+    const ParamView& f = serial.parameter(p.name);
+    const std::vector<double> expected =
+        expected_slice(values(gradients ? f.grad : f.value), f.shape, p.shape, t, rank);
+    const std::vector<double> got = values(gradients ? p.grad : p.value);
+    std::vector<Mistake> mistakes;
+    for (int k : {2, 3, 4, 8})
+      if (k <= 2 * t) mistakes.push_back({std::to_string(k) + ".00x the single-device " + what, times(expected, k)});
+    mistakes.push_back({"half the single-device " + what, times(expected, 0.5)});
+    std::string one = check_values("unit '" + tp.name() + "' " + what + " of '" + p.name + "'", rank, expected, got,
+                                   mistakes);
+    if (!one.empty() && p.shape == f.shape && !hint_for_replicated.empty()) one += "\n      " + hint_for_replicated;
+    m += one;
+  }
+  return m;
+}
+
+// "" when every rank of @p group holds bitwise the same values in each of
+// @p tensors (replicated parameters or their gradients); else names the
+// first tensor and element that differ from rank 0's.
+inline std::string check_replicas_agree(Comm& group, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                        const std::string& hint) {
+  std::string m;
+  for (const auto& [name, tensor] : tensors) {
+    Tensor mine = tensor.flatten().clone();
+    Tensor all = Tensor::empty(Shape{mine.numel() * group.size()}, mine.dtype(), mine.device());
+    group.all_gather(mine, all);
+    const std::vector<double> v = values(all);
+    const std::size_t n = static_cast<std::size_t>(mine.numel());
+    for (int r = 1; r < group.size() && m.empty(); ++r)
+      for (std::size_t i = 0; i < n; ++i)
+        if (v[r * n + i] != v[i]) {
+          m += "\n    " + name + " element " + std::to_string(i) + ": TP rank " + std::to_string(r) + " holds " +
+               number(v[r * n + i]) + " but TP rank 0 holds " + number(v[i]) +
+               ": a replicated tensor must be bitwise the same on every rank of the group. " + hint;
+          break;
+        }
+    if (!m.empty()) break;
+  }
+  return m;
+}
+
+}  // namespace dtp::testing::ch04
+
+namespace dtp::testing::ch04 {
+
+// Gives every parameter of a serial unit a random value, biases included (a
+// model fresh from initialization has zero biases, which would hide a bias
+// added t times): LayerNorm gains in [0.5, 1.5], the rest in [-0.5, 0.5].
+inline void randomize(Unit& unit, std::uint64_t seed) {
+  for (ParamView& p : unit.parameters()) {
+    const bool gain = p.name.rfind("ln", 0) == 0 && p.name.size() > 7 &&
+                      p.name.compare(p.name.size() - 7, 7, ".weight") == 0;
+    p.value.copy_from(random_tensor(p.shape, seed++, gain ? 0.5 : -0.5, gain ? 1.5 : 0.5));
+  }
+}
+
+}  // namespace dtp::testing::ch04

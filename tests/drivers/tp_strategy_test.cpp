@@ -1,0 +1,85 @@
+// Checkers of the provided tensor-parallel driver and slicing code
+// (drivers/04_tensor_parallel/), linked with the reference: the errors for
+// sizes that do not split, which parameters are replicated, and what
+// `dtp train --strategy tp` reports (the global loss of single-device
+// training, every DP group's tokens, per-rank bytes).
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "04_tensor_parallel/tensor_parallel.h"
+#include "dtp/dtp.h"
+#include "support/training.h"
+
+namespace dtp::ch04 {
+namespace {
+
+using dtp::testing::tiny_config;
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TensorParallelDriver, EvenSplitGivesEqualPartsAndNamesWhatDoesNotSplit) {
+  const ChunkRange r = even_split("heads", 12, 4, 3);
+  EXPECT_EQ(r.offset, 9);
+  EXPECT_EQ(r.length, 3);
+  const std::string e = error_of([] { even_split("attention heads", 6, 4, 0); });
+  EXPECT_NE(e.find("attention heads: 6 do not split over 4 tensor-parallel ranks"), std::string::npos) << e;
+  EXPECT_NE(error_of([] { even_split("x", 8, 4, 4); }).find("rank 4 is outside the group of 4"), std::string::npos);
+  EXPECT_NE(error_of([] { even_split("x", 8, 0, 0); }).find("at least 1 rank"), std::string::npos);
+}
+
+TEST(TensorParallelDriver, ReplicatedParametersAreTheLayerNormsPositionsAndRowParallelBiases) {
+  for (const char* name : {"ln1.weight", "ln2.bias", "ln.weight", "positions", "attn.proj.bias", "mlp.proj.bias"})
+    EXPECT_TRUE(is_replicated(name)) << name;
+  for (const char* name : {"tokens", "lm.weight", "attn.q.weight", "attn.v.bias", "attn.proj.weight", "mlp.fc.bias"})
+    EXPECT_FALSE(is_replicated(name)) << name;
+}
+
+TEST(TensorParallelDriver, ValidateNamesTheFlagOfEverySizeThatDoesNotSplit) {
+  TrainConfig config = tiny_config(8, 2);  // heads 2, vocab 32, d_model 16
+  auto message = [&](TensorParallelRunOptions o) { return error_of([&] { validate_tensor_parallel(config, o); }); };
+  EXPECT_NE(message({.tp = 4}).find("--heads 2 do not split over --tp 4"), std::string::npos);
+  EXPECT_NE(message({.tp = 0}).find("--tp"), std::string::npos);
+  EXPECT_NE(message({.tp = 2, .dp = 3}).find("--dp 3"), std::string::npos);
+  EXPECT_EQ(message({.tp = 2, .dp = 2}), "");
+  config.seq = 3;
+  config.batch = 1;
+  EXPECT_NE(message({.tp = 2, .dp = 1, .sequence_parallel = true}).find("--sequence-parallel"), std::string::npos);
+}
+
+TEST(TensorParallelDriver, TrainReportsTheSingleDeviceLossAndEveryRanksBytes) {
+  TrainConfig config = tiny_config(8, 3);
+  config.model.heads = 4;
+  std::vector<double> single;
+  for (const StepRecord& s : train_single(config).steps) single.push_back(s.loss);
+  TensorParallelRunOptions options{.tp = 2, .dp = 2, .sequence_parallel = true};
+  std::vector<std::vector<std::vector<double>>> reports;
+  options.on_ranks = [&](std::int64_t, const std::vector<std::vector<double>>& ranks) { reports.push_back(ranks); };
+  register_tensor_parallel_strategy(options);
+  config.strategy = "tp";
+  TrainResult result = train(config);
+  ASSERT_EQ(result.steps.size(), 3u);
+  for (std::size_t s = 0; s < 3; ++s) {
+    EXPECT_NEAR(result.steps[s].loss, single[s], 1e-10) << "step " << s + 1;
+    EXPECT_EQ(result.steps[s].tokens, config.batch * config.seq) << "every DP group's tokens, each TP group once";
+  }
+  ASSERT_EQ(reports.size(), 3u);
+  ASSERT_EQ(reports[0].size(), 4u);
+  for (const auto& rank : reports[0]) {
+    EXPECT_GT(rank[0], 0) << "parameter bytes";
+    EXPECT_GT(rank[1], 0) << "activation peak";
+    EXPECT_GT(rank[2], 0) << "bytes moved";
+  }
+}
+
+}  // namespace
+}  // namespace dtp::ch04
