@@ -28,6 +28,12 @@ std::string column_parallel_on(Comm& comm, bool sp) {
 
   ColumnParallelLinear layer(comm, in, out, true, sp);
   load_rows(layer, full, t, r);
+  // b_r repeated for every token row: what a mistake's output is built from.
+  std::vector<double> my_bias;
+  for (std::int64_t i = 0; i < kN; ++i) {
+    const std::vector<double> b = rows_of(values(full.bias), 1, r * n, n);
+    my_bias.insert(my_bias.end(), b.begin(), b.end());
+  }
   Tensor my_x = sp ? Tensor::from_values(my_tokens(values(x), in, t, r)).view(Shape{kN / t, in}) : x;
   Tensor my_dy = Tensor::from_values(columns_of(values(dy), out, r * n, n)).view(Shape{kN, n});
   LinearSaved saved;
@@ -41,7 +47,10 @@ std::string column_parallel_on(Comm& comm, bool sp) {
   m += check_values("4.1 forward output (this rank's columns of y)", r, columns_of(y_full, out, r * n, n), values(y),
                     {{"the sum over ranks of every rank's columns: the output was all-reduced, but a column-parallel "
                       "forward needs no communication (its reduction is in the backward)",
-                      sum_of_slices(y_full, out, t)}});
+                      sum_of_slices(y_full, out, t)},
+                     {"t x W_r^T + b_r: the input was all-reduced in forward (it is already whole on every rank); "
+                      "the column-parallel forward needs no communication",
+                      plus(times(plus(columns_of(y_full, out, r * n, n), my_bias, -1.0), t), my_bias)}});
   // This rank's part of dx, the all-reduce's input.
   Tensor partial = Tensor::empty(Shape{kN, in}, DType::f64);
   ops::matmul(my_dy, layer.local.weight, partial);
@@ -52,7 +61,8 @@ std::string column_parallel_on(Comm& comm, bool sp) {
                       sp ? my_tokens(values(partial), in, t, r) : values(partial)},
                      {std::to_string(t) + "x the true gradient: summed twice?", times(expected_dx, t)}});
   m += check_values("4.1 weight gradient (this rank's rows)", r, grad_rows(full, t, r), values(layer.local.weight_grad),
-                    {{std::to_string(t) + "x: the weight gradient needs no reduction (each rank owns its rows)",
+                    {{std::to_string(t) + "x: the weight gradient needs no reduction (each rank owns its rows); or the "
+                      "saved input was t x (an all-reduce of the input in forward)",
                       times(grad_rows(full, t, r), t)}});
   m += check_values("4.1 bias gradient (this rank's rows)", r, rows_of(values(full.bias_grad), 1, r * n, n),
                     values(layer.local.bias_grad));

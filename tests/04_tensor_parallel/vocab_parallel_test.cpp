@@ -87,13 +87,19 @@ std::string embedding_on(Comm& comm, bool sp) {
     }
   }
   m += forward;
-  m += check_values("4.5 token-table gradient (this rank's rows)", r, rows_of(values(serial.tokens_grad), kC, r * n, n),
-                    values(layer.tokens_grad));
+  const std::vector<double> token_grad = rows_of(values(serial.tokens_grad), kC, r * n, n);
+  m += check_values("4.5 token-table gradient (this rank's rows)", r, token_grad, values(layer.tokens_grad),
+                    {{std::to_string(t) + "x the gradient: dx was all-reduced in backward, but it is already whole "
+                      "on every rank",
+                      times(token_grad, t)}});
   m += check_values("4.5 positions gradient (replicated: the same on every rank)", r, values(serial.positions_grad),
                     values(layer.positions_grad),
                     {{"0: every rank must add dx into the replicated positions' gradient (only the forward adds the "
                       "positions on one rank)",
-                      times(values(serial.positions_grad), 0)}});
+                      times(values(serial.positions_grad), 0)},
+                     {std::to_string(t) + "x the gradient: dx was all-reduced in backward, but it is already whole "
+                      "on every rank",
+                      times(values(serial.positions_grad), t)}});
   const std::int64_t bytes = kN * kC * 8;
   if (!sp) {
     m += check_comm("4.5 forward", r, comm_use(s0, s1), {{"all_reduce", 1}}, bytes,
