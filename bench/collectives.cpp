@@ -54,6 +54,7 @@
 #include <unistd.h>
 
 #include "01_collectives/collectives.h"
+#include "bench_common.h"
 #include "dtp/dtp.h"
 #include "dtp/json.h"
 
@@ -68,6 +69,11 @@
 #endif
 
 namespace {
+
+using dtp::bench::cpu_model;
+using dtp::bench::git_revision;
+using dtp::bench::host_name;
+using dtp::bench::utc_now;
 
 using dtp::Comm;
 using dtp::DType;
@@ -273,60 +279,6 @@ std::vector<std::int64_t> sizes(const Options& o) {
 }
 
 // --- facts about the run, for the header and the JSON -----------------------------
-
-std::string run_command(const std::string& command) {
-  std::string out;
-  if (FILE* pipe = popen(command.c_str(), "r")) {
-    char buffer[256];
-    while (std::fgets(buffer, sizeof buffer, pipe)) out += buffer;
-    pclose(pipe);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
-}
-
-// The build's revision: a DTP_GIT_REV compile definition holding a string
-// literal (set at configure time), the DTP_GIT_REV environment variable, or
-// git asked about this source's checkout.
-std::string git_revision() {
-#ifdef DTP_GIT_REV
-  if (std::string rev = DTP_GIT_REV; !rev.empty()) return rev;
-#endif
-  if (const char* rev = std::getenv("DTP_GIT_REV"); rev && *rev) return rev;
-  std::string source = __FILE__;
-  std::string folder = source.substr(0, source.find_last_of('/') + 1);
-  if (!folder.empty()) {
-    std::string rev = run_command("git -C '" + folder + "' rev-parse --short HEAD 2>/dev/null");
-    if (!rev.empty()) return rev;
-  }
-  return "unknown";
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0) {
-      std::string model = line.substr(line.find(':') + 1);
-      model.erase(0, model.find_first_not_of(" \t"));
-      return model;
-    }
-  return "unknown";
-}
-
-std::string host_name() {
-  char name[256] = {};
-  if (gethostname(name, sizeof name - 1) != 0) return "unknown";
-  return name;
-}
-
-std::string utc_now() {
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
-}
 
 // The world size: -g ranks on the thread backend; on mpi and nccl every rank
 // the launcher can start (MPI processes, or one rank per GPU), or the first -g

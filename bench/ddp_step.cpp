@@ -16,29 +16,18 @@
 #include <vector>
 
 #include "02_ddp/ddp.h"
+#include "bench_common.h"
 #include "dtp/trainer.h"
 
 namespace {
+
+using dtp::bench::git_revision;
 
 double median_step_seconds(const dtp::TrainResult& result) {
   std::vector<double> t;
   for (std::size_t i = 2; i < result.steps.size(); ++i) t.push_back(result.steps[i].seconds);
   std::sort(t.begin(), t.end());
   return t.empty() ? 0 : t[t.size() / 2];
-}
-
-std::string git_revision() {
-  if (const char* rev = std::getenv("DTP_GIT_REV")) return rev;
-  std::string folder = __FILE__;  // this source's checkout
-  folder = folder.substr(0, folder.find_last_of('/') + 1);
-  std::string out;
-  if (FILE* p = popen(("git -C '" + folder + "' rev-parse --short HEAD 2>/dev/null").c_str(), "r")) {
-    char buf[64];
-    if (std::fgets(buf, sizeof buf, p)) out = buf;
-    pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out.empty() ? "unknown" : out;
 }
 
 }  // namespace

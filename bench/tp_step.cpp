@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "04_tensor_parallel/tensor_parallel.h"
+#include "bench_common.h"
 #include "dtp/json.h"
 #include "dtp/launch.h"
 #include "dtp/memory.h"
@@ -54,48 +55,12 @@
 namespace {
 
 using dtp::MemoryCategory;
+using namespace dtp::bench;
 constexpr double kMiB = 1024.0 * 1024.0;
 
 double mib(std::int64_t bytes) { return static_cast<double>(bytes) / kMiB; }
 
 // --- where and when ----------------------------------------------------------------
-
-// The build's revision: the DTP_GIT_REV compile definition (bench/CMakeLists.txt
-// sets it at configure time), the DTP_GIT_REV environment variable, or git
-// asked about this source's checkout.
-std::string git_revision() {
-#ifdef DTP_GIT_REV
-  if (std::string rev = DTP_GIT_REV; !rev.empty()) return rev;
-#endif
-  if (const char* rev = std::getenv("DTP_GIT_REV"); rev && *rev) return rev;
-  std::string folder = __FILE__;
-  folder = folder.substr(0, folder.find_last_of('/') + 1);
-  std::string out;
-  if (FILE* p = popen(("git -C '" + folder + "' rev-parse --short HEAD 2>/dev/null").c_str(), "r")) {
-    char buf[64];
-    if (std::fgets(buf, sizeof buf, p)) out = buf;
-    pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out.empty() ? "unknown" : out;
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0) {
-      std::string model = line.substr(line.find(':') + 1);
-      model.erase(0, model.find_first_not_of(" \t"));
-      return model;
-    }
-  return "unknown";
-}
-
-std::string host_name() {
-  char name[256] = {};
-  if (gethostname(name, sizeof name - 1) != 0) return "unknown";
-  return name;
-}
 
 // What every JSON line says about the run.
 struct Context {
@@ -103,44 +68,10 @@ struct Context {
   int cores = 0;
 };
 
-// One JSON object on one line, keys in the order added.
-class JsonLine {
- public:
-  JsonLine& add(const std::string& key, const std::string& value) { return raw(key, dtp::json_string(value)); }
-  JsonLine& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
-  JsonLine& add(const std::string& key, double value) { return raw(key, dtp::json_number(value)); }
-  JsonLine& add(const std::string& key, std::int64_t value) { return raw(key, std::to_string(value)); }
-  JsonLine& add(const std::string& key, int value) { return raw(key, std::to_string(value)); }
-  JsonLine& add(const std::string& key, bool value) { return raw(key, value ? "true" : "false"); }
-  JsonLine& add(const std::string& key, const std::vector<double>& values) {
-    std::string list = "[";
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      if (i > 0) list += ',';
-      list += dtp::json_number(values[i]);
-    }
-    return raw(key, list + "]");
-  }
-  JsonLine& add(const std::string& key, const std::vector<std::int64_t>& values) {
-    std::string list = "[";
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      if (i > 0) list += ',';
-      list += std::to_string(values[i]);
-    }
-    return raw(key, list + "]");
-  }
-  JsonLine& raw(const std::string& key, const std::string& value) {
-    text_ += (text_.empty() ? "{" : ",") + dtp::json_string(key) + ":" + value;
-    return *this;
-  }
-  JsonLine& context(const Context& c) {
-    return add("backend", c.backend).add("device", c.device).add("date", c.date).add("git", c.git)
-        .add("hostname", c.host).add("cpu", c.cpu).add("cores", c.cores);
-  }
-  std::string str() const { return text_ + "}"; }
-
- private:
-  std::string text_;
-};
+JsonLine& add_context(JsonLine& line, const Context& c) {
+  return line.add("backend", c.backend).add("device", c.device).add("date", c.date).add("git", c.git)
+      .add("hostname", c.host).add("cpu", c.cpu).add("cores", c.cores);
+}
 
 void write_line(FILE* json, const JsonLine& line) {
   if (json == nullptr) return;
@@ -432,8 +363,8 @@ void report_setup(const Setup& setup, const Run& run, const std::vector<double>&
       .add("step_vs_t1", x_time)
       .add("warmup", o.warmup)
       .add("steps", o.steps)
-      .add("repeats", o.repeats)
-      .context(ctx);
+      .add("repeats", o.repeats);
+  add_context(line, ctx);
   write_line(json, line);
 }
 
@@ -605,8 +536,8 @@ int run_tier_part(const std::vector<Tier>& tiers, bool quick, const Context& ctx
               .add("compute_flops", flops)
               .add("compute_TFLOPs", kH100Flops / 1e12)
               .add("compute_us_estimate", compute * 1e6)
-              .add("comm_over_compute", r.clock_s / compute)
-              .context(ctx);
+              .add("comm_over_compute", r.clock_s / compute);
+          add_context(line, ctx);
           write_line(json, line);
         }
       }

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "03_zero_fsdp/zero.h"
+#include "bench_common.h"
 #include "dtp/json.h"
 #include "dtp/launch.h"
 #include "dtp/memory.h"
@@ -42,51 +43,9 @@
 namespace {
 
 using dtp::MemoryCategory;
+using namespace dtp::bench;
 
 const char* const kStages[] = {"ddp", "zero1", "zero2", "zero3", "zero3-prefetch", "zero1-offload"};
-
-// The build's revision: the DTP_GIT_REV compile definition (bench/CMakeLists.txt
-// sets it at configure time), the DTP_GIT_REV environment variable, or git
-// asked about this source's checkout.
-std::string git_revision() {
-#ifdef DTP_GIT_REV
-  if (std::string rev = DTP_GIT_REV; !rev.empty()) return rev;
-#endif
-  if (const char* rev = std::getenv("DTP_GIT_REV"); rev && *rev) return rev;
-  std::string folder = __FILE__;
-  folder = folder.substr(0, folder.find_last_of('/') + 1);
-  std::string out;
-  if (FILE* p = popen(("git -C '" + folder + "' rev-parse --short HEAD 2>/dev/null").c_str(), "r")) {
-    char buf[64];
-    if (std::fgets(buf, sizeof buf, p)) out = buf;
-    pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out.empty() ? "unknown" : out;
-}
-
-// One JSON object on one line, keys in the order added.
-class JsonLine {
- public:
-  JsonLine& add(const std::string& key, const std::string& value) { return raw(key, dtp::json_string(value)); }
-  JsonLine& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
-  JsonLine& add(const std::string& key, double value) { return raw(key, dtp::json_number(value)); }
-  JsonLine& add(const std::string& key, std::int64_t value) { return raw(key, std::to_string(value)); }
-  JsonLine& add(const std::string& key, int value) { return raw(key, std::to_string(value)); }
-  JsonLine& add(const std::string& key, const std::vector<std::int64_t>& values) {
-    std::string list = "[";
-    for (std::size_t i = 0; i < values.size(); ++i) list += (i ? "," : "") + std::to_string(values[i]);
-    return raw(key, list + "]");
-  }
-  JsonLine& raw(const std::string& key, const std::string& value) {
-    text_ += (text_.empty() ? "{" : ",") + dtp::json_string(key) + ":" + value;
-    return *this;
-  }
-  std::string str() const { return text_ + "}"; }
-
- private:
-  std::string text_;
-};
 
 // --- the lesson's formulas (chapters/03_zero_fsdp/README.md, section 2) -------
 

@@ -1,0 +1,97 @@
+// What every benchmark program writes about the run it measured: the build's
+// revision, the machine, the time, and one JSON object per line.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "dtp/json.h"
+
+namespace dtp::bench {
+
+/// The build's revision: the DTP_GIT_REV compile definition (bench/CMakeLists.txt
+/// sets it at configure time), the DTP_GIT_REV environment variable, or git
+/// asked about this source's checkout; "unknown" when none answers.
+inline std::string git_revision() {
+#ifdef DTP_GIT_REV
+  if (std::string rev = DTP_GIT_REV; !rev.empty()) return rev;
+#endif
+  if (const char* rev = std::getenv("DTP_GIT_REV"); rev && *rev) return rev;
+  std::string folder = __FILE__;
+  folder = folder.substr(0, folder.find_last_of('/') + 1);
+  std::string out;
+  if (FILE* p = popen(("git -C '" + folder + "' rev-parse --short HEAD 2>/dev/null").c_str(), "r")) {
+    char buf[64];
+    if (std::fgets(buf, sizeof buf, p)) out = buf;
+    pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out.empty() ? "unknown" : out;
+}
+
+/// The CPU's model name from /proc/cpuinfo, or "unknown".
+inline std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) {
+      std::string model = line.substr(line.find(':') + 1);
+      model.erase(0, model.find_first_not_of(" \t"));
+      return model;
+    }
+  return "unknown";
+}
+
+/// This machine's host name, or "unknown".
+inline std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "unknown";
+  return name;
+}
+
+/// Now, as 2026-11-23T16:44:32Z.
+inline std::string utc_now() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+/// One JSON object on one line, keys in the order added.
+class JsonLine {
+ public:
+  JsonLine& add(const std::string& key, const std::string& value) { return raw(key, json_string(value)); }
+  JsonLine& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
+  JsonLine& add(const std::string& key, double value) { return raw(key, json_number(value)); }
+  JsonLine& add(const std::string& key, std::int64_t value) { return raw(key, std::to_string(value)); }
+  JsonLine& add(const std::string& key, int value) { return raw(key, std::to_string(value)); }
+  JsonLine& add(const std::string& key, bool value) { return raw(key, value ? "true" : "false"); }
+  JsonLine& add(const std::string& key, const std::vector<double>& values) {
+    std::string list;
+    for (double v : values) list += (list.empty() ? "" : ",") + json_number(v);
+    return raw(key, "[" + list + "]");
+  }
+  JsonLine& add(const std::string& key, const std::vector<std::int64_t>& values) {
+    std::string list;
+    for (std::int64_t v : values) list += (list.empty() ? "" : ",") + std::to_string(v);
+    return raw(key, "[" + list + "]");
+  }
+  JsonLine& raw(const std::string& key, const std::string& value) {
+    text_ += (text_.empty() ? "{" : ",") + json_string(key) + ":" + value;
+    return *this;
+  }
+  std::string str() const { return text_ + "}"; }
+
+ private:
+  std::string text_;
+};
+
+}  // namespace dtp::bench
