@@ -17,7 +17,6 @@ wins, so pass older files first. Needs matplotlib (Debian's python3-matplotlib,
 which only /usr/bin/python3 sees).
 """
 import argparse
-import json
 import os
 import sys
 from collections import defaultdict
@@ -26,6 +25,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from _bench_json import figure_folder, read_rows  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 # Table order of bench/collectives.cpp, so colours stay the same across figures.
@@ -39,21 +39,6 @@ def size_label(nbytes, _pos=None):
             value = nbytes / scale
             return f"{value:.0f}{unit}" if value == int(value) else f"{value:.1f}{unit}"
     return f"{nbytes:.0f}"
-
-
-def read_rows(paths):
-    rows = []
-    for path in paths:
-        with open(path) as lines:
-            for number, line in enumerate(lines, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as error:
-                    sys.exit(f"{path}:{number}: not JSON: {error}")
-    return rows
 
 
 def plot_group(key, rows, out_dir):
@@ -131,9 +116,7 @@ def main():
     parser.add_argument("--op", action="append", help="only this operation (repeatable)")
     args = parser.parse_args()
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out_dir = args.out or os.path.join(root, "docs", "figures")
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir = figure_folder(args.out)
 
     groups = defaultdict(list)
     for row in read_rows(args.files):

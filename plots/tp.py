@@ -27,7 +27,6 @@ so pass older files first. Lines of other benchmarks are skipped. Needs
 matplotlib (Debian's python3-matplotlib, which only /usr/bin/python3 sees).
 """
 import argparse
-import json
 import os
 import sys
 
@@ -35,6 +34,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from _bench_json import figure_folder, keep_last_setup, read_rows  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 MIB = 1024.0 * 1024.0
@@ -42,25 +42,6 @@ SP_COLOURS = {False: "#1f77b4", True: "#d62728"}
 SP_LABELS = {False: "TP", True: "TP + sequence parallelism"}
 TIER_COLOURS = {"NVLink": "#2ca02c", "InfiniBand": "#9467bd"}
 TOKEN_STYLES = ["-", "--", ":", "-."]
-
-
-def read_rows(paths):
-    steps, tiers = [], []
-    for path in paths:
-        with open(path) as lines:
-            for number, line in enumerate(lines, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as error:
-                    sys.exit(f"{path}:{number}: not JSON: {error}")
-                if row.get("what") == "tp_step":
-                    steps.append(row)
-                elif row.get("what") == "tp_comm_tiers":
-                    tiers.append(row)
-    return steps, tiers
 
 
 def setup_key(row):
@@ -245,20 +226,14 @@ def main():
     parser.add_argument("--out", default=None, help="folder for the PNGs [docs/figures of this repository]")
     args = parser.parse_args()
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out_dir = args.out or os.path.join(root, "docs", "figures")
-    os.makedirs(out_dir, exist_ok=True)
-
-    steps, tiers = read_rows(args.files)
+    out_dir = figure_folder(args.out)
+    rows = read_rows(args.files)
+    steps = [r for r in rows if r.get("what") == "tp_step"]
+    tiers = [r for r in rows if r.get("what") == "tp_comm_tiers"]
     if not steps and not tiers:
         sys.exit("no dtp-bench-tp-step measurements in " + ", ".join(args.files))
     if steps:
-        # One figure per setup would need more names; keep the setup of the last line read.
-        setup = setup_key(steps[-1])
-        skipped = sum(1 for r in steps if setup_key(r) != setup)
-        steps = [r for r in steps if setup_key(r) == setup]
-        if skipped:
-            print(f"tp.py: skipped {skipped} tp_step line(s) of another setup than the last line's", file=sys.stderr)
+        steps = keep_last_setup(steps, setup_key, "tp.py", "tp_step line(s)")
         table = {(r["model"], r["tp"], r["sequence_parallel"]): r for r in steps}
         for name, plot in (("tp_memory.png", plot_memory), ("tp_step_time.png", plot_step_time)):
             path = os.path.join(out_dir, name)

@@ -21,7 +21,6 @@ pass older files first. Lines of another benchmark are skipped. Needs
 matplotlib (Debian's python3-matplotlib, which only /usr/bin/python3 sees).
 """
 import argparse
-import json
 import os
 import sys
 
@@ -29,6 +28,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from _bench_json import figure_folder, keep_last_setup, read_rows  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
@@ -42,23 +42,6 @@ STAGE_COLOURS = dict(zip(STAGES, ["#7f7f7f", "#1f77b4", "#2ca02c", "#d62728", "#
 CATEGORY_COLOURS = {"params": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868"}
 MIB = 1024.0 * 1024.0
 PREFETCH_GOAL = 1.15
-
-
-def read_rows(paths):
-    rows = []
-    for path in paths:
-        with open(path) as lines:
-            for number, line in enumerate(lines, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as error:
-                    sys.exit(f"{path}:{number}: not JSON: {error}")
-                if row.get("what") == "zero_memory":
-                    rows.append(row)
-    return rows
 
 
 def setup_key(row):
@@ -185,20 +168,11 @@ def main():
     parser.add_argument("--out", default=None, help="folder for the PNGs [docs/figures of this repository]")
     args = parser.parse_args()
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out_dir = args.out or os.path.join(root, "docs", "figures")
-    os.makedirs(out_dir, exist_ok=True)
-
-    rows = read_rows(args.files)
+    out_dir = figure_folder(args.out)
+    rows = [r for r in read_rows(args.files) if r.get("what") == "zero_memory"]
     if not rows:
         sys.exit("no dtp-bench-zero-memory measurements in " + ", ".join(args.files))
-    # One figure per setup would need more names; keep the setup of the last line read.
-    setup = setup_key(rows[-1])
-    skipped = sum(1 for r in rows if setup_key(r) != setup)
-    rows = [r for r in rows if setup_key(r) == setup]
-    if skipped:
-        print(f"zero_memory.py: skipped {skipped} line(s) of another setup (model, optimizer, backend or device) "
-              f"than the last line's", file=sys.stderr)
+    rows = keep_last_setup(rows, setup_key, "zero_memory.py")
     table = {(r["stage"], r["world"]): r for r in rows}
     worlds = sorted({w for (_, w) in table})
     stages = [s for s in STAGES if any((s, w) in table for w in worlds)]
