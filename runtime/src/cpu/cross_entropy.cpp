@@ -11,21 +11,10 @@
 namespace dtp::ops {
 
 namespace {
-struct Rows {
-  std::int64_t N, V;
-};
-
-Rows check_logits(const char* op, const Tensor& logits, const Tensor& targets) {
+detail::LogitRows check_logits(const char* op, const Tensor& logits, const Tensor& targets) {
   detail::check_float(op, "logits", logits);
   detail::check_cpu(op, "targets", targets);
-  DTP_CHECK(targets.dtype() == DType::i32, op, ": targets must be i32 token ids, got ",
-            targets.describe());
-  const std::int64_t V = detail::last_dim(op, "logits", logits);
-  DTP_CHECK(V >= 1, op, ": logits need a vocabulary (last dim) of at least 1, got ",
-            logits.describe());
-  const std::int64_t N = logits.numel() / V;
-  detail::check_numel(op, "targets", targets, N, "one per row of logits");
-  return {N, V};
+  return detail::logit_rows(op, logits, targets);
 }
 
 std::int32_t checked_target(const char* op, const Tensor& targets, std::int64_t n, std::int64_t V) {
@@ -50,7 +39,7 @@ T row_logsumexp(const T* row, std::int64_t V, T& max_out) {
 double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses) {
   if (logits.device().is_cuda()) return cuda::cross_entropy_forward(logits, targets, losses);
   const char* op = "cross_entropy_forward";
-  const Rows r = check_logits(op, logits, targets);
+  const detail::LogitRows r = check_logits(op, logits, targets);
   if (losses.defined()) {
     detail::check_float(op, "losses", losses);
     detail::check_dtype_is(op, "losses", losses, logits.dtype());
@@ -77,7 +66,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double 
                             Tensor& dlogits) {
   if (logits.device().is_cuda()) return cuda::cross_entropy_backward(logits, targets, loss_scale, dlogits);
   const char* op = "cross_entropy_backward";
-  const Rows r = check_logits(op, logits, targets);
+  const detail::LogitRows r = check_logits(op, logits, targets);
   detail::check_float(op, "dlogits", dlogits);
   detail::check_dtype_is(op, "dlogits", dlogits, logits.dtype());
   detail::check_shape(op, "dlogits", dlogits, logits.shape());

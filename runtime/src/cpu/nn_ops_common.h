@@ -49,6 +49,22 @@ inline std::int64_t last_dim(const char* op, const char* name, const Tensor& t) 
   return t.size(t.ndim() - 1);
 }
 
+/// Rows and columns of logits [..., V] (N = numel / V rows) with one i32
+/// target per row: the checks every cross-entropy op makes after its device
+/// checks, whole vocabulary or a rank's slice of it (@p columns names which).
+struct LogitRows {
+  std::int64_t N, V;
+};
+inline LogitRows logit_rows(const char* op, const Tensor& logits, const Tensor& targets,
+                            const char* columns = "vocabulary") {
+  DTP_CHECK(targets.dtype() == DType::i32, op, ": targets must be i32 token ids, got ", targets.describe());
+  const std::int64_t V = last_dim(op, "logits", logits);
+  DTP_CHECK(V >= 1, op, ": logits need a ", columns, " (last dim) of at least 1, got ", logits.describe());
+  const std::int64_t N = logits.numel() / V;
+  check_numel(op, "targets", targets, N, "one per row of logits");
+  return {N, V};
+}
+
 /// Calls fn(T{}) with T = float or double for @p dtype (checked by check_float).
 template <typename Fn>
 void with_float(DType dtype, Fn&& fn) {

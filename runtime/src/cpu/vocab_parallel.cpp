@@ -34,16 +34,10 @@ Rows check_shard_lookup(const char* op, const Tensor& ids, const Tensor& table, 
   return {N, C};
 }
 
-// Logits slice [..., Vs] with one i32 target per row; returns (N, Vs).
-Rows check_logits_slice(const char* op, const Tensor& logits, const Tensor& targets) {
+detail::LogitRows check_logits_slice(const char* op, const Tensor& logits, const Tensor& targets) {
   detail::check_float(op, "logits", logits);
   detail::check_cpu(op, "targets", targets);
-  DTP_CHECK(targets.dtype() == DType::i32, op, ": targets must be i32 token ids, got ", targets.describe());
-  const std::int64_t V = detail::last_dim(op, "logits", logits);
-  DTP_CHECK(V >= 1, op, ": logits need a vocabulary slice (last dim) of at least 1, got ", logits.describe());
-  const std::int64_t N = logits.numel() / V;
-  detail::check_numel(op, "targets", targets, N, "one per row of logits");
-  return {N, V};
+  return detail::logit_rows(op, logits, targets, "vocabulary slice");
 }
 
 void check_row_stat(const char* op, const char* name, const Tensor& stat, const Tensor& logits, std::int64_t N) {
@@ -117,7 +111,7 @@ void vocab_shard_softmax_sums(const Tensor& logits, const Tensor& targets, std::
   if (logits.device().is_cuda())
     return cuda::vocab_shard_softmax_sums(logits, targets, vocab_start, row_max, sum_exp, target_logit);
   const char* op = "vocab_shard_softmax_sums";
-  const Rows r = check_logits_slice(op, logits, targets);
+  const detail::LogitRows r = check_logits_slice(op, logits, targets);
   check_row_stat(op, "row_max", row_max, logits, r.N);
   check_row_stat(op, "sum_exp", sum_exp, logits, r.N);
   check_row_stat(op, "target_logit", target_logit, logits, r.N);
@@ -129,12 +123,12 @@ void vocab_shard_softmax_sums(const Tensor& logits, const Tensor& targets, std::
     T* ps = sum_exp.data<T>();
     T* pz = target_logit.data<T>();
     for (std::int64_t n = 0; n < r.N; ++n) {
-      const T* row = pl + n * r.C;
+      const T* row = pl + n * r.V;
       T sum = 0;
-      for (std::int64_t v = 0; v < r.C; ++v) sum += std::exp(row[v] - pm[n]);
+      for (std::int64_t v = 0; v < r.V; ++v) sum += std::exp(row[v] - pm[n]);
       ps[n] = sum;
       const std::int64_t local = std::int64_t{pt[n]} - vocab_start;
-      pz[n] = local >= 0 && local < r.C ? row[local] : T(0);
+      pz[n] = local >= 0 && local < r.V ? row[local] : T(0);
     }
   });
 }
@@ -146,7 +140,7 @@ void vocab_shard_cross_entropy_backward(const Tensor& logits, const Tensor& targ
     return cuda::vocab_shard_cross_entropy_backward(logits, targets, vocab_start, row_max, sum_exp,
                                                     loss_scale, dlogits);
   const char* op = "vocab_shard_cross_entropy_backward";
-  const Rows r = check_logits_slice(op, logits, targets);
+  const detail::LogitRows r = check_logits_slice(op, logits, targets);
   check_row_stat(op, "row_max", row_max, logits, r.N);
   check_row_stat(op, "sum_exp", sum_exp, logits, r.N);
   detail::check_float(op, "dlogits", dlogits);
@@ -161,12 +155,12 @@ void vocab_shard_cross_entropy_backward(const Tensor& logits, const Tensor& targ
     T* pd = dlogits.data<T>();
     const T s = static_cast<T>(loss_scale);
     for (std::int64_t n = 0; n < r.N; ++n) {
-      const T* row = pl + n * r.C;
-      T* grad = pd + n * r.C;  // may be the same memory as row
+      const T* row = pl + n * r.V;
+      T* grad = pd + n * r.V;  // may be the same memory as row
       const T inverse_sum = T(1) / ps[n];
-      for (std::int64_t v = 0; v < r.C; ++v) grad[v] = std::exp(row[v] - pm[n]) * inverse_sum * s;
+      for (std::int64_t v = 0; v < r.V; ++v) grad[v] = std::exp(row[v] - pm[n]) * inverse_sum * s;
       const std::int64_t local = std::int64_t{pt[n]} - vocab_start;
-      if (local >= 0 && local < r.C) grad[local] -= s;
+      if (local >= 0 && local < r.V) grad[local] -= s;
     }
   });
 }

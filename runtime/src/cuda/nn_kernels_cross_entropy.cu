@@ -54,25 +54,16 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const std::int32_
   }
 }
 
-struct Rows {
-  std::int64_t N, V;
-};
-
-Rows check_logits(const char* op, const Tensor& logits, const Tensor& targets) {
+detail::LogitRows check_logits(const char* op, const Tensor& logits, const Tensor& targets) {
   nn::check_float(op, "logits", logits, logits.device());
   nn::check_same_gpu(op, "targets", targets, logits.device());
-  DTP_CHECK(targets.dtype() == DType::i32, op, ": targets must be i32 token ids, got ", targets.describe());
-  const std::int64_t V = detail::last_dim(op, "logits", logits);
-  DTP_CHECK(V >= 1, op, ": logits need a vocabulary (last dim) of at least 1, got ", logits.describe());
-  const std::int64_t N = logits.numel() / V;
-  detail::check_numel(op, "targets", targets, N, "one per row of logits");
-  return {N, V};
+  return detail::logit_rows(op, logits, targets);
 }
 }  // namespace
 
 double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses) {
   const char* op = "cross_entropy_forward";
-  const Rows r = check_logits(op, logits, targets);
+  const detail::LogitRows r = check_logits(op, logits, targets);
   if (losses.defined()) {
     nn::check_float(op, "losses", losses, logits.device());
     detail::check_dtype_is(op, "losses", losses, logits.dtype());
@@ -95,7 +86,7 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double loss_scale,
                             Tensor& dlogits) {
   const char* op = "cross_entropy_backward";
-  const Rows r = check_logits(op, logits, targets);
+  const detail::LogitRows r = check_logits(op, logits, targets);
   nn::check_float(op, "dlogits", dlogits, logits.device());
   detail::check_dtype_is(op, "dlogits", dlogits, logits.dtype());
   detail::check_shape(op, "dlogits", dlogits, logits.shape());

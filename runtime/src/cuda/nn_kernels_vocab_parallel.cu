@@ -101,15 +101,10 @@ Rows check_shard_lookup(const char* op, const Tensor& ids, const Tensor& table, 
   return {N, C};
 }
 
-Rows check_logits_slice(const char* op, const Tensor& logits, const Tensor& targets) {
+detail::LogitRows check_logits_slice(const char* op, const Tensor& logits, const Tensor& targets) {
   nn::check_float(op, "logits", logits, logits.device());
   nn::check_same_gpu(op, "targets", targets, logits.device());
-  DTP_CHECK(targets.dtype() == DType::i32, op, ": targets must be i32 token ids, got ", targets.describe());
-  const std::int64_t V = detail::last_dim(op, "logits", logits);
-  DTP_CHECK(V >= 1, op, ": logits need a vocabulary slice (last dim) of at least 1, got ", logits.describe());
-  const std::int64_t N = logits.numel() / V;
-  detail::check_numel(op, "targets", targets, N, "one per row of logits");
-  return {N, V};
+  return detail::logit_rows(op, logits, targets, "vocabulary slice");
 }
 
 void check_row_stat(const char* op, const char* name, const Tensor& stat, const Tensor& logits, std::int64_t N) {
@@ -164,7 +159,7 @@ void row_max(const Tensor& x, Tensor& out) {
 void vocab_shard_softmax_sums(const Tensor& logits, const Tensor& targets, std::int64_t vocab_start,
                               const Tensor& row_max, Tensor& sum_exp, Tensor& target_logit) {
   const char* op = "vocab_shard_softmax_sums";
-  const Rows r = check_logits_slice(op, logits, targets);
+  const detail::LogitRows r = check_logits_slice(op, logits, targets);
   check_row_stat(op, "row_max", row_max, logits, r.N);
   check_row_stat(op, "sum_exp", sum_exp, logits, r.N);
   check_row_stat(op, "target_logit", target_logit, logits, r.N);
@@ -174,7 +169,7 @@ void vocab_shard_softmax_sums(const Tensor& logits, const Tensor& targets, std::
     using T = decltype(zero);
     softmax_sums_kernel<<<static_cast<unsigned>(r.N), kThreads, 0, stream()>>>(
         ptr<T>(logits), ptr<std::int32_t>(targets), ptr<T>(row_max), ptr<T>(sum_exp), ptr<T>(target_logit),
-        r.C, vocab_start);
+        r.V, vocab_start);
   });
   check_launch();
 }
@@ -183,7 +178,7 @@ void vocab_shard_cross_entropy_backward(const Tensor& logits, const Tensor& targ
                                         std::int64_t vocab_start, const Tensor& row_max,
                                         const Tensor& sum_exp, double loss_scale, Tensor& dlogits) {
   const char* op = "vocab_shard_cross_entropy_backward";
-  const Rows r = check_logits_slice(op, logits, targets);
+  const detail::LogitRows r = check_logits_slice(op, logits, targets);
   check_row_stat(op, "row_max", row_max, logits, r.N);
   check_row_stat(op, "sum_exp", sum_exp, logits, r.N);
   nn::check_float(op, "dlogits", dlogits, logits.device());
@@ -195,7 +190,7 @@ void vocab_shard_cross_entropy_backward(const Tensor& logits, const Tensor& targ
     using T = decltype(zero);
     shard_ce_backward_kernel<<<static_cast<unsigned>(r.N), kThreads, 0, stream()>>>(
         ptr<T>(logits), ptr<std::int32_t>(targets), ptr<T>(row_max), ptr<T>(sum_exp),
-        static_cast<float>(loss_scale), ptr<T>(dlogits), r.C, vocab_start);
+        static_cast<float>(loss_scale), ptr<T>(dlogits), r.V, vocab_start);
   });
   check_launch();
 }
