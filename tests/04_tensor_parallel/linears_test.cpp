@@ -28,12 +28,8 @@ std::string column_parallel_on(Comm& comm, bool sp) {
 
   ColumnParallelLinear layer(comm, in, out, true, sp);
   load_rows(layer, full, t, r);
-  // b_r repeated for every token row: what a mistake's output is built from.
-  std::vector<double> my_bias;
-  for (std::int64_t i = 0; i < kN; ++i) {
-    const std::vector<double> b = rows_of(values(full.bias), 1, r * n, n);
-    my_bias.insert(my_bias.end(), b.begin(), b.end());
-  }
+  // b_r on every token: what a mistake's output is built from.
+  const std::vector<double> my_bias = every_token(rows_of(values(full.bias), 1, r * n, n));
   Tensor my_x = sp ? Tensor::from_values(my_tokens(values(x), in, t, r)).view(Shape{kN / t, in}) : x;
   Tensor my_dy = Tensor::from_values(columns_of(values(dy), out, r * n, n)).view(Shape{kN, n});
   LinearSaved saved;
@@ -104,11 +100,7 @@ std::string row_parallel_on(Comm& comm, bool sp) {
   const CommStats s2 = comm.stats();
 
   // What the mistakes give: the bias added on every rank before the sum; no sum at all.
-  std::vector<double> bias_rows;
-  for (std::int64_t i = 0; i < kN; ++i) {
-    const std::vector<double> b = values(full.bias);
-    bias_rows.insert(bias_rows.end(), b.begin(), b.end());
-  }
+  const std::vector<double> bias_rows = every_token(values(full.bias));
   Tensor partial = Tensor::empty(Shape{kN, out}, DType::f64);
   ops::matmul(my_x, layer.local.weight, partial, false, true);
   auto mine = [&](const std::vector<double>& v) { return sp ? my_tokens(v, out, t, r) : v; };
@@ -132,12 +124,9 @@ std::string row_parallel_on(Comm& comm, bool sp) {
                       {{std::to_string(t) + "x: the bias gradient needs no reduction here",
                         times(values(full.bias_grad), t)}});
   } else {
-    std::vector<double> mine_sum(static_cast<std::size_t>(out), 0.0);
-    const std::vector<double> d = values(my_dy);
-    for (std::size_t i = 0; i < d.size(); ++i) mine_sum[i % static_cast<std::size_t>(out)] += d[i];
     m += check_values("4.2 sequence-parallel bias gradient (column sums of this rank's tokens of dy only; the block "
                       "sums them over the group in 4.7)",
-                      r, mine_sum, values(layer.bias_grad),
+                      r, column_sums(values(my_dy), out), values(layer.bias_grad),
                       {{"the whole batch's bias gradient: under sequence parallelism it is summed over the group "
                         "once per step by the block (4.7), not in the linear",
                         values(full.bias_grad)}});

@@ -62,6 +62,13 @@ inline std::vector<double> columns_of(const std::vector<double>& full, std::int6
 // Rank r's equal part of `size` over t ranks.
 inline std::int64_t part(std::int64_t size, int t) { return size / t; }
 
+// @p row repeated for each of the N = B*T tokens: a bias as the output sees it.
+inline std::vector<double> every_token(const std::vector<double>& row) {
+  std::vector<double> out;
+  for (std::int64_t i = 0; i < kN; ++i) out.insert(out.end(), row.begin(), row.end());
+  return out;
+}
+
 // This rank's token shard of a [N, K] activation: rows chunk r.
 inline std::vector<double> my_tokens(const std::vector<double>& full, std::int64_t K, int t, int r) {
   const std::int64_t rows = static_cast<std::int64_t>(full.size()) / K / t;
