@@ -199,12 +199,12 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   };
   // A tp kept line is followed by one line per rank: what it held and moved.
-  options.tp.on_ranks = [&](std::int64_t step, const std::vector<std::vector<double>>& ranks) {
+  options.tp.on_ranks = [&](std::int64_t step, const std::vector<dtp::ch04::RankTensorParallelStep>& ranks) {
     if (!role.reports || !progress.keeps(step)) return;
-    for (std::size_t r = 0; r < ranks.size(); ++r)
-      std::printf("    rank %zu (tp %zu, dp %zu): params %.3f MiB  activation peak %.3f MiB  moved %.3f MiB\n", r,
-                  r % static_cast<std::size_t>(options.tp.tp), r / static_cast<std::size_t>(options.tp.tp),
-                  ranks[r][0] / 1048576.0, ranks[r][1] / 1048576.0, ranks[r][2] / 1048576.0);
+    const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); };
+    for (const auto& r : ranks)
+      std::printf("    rank %d (tp %d, dp %d): params %.3f MiB  activation peak %.3f MiB  moved %.3f MiB\n", r.rank,
+                  r.tp_rank, r.dp_rank, mib(r.params_bytes), mib(r.activation_peak), mib(r.bytes_moved));
     std::fflush(stdout);
   };
   dtp::ch02::register_ddp_strategy(options.ddp);

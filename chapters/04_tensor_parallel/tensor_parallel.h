@@ -442,14 +442,23 @@ class TensorParallelGPT {
 
 // --- provided: drivers/04_tensor_parallel/tp_strategy.cpp ---------------------------------
 
+/// What one world rank held and moved in one step of `dtp train --strategy tp`.
+struct RankTensorParallelStep {
+  int rank = 0;                        ///< world rank
+  int tp_rank = 0;                     ///< its rank in its TP group (rank % tp)
+  int dp_rank = 0;                     ///< its rank in its DP group (rank / tp)
+  std::int64_t params_bytes = 0;       ///< MemoryCategory::params held (its slices and replicas)
+  std::int64_t activation_peak = 0;    ///< highest MemoryCategory::activations bytes during the step
+  std::int64_t bytes_moved = 0;        ///< payload bytes of its TP and DP collectives in the step
+};
+
 /// Settings of the "tp" strategy.
 struct TensorParallelRunOptions {
   int tp = 2;                      ///< ranks per tensor-parallel group
   int dp = 1;                      ///< data-parallel groups; world = dp x tp
   bool sequence_parallel = false;  ///< --sequence-parallel
-  /// Called on rank 0 after each step with, per world rank: parameter bytes,
-  /// peak activation bytes, collective bytes moved in the step.
-  std::function<void(std::int64_t step, const std::vector<std::vector<double>>&)> on_ranks;
+  /// Called on rank 0 after each step with every world rank's numbers (index = rank).
+  std::function<void(std::int64_t step, const std::vector<RankTensorParallelStep>&)> on_ranks;
 };
 
 /// Checks @p options against @p config: tp, dp >= 1; heads, vocab and the

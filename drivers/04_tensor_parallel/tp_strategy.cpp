@@ -141,10 +141,11 @@ TrainResult run_tp(const TrainConfig& config, const TensorParallelRunOptions& op
       world.gather(mine, all, 0);
       if (world.rank() != 0) continue;
       const std::vector<double> v = all.to_vector();
-      std::vector<std::vector<double>> ranks;
+      std::vector<RankTensorParallelStep> ranks;
       double slowest = 0, tokens = 0;
       for (int r = 0; r < world.size(); ++r) {
-        ranks.emplace_back(v.begin() + kCount * r, v.begin() + kCount * r + kBytesMoved + 1);
+        const auto at = [&](int what) { return static_cast<std::int64_t>(v[static_cast<std::size_t>(kCount * r + what)]); };
+        ranks.push_back({r, r % options.tp, r / options.tp, at(kParams), at(kActivationPeak), at(kBytesMoved)});
         slowest = std::max(slowest, v[static_cast<std::size_t>(kCount * r + kSeconds)]);
         // A TP group shares its tokens: count them once per DP group.
         if (r % options.tp == 0) tokens += v[static_cast<std::size_t>(kCount * r + kTokens)];

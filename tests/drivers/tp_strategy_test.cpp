@@ -62,8 +62,8 @@ TEST(TensorParallelDriver, TrainReportsTheSingleDeviceLossAndEveryRanksBytes) {
   std::vector<double> single;
   for (const StepRecord& s : train_single(config).steps) single.push_back(s.loss);
   TensorParallelRunOptions options{.tp = 2, .dp = 2, .sequence_parallel = true};
-  std::vector<std::vector<std::vector<double>>> reports;
-  options.on_ranks = [&](std::int64_t, const std::vector<std::vector<double>>& ranks) { reports.push_back(ranks); };
+  std::vector<std::vector<RankTensorParallelStep>> reports;
+  options.on_ranks = [&](std::int64_t, const std::vector<RankTensorParallelStep>& ranks) { reports.push_back(ranks); };
   register_tensor_parallel_strategy(options);
   config.strategy = "tp";
   TrainResult result = train(config);
@@ -74,10 +74,12 @@ TEST(TensorParallelDriver, TrainReportsTheSingleDeviceLossAndEveryRanksBytes) {
   }
   ASSERT_EQ(reports.size(), 3u);
   ASSERT_EQ(reports[0].size(), 4u);
-  for (const auto& rank : reports[0]) {
-    EXPECT_GT(rank[0], 0) << "parameter bytes";
-    EXPECT_GT(rank[1], 0) << "activation peak";
-    EXPECT_GT(rank[2], 0) << "bytes moved";
+  for (const RankTensorParallelStep& rank : reports[0]) {
+    EXPECT_EQ(rank.tp_rank, rank.rank % 2);
+    EXPECT_EQ(rank.dp_rank, rank.rank / 2);
+    EXPECT_GT(rank.params_bytes, 0) << "rank " << rank.rank;
+    EXPECT_GT(rank.activation_peak, 0) << "rank " << rank.rank;
+    EXPECT_GT(rank.bytes_moved, 0) << "rank " << rank.rank;
   }
 }
 
