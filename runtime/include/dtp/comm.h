@@ -159,6 +159,11 @@ class Comm {
   CommStats stats() const;
   /// Zeroes the counters and this rank's clock.
   void reset_stats();
+  /// Adds @p time of local work (compute) to this rank's simulated clock, so
+  /// the clock tells when each rank is busy, not only when it talks: a
+  /// pipeline stage charges each forward and backward here. Throws
+  /// dtp::Error when @p time is negative or not finite.
+  void advance_clock(double time);
   /// The cost model of the world this communicator belongs to.
   CostModel cost_model() const;
   /// The backend's own communicator, for measuring against native

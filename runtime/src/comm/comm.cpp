@@ -324,4 +324,9 @@ void Comm::reset_stats() {
   backend_->set_clock(0.0);
 }
 
+void Comm::advance_clock(double time) {
+  DTP_CHECK(std::isfinite(time) && time >= 0, "advance_clock: the time must be finite and >= 0, got ", time);
+  backend_->set_clock(backend_->clock() + time);
+}
+
 }  // namespace dtp

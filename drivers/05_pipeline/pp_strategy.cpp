@@ -1,0 +1,339 @@
+// `dtp train --strategy pp`: the model cut into pipeline stages (times dp
+// replicas, plain or FSDP-sharded), one schedule run by the executor each
+// step. Provided code, not a puzzle (see drivers/README.md). Each rank builds
+// the serial model, keeps its stage's units and releases the others; a step
+// is the executor (the puzzles), the DP mean, clipping by the whole model's
+// norm and an update of what the rank holds. Rank 0 then gathers every
+// rank's numbers and the actions of pipeline 0, for the report and the
+// bubble on both clocks.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "05_pipeline/pipeline.h"
+#include "dtp/agreement.h"
+#include "dtp/error.h"
+#include "dtp/launch.h"
+#include "dtp/memory.h"
+#include "dtp/trace.h"
+
+namespace dtp::ch05 {
+namespace {
+
+int chunks_of(const PipelineOptions& options) {
+  return options.schedule == ScheduleKind::interleaved ? options.chunks : 1;
+}
+
+}  // namespace
+
+PipelineMesh make_pipeline_mesh(Comm& world, int pp) {
+  DTP_CHECK(pp >= 1 && world.size() % pp == 0, "make_pipeline_mesh: a world of ", world.size(),
+            " ranks does not split into ", pp, " pipeline stages of equal size");
+  const int dp = world.size() / pp;
+  const int w = world.rank();
+  PipelineMesh mesh{world.split(w % dp, w / dp), world.split(w / dp, w % dp)};
+  return mesh;
+}
+
+void validate_pipeline(const TrainConfig& config, const PipelineOptions& options) {
+  DTP_CHECK(options.pp >= 1, "pp: --pp (pipeline stages) must be at least 1, got ", options.pp);
+  DTP_CHECK(options.dp >= 1, "pp: --dp (pipeline replicas) must be at least 1, got ", options.dp);
+  DTP_CHECK(options.microbatches >= 1, "pp: --microbatches must be at least 1, got ", options.microbatches);
+  const std::int64_t per_rank = config.batch / options.dp;
+  DTP_CHECK(config.batch % options.dp == 0 && per_rank % options.microbatches == 0 && per_rank >= options.microbatches,
+            "pp: the global batch (--batch ", config.batch, ") must split into --dp ", options.dp, " x --microbatches ",
+            options.microbatches, " equal non-empty micro-batches");
+  const int units = config.model.layers + 2;
+  const int stages = options.pp * chunks_of(options);
+  DTP_CHECK(stages <= units, "pp: ", options.pp, " stages", chunks_of(options) > 1 ? " x --chunks " : "",
+            chunks_of(options) > 1 ? std::to_string(options.chunks) : std::string(), " need at least ", stages,
+            " units, but the model has ", units, " (embedding, --layers ", config.model.layers,
+            " blocks, head): raise --layers");
+  if (options.schedule == ScheduleKind::interleaved) {
+    DTP_CHECK(options.chunks >= 2, "pp: --schedule interleaved needs --chunks >= 2, got ", options.chunks);
+    DTP_CHECK(options.pp >= 2, "pp: --schedule interleaved needs --pp >= 2");
+    DTP_CHECK(options.microbatches % options.pp == 0, "pp: --schedule interleaved needs --microbatches (",
+              options.microbatches, ") to be a multiple of --pp (", options.pp, ")");
+  }
+  DTP_CHECK(!(options.fsdp && options.schedule == ScheduleKind::zb_h1),
+            "pp: --fsdp cannot run --schedule zb-h1: its deferred W would need each unit's gathered parameters long "
+            "after its B (use afab, 1f1b or interleaved)");
+}
+
+PipelineTrainer::PipelineTrainer(const TrainConfig& config, PipelineMesh& mesh, const PipelineOptions& options)
+    : mesh_(mesh), options_(options) {
+  validate_pipeline(config, options);
+  DTP_CHECK(mesh.pp.size() == options.pp && mesh.dp.size() == options.dp, "PipelineTrainer: the mesh is ",
+            mesh.pp.size(), " stages x ", mesh.dp.size(), " replicas, the options say ", options.pp, " x ", options.dp);
+  serial_ = std::make_unique<Trainer>(config, mesh.dp.rank(), mesh.dp.size());
+  GPT& model = serial_->model();
+  const int v = chunks_of(options);
+  std::vector<double> costs = unit_costs_by_parameters(model);
+  if (options.balance_by_time) {
+    // Every rank must cut the model the same way: average the measurements.
+    costs = unit_costs_by_time(model, serial_->sampler().batch(0, model.config().device));
+    Tensor shared = Tensor::from_values(costs, DType::f64);
+    mesh.pp.all_reduce(shared, ReduceOp::avg);
+    mesh.dp.all_reduce(shared, ReduceOp::avg);
+    costs = shared.to_vector();
+  }
+  partition_ = partition_units(costs, options.pp * v);
+  schedule_ = make_schedule(options.schedule, options.pp, options.microbatches, options.chunks);
+  check_schedule(schedule_);
+  std::vector<bool> mine(model.units().size(), false);
+  for (int c = 0; c < v; ++c) {
+    const UnitRange range = partition_[static_cast<std::size_t>(c * options.pp + mesh.pp.rank())];
+    chunks_.push_back(std::make_unique<StageModule>(model, range, c));
+    chunks_.back()->set_clock(mesh.pp, options.costs, schedule_.split_backward);
+    for (int u = range.first; u < range.first + range.count; ++u) mine[static_cast<std::size_t>(u)] = true;
+  }
+  for (Unit* unit : model.units())
+    if (!mine[static_cast<std::size_t>(unit->index())]) unit->set_buffers(Tensor(), Tensor());
+  std::vector<ParamBuffer> buffers;
+  for (auto& chunk : chunks_) {
+    if (options.fsdp) {
+      fsdp_.push_back(std::make_unique<PipelineFsdp>(mesh.dp, *chunk));
+      PipelineFsdp& shards = *fsdp_.back();
+      std::vector<Unit*> units = chunk->units();
+      for (std::size_t u = 0; u < units.size(); ++u)
+        buffers.push_back({units[u]->name() + " shard", shards.parameter_shards()[u], shards.gradient_shards()[u]});
+    } else {
+      for (Unit* unit : chunk->units()) buffers.push_back({unit->name(), unit->params(), unit->grads()});
+    }
+  }
+  optimizer_ = make_optimizer(serial_->config(), std::move(buffers));
+}
+
+PipelineTrainer::~PipelineTrainer() = default;
+
+std::vector<StageModule*> PipelineTrainer::chunks() {
+  std::vector<StageModule*> out;
+  for (auto& chunk : chunks_) out.push_back(chunk.get());
+  return out;
+}
+
+PipelineFsdp* PipelineTrainer::fsdp(int chunk) {
+  return fsdp_.empty() ? nullptr : fsdp_[static_cast<std::size_t>(chunk)].get();
+}
+
+GPT& PipelineTrainer::model() { return serial_->model(); }
+
+const TrainConfig& PipelineTrainer::config() const { return serial_->config(); }
+
+StepRecord PipelineTrainer::step() {
+  std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
+  tracker->reset_peaks();
+  const auto start = std::chrono::steady_clock::now();
+  const TrainConfig& config = serial_->config();
+  StepRecord record;
+  record.step = steps_done_ + 1;
+  const Batch batch = serial_->sampler().batch(steps_done_, config.model.device);
+  const std::vector<MicroBatch> microbatches = split_microbatches(batch, options_.microbatches);
+  for (auto& chunk : chunks_) {
+    chunk->zero_grad();
+    chunk->clear_records();
+  }
+  for (auto& shards : fsdp_) shards->zero_grad();
+
+  const double loss = execute_schedule(mesh_.pp, schedule_, chunks(), microbatches);
+
+  // The loss lives on the last stage; every rank reports the mean over replicas.
+  Tensor step_loss = Tensor::from_values({loss});
+  mesh_.pp.broadcast(step_loss, mesh_.pp.size() - 1);
+  if (mesh_.dp.size() > 1) mesh_.dp.all_reduce(step_loss, ReduceOp::avg);
+  record.loss = step_loss.item(0);
+  DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ", record.step,
+            "; try a lower --lr or a tighter --clip");
+  // What this rank holds: whole gradients (averaged over the replicas here)
+  // or FSDP's shards (averaged by their reduce-scatters).
+  std::vector<Tensor> grads;
+  for (auto& chunk : chunks_)
+    for (Unit* unit : chunk->units())
+      if (fsdp_.empty()) grads.push_back(unit->grads());
+  for (auto& shards : fsdp_)
+    for (Tensor& shard : shards->gradient_shards()) grads.push_back(shard);
+  if (fsdp_.empty() && mesh_.dp.size() > 1)
+    for (Tensor& g : grads) mesh_.dp.all_reduce(g, ReduceOp::avg);
+  // Clip as clip_grad_norm does, by the norm of the whole model.
+  double squares = 0;
+  for (const Tensor& g : grads)
+    for (double x : g.to_vector()) squares += x * x;
+  Tensor total = Tensor::from_values({squares});
+  mesh_.pp.all_reduce(total, ReduceOp::sum);
+  if (!fsdp_.empty() && mesh_.dp.size() > 1) mesh_.dp.all_reduce(total, ReduceOp::sum);
+  record.grad_norm = std::sqrt(total.item(0));
+  if (config.grad_clip > 0 && record.grad_norm > config.grad_clip && std::isfinite(record.grad_norm)) {
+    const double factor = config.grad_clip / (record.grad_norm + 1e-6);
+    for (Tensor& g : grads) ops::scale(g, factor);
+  }
+  record.lr = config.schedule().at(steps_done_);
+  {
+    trace::Scope span("optimizer step", "compute");
+    optimizer_->step(record.lr);
+  }
+  record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  record.tokens = batch.inputs.numel();
+  record.tokens_per_second = record.seconds > 0 ? static_cast<double>(record.tokens) / record.seconds : 0;
+  record.peak_bytes = tracker->total_peak();
+  record.peak_activation_bytes = tracker->peak(MemoryCategory::activations);
+  gather_timing(*tracker);
+  ++steps_done_;
+  return record;
+}
+
+// Rank 0 of the world learns every rank's numbers (gathered over the
+// pipeline, then over stage 0's replicas) and pipeline 0's actions.
+void PipelineTrainer::gather_timing(const MemoryTracker& tracker) {
+  enum { kStage, kDpRank, kParams, kActivationPeak, kPeakAlive, kClockBusy, kWallBusy, kCount };
+  std::vector<double> mine(kCount, 0.0);
+  mine[kStage] = mesh_.pp.rank();
+  mine[kDpRank] = mesh_.dp.rank();
+  mine[kParams] = static_cast<double>(tracker.live(MemoryCategory::params));
+  mine[kActivationPeak] = static_cast<double>(tracker.peak(MemoryCategory::activations));
+  // Every action as 7 numbers: kind, micro-batch, chunk, clock start/end, wall start/end.
+  std::vector<double> actions;
+  for (auto& chunk : chunks_) {
+    mine[kPeakAlive] += chunk->peak_alive();
+    for (const ActionRecord& r : chunk->records()) {
+      mine[kClockBusy] += r.clock_end - r.clock_start;
+      mine[kWallBusy] += r.wall_end - r.wall_start;
+      actions.insert(actions.end(), {static_cast<double>(r.action.kind), static_cast<double>(r.action.microbatch),
+                                     static_cast<double>(r.action.chunk), r.clock_start, r.clock_end,
+                                     chunk->wall_origin() + r.wall_start, chunk->wall_origin() + r.wall_end});
+    }
+  }
+  // The chunks' records interleave in time: sort this rank's by clock start.
+  const std::size_t n = actions.size() / 7;
+  std::vector<std::size_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return actions[7 * a + 5] < actions[7 * b + 5];
+  });
+  std::vector<double> sorted;
+  for (std::size_t i : order) sorted.insert(sorted.end(), actions.begin() + 7 * i, actions.begin() + 7 * i + 7);
+  const int p = mesh_.pp.size(), d = mesh_.dp.size();
+  Tensor row = Tensor::from_values(mine, DType::f64);
+  Tensor rows = Tensor::zeros(Shape{static_cast<std::int64_t>(kCount) * p}, DType::f64);
+  mesh_.pp.gather(row, rows, 0);
+  Tensor all = Tensor::zeros(Shape{static_cast<std::int64_t>(kCount) * p * d}, DType::f64);
+  Tensor mine_actions = Tensor::from_values(sorted, DType::f64);
+  Tensor pipeline_actions = Tensor::zeros(Shape{static_cast<std::int64_t>(sorted.size()) * p}, DType::f64);
+  // Every rank of a valid schedule runs the same number of actions.
+  mesh_.pp.gather(mine_actions, pipeline_actions, 0);
+  if (mesh_.pp.rank() != 0) return;
+  mesh_.dp.gather(rows, all, 0);
+  if (mesh_.dp.rank() != 0) return;
+  timing_ = PipelineStepTiming{};
+  const std::vector<double> v = all.to_vector();
+  double busy_clock = 0, busy_wall = 0;
+  for (int q = 0; q < p * d; ++q) {
+    const double* at = &v[static_cast<std::size_t>(q) * kCount];
+    RankPipelineStep r;
+    r.stage = static_cast<int>(at[kStage]);
+    r.dp_rank = static_cast<int>(at[kDpRank]);
+    r.rank = r.stage * d + r.dp_rank;
+    const UnitRange first = partition_[static_cast<std::size_t>(r.stage)];
+    r.units = model().units()[static_cast<std::size_t>(first.first)]->name();
+    if (first.count > 1) r.units += " .. " + model().units()[static_cast<std::size_t>(first.first + first.count - 1)]->name();
+    if (chunks_.size() > 1) r.units += " (+" + std::to_string(chunks_.size() - 1) + " more chunk(s))";
+    r.params_bytes = static_cast<std::int64_t>(at[kParams]);
+    r.activation_peak = static_cast<std::int64_t>(at[kActivationPeak]);
+    r.peak_alive = static_cast<int>(at[kPeakAlive]);
+    r.clock_busy = at[kClockBusy];
+    r.wall_busy = at[kWallBusy];
+    if (r.dp_rank == 0) busy_clock += r.clock_busy, busy_wall += r.wall_busy;
+    timing_.ranks.push_back(r);
+  }
+  std::sort(timing_.ranks.begin(), timing_.ranks.end(),
+            [](const RankPipelineStep& a, const RankPipelineStep& b) { return a.rank < b.rank; });
+  const std::vector<double> acts = pipeline_actions.to_vector();
+  double clock_first = 1e300, clock_last = -1e300, wall_first = 1e300, wall_last = -1e300;
+  const std::size_t per_rank = sorted.size() / 7;
+  timing_.actions.assign(static_cast<std::size_t>(p), {});
+  for (int s = 0; s < p; ++s) {
+    for (std::size_t i = 0; i < per_rank; ++i) {
+      const double* a = &acts[(static_cast<std::size_t>(s) * per_rank + i) * 7];
+      ActionRecord r;
+      r.action = Action{static_cast<ActionKind>(static_cast<int>(a[0])), static_cast<int>(a[1]), static_cast<int>(a[2])};
+      r.clock_start = a[3];
+      r.clock_end = a[4];
+      r.wall_start = a[5];
+      r.wall_end = a[6];
+      clock_first = std::min(clock_first, r.clock_start);
+      clock_last = std::max(clock_last, r.clock_end);
+      wall_first = std::min(wall_first, r.wall_start);
+      wall_last = std::max(wall_last, r.wall_end);
+      timing_.actions[static_cast<std::size_t>(s)].push_back(r);
+    }
+  }
+  // Wall times relative to the step's first action.
+  for (auto& list : timing_.actions)
+    for (ActionRecord& r : list) r.wall_start -= wall_first, r.wall_end -= wall_first;
+  timing_.clock_makespan = clock_last - clock_first;
+  timing_.wall_makespan = wall_last - wall_first;
+  timing_.clock_bubble = timing_.clock_makespan > 0 ? 1 - busy_clock / (p * timing_.clock_makespan) : 0;
+  timing_.wall_bubble = timing_.wall_makespan > 0 ? 1 - busy_wall / (p * timing_.wall_makespan) : 0;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<RunSetting> pp_settings(const TrainConfig& config, const PipelineOptions& options) {
+  std::vector<RunSetting> settings = run_settings(config);
+  settings.push_back({"--pp", std::to_string(options.pp)});
+  settings.push_back({"--dp", std::to_string(options.dp)});
+  settings.push_back({"--microbatches", std::to_string(options.microbatches)});
+  settings.push_back({"--schedule", schedule_kind_name(options.schedule)});
+  settings.push_back({"--chunks", std::to_string(options.chunks)});
+  settings.push_back({"--fsdp", options.fsdp ? "on" : "off"});
+  return settings;
+}
+
+TrainResult run_pp(const TrainConfig& config, const PipelineRunOptions& options, const StepCallback& on_step) {
+  const PipelineOptions& pipeline = options.pipeline;
+  validate_pipeline(config, pipeline);
+  const auto start = Clock::now();
+  TrainResult result;
+  result.peak_by_category.assign(kMemoryCategoryCount, 0);
+  launch(World::from_env(pipeline.pp * pipeline.dp), [&](Comm& world) {
+    {
+      Trainer probe(config);
+      check_ranks_agree(world, pp_settings(config, pipeline), probe.model());
+    }
+    PipelineMesh mesh = make_pipeline_mesh(world, pipeline.pp);
+    PipelineTrainer trainer(config, mesh, pipeline);
+    if (world.rank() == 0) {
+      result.parameters = trainer.config().model.parameter_count();
+      result.data_name = trainer.sampler().data().name();
+    }
+    std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
+    for (std::int64_t s = 0; s < config.steps; ++s) {
+      StepRecord record = trainer.step();
+      // The step's wall time is its slowest rank's.
+      Tensor seconds = Tensor::from_values({record.seconds});
+      world.all_reduce(seconds, ReduceOp::max);
+      if (world.rank() != 0) continue;
+      record.seconds = seconds.item(0);
+      record.tokens = config.batch * config.seq;
+      record.tokens_per_second = record.seconds > 0 ? static_cast<double>(record.tokens) / record.seconds : 0;
+      result.add_step(record, *tracker);
+      if (on_step) on_step(record);
+      if (options.on_step) options.on_step(record.step, trainer.timing());
+    }
+  });
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return result;
+}
+
+}  // namespace
+
+void register_pipeline_strategy(const PipelineRunOptions& options) {
+  register_strategy("pp", [options](const TrainConfig& config, const StepCallback& on_step) {
+    return run_pp(config, options, on_step);
+  });
+}
+
+}  // namespace dtp::ch05
