@@ -5,6 +5,7 @@
 //             [--ddp-mode naive|flat|bucketed] [--bucket-mb X] [--accumulate K]
 //   dtp train --strategy zero --world 4 --stage 1|2|3 [--prefetch] [--offload]
 //   dtp train --strategy tp --tp 2 [--dp 2] [--sequence-parallel]
+//   dtp train --strategy pp --pp 4 --microbatches 8 --schedule 1f1b|afab|interleaved|zb-h1 [--dp 2] [--fsdp]
 // Built twice from this source (apps/CMakeLists.txt): bin/dtp-train runs the
 // puzzles, bin/dtp-train-reference the reference. The defaults reach a
 // clearly lower loss on the synthetic data within a minute on two CPU cores.
@@ -113,6 +114,19 @@ void print_header(const Options& o, const ProcessRole& role) {
                 tp.dp, tp.tp, tp.dp * tp.tp, role.mpi ? "mpi" : "thread", tp.tp, tp.dp,
                 tp.sequence_parallel ? ", sequence parallel" : "", static_cast<long long>(config.batch / tp.dp));
   }
+  if (config.strategy == "pp") {
+    const dtp::ch05::PipelineOptions& pp = o.pp.pipeline;
+    const bool interleaved = pp.schedule == dtp::ch05::ScheduleKind::interleaved;
+    std::printf("pp: %d stages x %d replica(s) = %d ranks (%s backend), schedule %s%s, %d micro-batches of %lld "
+                "sequences%s; units split by %s\n",
+                pp.pp, pp.dp, pp.pp * pp.dp, role.mpi ? "mpi" : "thread", dtp::ch05::schedule_kind_name(pp.schedule),
+                interleaved ? (" with " + std::to_string(pp.chunks) + " chunks per rank").c_str() : "",
+                pp.microbatches, static_cast<long long>(config.batch / pp.dp / pp.microbatches),
+                pp.fsdp ? ", each stage FSDP-sharded over its replicas" : "",
+                pp.balance_by_time ? "measured time" : "parameters");
+    std::printf("pp: the lesson's bubble for these settings: %.1f%%\n",
+                100.0 * dtp::ch05::bubble_formula(pp.schedule, pp.pp, pp.microbatches, pp.chunks));
+  }
   std::printf("model: %s (%lld parameters)\n", resolved.model.describe().c_str(),
               static_cast<long long>(resolved.model.parameter_count()));
   std::printf("data: %s; batch %lld x seq %lld = %lld tokens per step\n",
@@ -139,6 +153,7 @@ int main(int argc, char** argv) {
     dtp::ch02::register_ddp_strategy(options.ddp);
     dtp::ch03::register_zero_strategy(options.zero);
     dtp::ch04::register_tensor_parallel_strategy(options.tp);
+    dtp::ch05::register_pipeline_strategy(options.pp);
     role = join_processes(options);
     if (role.reports) check_options(options);
   } catch (const UsageError& e) {
@@ -207,9 +222,29 @@ int main(int argc, char** argv) {
                   r.tp_rank, r.dp_rank, mib(r.params_bytes), mib(r.activation_peak), mib(r.bytes_moved));
     std::fflush(stdout);
   };
+  // A pp kept line is followed by the step's bubble, a line per rank and,
+  // once, the Gantt chart of pipeline 0 as it ran.
+  options.pp.on_step = [&](std::int64_t step, const dtp::ch05::PipelineStepTiming& timing) {
+    if (!role.reports || !progress.keeps(step)) return;
+    std::printf("    bubble: clock %.1f%% (makespan %.6g), wall %.1f%% (%.2f ms)\n", 100.0 * timing.clock_bubble,
+                timing.clock_makespan, 100.0 * timing.wall_bubble, timing.wall_makespan * 1e3);
+    const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); };
+    for (const auto& r : timing.ranks)
+      std::printf("    rank %d (stage %d, dp %d: %s): params %.3f MiB  activation peak %.3f MiB (%d micro-batches "
+                  "alive)  busy %.2f ms\n",
+                  r.rank, r.stage, r.dp_rank, r.units.c_str(), mib(r.params_bytes), mib(r.activation_peak),
+                  r.peak_alive, r.wall_busy * 1e3);
+    static bool charted = false;
+    if (!charted) {
+      std::printf("%s", dtp::ch05::executed_gantt_chart(options.pp.pipeline, timing).c_str());
+      charted = true;
+    }
+    std::fflush(stdout);
+  };
   dtp::ch02::register_ddp_strategy(options.ddp);
   dtp::ch03::register_zero_strategy(options.zero);
   dtp::ch04::register_tensor_parallel_strategy(options.tp);
+  dtp::ch05::register_pipeline_strategy(options.pp);
   try {
     if (role.reports) print_header(options, role);
     dtp::TrainResult result = dtp::train(config, [&](const dtp::StepRecord& record) {

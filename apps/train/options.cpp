@@ -20,12 +20,13 @@ namespace dtp::train_app {
 const char* const kUsage = R"(Usage: dtp train [OPTIONS]
 
 Trains a small GPT on one device (or on data-parallel ranks with --strategy ddp
-or zero, or tensor-parallel ones with --strategy tp), shows a progress line (loss, tokens/s, time left) and a summary.
+or zero, tensor-parallel ones with --strategy tp, pipeline stages with
+--strategy pp), shows a progress line (loss, tokens/s, time left) and a summary.
 
 Run:
   --device cpu|cuda[:k]   where to train (default cpu)
   --strategy NAME         how to train: single (default), ddp (chapter 02),
-                          zero (chapter 03) or tp (chapter 04)
+                          zero (chapter 03), tp (chapter 04) or pp (chapter 05)
   --impl puzzles|reference
                           whose code a strategy with puzzles runs: yours in
                           puzzles/ (default) or the reference solution
@@ -74,6 +75,23 @@ Tensor parallel (--strategy tp, chapter 04):
                           by tokens (Megatron sequence parallelism, 4.7)
   A line per rank follows each kept step: its parameter bytes, its peak
   activation bytes and the bytes its collectives moved.
+
+Pipeline parallel (--strategy pp, chapter 05):
+  --pp P                  pipeline stages, 1 to 1024 (default 2); the model's
+                          units (embedding, blocks, head) are split over them
+  --microbatches M        micro-batches per step, 1 to 4096 (default 4); each
+                          data-parallel rank's batch must divide by M
+  --schedule KIND         afab, 1f1b (default), interleaved or zb-h1
+  --chunks V              model chunks per rank for --schedule interleaved,
+                          2 to 64 (default 2); M must be a multiple of P
+  --dp D                  pipeline replicas, 1 to 1024 (default 1); the world
+                          is P x D ranks, the D ranks of a stage consecutive
+  --fsdp                  shard each stage over its D replicas (ZeRO-3, 5.8)
+  --balance params|time   split the units by parameters (default) or by their
+                          measured forward + backward time
+  Each kept step is followed by the step's bubble (simulated clock and wall
+  time), a line per rank, and on the first kept step the Gantt chart of
+  pipeline 0 as it ran (F = 1, B = 2 on the clock; zb-h1: B = W = 1).
 
 Model:
   --layers N              transformer blocks, 0 to 256 (default 2)
@@ -269,8 +287,34 @@ Options parse_arguments(int argc, char** argv) {
        }},
       {"--dp",
        [&](auto& f, auto& v) {
-         o.tp.dp = as_int(parse_int(f, v, 1, 1024));
-         o.tp_flags = true;
+         o.tp.dp = o.pp.pipeline.dp = as_int(parse_int(f, v, 1, 1024));
+         o.dp_given = true;
+       }},
+      {"--pp",
+       [&](auto& f, auto& v) {
+         o.pp.pipeline.pp = as_int(parse_int(f, v, 1, 1024));
+         o.pp_flags = true;
+       }},
+      {"--microbatches",
+       [&](auto& f, auto& v) {
+         o.pp.pipeline.microbatches = as_int(parse_int(f, v, 1, 4096));
+         o.pp_flags = true;
+       }},
+      {"--chunks",
+       [&](auto& f, auto& v) {
+         o.pp.pipeline.chunks = as_int(parse_int(f, v, 2, 64));
+         o.pp_flags = true;
+       }},
+      {"--schedule",
+       [&](auto& f, auto& v) {
+         o.pp.pipeline.schedule = parse_with(f, v, ch05::parse_schedule_kind);
+         o.pp_flags = true;
+       }},
+      {"--balance",
+       [&](auto& f, auto& v) {
+         if (v != "params" && v != "time") throw UsageError{f + " accepts params or time, got '" + v + "'"};
+         o.pp.pipeline.balance_by_time = v == "time";
+         o.pp_flags = true;
        }},
       {"--stage",
        [&](auto& f, auto& v) {
@@ -302,6 +346,7 @@ Options parse_arguments(int argc, char** argv) {
       {"--prefetch", [&] { o.zero.prefetch = o.zero_flags = true; }},
       {"--offload", [&] { o.zero.offload = o.zero_flags = true; }},
       {"--sequence-parallel", [&] { o.tp.sequence_parallel = o.tp_flags = true; }},
+      {"--fsdp", [&] { o.pp.pipeline.fsdp = o.pp_flags = true; }},
   };
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -349,7 +394,11 @@ void check_options(const Options& o) {
   if (o.zero_flags && config.strategy != "zero")
     throw UsageError{"--stage, --prefetch and --offload need --strategy zero"};
   if (o.tp_flags && config.strategy != "tp")
-    throw UsageError{"--tp, --dp and --sequence-parallel need --strategy tp"};
+    throw UsageError{"--tp and --sequence-parallel need --strategy tp"};
+  if (o.pp_flags && config.strategy != "pp")
+    throw UsageError{"--pp, --microbatches, --schedule, --chunks, --fsdp and --balance need --strategy pp"};
+  if (o.dp_given && config.strategy != "tp" && config.strategy != "pp")
+    throw UsageError{"--dp needs --strategy tp or --strategy pp"};
   if (config.model.d_model % config.model.heads != 0)
     throw UsageError{"--heads " + std::to_string(config.model.heads) + " must divide --d-model " +
                      std::to_string(config.model.d_model)};
@@ -370,6 +419,13 @@ void check_options(const Options& o) {
   if (config.strategy == "tp") {
     try {
       ch04::validate_tensor_parallel(config, o.tp);
+    } catch (const dtp::Error& e) {
+      throw UsageError{e.what()};
+    }
+  }
+  if (config.strategy == "pp") {
+    try {
+      ch05::validate_pipeline(config, o.pp.pipeline);
     } catch (const dtp::Error& e) {
       throw UsageError{e.what()};
     }

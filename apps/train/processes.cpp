@@ -73,6 +73,11 @@ ProcessRole join_processes(Options& options) {
     throw UsageError{"--strategy tp runs --dp " + std::to_string(options.tp.dp) + " x --tp " +
                      std::to_string(options.tp.tp) + " = " + std::to_string(options.tp.tp * options.tp.dp) +
                      " ranks, but mpiexec started " + std::to_string(role.processes) + " processes"};
+  const ch05::PipelineOptions& pipeline = options.pp.pipeline;
+  if (options.config.strategy == "pp" && pipeline.pp * pipeline.dp != role.processes)
+    throw UsageError{"--strategy pp runs --pp " + std::to_string(pipeline.pp) + " x --dp " +
+                     std::to_string(pipeline.dp) + " = " + std::to_string(pipeline.pp * pipeline.dp) +
+                     " ranks, but mpiexec started " + std::to_string(role.processes) + " processes"};
   // A world of one rank runs on MPI process 0 alone: the others sit it out,
   // which tells each process whether it is the one that reports.
   bool holds_rank_zero = false;

@@ -518,6 +518,10 @@ class PipelineTrainer {
   std::int64_t steps_done_ = 0;
 };
 
+/// The ASCII Gantt chart (gantt_chart's) of pipeline 0's step as it ran on
+/// the simulated clock: what `dtp train --strategy pp` prints.
+std::string executed_gantt_chart(const PipelineOptions& options, const PipelineStepTiming& timing);
+
 /// Settings of the "pp" strategy: the options, and a report after each step.
 struct PipelineRunOptions {
   PipelineOptions pipeline;  ///< --pp, --dp, --microbatches, --schedule, --chunks, --fsdp

@@ -277,6 +277,29 @@ void PipelineTrainer::gather_timing(const MemoryTracker& tracker) {
   timing_.wall_bubble = timing_.wall_makespan > 0 ? 1 - busy_wall / (p * timing_.wall_makespan) : 0;
 }
 
+std::string executed_gantt_chart(const PipelineOptions& options, const PipelineStepTiming& timing) {
+  Schedule shape = empty_schedule(schedule_kind_name(options.schedule), options.pp, options.microbatches,
+                                  chunks_of(options), options.schedule == ScheduleKind::zb_h1);
+  ScheduleReport report;
+  double first = 1e300;
+  for (const auto& list : timing.actions)
+    for (const ActionRecord& r : list) first = std::min(first, r.clock_start);
+  for (const auto& list : timing.actions) {
+    report.timeline.emplace_back();
+    double busy = 0;
+    for (const ActionRecord& r : list) {
+      report.timeline.back().push_back({r.action, r.clock_start - first, r.clock_end - first});
+      busy += r.clock_end - r.clock_start;
+    }
+    report.busy.push_back(busy);
+  }
+  for (const RankPipelineStep& r : timing.ranks)
+    if (r.dp_rank == 0) report.peak_alive.push_back(r.peak_alive);
+  report.makespan = timing.clock_makespan;
+  report.bubble_fraction = timing.clock_bubble;
+  return "    pipeline 0 as it ran (simulated clock):\n" + gantt_chart(shape, report);
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
