@@ -60,6 +60,7 @@ def read_log(path, where):
 DDP = ["--strategy", "ddp"]
 ZERO = ["--strategy", "zero"]
 TP = ["--strategy", "tp", "--tp", "2"]
+PP = ["--strategy", "pp", "--pp", "2"]
 PUZZLES = [  # (dtp-train flags, the puzzles it needs in the order it runs them, as (name, checker suite))
     (DDP + ["--ddp-mode", "naive"], [("2.1 naive_ddp", "Puzzle2_1_naive_ddp")]),
     (DDP + ["--ddp-mode", "flat"], [("2.2 flat_ddp", "Puzzle2_2_flat_ddp")]),
@@ -76,6 +77,16 @@ PUZZLES = [  # (dtp-train flags, the puzzles it needs in the order it runs them,
     # The mesh (4.8) is the first thing a tp run builds.
     (TP, [("4.8 tensor_parallel_gpt", "Puzzle4_8_tensor_parallel_gpt")]),
     (TP + ["--sequence-parallel"], [("4.8 tensor_parallel_gpt", "Puzzle4_8_tensor_parallel_gpt")]),
+    # A pp run partitions (5.1), builds its schedule (5.3-5.6), shards (5.8), then executes (5.7).
+    (PP, [("5.1 partition_units", "Puzzle5_1_partition"), ("5.4 one_f_one_b_schedule", "Puzzle5_4_one_f_one_b"),
+          ("5.7 execute_schedule", "Puzzle5_7_executor")]),
+    (PP + ["--schedule", "zb-h1"], [("5.1 partition_units", "Puzzle5_1_partition"),
+                                    ("5.6 zb_h1_schedule", "Puzzle5_6_zb_h1"),
+                                    ("5.7 execute_schedule", "Puzzle5_7_executor")]),
+    (PP + ["--fsdp"], [("5.1 partition_units", "Puzzle5_1_partition"),
+                       ("5.4 one_f_one_b_schedule", "Puzzle5_4_one_f_one_b"),
+                       ("5.8 pipeline_fsdp", "Puzzle5_8_pipeline_fsdp"),
+                       ("5.7 execute_schedule", "Puzzle5_7_executor")]),
 ]
 
 
@@ -98,8 +109,8 @@ def check_unsolved(args):
     base = ["--world", "2", "--steps", "2", "--batch", "8"]
     for flags, needed in PUZZLES:
         for impl in ([], ["--impl", "puzzles"]):
-            # tp sizes its world with --tp and --dp, not --world.
-            argv = [args.train] + flags + (base[2:] if flags[:2] == TP[:2] else base) + impl
+            # tp and pp size their world with --tp/--pp and --dp, not --world.
+            argv = [args.train] + flags + (base[2:] if flags[:2] in (TP[:2], PP[:2]) else base) + impl
             where = " ".join(argv[1:])
             result = run(argv, timeout=120, env={"DTP_BACKEND": "thread"})
             if result.returncode == 0:

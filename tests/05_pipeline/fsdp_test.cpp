@@ -1,0 +1,148 @@
+// Puzzle 5.8: pipeline x FSDP on world 4 = 2 stages x 2 shards (and 2 x 1,
+// 1 x 2). Each rank holds 1/d of its stage's units; the step's gradient
+// shards equal the same slices of the single-device mean gradient, the
+// collectives are the ones the lesson counts, and K steps of training equal
+// single-device training.
+#include "pipeline_checks.h"
+
+namespace dtp::testing::ch05 {
+namespace {
+
+struct Layout {
+  int pp, dp;
+  ScheduleKind kind;
+};
+
+std::string describe(const Layout& l) {
+  return "pp " + std::to_string(l.pp) + " x dp " + std::to_string(l.dp) + " with FSDP, " + schedule_kind_name(l.kind);
+}
+
+PipelineOptions fsdp_options(const Layout& l) {
+  PipelineOptions options;
+  options.pp = l.pp;
+  options.dp = l.dp;
+  options.microbatches = 2 * l.pp;
+  options.schedule = l.kind;
+  options.fsdp = true;
+  return options;
+}
+
+const std::vector<Layout> kLayouts = {{2, 2, ScheduleKind::one_f_one_b}, {2, 2, ScheduleKind::afab},
+                                      {2, 1, ScheduleKind::one_f_one_b}, {1, 2, ScheduleKind::one_f_one_b},
+                                      {2, 2, ScheduleKind::interleaved}};
+
+TEST(Puzzle5_8_pipeline_fsdp, FirstStepGradientShardsAreTheSingleDeviceMeanAndCollectivesAsCounted) {
+  for (const Layout& l : kLayouts) {
+    if (!can_run(l.pp * l.dp)) continue;
+    const PipelineOptions options = fsdp_options(l);
+    const TrainConfig config = pipeline_config(4 * l.pp, 2 * options.microbatches * l.dp, 1);
+    const UnitGradients expected = first_step_gradients(config);
+    run_and_report(describe(l), l.pp * l.dp, [&](Comm& world) -> std::string {
+      PipelineMesh mesh = make_pipeline_mesh(world, l.pp);
+      PipelineTrainer trainer(config, mesh, options);
+      const CommStats before = mesh.dp.stats();
+      // The gradient shards right after the executor, before clipping and the update.
+      TrainConfig one = config;
+      std::vector<GradientPiece> pieces;
+      std::vector<std::vector<double>> got;
+      const auto microbatches = split_microbatches(trainer.sampler().batch(0), options.microbatches);
+      for (StageModule* chunk : trainer.chunks()) chunk->zero_grad();
+      for (int c = 0; c < static_cast<int>(trainer.chunks().size()); ++c) trainer.fsdp(c)->zero_grad();
+      execute_schedule(mesh.pp, trainer.schedule(), trainer.chunks(), microbatches);
+      const CommStats after = mesh.dp.stats();
+      std::string message;
+      int units = 0;
+      for (int c = 0; c < static_cast<int>(trainer.chunks().size()); ++c) {
+        StageModule& chunk = *trainer.chunks()[static_cast<std::size_t>(c)];
+        PipelineFsdp& fsdp = *trainer.fsdp(c);
+        std::vector<Unit*> mine = chunk.units();
+        for (std::size_t u = 0; u < mine.size(); ++u, ++units) {
+          const Unit& unit = *mine[u];
+          const ChunkRange range = chunk_range(unit.numel(), l.dp, mesh.dp.rank());
+          const Tensor& shard = fsdp.gradient_shards()[u];
+          if (shard.numel() != range.length) {
+            message += "\n    unit '" + unit.name() + "' gradient shard holds " + std::to_string(shard.numel()) +
+                       " elements; expected " + std::to_string(range.length) + " (chunk_range(numel, d, rank))";
+            continue;
+          }
+          got.push_back(shard.to_vector());
+          const auto& want = expected[static_cast<std::size_t>(unit.index())];
+          const auto o = static_cast<std::size_t>(range.offset);
+          const Unit* at = &unit;
+          pieces.push_back(GradientPiece{"'" + unit.name() + "' shard", &want[o], &want[o], got.back().data(),
+                                         range.length, [at, range](std::int64_t i) {
+                                           return "unit '" + at->name() + "' " + locate(*at, range.offset + i);
+                                         }});
+        }
+      }
+      if (message.empty())
+        message = judge_gradient_pieces(pieces, "gradient shards after the step's micro-batches", world.rank(),
+                                        l.dp, options.microbatches);
+      // Per micro-batch and unit: two all-gathers (forward, backward) and one reduce-scatter.
+      const auto calls = [&](const CommStats& s, const char* kind) {
+        auto it = s.collective_calls.find(kind);
+        return it == s.collective_calls.end() ? std::int64_t{0} : it->second;
+      };
+      const std::int64_t m = options.microbatches;
+      const std::int64_t gathers = calls(after, "all_gather") - calls(before, "all_gather");
+      const std::int64_t scatters = calls(after, "reduce_scatter") - calls(before, "reduce_scatter");
+      if (message.empty() && (gathers != 2 * m * units || scatters != m * units))
+        message = "world rank " + std::to_string(world.rank()) + ": " + std::to_string(gathers) + " all-gathers and " +
+                  std::to_string(scatters) + " reduce-scatters over the stage's DP group in one step; expected 2 x m " +
+                  "x units = " + std::to_string(2 * m * units) + " and m x units = " + std::to_string(m * units) +
+                  " (each of the " + std::to_string(units) + " units gathered before its forward and its backward " +
+                  "of each of the m = " + std::to_string(m) + " micro-batches, its gradient reduce-scattered after)";
+      return message;
+    });
+  }
+}
+
+TEST(Puzzle5_8_pipeline_fsdp, TrainingEqualsSingleDeviceTraining) {
+  for (const Layout& l : kLayouts) {
+    if (!can_run(l.pp * l.dp)) continue;
+    const PipelineOptions options = fsdp_options(l);
+    const TrainConfig config = pipeline_config(4 * l.pp, 2 * options.microbatches * l.dp, 3);
+    const ModelState expected = single_device(config);
+    run_and_report(describe(l), l.pp * l.dp, [&](Comm& world) -> std::string {
+      PipelineMesh mesh = make_pipeline_mesh(world, l.pp);
+      PipelineTrainer trainer(config, mesh, options);
+      std::vector<double> losses;
+      for (std::int64_t s = 0; s < config.steps; ++s) losses.push_back(trainer.step().loss);
+      // Gather each unit (FSDP holds only shards) to compare it whole.
+      std::vector<bool> mine(trainer.model().units().size(), false);
+      for (int c = 0; c < static_cast<int>(trainer.chunks().size()); ++c) {
+        std::vector<Unit*> units = trainer.chunks()[static_cast<std::size_t>(c)]->units();
+        for (std::size_t u = 0; u < units.size(); ++u) {
+          trainer.fsdp(c)->gather_unit(static_cast<int>(u));
+          mine[static_cast<std::size_t>(units[u]->index())] = true;
+        }
+      }
+      return compare_stage(expected, trainer.model(), mine, losses, world.rank());
+    });
+  }
+}
+
+TEST(Puzzle5_8_pipeline_fsdp, ShardsHoldOneDthOfTheStage) {
+  const Layout l{2, 2, ScheduleKind::one_f_one_b};
+  if (!can_run(4)) GTEST_SKIP() << "needs 4 ranks";
+  const PipelineOptions options = fsdp_options(l);
+  const TrainConfig config = pipeline_config(4, 8, 1);
+  run_and_report(describe(l), 4, [&](Comm& world) -> std::string {
+    PipelineMesh mesh = make_pipeline_mesh(world, l.pp);
+    PipelineTrainer trainer(config, mesh, options);
+    std::string message;
+    std::vector<Unit*> units = trainer.chunks()[0]->units();
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      const std::int64_t want = chunk_range(units[u]->numel(), 2, mesh.dp.rank()).length;
+      const std::int64_t got = trainer.fsdp()->parameter_shards()[u].numel();
+      if (got != want || units[u]->has_params())
+        message += "\n    world rank " + std::to_string(world.rank()) + ": unit '" + units[u]->name() + "' keeps " +
+                   std::to_string(got) + " parameters in its shard (expected " + std::to_string(want) + ")" +
+                   (units[u]->has_params() ? " and still holds its full parameters (release them: set_buffers)" : "");
+    }
+    return message;
+  });
+}
+
+}  // namespace
+}  // namespace dtp::testing::ch05

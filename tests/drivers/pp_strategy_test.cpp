@@ -1,0 +1,134 @@
+// Checkers of the provided pipeline code (drivers/05_pipeline/), linked with
+// the reference: the verifier's verdicts (missing and repeated actions, a
+// backward before its forward, a deadlock with its cycle), its clock, the
+// Gantt chart, the option errors, and what `dtp train --strategy pp`
+// measures (an executed step's clock bubble equals the verifier's).
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "05_pipeline/pipeline.h"
+#include "dtp/dtp.h"
+#include "support/training.h"
+
+namespace dtp::ch05 {
+namespace {
+
+using dtp::testing::tiny_config;
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool says(const std::string& text, const std::string& words) { return text.find(words) != std::string::npos; }
+
+TEST(PipelineVerifier, FindsMissingRepeatedAndMisorderedActions) {
+  Schedule s = empty_schedule("hand", 2, 2);
+  s.actions[0] = {F(0), F(1), B(0), B(1)};
+  s.actions[1] = {F(0), B(0), F(1)};
+  EXPECT_TRUE(says(simulate_schedule(s).problem, "rank 1 never runs B1")) << simulate_schedule(s).problem;
+  s.actions[1] = {F(0), B(0), F(1), B(1), B(1)};
+  EXPECT_TRUE(says(simulate_schedule(s).problem, "rank 1 runs B1 twice")) << simulate_schedule(s).problem;
+  s.actions[1] = {B(0), F(0), F(1), B(1)};
+  EXPECT_TRUE(says(simulate_schedule(s).problem, "rank 1 runs B0 (action 0) before its own F0"))
+      << simulate_schedule(s).problem;
+  s.actions[1] = {F(0), B(0), F(1), W(1), B(1)};
+  EXPECT_TRUE(says(simulate_schedule(s).problem, "a W in a schedule that does not split")) << simulate_schedule(s).problem;
+  s.actions[1] = {F(0), B(0), F(2), B(1)};
+  EXPECT_TRUE(says(simulate_schedule(s).problem, "micro-batch 2 is outside [0, 2)")) << simulate_schedule(s).problem;
+}
+
+TEST(PipelineVerifier, ReportsADeadlockWithItsCycle) {
+  Schedule s = empty_schedule("hand", 2, 2);
+  // Rank 0 waits for B0 before it sends F1; rank 1 runs F1 before B0.
+  s.actions[0] = {F(0), B(0), F(1), B(1)};
+  s.actions[1] = {F(1), F(0), B(0), B(1)};
+  const ScheduleReport report = simulate_schedule(s);
+  EXPECT_TRUE(says(report.problem, "deadlock: ")) << report.problem;
+  EXPECT_TRUE(says(report.problem, "rank 0 waits at B0 for rank 1's B0")) << report.problem;
+  EXPECT_TRUE(says(report.problem, "rank 1 waits at F1 for rank 0's F1")) << report.problem;
+  EXPECT_THROW(check_schedule(s), Error);
+}
+
+TEST(PipelineVerifier, SimulatesTheClockBubbleAndMemoryOfAHandSchedule) {
+  // 2 stages, 2 micro-batches, AFAB by hand: makespan (m + p - 1)(F + B) = 9.
+  Schedule s = empty_schedule("hand", 2, 2);
+  s.actions[0] = {F(0), F(1), B(0), B(1)};
+  s.actions[1] = {F(0), F(1), B(0), B(1)};
+  const ScheduleReport report = simulate_schedule(s);
+  ASSERT_TRUE(report.ok()) << report.problem;
+  EXPECT_EQ(report.makespan, 9.0);
+  EXPECT_DOUBLE_EQ(report.bubble_fraction, 1.0 / 3.0);
+  EXPECT_EQ(report.peak_alive, (std::vector<int>{2, 2}));
+  EXPECT_EQ(report.timeline[1][0].start, 1.0);
+  const std::string chart = gantt_chart(s, report);
+  EXPECT_TRUE(says(chart, "rank 0 |F0F1......B0B0B1B1|")) << chart;
+  EXPECT_TRUE(says(chart, "rank 1 |..F0F1B0B0B1B1....|")) << chart;
+  EXPECT_TRUE(says(chart, "bubble 33.3%")) << chart;
+}
+
+TEST(PipelineVerifier, EmptyScheduleAndParsingNameWhatIsWrong) {
+  EXPECT_TRUE(says(error_of([] { empty_schedule("x", 0, 4); }), "stages (p) must be at least 1, got 0"));
+  EXPECT_TRUE(says(error_of([] { empty_schedule("x", 2, 0); }), "micro-batches (m) must be at least 1, got 0"));
+  EXPECT_TRUE(says(error_of([] { parse_schedule_kind("gpipe"); }), "afab, 1f1b, interleaved, zb-h1"));
+  EXPECT_EQ(parse_schedule_kind("zb-h1"), ScheduleKind::zb_h1);
+}
+
+TEST(PipelineDriver, ValidationNamesTheFlag) {
+  TrainConfig config = tiny_config(8);
+  PipelineOptions o;
+  o.pp = 5;  // 2 layers + 2 = 4 units
+  EXPECT_TRUE(says(error_of([&] { validate_pipeline(config, o); }), "raise --layers"));
+  o = PipelineOptions{};
+  o.microbatches = 3;
+  EXPECT_TRUE(says(error_of([&] { validate_pipeline(config, o); }), "--microbatches 3"));
+  o = PipelineOptions{};
+  o.schedule = ScheduleKind::interleaved;
+  o.microbatches = 3;
+  config.batch = 6;
+  EXPECT_TRUE(says(error_of([&] { validate_pipeline(config, o); }), "multiple of --pp"));
+  o = PipelineOptions{};
+  o.schedule = ScheduleKind::zb_h1;
+  o.fsdp = true;
+  config.batch = 8;
+  EXPECT_TRUE(says(error_of([&] { validate_pipeline(config, o); }), "--fsdp cannot run --schedule zb-h1"));
+  EXPECT_TRUE(says(error_of([&] { split_microbatches(Batch{Tensor::zeros(Shape{6, 4}, DType::i32),
+                                                           Tensor::zeros(Shape{6, 4}, DType::i32)}, 4); }),
+                   "6 sequences does not split into 4"));
+}
+
+TEST(PipelineDriver, AnExecutedStepsClockBubbleEqualsTheVerifiers) {
+  for (ScheduleKind kind : {ScheduleKind::afab, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
+                            ScheduleKind::zb_h1}) {
+    TrainConfig config = tiny_config(8, 1);
+    config.model.layers = 6;
+    PipelineOptions o;
+    o.pp = 2;
+    o.microbatches = 4;
+    o.schedule = kind;
+    const ScheduleReport verifier = simulate_schedule(make_schedule(kind, 2, 4, 2));
+    PipelineStepTiming timing;
+    dtp::testing::run_ranks(2, [&](Comm& world) {
+      PipelineMesh mesh = make_pipeline_mesh(world, 2);
+      PipelineTrainer trainer(config, mesh, o);
+      trainer.step();
+      if (world.rank() == 0) timing = trainer.timing();
+    });
+    if (timing.actions.empty()) continue;  // under mpi this process did not hold rank 0
+    EXPECT_EQ(timing.clock_makespan, verifier.makespan) << schedule_kind_name(kind);
+    EXPECT_NEAR(timing.clock_bubble, verifier.bubble_fraction, 1e-12) << schedule_kind_name(kind);
+    EXPECT_EQ(timing.ranks.size(), 2u);
+    EXPECT_GT(timing.wall_makespan, 0.0);
+    const std::string chart = executed_gantt_chart(o, timing);
+    EXPECT_TRUE(says(chart, "rank 1 |")) << chart;
+  }
+}
+
+}  // namespace
+}  // namespace dtp::ch05
