@@ -97,27 +97,29 @@ int main(int argc, char** argv) {
     const dtp::ch05::ScheduleKind kind = dtp::ch05::parse_schedule_kind(kind_name);
     const dtp::ch05::Schedule schedule = dtp::ch05::make_schedule(kind, stages, microbatches, chunks);
     const dtp::ch05::ScheduleReport report = dtp::ch05::simulate_schedule(schedule, costs);
+    char weight[32];
+    std::snprintf(weight, sizeof weight, "%g", costs.backward_weight);
     std::printf("%s schedule, p %d, m %d%s (%s), costs F %g, B %g%s\n", schedule.name.c_str(), stages,
                 microbatches, schedule.chunks > 1 ? (", v " + std::to_string(schedule.chunks)).c_str() : "",
                 DTP_SCHEDULE_IMPL, costs.forward, schedule.split_backward ? costs.backward_input : costs.backward,
-                schedule.split_backward ? (", W " + std::to_string(static_cast<int>(costs.backward_weight))).c_str() : "");
+                schedule.split_backward ? (", W " + std::string(weight)).c_str() : "");
     if (!report.ok()) {
       std::printf("the verifier rejects it: %s\n", report.problem.c_str());
       return kExitFailed;
     }
     std::printf("%s", dtp::ch05::gantt_chart(schedule, report).c_str());
-    if (kind == dtp::ch05::ScheduleKind::zb_h1) {
-      const double p = stages, m = microbatches, idle = (p - 1) * (costs.forward + costs.backward_input -
-                                                                  costs.backward_weight);
-      std::printf("lesson: zb-h1 idles (p-1)(F+B-W) = %g per rank when m >= p (bubble %.1f%% here); F = B = W: "
-                  "%.1f%%\n",
-                  idle, 100.0 * idle / (m * (costs.forward + costs.backward) + idle),
+    const bool unit_costs = costs.forward == 1 && costs.backward == 2 && costs.backward_input == 1 &&
+                            costs.backward_weight == 1;
+    const char* formula = kind == dtp::ch05::ScheduleKind::interleaved ? "(p-1)/(v m+p-1)"
+                          : kind == dtp::ch05::ScheduleKind::zb_h1     ? "((p-1)+max(0,p-m))/(3m+(p-1)+max(0,p-m))"
+                                                                       : "(p-1)/(m+p-1)";
+    if (unit_costs)
+      std::printf("lesson: bubble %s = %.1f%%\n", formula,
                   100.0 * dtp::ch05::bubble_formula(kind, stages, microbatches, chunks));
-    } else {
-      std::printf("lesson: bubble %s = %.1f%%\n",
-                  kind == dtp::ch05::ScheduleKind::interleaved ? "(p-1)/(v m+p-1)" : "(p-1)/(m+p-1)",
-                  100.0 * dtp::ch05::bubble_formula(kind, stages, microbatches, chunks));
-    }
+    else
+      std::printf("lesson: the formula %s assumes the unit costs (--costs 1,2,1); the chart above is the verifier's "
+                  "run with yours\n",
+                  formula);
   } catch (const dtp::NotSolved& e) {
     std::fprintf(stderr, "dtp-schedule: %s; `--impl reference` draws the reference\n", e.what());
     return kExitUnsolved;

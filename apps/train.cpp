@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
                 timing.clock_makespan, 100.0 * timing.wall_bubble, timing.wall_makespan * 1e3);
     const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); };
     for (const auto& r : timing.ranks)
-      std::printf("    rank %d (stage %d, dp %d: %s): params %.3f MiB  activation peak %.3f MiB (%d micro-batches "
+      std::printf("    rank %d (stage %d, dp %d: %s): params %.3f MiB  activation peak %.3f MiB (%d micro-batch(es) "
                   "alive)  busy %.2f ms\n",
                   r.rank, r.stage, r.dp_rank, r.units.c_str(), mib(r.params_bytes), mib(r.activation_peak),
                   r.peak_alive, r.wall_busy * 1e3);

@@ -195,7 +195,6 @@ void PipelineTrainer::gather_timing(const MemoryTracker& tracker) {
   // Every action as 7 numbers: kind, micro-batch, chunk, clock start/end, wall start/end.
   std::vector<double> actions;
   for (auto& chunk : chunks_) {
-    mine[kPeakAlive] += chunk->peak_alive();
     for (const ActionRecord& r : chunk->records()) {
       mine[kClockBusy] += r.clock_end - r.clock_start;
       mine[kWallBusy] += r.wall_end - r.wall_start;
@@ -213,6 +212,14 @@ void PipelineTrainer::gather_timing(const MemoryTracker& tracker) {
   });
   std::vector<double> sorted;
   for (std::size_t i : order) sorted.insert(sorted.end(), actions.begin() + 7 * i, actions.begin() + 7 * i + 7);
+  // Alive over all chunks at once, as the verifier counts: from F until the
+  // backward is complete (B, or W when the schedule splits it).
+  const double done = static_cast<double>(schedule_.split_backward ? ActionKind::weight : ActionKind::backward);
+  for (int alive = 0, k = 0; k < static_cast<int>(n); ++k) {
+    const double kind = sorted[7 * static_cast<std::size_t>(k)];
+    if (kind == static_cast<double>(ActionKind::forward)) mine[kPeakAlive] = std::max(mine[kPeakAlive], static_cast<double>(++alive));
+    if (kind == done) --alive;
+  }
   const int p = mesh_.pp.size(), d = mesh_.dp.size();
   Tensor row = Tensor::from_values(mine, DType::f64);
   Tensor rows = Tensor::zeros(Shape{static_cast<std::int64_t>(kCount) * p}, DType::f64);
@@ -234,10 +241,12 @@ void PipelineTrainer::gather_timing(const MemoryTracker& tracker) {
     r.stage = static_cast<int>(at[kStage]);
     r.dp_rank = static_cast<int>(at[kDpRank]);
     r.rank = r.stage * d + r.dp_rank;
-    const UnitRange first = partition_[static_cast<std::size_t>(r.stage)];
-    r.units = model().units()[static_cast<std::size_t>(first.first)]->name();
-    if (first.count > 1) r.units += " .. " + model().units()[static_cast<std::size_t>(first.first + first.count - 1)]->name();
-    if (chunks_.size() > 1) r.units += " (+" + std::to_string(chunks_.size() - 1) + " more chunk(s))";
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      const UnitRange range = partition_[c * static_cast<std::size_t>(p) + static_cast<std::size_t>(r.stage)];
+      r.units += (c ? "; " : "") + model().units()[static_cast<std::size_t>(range.first)]->name();
+      if (range.count > 1)
+        r.units += " .. " + model().units()[static_cast<std::size_t>(range.first + range.count - 1)]->name();
+    }
     r.params_bytes = static_cast<std::int64_t>(at[kParams]);
     r.activation_peak = static_cast<std::int64_t>(at[kActivationPeak]);
     r.peak_alive = static_cast<int>(at[kPeakAlive]);
