@@ -119,8 +119,8 @@ struct ScheduleReport {
   /// "" when the schedule is complete, respects every dependency and runs to
   /// the end; otherwise the first problem in words: a missing or repeated
   /// action, a B before its own F, a W before its B, or a deadlock with its
-  /// cycle ("rank 0 waits at B0 for rank 1's B0; rank 1 waits at F1 for
-  /// rank 0's F1, which rank 0 has not reached").
+  /// cycle ("deadlock: rank 0 waits at B0 for rank 1's B0; rank 1 waits at
+  /// F1 for rank 0's F1. ...").
   std::string problem;
   double makespan = 0;               ///< when the last action ends
   std::vector<double> busy;          ///< per rank: the sum of its actions' costs
@@ -466,7 +466,8 @@ struct PipelineStepTiming {
   double wall_makespan = 0;    ///< first action's start to last action's end, seconds
   double wall_bubble = 0;      ///< the same share, in wall time
   std::vector<RankPipelineStep> ranks;  ///< every world rank (index = rank)
-  /// Every action of every pipeline rank of DP group 0 (index = stage), for a Gantt chart.
+  /// Every action of every pipeline rank of DP group 0 (index = stage), for
+  /// a Gantt chart; both clocks start at 0 at the step's first action.
   std::vector<std::vector<ActionRecord>> actions;
 };
 

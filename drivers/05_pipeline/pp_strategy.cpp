@@ -277,9 +277,12 @@ void PipelineTrainer::gather_timing(const MemoryTracker& tracker) {
       timing_.actions[static_cast<std::size_t>(s)].push_back(r);
     }
   }
-  // Wall times relative to the step's first action.
+  // Both clocks relative to the step's first action.
   for (auto& list : timing_.actions)
-    for (ActionRecord& r : list) r.wall_start -= wall_first, r.wall_end -= wall_first;
+    for (ActionRecord& r : list) {
+      r.wall_start -= wall_first, r.wall_end -= wall_first;
+      r.clock_start -= clock_first, r.clock_end -= clock_first;
+    }
   timing_.clock_makespan = clock_last - clock_first;
   timing_.wall_makespan = wall_last - wall_first;
   timing_.clock_bubble = timing_.clock_makespan > 0 ? 1 - busy_clock / (p * timing_.clock_makespan) : 0;
