@@ -141,6 +141,12 @@ struct ScheduleReport {
 /// backward is complete (B, or W when split).
 ScheduleReport simulate_schedule(const Schedule& schedule, const ActionCosts& costs = {});
 
+/// The most micro-batches (x chunks) alive at once on a rank that runs
+/// @p actions in this order: each is alive from its F until its backward is
+/// complete (B, or W when @p split_backward). The verifier and the trainer
+/// both count with it.
+int peak_alive(const std::vector<Action>& actions, bool split_backward);
+
 /// Throws dtp::Error with simulate_schedule(schedule).problem when there is one.
 void check_schedule(const Schedule& schedule);
 

@@ -192,34 +192,29 @@ void PipelineTrainer::gather_timing(const MemoryTracker& tracker) {
   mine[kDpRank] = mesh_.dp.rank();
   mine[kParams] = static_cast<double>(tracker.live(MemoryCategory::params));
   mine[kActivationPeak] = static_cast<double>(tracker.peak(MemoryCategory::activations));
-  // Every action as 7 numbers: kind, micro-batch, chunk, clock start/end, wall start/end.
-  std::vector<double> actions;
-  for (auto& chunk : chunks_) {
-    for (const ActionRecord& r : chunk->records()) {
-      mine[kClockBusy] += r.clock_end - r.clock_start;
-      mine[kWallBusy] += r.wall_end - r.wall_start;
-      actions.insert(actions.end(), {static_cast<double>(r.action.kind), static_cast<double>(r.action.microbatch),
-                                     static_cast<double>(r.action.chunk), r.clock_start, r.clock_end,
-                                     chunk->wall_origin() + r.wall_start, chunk->wall_origin() + r.wall_end});
+  // This rank's actions over all its chunks, in the order they ran (wall
+  // time: the chunks' records interleave).
+  std::vector<ActionRecord> ran;
+  for (auto& chunk : chunks_)
+    for (ActionRecord r : chunk->records()) {
+      r.wall_start += chunk->wall_origin();
+      r.wall_end += chunk->wall_origin();
+      ran.push_back(r);
     }
-  }
-  // The chunks' records interleave in time: sort this rank's by clock start.
-  const std::size_t n = actions.size() / 7;
-  std::vector<std::size_t> order(n);
-  for (std::size_t i = 0; i < n; ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return actions[7 * a + 5] < actions[7 * b + 5];
-  });
+  std::stable_sort(ran.begin(), ran.end(),
+                   [](const ActionRecord& a, const ActionRecord& b) { return a.wall_start < b.wall_start; });
+  std::vector<Action> order;
+  // Every action as 7 numbers: kind, micro-batch, chunk, clock start/end, wall start/end.
   std::vector<double> sorted;
-  for (std::size_t i : order) sorted.insert(sorted.end(), actions.begin() + 7 * i, actions.begin() + 7 * i + 7);
-  // Alive over all chunks at once, as the verifier counts: from F until the
-  // backward is complete (B, or W when the schedule splits it).
-  const double done = static_cast<double>(schedule_.split_backward ? ActionKind::weight : ActionKind::backward);
-  for (int alive = 0, k = 0; k < static_cast<int>(n); ++k) {
-    const double kind = sorted[7 * static_cast<std::size_t>(k)];
-    if (kind == static_cast<double>(ActionKind::forward)) mine[kPeakAlive] = std::max(mine[kPeakAlive], static_cast<double>(++alive));
-    if (kind == done) --alive;
+  for (const ActionRecord& r : ran) {
+    order.push_back(r.action);
+    mine[kClockBusy] += r.clock_end - r.clock_start;
+    mine[kWallBusy] += r.wall_end - r.wall_start;
+    sorted.insert(sorted.end(), {static_cast<double>(r.action.kind), static_cast<double>(r.action.microbatch),
+                                 static_cast<double>(r.action.chunk), r.clock_start, r.clock_end, r.wall_start,
+                                 r.wall_end});
   }
+  mine[kPeakAlive] = peak_alive(order, schedule_.split_backward);
   const int p = mesh_.pp.size(), d = mesh_.dp.size();
   Tensor row = Tensor::from_values(mine, DType::f64);
   Tensor rows = Tensor::zeros(Shape{static_cast<std::int64_t>(kCount) * p}, DType::f64);

@@ -187,17 +187,22 @@ ScheduleReport simulate_schedule(const Schedule& s, const ActionCosts& costs) {
   double busy = 0;
   for (double b : report.busy) busy += b;
   report.bubble_fraction = report.makespan > 0 ? 1.0 - busy / (p * report.makespan) : 0.0;
-  // Alive: from F until the backward is complete (B, or W when split).
-  const ActionKind last = s.split_backward ? ActionKind::weight : ActionKind::backward;
   for (const auto& timeline : report.timeline) {
-    int alive = 0, peak = 0;
-    for (const TimedAction& t : timeline) {
-      if (t.action.kind == ActionKind::forward) peak = std::max(peak, ++alive);
-      if (t.action.kind == last) --alive;
-    }
-    report.peak_alive.push_back(peak);
+    std::vector<Action> order;
+    for (const TimedAction& t : timeline) order.push_back(t.action);
+    report.peak_alive.push_back(peak_alive(order, s.split_backward));
   }
   return report;
+}
+
+int peak_alive(const std::vector<Action>& actions, bool split_backward) {
+  const ActionKind last = split_backward ? ActionKind::weight : ActionKind::backward;
+  int alive = 0, peak = 0;
+  for (const Action& a : actions) {
+    if (a.kind == ActionKind::forward) peak = std::max(peak, ++alive);
+    if (a.kind == last) --alive;
+  }
+  return peak;
 }
 
 void check_schedule(const Schedule& schedule) {
