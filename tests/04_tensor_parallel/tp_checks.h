@@ -207,19 +207,6 @@ inline std::vector<double> grad_columns(const Linear& full, int t, int r) {
   return columns_of(values(full.weight_grad), full.in_features, r * n, n);
 }
 
-}  // namespace dtp::testing::ch04
-
-namespace dtp::testing::ch04 {
-
-// The worlds of @p sizes this backend can run (mpiexec -n 4 runs at most 4).
-inline std::vector<int> runnable(const std::vector<int>& sizes) {
-  const World world = World::from_env(1);
-  std::vector<int> out;
-  for (int n : sizes)
-    if (world.backend == Backend::thread || n <= max_world_size(world.backend)) out.push_back(n);
-  return out;
-}
-
 // Column sums of a row-major [rows, K] matrix: a bias gradient.
 inline std::vector<double> column_sums(const std::vector<double>& m, std::int64_t K) {
   std::vector<double> sums(static_cast<std::size_t>(K), 0.0);

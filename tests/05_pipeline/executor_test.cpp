@@ -22,7 +22,7 @@ struct StepFacts {
 // One step of `s` on the ranks (executor), checked against the serial model.
 void check_one_step(const Schedule& s, int layers, const std::string& what) {
   const int p = s.stages, m = s.microbatches;
-  if (!can_run(p)) GTEST_SKIP() << "needs " << p << " ranks";
+  if (!world_fits(p)) GTEST_SKIP() << "needs " << p << " ranks";
   const TrainConfig config = pipeline_config(layers, 2 * m);
   const MicroBatchGradients expected = micro_batch_gradients(config, m);
   const ScheduleReport verifier = simulate_schedule(s);
@@ -74,7 +74,7 @@ void check_one_step(const Schedule& s, int layers, const std::string& what) {
 
 TEST(Puzzle5_2_naive_pipeline, OneMicroBatchGivesTheSingleDeviceGradientsAndLoss) {
   for (int p : {1, 2, 3, 4}) {
-    if (!can_run(p)) continue;
+    if (!world_fits(p)) continue;
     const TrainConfig config = pipeline_config(4, 4);
     const MicroBatchGradients expected = micro_batch_gradients(config, 1);
     Schedule shape = empty_schedule("naive", p, 1);
@@ -129,7 +129,7 @@ TEST(Puzzle5_7_executor, TrainingThroughTheTrainerEqualsSingleDeviceTraining) {
   for (ScheduleKind kind : {ScheduleKind::afab, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
                             ScheduleKind::zb_h1}) {
     for (auto [p, dp] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{2, 2}}) {
-      if (!can_run(p * dp)) continue;
+      if (!world_fits(p * dp)) continue;
       PipelineOptions options;
       options.pp = p;
       options.dp = dp;

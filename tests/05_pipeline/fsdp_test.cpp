@@ -33,7 +33,7 @@ const std::vector<Layout> kLayouts = {{2, 2, ScheduleKind::one_f_one_b}, {2, 2, 
 
 TEST(Puzzle5_8_pipeline_fsdp, FirstStepGradientShardsAreTheSingleDeviceMeanAndCollectivesAsCounted) {
   for (const Layout& l : kLayouts) {
-    if (!can_run(l.pp * l.dp)) continue;
+    if (!world_fits(l.pp * l.dp)) continue;
     const PipelineOptions options = fsdp_options(l);
     const TrainConfig config = pipeline_config(4 * l.pp, 2 * options.microbatches * l.dp, 1);
     const UnitGradients expected = first_step_gradients(config);
@@ -99,7 +99,7 @@ TEST(Puzzle5_8_pipeline_fsdp, FirstStepGradientShardsAreTheSingleDeviceMeanAndCo
 
 TEST(Puzzle5_8_pipeline_fsdp, TrainingEqualsSingleDeviceTraining) {
   for (const Layout& l : kLayouts) {
-    if (!can_run(l.pp * l.dp)) continue;
+    if (!world_fits(l.pp * l.dp)) continue;
     const PipelineOptions options = fsdp_options(l);
     const TrainConfig config = pipeline_config(4 * l.pp, 2 * options.microbatches * l.dp, 3);
     const ModelState expected = single_device(config);
@@ -124,7 +124,7 @@ TEST(Puzzle5_8_pipeline_fsdp, TrainingEqualsSingleDeviceTraining) {
 
 TEST(Puzzle5_8_pipeline_fsdp, ShardsHoldOneDthOfTheStage) {
   const Layout l{2, 2, ScheduleKind::one_f_one_b};
-  if (!can_run(4)) GTEST_SKIP() << "needs 4 ranks";
+  if (!world_fits(4)) GTEST_SKIP() << "needs 4 ranks";
   const PipelineOptions options = fsdp_options(l);
   const TrainConfig config = pipeline_config(4, 8, 1);
   run_and_report(describe(l), 4, [&](Comm& world) -> std::string {

@@ -19,12 +19,6 @@ namespace dtp::testing::ch05 {
 
 using namespace dtp::ch05;
 
-// World sizes the backend can run (under mpi: at most the processes).
-inline bool can_run(int world) {
-  const World w = World::from_env(1);
-  return w.backend == Backend::thread || world <= max_world_size(w.backend);
-}
-
 // "afab(p 4, m 8)".
 inline std::string call(const std::string& what, int p, int m, int v = 0) {
   return what + "(p " + std::to_string(p) + ", m " + std::to_string(m) + (v ? ", v " + std::to_string(v) : "") + ")";

@@ -14,8 +14,14 @@
 
 namespace dtp::testing {
 
-/// World sizes the collectives checkers sweep: 1 to 8, odd ones included.
+/// World sizes the collectives checkers sweep: 1 to 8, odd ones included
+/// (under mpi, those up to the processes mpiexec started).
 std::vector<int> all_world_sizes();
+
+/// True when the backend named by DTP_BACKEND can run a world of
+/// @p world_size ranks: always with threads; under mpi, at most as many
+/// ranks as mpiexec started processes.
+bool world_fits(int world_size);
 
 /// Runs body(comm) on @p world_size ranks of the backend and device named by
 /// DTP_BACKEND / DTP_DEVICE, with @p cost as the alpha-beta model. A rank's
