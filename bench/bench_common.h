@@ -4,15 +4,18 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "dtp/json.h"
+#include "dtp/trainer.h"
 
 namespace dtp::bench {
 
@@ -63,6 +66,35 @@ inline std::string utc_now() {
   char text[32];
   std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return text;
+}
+
+/// The median of @p values (of an even count, the upper middle one); 0 when empty.
+inline double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0 : values[values.size() / 2];
+}
+
+/// The items of a comma list, empty ones dropped: "1,2,,4" gives 1, 2, 4.
+inline std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+/// The model flags the training benchmarks share (--layers, --d-model,
+/// --heads, --seq, --optimizer, --dtype): sets @p flag's @p value in
+/// @p config and returns true; false for any other flag.
+inline bool set_model_flag(const std::string& flag, const std::string& value, TrainConfig& config) {
+  if (flag == "--layers") config.model.layers = std::stoi(value);
+  else if (flag == "--d-model") config.model.d_model = std::stoi(value);
+  else if (flag == "--heads") config.model.heads = std::stoi(value);
+  else if (flag == "--seq") config.seq = std::stoll(value);
+  else if (flag == "--optimizer") config.optimizer = value;
+  else if (flag == "--dtype") config.model.dtype = parse_dtype(value);
+  else return false;
+  return true;
 }
 
 /// One JSON object on one line, keys in the order added.

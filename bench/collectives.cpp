@@ -73,6 +73,7 @@ namespace {
 using dtp::bench::cpu_model;
 using dtp::bench::git_revision;
 using dtp::bench::host_name;
+using dtp::bench::split_list;
 using dtp::bench::utc_now;
 
 using dtp::Comm;
@@ -201,14 +202,6 @@ double parse_double(const std::string& text, const char* what) {
   double value = std::strtod(text.c_str(), &end);
   DTP_CHECK(end != text.c_str() && *end == '\0', what, " must be a number, got '", text, "'");
   return value;
-}
-
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
 }
 
 Options parse_options(int argc, char** argv) {

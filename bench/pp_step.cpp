@@ -62,10 +62,6 @@ constexpr int kStages = 4;  // p
 
 double mib(std::int64_t bytes) { return static_cast<double>(bytes) / kMiB; }
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values.empty() ? 0 : values[values.size() / 2];
-}
 
 // --- where and when ----------------------------------------------------------------
 
@@ -388,13 +384,6 @@ void report(const Options& o, const Run& run, const Context& ctx, FILE* json) {
 
 // --- the command line ------------------------------------------------------------------
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 void usage(FILE* to) {
   std::fprintf(to,
@@ -451,11 +440,11 @@ int main(int argc, char** argv) {
       const std::string value = argv[++i];
       if (flag == "--microbatches") {
         o.microbatches.clear();
-        for (const std::string& m : split(value)) o.microbatches.push_back(std::stoi(m));
+        for (const std::string& m : split_list(value)) o.microbatches.push_back(std::stoi(m));
         microbatches_given = true;
       } else if (flag == "--schedules") {
         o.schedules.clear();
-        for (const std::string& s : split(value)) o.schedules.push_back(pp::parse_schedule_kind(s));
+        for (const std::string& s : split_list(value)) o.schedules.push_back(pp::parse_schedule_kind(s));
       } else if (flag == "--steps")
         o.steps = std::stoll(value);
       else if (flag == "--warmup")
@@ -464,18 +453,8 @@ int main(int argc, char** argv) {
         o.chunks = std::stoi(value);
       else if (flag == "--mb-size")
         o.mb_size = std::stoll(value);
-      else if (flag == "--layers")
-        config.model.layers = std::stoi(value);
-      else if (flag == "--d-model")
-        config.model.d_model = std::stoi(value);
-      else if (flag == "--heads")
-        config.model.heads = std::stoi(value);
-      else if (flag == "--seq")
-        config.seq = std::stoll(value);
-      else if (flag == "--optimizer")
-        config.optimizer = value;
-      else if (flag == "--dtype")
-        config.model.dtype = dtp::parse_dtype(value);
+      else if (set_model_flag(flag, value, config))
+        continue;
       else if (flag == "--gantt-m")
         o.gantt_m = std::stoi(value);
       else if (flag == "--trace-dir")

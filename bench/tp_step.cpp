@@ -79,10 +79,6 @@ void write_line(FILE* json, const JsonLine& line) {
   std::fflush(json);
 }
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values.empty() ? 0 : values[values.size() / 2];
-}
 
 // --- part 1: the lesson's formulas ----------------------------------------------------
 
@@ -547,13 +543,6 @@ int run_tier_part(const std::vector<Tier>& tiers, bool quick, const Context& ctx
 
 // --- the command line ------------------------------------------------------------------
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 void usage(FILE* to) {
   std::fprintf(to,
@@ -623,27 +612,17 @@ int main(int argc, char** argv) {
       const std::string value = argv[++i];
       if (flag == "--tps") {
         o.tps.clear();
-        for (const std::string& t : split(value)) o.tps.push_back(std::stoi(t));
+        for (const std::string& t : split_list(value)) o.tps.push_back(std::stoi(t));
       } else if (flag == "--steps")
         o.steps = std::stoll(value);
       else if (flag == "--warmup")
         o.warmup = std::stoll(value);
       else if (flag == "--repeats")
         o.repeats = std::stoll(value);
-      else if (flag == "--layers")
-        config.model.layers = std::stoi(value);
-      else if (flag == "--d-model")
-        config.model.d_model = std::stoi(value);
-      else if (flag == "--heads")
-        config.model.heads = std::stoi(value);
-      else if (flag == "--seq")
-        config.seq = std::stoll(value);
+      else if (set_model_flag(flag, value, config))
+        continue;
       else if (flag == "--batch")
         config.batch = std::stoll(value);
-      else if (flag == "--optimizer")
-        config.optimizer = value;
-      else if (flag == "--dtype")
-        config.model.dtype = dtp::parse_dtype(value);
       else if (flag == "--only")
         only = value;
       else if (flag == "--nvlink")

@@ -217,18 +217,7 @@ void add_slowest_steps(const Run& run, std::vector<double>& into) {
   }
 }
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values.empty() ? 0 : values[values.size() / 2];
-}
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 void usage(FILE* to) {
   std::fprintf(to,
@@ -274,25 +263,15 @@ int main(int argc, char** argv) {
       const std::string value = argv[i + 1];
       if (flag == "--worlds") {
         worlds.clear();
-        for (const std::string& w : split(value)) worlds.push_back(std::stoi(w));
+        for (const std::string& w : split_list(value)) worlds.push_back(std::stoi(w));
       } else if (flag == "--stages") {
-        stages = split(value);
+        stages = split_list(value);
       } else if (flag == "--steps")
         steps = std::stoll(value);
-      else if (flag == "--layers")
-        config.model.layers = std::stoi(value);
-      else if (flag == "--d-model")
-        config.model.d_model = std::stoi(value);
-      else if (flag == "--heads")
-        config.model.heads = std::stoi(value);
-      else if (flag == "--seq")
-        config.seq = std::stoll(value);
+      else if (set_model_flag(flag, value, config))
+        continue;
       else if (flag == "--batch")
         per_rank_batch = std::stoll(value);
-      else if (flag == "--optimizer")
-        config.optimizer = value;
-      else if (flag == "--dtype")
-        config.model.dtype = dtp::parse_dtype(value);
       else if (flag == "--repeats")
         repeats = std::stoll(value);
       else if (flag == "--json")
