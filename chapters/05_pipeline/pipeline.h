@@ -348,8 +348,12 @@ class StageModule {
 /// @p microbatch: its output activation (@p gradient false, to sender + 1)
 /// or its input gradient (true, to sender - 1). Every message of a step has
 /// its own tag, so a rank may receive them in any order (provided). Without
-/// interleaving the virtual stage is the rank.
+/// interleaving the virtual stage is the rank. A tag packs the virtual
+/// stage into 7 bits and the micro-batch into 12, so a pipeline has at most
+/// kMaxVirtualStages virtual stages and kMaxMicrobatches micro-batches.
 int pipeline_tag(bool gradient, int microbatch, int sender);
+inline constexpr int kMaxVirtualStages = 128;
+inline constexpr int kMaxMicrobatches = 4096;
 
 // --- puzzles 2 and 7: running a pipeline ---------------------------------------------
 

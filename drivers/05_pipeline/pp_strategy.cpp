@@ -41,6 +41,11 @@ void validate_pipeline(const TrainConfig& config, const PipelineOptions& options
   DTP_CHECK(options.pp >= 1, "pp: --pp (pipeline stages) must be at least 1, got ", options.pp);
   DTP_CHECK(options.dp >= 1, "pp: --dp (pipeline replicas) must be at least 1, got ", options.dp);
   DTP_CHECK(options.microbatches >= 1, "pp: --microbatches must be at least 1, got ", options.microbatches);
+  DTP_CHECK(options.microbatches <= kMaxMicrobatches, "pp: --microbatches ", options.microbatches,
+            " is more than the ", kMaxMicrobatches, " a message tag can name");
+  DTP_CHECK(static_cast<std::int64_t>(options.pp) * chunks_of(options) <= kMaxVirtualStages, "pp: --pp ", options.pp,
+            " x --chunks ", chunks_of(options), " virtual stages is more than the ", kMaxVirtualStages,
+            " a message tag can name");
   const std::int64_t per_rank = config.batch / options.dp;
   DTP_CHECK(config.batch % options.dp == 0 && per_rank % options.microbatches == 0 && per_rank >= options.microbatches,
             "pp: the global batch (--batch ", config.batch, ") must split into --dp ", options.dp, " x --microbatches ",

@@ -90,9 +90,11 @@ double bubble_formula(ScheduleKind kind, int stages, int microbatches, int chunk
 }
 
 int pipeline_tag(bool gradient, int microbatch, int sender) {
-  DTP_CHECK(microbatch >= 0 && microbatch < (1 << 12), "pipeline_tag: micro-batch ", microbatch,
-            " is outside [0, 4096)");
-  DTP_CHECK(sender >= 0 && sender < (1 << 7), "pipeline_tag: virtual stage ", sender, " is outside [0, 128)");
+  static_assert(kMaxMicrobatches == 1 << 12 && kMaxVirtualStages == 1 << 7, "the tag layout below");
+  DTP_CHECK(microbatch >= 0 && microbatch < kMaxMicrobatches, "pipeline_tag: micro-batch ", microbatch,
+            " is outside [0, ", kMaxMicrobatches, ")");
+  DTP_CHECK(sender >= 0 && sender < kMaxVirtualStages, "pipeline_tag: virtual stage ", sender, " is outside [0, ",
+            kMaxVirtualStages, ")");
   return ((sender << 12) | microbatch) * 2 + (gradient ? 1 : 0);
 }
 

@@ -98,6 +98,16 @@ TEST(PipelineDriver, ValidationNamesTheFlag) {
   o.fsdp = true;
   config.batch = 8;
   EXPECT_TRUE(says(error_of([&] { validate_pipeline(config, o); }), "--fsdp cannot run --schedule zb-h1"));
+  o = PipelineOptions{};
+  o.microbatches = 8192;
+  config.batch = 8192;
+  EXPECT_TRUE(says(error_of([&] { validate_pipeline(config, o); }), "--microbatches 8192 is more than the 4096"));
+  o = PipelineOptions{};
+  o.schedule = ScheduleKind::interleaved;
+  o.pp = 64;
+  o.chunks = 4;
+  EXPECT_TRUE(says(error_of([&] { validate_pipeline(config, o); }), "--pp 64 x --chunks 4 virtual stages"));
+  config.batch = 8;
   EXPECT_TRUE(says(error_of([&] { split_microbatches(Batch{Tensor::zeros(Shape{6, 4}, DType::i32),
                                                            Tensor::zeros(Shape{6, 4}, DType::i32)}, 4); }),
                    "6 sequences does not split into 4"));
