@@ -2,6 +2,7 @@
 // usable and fail instead under DTP_REQUIRE_GPU=1.
 #include <gtest/gtest.h>
 
+#include "support/all_to_all_v_case.h"
 #include "support/harness.h"
 
 namespace dtp {
@@ -128,6 +129,16 @@ TEST_P(CudaLibraryCollectives, MatchTheExactSums) {
           std::vector<double>(sum.begin() + mine.offset, sum.begin() + mine.offset + mine.length), scattered[r]));
     }
   }
+}
+
+TEST_P(CudaLibraryCollectives, AllToAllVMovesEveryBlockWithItsOwnCount) {
+  DTP_REQUIRE_GPU();
+  const int n = GetParam();
+  launch(gpu_world(n), [n](Comm& comm) {
+    testing::AllToAllVCase exchange(comm.rank(), n, DType::f32, comm.device());
+    comm.all_to_all_v(exchange.in, exchange.send_counts, exchange.out, exchange.recv_counts);
+    EXPECT_TRUE(exchange.received_everything());
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, CudaLibraryCollectives, ::testing::Range(1, 9),

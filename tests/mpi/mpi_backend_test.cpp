@@ -8,6 +8,7 @@
 #include <optional>
 #include <thread>
 
+#include "support/all_to_all_v_case.h"
 #include "support/harness.h"
 
 namespace dtp {
@@ -179,6 +180,30 @@ TEST(MpiBackend, LibraryCollectivesOnUnevenLengths) {
       comm.barrier();
     });
   }
+}
+
+TEST(MpiBackend, AllToAllVMovesEveryBlockWithItsOwnCount) {
+  for (int n = 1; n <= 4; ++n) {
+    launch(mpi_world(n), [n](Comm& comm) {
+      testing::AllToAllVCase exchange(comm.rank(), n, DType::f32);
+      comm.all_to_all_v(exchange.in, exchange.send_counts, exchange.out, exchange.recv_counts);
+      EXPECT_TRUE(exchange.received_everything());
+    });
+  }
+}
+
+TEST(MpiDiagnostics, AllToAllVCountsThatDisagreeFailEveryRank) {
+  // Every rank reaches the same verdict, so every rank throws (none hangs).
+  launch(mpi_world(3), [](Comm& comm) {
+    std::vector<std::int64_t> send{1, 1, comm.rank() == 0 ? 2 : 1}, recv{comm.rank() == 2 ? 3 : 1, 1, 1};
+    Tensor in = Tensor::zeros({send[0] + send[1] + send[2]}), out = Tensor::zeros({recv[0] + recv[1] + recv[2]});
+    try {
+      comm.all_to_all_v(in, send, out, recv);
+      ADD_FAILURE() << "rank " << comm.rank() << ": counts that disagree must throw on every rank";
+    } catch (const CommMismatch& e) {
+      expect_contains(e.what(), "rank 0 sends 2 elements to rank 2 (its send_counts[2]) but rank 2 expects 3");
+    }
+  });
 }
 
 TEST(MpiBackend, NonBlockingAllReduceOverlapsPointToPoint) {

@@ -129,6 +129,50 @@ TEST(Diagnostics, MismatchedCollectivesNameEveryRanksCall) {
   }
 }
 
+TEST(Diagnostics, AllToAllVCountsThatDisagreeFailEveryRankNamingBothSides) {
+  // Rank 0 sends 2 elements to rank 2, which expects 3 from it.
+  std::vector<std::string> reports(3);
+  launch(thread_world(3), [&](Comm& comm) {
+    std::vector<std::int64_t> send{1, 1, comm.rank() == 0 ? 2 : 1}, recv{comm.rank() == 2 ? 3 : 1, 1, 1};
+    std::int64_t sent = 0, received = 0;
+    for (int r = 0; r < 3; ++r) sent += send[r], received += recv[r];
+    Tensor in = Tensor::zeros({sent}), out = Tensor::zeros({received});
+    try {
+      comm.all_to_all_v(in, send, out, recv);
+      ADD_FAILURE() << "rank " << comm.rank() << ": counts that disagree must throw on every rank";
+    } catch (const CommMismatch& e) {
+      reports[comm.rank()] = e.what();
+    }
+  });
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    expect_contains(reports[r], "the ranks disagree on 1 count:");
+    expect_contains(reports[r], "rank 0 sends 2 elements to rank 2 (its send_counts[2]) but rank 2 expects 3 from "
+                                "rank 0 (its recv_counts[0])");
+  }
+}
+
+TEST(Diagnostics, AllToAllVArgumentsSayWhatWasExpected) {
+  launch(thread_world(2), [](Comm& comm) {
+    Tensor four = Tensor::zeros({4}), doubles = Tensor::zeros({4}, DType::f64);
+    auto error_of = [&](std::function<void()> call) {
+      try {
+        call();
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    expect_contains(error_of([&] { comm.all_to_all_v(four, {4}, four, {2, 2}); }),
+                    "send_counts has 1 entries but the communicator has 2 ranks");
+    expect_contains(error_of([&] { comm.all_to_all_v(four, {5, -1}, four, {2, 2}); }),
+                    "send_counts[1] is -1; counts must be >= 0");
+    expect_contains(error_of([&] { comm.all_to_all_v(four, {2, 2}, four, {2, 3}); }),
+                    "recv_counts add up to 5 elements but out holds 4");
+    expect_contains(error_of([&] { comm.all_to_all_v(four, {2, 2}, doubles, {2, 2}); }), "dtypes must match");
+  });
+}
+
 TEST(Diagnostics, RecvOfTheWrongSizeIsAMismatch) {
   RankFailure failure = launch_failure(thread_world(2), [](Comm& comm) {
     if (comm.rank() == 0) comm.send(Tensor::zeros({5}, DType::f64), 1);

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "support/all_to_all_v_case.h"
 #include "support/harness.h"
 
 namespace dtp {
@@ -194,6 +195,30 @@ TEST_P(LibraryCollectives, ClockChargesTheRingAlgorithm) {
     EXPECT_EQ(comm.stats().messages_sent, 0);
   }, CostModel::bytes());
   for (int r = 0; r < n; ++r) EXPECT_DOUBLE_EQ(clocks[r], 2.0 * (n - 1) / n * len * 8) << "rank " << r;
+}
+
+TEST_P(LibraryCollectives, AllToAllVMovesEveryBlockWithItsOwnCount) {
+  const int n = GetParam();
+  std::vector<double> clocks(n);
+  run_ranks(n, [&](Comm& comm) {
+    testing::AllToAllVCase exchange(comm.rank(), n);
+    comm.reset_stats();
+    comm.all_to_all_v(exchange.in, exchange.send_counts, exchange.out, exchange.recv_counts);
+    EXPECT_TRUE(exchange.received_everything());
+    EXPECT_EQ(comm.stats().collective_calls.at("all_to_all_v"), 1);
+    EXPECT_EQ(comm.stats().total_collective_calls(), 1) << "the count check must not be counted";
+    EXPECT_EQ(comm.stats().collective_bytes, exchange.in.numel() * 8);
+    clocks[comm.rank()] = comm.stats().clock;
+  }, CostModel{1.0, 1.0});
+  // The busiest rank's off-rank bytes, sent or received, plus n - 1 latencies.
+  double busiest = 0;
+  for (int r = 0; r < n; ++r) {
+    double sent = 0, received = 0;
+    for (int k = 0; k < n; ++k)
+      if (k != r) sent += testing::AllToAllVCase::count(r, k), received += testing::AllToAllVCase::count(k, r);
+    busiest = std::max({busiest, sent * 8, received * 8});
+  }
+  for (int r = 0; r < n; ++r) EXPECT_DOUBLE_EQ(clocks[r], (n - 1) + busiest) << "rank " << r;
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, LibraryCollectives, ::testing::Range(1, 9),

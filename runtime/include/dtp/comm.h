@@ -143,6 +143,21 @@ class Comm {
   /// Chunk j of rank i's @p in lands as chunk i of rank j's @p out.
   /// in.numel() and out.numel() must be equal and divisible by size().
   void all_to_all(const Tensor& in, Tensor& out);
+  /// All-to-all with a different count per peer (MPI_Alltoallv, packed): this
+  /// rank sends send_counts[j] elements to rank j, taken from @p in in rank
+  /// order (the block for rank 0, then rank 1, ...), and receives
+  /// recv_counts[i] elements from rank i into @p out, in rank order. Counts
+  /// are elements of the flattened tensors and may be 0; in.numel() must be
+  /// the sum of send_counts and out.numel() that of recv_counts. Rank j's
+  /// recv_counts[i] must equal rank i's send_counts[j]: every rank checks the
+  /// whole count matrix first (one small all-gather, not counted in stats()
+  /// and not charged to the clock) and a disagreement is a CommMismatch on
+  /// every rank naming both ranks and both counts. Counted as "all_to_all_v"
+  /// with this rank's in bytes; the clock charges (n - 1) latencies plus the
+  /// busiest rank's off-rank bytes (the larger of what it sends and receives).
+  /// Mixture-of-experts layers dispatch tokens to their experts with it.
+  void all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts, Tensor& out,
+                    const std::vector<std::int64_t>& recv_counts);
   /// Root's full = concatenation of every rank's shard (shapes as all_gather).
   /// Other ranks pass an undefined or any tensor as full; it is not touched.
   void gather(const Tensor& shard, Tensor& full, int root);

@@ -61,6 +61,10 @@ class CommBackend {
   /// communication thread, like iall_reduce.
   virtual std::shared_ptr<RequestState> ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op);
   virtual void all_to_all(const Tensor& in, Tensor& out) = 0;
+  /// Comm::all_to_all_v with the counts already checked across ranks;
+  /// @p cost_bytes (the same on every rank) is what the clock charges for.
+  virtual void all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts, Tensor& out,
+                            const std::vector<std::int64_t>& recv_counts, double cost_bytes) = 0;
   virtual void gather(const Tensor& shard, Tensor& full, int root) = 0;
   virtual void scatter(const Tensor& full, Tensor& shard, int root) = 0;
   virtual void barrier() = 0;
@@ -89,7 +93,8 @@ class CommBackend {
 /// the bandwidth-optimal algorithm of chapter 01 would take: rings for
 /// all-reduce, all-gather, reduce-scatter and all-to-all, binomial trees for
 /// broadcast, reduce and barrier, the root's link for gather and scatter.
-/// @p bytes is the size of the whole buffer (all_reduce's x, all_gather's full).
+/// @p bytes is the size of the whole buffer (all_reduce's x, all_gather's full);
+/// for all_to_all_v, the busiest rank's off-rank bytes (pairwise exchange).
 double collective_cost(const std::string& kind, double bytes, int world_size, CostModel cost);
 
 }  // namespace dtp

@@ -41,6 +41,7 @@ double collective_cost(const std::string& kind, double bytes, int n, CostModel c
   const double share = static_cast<double>(n - 1) / n;
   if (kind == "all_reduce") return 2 * (n - 1) * a + 2 * share * bytes * b;
   if (kind == "broadcast" || kind == "reduce") return log_rounds * (a + bytes * b);
+  if (kind == "all_to_all_v") return (n - 1) * a + bytes * b;
   if (kind == "all_gather" || kind == "reduce_scatter" || kind == "all_to_all" ||
       kind == "gather" || kind == "scatter")
     return (n - 1) * a + share * bytes * b;

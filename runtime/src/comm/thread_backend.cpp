@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <numeric>
 #include <sstream>
 
 #include "comm/rank_context.h"
@@ -380,6 +381,26 @@ void ThreadComm::all_to_all(const Tensor& in, Tensor& out) {
   collective(std::move(call), [&](const std::vector<CollectiveCall>& calls) {
     std::vector<Tensor> parts = out.flatten().chunk(size());
     for (int r = 0; r < size(); ++r) parts[r].copy_from(calls[r].first.chunk(size())[rank_]);
+  });
+}
+
+void ThreadComm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts, Tensor& out,
+                              const std::vector<std::int64_t>& recv_counts, double cost_bytes) {
+  CollectiveCall call = make_call("all_to_all_v", Tensor(), cost_bytes);
+  call.dtype = in.dtype();
+  call.first = in.flatten();
+  call.send_counts = send_counts;
+  collective(std::move(call), [&](const std::vector<CollectiveCall>& calls) {
+    // Each rank pulls its block out of every sender's buffer: the block
+    // starts after what that sender sends to the ranks before this one.
+    Tensor target = out.flatten();
+    std::int64_t at = 0;
+    for (int r = 0; r < size(); ++r) {
+      const std::vector<std::int64_t>& theirs = calls[r].send_counts;
+      const std::int64_t from = std::accumulate(theirs.begin(), theirs.begin() + rank_, std::int64_t{0});
+      if (recv_counts[r] > 0) target.slice(at, recv_counts[r]).copy_from(calls[r].first.slice(from, recv_counts[r]));
+      at += recv_counts[r];
+    }
   });
 }
 

@@ -44,6 +44,8 @@ class ThreadComm : public CommBackend {
   void all_gather(const Tensor& shard, Tensor& full) override;
   void reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) override;
   void all_to_all(const Tensor& in, Tensor& out) override;
+  void all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts, Tensor& out,
+                    const std::vector<std::int64_t>& recv_counts, double cost_bytes) override;
   void gather(const Tensor& shard, Tensor& full, int root) override;
   void scatter(const Tensor& full, Tensor& shard, int root) override;
   void barrier() override;

@@ -43,6 +43,7 @@ struct CollectiveCall {
   double cost_bytes = 0;  // what the alpha-beta model charges for
   Tensor first, second;   // this rank's buffers; their meaning depends on kind
   int color = 0, key = 0; // split only
+  std::vector<std::int64_t> send_counts;  // all_to_all_v only
   void* ready_event = nullptr;  // GPU: recorded when this rank's inputs are ready
   void* done_event = nullptr;   // GPU: recorded when this rank's share of the work is queued
   /// "all_reduce(100 x f32, sum)", for mismatch messages and reports.

@@ -480,6 +480,34 @@ void MpiComm::all_to_all(const Tensor& in, Tensor& out) {
   finish(request, "all_to_all");
 }
 
+void MpiComm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts, Tensor& out,
+                           const std::vector<std::int64_t>& recv_counts, double cost_bytes) {
+  if (on_gpu(in) || on_gpu(out)) {
+    Tensor host = host_copy(out);
+    all_to_all_v(host_copy(in), send_counts, host, recv_counts, cost_bytes);
+    return out.copy_from(host);
+  }
+  agree(std::string("all_to_all_v(") + dtype_name(in.dtype()) + ")", "all_to_all_v", cost_bytes);
+  // MPI counts in bytes, as ints, with explicit displacements.
+  auto layout = [&](const std::vector<std::int64_t>& counts, std::vector<int>& bytes, std::vector<int>& at) {
+    std::size_t offset = 0;
+    for (std::int64_t c : counts) {
+      const std::size_t b = static_cast<std::size_t>(c) * in.element_size();
+      bytes.push_back(as_int(b, "all_to_all_v"));
+      at.push_back(as_int(offset, "all_to_all_v"));
+      offset += b;
+    }
+  };
+  std::vector<int> send_bytes, send_at, recv_bytes, recv_at;
+  layout(send_counts, send_bytes, send_at);
+  layout(recv_counts, recv_bytes, recv_at);
+  MPI_Request request;
+  check(MPI_Ialltoallv(in.raw(), send_bytes.data(), send_at.data(), MPI_BYTE, out.raw(), recv_bytes.data(),
+                       recv_at.data(), MPI_BYTE, comm_, &request),
+        "MPI_Ialltoallv");
+  finish(request, "all_to_all_v");
+}
+
 void MpiComm::gather(const Tensor& shard, Tensor& full, int root) {
   if (on_gpu(shard) || on_gpu(full)) {
     Tensor host = host_copy(full);

@@ -414,6 +414,27 @@ void NcclComm::all_to_all(const Tensor& in, Tensor& out) {
   DTP_NCCL_CHECK(ncclGroupEnd());
 }
 
+void NcclComm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts, Tensor& out,
+                            const std::vector<std::int64_t>& recv_counts, double cost_bytes) {
+  check_device("all_to_all_v", in);
+  check_device("all_to_all_v", out);
+  agree(std::string("all_to_all_v(") + dtype_name(in.dtype()) + ")", "all_to_all_v", cost_bytes);
+  // NCCL has no all-to-all-v: one grouped send and receive per peer. The
+  // counts agree (Comm checked them), so both sides skip the same empty pairs.
+  Tensor source = in;
+  std::int64_t sent = 0, received = 0;
+  DTP_NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < size_; ++r) {
+    if (send_counts[r] > 0)
+      DTP_NCCL_CHECK(ncclSend(bytes_of(source, sent), send_counts[r] * in.element_size(), ncclUint8, r, comm_, stream_));
+    if (recv_counts[r] > 0)
+      DTP_NCCL_CHECK(ncclRecv(bytes_of(out, received), recv_counts[r] * out.element_size(), ncclUint8, r, comm_, stream_));
+    sent += send_counts[r];
+    received += recv_counts[r];
+  }
+  DTP_NCCL_CHECK(ncclGroupEnd());
+}
+
 void NcclComm::gather(const Tensor& shard, Tensor& full, int root) {
   check_device("gather", shard);
   agree(signature("gather", shard, root, nullptr), "gather", static_cast<double>(shard.nbytes()) * size_);
