@@ -209,6 +209,17 @@ TEST(Diagnostics, MessagesNobodyReceivedFailTheRun) {
   expect_contains(failure.what(), "rank 1 -> rank 2, tag 4: 2 x i32");
 }
 
+TEST(Diagnostics, MessagesLeftInASubGroupThatIsGoneFailTheRunToo) {
+  // The sub-communicator dies with the rank function, before launch looks.
+  RankFailure failure = launch_failure(thread_world(4), [](Comm& comm) {
+    Comm pairs = comm.split(comm.rank() / 2, comm.rank());
+    if (comm.rank() == 2) pairs.send(Tensor::zeros({3}, DType::f64), 1, 7);
+  });
+  EXPECT_EQ(failure.rank(), 3);
+  expect_contains(failure.what(), "never received");
+  expect_contains(failure.what(), "rank 2 -> rank 3, tag 7: 3 x f64 (in group [2, 3])");
+}
+
 TEST(Diagnostics, BadArgumentsSayWhatWasExpected) {
   launch(thread_world(3), [](Comm& comm) {
     Tensor x = Tensor::zeros({7});

@@ -243,7 +243,7 @@ void launch_threads(const World& world, const std::function<void(Comm&)>& fn) {
   }
 
   // Every send needs a matching recv: leftover messages mean a protocol bug.
-  std::string undelivered;
+  std::string undelivered = thread_world->left_behind();
   for (const auto& g : thread_world->groups()) undelivered += g->describe_undelivered();
   if (!undelivered.empty()) {
     std::string message =

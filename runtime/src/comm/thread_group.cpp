@@ -24,6 +24,11 @@ ThreadGroup::ThreadGroup(std::shared_ptr<ThreadWorld> world, std::vector<int> me
   mailbox_.resize(members_.size());
 }
 
+ThreadGroup::~ThreadGroup() {
+  const std::string leftovers = describe_undelivered();
+  if (!leftovers.empty()) world_->note_left_behind(leftovers);
+}
+
 std::shared_ptr<ThreadGroup> ThreadGroup::create(std::shared_ptr<ThreadWorld> world,
                                                  std::vector<int> members) {
   auto group = std::make_shared<ThreadGroup>(world, std::move(members));

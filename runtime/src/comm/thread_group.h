@@ -53,6 +53,9 @@ struct CollectiveCall {
 class ThreadGroup {
  public:
   ThreadGroup(std::shared_ptr<ThreadWorld> world, std::vector<int> members);
+  /// A group made by split() dies with its last Comm, often before launch()
+  /// looks for undelivered messages: it hands its leftovers to the world.
+  ~ThreadGroup();
   static std::shared_ptr<ThreadGroup> create(std::shared_ptr<ThreadWorld> world,
                                              std::vector<int> members);
 

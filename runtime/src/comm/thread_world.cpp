@@ -69,6 +69,16 @@ Device ThreadWorld::device_of(int rank) const {
 
 void ThreadWorld::add_group(const std::shared_ptr<ThreadGroup>& group) { groups_.push_back(group); }
 
+void ThreadWorld::note_left_behind(const std::string& messages) {
+  std::lock_guard lock(left_behind_mutex_);
+  left_behind_ += messages;
+}
+
+std::string ThreadWorld::left_behind() const {
+  std::lock_guard lock(left_behind_mutex_);
+  return left_behind_;
+}
+
 std::vector<std::shared_ptr<ThreadGroup>> ThreadWorld::groups() const {
   std::vector<std::shared_ptr<ThreadGroup>> alive;
   for (const auto& weak : groups_)

@@ -68,6 +68,10 @@ class ThreadWorld {
   /// Registers a group so reports can list its undelivered messages.
   void add_group(const std::shared_ptr<ThreadGroup>& group);
   std::vector<std::shared_ptr<ThreadGroup>> groups() const;
+  /// Undelivered messages of groups that no longer exist (any thread, no lock
+  /// needed: a group may die while a rank holds the world's mutex).
+  void note_left_behind(const std::string& messages);
+  std::string left_behind() const;
 
   /// What every rank is doing and which messages are waiting (lock held).
   std::string report() const;
@@ -96,6 +100,8 @@ class ThreadWorld {
   // A deque: entries stay put while waiting threads hold references.
   std::deque<ThreadStatus> status_;
   std::vector<std::weak_ptr<ThreadGroup>> groups_;
+  mutable std::mutex left_behind_mutex_;
+  std::string left_behind_;
   bool aborted_ = false;
   bool deadlocked_ = false;
   std::string abort_reason_;
