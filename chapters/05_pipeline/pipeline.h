@@ -181,7 +181,7 @@ Schedule afab_schedule(int stages, int microbatches);
 /// Puzzle 5.4. 1F1B: rank r runs min(p-r-1, m) warm-up forwards, then
 /// alternates one forward and one backward while forwards remain, then the
 /// remaining backwards. The same bubble as AFAB, but rank r never holds more
-/// than p - r micro-batches.
+/// than p - r micro-batches. Throws (through empty_schedule) for p or m < 1.
 Schedule one_f_one_b_schedule(int stages, int microbatches);
 
 /// Puzzle 5.5. Interleaved 1F1B (Megatron-LM): v chunks per rank, the
@@ -354,6 +354,9 @@ class StageModule {
 int pipeline_tag(bool gradient, int microbatch, int sender);
 inline constexpr int kMaxVirtualStages = 128;
 inline constexpr int kMaxMicrobatches = 4096;
+/// What a pipeline_tag() names, in words, for reading a deadlock report:
+/// "the activation of micro-batch 0 sent by virtual stage 1" (provided).
+std::string describe_pipeline_tag(int tag);
 
 // --- puzzles 2 and 7: running a pipeline ---------------------------------------------
 
@@ -380,8 +383,11 @@ double naive_pipeline_step(Comm& pp, StageModule& stage, const MicroBatch& batch
 /// - W(mb, c): the deferred weight gradients.
 /// Every message uses pipeline_tag(). Returns the step's loss (the mean of
 /// the m micro-batches' losses) on the rank holding the last virtual
-/// stage, 0 on the others. Throws dtp::Error when @p chunks does not hold
-/// schedule.chunks stages or @p microbatches does not hold m.
+/// stage, 0 on the others. It does not zero the gradients: the m
+/// micro-batches add up onto whatever the units hold (the trainer calls
+/// zero_grad() before each step). Throws dtp::Error when pp.size() is not
+/// schedule.stages, @p chunks does not hold schedule.chunks stages or
+/// @p microbatches does not hold m.
 double execute_schedule(Comm& pp, const Schedule& schedule, const std::vector<StageModule*>& chunks,
                         const std::vector<MicroBatch>& microbatches);
 

@@ -98,4 +98,13 @@ int pipeline_tag(bool gradient, int microbatch, int sender) {
   return ((sender << 12) | microbatch) * 2 + (gradient ? 1 : 0);
 }
 
+std::string describe_pipeline_tag(int tag) {
+  if (tag < 0 || tag >= 2 * kMaxVirtualStages * kMaxMicrobatches) return "not a pipeline tag";
+  const bool gradient = tag % 2 == 1;
+  const int packed = tag / 2, sender = packed >> 12, microbatch = packed & (kMaxMicrobatches - 1);
+  return std::string(gradient ? "the input gradient" : "the activation") + " of micro-batch " +
+         std::to_string(microbatch) + " sent by virtual stage " + std::to_string(sender) +
+         (gradient ? " back to " : " on to ") + "virtual stage " + std::to_string(gradient ? sender - 1 : sender + 1);
+}
+
 }  // namespace dtp::ch05

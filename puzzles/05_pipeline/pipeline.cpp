@@ -58,7 +58,8 @@ Schedule afab_schedule(int stages, int microbatches) {
 }
 
 Schedule one_f_one_b_schedule(int stages, int microbatches) {
-  // About 12 lines. Warm-up forwards, then F and B in turn, then the rest of the B's.
+  // About 12 lines. Start from empty_schedule("1f1b", stages, microbatches).
+  // Warm-up forwards, then F and B in turn, then the rest of the B's.
   (void)stages, (void)microbatches;
   throw dtp::NotSolved("5.4 one_f_one_b_schedule");
 }
@@ -88,8 +89,9 @@ double execute_schedule(Comm& pp, const Schedule& schedule, const std::vector<St
                         const std::vector<MicroBatch>& microbatches) {
   // About 40 lines. For each action of schedule.actions[pp.rank()]: find its
   // virtual stage vs = schedule.virtual_stage(rank, chunk); its neighbours
-  // are on ranks (vs - 1) % p and (vs + 1) % p. Receive what it needs,
-  // compute, send what the neighbour needs.
+  // are on ranks (vs - 1) % p and (vs + 1) % p (asked for only when they
+  // exist). Check the arguments first. Receive what it needs, compute, send
+  // what the neighbour needs. Needs 5.1 and 5.3-5.6 solved for its checkers.
   (void)pp, (void)schedule, (void)chunks, (void)microbatches;
   throw dtp::NotSolved("5.7 execute_schedule");
 }

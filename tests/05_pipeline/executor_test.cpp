@@ -19,6 +19,10 @@ struct StepFacts {
   double clock = 0;
 };
 
+void add_line(std::string& message, const std::string& line) {
+  message += (message.empty() ? "" : "\n    ") + line;
+}
+
 // One step of `s` on the ranks (executor), checked against the serial model.
 void check_one_step(const Schedule& s, int layers, const std::string& what) {
   const int p = s.stages, m = s.microbatches;
@@ -44,32 +48,41 @@ void check_one_step(const Schedule& s, int layers, const std::string& what) {
     const bool holds_loss = pp.rank() == (s.virtual_stages() - 1) % p;
     if (holds_loss) {
       const std::string l = check_step_loss(expected, loss, m);
-      if (!l.empty()) message += (message.empty() ? "" : "\n    ") + ("rank " + std::to_string(pp.rank()) + ": " + l);
+      if (!l.empty()) add_line(message, "rank " + std::to_string(pp.rank()) + ": " + l);
     } else if (loss != 0) {
-      message += (message.empty() ? "" : "\n    ") + std::string("rank ") + std::to_string(pp.rank()) +
-                 " returned loss " + number(loss) + "; only the rank holding the last stage returns it (0 elsewhere)";
+      add_line(message, "rank " + std::to_string(pp.rank()) + " returned loss " + number(loss) +
+                            "; only the rank holding the last stage returns it (0 elsewhere)");
     }
     if (pp.rank() == 0) {
       double total = 0, makespan = 0;
+      int last = 0;
       std::string per_rank;
       for (int r = 0; r < p; ++r) {
         total += v[static_cast<std::size_t>(3 * r + 1)];
-        makespan = std::max(makespan, v[static_cast<std::size_t>(3 * r + 2)]);
+        if (v[static_cast<std::size_t>(3 * r + 2)] > makespan) makespan = v[static_cast<std::size_t>(3 * r + 2)], last = r;
         per_rank += (r ? ", " : "") + number(v[static_cast<std::size_t>(3 * r + 1)]);
       }
       const double want = 2.0 * (s.virtual_stages() - 1) * m;
       if (total != want)
-        message += "\n    the ranks sent " + number(total) + " messages (per rank: " + per_rank + "); expected 2(pv-1)m = " +
-                   number(want) + ": one activation per micro-batch across each of the pv-1 stage boundaries, and " +
-                   "one gradient back (nothing from the last stage forward, nothing from the first back)";
-      else if (std::fabs(makespan - verifier.makespan) > 1e-9)
-        message += "\n    the step ended at " + number(makespan) + " on the simulated clock; the verifier's makespan " +
-                   "for this schedule is " + number(verifier.makespan) +
-                   ": receive each message right before the action that needs it (a receive placed earlier makes " +
-                   "the rank wait for it before work that does not need it)";
+        add_line(message, "the ranks sent " + number(total) + " messages (per rank: " + per_rank +
+                              "); expected 2(pv-1)m = " + number(want) +
+                              ": one activation per micro-batch across each of the pv-1 stage boundaries, and one "
+                              "gradient back (nothing from the last stage forward, nothing from the first back)");
+      else if (makespan > verifier.makespan + 1e-9)
+        add_line(message, "rank " + std::to_string(last) + " ended the step at " + number(makespan) +
+                              " on the simulated clock; the verifier's makespan for this schedule is " +
+                              number(verifier.makespan) +
+                              ": receive each message right before the action that needs it (a receive placed "
+                              "earlier makes the rank wait for it before work that does not need it)");
+      else if (makespan < verifier.makespan - 1e-9)
+        add_line(message, "the last rank to finish (rank " + std::to_string(last) + ") ended the step at " +
+                              number(makespan) + " on the simulated clock, before the verifier's makespan " +
+                              number(verifier.makespan) +
+                              ": some action did not wait for the message it needs (one micro-batch's message "
+                              "taken for another's: is every message sent and received with its pipeline_tag()?)");
     }
     return message;
-  });
+  }, explain_pipeline_failure);
 }
 
 TEST(Puzzle5_2_naive_pipeline, OneMicroBatchGivesTheSingleDeviceGradientsAndLoss) {
@@ -97,11 +110,11 @@ TEST(Puzzle5_2_naive_pipeline, OneMicroBatchGivesTheSingleDeviceGradientsAndLoss
                    std::to_string(stats.messages_sent) + " messages; expected " + std::to_string(want) +
                    " (its output forward unless last, its input gradient back unless first)";
       return message;
-    });
+    }, explain_pipeline_failure);
   }
 }
 
-TEST(Puzzle5_7_executor, RunsRandomValidOrdersOfEveryKind) {
+TEST(Puzzle5_7_executor, RunsRandomValidOrdersWithAndWithoutSplitBackwardAndChunks) {
   // Orders no schedule puzzle produces: the executor must follow the data.
   std::uint64_t seed = 1;
   for (auto [p, m, v, split] : {std::tuple{2, 3, 1, false}, std::tuple{3, 4, 1, false}, std::tuple{4, 2, 1, false},
@@ -125,6 +138,28 @@ TEST(Puzzle5_7_executor, EveryScheduleGivesTheMeanGradientLossMessagesAndClock) 
   }
 }
 
+TEST(Puzzle5_7_executor, ArgumentsThatDoNotFitTheScheduleAreErrors) {
+  const Schedule s = random_schedule(2, 2, 1, false, 7);
+  const TrainConfig config = pipeline_config(2, 4);
+  run_and_report("execute_schedule with arguments that do not fit", 2, [&](Comm& pp) -> std::string {
+    HandPipeline pipe(config, pp, s);
+    std::string message;
+    auto expect_error = [&](const std::string& what, const std::function<void()>& call) {
+      try {
+        call();
+        add_line(message, "rank " + std::to_string(pp.rank()) + ": execute_schedule with " + what +
+                              " returned; it must throw dtp::Error naming the mismatch (DTP_CHECK)");
+      } catch (const dtp::Error&) {
+      }
+    };
+    const Schedule three = random_schedule(3, 2, 1, false, 7);
+    expect_error("a schedule for 3 stages on 2 ranks", [&] { execute_schedule(pp, three, pipe.pointers, pipe.microbatches(2)); });
+    expect_error("no chunks", [&] { execute_schedule(pp, s, {}, pipe.microbatches(2)); });
+    expect_error("4 micro-batches for m = 2", [&] { execute_schedule(pp, s, pipe.pointers, pipe.microbatches(4)); });
+    return message;
+  });
+}
+
 TEST(Puzzle5_7_executor, TrainingThroughTheTrainerEqualsSingleDeviceTraining) {
   for (ScheduleKind kind : {ScheduleKind::afab, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
                             ScheduleKind::zb_h1}) {
@@ -146,6 +181,7 @@ TEST(Puzzle5_7_executor, TrainingThroughTheTrainerEqualsSingleDeviceTraining) {
                        for (StageModule* chunk : trainer.chunks())
                          for (Unit* unit : chunk->units()) mine[static_cast<std::size_t>(unit->index())] = true;
                        std::vector<double> losses;
+                       mesh.pp.reset_stats();
                        for (std::int64_t step = 1; step <= config.steps; ++step) {
                          losses.push_back(trainer.step().loss);
                          // The replicas of a stage must stay bitwise equal.
@@ -160,8 +196,16 @@ TEST(Puzzle5_7_executor, TrainingThroughTheTrainerEqualsSingleDeviceTraining) {
                                       "(replicas must stay bitwise equal: is every gradient averaged over --dp?)";
                            }
                        }
+                       // Sum the pipeline's messages over its stages (after the count was taken).
+                       Tensor sent = Tensor::full({1}, static_cast<double>(mesh.pp.stats().messages_sent), DType::f64);
+                       mesh.pp.all_reduce(sent);
+                       const double want = 2.0 * (p * trainer.chunks().size() - 1) * options.microbatches * config.steps;
+                       if (sent.item(0) != want)
+                         return "world rank " + std::to_string(world.rank()) + ": the " + std::to_string(p) +
+                                " stages of this pipeline sent " + number(sent.item(0)) + " messages in " +
+                                std::to_string(config.steps) + " steps; expected 2(pv-1)m per step = " + number(want);
                        return compare_stage(expected, trainer.model(), mine, losses, world.rank());
-                     });
+                     }, explain_pipeline_failure);
     }
   }
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <random>
@@ -37,6 +38,26 @@ inline std::string check_shape(const Schedule& s, const std::string& what, int p
   else if (static_cast<int>(s.actions.size()) != p)
     problem = "has " + std::to_string(s.actions.size()) + " lists for " + std::to_string(p) + " ranks";
   return problem.empty() ? "" : what + " " + problem;
+}
+
+// Added to a pipeline run's error: every tag it mentions, in words, and
+// what a send of an undefined tensor usually is.
+inline std::string explain_pipeline_failure(const std::string& text) {
+  std::string out;
+  std::vector<int> seen;
+  for (std::size_t at = text.find("tag "); at != std::string::npos; at = text.find("tag ", at + 4)) {
+    std::size_t end = at + 4;
+    while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+    if (end == at + 4) continue;
+    const int tag = std::stoi(text.substr(at + 4, end - at - 4));
+    if (std::find(seen.begin(), seen.end(), tag) != seen.end()) continue;
+    seen.push_back(tag);
+    out += "\n    tag " + std::to_string(tag) + " is " + describe_pipeline_tag(tag);
+  }
+  if (text.find("send: x is an undefined tensor") != std::string::npos)
+    out += "\n    an undefined tensor has nothing to send: virtual stage 0's backward has no input gradient to send "
+           "back, and the last virtual stage sends nothing on";
+  return out;
 }
 
 // The chart of a small schedule, to show with a failure.
@@ -186,12 +207,14 @@ inline std::string check_stage_gradients(const MicroBatchGradients& expected, GP
                                      [name](std::int64_t i) { return "unit " + name + " element " + std::to_string(i); }});
     }
   }
-  std::string verdict = judge_gradient_pieces(pieces, "gradients after the pipeline step (this rank's units)", rank,
-                                              1, m);
-  const std::string local = "this rank's own local gradient, never averaged";
-  if (auto at = verdict.find(local); at != std::string::npos)
-    verdict.replace(at, local.size(), "the last micro-batch's gradient alone");
-  return verdict;
+  GradientWording words;
+  words.micro_batches = "m";
+  words.loss_scale = "StageModule::backward's loss_scale";
+  words.local = "the last micro-batch's share alone (the others were lost: not accumulated?)";
+  words.local_example = "the last micro-batch's share";
+  words.other = "neither the mean, a multiple of it, nor one micro-batch's share (a micro-batch's activation or "
+                "gradient used for another's: are the messages told apart by pipeline_tag()?)";
+  return judge_gradient_pieces(pieces, "gradients after the pipeline step (this rank's units)", rank, 1, m, words);
 }
 
 // "" or what the step's loss is instead of the batch mean.
@@ -199,6 +222,7 @@ inline std::string check_step_loss(const MicroBatchGradients& expected, double g
   if (close_enough(expected.loss, got)) return "";
   std::string why;
   if (m > 1 && close_enough(expected.loss * m, got)) why = ": the micro-batches' losses summed, not averaged (divide by m)";
+  if (why.empty() && close_enough(expected.loss * 2, got)) why = ": every micro-batch's loss counted twice (2.00x the mean)";
   for (int k = 0; k < m && why.empty(); ++k)
     if (m > 1 && close_enough(expected.loss + expected.losses[static_cast<std::size_t>(k)] / m, got))
       why = ": micro-batch " + std::to_string(k) + "'s loss counted twice";

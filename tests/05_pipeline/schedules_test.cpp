@@ -64,7 +64,11 @@ TEST(Puzzle5_3_afab, NoStagesOrNoMicroBatchesIsAnError) {
 TEST(Puzzle5_4_one_f_one_b, EveryScheduleIsValidWithTheGPipeBubbleAndAtMostPMinusRAlive) {
   sweep("1f1b", one_f_one_b_schedule, [](const Schedule& s, const ScheduleReport& r, int p, int m) {
     std::string problem = check_shape(s, "the schedule", p, m, 1, false);
-    if (problem.empty()) problem = bubble_is(r, (p - 1.0) / (m + p - 1.0), "(p-1)/(m+p-1), AFAB's");
+    if (problem.empty()) {
+      problem = bubble_is(r, (p - 1.0) / (m + p - 1.0), "(p-1)/(m+p-1), AFAB's");
+      if (!problem.empty() && r.bubble_fraction > (p - 1.0) / (m + p - 1.0))
+        problem += " (the pipeline stalls: too few warm-up forwards? rank r needs min(p - r - 1, m))";
+    }
     for (int rank = 0; rank < p && problem.empty(); ++rank) {
       const int peak = r.peak_alive[static_cast<std::size_t>(rank)], limit = std::min(p - rank, m);
       if (peak > limit)

@@ -206,9 +206,20 @@ inline GradientVerdict judge(const double* expected, const double* local, const 
   return {GradientVerdict::other, 0};
 }
 
+// How a chapter names what the verdicts talk about: chapter 02's DDP words by
+// default; a pipeline has no "local gradient", only micro-batches' shares.
+struct GradientWording {
+  std::string micro_batches = "K";                         // the symbol the lesson uses
+  std::string loss_scale = "GPT::backward's loss_scale";    // where 1/K goes
+  std::string local = "this rank's own local gradient, never averaged over the ranks (skipped?)";
+  std::string local_example = "this rank's local gradient";  // the example's third number
+  std::string other = "neither the mean, a multiple of it, nor the local gradient (mixed up with another "
+                      "part's, or reduced before backward finished?)";
+};
+
 // What a ratio most likely means, for a run on `world` ranks with `k`
 // accumulated micro-batches.
-inline std::string explain_ratio(double ratio, int world, std::int64_t k) {
+inline std::string explain_ratio(double ratio, int world, std::int64_t k, const GradientWording& words = {}) {
   auto near = [&](double x) { return std::fabs(ratio - x) <= 1e-6 * std::fabs(x); };
   const std::string w = std::to_string(world);
   if (world > 1 && near(world))
@@ -217,10 +228,10 @@ inline std::string explain_ratio(double ratio, int world, std::int64_t k) {
   if (world > 1 && near(1.0 / world))
     return "divided by the world size twice? (ReduceOp::avg already divides by " + w + ")";
   if (k > 1 && near(static_cast<double>(k)))
-    return "did you scale each micro-batch's loss by 1/K (K = " + std::to_string(k) +
-           ", GPT::backward's loss_scale)?";
+    return "did you scale each micro-batch's loss by 1/" + words.micro_batches + " (" + words.micro_batches +
+           " = " + std::to_string(k) + ", " + words.loss_scale + ")?";
   if (k > 1 && near(static_cast<double>(k) * world))
-    return "two scale mistakes: summed over ranks (x" + w + ") and loss not scaled by 1/K (x" +
+    return "two scale mistakes: summed over ranks (x" + w + ") and loss not scaled by 1/" + words.micro_batches + " (x" +
            std::to_string(k) + ")";
   if (world > 1 && near(static_cast<double>(world - 1) / world))
     return "one rank's gradient is missing from the average?";
@@ -240,7 +251,7 @@ struct GradientPiece {
 // "" when every piece equals its expected gradient; otherwise the verdict
 // first (what the wrong gradients are), then one example with the numbers.
 inline std::string judge_gradient_pieces(const std::vector<GradientPiece>& pieces, const std::string& what,
-                                         int rank, int world, std::int64_t k) {
+                                         int rank, int world, std::int64_t k, const GradientWording& wording = {}) {
   std::map<std::string, std::vector<std::string>> groups;  // verdict -> labels
   std::string example;
   int wrong = 0;
@@ -253,25 +264,24 @@ inline std::string judge_gradient_pieces(const std::vector<GradientPiece>& piece
       case GradientVerdict::scaled: {
         char ratio[32];
         std::snprintf(ratio, sizeof ratio, "%.2fx", v.ratio);
-        words = std::string(ratio) + " the single-device mean: " + explain_ratio(v.ratio, world, k);
+        words = std::string(ratio) + " the single-device mean: " + explain_ratio(v.ratio, world, k, wording);
         break;
       }
       case GradientVerdict::local:
-        words = "this rank's own local gradient, never averaged over the ranks (skipped?)";
+        words = wording.local;
         break;
       case GradientVerdict::zero:
         words = "all zero (never reduced, overwritten, or never copied back?)";
         break;
       default:
-        words = "neither the mean, a multiple of it, nor the local gradient (mixed up with another "
-                "part's, or reduced before backward finished?)";
+        words = wording.other;
     }
     groups[words].push_back(piece.label);
     if (example.empty()) {
       std::int64_t i = 0;
       while (i + 1 < piece.numel && close_enough(piece.expected[i], piece.got[i])) ++i;
       example = "e.g. " + piece.where(i) + ": expected " + number(piece.expected[i]) + ", got " +
-                number(piece.got[i]) + " (this rank's local gradient: " + number(piece.local[i]) + ")";
+                number(piece.got[i]) + " (" + wording.local_example + ": " + number(piece.local[i]) + ")";
     }
   }
   if (wrong == 0) return "";
@@ -366,14 +376,15 @@ inline std::int64_t parameter_tensors(GPT& model) {
 
 // Runs body on `world` ranks; every rank writes "" or a failure into
 // failures[rank]. A rank that throws (a stub's NotSolved) fails the test with
-// its message. Works under mpi: each process fills its own slot.
-inline void run_and_report(const std::string& what, int world,
-                           const std::function<std::string(Comm&)>& body) {
+// its message, followed by what `explain` (if any) adds to it. Works under
+// mpi: each process fills its own slot.
+inline void run_and_report(const std::string& what, int world, const std::function<std::string(Comm&)>& body,
+                           const std::function<std::string(const std::string&)>& explain = nullptr) {
   std::vector<std::string> failures(static_cast<std::size_t>(world));
   try {
     run_ranks(world, [&](Comm& comm) { failures[static_cast<std::size_t>(comm.rank())] = body(comm); });
   } catch (const std::exception& e) {
-    ADD_FAILURE() << what << " on " << world << " rank(s) threw: " << e.what();
+    ADD_FAILURE() << what << " on " << world << " rank(s) threw: " << e.what() << (explain ? explain(e.what()) : "");
     return;
   }
   // The failure first (what is wrong, where), then which run it was.
