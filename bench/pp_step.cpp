@@ -1,14 +1,14 @@
 // dtp-bench-pp-step: pipeline parallelism (chapter 05), measured on this
 // machine: each schedule's bubble on the simulated clock and in wall time,
 // against the verifier and the lesson's formula, and what each stage keeps.
-//   dtp-bench-pp-step [--microbatches 4,8,16,32] [--schedules afab,1f1b,interleaved,zb-h1]
+//   dtp-bench-pp-step [--pp 4] [--microbatches 4,8,16,32] [--schedules afab,1f1b,interleaved,zb-h1]
 //                     [--steps 5] [--warmup 2] [--chunks 2] [--mb-size 2]
 //                     [--layers 8] [--d-model 128] [--heads 4] [--seq 64]
 //                     [--optimizer adamw|sgd] [--dtype f32|f64] [--balance-by-time]
 //                     [--gantt-m 8] [--trace-dir DIR] [--quick] [--json FILE]
 //
 // Every (schedule, m) is one run of the reference's PipelineTrainer (the step
-// of `dtp train --strategy pp`) on p = 4 ranks of the thread backend, dp = 1,
+// of `dtp train --strategy pp`) on p = --pp ranks of the thread backend, dp = 1,
 // the World's CostModel left at zero: the simulated clock moves only by what
 // StageModule charges per action (ActionCosts' defaults: F 1, B 2; split, B 1
 // and W 1), so the executed clock can be compared with the verifier's. The
@@ -58,7 +58,6 @@ namespace {
 using namespace dtp::bench;
 namespace pp = dtp::ch05;
 constexpr double kMiB = 1024.0 * 1024.0;
-constexpr int kStages = 4;  // p
 
 double mib(std::int64_t bytes) { return static_cast<double>(bytes) / kMiB; }
 
@@ -102,6 +101,7 @@ struct Options {
   std::vector<pp::ScheduleKind> schedules = {pp::ScheduleKind::afab, pp::ScheduleKind::one_f_one_b,
                                              pp::ScheduleKind::interleaved, pp::ScheduleKind::zb_h1};
   std::int64_t warmup = 2, steps = 5;
+  int stages = 4;         // p, one rank thread each
   int chunks = 2;         // v of the interleaved schedule
   std::int64_t mb_size = 2;  // sequences per micro-batch
   int gantt_m = 8;        // the m whose actions (and traces) are kept
@@ -138,7 +138,7 @@ std::string unit_span(const std::vector<dtp::Unit*>& units, const pp::UnitRange&
 
 Run run_one(const Options& o, pp::ScheduleKind kind, int m) {
   Run run;
-  run.options.pp = kStages;
+  run.options.pp = o.stages;
   run.options.dp = 1;
   run.options.microbatches = m;
   run.options.schedule = kind;
@@ -152,18 +152,18 @@ Run run_one(const Options& o, pp::ScheduleKind kind, int m) {
   if (keep_actions && !o.trace_dir.empty())
     run.trace_path = o.trace_dir + "/pp-trace-" + pp::schedule_kind_name(kind) + ".json";
 
-  dtp::World world = dtp::World::from_env(kStages);  // CostModel{} : the clock moves only by the actions
+  dtp::World world = dtp::World::from_env(o.stages);  // CostModel{} : the clock moves only by the actions
   dtp::launch(world, [&](dtp::Comm& comm) {
     dtp::TrainConfig config = run.config;
     config.model.device = comm.device();
-    pp::PipelineMesh mesh = pp::make_pipeline_mesh(comm, kStages);
+    pp::PipelineMesh mesh = pp::make_pipeline_mesh(comm, o.stages);
     pp::PipelineTrainer trainer(config, mesh, run.options);
     const bool root = comm.rank() == 0;
     if (root) {
       run.parameters = trainer.config().model.parameter_count();
       const std::vector<dtp::Unit*> units = trainer.model().units();
       for (const pp::UnitRange& r : trainer.partition()) run.partition.push_back(unit_span(units, r));
-      run.activation_peak.assign(kStages, 0);
+      run.activation_peak.assign(o.stages, 0);
     }
     const std::int64_t total = o.warmup + o.steps;
     for (std::int64_t s = 0; s < total; ++s) {
@@ -236,7 +236,7 @@ void print_header(const Options& o, const Context& ctx) {
   const dtp::TrainConfig& cfg = o.config;
   const pp::ActionCosts costs;
   std::printf("# pp step: %s backend on %s, p = %d stages (one thread each) on %d cores, %s, %s\n",
-              ctx.backend.c_str(), ctx.device.c_str(), kStages, ctx.cores, dtp::dtype_name(cfg.model.dtype),
+              ctx.backend.c_str(), ctx.device.c_str(), o.stages, ctx.cores, dtp::dtype_name(cfg.model.dtype),
               cfg.optimizer.c_str());
   std::printf(
       "# model: GPT d_model %d, %d layers (%d units), %d heads, vocabulary %d, seq %lld; %lld sequences per "
@@ -252,7 +252,7 @@ void print_header(const Options& o, const Context& ctx) {
       "# step: the slowest rank's step time, median. act MiB: each stage's activation peak; alive: each "
       "stage's peak micro-batches (x chunks) alive, executed (verifier's).\n",
       costs.forward, costs.backward, costs.backward_input, costs.backward_weight, static_cast<long long>(o.steps),
-      static_cast<long long>(o.warmup), kStages, ctx.cores);
+      static_cast<long long>(o.warmup), o.stages, ctx.cores);
   std::printf("%-11s %3s %2s %7s %8s %7s %6s %9s %9s  %-27s %-16s\n", "schedule", "m", "v", "clock", "verifier",
               "formula", "wall", "step ms", "ms/mb", "act MiB per stage", "alive (verifier)");
 }
@@ -395,6 +395,7 @@ void usage(FILE* to) {
                "  --microbatches  m per step, a comma list (default 4,8,16,32)\n"
                "  --schedules     a comma list of afab, 1f1b, interleaved, zb-h1 (default all)\n"
                "  --steps         timed steps per run (default 5), after --warmup untimed ones (default 2)\n"
+               "  --pp            p, pipeline stages, one rank thread each (default 4)\n"
                "  --chunks        v, model chunks per rank of the interleaved schedule (default 2)\n"
                "  --mb-size       sequences per micro-batch (default 2): the batch is mb-size x m\n"
                "  --layers, --d-model, --heads, --seq   the model (default 8, 128, 4, 64; vocabulary 256)\n"
@@ -404,7 +405,7 @@ void usage(FILE* to) {
                "  --trace-dir DIR trace one step per schedule at m = --gantt-m into DIR/pp-trace-<schedule>.json\n"
                "  --quick         a smoke test: --warmup 1 --steps 2 --microbatches 4,8\n"
                "  --json FILE     append one JSON object per (schedule, m), and the actions, to FILE\n"
-               "p = 4 ranks of the thread backend (DTP_DEVICE picks the device).\n");
+               "p ranks of the thread backend (DTP_DEVICE picks the device).\n");
 }
 
 }  // namespace
@@ -451,6 +452,8 @@ int main(int argc, char** argv) {
         o.warmup = std::stoll(value);
       else if (flag == "--chunks")
         o.chunks = std::stoi(value);
+      else if (flag == "--pp")
+        o.stages = std::stoi(value);
       else if (flag == "--mb-size")
         o.mb_size = std::stoll(value);
       else if (set_model_flag(flag, value, config))
@@ -475,7 +478,7 @@ int main(int argc, char** argv) {
     for (pp::ScheduleKind kind : o.schedules)
       for (int m : o.microbatches) {
         pp::PipelineOptions check;
-        check.pp = kStages;
+        check.pp = o.stages;
         check.microbatches = m;
         check.schedule = kind;
         check.chunks = o.chunks;

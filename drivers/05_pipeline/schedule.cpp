@@ -102,6 +102,9 @@ std::string describe_pipeline_tag(int tag) {
   if (tag < 0 || tag >= 2 * kMaxVirtualStages * kMaxMicrobatches) return "not a pipeline tag";
   const bool gradient = tag % 2 == 1;
   const int packed = tag / 2, sender = packed >> 12, microbatch = packed & (kMaxMicrobatches - 1);
+  if (gradient && sender == 0)
+    return "not a tag of a pipeline message (it would be an input gradient sent back by virtual stage 0, "
+           "which has no stage before it)";
   return std::string(gradient ? "the input gradient" : "the activation") + " of micro-batch " +
          std::to_string(microbatch) + " sent by virtual stage " + std::to_string(sender) +
          (gradient ? " back to " : " on to ") + "virtual stage " + std::to_string(gradient ? sender - 1 : sender + 1);

@@ -120,6 +120,7 @@ TEST(Puzzle5_7_executor, RunsRandomValidOrdersWithAndWithoutSplitBackwardAndChun
   for (auto [p, m, v, split] : {std::tuple{2, 3, 1, false}, std::tuple{3, 4, 1, false}, std::tuple{4, 2, 1, false},
                                 std::tuple{2, 3, 1, true}, std::tuple{3, 2, 1, true}, std::tuple{2, 2, 2, false},
                                 std::tuple{3, 3, 2, false}, std::tuple{2, 2, 2, true}}) {
+    if (::testing::Test::HasFailure()) return;  // the first failing order says it; the rest repeat it
     const Schedule s = random_schedule(p, m, v, split, seed++);
     check_one_step(s, 2 * 2 * v + 2, "execute_schedule on a random valid order, p " + std::to_string(p) + ", m " +
                                          std::to_string(m) + ", v " + std::to_string(v) +
@@ -131,6 +132,7 @@ TEST(Puzzle5_7_executor, EveryScheduleGivesTheMeanGradientLossMessagesAndClock) 
   for (ScheduleKind kind : {ScheduleKind::afab, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
                             ScheduleKind::zb_h1}) {
     for (auto [p, m] : {std::pair{2, 4}, std::pair{4, 4}, std::pair{3, 6}}) {
+      if (::testing::Test::HasFailure()) return;
       const Schedule s = make_schedule(kind, p, m, 2);
       check_one_step(s, 2 * p * s.chunks, std::string("execute_schedule(") + schedule_kind_name(kind) + ", p " +
                                               std::to_string(p) + ", m " + std::to_string(m) + ")");
@@ -165,6 +167,7 @@ TEST(Puzzle5_7_executor, TrainingThroughTheTrainerEqualsSingleDeviceTraining) {
                             ScheduleKind::zb_h1}) {
     for (auto [p, dp] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{2, 2}}) {
       if (!world_fits(p * dp)) continue;
+      if (::testing::Test::HasFailure()) return;
       PipelineOptions options;
       options.pp = p;
       options.dp = dp;

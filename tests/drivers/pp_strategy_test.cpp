@@ -80,6 +80,17 @@ TEST(PipelineVerifier, EmptyScheduleAndParsingNameWhatIsWrong) {
   EXPECT_EQ(parse_schedule_kind("zb-h1"), ScheduleKind::zb_h1);
 }
 
+TEST(PipelineDriver, TagsAreDistinctAndReadBackInWords) {
+  EXPECT_EQ(describe_pipeline_tag(pipeline_tag(false, 0, 0)),
+            "the activation of micro-batch 0 sent by virtual stage 0 on to virtual stage 1");
+  EXPECT_EQ(describe_pipeline_tag(pipeline_tag(true, 5, 3)),
+            "the input gradient of micro-batch 5 sent by virtual stage 3 back to virtual stage 2");
+  EXPECT_TRUE(says(describe_pipeline_tag(pipeline_tag(false, 49, 0) + 1), "not a tag of a pipeline message"));
+  EXPECT_NE(pipeline_tag(false, 4095, 127), pipeline_tag(true, 4095, 127));
+  EXPECT_TRUE(says(error_of([] { pipeline_tag(false, 4096, 0); }), "micro-batch 4096 is outside [0, 4096)"));
+  EXPECT_TRUE(says(error_of([] { pipeline_tag(true, 0, 128); }), "virtual stage 128 is outside [0, 128)"));
+}
+
 TEST(PipelineDriver, ValidationNamesTheFlag) {
   TrainConfig config = tiny_config(8);
   PipelineOptions o;
