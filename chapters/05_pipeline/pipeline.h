@@ -352,7 +352,9 @@ class StageModule {
 /// stage into 7 bits and the micro-batch into 12, so a pipeline has at most
 /// kMaxVirtualStages virtual stages and kMaxMicrobatches micro-batches.
 int pipeline_tag(bool gradient, int microbatch, int sender);
+/// The most virtual stages (p x v) a pipeline_tag() can name (7 bits).
 inline constexpr int kMaxVirtualStages = 128;
+/// The most micro-batches per step a pipeline_tag() can name (12 bits).
 inline constexpr int kMaxMicrobatches = 4096;
 /// What a pipeline_tag() names, in words, for reading a deadlock report:
 /// "the activation of micro-batch 0 sent by virtual stage 1" (provided).
