@@ -394,5 +394,20 @@ TEST(CudaNnTraining, OneGptStepMatchesTheCpuFlashAttention) {
   check_training_step(AttentionKind::flash);
 }
 
+TEST(CudaNnOps, PermuteMatchesTheCpuBitForBit) {
+  DTP_REQUIRE_GPU();
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+    const Pair in = rand_pair({3, 5, 4, 6}, 11, -1, 1, dtype);
+    for (std::array<int, 4> order : {std::array<int, 4>{2, 0, 1, 3}, {1, 0, 2, 3}, {3, 2, 1, 0}, {0, 1, 2, 3}}) {
+      const Shape shape{in.cpu.size(order[0]), in.cpu.size(order[1]), in.cpu.size(order[2]), in.cpu.size(order[3])};
+      Pair out = zeros_pair(shape, dtype);
+      ops::permute(in.cpu, order, out.cpu);
+      ops::permute(in.gpu, order, out.gpu);
+      EXPECT_EQ(out.gpu.to_vector(), out.cpu.to_vector()) << dtype_name(dtype) << " order " << order[0] << order[1]
+                                                          << order[2] << order[3];
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dtp

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -502,6 +504,54 @@ TEST(NnOps, CrossEntropyValueAndGradientByFiniteDifferences) {
   Tensor none;
   EXPECT_NEAR(ops::cross_entropy_forward(zeros, Tensor::from_values({3}, DType::i32), none),
               std::log(static_cast<double>(V)), 1e-6);
+}
+
+// --- permute -------------------------------------------------------------------------------
+
+// Every one of the 24 orders on a shape with four different sizes, for
+// elements of 8, 4 and 2 bytes: out[i0, i1, i2, i3] = in[j] with j[order[k]] = i_k.
+TEST(NnOps, PermuteMovesEveryElementForEveryOrderAndElementSize) {
+  const std::int64_t size[4] = {2, 3, 4, 5};
+  for (DType dtype : {DType::f64, DType::i32, DType::bf16}) {
+    std::vector<double> values(120);
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(i);  // exact in bf16 up to 256
+    const Tensor in = Tensor::from_values(values, dtype).view({2, 3, 4, 5});
+    std::array<int, 4> order{0, 1, 2, 3};
+    do {
+      Tensor out = Tensor::zeros({size[order[0]], size[order[1]], size[order[2]], size[order[3]]}, dtype);
+      ops::permute(in, order, out);
+      std::int64_t i[4];
+      for (i[0] = 0; i[0] < out.size(0); ++i[0])
+        for (i[1] = 0; i[1] < out.size(1); ++i[1])
+          for (i[2] = 0; i[2] < out.size(2); ++i[2])
+            for (i[3] = 0; i[3] < out.size(3); ++i[3]) {
+              std::int64_t j[4];
+              for (int k = 0; k < 4; ++k) j[order[k]] = i[k];
+              const std::int64_t at = ((i[0] * out.size(1) + i[1]) * out.size(2) + i[2]) * out.size(3) + i[3];
+              const double want = static_cast<double>(((j[0] * 3 + j[1]) * 4 + j[2]) * 5 + j[3]);
+              ASSERT_EQ(out.item(at), want) << dtype_name(dtype) << ", order " << order[0] << order[1] << order[2]
+                                            << order[3] << ", out element " << at;
+            }
+    } while (std::next_permutation(order.begin(), order.end()));
+  }
+}
+
+TEST(NnOps, PermuteErrorsNameTheOrderOrTheShape) {
+  const Tensor in = Tensor::zeros({2, 3, 4, 5});
+  Tensor out = Tensor::zeros({4, 2, 3, 5});
+  auto error_of = [&](const std::array<int, 4>& order, Tensor& o) {
+    try {
+      ops::permute(in, order, o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of({2, 0, 1, 1}, out).find("a permutation of 0, 1, 2, 3, got 2, 0, 1, 1"), std::string::npos);
+  EXPECT_NE(error_of({1, 0, 2, 3}, out).find("out's axis 0 is in's axis 1 (size 3)"), std::string::npos);
+  Tensor flat = Tensor::zeros({120});
+  EXPECT_NE(error_of({0, 1, 2, 3}, flat).find("must be 4-D"), std::string::npos);
+  EXPECT_EQ(error_of({2, 0, 1, 3}, out), "no error");
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 ///   numel / C rows and C columns.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "dtp/ops.h"  // accumulate, scale, equal: the element-wise basics
@@ -160,6 +161,16 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
 /// the statistics [B, H, Tq].
 void attention_merge(Tensor& out, Tensor& row_max, Tensor& row_sum, const Tensor& other_out,
                      const Tensor& other_max, const Tensor& other_sum);
+
+// --- layout --------------------------------------------------------------------------
+
+/// A copy of @p in with its four axes reordered: out's axis i is in's axis
+/// order[i], so out.size(i) == in.size(order[i]). Any dtype; both 4-D (view
+/// them first), same dtype and device, not sharing storage. Sequence
+/// parallelism uses it to make each peer's block of a [B, T, H, D] tensor
+/// contiguous for an all-to-all: {2, 0, 1, 3} turns [B, T, N, E] into
+/// [N, B, T, E].
+void permute(const Tensor& in, const std::array<int, 4>& order, Tensor& out);
 
 // --- embedding -----------------------------------------------------------------------
 

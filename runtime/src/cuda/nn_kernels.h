@@ -17,6 +17,7 @@
 // itself in builds without CUDA.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "dtp/nn_ops.h"
@@ -101,5 +102,8 @@ void vocab_shard_softmax_sums(const Tensor& logits, const Tensor& targets, std::
 void vocab_shard_cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                         std::int64_t vocab_start, const Tensor& row_max,
                                         const Tensor& sum_exp, double loss_scale, Tensor& dlogits);
+
+// --- layout (nn_kernels_permute.cu) ---
+void permute(const Tensor& in, const std::array<int, 4>& order, Tensor& out);
 
 }  // namespace dtp::cuda
