@@ -17,6 +17,8 @@
 namespace dtp::ch02 {
 namespace {
 
+using testing::error_of;
+
 // A tiny f64 run (SGD, no clipping): the distributed losses must equal the
 // single-device ones up to the order of partial sums.
 // (chapter 02's checkers' tiny model, with the ddp strategy named).
@@ -25,15 +27,6 @@ TrainConfig tiny_config(std::int64_t batch, std::int64_t steps) {
   config.seed = 77;
   config.strategy = "ddp";
   return config;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(DdpDriverOptions, RejectsBadWorldAccumulateAndBucketWithClearErrors) {

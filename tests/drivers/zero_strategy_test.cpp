@@ -20,16 +20,8 @@
 namespace dtp::ch03 {
 namespace {
 
+using dtp::testing::error_of;
 using dtp::testing::tiny_config;
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 ZeroOptions zero_options(int world, int stage, bool prefetch = false, bool offload = false) {
   ZeroOptions options;

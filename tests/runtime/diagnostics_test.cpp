@@ -15,6 +15,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Small thread worlds, launches that must fail, the thrown exception's type.
+using testing::error_of;
 using testing::launch_failure;
 using testing::original_is;
 using testing::thread_world;
@@ -155,14 +156,6 @@ TEST(Diagnostics, AllToAllVCountsThatDisagreeFailEveryRankNamingBothSides) {
 TEST(Diagnostics, AllToAllVArgumentsSayWhatWasExpected) {
   launch(thread_world(2), [](Comm& comm) {
     Tensor four = Tensor::zeros({4}), doubles = Tensor::zeros({4}, DType::f64);
-    auto error_of = [&](std::function<void()> call) {
-      try {
-        call();
-      } catch (const Error& e) {
-        return std::string(e.what());
-      }
-      return std::string("no error");
-    };
     expect_contains(error_of([&] { comm.all_to_all_v(four, {4}, four, {2, 2}); }),
                     "send_counts has 1 entries but the communicator has 2 ranks");
     expect_contains(error_of([&] { comm.all_to_all_v(four, {5, -1}, four, {2, 2}); }),

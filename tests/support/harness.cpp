@@ -12,6 +12,15 @@
 
 namespace dtp::testing {
 
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 bool world_fits(int world_size) {
   const World world = World::from_env(1);
   return world.backend == Backend::thread || world_size <= max_world_size(world.backend);

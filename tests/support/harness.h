@@ -14,6 +14,10 @@
 
 namespace dtp::testing {
 
+/// The message of what @p fn throws, or "(no error)" when it returns: for
+/// checking that bad input is refused with words a student can act on.
+std::string error_of(const std::function<void()>& fn);
+
 /// World sizes the collectives checkers sweep: 1 to 8, odd ones included
 /// (under mpi, those up to the processes mpiexec started).
 std::vector<int> all_world_sizes();
