@@ -90,18 +90,17 @@ double bubble_formula(ScheduleKind kind, int stages, int microbatches, int chunk
 }
 
 int pipeline_tag(bool gradient, int microbatch, int sender) {
-  static_assert(kMaxMicrobatches == 1 << 12 && kMaxVirtualStages == 1 << 7, "the tag layout below");
   DTP_CHECK(microbatch >= 0 && microbatch < kMaxMicrobatches, "pipeline_tag: micro-batch ", microbatch,
             " is outside [0, ", kMaxMicrobatches, ")");
   DTP_CHECK(sender >= 0 && sender < kMaxVirtualStages, "pipeline_tag: virtual stage ", sender, " is outside [0, ",
             kMaxVirtualStages, ")");
-  return ((sender << 12) | microbatch) * 2 + (gradient ? 1 : 0);
+  return (sender * kMaxMicrobatches + microbatch) * 2 + (gradient ? 1 : 0);
 }
 
 std::string describe_pipeline_tag(int tag) {
   if (tag < 0 || tag >= 2 * kMaxVirtualStages * kMaxMicrobatches) return "not a pipeline tag";
   const bool gradient = tag % 2 == 1;
-  const int packed = tag / 2, sender = packed >> 12, microbatch = packed & (kMaxMicrobatches - 1);
+  const int packed = tag / 2, sender = packed / kMaxMicrobatches, microbatch = packed % kMaxMicrobatches;
   if (gradient && sender == 0)
     return "not a tag of a pipeline message (it would be an input gradient sent back by virtual stage 0, "
            "which has no stage before it)";
