@@ -15,16 +15,8 @@
 namespace dtp::ch05 {
 namespace {
 
+using dtp::testing::error_of;
 using dtp::testing::tiny_config;
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
 
 bool says(const std::string& text, const std::string& words) { return text.find(words) != std::string::npos; }
 
@@ -92,33 +84,23 @@ TEST(PipelineDriver, TagsAreDistinctAndReadBackInWords) {
 }
 
 TEST(PipelineDriver, ValidationNamesTheFlag) {
-  TrainConfig config = tiny_config(8);
-  PipelineOptions o;
-  o.pp = 5;  // 2 layers + 2 = 4 units
-  EXPECT_TRUE(says(error_of([&] { validate_pipeline(config, o); }), "raise --layers"));
-  o = PipelineOptions{};
-  o.microbatches = 3;
-  EXPECT_TRUE(says(error_of([&] { validate_pipeline(config, o); }), "--microbatches 3"));
-  o = PipelineOptions{};
-  o.schedule = ScheduleKind::interleaved;
-  o.microbatches = 3;
-  config.batch = 6;
-  EXPECT_TRUE(says(error_of([&] { validate_pipeline(config, o); }), "multiple of --pp"));
-  o = PipelineOptions{};
-  o.schedule = ScheduleKind::zb_h1;
-  o.fsdp = true;
-  config.batch = 8;
-  EXPECT_TRUE(says(error_of([&] { validate_pipeline(config, o); }), "--fsdp cannot run --schedule zb-h1"));
-  o = PipelineOptions{};
-  o.microbatches = 8192;
-  config.batch = 8192;
-  EXPECT_TRUE(says(error_of([&] { validate_pipeline(config, o); }), "--microbatches 8192 is more than the 4096"));
-  o = PipelineOptions{};
-  o.schedule = ScheduleKind::interleaved;
-  o.pp = 64;
-  o.chunks = 4;
-  EXPECT_TRUE(says(error_of([&] { validate_pipeline(config, o); }), "--pp 64 x --chunks 4 virtual stages"));
-  config.batch = 8;
+  // The tiny model has 2 layers + 2 = 4 units.
+  auto refusal = [](std::int64_t batch, const std::function<void(PipelineOptions&)>& set) {
+    TrainConfig config = tiny_config(batch);
+    PipelineOptions o;
+    set(o);
+    return error_of([&] { validate_pipeline(config, o); });
+  };
+  EXPECT_TRUE(says(refusal(8, [](PipelineOptions& o) { o.pp = 5; }), "raise --layers"));
+  EXPECT_TRUE(says(refusal(8, [](PipelineOptions& o) { o.microbatches = 3; }), "--microbatches 3"));
+  EXPECT_TRUE(says(refusal(6, [](PipelineOptions& o) { o.schedule = ScheduleKind::interleaved, o.microbatches = 3; }),
+                   "multiple of --pp"));
+  EXPECT_TRUE(says(refusal(8, [](PipelineOptions& o) { o.schedule = ScheduleKind::zb_h1, o.fsdp = true; }),
+                   "--fsdp cannot run --schedule zb-h1"));
+  EXPECT_TRUE(says(refusal(8192, [](PipelineOptions& o) { o.microbatches = 8192; }),
+                   "--microbatches 8192 is more than the 4096"));
+  EXPECT_TRUE(says(refusal(8, [](PipelineOptions& o) { o.schedule = ScheduleKind::interleaved, o.pp = 64, o.chunks = 4; }),
+                   "--pp 64 x --chunks 4 virtual stages"));
   EXPECT_TRUE(says(error_of([&] { split_microbatches(Batch{Tensor::zeros(Shape{6, 4}, DType::i32),
                                                            Tensor::zeros(Shape{6, 4}, DType::i32)}, 4); }),
                    "6 sequences does not split into 4"));
