@@ -337,6 +337,19 @@ TEST(MpiDiagnostics, AnExceptionInOneRankUnwindsEveryRankAndNamesIt) {
   EXPECT_EQ(std::string(failure->what()), "rank 2: boom in the backward pass");
 }
 
+TEST(MpiDiagnostics, MessagesLeftInASubCommunicatorFailTheRunToo) {
+  int me = -1;
+  auto failure = launch_failure(mpi_world(4), [&](Comm& comm) {
+    me = comm.rank();
+    Comm pairs = comm.split(comm.rank() / 2, comm.rank());
+    if (comm.rank() == 2) pairs.send(Tensor::zeros({3}, DType::f64), 1, 7);
+  });
+  if (!failure) return;
+  // Ranks are the sub-communicator's: world rank 2 is rank 0 of its pair.
+  if (me == 3) expect_contains(failure->what(), "rank 0 -> rank 1, tag 7: 3 x f64");
+  expect_contains(failure->what(), "never received");
+}
+
 TEST(MpiDiagnostics, MessagesNobodyReceivedFailTheRun) {
   int me = -1;
   auto failure = launch_failure(mpi_world(2), [&](Comm& comm) {
