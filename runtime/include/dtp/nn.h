@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "dtp/moe_routing.h"
 #include "dtp/nn_ops.h"
 #include "dtp/tensor.h"
 
@@ -50,6 +51,13 @@ struct GPTConfig {
   double init_std = 0.02;       ///< std of weight init (residual projections: / sqrt(2 layers))
   double layernorm_eps = 1e-5;  ///< LayerNorm epsilon
   AttentionKind attention = AttentionKind::naive;  ///< attention kernel
+  /// Mixture of experts: 0 (the default) gives every block one dense MLP;
+  /// E > 0 replaces it by a router and E expert MLPs of the same width
+  /// (MoeMlp; the routing rules are in dtp/moe_routing.h).
+  int experts = 0;
+  int top_k = 1;                 ///< experts per token, 1 to experts (with experts > 0)
+  double capacity_factor = 1.25; ///< expert capacity = ceil(factor * tokens * top_k / experts)
+  double aux_loss_coef = 0.01;   ///< weight of each block's load-balancing loss in the total loss
   DType dtype = DType::f32;       ///< parameters, gradients and activations (f32 or f64 on CPU)
   Device device = Device::cpu();  ///< where parameters and activations live
 
@@ -345,6 +353,53 @@ class Mlp {
   double proj_std = 0.02;  ///< init std of proj (scaled for depth)
 };
 
+/// What a mixture-of-experts MLP keeps for its backward.
+struct MoeSaved {
+  LinearSaved router;             ///< the router's input: the LayerNorm output as [N, C]
+  Tensor probs;                   ///< router softmax [N, E]
+  MoeRouting routing;             ///< the batch's routing, decided on the host
+  std::vector<Tensor> rows;       ///< per expert: i32 [n_e] token rows it took (on the device)
+  std::vector<Tensor> weights;    ///< per expert: [n_e] combine weights of those rows
+  std::vector<Tensor> outputs;    ///< per expert: its output [n_e, C] before the weighting
+  std::vector<MlpSaved> experts;  ///< per expert: the MLP's own
+  double aux_loss = 0;            ///< aux_loss_coef * the routing's balance loss
+};
+
+/// Mixture of experts in place of the MLP: a router (Linear C -> E, no bias)
+/// and softmax give each token a distribution over E expert MLPs; the token
+/// goes to its top-k experts (capacity permitting) and the output is the sum
+/// of their outputs weighted by the router probabilities. The routing rules
+/// and the load-balancing loss are in dtp/moe_routing.h. Each expert runs on
+/// exactly the rows routed to it: gathered with ops::embedding_forward
+/// (the token rows are the "ids"), scaled with ops::scale_rows, added back
+/// with ops::embedding_backward.
+class MoeMlp {
+ public:
+  MoeMlp() = default;
+  /// Sized by config.d_model, mlp_ratio, experts, top_k, capacity_factor, aux_loss_coef.
+  explicit MoeMlp(const GPTConfig& config);
+  /// Appends "<prefix>.router.weight" and "<prefix>.expert.<e>.{fc,proj}.{weight,bias}".
+  void declare(std::vector<ParamSpec>& layout, const std::string& prefix) const;
+  /// Points the router and the experts at the unit's views.
+  void bind(const Unit& unit, const std::string& prefix);
+  /// y [..., C] (activations) for x [..., C]; fills saved, including the
+  /// auxiliary loss of this batch (saved.aux_loss).
+  Tensor forward(const Tensor& x, MoeSaved& saved) const;
+  /// dx for dy, for the total loss "loss_scale * (main loss + aux loss)":
+  /// the combine weights pass dy's gradient to the router, and the
+  /// load-balancing term adds loss_scale * coef * E f_e / N to every
+  /// d probs[n][e]. Weight gradients accumulate or (with @p defer) queue;
+  /// releases saved.
+  Tensor backward(const Tensor& dy, MoeSaved& saved, double loss_scale = 1.0,
+                  PendingWeightGrads* defer = nullptr) const;
+
+  Linear router;               ///< C -> E, no bias
+  std::vector<Mlp> experts;    ///< E MLPs shaped like the dense one
+  int top_k = 1;               ///< choices per token
+  double capacity_factor = 1;  ///< see moe_capacity()
+  double aux_loss_coef = 0;    ///< weight of the load-balancing loss
+};
+
 /// What the loss keeps for its backward.
 struct CrossEntropySaved {
   Tensor logits;   ///< [B, T, V], turned into its gradient in place by backward
@@ -393,7 +448,8 @@ struct BlockSaved {
   LayerNormSaved ln1;   ///< input: the block input
   LayerNormSaved ln2;   ///< input: x + attention
   AttentionSaved attn;  ///< attention's own
-  MlpSaved mlp;         ///< the MLP's own
+  MlpSaved mlp;         ///< the MLP's own (a dense block)
+  MoeSaved moe;         ///< the mixture of experts' own (config.experts > 0)
   /// Weight-gradient work queued by a deferred backward.
   PendingWeightGrads pending;
   /// Drops every saved tensor (and pending work).
@@ -411,20 +467,27 @@ class Block : public Unit {
   /// Which block this is, from 0.
   int layer() const { return layer_; }
   /// Block output [B, T, C] for x [B, T, C] (activations); fills saved.
+  /// A mixture-of-experts block also leaves its load-balancing loss in
+  /// saved.moe.aux_loss, which the model adds to its loss.
   Tensor forward(const Tensor& x, BlockSaved& saved) const;
   /// dx for dy = d(block output). With WeightGrads::deferred the linear
   /// layers' weight gradients are queued in saved.pending (LayerNorm's are
   /// computed at once); call backward_weight(saved) to finish the unit.
+  /// @p loss_scale scales the load-balancing loss's gradient the way dy is
+  /// scaled (GPT::backward passes its own); a dense block ignores it.
   /// Releases the saved activations.
   Tensor backward(const Tensor& dy, BlockSaved& saved,
-                  WeightGrads mode = WeightGrads::immediate) const;
+                  WeightGrads mode = WeightGrads::immediate, double loss_scale = 1.0) const;
+  /// True when the MLP half is a mixture of experts (config.experts > 0).
+  bool is_moe() const { return config_.experts > 0; }
   /// Runs queued weight-gradient work.
   void backward_weight(BlockSaved& saved) const;
 
   LayerNorm ln1;             ///< before attention
   LayerNorm ln2;             ///< before the MLP
   CausalSelfAttention attn;  ///< the attention half
-  Mlp mlp;                   ///< the MLP half
+  Mlp mlp;                   ///< the MLP half of a dense block
+  MoeMlp moe;                ///< the MLP half of a mixture-of-experts block
 
  private:
   void bind() override;
@@ -489,7 +552,9 @@ class GPT {
   const GPTConfig& config() const { return config_; }
 
   /// Mean cross-entropy of predicting targets i32 [B, T] from tokens i32
-  /// [B, T] (T <= context). Saves activations for backward().
+  /// [B, T] (T <= context), plus, for a mixture-of-experts model, every
+  /// block's load-balancing loss (aux_loss() alone). Saves activations for
+  /// backward().
   double forward(const Tensor& tokens, const Tensor& targets);
   /// Accumulates d(loss_scale * loss)/d(parameters) into the grads, unit by
   /// unit from the head to the embedding; after each unit, calls the
@@ -500,6 +565,8 @@ class GPT {
   /// Calls the before- and after-forward hooks like forward(), which may
   /// change the units' buffers even though the model is const here.
   Tensor logits(const Tensor& tokens) const;
+  /// The load-balancing part of the last forward()'s loss (0 for a dense model).
+  double aux_loss() const { return aux_loss_; }
   /// True between forward() and backward().
   bool has_saved_activations() const { return has_saved_; }
   /// Drops saved activations without a backward (e.g. after an eval forward).
@@ -560,6 +627,7 @@ class GPT {
   std::vector<BlockSaved> block_saved_;
   HeadSaved head_saved_;
   bool has_saved_ = false;
+  double aux_loss_ = 0;
 };
 
 }  // namespace dtp

@@ -172,6 +172,17 @@ void attention_merge(Tensor& out, Tensor& row_max, Tensor& row_sum, const Tensor
 /// [N, B, T, E].
 void permute(const Tensor& in, const std::array<int, 4>& order, Tensor& out);
 
+// --- per-row weights (mixture of experts) -----------------------------------------------
+
+/// x[n, :] *= w[n] for x [..., C] (N rows) and w (N elements, x's dtype and
+/// device). A mixture of experts scales each expert's output row by the
+/// router's weight for that token.
+void scale_rows(Tensor& x, const Tensor& w);
+/// out[n] = sum over c of a[n, c] * b[n, c] for a and b [..., C] (N rows, same
+/// shape) and out (N elements). The backward of scale_rows: the gradient of
+/// the weight w[n] is row_dot(dy, x) before the scaling.
+void row_dot(const Tensor& a, const Tensor& b, Tensor& out);
+
 // --- embedding -----------------------------------------------------------------------
 
 /// out[n, :] = table[ids[n], :]; ids i32 of any shape (N elements), table [V, C],

@@ -19,6 +19,8 @@ void fill_normal(Tensor&, double, double, Rng&) { no_cuda("fill_normal"); }
 void add(const Tensor&, const Tensor&, Tensor&) { no_cuda("add"); }
 void permute(const Tensor&, const std::array<int, 4>&, Tensor&) { no_cuda("permute"); }
 void axpy(Tensor&, double, const Tensor&) { no_cuda("axpy"); }
+void scale_rows(Tensor&, const Tensor&) { no_cuda("scale_rows"); }
+void row_dot(const Tensor&, const Tensor&, Tensor&) { no_cuda("row_dot"); }
 double sum_squares(const Tensor&) { no_cuda("sum_squares"); }
 bool all_finite(const Tensor&) { no_cuda("all_finite"); }
 void cast(const Tensor&, Tensor&) { no_cuda("cast"); }

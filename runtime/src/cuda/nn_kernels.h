@@ -103,6 +103,10 @@ void vocab_shard_cross_entropy_backward(const Tensor& logits, const Tensor& targ
                                         std::int64_t vocab_start, const Tensor& row_max,
                                         const Tensor& sum_exp, double loss_scale, Tensor& dlogits);
 
+// --- per-row weights (nn_kernels_rows.cu) ---
+void scale_rows(Tensor& x, const Tensor& w);
+void row_dot(const Tensor& a, const Tensor& b, Tensor& out);
+
 // --- layout (nn_kernels_permute.cu) ---
 void permute(const Tensor& in, const std::array<int, 4>& order, Tensor& out);
 

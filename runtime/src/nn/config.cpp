@@ -28,6 +28,14 @@ void GPTConfig::validate() const {
   DTP_CHECK(mlp_ratio >= 1, "GPTConfig: mlp_ratio must be at least 1, got ", mlp_ratio);
   DTP_CHECK(init_std > 0, "GPTConfig: init_std must be positive, got ", init_std);
   DTP_CHECK(layernorm_eps > 0, "GPTConfig: layernorm_eps must be positive, got ", layernorm_eps);
+  DTP_CHECK(experts >= 0, "GPTConfig: experts must be >= 0 (0: a dense MLP), got ", experts);
+  if (experts > 0) {
+    DTP_CHECK(top_k >= 1 && top_k <= experts, "GPTConfig: top_k must be in [1, experts = ", experts,
+              "], got ", top_k);
+    DTP_CHECK(capacity_factor > 0, "GPTConfig: capacity_factor must be positive, got ",
+              capacity_factor);
+    DTP_CHECK(aux_loss_coef >= 0, "GPTConfig: aux_loss_coef must be >= 0, got ", aux_loss_coef);
+  }
   DTP_CHECK(dtype == DType::f32 || dtype == DType::f64, "GPTConfig: dtype must be f32 or f64, got ",
             dtype_name(dtype), " (16-bit training keeps f32 master weights: chapter 07)");
 }
@@ -35,10 +43,12 @@ void GPTConfig::validate() const {
 std::int64_t GPTConfig::parameter_count() const {
   const std::int64_t V = vocab_size, P = context, C = d_model, H = std::int64_t{mlp_ratio} * C;
   const std::int64_t embedding = V * C + P * C;
+  const std::int64_t mlp = (C * H + H)   // fc
+                           + (H * C + C);  // proj
+  const std::int64_t mlp_half = experts > 0 ? C * experts + experts * mlp : mlp;  // router + E MLPs
   const std::int64_t block = 2 * 2 * C          // two LayerNorms
                              + 4 * (C * C + C)  // q, k, v, proj
-                             + (C * H + H)      // fc
-                             + (H * C + C);     // proj
+                             + mlp_half;
   const std::int64_t head = 2 * C + V * C;
   return embedding + layers * block + head;
 }
@@ -48,6 +58,8 @@ std::string GPTConfig::describe() const {
   out << "vocab " << vocab_size << ", context " << context << ", d_model " << d_model << ", heads "
       << heads << ", layers " << layers << ", " << dtype_name(dtype) << " on " << device.str()
       << ", " << attention_kind_name(attention) << " attention";
+  if (experts > 0)
+    out << ", " << experts << " experts top-" << top_k << " capacity factor " << capacity_factor;
   return out.str();
 }
 

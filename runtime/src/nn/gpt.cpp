@@ -56,6 +56,8 @@ double GPT::forward(const Tensor& tokens, const Tensor& targets) {
     }
     run_hooks(after_forward_hooks_, *blocks_[i]);
   }
+  aux_loss_ = 0;
+  for (const BlockSaved& saved : block_saved_) aux_loss_ += saved.moe.aux_loss;
   double loss;
   run_hooks(before_forward_hooks_, *head_);
   {
@@ -64,7 +66,7 @@ double GPT::forward(const Tensor& tokens, const Tensor& targets) {
   }
   run_hooks(after_forward_hooks_, *head_);
   has_saved_ = true;
-  return loss;
+  return loss + aux_loss_;
 }
 
 void GPT::backward(double loss_scale) {
@@ -81,7 +83,7 @@ void GPT::backward(double loss_scale) {
     run_hooks(before_backward_hooks_, *blocks_[i]);
     {
       trace::Scope span(blocks_[i]->name() + " backward", "compute");
-      dx = blocks_[i]->backward(dx, block_saved_[i]);
+      dx = blocks_[i]->backward(dx, block_saved_[i], WeightGrads::immediate, loss_scale);
     }
     run_hooks(grad_ready_hooks_, *blocks_[i]);
   }
@@ -119,6 +121,7 @@ void GPT::release_activations() {
   for (BlockSaved& saved : block_saved_) saved.clear();
   head_saved_ = HeadSaved{};
   has_saved_ = false;
+  aux_loss_ = 0;
 }
 
 void GPT::zero_grad() {

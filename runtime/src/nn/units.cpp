@@ -28,7 +28,10 @@ std::vector<ParamSpec> block_layout(const GPTConfig& c) {
   LayerNorm(c.d_model, c.layernorm_eps).declare(layout, "ln1");
   CausalSelfAttention(c).declare(layout, "attn");
   LayerNorm(c.d_model, c.layernorm_eps).declare(layout, "ln2");
-  Mlp(c).declare(layout, "mlp");
+  if (c.experts > 0)
+    MoeMlp(c).declare(layout, "moe");
+  else
+    Mlp(c).declare(layout, "mlp");
   return layout;
 }
 
@@ -84,6 +87,7 @@ Block::Block(const GPTConfig& config, int layer)
       ln2(config.d_model, config.layernorm_eps),
       attn(config),
       mlp(config),
+      moe(config.experts > 0 ? MoeMlp(config) : MoeMlp()),
       layer_(layer) {
   finish_construction();
 }
@@ -92,7 +96,10 @@ void Block::bind() {
   ln1.bind(*this, "ln1");
   attn.bind(*this, "attn");
   ln2.bind(*this, "ln2");
-  mlp.bind(*this, "mlp");
+  if (is_moe())
+    moe.bind(*this, "moe");
+  else
+    mlp.bind(*this, "mlp");
 }
 
 Tensor Block::forward(const Tensor& x, BlockSaved& saved) const {
@@ -108,12 +115,13 @@ Tensor Block::forward(const Tensor& x, BlockSaved& saved) const {
   }
   trace::Scope span(name() + " mlp forward", "compute");
   h = ln2.forward(mid, saved.ln2);
-  Tensor out = mlp.forward(h, saved.mlp);
+  Tensor out = is_moe() ? moe.forward(h, saved.moe) : mlp.forward(h, saved.mlp);
   ops::axpy(out, 1.0, mid);
   return out;
 }
 
-Tensor Block::backward(const Tensor& dy, BlockSaved& saved, WeightGrads mode) const {
+Tensor Block::backward(const Tensor& dy, BlockSaved& saved, WeightGrads mode,
+                       double loss_scale) const {
   require_params("backward");
   DTP_CHECK(saved.ln1.input.defined(), name(),
             " backward: no saved activations (forward not run, or already released)");
@@ -121,7 +129,8 @@ Tensor Block::backward(const Tensor& dy, BlockSaved& saved, WeightGrads mode) co
   Tensor d_mid;
   {
     trace::Scope span(name() + " mlp backward", "compute");
-    Tensor dh = mlp.backward(dy, saved.mlp, defer);
+    Tensor dh = is_moe() ? moe.backward(dy, saved.moe, loss_scale, defer)
+                         : mlp.backward(dy, saved.mlp, defer);
     d_mid = ln2.backward(dh, saved.ln2);
     ops::axpy(d_mid, 1.0, dy);  // the residual path
   }

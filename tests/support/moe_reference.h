@@ -1,0 +1,50 @@
+// An independent mixture of experts for the checkers: plain loops in double
+// over plain vectors, written from the rules in dtp/moe_routing.h and sharing
+// no code with the runtime's MoeMlp or any puzzle. The runtime tests check
+// MoeMlp against it; chapter 06's checkers check the puzzles against it.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtp/nn.h"
+
+namespace dtp::testing {
+
+/// One expert's MLP weights, row-major like the runtime's Linear.
+struct HostExpert {
+  std::vector<double> fc_w, fc_b;      ///< [H, C], [H]
+  std::vector<double> proj_w, proj_b;  ///< [C, H], [C]
+};
+
+/// A whole MoE layer's weights.
+struct HostMoeWeights {
+  std::int64_t C = 0, H = 0;          ///< width and expert hidden width
+  std::vector<double> router;         ///< [E, C]
+  std::vector<HostExpert> experts;    ///< E of them
+  /// Reads them from the "<prefix>.router.weight", "<prefix>.expert.<e>...."
+  /// parameters of @p unit (a Block built with config.experts > 0).
+  static HostMoeWeights from_unit(const Unit& unit, const std::string& prefix, int experts);
+};
+
+/// What the checkers compare.
+struct HostMoeResult {
+  std::vector<double> y;                       ///< [N, C]
+  std::vector<double> probs;                   ///< [N, E]
+  std::set<std::pair<std::int64_t, int>> kept;     ///< (token, expert) choices that got a slot
+  std::set<std::pair<std::int64_t, int>> dropped;  ///< (token, expert) choices dropped
+  double balance_loss = 0;                     ///< E sum_e f_e P_e
+  std::int64_t capacity = 0;                   ///< slots per expert
+};
+
+/// The layer on rows x [N, C] (row-major), by the rules of dtp/moe_routing.h.
+HostMoeResult host_moe_forward(const HostMoeWeights& w, const std::vector<double>& x, int top_k,
+                               double capacity_factor);
+
+/// "token 3's choice of expert 1" lists for a message: the first few of @p set.
+std::string describe_choices(const std::set<std::pair<std::int64_t, int>>& set);
+
+}  // namespace dtp::testing
