@@ -100,6 +100,13 @@ Model:
   --vocab V               vocabulary of the synthetic data, 2 to 1048576 (default 64)
   --attention KIND        naive or flash (default naive)
   --dtype f32|f64         parameter and activation dtype (default f32)
+  --moe-experts E         a mixture of E expert MLPs in every block, 0 to 1024
+                          (default 0: one dense MLP); single, ddp and zero
+  --top-k K               experts per token, 1 to E (default 1)
+  --capacity-factor X     expert capacity = ceil(X tokens K / E), above 0 to
+                          1024 (default 1.25); choices over it are dropped
+  --aux-loss-coef X       weight of the load-balancing loss, 0 to 100
+                          (default 0.01)
 
 Optimizer:
   --optimizer NAME        adamw or sgd (default adamw)
@@ -264,6 +271,15 @@ Options parse_arguments(int argc, char** argv) {
          if (v != "f32" && v != "f64") throw UsageError{f + " accepts f32 or f64, got '" + v + "'"};
          config.model.dtype = dtp::parse_dtype(v);
        }},
+      {"--moe-experts", [&](auto& f, auto& v) { config.model.experts = as_int(parse_int(f, v, 0, 1024)); }},
+      {"--top-k", [&](auto& f, auto& v) { config.model.top_k = as_int(parse_int(f, v, 1, 1024)); }},
+      {"--capacity-factor",
+       [&](auto& f, auto& v) {
+         config.model.capacity_factor = parse_real(f, v, 0, 1024);
+         if (config.model.capacity_factor == 0)
+           throw UsageError{f + " expects a number above 0 (0 would give every expert no room), got '" + v + "'"};
+       }},
+      {"--aux-loss-coef", [&](auto& f, auto& v) { config.model.aux_loss_coef = parse_real(f, v, 0, 100); }},
       {"--optimizer",
        [&](auto& f, auto& v) {
          if (v != "adamw" && v != "sgd") throw UsageError{f + " accepts adamw or sgd, got '" + v + "'"};
@@ -402,6 +418,9 @@ void check_options(const Options& o) {
   if (config.model.d_model % config.model.heads != 0)
     throw UsageError{"--heads " + std::to_string(config.model.heads) + " must divide --d-model " +
                      std::to_string(config.model.d_model)};
+  if (config.model.top_k > std::max(config.model.experts, 1))
+    throw UsageError{"--top-k " + std::to_string(config.model.top_k) + " needs at least as many experts (--moe-experts " +
+                     std::to_string(config.model.experts) + ")"};
   if (config.strategy == "ddp") {
     try {
       ch02::validate_ddp(config, o.ddp);
