@@ -4,6 +4,7 @@ Each failure says what was expected and what the program did."""
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -189,6 +190,14 @@ def check_outputs(args):
     result = run([args.reference, "--steps", "5"])
     expect("(mean of steps 1-2 -> 4-5)" in result.stdout,
            f"5 steps: the averaged windows must not overlap; got {result.stdout[-400:]}")
+
+    # A mixture of experts on one device: the header says so, and it learns.
+    result = run([args.reference, "--moe-experts", "4", "--top-k", "2", "--steps", "60"])
+    summary = re.search(r"loss ([0-9.]+) -> ([0-9.]+)", result.stdout)
+    expect(result.returncode == 0 and "4 experts top-2 capacity factor 1.25" in result.stdout and summary
+           and float(summary.group(2)) < float(summary.group(1)) - 0.5,
+           f"--moe-experts 4 --top-k 2: expected the model line to name the experts and the loss to fall "
+           f"by more than 0.5 over 60 steps; got {show(result)}")
 
 
 def check_zero_lines(program, launcher, where, env, backend):
