@@ -98,8 +98,11 @@ PartialAttention empty_partial(const Tensor& q);
 /// @p keys to @p partial, for queries @p q at global positions @p queries,
 /// under the causal mask: flash attention of the block, merged into partial.
 /// Counts one block computation (the balance checker reads the counts) and
-/// charges 1 on @p clock's simulated clock, so a ring's clock shows compute
-/// and transfers together. A block no query can see is a dtp::Error: skip it
+/// charges 1 on @p clock's simulated clock, whatever the block's size, so
+/// the clock holds compute and transfers on one time line. (The clock
+/// charges a send when it is posted, so it adds a transfer to the compute
+/// it overlaps instead of taking the larger: the lesson's formulas model
+/// the overlap.) A block no query can see is a dtp::Error: skip it
 /// (block_visible) instead.
 void attend_block(Comm& clock, const Tensor& q, const PositionRange& queries, const Tensor& k,
                   const Tensor& v, const PositionRange& keys, PartialAttention& partial);
@@ -139,8 +142,9 @@ class UlyssesAttention {
   /// for this rank's heads, heads_to_sequence the output. Saves what the
   /// backward needs.
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v);
-  /// dq, dk, dv [B, T/n, H, D] for this rank's positions, from dout of the
-  /// same shape: one all-to-all for dout, the flash backward, three back.
+  /// Assigns dq, dk, dv [B, T/n, H, D] for this rank's positions (whatever
+  /// they held is replaced), from dout of the same shape: one all-to-all for
+  /// dout, the flash backward, three back.
   void backward(const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
 
  private:
@@ -161,15 +165,17 @@ class RingAttention {
   RingAttention(Comm& sp, SequenceLayout layout);
   /// Puzzle 6.2 (6.4 for zigzag). q, k, v [B, T_local, H, D]; returns the
   /// causal attention output for this rank's positions. The key/value blocks
-  /// travel the ring (to rank r + 1, from rank r - 1): n - 1 transfers, the
+  /// travel the ring (to rank r + 1, from rank r - 1) with k and v packed in
+  /// one buffer, so one message per transfer: n - 1 transfers, the
   /// next block's transfer started before the current block is computed;
   /// blocks no query sees are skipped (block_visible), every other (query
   /// range, key range) pair is one attend_block.
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v);
-  /// Puzzle 6.3. dq, dk, dv [B, T_local, H, D] from dout. dq stays home; dk
-  /// and dv travel the ring with their key/value block, collect every
-  /// rank's share (attend_block_backward) and come home: n - 1 transfers of
-  /// (k, v, dk, dv), then one of (dk, dv) back to its owner.
+  /// Puzzle 6.3. Assigns dq, dk, dv [B, T_local, H, D] from dout. dq stays
+  /// home; dk and dv travel the ring with their key/value block, collect
+  /// every rank's share (attend_block_backward) and come home: n - 1
+  /// messages of (k, v, dk, dv) packed in one buffer, then one of (dk, dv)
+  /// back to its owner: n messages in all (none for n = 1).
   void backward(const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
 
  private:
@@ -196,7 +202,7 @@ class HybridAttention {
   /// sequence_to_heads inside the group, ring attention across groups on
   /// the group's whole positions for this rank's heads, heads_to_sequence back.
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v);
-  /// The same in reverse.
+  /// The same in reverse; assigns dq, dk, dv.
   void backward(const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
   /// The communicator inside the group (u ranks).
   Comm& inner() { return inner_; }
