@@ -24,16 +24,8 @@ using testing::weighted_sum;
 
 // A tiny f64 model with a large init so that every path carries real gradient.
 GPTConfig tiny_config(AttentionKind attention = AttentionKind::naive) {
-  GPTConfig c;
-  c.vocab_size = 7;
-  c.context = 6;
-  c.d_model = 8;
-  c.heads = 2;
-  c.layers = 2;
-  c.mlp_ratio = 2;
-  c.init_std = 0.4;
+  GPTConfig c = testing::tiny_f64_config();
   c.seed = 99;
-  c.dtype = DType::f64;
   c.attention = attention;
   return c;
 }

@@ -24,16 +24,8 @@ using testing::random_tensor;
 using testing::weighted_sum;
 
 GPTConfig moe_config(int experts, int top_k, double capacity_factor) {
-  GPTConfig c;
-  c.vocab_size = 7;
-  c.context = 6;
-  c.d_model = 8;
-  c.heads = 2;
-  c.layers = 2;
-  c.mlp_ratio = 2;
-  c.init_std = 0.4;
+  GPTConfig c = testing::tiny_f64_config();
   c.seed = 77;
-  c.dtype = DType::f64;
   c.experts = experts;
   c.top_k = top_k;
   c.capacity_factor = capacity_factor;

@@ -15,19 +15,6 @@
 namespace dtp {
 namespace {
 
-GPTConfig small_config() {
-  GPTConfig c;
-  c.vocab_size = 7;
-  c.context = 6;
-  c.d_model = 8;
-  c.heads = 2;
-  c.layers = 2;
-  c.mlp_ratio = 2;
-  c.init_std = 0.4;
-  c.dtype = DType::f64;
-  return c;
-}
-
 // Installs a tracker for one test's allocations, and removes it afterwards.
 class ScopedTracker {
  public:
@@ -41,7 +28,7 @@ TEST(NnReleasedBuffers, ReleasingBetweenForwardAndBackwardFreesExactlyTheParamet
   MemoryTracker& tracker = *scope.tracker;
   Rng rng(41);
   Tensor tokens = testing::random_ids({2, 6}, 7, rng), targets = testing::random_ids({2, 6}, 7, rng);
-  GPT never_released(small_config()), model(small_config());
+  GPT never_released(testing::tiny_f64_config()), model(testing::tiny_f64_config());
   never_released.zero_grad();
   never_released.forward(tokens, targets);
   never_released.backward();
@@ -73,7 +60,7 @@ TEST(NnReleasedBuffers, ReleasingBetweenForwardAndBackwardFreesExactlyTheParamet
 TEST(NnReleasedBuffers, ReleasingBothBuffersLeavesTheUnitHoldingNothing) {
   ScopedTracker scope;
   MemoryTracker& tracker = *scope.tracker;
-  GPT model(small_config());
+  GPT model(testing::tiny_f64_config());
   Unit& head = model.head();
   const std::int64_t bytes = head.numel() * static_cast<std::int64_t>(dtype_size(DType::f64));
   const std::int64_t params = tracker.live(MemoryCategory::params), grads = tracker.live(MemoryCategory::grads);
@@ -86,7 +73,7 @@ TEST(NnReleasedBuffers, ReleasingBothBuffersLeavesTheUnitHoldingNothing) {
 }
 
 TEST(NnReleasedBuffers, RunningAUnitWithoutParametersSaysToGatherThem) {
-  GPT model(small_config());
+  GPT model(testing::tiny_f64_config());
   Rng rng(42);
   Tensor tokens = testing::random_ids({1, 4}, 7, rng), targets = testing::random_ids({1, 4}, 7, rng);
   Tensor kept = model.block(0).params();

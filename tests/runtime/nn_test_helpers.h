@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dtp/nn.h"
 #include "dtp/nn_ops.h"
 #include "dtp/tensor.h"
 
@@ -19,6 +20,22 @@ namespace dtp::testing {
 inline constexpr double kFiniteDifferenceStep = 1e-5;
 inline constexpr double kGradientRelativeTolerance = 1e-6;
 inline constexpr double kGradientAbsoluteTolerance = 1e-8;
+
+/// The tiny f64 GPT the nn checkers share: vocabulary 7, context 6, C = 8
+/// with 2 heads, 2 blocks, MLP ratio 2, and a large init (0.4) so that every
+/// path carries real gradient. Callers set the seed, attention or experts.
+inline GPTConfig tiny_f64_config() {
+  GPTConfig c;
+  c.vocab_size = 7;
+  c.context = 6;
+  c.d_model = 8;
+  c.heads = 2;
+  c.layers = 2;
+  c.mlp_ratio = 2;
+  c.init_std = 0.4;
+  c.dtype = DType::f64;
+  return c;
+}
 
 /// Normal(0, scale) values from @p rng.
 inline Tensor random_tensor(const Shape& shape, Rng& rng, double scale = 1.0,
