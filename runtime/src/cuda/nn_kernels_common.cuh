@@ -42,6 +42,13 @@ inline void check_float(const char* op, const char* name, const Tensor& t, Devic
             "; the CUDA kernels support f32 so far (bf16/f16 come later; cast first)");
 }
 
+/// Fails unless @p t is a supported floating GPU tensor on @p like's device
+/// with @p like's dtype: an op's second and later operands.
+inline void check_same(const char* op, const char* name, const Tensor& t, const Tensor& like) {
+  check_float(op, name, t, like.device());
+  detail::check_dtype_is(op, name, t, like.dtype());
+}
+
 /// Makes @p device current for the calling thread (kernels launch there).
 inline void use_device(Device device) { DTP_CUDA_CHECK(cudaSetDevice(device.index)); }
 

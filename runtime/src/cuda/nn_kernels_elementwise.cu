@@ -9,6 +9,7 @@ namespace dtp::cuda {
 
 namespace {
 using nn::check_launch;
+using nn::check_same;
 using nn::grid_for;
 using nn::ptr;
 using nn::stream;
@@ -134,10 +135,6 @@ __global__ void sgd_kernel(T* p, const T* g, T* buf, std::int64_t n, float lr, f
   }
 }
 
-void check_same(const char* op, const char* name, const Tensor& t, const Tensor& like) {
-  nn::check_float(op, name, t, like.device());
-  detail::check_dtype_is(op, name, t, like.dtype());
-}
 }  // namespace
 
 void fill_normal(Tensor& x, double mean, double std, Rng& rng) {

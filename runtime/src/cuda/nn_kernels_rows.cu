@@ -29,17 +29,12 @@ __global__ void row_dot_kernel(const T* a, const T* b, T* out, std::int64_t C) {
   total = nn::block_sum(total, shared);
   if (threadIdx.x == 0) store(out, row, total);
 }
-
-void check_rows(const char* op, const char* name, const Tensor& t, const Tensor& like) {
-  nn::check_float(op, name, t, like.device());
-  detail::check_dtype_is(op, name, t, like.dtype());
-}
 }  // namespace
 
 void scale_rows(Tensor& x, const Tensor& w) {
   const char* op = "scale_rows";
   nn::check_float(op, "x", x, x.device());
-  check_rows(op, "w", w, x);
+  nn::check_same(op, "w", w, x);
   const std::int64_t C = detail::last_dim(op, "x", x);
   detail::check_numel(op, "w", w, nn::rows_of(x, C), "one weight per row of x");
   const std::int64_t n = x.numel();
@@ -55,8 +50,8 @@ void scale_rows(Tensor& x, const Tensor& w) {
 void row_dot(const Tensor& a, const Tensor& b, Tensor& out) {
   const char* op = "row_dot";
   nn::check_float(op, "a", a, a.device());
-  check_rows(op, "b", b, a);
-  check_rows(op, "out", out, a);
+  nn::check_same(op, "b", b, a);
+  nn::check_same(op, "out", out, a);
   detail::check_shape(op, "b", b, a.shape());
   const std::int64_t C = detail::last_dim(op, "a", a);
   const std::int64_t rows = nn::rows_of(a, C);
