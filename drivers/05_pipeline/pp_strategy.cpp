@@ -41,8 +41,8 @@ void validate_pipeline(const TrainConfig& config, const PipelineOptions& options
   DTP_CHECK(options.pp >= 1, "pp: --pp (pipeline stages) must be at least 1, got ", options.pp);
   DTP_CHECK(options.dp >= 1, "pp: --dp (pipeline replicas) must be at least 1, got ", options.dp);
   DTP_CHECK(options.microbatches >= 1, "pp: --microbatches must be at least 1, got ", options.microbatches);
-  DTP_CHECK(config.model.experts == 0, "pp: --moe-experts is not supported with --strategy pp (a stage's backward "
-            "does not carry the load-balancing loss's scale per micro-batch yet)");
+  DTP_CHECK(config.model.experts == 0, "pp: --moe-experts is not supported with --strategy pp (the last stage "
+            "reports the loss, and the load-balancing losses of blocks on other stages do not reach it yet)");
   DTP_CHECK(options.microbatches <= kMaxMicrobatches, "pp: --microbatches ", options.microbatches,
             " is more than the ", kMaxMicrobatches, " a message tag can name");
   DTP_CHECK(static_cast<std::int64_t>(options.pp) * chunks_of(options) <= kMaxVirtualStages, "pp: --pp ", options.pp,

@@ -182,7 +182,7 @@ Tensor StageModule::backward(int index, const Tensor& dy, double loss_scale, Wei
     if (auto* head = dynamic_cast<Head*>(&unit)) {
       dx = head->backward(saved.head, loss_scale);
     } else if (auto* b = dynamic_cast<Block*>(&unit)) {
-      dx = b->backward(dx, saved.blocks[--block], mode);
+      dx = b->backward(dx, saved.blocks[--block], mode, loss_scale);  // a MoE block's balance loss too
     } else if (auto* embedding = dynamic_cast<Embedding*>(&unit)) {
       // All of the embedding's backward is weight gradient: W does it when deferred.
       if (!defer) embedding->backward(dx, saved.embedding);
