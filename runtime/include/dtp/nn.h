@@ -394,6 +394,7 @@ class MoeMlp {
                   PendingWeightGrads* defer = nullptr) const;
 
   Linear router;               ///< C -> E, no bias
+  double router_std = 0.02;    ///< init std of the router (config.init_std)
   std::vector<Mlp> experts;    ///< E MLPs shaped like the dense one
   int top_k = 1;               ///< choices per token
   double capacity_factor = 1;  ///< see moe_capacity()

@@ -22,13 +22,14 @@ std::vector<double> as_doubles(const std::vector<std::int32_t>& rows) {
 
 MoeMlp::MoeMlp(const GPTConfig& config)
     : router(config.d_model, config.experts, false),
+      router_std(config.init_std),
       experts(static_cast<std::size_t>(config.experts), Mlp(config)),
       top_k(config.top_k),
       capacity_factor(config.capacity_factor),
       aux_loss_coef(config.aux_loss_coef) {}
 
 void MoeMlp::declare(std::vector<ParamSpec>& layout, const std::string& prefix) const {
-  router.declare(layout, prefix + ".router", experts.empty() ? 0.02 : experts[0].init_std);
+  router.declare(layout, prefix + ".router", router_std);
   for (std::size_t e = 0; e < experts.size(); ++e)
     experts[e].declare(layout, prefix + ".expert." + std::to_string(e));
 }
