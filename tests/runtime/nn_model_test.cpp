@@ -233,14 +233,7 @@ TEST(NnModel, WholeModelGradientsByFiniteDifferences) {
     model.zero_grad();
     model.forward(tokens, targets);
     model.backward();
-    auto loss = [&] {
-      double value = model.forward(tokens, targets);
-      model.release_activations();
-      return value;
-    };
-    for (Unit* unit : model.units())
-      EXPECT_TRUE(gradients_match("GPT unit " + unit->name(), unit->grads(),
-                                  numeric_gradient(unit->params(), loss)));
+    testing::expect_model_gradients_match(model, tokens, targets, "GPT");
   }
 }
 

@@ -172,14 +172,7 @@ TEST(MoeMlp, WholeModelGradientsAndLossIncludeTheBalanceLoss) {
   // Two blocks, each coef * E sum f P, which is about 1 for a fresh router.
   EXPECT_NEAR(model.aux_loss(), 2 * 0.3, 0.2);
   model.backward();
-  auto loss = [&] {
-    double value = model.forward(tokens, targets);
-    model.release_activations();
-    return value;
-  };
-  for (Unit* unit : model.units())
-    EXPECT_TRUE(gradients_match("MoE GPT unit " + unit->name(), unit->grads(),
-                                numeric_gradient(unit->params(), loss)));
+  testing::expect_model_gradients_match(model, tokens, targets, "MoE GPT");
   std::int64_t total = 0;
   for (const Unit* unit : model.units()) total += unit->numel();
   EXPECT_EQ(model.config().parameter_count(), total);

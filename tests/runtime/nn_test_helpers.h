@@ -105,6 +105,21 @@ inline ::testing::AssertionResult gradients_match(const std::string& what, const
   return ::testing::AssertionSuccess();
 }
 
+/// Checks every unit's gradient after model.backward() (which the caller
+/// has run once on tokens and targets, from zeroed gradients) against central
+/// differences of the model's loss; @p label names the model in messages.
+inline void expect_model_gradients_match(GPT& model, const Tensor& tokens, const Tensor& targets,
+                                         const std::string& label) {
+  auto loss = [&] {
+    const double value = model.forward(tokens, targets);
+    model.release_activations();
+    return value;
+  };
+  for (Unit* unit : model.units())
+    EXPECT_TRUE(gradients_match(label + " unit " + unit->name(), unit->grads(),
+                                numeric_gradient(unit->params(), loss)));
+}
+
 /// Largest |a[i] - b[i]|.
 inline double max_difference(const Tensor& a, const Tensor& b) {
   double worst = 0;
