@@ -1,6 +1,7 @@
 /// @file sequence_expert.h
 /// @brief Chapter 06 contract: sequence parallelism (Ulysses, ring
-/// attention, zigzag, the 2-D hybrid).
+/// attention, zigzag, the 2-D hybrid) and expert parallelism (a mixture of
+/// experts on one rank, then its experts spread over ranks).
 ///
 /// Sequence parallelism splits the T positions of every sequence over the n
 /// ranks of an SP group; the weights are replicated (their gradients are
@@ -25,9 +26,22 @@
 ///
 /// Layout everywhere: q, k, v and the output are [B, T_local, H, D] (a [B, T,
 /// C] activation viewed with C = H D), f32 or f64, on the rank's device; the
-/// causal mask uses global positions. Mixture of experts (6.6, 6.7) follows
-/// in this header once built; the runtime's dtp::MoeMlp is its single-device
-/// form. See chapters/06_sequence_expert/README.md.
+/// causal mask uses global positions.
+///
+/// A mixture of experts replaces an MLP by E expert MLPs and a router that
+/// sends each token to k of them (the rules are in dtp/moe_routing.h):
+/// - **The layer on one rank** (6.6): the routing rules themselves
+///   (route_tokens), then MoeLayer's forward (router, route, dispatch each
+///   expert its rows, combine) and backward (the combine weights' and the
+///   load-balancing loss's gradients reach the router).
+/// - **Expert parallelism** (6.7): rank j of m holds experts
+///   [j E/m, (j+1) E/m); tokens travel to their experts and back with
+///   Comm::all_to_all_v, two exchanges forward and two backward.
+///
+/// The runtime's dtp::MoeMlp is a finished single-rank layer with the same
+/// rules: the puzzles borrow its weights (router and experts) and must not
+/// call its forward or backward, nor dtp::moe_route.
+/// See chapters/06_sequence_expert/README.md.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +50,8 @@
 
 #include "dtp/comm.h"
 #include "dtp/error.h"
+#include "dtp/moe_routing.h"
+#include "dtp/nn.h"
 #include "dtp/nn_ops.h"
 #include "dtp/tensor.h"
 
@@ -212,6 +228,132 @@ class HybridAttention {
  private:
   Comm inner_, outer_;
   RingAttention ring_;
+};
+
+// --- provided: rows of a batch -----------------------------------------------------------
+
+/// Rows @p rows of x [N, C], in that order: [rows.size(), C], a copy (the
+/// tokens one expert takes). Rows must be in [0, N) (dtp::Error otherwise).
+Tensor gather_rows(const Tensor& x, const std::vector<std::int32_t>& rows);
+/// y[rows[i]] += src[i] for every i: src [rows.size(), C] added into those
+/// rows of y [N, C] (an expert's outputs back to their tokens). Rows must be
+/// distinct, as one expert's are, so nothing collides.
+void scatter_add_rows(const Tensor& src, const std::vector<std::int32_t>& rows, Tensor& y);
+/// w [values.size()] in @p dtype on @p device: combine weights as a tensor
+/// for ops::scale_rows.
+Tensor weights_tensor(const std::vector<double>& values, DType dtype, Device device);
+
+/// Rows [first, first + count) of x [R, C]: a view [count, C] sharing x's
+/// storage (writes go to x), e.g. one expert's block of a packed buffer.
+Tensor row_block(const Tensor& x, std::int64_t first, std::int64_t count);
+
+// --- provided: the router ------------------------------------------------------------------
+
+/// The router's probabilities [N, E] for tokens x [N, C]: weights.router's
+/// logits, then ops::softmax_forward. Fills @p saved for router_backward.
+Tensor router_probabilities(const MoeMlp& weights, const Tensor& x, LinearSaved& saved);
+/// The router's share of dx [N, C], given d loss / d probs (host, row-major
+/// [N, E]): ops::softmax_backward to the logits, then the router's backward,
+/// which accumulates the router's weight gradient. Releases @p saved.
+Tensor router_backward(const MoeMlp& weights, const Tensor& probs, const std::vector<double>& d_probs,
+                       LinearSaved& saved);
+
+// --- puzzle 6.6: a mixture of experts on one rank ---------------------------------------------
+
+/// Puzzle 6.6a. Routes N = probs.size() / experts tokens (probs row-major
+/// [N, E], each row a distribution) by the rules of dtp/moe_routing.h: top-k
+/// (ties to the lower index), capacity moe_capacity(N, E, k, cf) (provided),
+/// admission round by round (every first choice in token order, then every
+/// second choice, ...), a choice whose expert is full dropped, combine
+/// weights the probabilities. Fills every field of MoeRouting, load and
+/// importance included. Bad sizes: dtp::Error (moe_capacity checks k and cf).
+MoeRouting route_tokens(const std::vector<double>& probs, int experts, int top_k, double capacity_factor);
+
+/// Puzzle 6.6b. A mixture-of-experts layer on one rank, with the weights of
+/// a dtp::MoeMlp (its router, experts, top_k, capacity_factor and
+/// aux_loss_coef). Gradients accumulate into the MoeMlp's unit, as its own
+/// backward would.
+class MoeLayer {
+ public:
+  /// Borrows @p weights (it must outlive the layer); provided.
+  explicit MoeLayer(const MoeMlp& weights);
+  /// y [N, C] for tokens x [N, C]: router_probabilities, route_tokens,
+  /// then for every expert with rows: gather its rows, run
+  /// the expert, scale by the combine weights, scatter_add_rows into y.
+  /// Keeps what backward needs; routing() and aux_loss() describe the batch.
+  Tensor forward(const Tensor& x);
+  /// dx [N, C] for dy [N, C], for the loss "sum(y * dy) + aux_loss()":
+  /// every expert's backward on its rows of dy scaled by the weights; the
+  /// combine weights' gradient (ops::row_dot of dy's rows and the expert's
+  /// output) and the balance loss's (aux_loss_coef * balance_gradient(e),
+  /// every token) into d probs, and router_backward's share of dx.
+  Tensor backward(const Tensor& dy);
+  /// The last forward's routing.
+  const MoeRouting& routing() const { return routing_; }
+  /// aux_loss_coef * the last forward's balance loss.
+  double aux_loss() const { return aux_loss_; }
+
+ private:
+  const MoeMlp& w_;
+  MoeRouting routing_;
+  double aux_loss_ = 0;
+  LinearSaved router_saved_;      // the router's input
+  Tensor probs_;                  // [N, E]
+  std::vector<Tensor> outputs_;   // per expert: its output on its rows, before the weights
+  std::vector<MlpSaved> saved_;   // per expert: the MLP's own
+};
+
+// --- puzzle 6.7: expert parallelism --------------------------------------------------------------
+
+/// Puzzle 6.7. The experts of a MoE layer spread over the m ranks of @p ep:
+/// rank j runs only experts [j E/m, (j+1) E/m). Every rank keeps its own
+/// tokens and routes them itself (the router is replicated), exactly as
+/// MoeLayer would on that rank's tokens alone; rows travel to the experts'
+/// ranks and back with all_to_all_v. Output and gradients equal MoeLayer on
+/// each rank's tokens, with each expert's gradient summed over every rank's
+/// tokens.
+class ExpertParallelMoe {
+ public:
+  /// Borrows @p weights (every rank holds the same router; only this rank's
+  /// experts are used) and checks that E divides over the m ranks
+  /// (dtp::Error naming both); provided.
+  ExpertParallelMoe(Comm& ep, const MoeMlp& weights);
+  /// y [N, C] for this rank's tokens x [N, C]. Route; tell every peer how
+  /// many rows it gets for each of its experts (one small collective); send
+  /// each kept choice's row to its expert's rank (all_to_all_v, rows packed
+  /// by destination rank, then by expert, then in routing order); run each
+  /// local expert once on the rows it received from every rank; send the
+  /// outputs back (all_to_all_v with the counts transposed); scale by the
+  /// combine weights and scatter_add_rows into y. No other communication.
+  Tensor forward(const Tensor& x);
+  /// dx [N, C] for dy [N, C] (loss "sum(y * dy) + aux_loss()" on this rank):
+  /// the combine weights' gradient and the balance loss's locally, dy's rows
+  /// (scaled by the weights) to the experts (all_to_all_v), the local
+  /// experts' backward, their input gradients back (all_to_all_v), the
+  /// router's backward. Exactly two all_to_all_v and nothing else. Only
+  /// this rank's experts (and the router) get gradients.
+  Tensor backward(const Tensor& dy);
+  /// This rank's routing of its own tokens.
+  const MoeRouting& routing() const { return routing_; }
+  /// aux_loss_coef * this rank's balance loss.
+  double aux_loss() const { return aux_loss_; }
+  /// The first expert this rank holds (j E / m).
+  int first_expert() const { return first_; }
+  /// How many experts each rank holds (E / m).
+  int local_experts() const { return local_; }
+
+ private:
+  Comm& ep_;
+  const MoeMlp& w_;
+  int first_ = 0, local_ = 0;
+  MoeRouting routing_;
+  double aux_loss_ = 0;
+  LinearSaved router_saved_;
+  Tensor probs_;
+  std::vector<std::int64_t> send_counts_, recv_counts_;  // per peer: elements (rows times C)
+  std::vector<std::vector<std::int32_t>> recv_rows_;     // per local expert: its rows in the receive buffer
+  std::vector<Tensor> outputs_;      // per expert of E: its outputs for this rank's rows, back home
+  std::vector<MlpSaved> saved_;      // per local expert: the MLP's own
 };
 
 }  // namespace dtp::ch06

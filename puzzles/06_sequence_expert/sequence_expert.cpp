@@ -1,4 +1,4 @@
-// Chapter 06 — sequence parallelism.
+// Chapter 06 — sequence and expert parallelism.
 //
 // Replace each `throw dtp::NotSolved(...)` with your code, then run
 //     ./dtp grade 06                  (or ./dtp grade 06 --puzzle 6.2)
@@ -9,7 +9,10 @@
 //
 // Provided (drivers/06_sequence_expert/): positions_of, block_visible,
 // split_positions / join_positions (a shard <-> its ranges' pieces),
-// empty_partial, attend_block, attend_block_backward, the constructors.
+// empty_partial, attend_block, attend_block_backward, the constructors;
+// for the mixture of experts (6.6, 6.7): gather_rows, scatter_add_rows,
+// row_block, weights_tensor, router_probabilities, router_backward,
+// moe_capacity (dtp/moe_routing.h), and MoeRouting::balance_gradient.
 // Tools:
 //   sp.rank(), sp.size(), sp.all_to_all(in, out)
 //   sp.isend(x, dst) / sp.irecv(x, src) -> Request; request.wait()
@@ -18,6 +21,9 @@
 //   ops::flash_attention_backward(q, k, v, out, row_max, row_sum, dout, dq, dk, dv)
 //   ops::axpy(y, 1.0, x), Tensor::empty / zeros(shape, dtype, device), t.view(shape),
 //   t.flatten().slice(start, length), t.copy_from(other), t.clone()
+//   ops::scale_rows(x, w)    x[n] *= w[n];   ops::row_dot(a, b, out)   out[n] = a[n] . b[n]
+//   weights.experts[e].forward(x, MlpSaved&) / .backward(dy, MlpSaved&)  (gradients accumulate)
+//   sp.all_to_all_v(in, send_counts, out, recv_counts)   counts in elements, per peer
 #include "06_sequence_expert/sequence_expert.h"
 
 namespace dtp::ch06 {
@@ -91,6 +97,70 @@ void HybridAttention::backward(const Tensor& dout, Tensor& dq, Tensor& dk, Tenso
   // About 6 lines.
   (void)dout, (void)dq, (void)dk, (void)dv;
   throw dtp::NotSolved("6.5 HybridAttention::backward");
+}
+
+// --- 6.6 a mixture of experts on one rank ---------------------------------------------------
+
+MoeRouting route_tokens(const std::vector<double>& probs, int experts, int top_k, double capacity_factor) {
+  // About 30 lines. N = probs.size() / experts (check it divides). Size every
+  // field of MoeRouting; capacity = moe_capacity(...). Per token: the k
+  // largest probabilities, ties to the lower index (std::stable_sort of the
+  // indices 0..E-1 does it), into choice and weight; load[e] += 1 / (N k) per
+  // choice, importance[e] += p / N per token. Then admit round by round:
+  // for j in 0..k-1, for every token n in order, the choice n*k+j is kept
+  // if its expert has fewer than capacity rows (append n to rows[e] and its
+  // weight to weights[e]), else dropped.
+  (void)probs, (void)experts, (void)top_k, (void)capacity_factor;
+  throw dtp::NotSolved("6.6 route_tokens");
+}
+
+Tensor MoeLayer::forward(const Tensor& x) {
+  // About 15 lines. probs_ = router_probabilities(w_, x, router_saved_);
+  // routing_ = route_tokens(probs_.to_vector(), ...); aux_loss_. Then per
+  // expert with rows: outputs_[e] = its forward on gather_rows(x, rows)
+  // (keep saved_[e]); a copy scaled by weights_tensor(its weights) is
+  // scatter_add_rows'ed into y (zeros [N, C]).
+  (void)x, (void)w_;
+  throw dtp::NotSolved("6.6 MoeLayer::forward");
+}
+
+Tensor MoeLayer::backward(const Tensor& dy) {
+  // About 25 lines. d_probs (host, [N, E]) starts at the balance loss's
+  // share: aux_loss_coef * routing_.balance_gradient(e) in every row. Per
+  // expert with rows: d_out = gather_rows(dy, rows); d_probs[n][e] +=
+  // row_dot(d_out, outputs_[e]) for its rows n; scale d_out by the weights;
+  // the expert's backward; scatter_add_rows into dx. Finally add
+  // router_backward(w_, probs_, d_probs, router_saved_) to dx.
+  (void)dy;
+  throw dtp::NotSolved("6.6 MoeLayer::backward");
+}
+
+// --- 6.7 expert parallelism -----------------------------------------------------------------
+
+Tensor ExpertParallelMoe::forward(const Tensor& x) {
+  // About 45 lines. Route as in 6.6. Experts of rank j are contiguous, so
+  // rows packed in expert order are packed by destination. Counts: an
+  // all_to_all of E numbers (block j: how many rows for each of rank j's
+  // experts) tells you what arrives from each rank, per local expert. Fill
+  // send_counts_ / recv_counts_ (elements: rows times C) and recv_rows_[l]
+  // (where expert l's rows sit in the receive buffer: from rank 0 first).
+  // all_to_all_v the packed rows; run each local expert once on
+  // gather_rows(received, recv_rows_[l]) and scatter its output into a
+  // results buffer shaped like received; all_to_all_v it back with the
+  // counts swapped; then combine as in 6.6 (outputs_[e]: row_block of what
+  // came home).
+  (void)x, (void)ep_, (void)first_, (void)local_;
+  throw dtp::NotSolved("6.7 ExpertParallelMoe::forward");
+}
+
+Tensor ExpertParallelMoe::backward(const Tensor& dy) {
+  // About 35 lines. d_probs as in 6.6 (the outputs are home, so the combine
+  // weights' gradient is local). Pack dy's rows in expert order, scale each
+  // expert's block (row_block) by its weights, all_to_all_v to the experts,
+  // each local expert's backward on its rows, all_to_all_v the input
+  // gradients home, scatter_add_rows them into dx, add router_backward.
+  (void)dy;
+  throw dtp::NotSolved("6.7 ExpertParallelMoe::backward");
 }
 
 }  // namespace dtp::ch06

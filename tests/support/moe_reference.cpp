@@ -17,6 +17,50 @@ double gelu(double v) {
 }
 }  // namespace
 
+HostRouting host_route(const std::vector<double>& probs, int experts, int top_k, double capacity_factor,
+                       RoutingRule rule) {
+  const int E = experts;
+  const auto N = static_cast<std::int64_t>(probs.size()) / E;
+  HostRouting r;
+  r.choices.resize(static_cast<std::size_t>(N));
+  r.rows.assign(static_cast<std::size_t>(E), {});
+  r.load.assign(static_cast<std::size_t>(E), 0.0), r.importance.assign(static_cast<std::size_t>(E), 0.0);
+  // Top-k by a stable sort on descending probability (ties: lower index first).
+  for (std::int64_t n = 0; n < N; ++n) {
+    std::vector<int> order(static_cast<std::size_t>(E));
+    std::iota(order.begin(), order.end(), 0);
+    if (rule == RoutingRule::ties_to_higher_index) std::reverse(order.begin(), order.end());
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return probs[n * E + a] > probs[n * E + b]; });
+    r.choices[n].assign(order.begin(), order.begin() + top_k);
+    for (int e : r.choices[n]) r.load[e] += 1.0 / static_cast<double>(N * top_k);
+    for (int e = 0; e < E; ++e) r.importance[e] += probs[n * E + e] / static_cast<double>(N);
+  }
+  for (int e = 0; e < E; ++e) r.balance_loss += E * r.load[e] * r.importance[e];
+  // Capacity (the 1e-9 makes an exact even split exact in floating point).
+  const double slots = capacity_factor * static_cast<double>(N * top_k) / E;
+  r.capacity = rule == RoutingRule::unlimited_capacity      ? N
+               : rule == RoutingRule::capacity_rounded_down ? static_cast<std::int64_t>(std::floor(slots + 1e-9))
+                                                            : static_cast<std::int64_t>(std::ceil(slots - 1e-9));
+  // Admission: round by round (or, for the mistake, token by token).
+  auto admit = [&](std::int64_t n, int j) {
+    const int e = r.choices[n][j];
+    if (static_cast<std::int64_t>(r.rows[e].size()) < r.capacity) {
+      r.rows[e].push_back(static_cast<std::int32_t>(n));
+      r.kept.insert({n, e});
+    } else {
+      r.dropped.insert({n, e});
+    }
+  };
+  if (rule == RoutingRule::token_by_token) {
+    for (std::int64_t n = 0; n < N; ++n)
+      for (int j = 0; j < top_k; ++j) admit(n, j);
+  } else {
+    for (int j = 0; j < top_k; ++j)
+      for (std::int64_t n = 0; n < N; ++n) admit(n, j);
+  }
+  return r;
+}
+
 HostMoeWeights HostMoeWeights::from_unit(const Unit& unit, const std::string& prefix, int experts) {
   HostMoeWeights w;
   w.router = values_of(unit, prefix + ".router.weight");
@@ -48,33 +92,9 @@ HostMoeResult host_moe_forward(const HostMoeWeights& w, const std::vector<double
     for (int e = 0; e < E; ++e) sum += std::exp(logit[e] - top);
     for (int e = 0; e < E; ++e) r.probs[n * E + e] = std::exp(logit[e] - top) / sum;
   }
-  // Top-k by a stable sort on descending probability (ties: lower index first).
-  std::vector<std::vector<int>> choices(static_cast<std::size_t>(N));
-  std::vector<double> load(E, 0.0), importance(E, 0.0);
-  for (std::int64_t n = 0; n < N; ++n) {
-    std::vector<int> order(E);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int a, int b) { return r.probs[n * E + a] > r.probs[n * E + b]; });
-    choices[n].assign(order.begin(), order.begin() + top_k);
-    for (int e : choices[n]) load[e] += 1.0 / static_cast<double>(N * top_k);
-    for (int e = 0; e < E; ++e) importance[e] += r.probs[n * E + e] / static_cast<double>(N);
-  }
-  for (int e = 0; e < E; ++e) r.balance_loss += E * load[e] * importance[e];
-  // Capacity and admission, round by round.
-  r.capacity = static_cast<std::int64_t>(
-      std::ceil(capacity_factor * static_cast<double>(N * top_k) / E - 1e-9));
-  std::vector<std::int64_t> used(E, 0);
-  for (int j = 0; j < top_k; ++j)
-    for (std::int64_t n = 0; n < N; ++n) {
-      const int e = choices[n][j];
-      if (used[e] < r.capacity) {
-        ++used[e];
-        r.kept.insert({n, e});
-      } else {
-        r.dropped.insert({n, e});
-      }
-    }
+  const HostRouting routing = host_route(r.probs, E, top_k, capacity_factor);
+  r.kept = routing.kept, r.dropped = routing.dropped;
+  r.balance_loss = routing.balance_loss, r.capacity = routing.capacity;
   // Each kept choice adds prob * expert(x[n]).
   for (const auto& [n, e] : r.kept) {
     const HostExpert& ex = w.experts[e];

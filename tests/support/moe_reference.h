@@ -30,6 +30,31 @@ struct HostMoeWeights {
   static HostMoeWeights from_unit(const Unit& unit, const std::string& prefix, int experts);
 };
 
+/// The routing rules of dtp/moe_routing.h, and mistakes a checker may name
+/// when a routing looks like one of them.
+enum class RoutingRule {
+  rules,                  ///< the rules
+  token_by_token,         ///< admits all of token 0's choices, then token 1's, ...
+  ties_to_higher_index,   ///< equal probabilities go to the higher expert index
+  capacity_rounded_down,  ///< floor(cf N k / E) instead of the ceiling
+  unlimited_capacity,     ///< nothing is ever dropped
+};
+
+/// One batch's routing, by @p rule.
+struct HostRouting {
+  std::int64_t capacity = 0;                           ///< slots per expert
+  std::vector<std::vector<int>> choices;               ///< per token: its k experts, most probable first
+  std::set<std::pair<std::int64_t, int>> kept;         ///< (token, expert) choices that got a slot
+  std::set<std::pair<std::int64_t, int>> dropped;      ///< (token, expert) choices dropped
+  std::vector<std::vector<std::int32_t>> rows;         ///< per expert: its tokens, in admission order
+  std::vector<double> load, importance;                ///< f_e and P_e
+  double balance_loss = 0;                             ///< E sum_e f_e P_e
+};
+
+/// Routes probs [N, E] (row-major) over E experts, top-k, by @p rule.
+HostRouting host_route(const std::vector<double>& probs, int experts, int top_k, double capacity_factor,
+                       RoutingRule rule = RoutingRule::rules);
+
 /// What the checkers compare.
 struct HostMoeResult {
   std::vector<double> y;                       ///< [N, C]
