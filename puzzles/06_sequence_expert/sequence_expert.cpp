@@ -12,7 +12,8 @@
 // empty_partial, attend_block, attend_block_backward, the constructors;
 // for the mixture of experts (6.6, 6.7): gather_rows, scatter_add_rows,
 // row_block, weights_tensor, router_probabilities, router_backward,
-// moe_capacity (dtp/moe_routing.h), and MoeRouting::balance_gradient.
+// moe_capacity (dtp/moe_routing.h), MoeRouting::balance_loss and
+// MoeRouting::balance_gradient.
 // Tools:
 //   sp.rank(), sp.size(), sp.all_to_all(in, out)
 //   sp.isend(x, dst) / sp.irecv(x, src) -> Request; request.wait()
@@ -23,7 +24,7 @@
 //   t.flatten().slice(start, length), t.copy_from(other), t.clone()
 //   ops::scale_rows(x, w)    x[n] *= w[n];   ops::row_dot(a, b, out)   out[n] = a[n] . b[n]
 //   weights.experts[e].forward(x, MlpSaved&) / .backward(dy, MlpSaved&)  (gradients accumulate)
-//   sp.all_to_all_v(in, send_counts, out, recv_counts)   counts in elements, per peer
+//   ep_.all_to_all_v(in, send_counts, out, recv_counts)   counts in elements, per peer
 #include "06_sequence_expert/sequence_expert.h"
 
 namespace dtp::ch06 {
@@ -116,10 +117,12 @@ MoeRouting route_tokens(const std::vector<double>& probs, int experts, int top_k
 
 Tensor MoeLayer::forward(const Tensor& x) {
   // About 15 lines. probs_ = router_probabilities(w_, x, router_saved_);
-  // routing_ = route_tokens(probs_.to_vector(), ...); aux_loss_. Then per
-  // expert with rows: outputs_[e] = its forward on gather_rows(x, rows)
-  // (keep saved_[e]); a copy scaled by weights_tensor(its weights) is
-  // scatter_add_rows'ed into y (zeros [N, C]).
+  // routing_ = route_tokens(probs_.to_vector(), ...); aux_loss_ =
+  // w_.aux_loss_coef * routing_.balance_loss(). Size outputs_ and saved_ to
+  // E entries. Then per expert with rows: outputs_[e] = its forward on
+  // gather_rows(x, rows) (keep saved_[e]); a copy scaled by
+  // weights_tensor(its weights, x.dtype(), x.device()) is scatter_add_rows'ed
+  // into y (zeros [N, C]). Keep outputs_[e] unscaled: backward needs it.
   (void)x, (void)w_;
   throw dtp::NotSolved("6.6 MoeLayer::forward");
 }
@@ -141,7 +144,10 @@ Tensor ExpertParallelMoe::forward(const Tensor& x) {
   // About 45 lines. Route as in 6.6. Experts of rank j are contiguous, so
   // rows packed in expert order are packed by destination. Counts: an
   // all_to_all of E numbers (block j: how many rows for each of rank j's
-  // experts) tells you what arrives from each rank, per local expert. Fill
+  // experts), as an f64 tensor on x.device() (weights_tensor(counts,
+  // DType::f64, x.device()); read back with to_vector()), tells you what
+  // arrives from each rank, per local expert. Size outputs_ to E entries
+  // and saved_ to local_ entries. Fill
   // send_counts_ / recv_counts_ (elements: rows times C) and recv_rows_[l]
   // (where expert l's rows sit in the receive buffer: from rank 0 first).
   // all_to_all_v the packed rows; run each local expert once on

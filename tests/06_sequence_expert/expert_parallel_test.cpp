@@ -71,6 +71,10 @@ std::string run_rank(Comm& ep, int E, int k, double cf) {
   std::string failure = compare_drops(who + "'s routing()", layer.routing(), host.probs, E, k, cf);
   if (!failure.empty()) return failure + "\n    every rank routes its own tokens, as the one-rank layer would";
   failure = compare_token_rows(who + "'s output y", y_peer.to_vector(), y, C);
+  if (!failure.empty() && m > 1)
+    failure += "\n    (the one-rank case may pass while this fails: the receive buffer is rank-major, all of rank 0's "
+               "rows by expert, then rank 1's, ...; recv_rows_[l] must pick expert l's rows out of every rank's "
+               "block, and the outputs must go back in the order they came)";
   if (!failure.empty()) return failure;
   if (std::abs(layer.aux_loss() - saved.aux_loss) > 1e-13)
     return who + ": aux_loss() must be this rank's own balance loss x coef, " + number(saved.aux_loss) + ", got " +
@@ -142,8 +146,13 @@ TEST(Puzzle6_7_expert_parallel, TwoAllToAllVEachWayCarryingKeptChoicesOnly) {
       ExpertParallelMoe layer(ep, block.moe);
       const std::string who = "rank " + std::to_string(ep.rank()) + " of " + std::to_string(m);
       ep.reset_stats();
-      layer.forward(tokens_of(ep.rank(), C));
+      const Tensor x = tokens_of(ep.rank(), C);
+      layer.forward(x);
       const CommStats forward = ep.stats();
+      MoeSaved saved;  // the probabilities the routing was decided from, by the finished layer
+      block.moe.forward(x, saved);
+      const std::string routing = compare_routing(layer.routing(), saved.probs.to_vector(), E, k, cf);
+      if (!routing.empty()) return who + "'s routing is wrong (fix 6.6a first); first:\n    " + routing;
       ep.reset_stats();
       layer.backward(dy_of(ep.rank(), C));
       const CommStats backward = ep.stats();

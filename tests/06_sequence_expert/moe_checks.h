@@ -147,6 +147,8 @@ inline std::string compare_routing(const MoeRouting& got, const std::vector<doub
       for (auto n : want) out << ' ' << n;
       out << "; got";
       for (auto n : had) out << ' ' << n;
+      out << "\n    admission goes round by round: every token's first choice in token order, then every second "
+             "choice, ...";
       return out.str();
     }
     for (std::size_t i = 0; i < want.size(); ++i) {

@@ -76,7 +76,7 @@ HostMoeWeights HostMoeWeights::from_unit(const Unit& unit, const std::string& pr
 }
 
 HostMoeResult host_moe_forward(const HostMoeWeights& w, const std::vector<double>& x, int top_k,
-                               double capacity_factor) {
+                               double capacity_factor, RoutingRule rule) {
   const std::int64_t C = w.C, H = w.H, N = static_cast<std::int64_t>(x.size()) / C;
   const int E = static_cast<int>(w.experts.size());
   HostMoeResult r;
@@ -92,7 +92,7 @@ HostMoeResult host_moe_forward(const HostMoeWeights& w, const std::vector<double
     for (int e = 0; e < E; ++e) sum += std::exp(logit[e] - top);
     for (int e = 0; e < E; ++e) r.probs[n * E + e] = std::exp(logit[e] - top) / sum;
   }
-  const HostRouting routing = host_route(r.probs, E, top_k, capacity_factor);
+  const HostRouting routing = host_route(r.probs, E, top_k, capacity_factor, rule);
   r.kept = routing.kept, r.dropped = routing.dropped;
   r.balance_loss = routing.balance_loss, r.capacity = routing.capacity;
   // Each kept choice adds prob * expert(x[n]).

@@ -65,9 +65,10 @@ struct HostMoeResult {
   std::int64_t capacity = 0;                   ///< slots per expert
 };
 
-/// The layer on rows x [N, C] (row-major), by the rules of dtp/moe_routing.h.
+/// The layer on rows x [N, C] (row-major), by the rules of dtp/moe_routing.h
+/// (or, to name a mistake, by another @p rule).
 HostMoeResult host_moe_forward(const HostMoeWeights& w, const std::vector<double>& x, int top_k,
-                               double capacity_factor);
+                               double capacity_factor, RoutingRule rule = RoutingRule::rules);
 
 /// "token 3's choice of expert 1" lists for a message: the first few of @p set.
 std::string describe_choices(const std::set<std::pair<std::int64_t, int>>& set);
