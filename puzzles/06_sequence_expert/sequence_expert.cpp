@@ -103,7 +103,7 @@ void HybridAttention::backward(const Tensor& dout, Tensor& dq, Tensor& dk, Tenso
 // --- 6.6 a mixture of experts on one rank ---------------------------------------------------
 
 MoeRouting route_tokens(const std::vector<double>& probs, int experts, int top_k, double capacity_factor) {
-  // About 30 lines. N = probs.size() / experts (check it divides). Size every
+  // About 35 lines. N = probs.size() / experts (check it divides). Size every
   // field of MoeRouting; capacity = moe_capacity(...). Per token: the k
   // largest probabilities, ties to the lower index (std::stable_sort of the
   // indices 0..E-1 does it), into choice and weight; load[e] += 1 / (N k) per
@@ -141,7 +141,7 @@ Tensor MoeLayer::backward(const Tensor& dy) {
 // --- 6.7 expert parallelism -----------------------------------------------------------------
 
 Tensor ExpertParallelMoe::forward(const Tensor& x) {
-  // About 45 lines. Route as in 6.6. Experts of rank j are contiguous, so
+  // About 50 lines. Route as in 6.6. Experts of rank j are contiguous, so
   // rows packed in expert order are packed by destination. Counts: an
   // all_to_all of E numbers (block j: how many rows for each of rank j's
   // experts), as an f64 tensor on x.device() (weights_tensor(counts,
@@ -160,7 +160,7 @@ Tensor ExpertParallelMoe::forward(const Tensor& x) {
 }
 
 Tensor ExpertParallelMoe::backward(const Tensor& dy) {
-  // About 35 lines. d_probs as in 6.6 (the outputs are home, so the combine
+  // About 40 lines. d_probs as in 6.6 (the outputs are home, so the combine
   // weights' gradient is local). Pack dy's rows in expert order, scale each
   // expert's block (row_block) by its weights, all_to_all_v to the experts,
   // each local expert's backward on its rows, all_to_all_v the input
