@@ -1,0 +1,989 @@
+// dtp-bench-sequence-expert: chapter 06 measured. Sequence-parallel attention
+// (the reference Ulysses, ring, zigzag and hybrid) against single-device flash
+// attention; what Ulysses and the ring send, on the alpha-beta clock; and how
+// many tokens a mixture of experts drops at each capacity factor.
+//   dtp-bench-sequence-expert [--only attention|tiers|moe] [--seqs 256,512,1024,2048]
+//       [--degrees 1,2,4,8] [--methods flash,ulysses,ring,zigzag,hybrid] [--batch 1]
+//       [--heads 8] [--head-dim 32] [--dtype f32|f64] [--warmup 1] [--repeats 3]
+//       [--nvlink 3,450] [--infiniband 8,50] [--tier-shape 1,16,32,8192]
+//       [--moe-experts 4,8] [--moe-top-k 1,2] [--moe-coefs 0,0.01] [--moe-steps 300]
+//       [--quick] [--json FILE]
+//
+// Part 1, "sp_attention": causal attention, forward then backward, on q, k,
+// v [B, T/n, H, D] shards of random data, for every T of --seqs and degree n
+// of --degrees: UlyssesAttention (n must divide H), RingAttention contiguous
+// and zigzag (T must divide by 2n), HybridAttention with u = n/2 (two groups;
+// n >= 4). The peer, in the same run: ops::flash_attention_forward and
+// _backward on the whole sequence on one rank ("flash"); every method's
+// output and gradients are compared with it (max_abs_error). Per rank:
+//  - time: wall time of the forward and of the backward (a barrier before
+//    each), the slowest rank's, median over --repeats rounds taken
+//    round-robin over the methods; and the rank's thread CPU time of both
+//    (CLOCK_THREAD_CPUTIME_ID), which does not count time spent waiting or
+//    descheduled. The n ranks are threads sharing this machine's cores, so
+//    wall time cannot fall below (total work) / cores; the busiest rank's
+//    CPU time is what n devices, one per rank, would wait for (communication
+//    aside). Its prediction: the share of the causal scores the busiest rank
+//    computes, times the peer's CPU time: 1/n for Ulysses and zigzag,
+//    (2n - 1)/n^2 for the contiguous ring (rank n - 1 holds n - 1 full
+//    blocks and the diagonal one), the ring's share over n/u groups divided
+//    by u for the hybrid.
+//  - memory, from the rank's MemoryTracker: peak_bytes is total_peak() over
+//    the forward and backward, the rank's input shards (q, k, v, dout)
+//    included: everything the rank holds at its fullest. saved_bytes is what
+//    the method keeps from forward to backward: the tracker's live bytes
+//    after the forward minus before it, minus the returned output; for the
+//    peer, which keeps the caller's q, k, v instead of copies, plus their
+//    bytes. Prediction (README sections 2 and 3): q, k, v, output and two
+//    row statistics per position and head, for this rank's share,
+//    (4 B (T/n) H D + 2 B H (T/n)) e, for every method.
+//
+// Part 2, "sp_comm_tiers": the same references on a shape chosen for its
+// bytes (--tier-shape B,T,H,D; the default 1,16,32,8192 in f32 makes one
+// whole q 16 MiB, 1/64 of the lesson's 1 GiB: the bytes of T = 2048
+// positions at the lesson's H = 32, D = 128 in bf16, but with so few
+// positions that the CPU's attention is negligible), n = 2, 4, 8,
+// World::cost set to each tier. attend_block charges 1 clock unit per block whatever its size, so
+// this part measures the clock in femtoseconds: alpha and beta are given in
+// fs, and the compute charges (at most 3 (2n + 1) units per rank) add less
+// than 1e-7 of the smallest clock here. The clock so counts communication
+// only, every transfer in sequence: what the lesson's section 6 calls "if
+// nothing is hidden". Peers: section 6's formulas. Bytes per rank come from
+// CommStats: bytes_sent of the ring's messages, collective_bytes of the
+// all-to-alls (each call's whole buffer, of which (g - 1)/g leaves the rank).
+//
+// Part 3, "moe_capacity": a small MoE GPT (dtp::Trainer, GPTConfig experts and
+// top_k, synthetic data) for every E of --moe-experts, k of --moe-top-k and
+// aux_loss_coef of --moe-coefs, at init and after --moe-steps AdamW steps on
+// batches of 8 x 64 tokens (trained with capacity factor 1.25, the default).
+// Each block's router probabilities of one held-out batch of 16 x 64 tokens
+// (drawn with another seed; every block's forward run by hand) are routed with
+// dtp::moe_route at capacity factors 0.5 .. 2 and E/k: choices dropped,
+// tokens that lost every choice, and the load balance max_e f_e / mean
+// (E max_e f_e, before drops). Peer: a router whose choices are uniform at
+// random: expert loads Binomial(N, k/E), so expected drops
+// E * sum_x max(0, x - c) P(x) exactly; its load balance by simulation
+// (random rows through moe_route, --moe-trials of them).
+//
+// Thread backend on the CPU only: every rank's numbers are written into
+// memory the process shares, and the timings assume no device queue.
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "06_sequence_expert/sequence_expert.h"
+#include "bench_common.h"
+#include "moe_capacity.h"
+#include "dtp/launch.h"
+#include "dtp/memory.h"
+#include "dtp/moe_routing.h"
+#include "dtp/trainer.h"
+
+namespace {
+
+using namespace dtp::bench;
+using dtp::Tensor;
+using dtp::ch06::PositionRange;
+using dtp::ch06::SequenceLayout;
+constexpr double kMiB = 1024.0 * 1024.0;
+
+double mib(double bytes) { return bytes / kMiB; }
+
+// --- where and when ----------------------------------------------------------------
+
+struct Context {
+  std::string backend, device, date, git, host, cpu;
+  int cores = 0;
+};
+
+JsonLine& add_context(JsonLine& line, const Context& c) {
+  return line.add("backend", c.backend).add("device", c.device).add("date", c.date).add("git", c.git)
+      .add("hostname", c.host).add("cpu", c.cpu).add("cores", c.cores);
+}
+
+void write_line(FILE* json, const JsonLine& line) {
+  if (json == nullptr) return;
+  std::fprintf(json, "%s\n", line.str().c_str());
+  std::fflush(json);
+}
+
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// --- the methods ---------------------------------------------------------------------
+
+enum class Method { flash, ulysses, ring, zigzag, hybrid };
+
+const char* method_name(Method m) {
+  switch (m) {
+    case Method::flash: return "flash";
+    case Method::ulysses: return "ulysses";
+    case Method::ring: return "ring";
+    case Method::zigzag: return "zigzag";
+    case Method::hybrid: return "hybrid";
+  }
+  return "?";
+}
+
+Method parse_method(const std::string& name) {
+  for (Method m : {Method::flash, Method::ulysses, Method::ring, Method::zigzag, Method::hybrid})
+    if (name == method_name(m)) return m;
+  throw std::invalid_argument("unknown method '" + name + "' (flash, ulysses, ring, zigzag, hybrid)");
+}
+
+struct Dims {
+  std::int64_t B = 1, T = 256, H = 8, D = 32;
+  dtp::DType dtype = dtp::DType::f32;
+  std::int64_t e() const { return static_cast<std::int64_t>(dtp::dtype_size(dtype)); }
+  std::int64_t numel() const { return B * T * H * D; }
+};
+
+// One configuration: a method on n ranks (u: the hybrid's Ulysses group).
+struct Case {
+  Method method = Method::flash;
+  int n = 1, u = 1;
+  SequenceLayout layout() const { return method == Method::zigzag ? SequenceLayout::zigzag : SequenceLayout::contiguous; }
+  std::string label() const {
+    std::string s = std::string(method_name(method)) + " n=" + std::to_string(n);
+    return method == Method::hybrid ? s + " u=" + std::to_string(u) : s;
+  }
+};
+
+// Whether the reference can run the case on this shape, and why not.
+std::string cannot_run(const Case& c, const Dims& d) {
+  if (c.method == Method::flash && c.n != 1) return "flash is the one-rank peer";
+  if (d.T % c.n != 0) return "T does not divide by n";
+  if (c.method == Method::ulysses && d.H % c.n != 0) return "H does not divide by n";
+  if (c.method == Method::zigzag && d.T % (2 * c.n) != 0) return "T does not divide by 2n";
+  if (c.method == Method::hybrid && (c.n < 4 || c.n % c.u != 0 || d.H % c.u != 0)) return "needs n >= 4, u | n, u | H";
+  return "";
+}
+
+// Runs forward, then backward, of case @p c on this rank's shards; each part
+// runs as around("forward" or "backward", part), which times it. Returns the
+// output, dq, dk, dv and the bytes the method keeps between the two parts.
+struct Pass {
+  Tensor out, dq, dk, dv;
+  std::int64_t saved_bytes = 0;
+};
+
+template <typename Around>
+Pass run_pass(dtp::Comm& comm, const Case& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+              Around&& around) {
+  dtp::MemoryTracker& tracker = *dtp::current_memory_tracker();
+  Pass p;
+  auto forward_then_backward = [&](auto&& forward, auto&& backward, std::int64_t kept_inputs) {
+    const std::int64_t before = tracker.total_live();
+    around("forward", [&] { p.out = forward(); });
+    // Every rank past its forward: no message of it is still in flight (the
+    // thread backend charges an eager send's copy to its sender until received).
+    comm.barrier();
+    p.saved_bytes = tracker.total_live() - before - static_cast<std::int64_t>(p.out.nbytes()) + kept_inputs;
+    around("backward", [&] { backward(); });
+  };
+  const int H = static_cast<int>(q.size(2));
+  switch (c.method) {
+    case Method::flash: {
+      Tensor row_max, row_sum;
+      const dtp::Shape stats{q.size(0), q.size(2), q.size(1)};
+      forward_then_backward(
+          [&] {
+            Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device(), dtp::MemoryCategory::activations);
+            row_max = Tensor::empty(stats, q.dtype(), q.device(), dtp::MemoryCategory::activations);
+            row_sum = Tensor::empty(stats, q.dtype(), q.device(), dtp::MemoryCategory::activations);
+            dtp::ops::flash_attention_forward(q, k, v, out, row_max, row_sum);
+            return out;
+          },
+          [&] {
+            p.dq = Tensor::empty(q.shape(), q.dtype(), q.device());
+            p.dk = Tensor::empty(q.shape(), q.dtype(), q.device());
+            p.dv = Tensor::empty(q.shape(), q.dtype(), q.device());
+            dtp::ops::flash_attention_backward(q, k, v, p.out, row_max, row_sum, dout, p.dq, p.dk, p.dv);
+            row_max = row_sum = Tensor();
+          },
+          // The peer keeps the caller's q, k, v and its output for the backward, not copies.
+          static_cast<std::int64_t>(4 * q.nbytes()));
+      break;
+    }
+    case Method::ulysses: {
+      dtp::ch06::UlyssesAttention attention(comm, H);
+      forward_then_backward([&] { return attention.forward(q, k, v); },
+                            [&] { attention.backward(dout, p.dq, p.dk, p.dv); }, 0);
+      break;
+    }
+    case Method::ring:
+    case Method::zigzag: {
+      dtp::ch06::RingAttention attention(comm, c.layout());
+      forward_then_backward([&] { return attention.forward(q, k, v); },
+                            [&] { attention.backward(dout, p.dq, p.dk, p.dv); }, 0);
+      break;
+    }
+    case Method::hybrid: {
+      dtp::ch06::HybridAttention attention(comm, c.u, H);
+      forward_then_backward([&] { return attention.forward(q, k, v); },
+                            [&] { attention.backward(dout, p.dq, p.dk, p.dv); }, 0);
+      break;
+    }
+  }
+  return p;
+}
+
+// --- part 1: time and memory ----------------------------------------------------------
+
+// The whole sequence, and the peer's answers (filled by the flash case).
+struct Problem {
+  Dims d;
+  Tensor q, k, v, dout;
+  Tensor out, dq, dk, dv;
+};
+
+Problem make_problem(const Dims& d, std::uint64_t seed) {
+  Problem p;
+  p.d = d;
+  const dtp::Shape shape{d.B, d.T, d.H, d.D};
+  p.q = Tensor::random_uniform(shape, seed, -1, 1, d.dtype);
+  p.k = Tensor::random_uniform(shape, seed + 1, -1, 1, d.dtype);
+  p.v = Tensor::random_uniform(shape, seed + 2, -1, 1, d.dtype);
+  p.dout = Tensor::random_uniform(shape, seed + 3, -1, 1, d.dtype);
+  return p;
+}
+
+double max_abs_difference(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.to_vector(), y = b.to_vector();
+  if (x.size() != y.size()) return INFINITY;
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
+  return worst;
+}
+
+struct RankNumbers {
+  std::vector<double> forward_s, backward_s, cpu_s;  // one per timed round (cpu: forward + backward)
+  std::int64_t blocks = 0, peak_bytes = 0, saved_bytes = 0, input_bytes = 0, comm_peak_bytes = 0;
+  double max_abs_error = 0;
+};
+
+// One round of case @p c: launch, warm-up passes, one timed pass. The flash
+// case stores its results in @p problem as the reference for the others.
+std::vector<RankNumbers> run_attention_round(const Case& c, Problem& problem, int warmup) {
+  std::vector<RankNumbers> ranks(static_cast<std::size_t>(c.n));
+  dtp::launch(dtp::World::from_env(c.n), [&](dtp::Comm& comm) {
+    const int r = comm.rank();
+    const std::vector<PositionRange> mine = dtp::ch06::positions_of(problem.d.T, c.n, r, c.layout());
+    const Tensor q = dtp::ch06::take_positions(problem.q, mine), k = dtp::ch06::take_positions(problem.k, mine),
+                 v = dtp::ch06::take_positions(problem.v, mine), dout = dtp::ch06::take_positions(problem.dout, mine);
+    dtp::MemoryTracker& tracker = *dtp::current_memory_tracker();
+    RankNumbers& out = ranks[static_cast<std::size_t>(r)];
+    out.input_bytes = static_cast<std::int64_t>(4 * q.nbytes());
+    Pass pass;
+    for (int round = 0; round <= warmup; ++round) {
+      const bool timed = round == warmup;
+      double cpu = 0;
+      pass = Pass{};  // the last round's tensors must not count in this round's peak
+      comm.barrier();
+      tracker.reset_peaks();
+      dtp::ch06::reset_block_computations();
+      pass = run_pass(comm, c, q, k, v, dout, [&](const char* part, auto&& body) {
+        comm.barrier();
+        const double wall0 = wall_seconds(), cpu0 = thread_cpu_seconds();
+        body();
+        const double wall = wall_seconds() - wall0;
+        cpu += thread_cpu_seconds() - cpu0;
+        if (timed) (std::string(part) == "forward" ? out.forward_s : out.backward_s).push_back(wall);
+      });
+      if (timed) {
+        out.cpu_s.push_back(cpu);
+        out.blocks = dtp::ch06::block_computations();
+        out.peak_bytes = tracker.total_peak();
+        out.comm_peak_bytes = tracker.peak(dtp::MemoryCategory::comm);
+        out.saved_bytes = pass.saved_bytes;
+      }
+    }
+    if (c.method == Method::flash) {
+      problem.out = pass.out, problem.dq = pass.dq, problem.dk = pass.dk, problem.dv = pass.dv;
+      return;
+    }
+    if (!problem.out.defined()) {  // no peer in this run: no error to report
+      out.max_abs_error = NAN;
+      return;
+    }
+    double worst = 0;
+    for (auto [mine_t, whole] : {std::pair{&pass.out, &problem.out}, std::pair{&pass.dq, &problem.dq},
+                                 std::pair{&pass.dk, &problem.dk}, std::pair{&pass.dv, &problem.dv}})
+      worst = std::max(worst, max_abs_difference(*mine_t, dtp::ch06::take_positions(*whole, mine)));
+    out.max_abs_error = worst;
+  });
+  return ranks;
+}
+
+// The share of the causal scores the busiest rank computes (README section 4).
+double busiest_share(const Case& c) {
+  const double n = c.n;
+  switch (c.method) {
+    case Method::flash: return 1.0;
+    case Method::ulysses:
+    case Method::zigzag: return 1.0 / n;
+    case Method::ring: return (2 * n - 1) / (n * n);
+    case Method::hybrid: {
+      const double groups = static_cast<double>(c.n / c.u);
+      return (2 * groups - 1) / (groups * groups) / c.u;
+    }
+  }
+  return 1.0;
+}
+
+// README sections 2 and 3: q, k, v, output and two statistics, this rank's share.
+std::int64_t formula_saved_bytes(const Dims& d, int n) {
+  return (4 * d.B * (d.T / n) * d.H * d.D + 2 * d.B * d.H * (d.T / n)) * d.e();
+}
+
+struct AttentionOptions {
+  std::vector<std::int64_t> seqs = {256, 512, 1024, 2048};
+  std::vector<int> degrees = {1, 2, 4, 8};
+  std::vector<Method> methods = {Method::flash, Method::ulysses, Method::ring, Method::zigzag, Method::hybrid};
+  Dims dims;
+  int warmup = 1, repeats = 3;
+};
+
+std::vector<Case> cases_for(const AttentionOptions& o) {
+  std::vector<Case> cases;
+  for (Method m : o.methods) {
+    if (m == Method::flash) {
+      cases.push_back({m, 1, 1});
+      continue;
+    }
+    for (int n : o.degrees) cases.push_back({m, n, m == Method::hybrid ? std::max(1, n / 2) : 1});
+  }
+  return cases;
+}
+
+template <typename Get>
+double slowest(const std::vector<RankNumbers>& ranks, Get get) {
+  double worst = 0;
+  for (const RankNumbers& r : ranks) worst = std::max(worst, static_cast<double>(get(r)));
+  return worst;
+}
+
+int run_attention_part(const AttentionOptions& o, const Context& ctx, FILE* json) {
+  const Dims& base = o.dims;
+  std::printf("# sp attention: %s backend on %s (%d cores), %s, B = %lld, H = %lld, D = %lld; forward + backward, "
+              "median of %d rounds (round-robin) after %d warm-up pass(es)\n",
+              ctx.backend.c_str(), ctx.device.c_str(), ctx.cores, dtp::dtype_name(base.dtype),
+              static_cast<long long>(base.B), static_cast<long long>(base.H), static_cast<long long>(base.D), o.repeats,
+              o.warmup);
+  std::printf("# fwd, bwd: the slowest rank's wall ms. cpu max: the busiest rank's thread CPU ms (fwd + bwd); "
+              "predicted: the peer's cpu x the busiest rank's share of the causal scores.\n"
+              "# peak: the rank's tracker peak, input shards included (largest over ranks). saved: kept from forward "
+              "to backward | formula (4 B (T/n) H D + 2 B H (T/n)) e.\n");
+  std::printf("%6s %-16s %9s %9s %9s %9s %9s %9s %6s %9s %9s %9s %8s %9s\n", "T", "method", "fwd ms", "bwd ms",
+              "cpu max", "predicted", "cpu sum", "x flash", "blocks", "peak MiB", "saved MiB", "formula", "comm MiB",
+              "max err");
+  for (std::int64_t T : o.seqs) {
+    Dims d = base;
+    d.T = T;
+    Problem problem = make_problem(d, 1000 + static_cast<std::uint64_t>(T));
+    std::vector<Case> cases;
+    for (const Case& c : cases_for(o)) {
+      if (const std::string why = cannot_run(c, d); !why.empty()) {
+        if (c.method != Method::hybrid || c.n >= 4)  // the hybrid starts at n = 4 by design
+          std::printf("# T = %lld: skipped %s (%s)\n", static_cast<long long>(T), c.label().c_str(), why.c_str());
+        continue;
+      }
+      cases.push_back(c);
+    }
+    // The peer first: its results are the reference the others are checked against.
+    std::stable_partition(cases.begin(), cases.end(), [](const Case& c) { return c.method == Method::flash; });
+    std::vector<std::vector<RankNumbers>> results(cases.size());
+    for (int round = 0; round < o.repeats; ++round)
+      for (std::size_t i = 0; i < cases.size(); ++i) {
+        std::vector<RankNumbers> ranks = run_attention_round(cases[i], problem, o.warmup);
+        if (round == 0) {
+          results[i] = std::move(ranks);
+          continue;
+        }
+        for (std::size_t r = 0; r < ranks.size(); ++r) {
+          results[i][r].forward_s.push_back(ranks[r].forward_s.back());
+          results[i][r].backward_s.push_back(ranks[r].backward_s.back());
+          results[i][r].cpu_s.push_back(ranks[r].cpu_s.back());
+        }
+      }
+    double flash_cpu = NAN;  // without the peer: no prediction, no comparison
+    for (std::size_t i = 0; i < cases.size(); ++i)
+      if (cases[i].method == Method::flash) flash_cpu = median(results[i][0].cpu_s);
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
+      const std::vector<RankNumbers>& ranks = results[i];
+      // Per round, the slowest rank; then the median over rounds.
+      std::vector<double> fwd, bwd;
+      for (int round = 0; round < o.repeats; ++round) {
+        fwd.push_back(slowest(ranks, [&](const RankNumbers& r) { return r.forward_s[round]; }));
+        bwd.push_back(slowest(ranks, [&](const RankNumbers& r) { return r.backward_s[round]; }));
+      }
+      // CPU time: each rank's median over the rounds.
+      const double cpu_max = slowest(ranks, [](const RankNumbers& r) { return median(r.cpu_s); });
+      double cpu_sum = 0;
+      std::vector<std::int64_t> blocks, peaks, saved;
+      std::vector<double> cpu;
+      for (const RankNumbers& r : ranks) {
+        cpu_sum += median(r.cpu_s);
+        cpu.push_back(median(r.cpu_s));
+        blocks.push_back(r.blocks);
+        peaks.push_back(r.peak_bytes);
+        saved.push_back(r.saved_bytes);
+      }
+      const double predicted = flash_cpu * busiest_share(c);
+      const double peak = slowest(ranks, [](const RankNumbers& r) { return r.peak_bytes; });
+      const double saved_max = slowest(ranks, [](const RankNumbers& r) { return r.saved_bytes; });
+      const double comm_peak = slowest(ranks, [](const RankNumbers& r) { return r.comm_peak_bytes; });
+      const double error = std::isnan(ranks[0].max_abs_error)
+                               ? NAN
+                               : slowest(ranks, [](const RankNumbers& r) { return r.max_abs_error; });
+      const std::int64_t formula = formula_saved_bytes(d, c.n);
+      std::printf("%6lld %-16s %9.1f %9.1f %9.1f %9.1f %9.1f %9.2f %6lld %9.2f %9.2f %9.2f %8.2f %9.1e\n",
+                  static_cast<long long>(T), c.label().c_str(), median(fwd) * 1e3, median(bwd) * 1e3, cpu_max * 1e3,
+                  predicted * 1e3, cpu_sum * 1e3, cpu_sum / flash_cpu,
+                  static_cast<long long>(slowest(ranks, [](const RankNumbers& r) { return r.blocks; })), mib(peak),
+                  mib(saved_max), mib(static_cast<double>(formula)), mib(comm_peak), error);
+      JsonLine line;
+      line.add("what", "sp_attention")
+          .add("method", method_name(c.method))
+          .add("layout", dtp::ch06::sequence_layout_name(c.layout()))
+          .add("sp", c.n)
+          .add("ulysses_size", c.method == Method::hybrid ? c.u : (c.method == Method::ulysses ? c.n : 1))
+          .add("world", c.n)
+          .add("dtype", dtp::dtype_name(d.dtype))
+          .add("batch", d.B)
+          .add("seq", d.T)
+          .add("heads", d.H)
+          .add("head_dim", d.D)
+          .add("forward_s", median(fwd))
+          .add("backward_s", median(bwd))
+          .add("step_s", median(fwd) + median(bwd))
+          .add("forward_s_per_round", fwd)
+          .add("backward_s_per_round", bwd)
+          .add("cpu_s_busiest_rank", cpu_max)
+          .add("cpu_s_per_rank", cpu)
+          .add("cpu_s_sum", cpu_sum)
+          .add("flash_cpu_s", flash_cpu)
+          .add("busiest_share_formula", busiest_share(c))
+          .add("predicted_cpu_s_busiest_rank", predicted)
+          .add("blocks_per_rank", blocks)
+          .add("memory_source",
+               "MemoryTracker of each rank: peak = total_peak() over forward + backward, input shards q, k, v, dout "
+               "included; saved = live after forward - live before - returned output (+ q, k, v for the peer, "
+               "which keeps the caller's)")
+          .add("peak_bytes", static_cast<std::int64_t>(peak))
+          .add("peak_bytes_per_rank", peaks)
+          .add("input_bytes", ranks[0].input_bytes)
+          .add("saved_bytes", static_cast<std::int64_t>(saved_max))
+          .add("saved_bytes_per_rank", saved)
+          .add("formula_saved_bytes", formula)
+          .add("comm_peak_bytes", static_cast<std::int64_t>(comm_peak))
+          .add("max_abs_error", error)
+          .add("warmup", o.warmup)
+          .add("repeats", o.repeats);
+      add_context(line, ctx);
+      write_line(json, line);
+    }
+  }
+  std::printf("\n");
+  return 0;
+}
+
+// --- part 2: the tiers -----------------------------------------------------------------
+
+struct Tier {
+  std::string name;
+  double alpha_s;        // per message
+  double bandwidth_Bps;  // per direction per GPU: beta = 1 / bandwidth
+};
+
+std::vector<Tier> default_tiers() { return {{"NVLink", 3e-6, 450e9}, {"InfiniBand", 8e-6, 50e9}}; }
+
+void set_tier(Tier& tier, const std::string& text) {
+  const std::size_t comma = text.find(',');
+  if (comma == std::string::npos) throw std::invalid_argument("a tier takes ALPHA_US,GBPS, got '" + text + "'");
+  tier.alpha_s = std::stod(text.substr(0, comma)) * 1e-6;
+  tier.bandwidth_Bps = std::stod(text.substr(comma + 1)) * 1e9;
+  if (tier.alpha_s < 0 || tier.bandwidth_Bps <= 0) throw std::invalid_argument("a tier needs alpha >= 0, GB/s > 0");
+}
+
+// One clock unit: attend_block's charge of 1 per block becomes 1 fs.
+constexpr double kClockUnit = 1e-15;
+
+// Section 6's formulas, in seconds; S = local bytes of one q, u = Ulysses group, g = ring length.
+struct CommFormula {
+  double forward_s = 0, backward_s = 0, forward_bytes = 0, backward_bytes = 0;
+};
+
+CommFormula comm_formula(const Case& c, double S, const Tier& t) {
+  const double a = t.alpha_s, b = 1.0 / t.bandwidth_Bps;
+  auto all_to_alls = [&](int g) { return g > 1 ? 4 * ((g - 1) * a + (g - 1.0) / g * S * b) : 0.0; };
+  auto a2a_bytes = [&](int g) { return 4 * (g - 1.0) / g * S; };
+  auto ring_forward = [&](int g) { return (g - 1) * (a + 2 * S * b); };
+  auto ring_backward = [&](int g) { return g > 1 ? (g - 1) * (a + 4 * S * b) + a + 2 * S * b : 0.0; };
+  auto ring_backward_bytes = [&](int g) { return g > 1 ? (4.0 * g - 2) * S : 0.0; };
+  const int u = c.method == Method::ulysses ? c.n : (c.method == Method::hybrid ? c.u : 1);
+  const int g = c.n / u;
+  return {all_to_alls(u) + ring_forward(g), all_to_alls(u) + ring_backward(g), a2a_bytes(u) + 2.0 * (g - 1) * S,
+          a2a_bytes(u) + ring_backward_bytes(g)};
+}
+
+struct CommNumbers {
+  double clock_forward = 0, clock_total = 0;  // in clock units
+  std::int64_t p2p_forward = 0, p2p_backward = 0, a2a_forward = 0, a2a_backward = 0;
+  std::int64_t messages = 0, collectives = 0;
+};
+
+// The counters of every communicator the method used, summed.
+CommNumbers counters(const std::vector<dtp::Comm*>& comms) {
+  CommNumbers n;
+  for (dtp::Comm* c : comms) {
+    const dtp::CommStats s = c->stats();
+    n.p2p_forward += s.bytes_sent;
+    n.a2a_forward += s.collective_bytes;
+    n.messages += s.messages_sent;
+    n.collectives += s.total_collective_calls();
+    n.clock_forward = s.clock;  // one clock per rank, shared by its communicators
+  }
+  return n;
+}
+
+std::vector<CommNumbers> run_tier_case(const Case& c, const Dims& d, const Tier& tier) {
+  std::vector<CommNumbers> ranks(static_cast<std::size_t>(c.n));
+  dtp::World world = dtp::World::from_env(c.n);
+  world.cost = dtp::CostModel{tier.alpha_s / kClockUnit, 1.0 / tier.bandwidth_Bps / kClockUnit};
+  dtp::launch(world, [&](dtp::Comm& comm) {
+    const dtp::Shape local{d.B, d.T / c.n, d.H, d.D};
+    const Tensor q = Tensor::zeros(local, d.dtype), k = Tensor::zeros(local, d.dtype),
+                 v = Tensor::zeros(local, d.dtype), dout = Tensor::zeros(local, d.dtype);
+    std::vector<dtp::Comm*> comms = {&comm};
+    std::unique_ptr<dtp::ch06::HybridAttention> hybrid;
+    std::unique_ptr<dtp::ch06::UlyssesAttention> ulysses;
+    std::unique_ptr<dtp::ch06::RingAttention> ring;
+    if (c.method == Method::hybrid) {
+      hybrid = std::make_unique<dtp::ch06::HybridAttention>(comm, c.u, static_cast<int>(d.H));
+      comms = {&hybrid->inner(), &hybrid->outer()};
+    } else if (c.method == Method::ulysses) {
+      ulysses = std::make_unique<dtp::ch06::UlyssesAttention>(comm, static_cast<int>(d.H));
+    } else {
+      ring = std::make_unique<dtp::ch06::RingAttention>(comm, c.layout());
+    }
+    for (dtp::Comm* x : comms) x->reset_stats();
+    Tensor out, dq, dk, dv;
+    out = hybrid ? hybrid->forward(q, k, v) : ulysses ? ulysses->forward(q, k, v) : ring->forward(q, k, v);
+    const CommNumbers after_forward = counters(comms);
+    if (hybrid) hybrid->backward(dout, dq, dk, dv);
+    else if (ulysses) ulysses->backward(dout, dq, dk, dv);
+    else ring->backward(dout, dq, dk, dv);
+    const CommNumbers after_backward = counters(comms);
+    CommNumbers& mine = ranks[static_cast<std::size_t>(comm.rank())];
+    mine = after_forward;
+    mine.clock_total = after_backward.clock_forward;
+    mine.p2p_backward = after_backward.p2p_forward - after_forward.p2p_forward;
+    mine.a2a_backward = after_backward.a2a_forward - after_forward.a2a_forward;
+    mine.messages = after_backward.messages;
+    mine.collectives = after_backward.collectives;
+  });
+  return ranks;
+}
+
+struct TierOptions {
+  Dims dims{1, 16, 32, 8192, dtp::DType::f32};
+  std::vector<int> degrees = {2, 4, 8};
+  std::vector<Tier> tiers = default_tiers();
+};
+
+int run_tier_part(const TierOptions& o, const Context& ctx, FILE* json) {
+  const Dims& d = o.dims;
+  const double whole = static_cast<double>(d.numel() * d.e());
+  std::printf("# sp comm tiers: forward + backward of the reference on B = %lld, T = %lld, H = %lld, D = %lld, %s "
+              "(one whole q: %.1f MiB); the clock in fs, communication only, nothing hidden\n",
+              static_cast<long long>(d.B), static_cast<long long>(d.T), static_cast<long long>(d.H),
+              static_cast<long long>(d.D), dtp::dtype_name(d.dtype), mib(whole));
+  for (const Tier& t : o.tiers)
+    std::printf("# %s: alpha %g us, %g GB/s\n", t.name.c_str(), t.alpha_s * 1e6, t.bandwidth_Bps / 1e9);
+  std::printf("# sent MiB: off-rank bytes per rank, forward + backward (ring messages + (g-1)/g of each all-to-all); "
+              "formula: section 6. clock: the slowest rank's, us.\n");
+  std::printf("%-11s %-14s %2s %9s %9s %9s %11s %11s %11s %11s\n", "tier", "method", "n", "S MiB", "sent MiB",
+              "formula", "fwd us", "formula", "fwd+bwd us", "formula");
+  for (const Tier& tier : o.tiers)
+    for (int n : o.degrees)
+      for (Method m : {Method::ulysses, Method::ring, Method::zigzag, Method::hybrid}) {
+        const Case c{m, n, m == Method::hybrid ? n / 2 : 1};
+        if (!cannot_run(c, d).empty()) continue;
+        const std::vector<CommNumbers> ranks = run_tier_case(c, d, tier);
+        const double S = whole / n;
+        const CommFormula f = comm_formula(c, S, tier);
+        const int u = m == Method::ulysses ? n : (m == Method::hybrid ? c.u : 1);
+        const double share = u > 1 ? (u - 1.0) / u : 0.0;
+        const CommNumbers& r0 = ranks[0];
+        auto sent = [&](const CommNumbers& r, bool forward) {
+          return forward ? r.p2p_forward + share * r.a2a_forward : r.p2p_backward + share * r.a2a_backward;
+        };
+        double fwd_clock = 0, total_clock = 0, sent_max = 0;
+        for (const CommNumbers& r : ranks) {
+          fwd_clock = std::max(fwd_clock, r.clock_forward * kClockUnit);
+          total_clock = std::max(total_clock, r.clock_total * kClockUnit);
+          sent_max = std::max(sent_max, sent(r, true) + sent(r, false));
+        }
+        std::printf("%-11s %-14s %2d %9.2f %9.2f %9.2f %11.1f %11.1f %11.1f %11.1f\n", tier.name.c_str(),
+                    c.label().c_str(), n, mib(S), mib(sent_max), mib(f.forward_bytes + f.backward_bytes),
+                    fwd_clock * 1e6, f.forward_s * 1e6, total_clock * 1e6, (f.forward_s + f.backward_s) * 1e6);
+        JsonLine line;
+        line.add("what", "sp_comm_tiers")
+            .add("tier", tier.name)
+            .add("alpha_us", tier.alpha_s * 1e6)
+            .add("bandwidth_GBps", tier.bandwidth_Bps / 1e9)
+            .add("method", method_name(m))
+            .add("layout", dtp::ch06::sequence_layout_name(c.layout()))
+            .add("sp", n)
+            .add("ulysses_size", u)
+            .add("world", n)
+            .add("dtype", dtp::dtype_name(d.dtype))
+            .add("batch", d.B)
+            .add("seq", d.T)
+            .add("heads", d.H)
+            .add("head_dim", d.D)
+            .add("local_bytes", S)
+            .add("p2p_bytes_forward", r0.p2p_forward)
+            .add("p2p_bytes_backward", r0.p2p_backward)
+            .add("all_to_all_bytes_forward", r0.a2a_forward)
+            .add("all_to_all_bytes_backward", r0.a2a_backward)
+            .add("messages", r0.messages)
+            .add("collective_calls", r0.collectives)
+            .add("sent_bytes_forward", sent(r0, true))
+            .add("sent_bytes_backward", sent(r0, false))
+            .add("sent_bytes_max_over_ranks", sent_max)
+            .add("formula_sent_bytes_forward", f.forward_bytes)
+            .add("formula_sent_bytes_backward", f.backward_bytes)
+            .add("clock_forward_us", fwd_clock * 1e6)
+            .add("clock_us", total_clock * 1e6)
+            .add("formula_forward_us", f.forward_s * 1e6)
+            .add("formula_us", (f.forward_s + f.backward_s) * 1e6)
+            .add("clock_minus_formula_fs", (total_clock - f.forward_s - f.backward_s) / kClockUnit)
+            .add("clock_note",
+                 "communication only: clock unit 1 fs, so attend_block's 1 or 2 units per block add < 1e-7; a "
+                 "send is charged when posted, so nothing overlaps");
+        add_context(line, ctx);
+        write_line(json, line);
+      }
+  std::printf("\n");
+  return 0;
+}
+
+// --- part 3: mixture of experts --------------------------------------------------------
+
+using MoeOptions = dtp::bench::moe::Options;
+
+void validate_moe_options(const MoeOptions& o) {
+  for (std::int64_t e : o.experts)
+    if (e < 1 || e > 1024) throw std::invalid_argument("--moe-experts must be in 1..1024");
+  for (std::int64_t k : o.top_k)
+    if (k < 1) throw std::invalid_argument("--moe-top-k must be >= 1");
+  for (double c : o.coefs)
+    if (c < 0) throw std::invalid_argument("--moe-coefs must be >= 0");
+  if (o.steps < 1 || o.trials < 1) throw std::invalid_argument("--moe-steps and --moe-trials must be >= 1");
+}
+
+int run_moe_part(const MoeOptions& o, const Context& ctx, FILE* json) {
+  namespace moe = dtp::bench::moe;
+  std::printf("# moe capacity: GPT d_model %d, %d layers, %d heads, vocabulary %d, synthetic data; router "
+              "probabilities of one held-out batch of %lld x %lld tokens per block, at init and after %lld AdamW "
+              "steps of %lld x %lld tokens (trained at capacity factor %g)\n",
+              o.d_model, o.layers, o.heads, o.vocab, static_cast<long long>(o.probe_batch),
+              static_cast<long long>(o.seq), static_cast<long long>(o.steps), static_cast<long long>(o.batch),
+              static_cast<long long>(o.seq), o.train_capacity_factor);
+  std::printf("# drop %%: choices dropped / (N k) at each capacity factor (the last is E/k); uniform: a router choosing "
+              "uniformly at random (binomial, exact). load: max_e f_e / mean (uniform: simulated, %d batches)\n",
+              o.trials);
+  for (std::int64_t E64 : o.experts)
+    for (std::int64_t k64 : o.top_k) {
+      const int E = static_cast<int>(E64), k = static_cast<int>(k64);
+      if (k > E) continue;
+      const std::vector<double> factors = moe::factors_for(o, E, k);
+      std::printf("%-30s %5s", "E, k, coef, when", "load");
+      for (double f : factors) std::printf(" %7s", ("cf " + std::to_string(f).substr(0, 4)).c_str());
+      std::printf("  %s\n", "loss first -> last");
+      const std::int64_t N = o.probe_batch * o.seq;
+      const moe::UniformRouter uniform = moe::simulate_uniform_router(N, E, k, factors, o.trials);
+      std::vector<double> exact;
+      for (double f : factors) exact.push_back(moe::uniform_drop_fraction(N, E, k, dtp::moe_capacity(N, E, k, f)));
+      std::printf("E %d k %d %-22s %5.2f", E, k, "uniform router", uniform.max_over_mean_load);
+      for (double x : exact) std::printf(" %6.1f%%", 100 * x);
+      std::printf("\n");
+      for (double coef : o.coefs) {
+        const moe::ModelLook look = moe::look_at_model(o, E, k, coef);
+        for (int trained = 0; trained < 2; ++trained) {
+          const auto& blocks = trained ? look.trained_probs : look.init_probs;
+          for (std::size_t b = 0; b < blocks.size(); ++b) {
+            const std::vector<double>& probs = blocks[b];
+            std::vector<double> fraction, capacity, dropped, lost;
+            for (double f : factors) {
+              const moe::Routed r = moe::route(probs, E, k, f);
+              fraction.push_back(r.drop_fraction);
+              capacity.push_back(static_cast<double>(r.capacity));
+              dropped.push_back(static_cast<double>(r.dropped));
+              lost.push_back(static_cast<double>(r.tokens_lost));
+            }
+            const double load = moe::max_over_mean_load(probs, E, k);
+            char label[64];
+            std::snprintf(label, sizeof label, "%g %s block %zu", coef, trained ? "trained" : "init", b);
+            std::printf("E %d k %d %-22s %5.2f", E, k, label, load);
+            for (double x : fraction) std::printf(" %6.1f%%", 100 * x);
+            if (trained && b == 0) std::printf("  %.3f -> %.3f", look.first_loss, look.last_loss);
+            std::printf("\n");
+            JsonLine line;
+            line.add("what", "moe_capacity")
+                .add("experts", E)
+                .add("top_k", k)
+                .add("aux_loss_coef", coef)
+                .add("stage", trained ? "trained" : "init")
+                .add("steps", trained ? o.steps : std::int64_t{0})
+                .add("block", static_cast<int>(b))
+                .add("tokens", N)
+                .add("d_model", o.d_model)
+                .add("layers", o.layers)
+                .add("heads", o.heads)
+                .add("vocab_size", o.vocab)
+                .add("train_batch", o.batch)
+                .add("probe_batch", o.probe_batch)
+                .add("seq", o.seq)
+                .add("parameters", look.parameters)
+                .add("train_capacity_factor", o.train_capacity_factor)
+                .add("capacity_factors", factors)
+                .add("capacity", capacity)
+                .add("dropped_choices", dropped)
+                .add("drop_fraction", fraction)
+                .add("tokens_lost", lost)
+                .add("max_over_mean_load", load)
+                .add("balance_loss", moe::balance_loss(probs, E, k))
+                .add("uniform_drop_fraction", exact)
+                .add("uniform_drop_fraction_simulated", uniform.drop_fraction)
+                .add("uniform_max_over_mean_load", uniform.max_over_mean_load)
+                .add("uniform_trials", o.trials)
+                .add("first_loss", look.first_loss)
+                .add("last_loss", look.last_loss);
+            add_context(line, ctx);
+            write_line(json, line);
+          }
+        }
+      }
+      std::printf("\n");
+    }
+  return 0;
+}
+
+// --- the command line ------------------------------------------------------------------
+
+void usage(FILE* to) {
+  std::fprintf(
+      to,
+      "usage: dtp-bench-sequence-expert [--only attention|tiers|moe] [--seqs T,...] [--degrees n,...]\n"
+      "           [--methods flash,ulysses,ring,zigzag,hybrid] [--batch B] [--heads H] [--head-dim D]\n"
+      "           [--dtype f32|f64] [--warmup W] [--repeats R] [--nvlink US,GBPS] [--infiniband US,GBPS]\n"
+      "           [--tier-shape B,T,H,D] [--moe-experts E,...] [--moe-top-k k,...] [--moe-coefs c,...]\n"
+      "           [--moe-steps N] [--moe-trials N] [--quick] [--json FILE]\n"
+      "  --only        one part: attention (time and memory), tiers (bytes and the alpha-beta clock) or moe\n"
+      "  --seqs        sequence lengths T (default 256,512,1024,2048)\n"
+      "  --degrees     sequence-parallel degrees n (default 1,2,4,8; the tiers use those >= 2)\n"
+      "  --methods     which to run (default all; flash is the one-rank peer the others are checked against)\n"
+      "  --batch, --heads, --head-dim, --dtype   q, k, v [B, T/n, H, D] (default 1, 8, 32, f32)\n"
+      "  --warmup, --repeats   untimed passes per run (default 1); runs per case, round-robin (default 3)\n"
+      "  --nvlink, --infiniband  a tier's alpha (us) and bandwidth (GB/s) (default 3,450 and 8,50)\n"
+      "  --tier-shape  B,T,H,D of the tiers part (default 1,16,32,8192: one q is 16 MiB in f32)\n"
+      "  --moe-experts, --moe-top-k, --moe-coefs  the MoE models (default 4,8; 1,2; 0,0.01)\n"
+      "  --moe-steps   training steps before the second look at the router (default 300)\n"
+      "  --moe-trials  random routings for the uniform router's load balance (default 200)\n"
+      "  --quick       a smoke test: T 256,512; n 1,2,4; no warm-up, 1 repeat; tiers at D = 2048 on n 2,4;\n"
+      "                MoE 20 steps, 50 trials\n"
+      "  --json FILE   append one JSON object per measurement to FILE\n"
+      "Runs on the thread backend on the CPU (DTP_BACKEND=thread, DTP_DEVICE=cpu, the defaults).\n");
+}
+
+Context make_context() {
+  Context ctx;
+  const dtp::World env = dtp::World::from_env(1);
+  ctx.backend = dtp::backend_name(env.backend);
+  ctx.device = env.device.is_cuda() ? "cuda" : "cpu";
+  ctx.date = utc_now();
+  ctx.git = git_revision();
+  ctx.host = host_name();
+  ctx.cpu = cpu_model();
+  ctx.cores = static_cast<int>(std::thread::hardware_concurrency());
+  return ctx;
+}
+
+// Every option that takes a value (--quick and --help take none).
+const std::string kValueFlags[] = {"--only", "--seqs", "--degrees", "--methods", "--batch", "--heads", "--head-dim",
+                                   "--dtype", "--warmup", "--repeats", "--nvlink", "--infiniband", "--tier-shape",
+                                   "--moe-experts", "--moe-top-k", "--moe-coefs", "--moe-steps", "--moe-trials",
+                                   "--json"};
+
+template <typename T, typename Parse>
+std::vector<T> parse_list(const std::string& flag, const std::string& text, Parse parse) {
+  std::vector<T> out;
+  for (const std::string& item : split_list(text)) out.push_back(parse(item));
+  if (out.empty()) throw std::invalid_argument(flag + " needs at least one value");
+  return out;
+}
+
+// A whole number, all of it: std::stoll would take "12abc" as 12.
+std::int64_t parse_whole(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  std::int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty()) throw std::invalid_argument(flag + " takes whole numbers, got '" + text + "'");
+  return value;
+}
+
+double parse_real(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty() || !std::isfinite(value))
+    throw std::invalid_argument(flag + " takes numbers, got '" + text + "'");
+  return value;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  AttentionOptions attention;
+  TierOptions tiers;
+  MoeOptions moe;
+  std::string json_path, only;
+  bool quick = false;
+  try {
+    std::vector<std::pair<std::string, std::string>> flags;
+    for (int i = 1; i < argc; ++i) {
+      const std::string flag = argv[i];
+      if (flag == "--help" || flag == "-h") {
+        usage(stdout);
+        return 0;
+      }
+      if (flag == "--quick") {
+        quick = true;
+        continue;
+      }
+      if (flag.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + flag + "'");
+      if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags))
+        throw std::invalid_argument("unknown option " + flag);
+      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+      flags.emplace_back(flag, argv[++i]);
+    }
+    // --quick first, so that flags given with it win.
+    if (quick) {
+      attention.seqs = {256, 512};
+      attention.degrees = {1, 2, 4};
+      attention.warmup = 0;
+      attention.repeats = 1;
+      tiers.dims.D = 2048;
+      tiers.degrees = {2, 4};
+      moe.steps = 20;
+      moe.trials = 50;
+    }
+    auto whole = [](const std::string& flag) {
+      return [flag](const std::string& s) { return parse_whole(flag, s); };
+    };
+    for (const auto& [flag, value] : flags) {
+      if (flag == "--only") only = value;
+      else if (flag == "--seqs") attention.seqs = parse_list<std::int64_t>(flag, value, whole(flag));
+      else if (flag == "--degrees") {
+        attention.degrees.clear();
+        for (std::int64_t n : parse_list<std::int64_t>(flag, value, whole(flag))) attention.degrees.push_back(static_cast<int>(n));
+        tiers.degrees.clear();
+        for (int n : attention.degrees)
+          if (n >= 2) tiers.degrees.push_back(n);
+      } else if (flag == "--methods") attention.methods = parse_list<Method>(flag, value, parse_method);
+      else if (flag == "--batch") attention.dims.B = parse_whole(flag, value);
+      else if (flag == "--heads") attention.dims.H = parse_whole(flag, value);
+      else if (flag == "--head-dim") attention.dims.D = parse_whole(flag, value);
+      else if (flag == "--dtype") {
+        attention.dims.dtype = dtp::parse_dtype(value);
+        if (attention.dims.dtype != dtp::DType::f32 && attention.dims.dtype != dtp::DType::f64)
+          throw std::invalid_argument("--dtype takes f32 or f64, got '" + value + "'");
+        tiers.dims.dtype = attention.dims.dtype;
+      } else if (flag == "--warmup") attention.warmup = static_cast<int>(parse_whole(flag, value));
+      else if (flag == "--repeats") attention.repeats = static_cast<int>(parse_whole(flag, value));
+      else if (flag == "--nvlink") set_tier(tiers.tiers[0], value);
+      else if (flag == "--infiniband") set_tier(tiers.tiers[1], value);
+      else if (flag == "--tier-shape") {
+        const std::vector<std::int64_t> s = parse_list<std::int64_t>(flag, value, whole(flag));
+        if (s.size() != 4) throw std::invalid_argument("--tier-shape takes B,T,H,D, got '" + value + "'");
+        tiers.dims.B = s[0], tiers.dims.T = s[1], tiers.dims.H = s[2], tiers.dims.D = s[3];
+      } else if (flag == "--moe-experts") moe.experts = parse_list<std::int64_t>(flag, value, whole(flag));
+      else if (flag == "--moe-top-k") moe.top_k = parse_list<std::int64_t>(flag, value, whole(flag));
+      else if (flag == "--moe-coefs")
+        moe.coefs = parse_list<double>(flag, value, [&](const std::string& s) { return parse_real(flag, s); });
+      else if (flag == "--moe-steps") moe.steps = parse_whole(flag, value);
+      else if (flag == "--moe-trials") moe.trials = static_cast<int>(parse_whole(flag, value));
+      else if (flag == "--json") json_path = value;
+      else throw std::invalid_argument("unknown option " + flag);
+    }
+    if (!only.empty() && only != "attention" && only != "tiers" && only != "moe")
+      throw std::invalid_argument("--only takes attention, tiers or moe, got '" + only + "'");
+    const Dims& d = attention.dims;
+    if (d.B < 1 || d.H < 1 || d.D < 1) throw std::invalid_argument("--batch, --heads and --head-dim must be >= 1");
+    for (std::int64_t T : attention.seqs)
+      if (T < 1) throw std::invalid_argument("--seqs must be >= 1");
+    for (int n : attention.degrees)
+      if (n < 1 || n > 64) throw std::invalid_argument("--degrees must be in 1..64");
+    if (attention.warmup < 0 || attention.repeats < 1) throw std::invalid_argument("need --warmup >= 0, --repeats >= 1");
+    const Dims& td = tiers.dims;
+    if (td.B < 1 || td.T < 1 || td.H < 1 || td.D < 1) throw std::invalid_argument("--tier-shape values must be >= 1");
+    validate_moe_options(moe);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dtp-bench-sequence-expert: %s\n", e.what());
+    usage(stderr);
+    return 2;
+  }
+
+  const Context ctx = make_context();
+  if (ctx.backend != "thread" || ctx.device != "cpu") {
+    std::fprintf(stderr, "dtp-bench-sequence-expert: runs on the thread backend on the CPU; got DTP_BACKEND=%s, "
+                 "DTP_DEVICE=%s\n", ctx.backend.c_str(), ctx.device.c_str());
+    return 2;
+  }
+  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
+  if (!json_path.empty() && json == nullptr) {
+    std::fprintf(stderr, "dtp-bench-sequence-expert: cannot append to %s\n", json_path.c_str());
+    return 2;
+  }
+  int status = 0;
+  try {
+    if (only.empty() || only == "attention") status = run_attention_part(attention, ctx, json);
+    if (status == 0 && (only.empty() || only == "tiers")) status = run_tier_part(tiers, ctx, json);
+    if (status == 0 && (only.empty() || only == "moe")) status = run_moe_part(moe, ctx, json);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "dtp-bench-sequence-expert: %s\n", error.what());
+    status = 1;
+  }
+  if (json) std::fclose(json);
+  return status;
+}
