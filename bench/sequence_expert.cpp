@@ -33,8 +33,8 @@
 //    included: everything the rank holds at its fullest. saved_bytes is what
 //    the method keeps from forward to backward: the tracker's live bytes
 //    after the forward minus before it, minus the returned output; for the
-//    peer, which keeps the caller's q, k, v instead of copies, plus their
-//    bytes. Prediction (README sections 2 and 3): q, k, v, output and two
+//    peer, which keeps the caller's q, k, v and its output instead of
+//    copies, plus their bytes. Prediction (README sections 2 and 3): q, k, v, output and two
 //    row statistics per position and head, for this rank's share,
 //    (4 B (T/n) H D + 2 B H (T/n)) e, for every method.
 //
@@ -487,8 +487,8 @@ int run_attention_part(const AttentionOptions& o, const Context& ctx, FILE* json
           .add("blocks_per_rank", blocks)
           .add("memory_source",
                "MemoryTracker of each rank: peak = total_peak() over forward + backward, input shards q, k, v, dout "
-               "included; saved = live after forward - live before - returned output (+ q, k, v for the peer, "
-               "which keeps the caller's)")
+               "included; saved = live after forward - live before - returned output (the peer: + q, k, v and its "
+               "output, which it keeps instead of copies)")
           .add("peak_bytes", static_cast<std::int64_t>(peak))
           .add("peak_bytes_per_rank", peaks)
           .add("input_bytes", ranks[0].input_bytes)
