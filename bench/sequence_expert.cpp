@@ -104,12 +104,13 @@ double mib(double bytes) { return bytes / kMiB; }
 
 struct Context {
   std::string backend, device, date, git, host, cpu;
+  std::string glibc_tunables;  // malloc settings change the CPU times here: see bench/README.md
   int cores = 0;
 };
 
 JsonLine& add_context(JsonLine& line, const Context& c) {
   return line.add("backend", c.backend).add("device", c.device).add("date", c.date).add("git", c.git)
-      .add("hostname", c.host).add("cpu", c.cpu).add("cores", c.cores);
+      .add("hostname", c.host).add("cpu", c.cpu).add("cores", c.cores).add("glibc_tunables", c.glibc_tunables);
 }
 
 void write_line(FILE* json, const JsonLine& line) {
@@ -388,6 +389,7 @@ int run_attention_part(const AttentionOptions& o, const Context& ctx, FILE* json
               ctx.backend.c_str(), ctx.device.c_str(), ctx.cores, dtp::dtype_name(base.dtype),
               static_cast<long long>(base.B), static_cast<long long>(base.H), static_cast<long long>(base.D), o.repeats,
               o.warmup);
+  if (!ctx.glibc_tunables.empty()) std::printf("# GLIBC_TUNABLES=%s\n", ctx.glibc_tunables.c_str());
   std::printf("# fwd, bwd: the slowest rank's wall ms. cpu max: the busiest rank's thread CPU ms (fwd + bwd); "
               "predicted: the peer's cpu x the busiest rank's share of the causal scores.\n"
               "# peak: the rank's tracker peak, input shards included (largest over ranks). saved: kept from forward "
@@ -828,6 +830,7 @@ Context make_context() {
   ctx.host = host_name();
   ctx.cpu = cpu_model();
   ctx.cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (const char* tunables = std::getenv("GLIBC_TUNABLES")) ctx.glibc_tunables = tunables;
   return ctx;
 }
 

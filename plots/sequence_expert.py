@@ -421,7 +421,7 @@ def plot_moe(rows, path):
 
 # What must agree for two lines to share a figure.
 SETUP_KEYS = {
-    "sp_attention": ("backend", "device", "dtype", "batch", "heads", "head_dim"),
+    "sp_attention": ("backend", "device", "dtype", "batch", "heads", "head_dim", "glibc_tunables"),
     "sp_comm_tiers": ("backend", "device", "dtype", "batch", "seq", "heads", "head_dim"),
     "moe_capacity": ("backend", "device", "d_model", "layers", "heads", "vocab_size", "tokens", "train_batch",
                      "train_capacity_factor"),
