@@ -67,6 +67,8 @@
 //
 // Thread backend on the CPU only: every rank's numbers are written into
 // memory the process shares, and the timings assume no device queue.
+#include "06_sequence_expert/sequence_expert.h"
+
 #include <time.h>
 
 #include <algorithm>
@@ -82,13 +84,12 @@
 #include <thread>
 #include <vector>
 
-#include "06_sequence_expert/sequence_expert.h"
 #include "bench_common.h"
-#include "moe_capacity.h"
 #include "dtp/launch.h"
 #include "dtp/memory.h"
 #include "dtp/moe_routing.h"
 #include "dtp/trainer.h"
+#include "moe_capacity.h"
 
 namespace {
 
@@ -109,8 +110,14 @@ struct Context {
 };
 
 JsonLine& add_context(JsonLine& line, const Context& c) {
-  return line.add("backend", c.backend).add("device", c.device).add("date", c.date).add("git", c.git)
-      .add("hostname", c.host).add("cpu", c.cpu).add("cores", c.cores).add("glibc_tunables", c.glibc_tunables);
+  return line.add("backend", c.backend)
+      .add("device", c.device)
+      .add("date", c.date)
+      .add("git", c.git)
+      .add("hostname", c.host)
+      .add("cpu", c.cpu)
+      .add("cores", c.cores)
+      .add("glibc_tunables", c.glibc_tunables);
 }
 
 void write_line(FILE* json, const JsonLine& line) {
@@ -135,11 +142,16 @@ enum class Method { flash, ulysses, ring, zigzag, hybrid };
 
 const char* method_name(Method m) {
   switch (m) {
-    case Method::flash: return "flash";
-    case Method::ulysses: return "ulysses";
-    case Method::ring: return "ring";
-    case Method::zigzag: return "zigzag";
-    case Method::hybrid: return "hybrid";
+    case Method::flash:
+      return "flash";
+    case Method::ulysses:
+      return "ulysses";
+    case Method::ring:
+      return "ring";
+    case Method::zigzag:
+      return "zigzag";
+    case Method::hybrid:
+      return "hybrid";
   }
   return "?";
 }
@@ -161,7 +173,9 @@ struct Dims {
 struct Case {
   Method method = Method::flash;
   int n = 1, u = 1;
-  SequenceLayout layout() const { return method == Method::zigzag ? SequenceLayout::zigzag : SequenceLayout::contiguous; }
+  SequenceLayout layout() const {
+    return method == Method::zigzag ? SequenceLayout::zigzag : SequenceLayout::contiguous;
+  }
   std::string label() const {
     std::string s = std::string(method_name(method)) + " n=" + std::to_string(n);
     return method == Method::hybrid ? s + " u=" + std::to_string(u) : s;
@@ -338,10 +352,13 @@ std::vector<RankNumbers> run_attention_round(const Case& c, Problem& problem, in
 double busiest_share(const Case& c) {
   const double n = c.n;
   switch (c.method) {
-    case Method::flash: return 1.0;
+    case Method::flash:
+      return 1.0;
     case Method::ulysses:
-    case Method::zigzag: return 1.0 / n;
-    case Method::ring: return (2 * n - 1) / (n * n);
+    case Method::zigzag:
+      return 1.0 / n;
+    case Method::ring:
+      return (2 * n - 1) / (n * n);
     case Method::hybrid: {
       const double groups = static_cast<double>(c.n / c.u);
       return (2 * groups - 1) / (groups * groups) / c.u;
@@ -384,16 +401,17 @@ double slowest(const std::vector<RankNumbers>& ranks, Get get) {
 
 int run_attention_part(const AttentionOptions& o, const Context& ctx, FILE* json) {
   const Dims& base = o.dims;
-  std::printf("# sp attention: %s backend on %s (%d cores), %s, B = %lld, H = %lld, D = %lld; forward + backward, "
-              "median of %d rounds (round-robin) after %d warm-up pass(es)\n",
-              ctx.backend.c_str(), ctx.device.c_str(), ctx.cores, dtp::dtype_name(base.dtype),
-              static_cast<long long>(base.B), static_cast<long long>(base.H), static_cast<long long>(base.D), o.repeats,
-              o.warmup);
+  std::printf(
+      "# sp attention: %s backend on %s (%d cores), %s, B = %lld, H = %lld, D = %lld; forward + backward, "
+      "median of %d rounds (round-robin) after %d warm-up pass(es)\n",
+      ctx.backend.c_str(), ctx.device.c_str(), ctx.cores, dtp::dtype_name(base.dtype), static_cast<long long>(base.B),
+      static_cast<long long>(base.H), static_cast<long long>(base.D), o.repeats, o.warmup);
   if (!ctx.glibc_tunables.empty()) std::printf("# GLIBC_TUNABLES=%s\n", ctx.glibc_tunables.c_str());
-  std::printf("# fwd, bwd: the slowest rank's wall ms. cpu max: the busiest rank's thread CPU ms (fwd + bwd); "
-              "predicted: the peer's cpu x the busiest rank's share of the causal scores.\n"
-              "# peak: the rank's tracker peak, input shards included (largest over ranks). saved: kept from forward "
-              "to backward | formula (4 B (T/n) H D + 2 B H (T/n)) e.\n");
+  std::printf(
+      "# fwd, bwd: the slowest rank's wall ms. cpu max: the busiest rank's thread CPU ms (fwd + bwd); "
+      "predicted: the peer's cpu x the busiest rank's share of the causal scores.\n"
+      "# peak: the rank's tracker peak, input shards included (largest over ranks). saved: kept from forward "
+      "to backward | formula (4 B (T/n) H D + 2 B H (T/n)) e.\n");
   std::printf("%6s %-16s %9s %9s %9s %9s %9s %9s %6s %9s %9s %9s %8s %9s\n", "T", "method", "fwd ms", "bwd ms",
               "cpu max", "predicted", "cpu sum", "x flash", "blocks", "peak MiB", "saved MiB", "formula", "comm MiB",
               "max err");
@@ -592,9 +610,12 @@ std::vector<CommNumbers> run_tier_case(const Case& c, const Dims& d, const Tier&
     Tensor out, dq, dk, dv;
     out = hybrid ? hybrid->forward(q, k, v) : ulysses ? ulysses->forward(q, k, v) : ring->forward(q, k, v);
     const CommNumbers after_forward = counters(comms);
-    if (hybrid) hybrid->backward(dout, dq, dk, dv);
-    else if (ulysses) ulysses->backward(dout, dq, dk, dv);
-    else ring->backward(dout, dq, dk, dv);
+    if (hybrid)
+      hybrid->backward(dout, dq, dk, dv);
+    else if (ulysses)
+      ulysses->backward(dout, dq, dk, dv);
+    else
+      ring->backward(dout, dq, dk, dv);
     const CommNumbers after_backward = counters(comms);
     CommNumbers& mine = ranks[static_cast<std::size_t>(comm.rank())];
     mine = after_forward;
@@ -616,14 +637,16 @@ struct TierOptions {
 int run_tier_part(const TierOptions& o, const Context& ctx, FILE* json) {
   const Dims& d = o.dims;
   const double whole = static_cast<double>(d.numel() * d.e());
-  std::printf("# sp comm tiers: forward + backward of the reference on B = %lld, T = %lld, H = %lld, D = %lld, %s "
-              "(one whole q: %.1f MiB); the clock in fs, communication only, nothing hidden\n",
-              static_cast<long long>(d.B), static_cast<long long>(d.T), static_cast<long long>(d.H),
-              static_cast<long long>(d.D), dtp::dtype_name(d.dtype), mib(whole));
+  std::printf(
+      "# sp comm tiers: forward + backward of the reference on B = %lld, T = %lld, H = %lld, D = %lld, %s "
+      "(one whole q: %.1f MiB); the clock in fs, communication only, nothing hidden\n",
+      static_cast<long long>(d.B), static_cast<long long>(d.T), static_cast<long long>(d.H),
+      static_cast<long long>(d.D), dtp::dtype_name(d.dtype), mib(whole));
   for (const Tier& t : o.tiers)
     std::printf("# %s: alpha %g us, %g GB/s\n", t.name.c_str(), t.alpha_s * 1e6, t.bandwidth_Bps / 1e9);
-  std::printf("# sent MiB: off-rank bytes per rank, forward + backward (ring messages + (g-1)/g of each all-to-all); "
-              "formula: section 6. clock: the slowest rank's, us.\n");
+  std::printf(
+      "# sent MiB: off-rank bytes per rank, forward + backward (ring messages + (g-1)/g of each all-to-all); "
+      "formula: section 6. clock: the slowest rank's, us.\n");
   std::printf("%-11s %-14s %2s %9s %9s %9s %11s %11s %11s %11s\n", "tier", "method", "n", "S MiB", "sent MiB",
               "formula", "fwd us", "formula", "fwd+bwd us", "formula");
   for (const Tier& tier : o.tiers)
@@ -707,15 +730,17 @@ void validate_moe_options(const MoeOptions& o) {
 
 int run_moe_part(const MoeOptions& o, const Context& ctx, FILE* json) {
   namespace moe = dtp::bench::moe;
-  std::printf("# moe capacity: GPT d_model %d, %d layers, %d heads, vocabulary %d, synthetic data; router "
-              "probabilities of one held-out batch of %lld x %lld tokens per block, at init and after %lld AdamW "
-              "steps of %lld x %lld tokens (trained at capacity factor %g)\n",
-              o.d_model, o.layers, o.heads, o.vocab, static_cast<long long>(o.probe_batch),
-              static_cast<long long>(o.seq), static_cast<long long>(o.steps), static_cast<long long>(o.batch),
-              static_cast<long long>(o.seq), o.train_capacity_factor);
-  std::printf("# drop %%: choices dropped / (N k) at each capacity factor (the last is E/k); uniform: a router choosing "
-              "uniformly at random (binomial, exact). load: max_e f_e / mean (uniform: simulated, %d batches)\n",
-              o.trials);
+  std::printf(
+      "# moe capacity: GPT d_model %d, %d layers, %d heads, vocabulary %d, synthetic data; router "
+      "probabilities of one held-out batch of %lld x %lld tokens per block, at init and after %lld AdamW "
+      "steps of %lld x %lld tokens (trained at capacity factor %g)\n",
+      o.d_model, o.layers, o.heads, o.vocab, static_cast<long long>(o.probe_batch), static_cast<long long>(o.seq),
+      static_cast<long long>(o.steps), static_cast<long long>(o.batch), static_cast<long long>(o.seq),
+      o.train_capacity_factor);
+  std::printf(
+      "# drop %%: choices dropped / (N k) at each capacity factor (the last is E/k); uniform: a router choosing "
+      "uniformly at random (binomial, exact). load: max_e f_e / mean (uniform: simulated, %d batches)\n",
+      o.trials);
   for (std::int64_t E64 : o.experts)
     for (std::int64_t k64 : o.top_k) {
       const int E = static_cast<int>(E64), k = static_cast<int>(k64);
@@ -796,28 +821,27 @@ int run_moe_part(const MoeOptions& o, const Context& ctx, FILE* json) {
 // --- the command line ------------------------------------------------------------------
 
 void usage(FILE* to) {
-  std::fprintf(
-      to,
-      "usage: dtp-bench-sequence-expert [--only attention|tiers|moe] [--seqs T,...] [--degrees n,...]\n"
-      "           [--methods flash,ulysses,ring,zigzag,hybrid] [--batch B] [--heads H] [--head-dim D]\n"
-      "           [--dtype f32|f64] [--warmup W] [--repeats R] [--nvlink US,GBPS] [--infiniband US,GBPS]\n"
-      "           [--tier-shape B,T,H,D] [--moe-experts E,...] [--moe-top-k k,...] [--moe-coefs c,...]\n"
-      "           [--moe-steps N] [--moe-trials N] [--quick] [--json FILE]\n"
-      "  --only        one part: attention (time and memory), tiers (bytes and the alpha-beta clock) or moe\n"
-      "  --seqs        sequence lengths T (default 256,512,1024,2048)\n"
-      "  --degrees     sequence-parallel degrees n (default 1,2,4,8; the tiers use those >= 2)\n"
-      "  --methods     which to run (default all; flash is the one-rank peer the others are checked against)\n"
-      "  --batch, --heads, --head-dim, --dtype   q, k, v [B, T/n, H, D] (default 1, 8, 32, f32)\n"
-      "  --warmup, --repeats   untimed passes per run (default 1); runs per case, round-robin (default 3)\n"
-      "  --nvlink, --infiniband  a tier's alpha (us) and bandwidth (GB/s) (default 3,450 and 8,50)\n"
-      "  --tier-shape  B,T,H,D of the tiers part (default 1,16,32,8192: one q is 16 MiB in f32)\n"
-      "  --moe-experts, --moe-top-k, --moe-coefs  the MoE models (default 4,8; 1,2; 0,0.01)\n"
-      "  --moe-steps   training steps before the second look at the router (default 300)\n"
-      "  --moe-trials  random routings for the uniform router's load balance (default 200)\n"
-      "  --quick       a smoke test: T 256,512; n 1,2,4; no warm-up, 1 repeat; tiers at D = 2048 on n 2,4;\n"
-      "                MoE 20 steps, 50 trials\n"
-      "  --json FILE   append one JSON object per measurement to FILE\n"
-      "Runs on the thread backend on the CPU (DTP_BACKEND=thread, DTP_DEVICE=cpu, the defaults).\n");
+  std::fprintf(to,
+               "usage: dtp-bench-sequence-expert [--only attention|tiers|moe] [--seqs T,...] [--degrees n,...]\n"
+               "           [--methods flash,ulysses,ring,zigzag,hybrid] [--batch B] [--heads H] [--head-dim D]\n"
+               "           [--dtype f32|f64] [--warmup W] [--repeats R] [--nvlink US,GBPS] [--infiniband US,GBPS]\n"
+               "           [--tier-shape B,T,H,D] [--moe-experts E,...] [--moe-top-k k,...] [--moe-coefs c,...]\n"
+               "           [--moe-steps N] [--moe-trials N] [--quick] [--json FILE]\n"
+               "  --only        one part: attention (time and memory), tiers (bytes and the alpha-beta clock) or moe\n"
+               "  --seqs        sequence lengths T (default 256,512,1024,2048)\n"
+               "  --degrees     sequence-parallel degrees n (default 1,2,4,8; the tiers use those >= 2)\n"
+               "  --methods     which to run (default all; flash is the one-rank peer the others are checked against)\n"
+               "  --batch, --heads, --head-dim, --dtype   q, k, v [B, T/n, H, D] (default 1, 8, 32, f32)\n"
+               "  --warmup, --repeats   untimed passes per run (default 1); runs per case, round-robin (default 3)\n"
+               "  --nvlink, --infiniband  a tier's alpha (us) and bandwidth (GB/s) (default 3,450 and 8,50)\n"
+               "  --tier-shape  B,T,H,D of the tiers part (default 1,16,32,8192: one q is 16 MiB in f32)\n"
+               "  --moe-experts, --moe-top-k, --moe-coefs  the MoE models (default 4,8; 1,2; 0,0.01)\n"
+               "  --moe-steps   training steps before the second look at the router (default 300)\n"
+               "  --moe-trials  random routings for the uniform router's load balance (default 200)\n"
+               "  --quick       a smoke test: T 256,512; n 1,2,4; no warm-up, 1 repeat; tiers at D = 2048 on n 2,4;\n"
+               "                MoE 20 steps, 50 trials\n"
+               "  --json FILE   append one JSON object per measurement to FILE\n"
+               "Runs on the thread backend on the CPU (DTP_BACKEND=thread, DTP_DEVICE=cpu, the defaults).\n");
 }
 
 Context make_context() {
@@ -835,10 +859,10 @@ Context make_context() {
 }
 
 // Every option that takes a value (--quick and --help take none).
-const std::string kValueFlags[] = {"--only", "--seqs", "--degrees", "--methods", "--batch", "--heads", "--head-dim",
-                                   "--dtype", "--warmup", "--repeats", "--nvlink", "--infiniband", "--tier-shape",
-                                   "--moe-experts", "--moe-top-k", "--moe-coefs", "--moe-steps", "--moe-trials",
-                                   "--json"};
+const std::string kValueFlags[] = {"--only",      "--seqs",       "--degrees",    "--methods",     "--batch",
+                                   "--heads",     "--head-dim",   "--dtype",      "--warmup",      "--repeats",
+                                   "--nvlink",    "--infiniband", "--tier-shape", "--moe-experts", "--moe-top-k",
+                                   "--moe-coefs", "--moe-steps",  "--moe-trials", "--json"};
 
 template <typename T, typename Parse>
 std::vector<T> parse_list(const std::string& flag, const std::string& text, Parse parse) {
@@ -857,7 +881,8 @@ std::int64_t parse_whole(const std::string& flag, const std::string& text) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != text.size() || text.empty()) throw std::invalid_argument(flag + " takes whole numbers, got '" + text + "'");
+  if (used != text.size() || text.empty())
+    throw std::invalid_argument(flag + " takes whole numbers, got '" + text + "'");
   return value;
 }
 
@@ -911,43 +936,58 @@ int main(int argc, char** argv) {
       moe.steps = 20;
       moe.trials = 50;
     }
-    auto whole = [](const std::string& flag) {
-      return [flag](const std::string& s) { return parse_whole(flag, s); };
-    };
+    auto whole = [](const std::string& flag) { return [flag](const std::string& s) { return parse_whole(flag, s); }; };
     for (const auto& [flag, value] : flags) {
-      if (flag == "--only") only = value;
-      else if (flag == "--seqs") attention.seqs = parse_list<std::int64_t>(flag, value, whole(flag));
+      if (flag == "--only")
+        only = value;
+      else if (flag == "--seqs")
+        attention.seqs = parse_list<std::int64_t>(flag, value, whole(flag));
       else if (flag == "--degrees") {
         attention.degrees.clear();
-        for (std::int64_t n : parse_list<std::int64_t>(flag, value, whole(flag))) attention.degrees.push_back(static_cast<int>(n));
+        for (std::int64_t n : parse_list<std::int64_t>(flag, value, whole(flag)))
+          attention.degrees.push_back(static_cast<int>(n));
         tiers.degrees.clear();
         for (int n : attention.degrees)
           if (n >= 2) tiers.degrees.push_back(n);
-      } else if (flag == "--methods") attention.methods = parse_list<Method>(flag, value, parse_method);
-      else if (flag == "--batch") attention.dims.B = parse_whole(flag, value);
-      else if (flag == "--heads") attention.dims.H = parse_whole(flag, value);
-      else if (flag == "--head-dim") attention.dims.D = parse_whole(flag, value);
+      } else if (flag == "--methods")
+        attention.methods = parse_list<Method>(flag, value, parse_method);
+      else if (flag == "--batch")
+        attention.dims.B = parse_whole(flag, value);
+      else if (flag == "--heads")
+        attention.dims.H = parse_whole(flag, value);
+      else if (flag == "--head-dim")
+        attention.dims.D = parse_whole(flag, value);
       else if (flag == "--dtype") {
         attention.dims.dtype = dtp::parse_dtype(value);
         if (attention.dims.dtype != dtp::DType::f32 && attention.dims.dtype != dtp::DType::f64)
           throw std::invalid_argument("--dtype takes f32 or f64, got '" + value + "'");
         tiers.dims.dtype = attention.dims.dtype;
-      } else if (flag == "--warmup") attention.warmup = static_cast<int>(parse_whole(flag, value));
-      else if (flag == "--repeats") attention.repeats = static_cast<int>(parse_whole(flag, value));
-      else if (flag == "--nvlink") set_tier(tiers.tiers[0], value);
-      else if (flag == "--infiniband") set_tier(tiers.tiers[1], value);
+      } else if (flag == "--warmup")
+        attention.warmup = static_cast<int>(parse_whole(flag, value));
+      else if (flag == "--repeats")
+        attention.repeats = static_cast<int>(parse_whole(flag, value));
+      else if (flag == "--nvlink")
+        set_tier(tiers.tiers[0], value);
+      else if (flag == "--infiniband")
+        set_tier(tiers.tiers[1], value);
       else if (flag == "--tier-shape") {
         const std::vector<std::int64_t> s = parse_list<std::int64_t>(flag, value, whole(flag));
         if (s.size() != 4) throw std::invalid_argument("--tier-shape takes B,T,H,D, got '" + value + "'");
         tiers.dims.B = s[0], tiers.dims.T = s[1], tiers.dims.H = s[2], tiers.dims.D = s[3];
-      } else if (flag == "--moe-experts") moe.experts = parse_list<std::int64_t>(flag, value, whole(flag));
-      else if (flag == "--moe-top-k") moe.top_k = parse_list<std::int64_t>(flag, value, whole(flag));
+      } else if (flag == "--moe-experts")
+        moe.experts = parse_list<std::int64_t>(flag, value, whole(flag));
+      else if (flag == "--moe-top-k")
+        moe.top_k = parse_list<std::int64_t>(flag, value, whole(flag));
       else if (flag == "--moe-coefs")
         moe.coefs = parse_list<double>(flag, value, [&](const std::string& s) { return parse_real(flag, s); });
-      else if (flag == "--moe-steps") moe.steps = parse_whole(flag, value);
-      else if (flag == "--moe-trials") moe.trials = static_cast<int>(parse_whole(flag, value));
-      else if (flag == "--json") json_path = value;
-      else throw std::invalid_argument("unknown option " + flag);
+      else if (flag == "--moe-steps")
+        moe.steps = parse_whole(flag, value);
+      else if (flag == "--moe-trials")
+        moe.trials = static_cast<int>(parse_whole(flag, value));
+      else if (flag == "--json")
+        json_path = value;
+      else
+        throw std::invalid_argument("unknown option " + flag);
     }
     if (!only.empty() && only != "attention" && only != "tiers" && only != "moe")
       throw std::invalid_argument("--only takes attention, tiers or moe, got '" + only + "'");
@@ -957,7 +997,8 @@ int main(int argc, char** argv) {
       if (T < 1) throw std::invalid_argument("--seqs must be >= 1");
     for (int n : attention.degrees)
       if (n < 1 || n > 64) throw std::invalid_argument("--degrees must be in 1..64");
-    if (attention.warmup < 0 || attention.repeats < 1) throw std::invalid_argument("need --warmup >= 0, --repeats >= 1");
+    if (attention.warmup < 0 || attention.repeats < 1)
+      throw std::invalid_argument("need --warmup >= 0, --repeats >= 1");
     const Dims& td = tiers.dims;
     if (td.B < 1 || td.T < 1 || td.H < 1 || td.D < 1) throw std::invalid_argument("--tier-shape values must be >= 1");
     validate_moe_options(moe);
@@ -969,8 +1010,10 @@ int main(int argc, char** argv) {
 
   const Context ctx = make_context();
   if (ctx.backend != "thread" || ctx.device != "cpu") {
-    std::fprintf(stderr, "dtp-bench-sequence-expert: runs on the thread backend on the CPU; got DTP_BACKEND=%s, "
-                 "DTP_DEVICE=%s\n", ctx.backend.c_str(), ctx.device.c_str());
+    std::fprintf(stderr,
+                 "dtp-bench-sequence-expert: runs on the thread backend on the CPU; got DTP_BACKEND=%s, "
+                 "DTP_DEVICE=%s\n",
+                 ctx.backend.c_str(), ctx.device.c_str());
     return 2;
   }
   FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
