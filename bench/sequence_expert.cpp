@@ -540,8 +540,20 @@ std::vector<Tier> default_tiers() { return {{"NVLink", 3e-6, 450e9}, {"InfiniBan
 void set_tier(Tier& tier, const std::string& text) {
   const std::size_t comma = text.find(',');
   if (comma == std::string::npos) throw std::invalid_argument("a tier takes ALPHA_US,GBPS, got '" + text + "'");
-  tier.alpha_s = std::stod(text.substr(0, comma)) * 1e-6;
-  tier.bandwidth_Bps = std::stod(text.substr(comma + 1)) * 1e9;
+  auto number = [&](const std::string& part) {
+    std::size_t used = 0;
+    double value = NAN;
+    try {
+      value = std::stod(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != part.size() || !std::isfinite(value))
+      throw std::invalid_argument("a tier takes ALPHA_US,GBPS (two numbers), got '" + text + "'");
+    return value;
+  };
+  tier.alpha_s = number(text.substr(0, comma)) * 1e-6;
+  tier.bandwidth_Bps = number(text.substr(comma + 1)) * 1e9;
   if (tier.alpha_s < 0 || tier.bandwidth_Bps <= 0) throw std::invalid_argument("a tier needs alpha >= 0, GB/s > 0");
 }
 
