@@ -67,6 +67,8 @@
 //
 // Thread backend on the CPU only: every rank's numbers are written into
 // memory the process shares, and the timings assume no device queue.
+// The runs themselves are in bench/sp_attention.h (parts 1 and 2) and
+// bench/moe_capacity.h (part 3); this file prints, writes JSON, parses flags.
 #include "06_sequence_expert/sequence_expert.h"
 
 #include <algorithm>
