@@ -25,7 +25,7 @@ void validate_tensor_parallel(const TrainConfig& config, const TensorParallelRun
   DTP_CHECK(options.dp >= 1, "tp: --dp (data-parallel groups) must be at least 1, got ", options.dp);
   const GPTConfig& m = config.model;
   DTP_CHECK(m.experts == 0, "tp: --moe-experts is not supported with --strategy tp (its blocks shard the dense "
-            "MLP; a mixture of experts is split by expert instead: --strategy ep, chapter 06)");
+            "MLP; a mixture of experts is split by expert instead, chapter 06's expert parallelism)");
   DTP_CHECK(m.heads % options.tp == 0, "tp: --heads ", m.heads, " do not split over --tp ", options.tp,
             " (each rank computes whole heads: pick --tp dividing ", m.heads, ")");
   const std::int64_t hidden = std::int64_t{m.mlp_ratio} * m.d_model;
