@@ -12,9 +12,11 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dtp/json.h"
+#include "dtp/launch.h"
 #include "dtp/trainer.h"
 
 namespace dtp::bench {
@@ -125,5 +127,49 @@ class JsonLine {
  private:
   std::string text_;
 };
+
+/// Where and when a run measured: written into every JSON line of it.
+struct RunContext {
+  std::string backend, device, date, git, host, cpu;
+  /// glibc's malloc settings (the GLIBC_TUNABLES environment variable): they
+  /// move CPU times measurably (see bench/README.md), so a result says them.
+  std::string glibc_tunables;
+  int cores = 0;
+};
+
+/// This process's context: backend and device from DTP_BACKEND and DTP_DEVICE.
+inline RunContext make_context() {
+  RunContext ctx;
+  const World env = World::from_env(1);
+  ctx.backend = backend_name(env.backend);
+  ctx.device = env.device.is_cuda() ? "cuda" : "cpu";
+  ctx.date = utc_now();
+  ctx.git = git_revision();
+  ctx.host = host_name();
+  ctx.cpu = cpu_model();
+  ctx.cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (const char* tunables = std::getenv("GLIBC_TUNABLES")) ctx.glibc_tunables = tunables;
+  return ctx;
+}
+
+/// Adds the context's fields to @p line.
+inline JsonLine& add_context(JsonLine& line, const RunContext& c) {
+  return line.add("backend", c.backend)
+      .add("device", c.device)
+      .add("date", c.date)
+      .add("git", c.git)
+      .add("hostname", c.host)
+      .add("cpu", c.cpu)
+      .add("cores", c.cores)
+      .add("glibc_tunables", c.glibc_tunables);
+}
+
+/// Writes @p line and a newline to @p json (nothing when null), flushed so a
+/// run that stops early keeps what it measured.
+inline void write_line(FILE* json, const JsonLine& line) {
+  if (json == nullptr) return;
+  std::fprintf(json, "%s\n", line.str().c_str());
+  std::fflush(json);
+}
 
 }  // namespace dtp::bench

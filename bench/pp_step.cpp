@@ -65,35 +65,6 @@ double mib(std::int64_t bytes) { return static_cast<double>(bytes) / kMiB; }
 // --- where and when ----------------------------------------------------------------
 
 // What every JSON line says about the run.
-struct Context {
-  std::string backend, device, date, git, host, cpu;
-  int cores = 0;
-};
-
-Context make_context() {
-  Context ctx;
-  const dtp::World env = dtp::World::from_env(1);
-  ctx.backend = dtp::backend_name(env.backend);
-  ctx.device = env.device.is_cuda() ? "cuda" : "cpu";
-  ctx.date = utc_now();
-  ctx.git = git_revision();
-  ctx.host = host_name();
-  ctx.cpu = cpu_model();
-  ctx.cores = static_cast<int>(std::thread::hardware_concurrency());
-  return ctx;
-}
-
-JsonLine& add_context(JsonLine& line, const Context& c) {
-  return line.add("backend", c.backend).add("device", c.device).add("date", c.date).add("git", c.git)
-      .add("hostname", c.host).add("cpu", c.cpu).add("cores", c.cores);
-}
-
-void write_line(FILE* json, const JsonLine& line) {
-  if (json == nullptr) return;
-  std::fprintf(json, "%s\n", line.str().c_str());
-  std::fflush(json);
-}
-
 // --- one run ------------------------------------------------------------------------
 
 struct Options {
@@ -232,7 +203,7 @@ std::vector<std::int64_t> as_int64(const std::vector<int>& values) {
   return {values.begin(), values.end()};
 }
 
-void print_header(const Options& o, const Context& ctx) {
+void print_header(const Options& o, const RunContext& ctx) {
   const dtp::TrainConfig& cfg = o.config;
   const pp::ActionCosts costs;
   std::printf("# pp step: %s backend on %s, p = %d stages (one thread each) on %d cores, %s, %s\n",
@@ -257,7 +228,7 @@ void print_header(const Options& o, const Context& ctx) {
               "formula", "wall", "step ms", "ms/mb", "act MiB per stage", "alive (verifier)");
 }
 
-void report(const Options& o, const Run& run, const Context& ctx, FILE* json) {
+void report(const Options& o, const Run& run, const RunContext& ctx, FILE* json) {
   const pp::PipelineOptions& po = run.options;
   const int v = po.schedule == pp::ScheduleKind::interleaved ? po.chunks : 1;
   const pp::ActionCosts costs = po.costs;
@@ -492,7 +463,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  const Context ctx = make_context();
+  const RunContext ctx = make_context();
   FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
   if (!json_path.empty() && json == nullptr) {
     std::fprintf(stderr, "dtp-bench-pp-step: cannot append to %s\n", json_path.c_str());

@@ -97,31 +97,6 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 double mib(double bytes) { return bytes / kMiB; }
 
-// --- where and when ----------------------------------------------------------------
-
-struct Context {
-  std::string backend, device, date, git, host, cpu;
-  std::string glibc_tunables;  // malloc settings change the CPU times here: see bench/README.md
-  int cores = 0;
-};
-
-JsonLine& add_context(JsonLine& line, const Context& c) {
-  return line.add("backend", c.backend)
-      .add("device", c.device)
-      .add("date", c.date)
-      .add("git", c.git)
-      .add("hostname", c.host)
-      .add("cpu", c.cpu)
-      .add("cores", c.cores)
-      .add("glibc_tunables", c.glibc_tunables);
-}
-
-void write_line(FILE* json, const JsonLine& line) {
-  if (json == nullptr) return;
-  std::fprintf(json, "%s\n", line.str().c_str());
-  std::fflush(json);
-}
-
 // --- part 1: time and memory ----------------------------------------------------------
 
 struct AttentionOptions {
@@ -151,7 +126,7 @@ double slowest(const std::vector<RankNumbers>& ranks, Get get) {
   return worst;
 }
 
-int run_attention_part(const AttentionOptions& o, const Context& ctx, FILE* json) {
+int run_attention_part(const AttentionOptions& o, const RunContext& ctx, FILE* json) {
   const Dims& base = o.dims;
   std::printf(
       "# sp attention: %s backend on %s (%d cores), %s, B = %lld, H = %lld, D = %lld; forward + backward, "
@@ -309,7 +284,7 @@ struct TierOptions {
   std::vector<Tier> tiers = default_tiers();
 };
 
-int run_tier_part(const TierOptions& o, const Context& ctx, FILE* json) {
+int run_tier_part(const TierOptions& o, const RunContext& ctx, FILE* json) {
   const Dims& d = o.dims;
   const double whole = static_cast<double>(d.numel() * d.e());
   std::printf(
@@ -403,7 +378,7 @@ void validate_moe_options(const MoeOptions& o) {
   if (o.steps < 1 || o.trials < 1) throw std::invalid_argument("--moe-steps and --moe-trials must be >= 1");
 }
 
-int run_moe_part(const MoeOptions& o, const Context& ctx, FILE* json) {
+int run_moe_part(const MoeOptions& o, const RunContext& ctx, FILE* json) {
   namespace moe = dtp::bench::moe;
   std::printf(
       "# moe capacity: GPT d_model %d, %d layers, %d heads, vocabulary %d, synthetic data; router "
@@ -517,20 +492,6 @@ void usage(FILE* to) {
                "                MoE 20 steps, 50 trials\n"
                "  --json FILE   append one JSON object per measurement to FILE\n"
                "Runs on the thread backend on the CPU (DTP_BACKEND=thread, DTP_DEVICE=cpu, the defaults).\n");
-}
-
-Context make_context() {
-  Context ctx;
-  const dtp::World env = dtp::World::from_env(1);
-  ctx.backend = dtp::backend_name(env.backend);
-  ctx.device = env.device.is_cuda() ? "cuda" : "cpu";
-  ctx.date = utc_now();
-  ctx.git = git_revision();
-  ctx.host = host_name();
-  ctx.cpu = cpu_model();
-  ctx.cores = static_cast<int>(std::thread::hardware_concurrency());
-  if (const char* tunables = std::getenv("GLIBC_TUNABLES")) ctx.glibc_tunables = tunables;
-  return ctx;
 }
 
 // Every option that takes a value (--quick and --help take none).
@@ -683,7 +644,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  const Context ctx = make_context();
+  const RunContext ctx = make_context();
   if (ctx.backend != "thread" || ctx.device != "cpu") {
     std::fprintf(stderr,
                  "dtp-bench-sequence-expert: runs on the thread backend on the CPU; got DTP_BACKEND=%s, "

@@ -63,22 +63,6 @@ double mib(std::int64_t bytes) { return static_cast<double>(bytes) / kMiB; }
 // --- where and when ----------------------------------------------------------------
 
 // What every JSON line says about the run.
-struct Context {
-  std::string backend, device, date, git, host, cpu;
-  int cores = 0;
-};
-
-JsonLine& add_context(JsonLine& line, const Context& c) {
-  return line.add("backend", c.backend).add("device", c.device).add("date", c.date).add("git", c.git)
-      .add("hostname", c.host).add("cpu", c.cpu).add("cores", c.cores);
-}
-
-void write_line(FILE* json, const JsonLine& line) {
-  if (json == nullptr) return;
-  std::fprintf(json, "%s\n", line.str().c_str());
-  std::fflush(json);
-}
-
 
 // --- part 1: the lesson's formulas ----------------------------------------------------
 
@@ -267,7 +251,7 @@ std::int64_t largest(const std::vector<std::int64_t>& values) {
   return values.empty() ? 0 : *std::max_element(values.begin(), values.end());
 }
 
-void print_step_header(const StepOptions& o, const Census& c, const Context& ctx) {
+void print_step_header(const StepOptions& o, const Census& c, const RunContext& ctx) {
   const dtp::TrainConfig& cfg = c.config;
   std::printf("# tp step: %s backend on %s (%d cores), %s, %s\n", ctx.backend.c_str(), ctx.device.c_str(),
               ctx.cores, dtp::dtype_name(cfg.model.dtype), cfg.optimizer.c_str());
@@ -296,7 +280,7 @@ struct Baseline {
 
 // @p times: the slowest rank's step times of every round, the rounds one after the other.
 void report_setup(const Setup& setup, const Run& run, const std::vector<double>& times, const StepOptions& o,
-                  const Census& c, const Baseline& base, const Context& ctx, FILE* json) {
+                  const Census& c, const Baseline& base, const RunContext& ctx, FILE* json) {
   const dtp::TrainConfig& cfg = c.config;
   const int t = setup.ranks();
   const std::vector<std::int64_t> params = per_rank(run, kParams), act = per_rank(run, kActivationPeak),
@@ -366,7 +350,7 @@ void report_setup(const Setup& setup, const Run& run, const std::vector<double>&
 
 // The serial peer, then every t with SP off and on (t = 1 with SP on is the
 // same model; it is the baseline of the SP rows), run round-robin.
-int run_step_part(const StepOptions& o, const Context& ctx, FILE* json) {
+int run_step_part(const StepOptions& o, const RunContext& ctx, FILE* json) {
   std::vector<Setup> setups = {Setup{0, false}};
   for (int t : o.tps)
     for (bool sp : {false, true}) {
@@ -474,7 +458,7 @@ std::vector<TierResult> run_tier(const Tier& tier, int t, const std::vector<std:
   return results;
 }
 
-int run_tier_part(const std::vector<Tier>& tiers, bool quick, const Context& ctx, FILE* json) {
+int run_tier_part(const std::vector<Tier>& tiers, bool quick, const RunContext& ctx, FILE* json) {
   const std::vector<std::int64_t> batches = quick ? std::vector<std::int64_t>{1} : std::vector<std::int64_t>{1, 8};
   std::vector<std::int64_t> token_counts;
   for (std::int64_t b : batches) token_counts.push_back(b * kBlockSeq);
@@ -565,22 +549,6 @@ void usage(FILE* to) {
                "Backend and device from DTP_BACKEND and DTP_DEVICE (default thread, cpu).\n");
 }
 
-Context make_context() {
-  Context ctx;
-  const dtp::World env = dtp::World::from_env(1);
-  ctx.backend = dtp::backend_name(env.backend);
-  ctx.device = env.device.is_cuda() ? "cuda" : "cpu";
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  ctx.date = date;
-  ctx.git = git_revision();
-  ctx.host = host_name();
-  ctx.cpu = cpu_model();
-  ctx.cores = static_cast<int>(std::thread::hardware_concurrency());
-  return ctx;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -651,7 +619,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  const Context ctx = make_context();
+  const RunContext ctx = make_context();
   FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
   if (!json_path.empty() && json == nullptr) {
     std::fprintf(stderr, "dtp-bench-tp-step: cannot append to %s\n", json_path.c_str());
