@@ -1,5 +1,5 @@
 """What every plot script shares: reading the benchmarks' JSON lines, where
-figures go, and keeping one setup per figure."""
+figures go, keeping one setup per figure, and the footer naming the run."""
 
 import json
 import os
@@ -39,3 +39,21 @@ def keep_last_setup(rows, setup_key, script, what="line(s)"):
         print(f"{script}: skipped {len(rows) - len(kept)} {what} of another setup (model, optimizer, backend or "
               f"device) than the last line's", file=sys.stderr)
     return kept
+
+
+def provenance(rows):
+    """"2026-11-23 · git abc1234, def5678": every date and every revision the
+    rows came from (a figure may merge files of several runs)."""
+    revisions = sorted({r.get("git", "unknown") for r in rows})
+    dates = sorted({r.get("date", "")[:10] for r in rows if r.get("date")})
+    return f"{', '.join(dates)} · git {', '.join(revisions)}"
+
+
+def run_footer(rows, program, what=None):
+    """A figure's footer: the benchmark (and which of its parts), the
+    backend, device, cores and CPU of the last row, then provenance()."""
+    r = rows[-1]
+    cpu = f", {r['cpu']}" if r.get("cpu") else ""
+    part = f" ({what})" if what else ""
+    return (f"{program}{part} · {r.get('backend')}/{r.get('device')}, {r.get('cores', '?')} cores{cpu} · "
+            f"{provenance(rows)}")

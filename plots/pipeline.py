@@ -39,7 +39,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from _bench_json import figure_folder, keep_last_setup, read_rows  # noqa: E402
+from _bench_json import figure_folder, keep_last_setup, read_rows, run_footer  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
@@ -65,14 +65,6 @@ def ordered(names):
 def label(row):
     name = SCHEDULE_LABELS.get(row["schedule"], row["schedule"])
     return name + (f", v = {row['chunks']}" if row.get("chunks", 1) > 1 else "")
-
-
-def footer(rows):
-    revisions = sorted({r.get("git", "unknown") for r in rows})
-    dates = sorted({r.get("date", "")[:10] for r in rows if r.get("date")})
-    r = rows[-1]
-    return (f"dtp-bench-pp-step · {r.get('backend')}/{r.get('device')}, {r.get('cores', '?')} cores · "
-            f"{', '.join(dates)} · git {', '.join(revisions)}")
 
 
 def model_line(r):
@@ -119,7 +111,8 @@ def plot_bubble(table, rows, path):
     axes.legend(handles=handles, fontsize=8, loc="upper right", ncol=2)
     axes.set_title("Pipeline bubble against m: the formula, the verifier and the executed run's clock; wall time\n"
                    + model_line(rows[-1]), fontsize=10)
-    figure.text(0.5, 0.005, footer(rows) + " · clock costs F 1, B 2 (split: B 1, W 1), messages free",
+    foot = run_footer(rows, "dtp-bench-pp-step")
+    figure.text(0.5, 0.005, foot + " · clock costs F 1, B 2 (split: B 1, W 1), messages free",
                 ha="center", va="bottom", fontsize=7, color="0.35")
     figure.tight_layout(rect=(0, 0.03, 1, 1))
     figure.savefig(path)
@@ -160,7 +153,8 @@ def plot_memory(table, rows, m, path):
     right.yaxis.get_major_locator().set_params(integer=True)
     figure.suptitle("Pipeline schedules: what each stage keeps for its backward\n" + model_line(rows[-1]),
                     fontsize=10)
-    figure.text(0.5, 0.005, footer(rows) + " · stage 3 holds the head (its logits); interleaved: rank r holds "
+    foot = run_footer(rows, "dtp-bench-pp-step")
+    figure.text(0.5, 0.005, foot + " · stage 3 holds the head (its logits); interleaved: rank r holds "
                 "virtual stages r and r + p, and its executed count is the sum of its chunks' peaks",
                 ha="center", va="bottom", fontsize=7, color="0.35")
     figure.tight_layout(rect=(0, 0.03, 1, 0.94))
@@ -213,7 +207,8 @@ def plot_gantt(actions, rows, m, path, wall):
                     ha="left")
     note = (f" · {r['pp']} rank threads on {r.get('cores', '?')} cores: waits include time-sharing" if wall else
             " · timing().actions of the last timed step (pp_actions lines)")
-    figure.text(0.5, 0.005, footer(rows) + note, ha="center", va="bottom", fontsize=7, color="0.35")
+    figure.text(0.5, 0.005, run_footer(rows, "dtp-bench-pp-step") + note,
+                ha="center", va="bottom", fontsize=7, color="0.35")
     figure.tight_layout(rect=(0, 0.025, 1, 0.945))
     figure.savefig(path)
     plt.close(figure)

@@ -44,7 +44,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from _bench_json import figure_folder, keep_last_setup, read_rows  # noqa: E402
+from _bench_json import figure_folder, keep_last_setup, read_rows, run_footer  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 MIB = 1024.0 * 1024.0
@@ -52,14 +52,6 @@ METHODS = ["ulysses", "ring", "zigzag", "hybrid"]
 COLOURS = {"flash": "black", "ulysses": "#1f77b4", "ring": "#d62728", "zigzag": "#2ca02c", "hybrid": "#9467bd"}
 MARKERS = {"flash": "*", "ulysses": "o", "ring": "s", "zigzag": "^", "hybrid": "D"}
 TIER_STYLES = {"NVLink": "-", "InfiniBand": "--"}
-
-
-def footer(rows, what):
-    revisions = sorted({r.get("git", "unknown") for r in rows})
-    dates = sorted({r.get("date", "")[:10] for r in rows if r.get("date")})
-    r = rows[-1]
-    return (f"dtp-bench-sequence-expert ({what}) · {r.get('backend')}/{r.get('device')}, {r.get('cores', '?')} cores, "
-            f"{r.get('cpu', '?')}, host {r.get('hostname', '?')} · {', '.join(dates)} · git {', '.join(revisions)}")
 
 
 def method_label(method):
@@ -181,7 +173,8 @@ def plot_attention_time(rows, path):
 
     figure.suptitle("Sequence-parallel causal attention, forward + backward, against T and n: "
                     + shape_line(rows[-1]), fontsize=11)
-    figure.text(0.5, 0.005, footer(rows, "sp_attention"), ha="center", va="bottom", fontsize=7, color="0.35")
+    figure.text(0.5, 0.005, run_footer(rows, "dtp-bench-sequence-expert", "sp_attention"),
+                ha="center", va="bottom", fontsize=7, color="0.35")
     figure.tight_layout(rect=(0, 0.03, 1, 0.95))
     figure.savefig(path)
     plt.close(figure)
@@ -258,7 +251,8 @@ def plot_attention_memory(rows, path):
 
     figure.suptitle("Sequence-parallel attention: memory per rank (MemoryTracker), " + shape_line(rows[-1]),
                     fontsize=11)
-    figure.text(0.5, 0.005, footer(rows, "sp_attention"), ha="center", va="bottom", fontsize=7, color="0.35")
+    figure.text(0.5, 0.005, run_footer(rows, "dtp-bench-sequence-expert", "sp_attention"),
+                ha="center", va="bottom", fontsize=7, color="0.35")
     figure.tight_layout(rect=(0, 0.03, 1, 0.95))
     figure.savefig(path)
     plt.close(figure)
@@ -321,7 +315,8 @@ def plot_ulysses_vs_ring(rows, path):
                     f"the reference on B = {r['batch']}, T = {r['seq']}, H = {r['heads']}, D = {r['head_dim']}, "
                     f"{r['dtype']}: one whole q is {whole / MIB:g} MiB, S = that / n", fontsize=11)
     spare = max(abs(r.get("clock_minus_formula_fs", 0)) for r in rows)
-    figure.text(0.5, 0.005, footer(rows, "sp_comm_tiers") + f" · the clock counts fs, so attend_block's unit "
+    foot = run_footer(rows, "dtp-bench-sequence-expert", "sp_comm_tiers")
+    figure.text(0.5, 0.005, foot + f" · the clock counts fs, so attend_block's unit "
                 f"charges add at most {spare:.0f} fs: clock = formula + those", ha="center", va="bottom", fontsize=7,
                 color="0.35")
     figure.tight_layout(rect=(0, 0.03, 1, 0.93))
@@ -413,7 +408,8 @@ def plot_moe(rows, path):
                     f"router probabilities of one held-out batch of N = {r['tokens']} tokens per block, at init and "
                     f"after {max(x['steps'] for x in rows)} steps (trained at capacity factor "
                     f"{r['train_capacity_factor']:g})", fontsize=10.5)
-    figure.text(0.5, 0.005, footer(rows, "moe_capacity"), ha="center", va="bottom", fontsize=7, color="0.35")
+    figure.text(0.5, 0.005, run_footer(rows, "dtp-bench-sequence-expert", "moe_capacity"),
+                ha="center", va="bottom", fontsize=7, color="0.35")
     figure.tight_layout(rect=(0, 0.02, 1, 0.94))
     figure.savefig(path)
     plt.close(figure)

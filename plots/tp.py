@@ -34,7 +34,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from _bench_json import figure_folder, keep_last_setup, read_rows  # noqa: E402
+from _bench_json import figure_folder, keep_last_setup, read_rows, run_footer  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 MIB = 1024.0 * 1024.0
@@ -48,14 +48,6 @@ def setup_key(row):
     """What must agree for two tp_step rows to share a figure."""
     return (row.get("backend"), row.get("device"), row.get("dtype"), row.get("optimizer"), row.get("d_model"),
             row.get("layers"), row.get("heads"), row.get("vocab_size"), row.get("seq"), row.get("batch"))
-
-
-def footer(rows, what):
-    revisions = sorted({r.get("git", "unknown") for r in rows})
-    dates = sorted({r.get("date", "")[:10] for r in rows if r.get("date")})
-    r = rows[-1]
-    return (f"dtp-bench-tp-step ({what}) · {r.get('backend')}/{r.get('device')}, {r.get('cores', '?')} cores · "
-            f"{', '.join(dates)} · git {', '.join(revisions)}")
 
 
 def model_line(r):
@@ -107,7 +99,8 @@ def plot_memory(table, rows, path):
                "the\ncolumn-parallel linears keep (section 6)", transform=right.transAxes, ha="right", fontsize=8,
                color="0.3")
     figure.suptitle("Tensor parallelism: memory per rank against t\n" + model_line(rows[-1]), fontsize=10)
-    figure.text(0.5, 0.005, footer(rows, "tp_step"), ha="center", va="bottom", fontsize=7, color="0.35")
+    figure.text(0.5, 0.005, run_footer(rows, "dtp-bench-tp-step", "tp_step"),
+                ha="center", va="bottom", fontsize=7, color="0.35")
     figure.tight_layout(rect=(0, 0.03, 1, 0.95))
     figure.savefig(path)
     plt.close(figure)
@@ -153,7 +146,8 @@ def plot_step_time(table, rows, path):
     right.set_title("Speed-up", fontsize=11)
     figure.suptitle(f"Tensor parallelism: step time against t (the t ranks are threads sharing {cores or '?'} "
                     f"CPU cores)\n" + model_line(rows[-1]), fontsize=10)
-    figure.text(0.5, 0.005, footer(rows, "tp_step"), ha="center", va="bottom", fontsize=7, color="0.35")
+    figure.text(0.5, 0.005, run_footer(rows, "dtp-bench-tp-step", "tp_step"),
+                ha="center", va="bottom", fontsize=7, color="0.35")
     figure.tight_layout(rect=(0, 0.04, 1, 0.94))
     figure.savefig(path)
     plt.close(figure)
@@ -212,7 +206,8 @@ def plot_comm_tiers(tiers, path):
     low = min(min(r["clock_us"], r["compute_us_estimate"]) for r in tiers)
     high = max(max(r["clock_us"], r["compute_us_estimate"]) for r in tiers)
     axes.set_ylim(low / 1.6, high * 12)  # headroom for the legend
-    figure.text(0.5, 0.005, footer(tiers, "tp_comm_tiers") + " · the clock of the collectives run on the thread "
+    foot = run_footer(tiers, "dtp-bench-tp-step", "tp_comm_tiers")
+    figure.text(0.5, 0.005, foot + " · the clock of the collectives run on the thread "
                 "backend; ring all-reduce 2(t-1)(alpha + beta S/t)", ha="center", va="bottom", fontsize=7,
                 color="0.35")
     figure.tight_layout(rect=(0, 0.03, 1, 1))

@@ -28,7 +28,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from _bench_json import figure_folder, keep_last_setup, read_rows  # noqa: E402
+from _bench_json import figure_folder, keep_last_setup, provenance, read_rows  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
@@ -51,14 +51,12 @@ def setup_key(row):
 
 
 def footer(rows):
-    revisions = sorted({r.get("git", "unknown") for r in rows})
-    dates = sorted({r.get("date", "")[:10] for r in rows if r.get("date")})
     any_row = rows[-1]
     psi = sum(any_row.get("unit_numel", []))
     return (f"dtp-bench-zero-memory · {any_row.get('backend')}/{any_row.get('device')} · "
             f"GPT d_model {any_row.get('d_model')}, {any_row.get('layers')} layers, "
             f"{len(any_row.get('unit_numel', []))} units, Psi = {psi:,} parameters, {any_row.get('dtype')}, "
-            f"{any_row.get('optimizer')} · {', '.join(dates)} · git {', '.join(revisions)}")
+            f"{any_row.get('optimizer')} · {provenance(rows)}")
 
 
 def plot_memory(table, worlds, stages, rows, path):
