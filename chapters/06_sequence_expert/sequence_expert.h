@@ -239,9 +239,6 @@ Tensor gather_rows(const Tensor& x, const std::vector<std::int32_t>& rows);
 /// rows of y [N, C] (an expert's outputs back to their tokens). Rows must be
 /// distinct, as one expert's are, so nothing collides.
 void scatter_add_rows(const Tensor& src, const std::vector<std::int32_t>& rows, Tensor& y);
-/// w [values.size()] in @p dtype on @p device: combine weights as a tensor
-/// for ops::scale_rows.
-Tensor weights_tensor(const std::vector<double>& values, DType dtype, Device device);
 
 /// Rows [first, first + count) of x [R, C]: a view [count, C] sharing x's
 /// storage (writes go to x), e.g. one expert's block of a packed buffer.

@@ -21,7 +21,7 @@ Tensor router_backward(const MoeMlp& weights, const Tensor& probs, const std::ve
   DTP_CHECK(probs.defined() && static_cast<std::int64_t>(d_probs.size()) == probs.numel(),
             "router_backward: d_probs must have one value per probability (", probs.defined() ? probs.numel() : 0,
             " = N x E), got ", d_probs.size());
-  Tensor d_probs_tensor = weights_tensor(d_probs, probs.dtype(), probs.device()).view(probs.shape());
+  Tensor d_probs_tensor = Tensor::from_values(d_probs, probs.dtype(), probs.device()).view(probs.shape());
   Tensor d_logits = Tensor::empty(probs.shape(), probs.dtype(), probs.device(), MemoryCategory::other);
   ops::softmax_backward(probs, d_probs_tensor, d_logits);
   return weights.router.backward(d_logits, saved);

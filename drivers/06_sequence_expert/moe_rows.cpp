@@ -15,8 +15,7 @@ Tensor row_ids(const std::vector<std::int32_t>& rows, std::int64_t N, Device dev
     DTP_CHECK(rows[i] >= 0 && rows[i] < N, who, ": row ", i, " is ", rows[i], ", outside the batch's ", N, " rows");
     values.push_back(rows[i]);
   }
-  Tensor ids = Tensor::from_values(values, DType::i32);
-  return device.is_cpu() ? ids : ids.to(device);
+  return Tensor::from_values(values, DType::i32, device);
 }
 
 void check_matrix(const Tensor& x, const char* who, const char* name) {
@@ -49,9 +48,5 @@ Tensor row_block(const Tensor& x, std::int64_t first, std::int64_t count) {
   return x.flatten().slice(first * x.size(1), count * x.size(1)).view({count, x.size(1)});
 }
 
-Tensor weights_tensor(const std::vector<double>& values, DType dtype, Device device) {
-  Tensor host = Tensor::from_values(values, dtype);
-  return device.is_cpu() ? host : host.to(device);
-}
 
 }  // namespace dtp::ch06

@@ -11,7 +11,7 @@
 // split_positions / join_positions (a shard <-> its ranges' pieces),
 // empty_partial, attend_block, attend_block_backward, the constructors;
 // for the mixture of experts (6.6, 6.7): gather_rows, scatter_add_rows,
-// row_block, weights_tensor, router_probabilities, router_backward,
+// row_block, router_probabilities, router_backward,
 // moe_capacity (dtp/moe_routing.h), MoeRouting::balance_loss and
 // MoeRouting::balance_gradient.
 // Tools:
@@ -22,6 +22,7 @@
 //   ops::flash_attention_backward(q, k, v, out, row_max, row_sum, dout, dq, dk, dv)
 //   ops::axpy(y, 1.0, x), Tensor::empty / zeros(shape, dtype, device), t.view(shape),
 //   t.flatten().slice(start, length), t.copy_from(other), t.clone()
+//   Tensor::from_values(host_vector, dtype, device)   a small 1-D tensor on a device
 //   ops::scale_rows(x, w)    x[n] *= w[n];   ops::row_dot(a, b, out)   out[n] = a[n] . b[n]
 //   weights.experts[e].forward(x, MlpSaved&) / .backward(dy, MlpSaved&)  (gradients accumulate)
 //   ep_.all_to_all_v(in, send_counts, out, recv_counts)   counts in elements, per peer
@@ -121,7 +122,7 @@ Tensor MoeLayer::forward(const Tensor& x) {
   // w_.aux_loss_coef * routing_.balance_loss(). Size outputs_ and saved_ to
   // E entries. Then per expert with rows: outputs_[e] = its forward on
   // gather_rows(x, rows) (keep saved_[e]); a copy scaled by
-  // weights_tensor(its weights, x.dtype(), x.device()) is scatter_add_rows'ed
+  // Tensor::from_values(its weights, x.dtype(), x.device()) is scatter_add_rows'ed
   // into y (zeros [N, C]). Keep outputs_[e] unscaled: backward needs it.
   (void)x, (void)w_;
   throw dtp::NotSolved("6.6 MoeLayer::forward");
@@ -144,8 +145,8 @@ Tensor ExpertParallelMoe::forward(const Tensor& x) {
   // About 50 lines. Route as in 6.6. Experts of rank j are contiguous, so
   // rows packed in expert order are packed by destination. Counts: an
   // all_to_all of E numbers (block j: how many rows for each of rank j's
-  // experts), as an f64 tensor on x.device() (weights_tensor(counts,
-  // DType::f64, x.device()); read back with to_vector()), tells you what
+  // experts), as an f64 tensor on x.device() (Tensor::from_values(
+  // counts, DType::f64, x.device()); read back with to_vector()), tells you what
   // arrives from each rank, per local expert. Size outputs_ to E entries
   // and saved_ to local_ entries. Fill
   // send_counts_ / recv_counts_ (elements: rows times C) and recv_rows_[l]

@@ -25,7 +25,7 @@ Tensor ExpertParallelMoe::forward(const Tensor& x) {
     packed.insert(packed.end(), rows.begin(), rows.end());
   }
   Tensor theirs = Tensor::empty({E}, DType::f64, x.device(), MemoryCategory::other);
-  ep_.all_to_all(weights_tensor(mine, DType::f64, x.device()), theirs);  // block i: rank i's rows per local expert
+  ep_.all_to_all(Tensor::from_values(mine, DType::f64, x.device()), theirs);  // block i: rank i's rows per local expert
   const std::vector<double> got = theirs.to_vector();
 
   send_counts_.assign(static_cast<std::size_t>(m), 0), recv_counts_.assign(static_cast<std::size_t>(m), 0);
@@ -65,7 +65,7 @@ Tensor ExpertParallelMoe::forward(const Tensor& x) {
     outputs_[static_cast<std::size_t>(e)] = row_block(home, first, static_cast<std::int64_t>(rows.size()));
     first += static_cast<std::int64_t>(rows.size());
     Tensor weighted = outputs_[static_cast<std::size_t>(e)].clone();
-    ops::scale_rows(weighted, weights_tensor(routing_.weights[static_cast<std::size_t>(e)], x.dtype(), x.device()));
+    ops::scale_rows(weighted, Tensor::from_values(routing_.weights[static_cast<std::size_t>(e)], x.dtype(), x.device()));
     scatter_add_rows(weighted, rows, y);
   }
   return y;
@@ -89,7 +89,7 @@ Tensor ExpertParallelMoe::backward(const Tensor& dy) {
     Tensor block = row_block(send, first, static_cast<std::int64_t>(rows.size()));
     first += static_cast<std::int64_t>(rows.size());
     add_combine_weight_gradient(routing_, e, block, outputs_[static_cast<std::size_t>(e)], d_probs);
-    ops::scale_rows(block, weights_tensor(routing_.weights[static_cast<std::size_t>(e)], dy.dtype(), dy.device()));
+    ops::scale_rows(block, Tensor::from_values(routing_.weights[static_cast<std::size_t>(e)], dy.dtype(), dy.device()));
   }
   std::int64_t arrived = 0;  // elements, as the forward received
   for (std::int64_t count : recv_counts_) arrived += count;

@@ -61,7 +61,7 @@ Tensor MoeLayer::forward(const Tensor& x) {
     if (rows.empty()) continue;  // an idle expert: no work
     outputs_[e] = w_.experts[e].forward(gather_rows(x, rows), saved_[e]);
     Tensor weighted = outputs_[e].clone();
-    ops::scale_rows(weighted, weights_tensor(routing_.weights[e], x.dtype(), x.device()));
+    ops::scale_rows(weighted, Tensor::from_values(routing_.weights[e], x.dtype(), x.device()));
     scatter_add_rows(weighted, rows, y);
   }
   return y;
@@ -76,7 +76,7 @@ Tensor MoeLayer::backward(const Tensor& dy) {
     if (rows.empty()) continue;
     Tensor d_out = gather_rows(dy, rows);  // the rows of dy expert e wrote into
     add_combine_weight_gradient(routing_, static_cast<int>(e), d_out, outputs_[e], d_probs);
-    ops::scale_rows(d_out, weights_tensor(routing_.weights[e], dy.dtype(), dy.device()));
+    ops::scale_rows(d_out, Tensor::from_values(routing_.weights[e], dy.dtype(), dy.device()));
     scatter_add_rows(w_.experts[e].backward(d_out, saved_[e]), rows, dx);
   }
   ops::axpy(dx, 1.0, router_backward(w_, probs_, d_probs, router_saved_));

@@ -83,8 +83,11 @@ class Tensor {
                                double high = 1.0, DType dtype = DType::f32,
                                Device device = Device::cpu(),
                                MemoryCategory category = MemoryCategory::other);
-  /// A 1-D CPU tensor holding @p values converted to @p dtype.
-  static Tensor from_values(const std::vector<double>& values, DType dtype = DType::f64);
+  /// A 1-D tensor on @p device holding @p values converted to @p dtype
+  /// (filled on the host, then copied over once: meant for small vectors,
+  /// such as a batch's routing decisions).
+  static Tensor from_values(const std::vector<double>& values, DType dtype = DType::f64,
+                            Device device = Device::cpu());
 
   /// False for a default-constructed tensor; data access and views on one throw.
   bool defined() const { return storage_ != nullptr; }

@@ -156,10 +156,10 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
   return t;
 }
 
-Tensor Tensor::from_values(const std::vector<double>& values, DType dtype) {
+Tensor Tensor::from_values(const std::vector<double>& values, DType dtype, Device device) {
   Tensor t = empty({static_cast<std::int64_t>(values.size())}, dtype);
   for (std::size_t i = 0; i < values.size(); ++i) t.set_item(static_cast<std::int64_t>(i), values[i]);
-  return t;
+  return device.is_cpu() ? t : t.to(device);
 }
 
 Device Tensor::device() const { return storage_ ? storage_->device() : Device::cpu(); }

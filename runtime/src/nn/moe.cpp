@@ -9,12 +9,6 @@
 namespace dtp {
 
 namespace {
-// An i32 or floating 1-D tensor with @p values on @p device (small: one per routed token).
-Tensor host_values(const std::vector<double>& values, DType dtype, Device device) {
-  Tensor host = Tensor::from_values(values, dtype);
-  return device.is_cpu() ? host : host.to(device);
-}
-
 std::vector<double> as_doubles(const std::vector<std::int32_t>& rows) {
   return std::vector<double>(rows.begin(), rows.end());
 }
@@ -65,8 +59,8 @@ Tensor MoeMlp::forward(const Tensor& x, MoeSaved& saved) const {
     const auto& taken = saved.routing.rows[e];
     if (taken.empty()) continue;  // an idle expert: no rows, no work, no gradient
     const std::int64_t n_e = static_cast<std::int64_t>(taken.size());
-    saved.rows[e] = host_values(as_doubles(taken), DType::i32, x.device());
-    saved.weights[e] = host_values(saved.routing.weights[e], x.dtype(), x.device());
+    saved.rows[e] = Tensor::from_values(as_doubles(taken), DType::i32, x.device());
+    saved.weights[e] = Tensor::from_values(saved.routing.weights[e], x.dtype(), x.device());
     Tensor gathered = Tensor::empty(Shape{n_e, C}, x.dtype(), x.device(), MemoryCategory::activations);
     ops::embedding_forward(saved.rows[e], rows_in, gathered);
     saved.outputs[e] = experts[e].forward(gathered, saved.experts[e]);
@@ -115,7 +109,7 @@ Tensor MoeMlp::backward(const Tensor& dy, MoeSaved& saved, double loss_scale,
   }
 
   // Through the softmax and the router.
-  Tensor d_probs = host_values(dprobs, dy.dtype(), dy.device()).view(saved.probs.shape());
+  Tensor d_probs = Tensor::from_values(dprobs, dy.dtype(), dy.device()).view(saved.probs.shape());
   Tensor d_logits = Tensor::empty(saved.probs.shape(), dy.dtype(), dy.device(), MemoryCategory::other);
   ops::softmax_backward(saved.probs, d_probs, d_logits);
   Tensor dx_router = router.backward(d_logits, saved.router, defer);
