@@ -11,6 +11,7 @@
 #include "dtp/memory.h"
 #include "dtp/nn.h"
 #include "nn_test_helpers.h"
+#include "support/harness.h"
 
 namespace dtp {
 namespace {
@@ -222,6 +223,42 @@ TEST(NnLayers, UnitsGradientsByFiniteDifferences) {
     EXPECT_TRUE(gradients_match("Head parameter gradients", head.grads(),
                                 numeric_gradient(head.params(), loss)));
   }
+}
+
+TEST(NnModel, EmbeddingAtPositionRangesAddsThoseRowsOfThePositionTable) {
+  // A zigzag rank's tokens: positions 0 and 4-5 of a context of 6.
+  const GPTConfig config = tiny_config();
+  Embedding embedding(config);
+  Rng rng(61);
+  Tensor ids = random_ids({2, 3}, config.vocab_size, rng);
+  const std::vector<PositionRange> ranges = {{0, 1}, {4, 2}};
+  const std::int64_t at[] = {0, 4, 5}, C = config.d_model;
+  EmbeddingSaved saved;
+  const std::vector<double> x = embedding.forward(ids, saved, ranges).to_vector();
+  const std::vector<double> tokens = embedding.tokens.to_vector(), positions = embedding.positions.to_vector();
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t t = 0; t < 3; ++t)
+      for (std::int64_t c = 0; c < C; ++c) {
+        const auto id = static_cast<std::int64_t>(ids.item(b * 3 + t));
+        const double want = tokens[static_cast<std::size_t>(id * C + c)] + positions[static_cast<std::size_t>(at[t] * C + c)];
+        ASSERT_EQ(x[static_cast<std::size_t>((b * 3 + t) * C + c)], want) << "batch " << b << " token " << t << " channel " << c;
+      }
+  Tensor dx = random_tensor({2, 3, 8}, rng);
+  auto loss = [&] {
+    EmbeddingSaved s;
+    return weighted_sum(embedding.forward(ids, s, ranges), dx);
+  };
+  embedding.zero_grad();
+  embedding.backward(dx, saved);
+  EXPECT_TRUE(gradients_match("Embedding gradients at position ranges", embedding.grads(),
+                              numeric_gradient(embedding.params(), loss)));
+  EmbeddingSaved s;
+  EXPECT_NE(testing::error_of([&] { embedding.forward(ids, s, {{0, 1}, {5, 2}}); })
+                .find("positions [5, 7) are not inside the model's context [0, 6)"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] { embedding.forward(ids, s, {{0, 2}}); })
+                .find("the position ranges hold 2 positions but the ids have T = 3"),
+            std::string::npos);
 }
 
 TEST(NnModel, WholeModelGradientsByFiniteDifferences) {

@@ -124,11 +124,14 @@ TEST(MoeMlp, DropsExactlyTheTokensTheRulesDrop) {
 
 // d(loss_scale * (sum(block(x) * R) + aux)) / d(x, every parameter), by finite differences.
 void check_block_gradients(int experts, int top_k, double capacity_factor, double loss_scale,
-                           bool main_loss) {
+                           bool main_loss, int groups = 1) {
   SCOPED_TRACE("E " + std::to_string(experts) + ", top-" + std::to_string(top_k) +
                ", capacity factor " + std::to_string(capacity_factor) + ", loss scale " +
-               std::to_string(loss_scale) + (main_loss ? "" : ", the load-balancing loss alone"));
-  Block block(moe_config(experts, top_k, capacity_factor), 0);
+               std::to_string(loss_scale) + (main_loss ? "" : ", the load-balancing loss alone") +
+               ", " + std::to_string(groups) + " routing group(s)");
+  GPTConfig config = moe_config(experts, top_k, capacity_factor);
+  config.moe_groups = groups;
+  Block block(config, 0);
   Rng init(8), rng(41);
   ops::fill_normal(block.params(), 0.1, 0.4, init);
   Tensor x = random_tensor({2, 5, 8}, rng);
@@ -155,6 +158,49 @@ TEST(MoeMlp, BlockGradientsByFiniteDifferences) {
   check_block_gradients(4, 1, 4.0, 1.0, true);
   check_block_gradients(4, 2, 0.6, 1.0, true);   // with dropped choices
   check_block_gradients(3, 2, 1.0, 0.25, true);  // a loss scale reaches the balance loss too
+}
+
+TEST(MoeMlp, RoutingGroupsEqualEachGroupRoutedAlone) {
+  // 12 tokens in 2 groups of 6: each group has its own capacity (here 3 of
+  // 6 x 2 / 4 choices, so both drop) and balance loss; the layer's balance
+  // loss is their mean.
+  GPTConfig grouped = moe_config(4, 2, 1.0);
+  grouped.moe_groups = 2;
+  Block block(grouped, 0), alone(moe_config(4, 2, 1.0), 0);
+  Rng rng(52);
+  Tensor x = random_tensor({2, 6, 8}, rng);
+  MoeSaved saved;
+  const std::vector<double> y = block.moe.forward(x, saved).to_vector();
+  EXPECT_EQ(saved.routing.capacity, 3);
+  double aux = 0;
+  std::int64_t dropped = 0;
+  const std::vector<double> xs = x.to_vector();
+  for (int g = 0; g < 2; ++g) {
+    Tensor half = Tensor::from_values(std::vector<double>(xs.begin() + g * 48, xs.begin() + (g + 1) * 48), DType::f64)
+                      .view({6, 8});
+    MoeSaved s;
+    const std::vector<double> want = alone.moe.forward(half, s).to_vector();
+    for (std::size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(y[static_cast<std::size_t>(g) * 48 + i], want[i], 1e-14) << "group " << g << " element " << i;
+    aux += s.aux_loss / 2;
+    dropped += s.routing.dropped();
+  }
+  EXPECT_GT(dropped, 0) << "the case should drop choices";
+  EXPECT_EQ(saved.routing.dropped(), dropped);
+  EXPECT_NEAR(saved.aux_loss, aux, 1e-15);
+  GPTConfig bad = grouped;
+  bad.moe_groups = 5;
+  Block five(bad, 0);
+  MoeSaved s5;
+  EXPECT_NE(testing::error_of([&] { five.moe.forward(x, s5); }).find("12 tokens do not split into 5 equal routing groups"),
+            std::string::npos);
+  bad.moe_groups = 0;
+  EXPECT_NE(testing::error_of([&] { bad.validate(); }).find("moe_groups must be at least 1"), std::string::npos);
+}
+
+TEST(MoeMlp, RoutingGroupsGradientsByFiniteDifferences) {
+  check_block_gradients(4, 2, 1.0, 0.5, true, 2);
+  check_block_gradients(4, 2, 2.0, 1.0, false, 5);  // the balance loss alone, 5 groups of 2
 }
 
 TEST(MoeMlp, LoadBalancingLossGradientByFiniteDifferences) {

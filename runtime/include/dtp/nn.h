@@ -58,6 +58,11 @@ struct GPTConfig {
   int top_k = 1;                 ///< experts per token, 1 to experts (with experts > 0)
   double capacity_factor = 1.25; ///< expert capacity = ceil(factor * tokens * top_k / experts)
   double aux_loss_coef = 0.01;   ///< weight of each block's load-balancing loss in the total loss
+  /// The N tokens of a batch are routed in this many equal consecutive
+  /// groups, each with its own capacity and balance loss (the loss is their
+  /// mean), as GShard does: expert parallelism on G ranks, where each rank
+  /// routes its own tokens, equals one device with moe_groups = G.
+  int moe_groups = 1;
   DType dtype = DType::f32;       ///< parameters, gradients and activations (f32 or f64 on CPU)
   Device device = Device::cpu();  ///< where parameters and activations live
 
@@ -295,6 +300,22 @@ struct AttentionSaved {
   Tensor row_sum;       ///< flash attention: [B, H, T]
 };
 
+/// The part of attention that mixes positions: for q, k, v viewed as [B, T,
+/// H, D], out = softmax(q k^T / sqrt(D), causal) v. CausalSelfAttention
+/// computes it itself (naive or flash) unless it is given a core: sequence
+/// parallelism installs one that computes it across the ranks holding the
+/// other positions. A core keeps what its backward needs between the two
+/// calls, so every block needs its own.
+class AttentionCore {
+ public:
+  virtual ~AttentionCore() = default;
+  /// out [B, T, H, D] for this rank's q, k, v [B, T, H, D].
+  virtual Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v) = 0;
+  /// Sets dq, dk, dv [B, T, H, D] from dout (writing into the tensors given,
+  /// or replacing them).
+  virtual void backward(const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) = 0;
+};
+
 /// Causal multi-head self-attention with separate q, k, v projections (so
 /// tensor parallelism splits heads by slicing rows of each) and an output
 /// projection.
@@ -322,6 +343,8 @@ class CausalSelfAttention {
   AttentionKind kind = AttentionKind::naive;  ///< naive or flash
   double init_std = 0.02;                     ///< init std of q, k, v
   double proj_std = 0.02;                     ///< init std of proj (scaled for depth)
+  /// Computes the attention itself when set (not owned; see AttentionCore).
+  AttentionCore* core = nullptr;
 };
 
 /// What an MLP keeps for its backward.
@@ -357,7 +380,9 @@ class Mlp {
 struct MoeSaved {
   LinearSaved router;             ///< the router's input: the LayerNorm output as [N, C]
   Tensor probs;                   ///< router softmax [N, E]
-  MoeRouting routing;             ///< the batch's routing, decided on the host
+  MoeRouting routing;             ///< the batch's routing, decided on the host (groups merged)
+  /// balance_gradient[g * E + e]: d balance loss / d probs[n][e] for a token n of group g.
+  std::vector<double> balance_gradient;
   std::vector<Tensor> rows;       ///< per expert: i32 [n_e] token rows it took (on the device)
   std::vector<Tensor> weights;    ///< per expert: [n_e] combine weights of those rows
   std::vector<Tensor> outputs;    ///< per expert: its output [n_e, C] before the weighting
@@ -399,6 +424,23 @@ class MoeMlp {
   int top_k = 1;               ///< choices per token
   double capacity_factor = 1;  ///< see moe_capacity()
   double aux_loss_coef = 0;    ///< weight of the load-balancing loss
+  int groups = 1;              ///< routing groups (GPTConfig::moe_groups)
+};
+
+/// A mixture-of-experts layer computed elsewhere: expert parallelism
+/// installs one in a Block to run the experts on the ranks that hold them.
+/// It uses the block's MoeMlp weights and keeps what its backward needs
+/// between the two calls, so every block needs its own.
+class MoeCore {
+ public:
+  virtual ~MoeCore() = default;
+  /// y [N, C] for this rank's tokens x [N, C].
+  virtual Tensor forward(const Tensor& x) = 0;
+  /// dx [N, C] for dy [N, C], for the loss "loss_scale * (main loss + aux_loss())";
+  /// accumulates the weight gradients of the experts it runs and the router.
+  virtual Tensor backward(const Tensor& dy, double loss_scale) = 0;
+  /// aux_loss_coef times the last forward's load-balancing loss.
+  virtual double aux_loss() const = 0;
 };
 
 /// What the loss keeps for its backward.
@@ -418,10 +460,19 @@ class CrossEntropy {
 
 // --- the units of a GPT -----------------------------------------------------------------
 
+/// Positions [start, start + length) of a sequence: a sequence-parallel
+/// rank holds one such range, or two (the zigzag layout).
+struct PositionRange {
+  std::int64_t start = 0;   ///< first global position
+  std::int64_t length = 0;  ///< number of positions
+  /// One past the last position.
+  std::int64_t end() const { return start + length; }
+};
+
 /// What the embedding keeps for its backward.
 struct EmbeddingSaved {
-  Tensor ids;                       ///< i32 [B, T]
-  std::int64_t start_position = 0;  ///< position of the first token
+  Tensor ids;                         ///< i32 [B, T]
+  std::vector<PositionRange> ranges;  ///< the positions of the T tokens, in order
 };
 
 /// Token embedding [vocab, C] plus learned positions [context, C].
@@ -432,6 +483,9 @@ class Embedding : public Unit {
   /// x [B, T, C] (activations) for ids i32 [B, T]; positions start at
   /// @p start_position (sequence parallelism runs a later slice of a sequence).
   Tensor forward(const Tensor& ids, EmbeddingSaved& saved, std::int64_t start_position = 0) const;
+  /// The same for tokens at the positions @p ranges, in order (their lengths
+  /// sum to T): a zigzag rank's two chunks.
+  Tensor forward(const Tensor& ids, EmbeddingSaved& saved, const std::vector<PositionRange>& ranges) const;
   /// Accumulates the table gradients; releases saved.
   void backward(const Tensor& dx, EmbeddingSaved& saved);
 
@@ -489,6 +543,9 @@ class Block : public Unit {
   CausalSelfAttention attn;  ///< the attention half
   Mlp mlp;                   ///< the MLP half of a dense block
   MoeMlp moe;                ///< the MLP half of a mixture-of-experts block
+  /// Runs the mixture of experts (with moe's weights) when set (not owned;
+  /// see MoeCore). Only WeightGrads::immediate backward then.
+  MoeCore* moe_core = nullptr;
 
  private:
   void bind() override;
@@ -557,6 +614,12 @@ class GPT {
   /// block's load-balancing loss (aux_loss() alone). Saves activations for
   /// backward().
   double forward(const Tensor& tokens, const Tensor& targets);
+  /// The same for a sequence-parallel rank: tokens and targets [B, T_local]
+  /// sit at the global positions @p positions (in order; their lengths sum to
+  /// T_local, each ends at most at context). The loss is the mean over these
+  /// positions; attention reaches the other positions through each block's
+  /// AttentionCore.
+  double forward(const Tensor& tokens, const Tensor& targets, const std::vector<PositionRange>& positions);
   /// Accumulates d(loss_scale * loss)/d(parameters) into the grads, unit by
   /// unit from the head to the embedding; after each unit, calls the
   /// grad-ready hooks with it. Releases the saved activations as it goes.

@@ -35,6 +35,7 @@ void GPTConfig::validate() const {
     DTP_CHECK(capacity_factor > 0, "GPTConfig: capacity_factor must be positive, got ",
               capacity_factor);
     DTP_CHECK(aux_loss_coef >= 0, "GPTConfig: aux_loss_coef must be >= 0, got ", aux_loss_coef);
+    DTP_CHECK(moe_groups >= 1, "GPTConfig: moe_groups must be at least 1, got ", moe_groups);
   }
   DTP_CHECK(dtype == DType::f32 || dtype == DType::f64, "GPTConfig: dtype must be f32 or f64, got ",
             dtype_name(dtype), " (16-bit training keeps f32 master weights: chapter 07)");
@@ -59,7 +60,8 @@ std::string GPTConfig::describe() const {
       << heads << ", layers " << layers << ", " << dtype_name(dtype) << " on " << device.str()
       << ", " << attention_kind_name(attention) << " attention";
   if (experts > 0)
-    out << ", " << experts << " experts top-" << top_k << " capacity factor " << capacity_factor;
+    out << ", " << experts << " experts top-" << top_k << " capacity factor " << capacity_factor
+        << (moe_groups > 1 ? " routed in " + std::to_string(moe_groups) + " groups" : std::string());
   return out.str();
 }
 

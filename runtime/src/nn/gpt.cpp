@@ -34,6 +34,11 @@ void GPT::clear_hooks() {
 
 double GPT::forward(const Tensor& tokens, const Tensor& targets) {
   check_tokens(tokens, "tokens");
+  return forward(tokens, targets, {PositionRange{0, tokens.size(1)}});
+}
+
+double GPT::forward(const Tensor& tokens, const Tensor& targets, const std::vector<PositionRange>& positions) {
+  check_tokens(tokens, "tokens");
   check_tokens(targets, "targets");
   DTP_CHECK(tokens.shape() == targets.shape(),
             "GPT forward: targets must have the shape of tokens ", tokens.shape().str(), ", got ",
@@ -45,7 +50,7 @@ double GPT::forward(const Tensor& tokens, const Tensor& targets) {
   run_hooks(before_forward_hooks_, *embedding_);
   {
     trace::Scope span("embedding forward", "compute");
-    x = embedding_->forward(tokens, embedding_saved_);
+    x = embedding_->forward(tokens, embedding_saved_, positions);
   }
   run_hooks(after_forward_hooks_, *embedding_);
   for (std::size_t i = 0; i < blocks_.size(); ++i) {

@@ -12,6 +12,52 @@ namespace {
 std::vector<double> as_doubles(const std::vector<std::int32_t>& rows) {
   return std::vector<double>(rows.begin(), rows.end());
 }
+
+template <class T>
+void append(std::vector<T>& to, const std::vector<T>& from) {
+  to.insert(to.end(), from.begin(), from.end());
+}
+
+// Routes the N tokens in G equal consecutive groups, each by the rules of
+// moe_route on its own, and merges them into one routing of N tokens (rows
+// renumbered, load and importance averaged). Fills the balance loss (the
+// groups' mean) and its gradient per group.
+MoeRouting route_in_groups(const std::vector<double>& probs, int E, int k, double cf, int G, double& balance,
+                           std::vector<double>& gradient) {
+  const std::int64_t N = static_cast<std::int64_t>(probs.size()) / E;
+  DTP_CHECK(N % G == 0, "MoeMlp forward: the batch's ", N, " tokens do not split into ", G,
+            " equal routing groups (moe_groups)");
+  const std::int64_t per_group = N / G;
+  MoeRouting merged;
+  merged.tokens = N;
+  merged.experts = E;
+  merged.top_k = k;
+  merged.rows.resize(static_cast<std::size_t>(E));
+  merged.weights.resize(static_cast<std::size_t>(E));
+  merged.load.assign(static_cast<std::size_t>(E), 0.0);
+  merged.importance.assign(static_cast<std::size_t>(E), 0.0);
+  balance = 0;
+  gradient.clear();
+  for (int g = 0; g < G; ++g) {
+    const auto first = probs.begin() + static_cast<std::ptrdiff_t>(g * per_group * E);
+    const MoeRouting r =
+        moe_route(std::vector<double>(first, first + static_cast<std::ptrdiff_t>(per_group * E)), E, k, cf);
+    merged.capacity = r.capacity;  // the same for every group
+    append(merged.choice, r.choice);
+    append(merged.weight, r.weight);
+    append(merged.kept, r.kept);
+    for (std::size_t e = 0; e < static_cast<std::size_t>(E); ++e) {
+      for (std::int32_t row : r.rows[e]) merged.rows[e].push_back(static_cast<std::int32_t>(g * per_group + row));
+      append(merged.weights[e], r.weights[e]);
+      merged.load[e] += r.load[e] / G;
+      merged.importance[e] += r.importance[e] / G;
+      // d (mean over groups) / d probs[n][e] for n in group g.
+      gradient.push_back(r.balance_gradient(static_cast<int>(e)) / G);
+    }
+    balance += r.balance_loss() / G;
+  }
+  return merged;
+}
 }  // namespace
 
 MoeMlp::MoeMlp(const GPTConfig& config)
@@ -20,7 +66,8 @@ MoeMlp::MoeMlp(const GPTConfig& config)
       experts(static_cast<std::size_t>(config.experts), Mlp(config)),
       top_k(config.top_k),
       capacity_factor(config.capacity_factor),
-      aux_loss_coef(config.aux_loss_coef) {}
+      aux_loss_coef(config.aux_loss_coef),
+      groups(config.moe_groups) {}
 
 void MoeMlp::declare(std::vector<ParamSpec>& layout, const std::string& prefix) const {
   router.declare(layout, prefix + ".router", router_std);
@@ -47,8 +94,10 @@ Tensor MoeMlp::forward(const Tensor& x, MoeSaved& saved) const {
   Tensor logits = router.forward(rows_in, saved.router);
   saved.probs = Tensor::empty(logits.shape(), x.dtype(), x.device(), MemoryCategory::activations);
   ops::softmax_forward(logits, saved.probs);
-  saved.routing = moe_route(saved.probs.to_vector(), E, top_k, capacity_factor);
-  saved.aux_loss = aux_loss_coef * saved.routing.balance_loss();
+  double balance = 0;
+  saved.routing = route_in_groups(saved.probs.to_vector(), E, top_k, capacity_factor, groups, balance,
+                                  saved.balance_gradient);
+  saved.aux_loss = aux_loss_coef * balance;
 
   Tensor y = Tensor::zeros(Shape{N, C}, x.dtype(), x.device(), MemoryCategory::activations);
   saved.rows.assign(experts.size(), Tensor());
@@ -87,10 +136,11 @@ Tensor MoeMlp::backward(const Tensor& dy, MoeSaved& saved, double loss_scale,
   // d probs[n][e]: the balance loss's share for every token, plus, where
   // token n was kept by expert e, dy[n] . expert_e(x[n]) (the combine weight's gradient).
   std::vector<double> dprobs(static_cast<std::size_t>(N) * E, 0.0);
-  for (std::size_t e = 0; e < E; ++e) {
-    const double share = loss_scale * aux_loss_coef * routing.balance_gradient(static_cast<int>(e));
-    for (std::int64_t n = 0; n < N; ++n) dprobs[static_cast<std::size_t>(n) * E + e] = share;
-  }
+  const std::int64_t per_group = N / groups;
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::size_t e = 0; e < E; ++e)
+      dprobs[static_cast<std::size_t>(n) * E + e] =
+          loss_scale * aux_loss_coef * saved.balance_gradient[static_cast<std::size_t>(n / per_group) * E + e];
   for (std::size_t e = 0; e < E; ++e) {
     const auto& taken = routing.rows[e];
     if (taken.empty()) continue;

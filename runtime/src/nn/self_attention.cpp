@@ -54,6 +54,13 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionSaved& saved) cons
   saved.k = k.forward(x, saved.k_in);
   saved.v = v.forward(x, saved.v_in);
   const Shape heads_shape{B, T, H, D};
+  if (core) {
+    // Another computes the attention (across ranks): it keeps its own state.
+    Tensor out = core->forward(saved.q.view(heads_shape), saved.k.view(heads_shape), saved.v.view(heads_shape));
+    DTP_CHECK(out.defined() && out.shape() == heads_shape, "attention forward: the attention core returned ",
+              out.describe(), ", expected ", heads_shape.str());
+    return proj.forward(out.view(x.shape()), saved.proj_in);
+  }
   Tensor out = new_activation(x.shape(), x);
   Tensor out4 = out.view(heads_shape);
   if (kind == AttentionKind::naive) {
@@ -80,7 +87,15 @@ Tensor CausalSelfAttention::backward(const Tensor& dy, AttentionSaved& saved,
   Tensor dq = new_gradient(dy.shape(), dy), dk = new_gradient(dy.shape(), dy),
          dv = new_gradient(dy.shape(), dy);
   Tensor dq4 = dq.view(heads_shape), dk4 = dk.view(heads_shape), dv4 = dv.view(heads_shape);
-  if (kind == AttentionKind::naive) {
+  if (core) {
+    core->backward(dout.view(heads_shape), dq4, dk4, dv4);
+    for (const Tensor* g : {&dq4, &dk4, &dv4})
+      DTP_CHECK(g->defined() && g->shape() == heads_shape, "attention backward: the attention core set a gradient ",
+                g->describe(), ", expected ", heads_shape.str());
+    dq = dq4.view(dy.shape());
+    dk = dk4.view(dy.shape());
+    dv = dv4.view(dy.shape());
+  } else if (kind == AttentionKind::naive) {
     ops::attention_backward(saved.q.view(heads_shape), saved.k.view(heads_shape),
                             saved.v.view(heads_shape), saved.probs, dout.view(heads_shape), dq4,
                             dk4, dv4);

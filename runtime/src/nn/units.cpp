@@ -59,13 +59,53 @@ void Embedding::bind() {
 
 Tensor Embedding::forward(const Tensor& ids, EmbeddingSaved& saved,
                           std::int64_t start_position) const {
+  DTP_CHECK(ids.defined() && ids.ndim() == 2, "Embedding forward: ids must be i32 [B, T] token ids, got ",
+            ids.describe());
+  return forward(ids, saved, std::vector<PositionRange>{{start_position, ids.size(1)}});
+}
+
+namespace {
+// Rows [first, first + count) of a table [P, C]: a view.
+Tensor table_rows(const Tensor& table, std::int64_t first, std::int64_t count) {
+  const std::int64_t C = table.size(1);
+  return table.slice(first * C, count * C).view(Shape{count, C});
+}
+
+// The rows of a position table [P, C] that @p ranges name, stacked in order:
+// the positions a zigzag rank's tokens sit at.
+Tensor position_rows(const Tensor& table, const std::vector<PositionRange>& ranges, std::int64_t total,
+                     MemoryCategory category) {
+  Tensor rows = Tensor::empty(Shape{total, table.size(1)}, table.dtype(), table.device(), category);
+  std::int64_t at = 0;
+  for (const PositionRange& r : ranges) {
+    Tensor to = table_rows(rows, at, r.length);
+    to.copy_from(table_rows(table, r.start, r.length));
+    at += r.length;
+  }
+  return rows;
+}
+}  // namespace
+
+Tensor Embedding::forward(const Tensor& ids, EmbeddingSaved& saved,
+                          const std::vector<PositionRange>& ranges) const {
   require_params("forward");
   check_ids("Embedding forward: ids", ids, config_);
+  std::int64_t total = 0;
+  for (const PositionRange& r : ranges) {
+    DTP_CHECK(r.start >= 0 && r.length >= 1 && r.end() <= config_.context, "Embedding forward: positions [",
+              r.start, ", ", r.end(), ") are not inside the model's context [0, ", config_.context, ")");
+    total += r.length;
+  }
+  DTP_CHECK(total == ids.size(1), "Embedding forward: the position ranges hold ", total,
+            " positions but the ids have T = ", ids.size(1));
   Tensor x = new_activation(Shape{ids.size(0), ids.size(1), config_.d_model}, tokens);
   ops::embedding_forward(ids, tokens, x);
-  ops::add_positions(x, positions, start_position);
+  if (ranges.size() == 1)
+    ops::add_positions(x, positions, ranges[0].start);
+  else
+    ops::add_positions(x, position_rows(positions, ranges, total, MemoryCategory::other), 0);
   saved.ids = ids;
-  saved.start_position = start_position;
+  saved.ranges = ranges;
   return x;
 }
 
@@ -75,7 +115,19 @@ void Embedding::backward(const Tensor& dx, EmbeddingSaved& saved) {
             "Embedding backward: no saved ids (forward not run, or already released)");
   DTP_CHECK(tokens_grad.defined(), "Embedding backward: the unit has no gradient buffer");
   ops::embedding_backward(saved.ids, dx, tokens_grad);
-  ops::positions_backward(dx, positions_grad, saved.start_position);
+  if (saved.ranges.size() == 1) {
+    ops::positions_backward(dx, positions_grad, saved.ranges[0].start);
+  } else {
+    // Sum over the batch into the stacked rows, then add each range home.
+    Tensor rows = Tensor::zeros(Shape{dx.size(1), config_.d_model}, dx.dtype(), dx.device(), MemoryCategory::other);
+    ops::positions_backward(dx, rows, 0);
+    std::int64_t at = 0;
+    for (const PositionRange& r : saved.ranges) {
+      Tensor home = table_rows(positions_grad, r.start, r.length);
+      ops::axpy(home, 1.0, table_rows(rows, at, r.length));
+      at += r.length;
+    }
+  }
   saved = EmbeddingSaved{};
 }
 
@@ -115,7 +167,14 @@ Tensor Block::forward(const Tensor& x, BlockSaved& saved) const {
   }
   trace::Scope span(name() + " mlp forward", "compute");
   h = ln2.forward(mid, saved.ln2);
-  Tensor out = is_moe() ? moe.forward(h, saved.moe) : mlp.forward(h, saved.mlp);
+  Tensor out;
+  if (is_moe() && moe_core) {
+    const std::int64_t C = config_.d_model;
+    out = moe_core->forward(h.view(Shape{h.numel() / C, C})).view(h.shape());
+    saved.moe.aux_loss = moe_core->aux_loss();
+  } else {
+    out = is_moe() ? moe.forward(h, saved.moe) : mlp.forward(h, saved.mlp);
+  }
   ops::axpy(out, 1.0, mid);
   return out;
 }
@@ -129,8 +188,15 @@ Tensor Block::backward(const Tensor& dy, BlockSaved& saved, WeightGrads mode,
   Tensor d_mid;
   {
     trace::Scope span(name() + " mlp backward", "compute");
-    Tensor dh = is_moe() ? moe.backward(dy, saved.moe, loss_scale, defer)
-                         : mlp.backward(dy, saved.mlp, defer);
+    Tensor dh;
+    if (is_moe() && moe_core) {
+      DTP_CHECK(mode == WeightGrads::immediate, name(),
+                " backward: a block whose experts run elsewhere (a MoeCore) computes its weight gradients at once");
+      const std::int64_t C = config_.d_model;
+      dh = moe_core->backward(dy.view(Shape{dy.numel() / C, C}), loss_scale).view(dy.shape());
+    } else {
+      dh = is_moe() ? moe.backward(dy, saved.moe, loss_scale, defer) : mlp.backward(dy, saved.mlp, defer);
+    }
     d_mid = ln2.backward(dh, saved.ln2);
     ops::axpy(d_mid, 1.0, dy);  // the residual path
   }
