@@ -45,6 +45,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -53,7 +55,9 @@
 #include "dtp/moe_routing.h"
 #include "dtp/nn.h"
 #include "dtp/nn_ops.h"
+#include "dtp/optim.h"
 #include "dtp/tensor.h"
+#include "dtp/trainer.h"
 
 /// Chapter 06: sequence and expert parallelism.
 namespace dtp::ch06 {
@@ -68,13 +72,9 @@ enum class SequenceLayout {
 /// "contiguous" or "zigzag".
 const char* sequence_layout_name(SequenceLayout layout);
 
-/// Positions [start, start + length) of the sequence.
-struct PositionRange {
-  std::int64_t start = 0;   ///< first global position
-  std::int64_t length = 0;  ///< number of positions
-  /// One past the last position.
-  std::int64_t end() const { return start + length; }
-};
+/// Positions [start, start + length) of the sequence: the runtime's
+/// dtp::PositionRange, which GPT::forward also takes.
+using dtp::PositionRange;
 
 /// The positions rank @p rank of @p n holds, in order (one range, or two for
 /// zigzag). T must divide by n (2n for zigzag): otherwise dtp::Error naming
@@ -352,5 +352,158 @@ class ExpertParallelMoe {
   std::vector<Tensor> outputs_;      // per expert of E: its outputs for this rank's rows, back home
   std::vector<MlpSaved> saved_;      // per local expert: the MLP's own
 };
+
+// --- provided: training with sequence parallelism (`dtp train --strategy sp`) -----------------
+
+/// Which attention a sequence-parallel run computes with.
+enum class SequenceParallelKind {
+  ulysses,  ///< 6.1, contiguous positions
+  ring,     ///< 6.2 and 6.3, contiguous positions
+  zigzag,   ///< 6.4: ring attention on the zigzag layout
+  hybrid,   ///< 6.5: Ulysses inside groups, ring across them
+};
+/// "ulysses", "ring", "zigzag" or "hybrid".
+const char* sequence_parallel_kind_name(SequenceParallelKind kind);
+/// Parses one of those names; dtp::Error listing the four otherwise.
+SequenceParallelKind parse_sequence_parallel_kind(const std::string& name);
+
+/// What one rank of a sequence-parallel step held and did (for reporting).
+struct RankSequenceParallelStep {
+  int rank = 0;                       ///< rank in the group
+  std::vector<PositionRange> positions;  ///< the positions of every sequence it holds
+  std::int64_t activation_peak = 0;   ///< highest MemoryCategory::activations bytes during the step
+  std::int64_t bytes_moved = 0;       ///< payload bytes of its collectives and messages in the step
+  std::int64_t attention_blocks = 0;  ///< ring kinds: attend_block(_backward) calls in the step
+};
+
+/// Settings of the "sp" strategy.
+struct SequenceParallelRunOptions {
+  int sp = 2;  ///< ranks in the sequence-parallel group (the whole world)
+  SequenceParallelKind kind = SequenceParallelKind::ulysses;  ///< --sp-kind
+  int ulysses = 2;  ///< --sp-ulysses: ranks per Ulysses group of the hybrid
+  /// Called on rank 0 after each step with every rank's numbers (index = rank).
+  std::function<void(std::int64_t step, const std::vector<RankSequenceParallelStep>&)> on_ranks;
+};
+
+/// Checks @p options against @p config: sp >= 1; seq divisible by sp (2 sp
+/// for zigzag); heads divisible by sp (ulysses) or by the Ulysses group
+/// (hybrid, whose group must divide sp); no mixture of experts (each rank
+/// would route a different share of the tokens). Each message names the
+/// flag. Throws dtp::Error.
+void validate_sequence_parallel(const TrainConfig& config, const SequenceParallelRunOptions& options);
+
+/// One rank of a sequence-parallel group: the whole model (replicated), the
+/// whole batch, and this rank's positions of every sequence. Each block's
+/// attention runs through the chosen puzzle class (an AttentionCore per
+/// block); the loss is the mean over this rank's positions, and the
+/// gradients are averaged over the group (so they are the gradients of the
+/// mean over every position, as on one device).
+class SequenceParallelTrainer {
+ public:
+  /// Builds the model from @p config (every rank the same) and one attention
+  /// core per block. @p sp must outlive the trainer.
+  SequenceParallelTrainer(const TrainConfig& config, Comm& sp, const SequenceParallelRunOptions& options);
+  ~SequenceParallelTrainer();
+  /// Zeroes the gradients, runs forward and backward of the next step's
+  /// batch on this rank's positions and averages the gradients over the
+  /// group; returns the loss averaged over the group (the global mean).
+  double forward_backward();
+  /// forward_backward(), clipping by the global norm, the optimizer update.
+  StepRecord step();
+  /// The model (every parameter replicated over the group).
+  GPT& model();
+  /// The sampler (every rank's: the whole batch).
+  const BatchSampler& sampler() const { return trainer_->sampler(); }
+  /// The positions of every sequence this rank holds.
+  const std::vector<PositionRange>& positions() const { return positions_; }
+  /// Payload bytes this rank's collectives and sends moved so far (the
+  /// hybrid's sub-groups included).
+  std::int64_t bytes_moved() const;
+  /// The config as resolved (vocabulary and context filled in).
+  const TrainConfig& config() const;
+
+ private:
+  Comm& sp_;
+  std::unique_ptr<Trainer> trainer_;
+  std::vector<std::unique_ptr<AttentionCore>> cores_;  // one per block
+  std::vector<PositionRange> positions_;
+  std::int64_t steps_done_ = 0;
+};
+
+/// Registers the "sp" strategy with @p options (the last registration wins).
+void register_sequence_parallel_strategy(const SequenceParallelRunOptions& options);
+
+// --- provided: training with expert parallelism (`dtp train --strategy ep`) -------------------
+
+/// What one rank of an expert-parallel step held and did (for reporting).
+struct RankExpertParallelStep {
+  int rank = 0;                     ///< rank in the group
+  int first_expert = 0;             ///< the first expert it holds
+  int experts = 0;                  ///< how many it holds
+  std::int64_t tokens = 0;          ///< tokens of its slice of the batch
+  std::int64_t dropped = 0;         ///< its tokens' choices dropped (every block; full experts)
+  std::int64_t bytes_moved = 0;     ///< payload bytes of its collectives in the step
+};
+
+/// Settings of the "ep" strategy.
+struct ExpertParallelRunOptions {
+  int world = 2;  ///< ranks: each holds E / world experts and 1 / world of the batch
+  /// Called on rank 0 after each step with every rank's numbers (index = rank).
+  std::function<void(std::int64_t step, const std::vector<RankExpertParallelStep>&)> on_ranks;
+};
+
+/// Checks @p options against @p config: a mixture of experts (--moe-experts)
+/// whose E divides over world; the global batch divides over world; one
+/// routing group (each rank's tokens are its group). Each message names the
+/// flag. Throws dtp::Error.
+void validate_expert_parallel(const TrainConfig& config, const ExpertParallelRunOptions& options);
+
+/// One rank of an expert-parallel group (data parallel for everything but
+/// the experts): its slice of the batch, the replicated non-expert weights,
+/// and experts [j E/m, (j+1) E/m) of every block, run by ExpertParallelMoe
+/// (a MoeCore per block). Non-expert gradients are averaged over the group;
+/// an owned expert's gradient (summed over every rank's tokens by the
+/// exchange) is divided by m; the optimizer holds only what this rank owns.
+/// Equals single-device training with config.model.moe_groups = m.
+class ExpertParallelTrainer {
+ public:
+  /// Builds the model from @p config and one core per block; @p ep must
+  /// outlive the trainer.
+  ExpertParallelTrainer(const TrainConfig& config, Comm& ep);
+  ~ExpertParallelTrainer();
+  /// Zeroes the gradients, forward and backward of this rank's slice of the
+  /// next step's batch, the gradient averaging; returns the loss averaged
+  /// over the group.
+  double forward_backward();
+  /// forward_backward(), clipping by the global norm (owned experts' norms
+  /// summed over the group), the optimizer update of what this rank owns.
+  StepRecord step();
+  /// The model (the experts of other ranks are never used or updated here).
+  GPT& model();
+  /// This rank's sampler (its slice of each global batch).
+  const BatchSampler& sampler() const { return trainer_->sampler(); }
+  /// The first expert this rank holds.
+  int first_expert() const { return first_; }
+  /// How many experts it holds.
+  int local_experts() const { return local_; }
+  /// Choices dropped in the last forward (this rank's tokens, every block).
+  std::int64_t dropped() const;
+  /// The config as resolved.
+  const TrainConfig& config() const;
+
+ private:
+  struct Chunk {
+    Tensor params, grads;  // views into a unit's flat buffers
+  };
+  Comm& ep_;
+  std::unique_ptr<Trainer> trainer_;
+  std::vector<std::unique_ptr<MoeCore>> cores_;  // one per block
+  std::vector<Chunk> replicated_, owned_;
+  int first_ = 0, local_ = 0;
+  std::int64_t steps_done_ = 0;
+};
+
+/// Registers the "ep" strategy with @p options (the last registration wins).
+void register_expert_parallel_strategy(const ExpertParallelRunOptions& options);
 
 }  // namespace dtp::ch06

@@ -253,31 +253,6 @@ inline std::string check_unit_slices(const std::string& what, int rank, int t, c
   return m;
 }
 
-// "" when every rank of @p group holds bitwise the same values in each of
-// @p tensors (replicated parameters or their gradients); else names the
-// first tensor and element that differ from rank 0's.
-inline std::string check_replicas_agree(Comm& group, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                                        const std::string& hint) {
-  std::string m;
-  for (const auto& [name, tensor] : tensors) {
-    Tensor mine = tensor.flatten().clone();
-    Tensor all = Tensor::empty(Shape{mine.numel() * group.size()}, mine.dtype(), mine.device());
-    group.all_gather(mine, all);
-    const std::vector<double> v = values(all);
-    const std::size_t n = static_cast<std::size_t>(mine.numel());
-    for (int r = 1; r < group.size() && m.empty(); ++r)
-      for (std::size_t i = 0; i < n; ++i)
-        if (v[r * n + i] != v[i]) {
-          m += "\n    " + name + " element " + std::to_string(i) + ": TP rank " + std::to_string(r) + " holds " +
-               number(v[r * n + i]) + " but TP rank 0 holds " + number(v[i]) +
-               ": a replicated tensor must be bitwise the same on every rank of the group. " + hint;
-          break;
-        }
-    if (!m.empty()) break;
-  }
-  return m;
-}
-
 }  // namespace dtp::testing::ch04
 
 namespace dtp::testing::ch04 {

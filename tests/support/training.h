@@ -307,7 +307,8 @@ inline std::string judge_gradient_pieces(const std::vector<GradientPiece>& piece
 // Every named parameter's gradient after synchronization against the
 // single-device mean: "" or the verdict.
 inline std::string check_first_step_gradients(const UnitGradients& expected, const UnitGradients& local,
-                                              GPT& model, int rank, int world, std::int64_t k = 1) {
+                                              GPT& model, int rank, int world, std::int64_t k = 1,
+                                              const GradientWording& wording = {}) {
   std::vector<Unit*> units = model.units();
   const UnitGradients got = gradients_of(model);
   std::vector<GradientPiece> pieces;
@@ -319,7 +320,7 @@ inline std::string check_first_step_gradients(const UnitGradients& expected, con
                                      [name](std::int64_t i) { return "unit " + name + " element " + std::to_string(i); }});
     }
   }
-  return judge_gradient_pieces(pieces, "gradients after synchronization (parameters)", rank, world, k);
+  return judge_gradient_pieces(pieces, "gradients after synchronization (parameters)", rank, world, k, wording);
 }
 
 // This rank's gradient shard of every unit (chunk shards[u] of its flat
@@ -372,6 +373,31 @@ inline std::int64_t parameter_tensors(GPT& model) {
   std::int64_t n = 0;
   for (Unit* unit : model.units()) n += static_cast<std::int64_t>(unit->parameters().size());
   return n;
+}
+
+// "" when every rank of @p group holds bitwise the same values in each of
+// @p tensors (replicated parameters or their gradients); else names the
+// first tensor and element that differ from rank 0's.
+inline std::string check_replicas_agree(Comm& group, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                        const std::string& hint, const std::string& group_name = "TP") {
+  std::string m;
+  for (const auto& [name, tensor] : tensors) {
+    Tensor mine = tensor.flatten().clone();
+    Tensor all = Tensor::empty(Shape{mine.numel() * group.size()}, mine.dtype(), mine.device());
+    group.all_gather(mine, all);
+    const std::vector<double> v = all.to_vector();
+    const std::size_t n = static_cast<std::size_t>(mine.numel());
+    for (int r = 1; r < group.size() && m.empty(); ++r)
+      for (std::size_t i = 0; i < n; ++i)
+        if (v[r * n + i] != v[i]) {
+          m += "\n    " + name + " element " + std::to_string(i) + ": " + group_name + " rank " + std::to_string(r) + " holds " +
+               number(v[r * n + i]) + " but " + group_name + " rank 0 holds " + number(v[i]) +
+               ": a replicated tensor must be bitwise the same on every rank of the group. " + hint;
+          break;
+        }
+    if (!m.empty()) break;
+  }
+  return m;
 }
 
 // Runs body on `world` ranks; every rank writes "" or a failure into

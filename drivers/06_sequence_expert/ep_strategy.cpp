@@ -1,0 +1,222 @@
+// `dtp train --strategy ep`: puzzle 6.7 trained inside the GPT. Provided
+// code, not a puzzle (see drivers/README.md). The ranks are data parallel
+// for everything but the experts: each takes its slice of the batch, routes
+// its own tokens, and each block's experts run on the rank that holds them
+// through ExpertParallelMoe, installed as the block's MoeCore. After the
+// backward the replicated gradients are averaged over the group as in DDP;
+// an owned expert's gradient already holds every rank's tokens' share (the
+// exchange brought them), so it is only divided by the group size.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "06_sequence_expert/sequence_expert.h"
+#include "dtp/agreement.h"
+#include "dtp/error.h"
+#include "dtp/launch.h"
+#include "dtp/memory.h"
+#include "dtp/trace.h"
+
+namespace dtp::ch06 {
+
+void validate_expert_parallel(const TrainConfig& config, const ExpertParallelRunOptions& options) {
+  const int m = options.world;
+  DTP_CHECK(m >= 1, "ep: --world (expert-parallel ranks) must be at least 1, got ", m);
+  const GPTConfig& model = config.model;
+  DTP_CHECK(model.experts > 0, "ep: --strategy ep spreads a mixture of experts over the ranks: give "
+            "--moe-experts E (a multiple of --world ", m, ")");
+  DTP_CHECK(model.experts % m == 0, "ep: --moe-experts ", model.experts, " do not split over --world ", m,
+            " (every rank holds the same number of experts: pick E a multiple of ", m, ")");
+  DTP_CHECK(config.batch % m == 0 && config.batch >= m, "ep: the global batch (--batch ", config.batch,
+            ") must split into --world ", m, " equal non-empty slices");
+  DTP_CHECK(model.moe_groups == 1, "ep: --moe-groups ", model.moe_groups, " is not supported with --strategy ep "
+            "(each rank routes its own tokens as one group: ep on N ranks routes like --moe-groups N on one device)");
+}
+
+namespace {
+
+// ExpertParallelMoe (puzzle 6.7) as a block's MoeCore.
+class ExpertCore : public MoeCore {
+ public:
+  ExpertCore(Comm& ep, const MoeMlp& weights) : moe_(ep, weights) {}
+  Tensor forward(const Tensor& x) override { return moe_.forward(x); }
+  Tensor backward(const Tensor& dy, double loss_scale) override {
+    DTP_CHECK(loss_scale == 1.0, "ep: expert parallelism's backward takes the loss unscaled (loss_scale 1, got ",
+              loss_scale, "): gradient accumulation is not supported with --strategy ep");
+    return moe_.backward(dy);
+  }
+  double aux_loss() const override { return moe_.aux_loss(); }
+  const ExpertParallelMoe& moe() const { return moe_; }
+
+ private:
+  ExpertParallelMoe moe_;
+};
+
+std::int64_t expert_offset(const Unit& block, int expert) {
+  return block.parameter("moe.expert." + std::to_string(expert) + ".fc.weight").offset;
+}
+
+}  // namespace
+
+ExpertParallelTrainer::ExpertParallelTrainer(const TrainConfig& config, Comm& ep) : ep_(ep) {
+  validate_expert_parallel(config, ExpertParallelRunOptions{ep.size(), {}});
+  trainer_ = std::make_unique<Trainer>(config, ep.rank(), ep.size());
+  GPT& model = trainer_->model();
+  const int E = model.config().experts;
+  local_ = E / ep.size();
+  first_ = ep.rank() * local_;
+  // Each block's flat buffers hold ln1, attention, ln2 and the router, then
+  // the experts in order: the replicated part is one prefix and this rank's
+  // experts one contiguous run after it.
+  std::vector<ParamBuffer> buffers;
+  auto add = [&](std::vector<Chunk>& to, Unit& unit, std::int64_t offset, std::int64_t length, const char* what) {
+    to.push_back({unit.params().slice(offset, length), unit.grads().slice(offset, length)});
+    buffers.push_back({unit.name() + what, to.back().params, to.back().grads});
+  };
+  for (Unit* unit : model.units()) {
+    auto* block = dynamic_cast<Block*>(unit);
+    if (block == nullptr) {
+      add(replicated_, *unit, 0, unit->numel(), "");
+      continue;
+    }
+    cores_.push_back(std::make_unique<ExpertCore>(ep, block->moe));
+    block->moe_core = cores_.back().get();
+    const std::int64_t experts_start = expert_offset(*block, 0);
+    const std::int64_t mine = expert_offset(*block, first_);
+    const std::int64_t mine_end = first_ + local_ < E ? expert_offset(*block, first_ + local_) : block->numel();
+    add(replicated_, *block, 0, experts_start, "");
+    add(owned_, *block, mine, mine_end - mine, " experts");
+  }
+  // The optimizer holds state only for what this rank updates.
+  trainer_->set_optimizer(make_optimizer(trainer_->config(), std::move(buffers)));
+}
+
+ExpertParallelTrainer::~ExpertParallelTrainer() = default;
+
+GPT& ExpertParallelTrainer::model() { return trainer_->model(); }
+
+const TrainConfig& ExpertParallelTrainer::config() const { return trainer_->config(); }
+
+std::int64_t ExpertParallelTrainer::dropped() const {
+  std::int64_t total = 0;
+  for (const auto& core : cores_) total += static_cast<const ExpertCore&>(*core).moe().routing().dropped();
+  return total;
+}
+
+double ExpertParallelTrainer::forward_backward() {
+  Batch batch = trainer_->sampler().batch(steps_done_, config().model.device);
+  GPT& model = trainer_->model();
+  model.zero_grad();
+  const double loss = model.forward(batch.inputs, batch.targets);
+  model.backward();
+  {
+    trace::Scope span("gradient all-reduce", "comm");
+    for (Chunk& chunk : replicated_) ep_.all_reduce(chunk.grads, ReduceOp::avg);
+  }
+  // Summed over every rank's tokens by the exchange: the mean over ranks is a division.
+  for (Chunk& chunk : owned_) ops::scale(chunk.grads, 1.0 / ep_.size());
+  Tensor mean = Tensor::from_values({loss});
+  ep_.all_reduce(mean, ReduceOp::avg);
+  return mean.item(0);
+}
+
+StepRecord ExpertParallelTrainer::step() {
+  std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
+  tracker->reset_peaks();
+  const auto start = std::chrono::steady_clock::now();
+  const TrainConfig& c = config();
+  StepRecord record;
+  record.step = steps_done_ + 1;
+  record.loss = forward_backward();
+  DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ", record.step,
+            "; try a lower --lr or a tighter --clip");
+  // The global norm: the replicated part once, every rank's experts summed.
+  std::vector<Tensor> replicated, owned;
+  for (const Chunk& chunk : replicated_) replicated.push_back(chunk.grads);
+  for (const Chunk& chunk : owned_) owned.push_back(chunk.grads);
+  const double replicated_norm = global_grad_norm(replicated), owned_norm = global_grad_norm(owned);
+  Tensor experts_squared = Tensor::from_values({owned_norm * owned_norm});
+  ep_.all_reduce(experts_squared, ReduceOp::sum);
+  record.grad_norm = std::sqrt(replicated_norm * replicated_norm + experts_squared.item(0));
+  if (c.grad_clip > 0 && record.grad_norm > c.grad_clip && std::isfinite(record.grad_norm)) {
+    const double factor = c.grad_clip / (record.grad_norm + 1e-6);
+    for (Tensor& g : replicated) ops::scale(g, factor);
+    for (Tensor& g : owned) ops::scale(g, factor);
+  }
+  record.lr = c.schedule().at(steps_done_);
+  {
+    trace::Scope span("optimizer step", "compute");
+    trainer_->optimizer().step(record.lr);
+  }
+  record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  record.tokens = trainer_->sampler().local_batch() * trainer_->sampler().seq();
+  record.tokens_per_second = record.seconds > 0 ? static_cast<double>(record.tokens) / record.seconds : 0;
+  record.peak_bytes = tracker->total_peak();
+  record.peak_activation_bytes = tracker->peak(MemoryCategory::activations);
+  ++steps_done_;
+  return record;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+TrainResult run_ep(const TrainConfig& config, const ExpertParallelRunOptions& options, const StepCallback& on_step) {
+  validate_expert_parallel(config, options);
+  const auto start = Clock::now();
+  TrainResult result;
+  result.peak_by_category.assign(kMemoryCategoryCount, 0);
+  launch(World::from_env(options.world), [&](Comm& ep) {
+    ExpertParallelTrainer trainer(config, ep);
+    std::vector<RunSetting> settings = run_settings(config);
+    settings.push_back({"--world", std::to_string(options.world)});
+    check_ranks_agree(ep, settings, trainer.model());
+    if (ep.rank() == 0) {
+      result.parameters = trainer.model().parameter_count();
+      result.data_name = trainer.sampler().data().name();
+    }
+    std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
+    enum { kTokens, kDropped, kBytesMoved, kSeconds, kCount };
+    Tensor mine = Tensor::zeros(Shape{kCount}, DType::f64);
+    Tensor all = Tensor::zeros(Shape{kCount * static_cast<std::int64_t>(ep.size())}, DType::f64);
+    for (std::int64_t s = 0; s < config.steps; ++s) {
+      const std::int64_t before = ep.stats().collective_bytes;
+      StepRecord record = trainer.step();
+      mine.copy_from(Tensor::from_values({static_cast<double>(record.tokens), static_cast<double>(trainer.dropped()),
+                                          static_cast<double>(ep.stats().collective_bytes - before),
+                                          record.seconds}));
+      ep.gather(mine, all, 0);
+      if (ep.rank() != 0) continue;
+      const std::vector<double> v = all.to_vector();
+      std::vector<RankExpertParallelStep> ranks;
+      double slowest = 0, tokens = 0;
+      for (int r = 0; r < ep.size(); ++r) {
+        const auto at = [&](int what) { return v[static_cast<std::size_t>(kCount * r + what)]; };
+        ranks.push_back({r, r * trainer.local_experts(), trainer.local_experts(), static_cast<std::int64_t>(at(kTokens)),
+                         static_cast<std::int64_t>(at(kDropped)), static_cast<std::int64_t>(at(kBytesMoved))});
+        slowest = std::max(slowest, at(kSeconds));
+        tokens += at(kTokens);
+      }
+      record.seconds = slowest;
+      record.tokens = static_cast<std::int64_t>(tokens);
+      record.tokens_per_second = slowest > 0 ? tokens / slowest : 0;
+      result.add_step(record, *tracker);
+      if (on_step) on_step(record);
+      if (options.on_ranks) options.on_ranks(record.step, ranks);
+    }
+  });
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return result;
+}
+
+}  // namespace
+
+void register_expert_parallel_strategy(const ExpertParallelRunOptions& options) {
+  register_strategy("ep", [options](const TrainConfig& config, const StepCallback& on_step) {
+    return run_ep(config, options, on_step);
+  });
+}
+
+}  // namespace dtp::ch06
