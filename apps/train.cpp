@@ -6,6 +6,8 @@
 //   dtp train --strategy zero --world 4 --stage 1|2|3 [--prefetch] [--offload]
 //   dtp train --strategy tp --tp 2 [--dp 2] [--sequence-parallel]
 //   dtp train --strategy pp --pp 4 --microbatches 8 --schedule 1f1b|afab|interleaved|zb-h1 [--dp 2] [--fsdp]
+//   dtp train --strategy sp --sp 4 --sp-kind ulysses|ring|zigzag|hybrid [--sp-ulysses 2]
+//   dtp train --strategy ep --moe-experts 8 --top-k 2 --world 4
 // Built twice from this source (apps/CMakeLists.txt): bin/dtp-train runs the
 // puzzles, bin/dtp-train-reference the reference. The defaults reach a
 // clearly lower loss on the synthetic data within a minute on two CPU cores.
@@ -127,6 +129,26 @@ void print_header(const Options& o, const ProcessRole& role) {
     std::printf("pp: the lesson's bubble for these settings: %.1f%%\n",
                 100.0 * dtp::ch05::bubble_formula(pp.schedule, pp.pp, pp.microbatches, pp.chunks));
   }
+  if (config.strategy == "sp") {
+    const dtp::ch06::SequenceParallelRunOptions& sp = o.sp;
+    const bool zigzag = sp.kind == dtp::ch06::SequenceParallelKind::zigzag;
+    std::string hybrid;
+    if (sp.kind == dtp::ch06::SequenceParallelKind::hybrid)
+      hybrid = " (Ulysses in groups of " + std::to_string(sp.ulysses) + ", ring across " +
+               std::to_string(sp.sp / std::max(1, sp.ulysses)) + " groups)";
+    std::printf("sp: %d ranks (%s backend), %s attention%s: each holds %lld of every sequence's %lld positions%s, "
+                "the whole model and the whole batch\n",
+                sp.sp, role.mpi ? "mpi" : "thread", dtp::ch06::sequence_parallel_kind_name(sp.kind), hybrid.c_str(),
+                static_cast<long long>(config.seq / sp.sp), static_cast<long long>(config.seq),
+                zigzag ? " (two chunks)" : "");
+  }
+  if (config.strategy == "ep") {
+    const int m = o.ep.world;
+    std::printf("ep: %d ranks (%s backend), each holds %d of every block's %d experts and %lld sequences of the "
+                "batch; tokens routed per rank (like --moe-groups %d on one device)\n",
+                m, role.mpi ? "mpi" : "thread", config.model.experts / std::max(1, m), config.model.experts,
+                static_cast<long long>(config.batch / std::max(1, m)), m);
+  }
   std::printf("model: %s (%lld parameters)\n", resolved.model.describe().c_str(),
               static_cast<long long>(resolved.model.parameter_count()));
   std::printf("data: %s; batch %lld x seq %lld = %lld tokens per step\n",
@@ -154,6 +176,8 @@ int main(int argc, char** argv) {
     dtp::ch03::register_zero_strategy(options.zero);
     dtp::ch04::register_tensor_parallel_strategy(options.tp);
     dtp::ch05::register_pipeline_strategy(options.pp);
+    dtp::ch06::register_sequence_parallel_strategy(options.sp);
+    dtp::ch06::register_expert_parallel_strategy(options.ep);
     role = join_processes(options);
     if (role.reports) check_options(options);
   } catch (const UsageError& e) {
@@ -244,7 +268,34 @@ int main(int argc, char** argv) {
   dtp::ch02::register_ddp_strategy(options.ddp);
   dtp::ch03::register_zero_strategy(options.zero);
   dtp::ch04::register_tensor_parallel_strategy(options.tp);
+  // An sp kept line is followed by one line per rank: its positions and work.
+  options.sp.on_ranks = [&](std::int64_t step, const std::vector<dtp::ch06::RankSequenceParallelStep>& ranks) {
+    if (!role.reports || !progress.keeps(step)) return;
+    const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); };
+    for (const auto& r : ranks) {
+      std::string positions;
+      for (const dtp::PositionRange& p : r.positions)
+        positions += (positions.empty() ? "" : " ") + ("[" + std::to_string(p.start) + ", " + std::to_string(p.end()) + ")");
+      char blocks[48] = "";
+      if (options.sp.kind != dtp::ch06::SequenceParallelKind::ulysses)
+        std::snprintf(blocks, sizeof blocks, "  attention blocks %lld", static_cast<long long>(r.attention_blocks));
+      std::printf("    rank %d (positions %s): activation peak %.3f MiB  moved %.3f MiB%s\n", r.rank,
+                  positions.c_str(), mib(r.activation_peak), mib(r.bytes_moved), blocks);
+    }
+    std::fflush(stdout);
+  };
+  // An ep kept line is followed by one line per rank: its experts and tokens.
+  options.ep.on_ranks = [&](std::int64_t step, const std::vector<dtp::ch06::RankExpertParallelStep>& ranks) {
+    if (!role.reports || !progress.keeps(step)) return;
+    for (const auto& r : ranks)
+      std::printf("    rank %d (experts %d-%d): %lld tokens, %lld choices dropped (all blocks), moved %.3f MiB\n",
+                  r.rank, r.first_expert, r.first_expert + r.experts - 1, static_cast<long long>(r.tokens),
+                  static_cast<long long>(r.dropped), static_cast<double>(r.bytes_moved) / (1024.0 * 1024.0));
+    std::fflush(stdout);
+  };
   dtp::ch05::register_pipeline_strategy(options.pp);
+  dtp::ch06::register_sequence_parallel_strategy(options.sp);
+  dtp::ch06::register_expert_parallel_strategy(options.ep);
   try {
     if (role.reports) print_header(options, role);
     dtp::TrainResult result = dtp::train(config, [&](const dtp::StepRecord& record) {

@@ -21,12 +21,14 @@ const char* const kUsage = R"(Usage: dtp train [OPTIONS]
 
 Trains a small GPT on one device (or on data-parallel ranks with --strategy ddp
 or zero, tensor-parallel ones with --strategy tp, pipeline stages with
---strategy pp), shows a progress line (loss, tokens/s, time left) and a summary.
+--strategy pp, sequence shards with --strategy sp, expert shards with
+--strategy ep), shows a progress line (loss, tokens/s, time left) and a summary.
 
 Run:
   --device cpu|cuda[:k]   where to train (default cpu)
   --strategy NAME         how to train: single (default), ddp (chapter 02),
-                          zero (chapter 03), tp (chapter 04) or pp (chapter 05)
+                          zero (chapter 03), tp (chapter 04), pp (chapter 05),
+                          sp or ep (chapter 06)
   --impl puzzles|reference
                           whose code a strategy with puzzles runs: yours in
                           puzzles/ (default) or the reference solution
@@ -93,6 +95,26 @@ Pipeline parallel (--strategy pp, chapter 05):
   time), a line per rank, and on the first kept step the Gantt chart of
   pipeline 0 as it ran (F = 1, B = 2 on the clock; zb-h1: B = W = 1).
 
+Sequence parallel (--strategy sp, chapter 06):
+  --sp N                  ranks that split every sequence's positions, 1 to 1024
+                          (default 2; the world); --seq must divide by N (2 N
+                          for zigzag); every rank holds the whole model and batch
+  --sp-kind KIND          the attention across ranks: ulysses (6.1, default;
+                          --heads must divide by N), ring (6.2-6.3), zigzag
+                          (6.4, load-balanced ring) or hybrid (6.5)
+  --sp-ulysses U          hybrid: ranks per Ulysses group, 1 to 1024 (default 2);
+                          U must divide N and --heads; ring attention across
+                          the N / U groups
+  A line per rank follows each kept step: its positions, its activation
+  peak, the bytes it moved and (ring kinds) its attention blocks.
+
+Expert parallel (--strategy ep, chapter 06; --world as above):
+  Each of --world ranks trains its slice of the batch and holds 1 / world of
+  every block's experts (--moe-experts must divide by --world); tokens travel
+  to their experts and back (6.7). Each rank routes its own tokens, so a
+  run on N ranks equals one device with --moe-groups N. A line per rank
+  follows each kept step: its experts, tokens, dropped choices and bytes.
+
 Model:
   --layers N              transformer blocks, 0 to 256 (default 2)
   --d-model C             width, 1 to 65536 (default 64)
@@ -101,12 +123,14 @@ Model:
   --attention KIND        naive or flash (default naive)
   --dtype f32|f64         parameter and activation dtype (default f32)
   --moe-experts E         a mixture of E expert MLPs in every block, 0 to 1024
-                          (default 0: one dense MLP); single, ddp and zero
+                          (default 0: one dense MLP); single, ddp, zero and ep
   --top-k K               experts per token, 1 to E (default 1)
   --capacity-factor X     expert capacity = ceil(X tokens K / E), above 0 to
                           1024 (default 1.25); choices over it are dropped
   --aux-loss-coef X       weight of the load-balancing loss, 0 to 100
                           (default 0.01)
+  --moe-groups G          route each batch's tokens in G equal groups, each with
+                          its own capacity and balance loss, 1 to 1024 (default 1)
 
 Optimizer:
   --optimizer NAME        adamw or sgd (default adamw)
@@ -280,6 +304,22 @@ Options parse_arguments(int argc, char** argv) {
            throw UsageError{f + " expects a number above 0 (0 would give every expert no room), got '" + v + "'"};
        }},
       {"--aux-loss-coef", [&](auto& f, auto& v) { config.model.aux_loss_coef = parse_real(f, v, 0, 100); }},
+      {"--moe-groups", [&](auto& f, auto& v) { config.model.moe_groups = as_int(parse_int(f, v, 1, 1024)); }},
+      {"--sp",
+       [&](auto& f, auto& v) {
+         o.sp.sp = as_int(parse_int(f, v, 1, 1024));
+         o.sp_flags = true;
+       }},
+      {"--sp-kind",
+       [&](auto& f, auto& v) {
+         o.sp.kind = parse_with(f, v, ch06::parse_sequence_parallel_kind);
+         o.sp_flags = true;
+       }},
+      {"--sp-ulysses",
+       [&](auto& f, auto& v) {
+         o.sp.ulysses = as_int(parse_int(f, v, 1, 1024));
+         o.sp_flags = true;
+       }},
       {"--optimizer",
        [&](auto& f, auto& v) {
          if (v != "adamw" && v != "sgd") throw UsageError{f + " accepts adamw or sgd, got '" + v + "'"};
@@ -293,7 +333,7 @@ Options parse_arguments(int argc, char** argv) {
       {"--clip", [&](auto& f, auto& v) { config.grad_clip = parse_real(f, v, 0, 1e6); }},
       {"--world",
        [&](auto& f, auto& v) {
-         ddp.world = o.zero.world = as_int(parse_int(f, v, 1, 1024));
+         ddp.world = o.zero.world = o.ep.world = as_int(parse_int(f, v, 1, 1024));
          o.world_given = true;
        }},
       {"--tp",
@@ -403,8 +443,10 @@ void check_options(const Options& o) {
   }
   if (!known)
     throw UsageError{"--strategy: unknown strategy '" + config.strategy + "'; accepted: " + names};
-  if (o.world_given && config.strategy != "ddp" && config.strategy != "zero")
-    throw UsageError{"--world needs a data-parallel strategy: --strategy ddp or --strategy zero"};
+  if (o.world_given && config.strategy != "ddp" && config.strategy != "zero" && config.strategy != "ep")
+    throw UsageError{"--world needs a data-parallel strategy: --strategy ddp, zero or ep"};
+  if (o.sp_flags && config.strategy != "sp")
+    throw UsageError{"--sp, --sp-kind and --sp-ulysses need --strategy sp"};
   if (o.ddp_flags && config.strategy != "ddp")
     throw UsageError{"--bucket-mb, --accumulate and --ddp-mode need --strategy ddp"};
   if (o.zero_flags && config.strategy != "zero")
@@ -445,6 +487,20 @@ void check_options(const Options& o) {
   if (config.strategy == "pp") {
     try {
       ch05::validate_pipeline(config, o.pp.pipeline);
+    } catch (const dtp::Error& e) {
+      throw UsageError{e.what()};
+    }
+  }
+  if (config.strategy == "sp") {
+    try {
+      ch06::validate_sequence_parallel(config, o.sp);
+    } catch (const dtp::Error& e) {
+      throw UsageError{e.what()};
+    }
+  }
+  if (config.strategy == "ep") {
+    try {
+      ch06::validate_expert_parallel(config, o.ep);
     } catch (const dtp::Error& e) {
       throw UsageError{e.what()};
     }

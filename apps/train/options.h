@@ -10,6 +10,7 @@
 #include "03_zero_fsdp/zero.h"
 #include "04_tensor_parallel/tensor_parallel.h"
 #include "05_pipeline/pipeline.h"
+#include "06_sequence_expert/sequence_expert.h"
 #include "dtp/trainer.h"
 
 namespace dtp::train_app {
@@ -26,12 +27,15 @@ struct Options {
   ch03::ZeroOptions zero;      ///< --world sets its world and ddp's alike
   ch04::TensorParallelRunOptions tp;  ///< --tp, --dp, --sequence-parallel
   ch05::PipelineRunOptions pp;        ///< --pp, --dp, --microbatches, --schedule, --chunks, --fsdp
+  ch06::SequenceParallelRunOptions sp;  ///< --sp, --sp-kind, --sp-ulysses
+  ch06::ExpertParallelRunOptions ep;    ///< --world (with --strategy ep)
   std::int64_t log_every = 0;  ///< 0: about ten lines per run
   std::string impl;            ///< "puzzles", "reference" or "" (this binary's)
   bool ddp_flags = false;      ///< a ddp-only flag was given (--bucket-mb, --accumulate, --ddp-mode)
   bool zero_flags = false;     ///< a zero-only flag was given (--stage, --prefetch, --offload)
   bool tp_flags = false;       ///< a tp-only flag was given (--tp, --sequence-parallel)
   bool pp_flags = false;       ///< a pp-only flag was given (--pp, --microbatches, --schedule, ...)
+  bool sp_flags = false;       ///< an sp-only flag was given (--sp, --sp-kind, --sp-ulysses)
   bool dp_given = false;       ///< --dp was given (tp and pp take it)
   bool world_given = false;    ///< --world was given (under mpiexec it defaults to the processes)
 };

@@ -68,7 +68,10 @@ ProcessRole join_processes(Options& options) {
     throw UsageError{"--strategy single trains one replica, but mpiexec started " +
                      std::to_string(role.processes) + " processes; use --strategy ddp --world " +
                      std::to_string(role.processes)};
-  if (!options.world_given) options.ddp.world = options.zero.world = role.processes;
+  if (!options.world_given) options.ddp.world = options.zero.world = options.ep.world = role.processes;
+  if (options.config.strategy == "sp" && options.sp.sp != role.processes)
+    throw UsageError{"--strategy sp runs --sp " + std::to_string(options.sp.sp) + " ranks, but mpiexec started " +
+                     std::to_string(role.processes) + " processes"};
   if (options.config.strategy == "tp" && options.tp.tp * options.tp.dp != role.processes)
     throw UsageError{"--strategy tp runs --dp " + std::to_string(options.tp.dp) + " x --tp " +
                      std::to_string(options.tp.tp) + " = " + std::to_string(options.tp.tp * options.tp.dp) +

@@ -62,6 +62,8 @@ DDP = ["--strategy", "ddp"]
 ZERO = ["--strategy", "zero"]
 TP = ["--strategy", "tp", "--tp", "2"]
 PP = ["--strategy", "pp", "--pp", "2"]
+SP = ["--strategy", "sp", "--sp", "2"]
+EP = ["--strategy", "ep", "--moe-experts", "2"]
 PUZZLES = [  # (dtp-train flags, the puzzles it needs in the order it runs them, as (name, checker suite))
     (DDP + ["--ddp-mode", "naive"], [("2.1 naive_ddp", "Puzzle2_1_naive_ddp")]),
     (DDP + ["--ddp-mode", "flat"], [("2.2 flat_ddp", "Puzzle2_2_flat_ddp")]),
@@ -88,6 +90,15 @@ PUZZLES = [  # (dtp-train flags, the puzzles it needs in the order it runs them,
                        ("5.4 one_f_one_b_schedule", "Puzzle5_4_one_f_one_b"),
                        ("5.8 pipeline_fsdp", "Puzzle5_8_pipeline_fsdp"),
                        ("5.7 execute_schedule", "Puzzle5_7_executor")]),
+    # Each block's attention is the puzzle class; its forward runs first.
+    (SP, [("6.1 UlyssesAttention::forward", "Puzzle6_1_ulysses")]),
+    (SP + ["--sp-kind", "ring"], [("6.2 RingAttention::forward", "Puzzle6_2_ring_forward"),
+                                  ("6.3 RingAttention::backward", "Puzzle6_3_ring_backward")]),
+    (SP + ["--sp-kind", "zigzag"], [("6.2 RingAttention::forward", "Puzzle6_2_ring_forward"),
+                                    ("6.3 RingAttention::backward", "Puzzle6_3_ring_backward"),
+                                    ("6.4 zigzag", "Puzzle6_4_zigzag")]),
+    (SP + ["--sp-kind", "hybrid"], [("6.5 HybridAttention::forward", "Puzzle6_5_hybrid")]),
+    (EP, [("6.7 ExpertParallelMoe::forward", "Puzzle6_7_expert_parallel")]),
 ]
 
 
@@ -110,8 +121,8 @@ def check_unsolved(args):
     base = ["--world", "2", "--steps", "2", "--batch", "8"]
     for flags, needed in PUZZLES:
         for impl in ([], ["--impl", "puzzles"]):
-            # tp and pp size their world with --tp/--pp and --dp, not --world.
-            argv = [args.train] + flags + (base[2:] if flags[:2] in (TP[:2], PP[:2]) else base) + impl
+            # tp, pp and sp size their world with --tp/--pp/--sp (and --dp), not --world.
+            argv = [args.train] + flags + (base[2:] if flags[:2] in (TP[:2], PP[:2], SP[:2]) else base) + impl
             where = " ".join(argv[1:])
             result = run(argv, timeout=120, env={"DTP_BACKEND": "thread"})
             if result.returncode == 0:
