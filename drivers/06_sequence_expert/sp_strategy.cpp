@@ -153,9 +153,7 @@ double SequenceParallelTrainer::forward_backward() {
 }
 
 StepRecord SequenceParallelTrainer::step() {
-  std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-  tracker->reset_peaks();
-  const auto start = std::chrono::steady_clock::now();
+  const StepMeter meter;
   const TrainConfig& c = config();
   StepRecord record;
   record.step = steps_done_ + 1;
@@ -169,11 +167,7 @@ StepRecord SequenceParallelTrainer::step() {
     trace::Scope span("optimizer step", "compute");
     trainer_->optimizer().step(record.lr);
   }
-  record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  record.tokens = c.batch * c.seq;
-  record.tokens_per_second = record.seconds > 0 ? static_cast<double>(record.tokens) / record.seconds : 0;
-  record.peak_bytes = tracker->total_peak();
-  record.peak_activation_bytes = tracker->peak(MemoryCategory::activations);
+  meter.finish(record, c.batch * c.seq);
   ++steps_done_;
   return record;
 }
@@ -196,8 +190,13 @@ TrainResult run_sp(const TrainConfig& config, const SequenceParallelRunOptions& 
   TrainResult result;
   result.peak_by_category.assign(kMemoryCategoryCount, 0);
   launch(World::from_env(options.sp), [&](Comm& sp) {
+    {
+      // Before the trainer: the hybrid's cores split the group, which ranks
+      // with different settings would enter differently.
+      Trainer probe(config);
+      check_ranks_agree(sp, sp_settings(config, options), probe.model());
+    }
     SequenceParallelTrainer trainer(config, sp, options);
-    check_ranks_agree(sp, sp_settings(config, options), trainer.model());
     if (sp.rank() == 0) {
       result.parameters = trainer.model().parameter_count();
       result.data_name = trainer.sampler().data().name();
@@ -227,8 +226,8 @@ TrainResult run_sp(const TrainConfig& config, const SequenceParallelRunOptions& 
                          static_cast<std::int64_t>(at(kBlocks))});
         slowest = std::max(slowest, at(kSeconds));
       }
-      record.seconds = slowest;
-      record.tokens_per_second = slowest > 0 ? static_cast<double>(record.tokens) / slowest : 0;
+      // Every rank held the same batch: its tokens count once.
+      as_group_step(record, slowest, static_cast<double>(record.tokens));
       result.add_step(record, *tracker);
       if (on_step) on_step(record);
       if (options.on_ranks) options.on_ranks(record.step, ranks);
