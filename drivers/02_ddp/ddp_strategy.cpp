@@ -31,9 +31,7 @@ double seconds_since(Clock::time_point start) {
 // One optimizer step of K micro-batches, the same bookkeeping as Trainer::step().
 StepRecord accumulated_step(Trainer& trainer, std::int64_t step, std::int64_t k,
                             const std::function<void()>& synchronize) {
-  std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-  tracker->reset_peaks();
-  const auto start = Clock::now();
+  const StepMeter meter;
   const TrainConfig& config = trainer.config();
   const BatchSampler& sampler = trainer.sampler();
   const std::int64_t micro = sampler.local_batch() / k;
@@ -53,11 +51,7 @@ StepRecord accumulated_step(Trainer& trainer, std::int64_t step, std::int64_t k,
     trace::Scope span("optimizer step", "compute");
     trainer.optimizer().step(record.lr);
   }
-  record.seconds = seconds_since(start);
-  record.tokens = sampler.local_batch() * sampler.seq();
-  record.tokens_per_second = record.seconds > 0 ? static_cast<double>(record.tokens) / record.seconds : 0;
-  record.peak_bytes = tracker->total_peak();
-  record.peak_activation_bytes = tracker->peak(MemoryCategory::activations);
+  meter.finish(record, sampler.local_batch() * sampler.seq());
   return record;
 }
 
@@ -148,9 +142,7 @@ TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const 
       // Equal slices: the mean of the ranks' means is the global batch's mean.
       record.loss = loss_sum / comm.size();
       // The step is done when its slowest rank is; it processed every rank's tokens.
-      record.seconds = slowest;
-      record.tokens = static_cast<std::int64_t>(tokens);
-      record.tokens_per_second = slowest > 0 ? tokens / slowest : 0;
+      as_group_step(record, slowest, tokens);
       result.add_step(record, *tracker);
       if (on_step) on_step(record);
       if (options.on_comm) options.on_comm(record.step, ranks);

@@ -149,9 +149,7 @@ TrainResult run_zero(const TrainConfig& config, const ZeroOptions& options, cons
       // Equal slices: the mean of the ranks' means is the global batch's mean.
       record.loss = loss_sum / comm.size();
       // The step is done when its slowest rank is; it processed every rank's tokens.
-      record.seconds = slowest;
-      record.tokens = static_cast<std::int64_t>(tokens);
-      record.tokens_per_second = slowest > 0 ? tokens / slowest : 0;
+      as_group_step(record, slowest, tokens);
       result.add_step(record, *tracker);
       if (on_step) on_step(record);
       if (options.on_memory) options.on_memory(record.step, ranks);

@@ -62,9 +62,7 @@ TensorParallelTrainer::~TensorParallelTrainer() = default;
 const BatchSampler& TensorParallelTrainer::sampler() const { return serial_->sampler(); }
 
 StepRecord TensorParallelTrainer::step() {
-  std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-  tracker->reset_peaks();
-  const auto start = std::chrono::steady_clock::now();
+  const StepMeter meter;
   StepRecord record;
   record.step = steps_done_ + 1;
   Batch batch = serial_->sampler().batch(steps_done_, config_.model.device);
@@ -89,11 +87,7 @@ StepRecord TensorParallelTrainer::step() {
   Tensor mean_loss = Tensor::from_values({loss});
   if (mesh_.dp.size() > 1) mesh_.dp.all_reduce(mean_loss, ReduceOp::avg);
   record.loss = mean_loss.item(0);
-  record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  record.tokens = batch.inputs.numel();
-  record.tokens_per_second = record.seconds > 0 ? static_cast<double>(record.tokens) / record.seconds : 0;
-  record.peak_bytes = tracker->total_peak();
-  record.peak_activation_bytes = tracker->peak(MemoryCategory::activations);
+  meter.finish(record, batch.inputs.numel());
   ++steps_done_;
   return record;
 }
@@ -152,9 +146,7 @@ TrainResult run_tp(const TrainConfig& config, const TensorParallelRunOptions& op
         // A TP group shares its tokens: count them once per DP group.
         if (r % options.tp == 0) tokens += v[static_cast<std::size_t>(kCount * r + kTokens)];
       }
-      record.seconds = slowest;
-      record.tokens = static_cast<std::int64_t>(tokens);
-      record.tokens_per_second = slowest > 0 ? tokens / slowest : 0;
+      as_group_step(record, slowest, tokens);
       result.add_step(record, *tracker);
       if (on_step) on_step(record);
       if (options.on_ranks) options.on_ranks(record.step, ranks);

@@ -130,9 +130,7 @@ GPT& PipelineTrainer::model() { return serial_->model(); }
 const TrainConfig& PipelineTrainer::config() const { return serial_->config(); }
 
 StepRecord PipelineTrainer::step() {
-  std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-  tracker->reset_peaks();
-  const auto start = std::chrono::steady_clock::now();
+  const StepMeter meter;
   const TrainConfig& config = serial_->config();
   StepRecord record;
   record.step = steps_done_ + 1;
@@ -180,12 +178,8 @@ StepRecord PipelineTrainer::step() {
     trace::Scope span("optimizer step", "compute");
     optimizer_->step(record.lr);
   }
-  record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  record.tokens = batch.inputs.numel();
-  record.tokens_per_second = record.seconds > 0 ? static_cast<double>(record.tokens) / record.seconds : 0;
-  record.peak_bytes = tracker->total_peak();
-  record.peak_activation_bytes = tracker->peak(MemoryCategory::activations);
-  gather_timing(*tracker);
+  meter.finish(record, batch.inputs.numel());
+  gather_timing(*current_memory_tracker());
   ++steps_done_;
   return record;
 }

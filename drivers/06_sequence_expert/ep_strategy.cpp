@@ -123,9 +123,7 @@ double ExpertParallelTrainer::forward_backward() {
 }
 
 StepRecord ExpertParallelTrainer::step() {
-  std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-  tracker->reset_peaks();
-  const auto start = std::chrono::steady_clock::now();
+  const StepMeter meter;
   const TrainConfig& c = config();
   StepRecord record;
   record.step = steps_done_ + 1;
@@ -150,11 +148,7 @@ StepRecord ExpertParallelTrainer::step() {
     trace::Scope span("optimizer step", "compute");
     trainer_->optimizer().step(record.lr);
   }
-  record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  record.tokens = trainer_->sampler().local_batch() * trainer_->sampler().seq();
-  record.tokens_per_second = record.seconds > 0 ? static_cast<double>(record.tokens) / record.seconds : 0;
-  record.peak_bytes = tracker->total_peak();
-  record.peak_activation_bytes = tracker->peak(MemoryCategory::activations);
+  meter.finish(record, trainer_->sampler().local_batch() * trainer_->sampler().seq());
   ++steps_done_;
   return record;
 }
@@ -199,9 +193,7 @@ TrainResult run_ep(const TrainConfig& config, const ExpertParallelRunOptions& op
         slowest = std::max(slowest, at(kSeconds));
         tokens += at(kTokens);
       }
-      record.seconds = slowest;
-      record.tokens = static_cast<std::int64_t>(tokens);
-      record.tokens_per_second = slowest > 0 ? tokens / slowest : 0;
+      as_group_step(record, slowest, tokens);
       result.add_step(record, *tracker);
       if (on_step) on_step(record);
       if (options.on_ranks) options.on_ranks(record.step, ranks);

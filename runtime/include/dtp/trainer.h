@@ -9,6 +9,7 @@
 /// `dtp train --strategy NAME` runs.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <functional>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "dtp/data.h"
+#include "dtp/memory.h"
 #include "dtp/nn.h"
 #include "dtp/optim.h"
 
@@ -63,6 +65,26 @@ struct StepRecord {
   std::int64_t peak_bytes = 0;             ///< highest tracked memory during the step
   std::int64_t peak_activation_bytes = 0;  ///< ... of it, MemoryCategory::activations
 };
+
+/// Measures one optimizer step for its StepRecord. Made when the step starts
+/// (it resets the memory tracker's peaks and starts the clock); finish()
+/// fills the record's seconds, tokens, tokens per second and memory peaks.
+/// Trainer::step() and every strategy's step use it.
+class StepMeter {
+ public:
+  StepMeter();
+  /// Fills @p record's timing and memory for a step of @p tokens tokens.
+  void finish(StepRecord& record, std::int64_t tokens) const;
+
+ private:
+  std::shared_ptr<MemoryTracker> tracker_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+/// Makes @p record the step of a whole group of ranks, on the rank that
+/// reports: the step ends when its slowest rank's does (@p slowest_seconds)
+/// and processed @p tokens (every rank's, tokens that ranks share counted once).
+void as_group_step(StepRecord& record, double slowest_seconds, double tokens);
 
 /// A finished run.
 struct TrainResult {

@@ -141,10 +141,27 @@ void Trainer::set_optimizer(std::unique_ptr<Optimizer> optimizer) {
   optimizer_ = std::move(optimizer);
 }
 
+StepMeter::StepMeter() : tracker_(current_memory_tracker()) {
+  tracker_->reset_peaks();
+  start_ = std::chrono::steady_clock::now();
+}
+
+void StepMeter::finish(StepRecord& record, std::int64_t tokens) const {
+  record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  record.tokens = tokens;
+  record.tokens_per_second = record.seconds > 0 ? static_cast<double>(tokens) / record.seconds : 0;
+  record.peak_bytes = tracker_->total_peak();
+  record.peak_activation_bytes = tracker_->peak(MemoryCategory::activations);
+}
+
+void as_group_step(StepRecord& record, double slowest_seconds, double tokens) {
+  record.seconds = slowest_seconds;
+  record.tokens = static_cast<std::int64_t>(tokens);
+  record.tokens_per_second = slowest_seconds > 0 ? tokens / slowest_seconds : 0;
+}
+
 StepRecord Trainer::step() {
-  std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-  tracker->reset_peaks();
-  const auto start = std::chrono::steady_clock::now();
+  const StepMeter meter;
   StepRecord record;
   record.step = steps_done_ + 1;
   Batch batch = sampler_->batch(steps_done_, config_.model.device);
@@ -160,12 +177,7 @@ StepRecord Trainer::step() {
     trace::Scope span("optimizer step", "compute");
     optimizer().step(record.lr);
   }
-  record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  record.tokens = batch.inputs.numel();
-  record.tokens_per_second =
-      record.seconds > 0 ? static_cast<double>(record.tokens) / record.seconds : 0;
-  record.peak_bytes = tracker->total_peak();
-  record.peak_activation_bytes = tracker->peak(MemoryCategory::activations);
+  meter.finish(record, batch.inputs.numel());
   ++steps_done_;
   return record;
 }
