@@ -8,7 +8,7 @@
 //       [--heads 8] [--head-dim 32] [--dtype f32|f64] [--warmup 1] [--repeats 3]
 //       [--nvlink 3,450] [--infiniband 8,50] [--tier-shape 1,16,32,8192]
 //       [--moe-experts 4,8] [--moe-top-k 1,2] [--moe-coefs 0,0.01] [--moe-steps 300]
-//       [--train-shape 2,128,8,256,4] [--train-moe 4,2] [--train-steps 5] [--quick] [--json FILE]
+//       [--train-shape 2,128,8,256,4] [--train-moe 4,2] [--train-steps 4] [--quick] [--json FILE]
 //
 // Part 1, "sp_attention": causal attention, forward then backward, on q, k,
 // v [B, T/n, H, D] shards of random data, for every T of --seqs and degree n
@@ -70,7 +70,8 @@
 // SequenceParallelTrainer (Ulysses, ring, zigzag, hybrid with u = n/2) and
 // ExpertParallelTrainer on n = 2, 4 ranks (--degrees), a GPT with flash
 // attention (--train-shape; its MoE variant --train-moe), --train-steps
-// timed steps after --warmup, --repeats rounds round-robin. Peers, in the
+// timed steps after --warmup, --repeats rounds round-robin (the ratios to
+// the peers are taken within each round: this machine's speed drifts). Peers, in the
 // same run: the serial Trainer on the same model for sp, and the serial MoE
 // with m routing groups (moe_groups = m: what ep on m ranks equals, README
 // section 7) for ep; the last step's loss is compared with the peer's. Per
@@ -498,7 +499,7 @@ int run_moe_part(const MoeOptions& o, const RunContext& ctx, FILE* json) {
 struct TrainOptions {
   train::Model model = default_train_model();
   std::vector<int> degrees = {2, 4};
-  std::int64_t warmup = 2, steps = 5, repeats = 3;
+  std::int64_t warmup = 1, steps = 4, repeats = 6;
 
   static train::Model default_train_model() {
     train::Model m;
@@ -531,9 +532,11 @@ std::vector<train::Setup> train_setups(const TrainOptions& o) {
 }
 
 // The numbers of one setup over every round: the slowest rank's wall time and
-// the busiest rank's CPU time of each step; memory and bytes from the first round.
+// the busiest rank's CPU time of each step, and their medians per round;
+// memory and bytes from the first round.
 struct TrainResult {
   std::vector<double> seconds, cpu_seconds;
+  std::vector<double> round_seconds, round_cpu_seconds;
   std::vector<train::RankNumbers> first;
   std::int64_t largest(std::int64_t train::RankNumbers::*field) const {
     std::int64_t worst = 0;
@@ -543,13 +546,27 @@ struct TrainResult {
 };
 
 void add_round(const std::vector<train::RankNumbers>& ranks, TrainResult& into) {
+  std::vector<double> walls, cpus;
   for (std::size_t step = 0; step < ranks[0].seconds.size(); ++step) {
     double wall = 0, cpu = 0;
     for (const train::RankNumbers& r : ranks) wall = std::max(wall, r.seconds[step]), cpu = std::max(cpu, r.cpu_seconds[step]);
-    into.seconds.push_back(wall);
-    into.cpu_seconds.push_back(cpu);
+    walls.push_back(wall);
+    cpus.push_back(cpu);
   }
+  into.seconds.insert(into.seconds.end(), walls.begin(), walls.end());
+  into.cpu_seconds.insert(into.cpu_seconds.end(), cpus.begin(), cpus.end());
+  into.round_seconds.push_back(median(walls));
+  into.round_cpu_seconds.push_back(median(cpus));
   if (into.first.empty()) into.first = ranks;
+}
+
+// The median over rounds of a setup's round median over its peer's in the
+// same round: this machine's speed drifts over minutes (bench/README.md),
+// and a round's runs are seconds apart.
+double median_ratio(const std::vector<double>& mine, const std::vector<double>& peer) {
+  std::vector<double> ratios;
+  for (std::size_t k = 0; k < mine.size() && k < peer.size(); ++k) ratios.push_back(mine[k] / peer[k]);
+  return median(ratios);
 }
 
 int run_train_part(const TrainOptions& o, const RunContext& ctx, FILE* json) {
@@ -571,8 +588,9 @@ int run_train_part(const TrainOptions& o, const RunContext& ctx, FILE* json) {
   std::printf(
       "# peer: sp against the serial dense model, ep on m ranks against the serial MoE with m routing groups "
       "(what it equals).\n"
-      "# step: the slowest rank's wall ms. cpu max: the busiest rank's thread CPU ms per step (what one device "
-      "per rank would take, communication aside); ideal x peer = 1/n.\n"
+      "# step: the slowest rank's wall ms. cpu: the busiest rank's thread CPU ms per step (what one device "
+      "per rank would take, communication aside). Medians over every step; x peer: the median over rounds of "
+      "the round's median over the peer's in that round; ideal 1/n.\n"
       "# act: the largest rank's activation peak. params, optim: live bytes per rank. moved: a rank's payload "
       "bytes per step (collectives whole, sends); formula: README sections 6 and 7, scalars left out.\n"
       "# loss: the last step's (the group's mean); d peer: its difference from the peer's.\n");
@@ -594,8 +612,8 @@ int run_train_part(const TrainOptions& o, const RunContext& ctx, FILE* json) {
     double x_step = 0, x_cpu = 0, x_act = 0, d_loss = 0;
     if (peer >= 0) {
       const TrainResult& p = results[static_cast<std::size_t>(peer)];
-      x_step = step / median(p.seconds);
-      x_cpu = cpu / median(p.cpu_seconds);
+      x_step = median_ratio(r.round_seconds, p.round_seconds);
+      x_cpu = median_ratio(r.round_cpu_seconds, p.round_cpu_seconds);
       x_act = act / static_cast<double>(p.largest(&train::RankNumbers::activation_peak));
       d_loss = std::abs(r.first[0].last_loss - p.first[0].last_loss);
     }
@@ -645,6 +663,8 @@ int run_train_part(const TrainOptions& o, const RunContext& ctx, FILE* json) {
         .add("last_loss", r.first[0].last_loss)
         .add("loss_vs_peer", d_loss)
         .add("step_s_all", r.seconds)
+        .add("step_s_per_round", r.round_seconds)
+        .add("cpu_s_per_round", r.round_cpu_seconds)
         .add("warmup", o.warmup)
         .add("steps", o.steps)
         .add("repeats", o.repeats);
@@ -670,8 +690,8 @@ void usage(FILE* to) {
                "                with its own default 2,4)\n"
                "  --methods     which to run (default all; flash is the one-rank peer the others are checked against)\n"
                "  --batch, --heads, --head-dim, --dtype   q, k, v [B, T/n, H, D] (default 1, 8, 32, f32; --dtype: train too)\n"
-               "  --warmup, --repeats   untimed passes (train: steps) per run (default 1; train 2); runs per case,\n"
-               "                round-robin (default 3)\n"
+               "  --warmup, --repeats   untimed passes (train: steps) per run (default 1); runs per case,\n"
+               "                round-robin (default 3; train 6)\n"
                "  --nvlink, --infiniband  a tier's alpha (us) and bandwidth (GB/s) (default 3,450 and 8,50)\n"
                "  --tier-shape  B,T,H,D of the tiers part (default 1,16,32,8192: one q is 16 MiB in f32)\n"
                "  --moe-experts, --moe-top-k, --moe-coefs  the MoE models (default 4,8; 1,2; 0,0.01)\n"
@@ -679,7 +699,7 @@ void usage(FILE* to) {
                "  --moe-trials  random routings for the uniform router's load balance (default 200)\n"
                "  --train-shape layers, d_model, heads, seq, batch of the trained GPT (default 2,128,8,256,4)\n"
                "  --train-moe   experts and top_k of its MoE variant (default 4,2)\n"
-               "  --train-steps timed optimizer steps per run (default 5)\n"
+               "  --train-steps timed optimizer steps per run (default 4)\n"
                "  --quick       a smoke test: T 256,512; n 1,2,4; no warm-up, 1 repeat; tiers at D = 2048 on n 2,4;\n"
                "                MoE 20 steps, 50 trials; train 2 steps after 1, n 2,4\n"
                "  --json FILE   append one JSON object per measurement to FILE\n"

@@ -4,7 +4,7 @@
     /usr/bin/python3 plots/sequence_expert.py bench/results/sequence-expert-thread-cpu-*.jsonl
     (or: ./dtp plots sequence_expert bench/results/sequence-expert-thread-cpu-*.jsonl)
 
-Writes four PNGs into docs/figures/ (or --out):
+Writes five PNGs into docs/figures/ (or --out):
 
 - sp_attention_time.png ("sp_attention" lines): forward + backward of causal
   attention on [B, T/n, H, D] shards. Left: the busiest rank's thread CPU
@@ -31,6 +31,13 @@ Writes four PNGs into docs/figures/ (or --out):
   after training with aux_loss_coef 0 and 0.01, next to a router choosing
   uniformly at random (exact) and the floor 1 - E c / (N k) that any router
   meets; bottom, each block's load balance max_e f_e / mean.
+- sp_ep_training.png ("sp_ep_train_step" lines): whole training steps of
+  `--strategy sp` (each kind) and `--strategy ep` against their one-device
+  peers (the dense model; the MoE with m routing groups), against n. Left:
+  the busiest rank's thread CPU time over the peer's; middle: the largest
+  rank's activation peak over the peer's, both with 1/n dashed; right: the
+  bytes a rank moves per step, markers measured, dotted the lesson's
+  sections 6 and 7.
 
 When several runs are given, the last line of each configuration wins, so
 pass older files first. Needs matplotlib (Debian's python3-matplotlib, which
@@ -414,6 +421,67 @@ def plot_moe(rows, path):
     figure.savefig(path)
     plt.close(figure)
 
+SP_EP_STYLES = {"ulysses": ("#1f77b4", "o"), "ring": ("#d62728", "s"), "zigzag": ("#2ca02c", "^"),
+                "hybrid": ("#9467bd", "D"), "ep": ("#ff7f0e", "P")}
+
+
+def train_label(r):
+    """The line a training-step row belongs to: the sp kind, or "ep"."""
+    return r["detail"].split()[0] if r["model"] == "sp" else r["model"]
+
+
+def plot_training(rows, path):
+    """sp and ep training steps against their single-device peers, per rank, against n."""
+    runs = [r for r in rows if r["model"] in ("sp", "ep")]
+    if not runs:
+        return
+    figure, (cpu_axis, act_axis, bytes_axis) = plt.subplots(1, 3, figsize=(15, 4.8))
+    ns = sorted({r["n"] for r in runs})
+    ideal = [1] + ns
+    for axis in (cpu_axis, act_axis):
+        axis.plot(ideal, [1.0 / n for n in ideal], "k--", linewidth=1, label="1/n (the ideal split)")
+    for label, (colour, marker) in SP_EP_STYLES.items():
+        line = sorted((r for r in runs if train_label(r) == label), key=lambda r: r["n"])
+        if not line:
+            continue
+        name = "ep (peer: one device, m routing groups)" if label == "ep" else method_label(label)
+        x = [1] + [r["n"] for r in line]
+        cpu_axis.plot(x, [1.0] + [r["cpu_vs_peer"] for r in line], marker=marker, color=colour, label=name)
+        act_axis.plot(x, [1.0] + [r["activations_vs_peer"] for r in line], marker=marker, color=colour, label=name)
+        xs = [r["n"] for r in line]
+        bytes_axis.plot(xs, [r["moved_bytes"] / MIB for r in line], marker=marker, color=colour, linestyle="none",
+                        label=name)
+        bytes_axis.plot(xs, [r["formula_moved_bytes"] / MIB for r in line], color=colour, linestyle=":")
+    for axis in (cpu_axis, act_axis):
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log", base=2)
+        axis.set_xticks(ideal, [str(n) for n in ideal])
+        axis.set_xlabel("ranks n (sp) or m (ep)")
+        axis.grid(True, which="both", alpha=0.3)
+    cpu_axis.set_ylabel("busiest rank / one device")
+    cpu_axis.set_title("thread CPU time of a step, busiest rank", fontsize=10)
+    cpu_axis.legend(fontsize=7.5)
+    act_axis.set_ylabel("largest rank / one device")
+    act_axis.set_title("activation peak of a step", fontsize=10)
+    bytes_axis.set_xticks(ns, [str(n) for n in ns])
+    bytes_axis.set_xlabel("ranks n (sp) or m (ep)")
+    bytes_axis.set_ylabel("MiB per rank per step")
+    bytes_axis.set_title("bytes moved (markers) against sections 6 and 7 (dotted)", fontsize=10)
+    bytes_axis.grid(True, alpha=0.3)
+    bytes_axis.set_ylim(bottom=0)
+    r = rows[-1]
+    tunables = f"; GLIBC_TUNABLES={r['glibc_tunables']}" if r.get("glibc_tunables") else ""
+    figure.suptitle(f"Training steps with sequence and expert parallelism, per rank, against one device\n"
+                    f"GPT d_model {r['d_model']}, {r['layers']} layers, {r['heads']} heads, flash attention, batch "
+                    f"{r['batch']} x {r['seq']}, {r['dtype']}, {r['optimizer']}; ep: {max(x['experts'] for x in rows)} "
+                    f"experts, top {max(x['top_k'] for x in rows)}; median of {r['steps']} steps x {r['repeats']} "
+                    f"rounds{tunables}", fontsize=10.5)
+    figure.text(0.5, 0.005, run_footer(rows, "dtp-bench-sequence-expert", "sp_ep_train_step"),
+                ha="center", va="bottom", fontsize=7, color="0.35")
+    figure.tight_layout(rect=(0, 0.02, 1, 0.92))
+    figure.savefig(path)
+    plt.close(figure)
+
 
 # What must agree for two lines to share a figure.
 SETUP_KEYS = {
@@ -421,6 +489,8 @@ SETUP_KEYS = {
     "sp_comm_tiers": ("backend", "device", "dtype", "batch", "seq", "heads", "head_dim"),
     "moe_capacity": ("backend", "device", "d_model", "layers", "heads", "vocab_size", "tokens", "train_batch",
                      "train_capacity_factor"),
+    "sp_ep_train_step": ("backend", "device", "dtype", "optimizer", "d_model", "layers", "heads", "seq", "batch",
+                         "glibc_tunables"),
 }
 
 
@@ -432,7 +502,7 @@ def main():
     out_dir = figure_folder(args.out)
     rows = read_rows(args.files)
     parts = {what: [r for r in rows if r.get("what") == what]
-             for what in ("sp_attention", "sp_comm_tiers", "moe_capacity")}
+             for what in ("sp_attention", "sp_comm_tiers", "moe_capacity", "sp_ep_train_step")}
     if not any(parts.values()):
         sys.exit("no dtp-bench-sequence-expert measurements in " + ", ".join(args.files))
     for what, keys in SETUP_KEYS.items():
@@ -442,7 +512,8 @@ def main():
     jobs = [("sp_attention", "sp_attention_time.png", plot_attention_time),
             ("sp_attention", "sp_attention_memory.png", plot_attention_memory),
             ("sp_comm_tiers", "sp_ulysses_vs_ring.png", plot_ulysses_vs_ring),
-            ("moe_capacity", "moe_capacity.png", plot_moe)]
+            ("moe_capacity", "moe_capacity.png", plot_moe),
+            ("sp_ep_train_step", "sp_ep_training.png", plot_training)]
     for what, name, plot in jobs:
         if parts[what]:
             path = os.path.join(out_dir, name)
