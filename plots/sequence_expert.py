@@ -451,7 +451,8 @@ def plot_training(rows, path):
         xs = [r["n"] for r in line]
         bytes_axis.plot(xs, [r["moved_bytes"] / MIB for r in line], marker=marker, color=colour, linestyle="none",
                         label=name)
-        bytes_axis.plot(xs, [r["formula_moved_bytes"] / MIB for r in line], color=colour, linestyle=":")
+        bytes_axis.plot(xs, [r["formula_moved_bytes"] / MIB for r in line], color=colour, linestyle=":",
+                        marker=marker, markersize=11, markerfacecolor="none", alpha=0.6)
     for axis in (cpu_axis, act_axis):
         axis.set_xscale("log", base=2)
         axis.set_yscale("log", base=2)
@@ -466,11 +467,11 @@ def plot_training(rows, path):
     bytes_axis.set_xticks(ns, [str(n) for n in ns])
     bytes_axis.set_xlabel("ranks n (sp) or m (ep)")
     bytes_axis.set_ylabel("MiB per rank per step")
-    bytes_axis.set_title("bytes moved (markers) against sections 6 and 7 (dotted)", fontsize=10)
+    bytes_axis.set_title("bytes moved: measured (filled), sections 6 and 7 (hollow, dotted)", fontsize=10)
     bytes_axis.grid(True, alpha=0.3)
     bytes_axis.set_ylim(bottom=0)
     r = rows[-1]
-    tunables = f"; GLIBC_TUNABLES={r['glibc_tunables']}" if r.get("glibc_tunables") else ""
+    tunables = "; malloc settings from GLIBC_TUNABLES (see the JSON)" if r.get("glibc_tunables") else ""
     figure.suptitle(f"Training steps with sequence and expert parallelism, per rank, against one device\n"
                     f"GPT d_model {r['d_model']}, {r['layers']} layers, {r['heads']} heads, flash attention, batch "
                     f"{r['batch']} x {r['seq']}, {r['dtype']}, {r['optimizer']}; ep: {max(x['experts'] for x in rows)} "
