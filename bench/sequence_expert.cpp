@@ -549,7 +549,8 @@ void add_round(const std::vector<train::RankNumbers>& ranks, TrainResult& into) 
   std::vector<double> walls, cpus;
   for (std::size_t step = 0; step < ranks[0].seconds.size(); ++step) {
     double wall = 0, cpu = 0;
-    for (const train::RankNumbers& r : ranks) wall = std::max(wall, r.seconds[step]), cpu = std::max(cpu, r.cpu_seconds[step]);
+    for (const train::RankNumbers& r : ranks)
+      wall = std::max(wall, r.seconds[step]), cpu = std::max(cpu, r.cpu_seconds[step]);
     walls.push_back(wall);
     cpus.push_back(cpu);
   }
@@ -569,12 +570,7 @@ double median_ratio(const std::vector<double>& mine, const std::vector<double>& 
   return median(ratios);
 }
 
-int run_train_part(const TrainOptions& o, const RunContext& ctx, FILE* json) {
-  const std::vector<train::Setup> setups = train_setups(o);
-  std::vector<TrainResult> results(setups.size());
-  for (std::int64_t round = 0; round < o.repeats; ++round)
-    for (std::size_t i = 0; i < setups.size(); ++i) add_round(train::run(o.model, setups[i], o.warmup, o.steps), results[i]);
-
+void print_train_header(const TrainOptions& o, const RunContext& ctx) {
   const dtp::TrainConfig& cfg = o.model.config;
   std::printf(
       "# sp and ep training steps: %s backend on %s (%d cores), %s, %s; GPT d_model %d, %d layers, %d heads, "
@@ -597,120 +593,140 @@ int run_train_part(const TrainOptions& o, const RunContext& ctx, FILE* json) {
   std::printf("%-10s %-11s %2s %8s %6s %8s %6s %8s %6s %8s %8s %8s %8s %8s %8s\n", "model", "detail", "n", "step ms",
               "x peer", "cpu ms", "x peer", "act MiB", "x peer", "params", "optim", "moved", "formula", "loss",
               "d peer");
-  for (std::size_t i = 0; i < setups.size(); ++i) {
-    const train::Setup& s = setups[i];
-    const TrainResult& r = results[i];
-    const int peer = s.peer_in(setups);
-    const double step = median(r.seconds), cpu = median(r.cpu_seconds);
-    const auto act = static_cast<double>(r.largest(&train::RankNumbers::activation_peak));
-    const std::int64_t params = r.largest(&train::RankNumbers::params_bytes);
-    const std::int64_t moved = r.largest(&train::RankNumbers::bytes_per_step);
-    // Psi of this setup's model: the serial run of the same model holds every parameter once.
-    const std::int64_t e = static_cast<std::int64_t>(dtp::dtype_size(cfg.model.dtype));
-    const std::int64_t psi = (peer >= 0 ? results[static_cast<std::size_t>(peer)].largest(&train::RankNumbers::params_bytes) : params) / e;
-    const std::int64_t formula = train::formula_bytes(o.model, s, psi);
-    double x_step = 0, x_cpu = 0, x_act = 0, d_loss = 0;
-    if (peer >= 0) {
-      const TrainResult& p = results[static_cast<std::size_t>(peer)];
-      x_step = median_ratio(r.round_seconds, p.round_seconds);
-      x_cpu = median_ratio(r.round_cpu_seconds, p.round_cpu_seconds);
-      x_act = act / static_cast<double>(p.largest(&train::RankNumbers::activation_peak));
-      d_loss = std::abs(r.first[0].last_loss - p.first[0].last_loss);
-    }
-    auto ratio = [&](double x) { return peer >= 0 ? std::to_string(x).substr(0, 5) : std::string("-"); };
-    std::printf("%-10s %-11s %2d %8.1f %6s %8.1f %6s %8.2f %6s %8.2f %8.2f %8.2f %8.2f %8.4f %8.1e\n", s.name(),
-                s.detail().c_str(), s.n, step * 1e3, ratio(x_step).c_str(), cpu * 1e3, ratio(x_cpu).c_str(), mib(act),
-                ratio(x_act).c_str(), mib(static_cast<double>(params)),
-                mib(static_cast<double>(r.largest(&train::RankNumbers::optimizer_bytes))),
-                mib(static_cast<double>(moved)), mib(static_cast<double>(formula)), r.first[0].last_loss, d_loss);
-    std::vector<std::int64_t> act_per_rank, moved_per_rank;
-    for (const train::RankNumbers& rank : r.first) {
-      act_per_rank.push_back(rank.activation_peak);
-      moved_per_rank.push_back(rank.bytes_per_step);
-    }
-    JsonLine line;
-    line.add("what", "sp_ep_train_step")
-        .add("model", s.name())
-        .add("detail", s.detail())
-        .add("world", s.ranks())
-        .add("n", s.n)
-        .add("peer", peer >= 0 ? std::string(setups[static_cast<std::size_t>(peer)].name()) + " " +
-                                     setups[static_cast<std::size_t>(peer)].detail()
-                               : std::string("-"))
-        .add("dtype", dtp::dtype_name(cfg.model.dtype))
-        .add("optimizer", cfg.optimizer)
-        .add("d_model", cfg.model.d_model)
-        .add("layers", cfg.model.layers)
-        .add("heads", cfg.model.heads)
-        .add("seq", cfg.seq)
-        .add("batch", cfg.batch)
-        .add("experts", s.mixture() ? o.model.experts : 0)
-        .add("top_k", s.mixture() ? o.model.top_k : 0)
-        .add("parameters", psi)
-        .add("step_s", step)
-        .add("step_vs_peer", x_step)
-        .add("cpu_s_busiest", cpu)
-        .add("cpu_vs_peer", x_cpu)
-        .add("activation_peak_bytes", static_cast<std::int64_t>(act))
-        .add("activation_peak_bytes_per_rank", act_per_rank)
-        .add("activations_vs_peer", x_act)
-        .add("params_bytes", params)
-        .add("grads_bytes", r.largest(&train::RankNumbers::grads_bytes))
-        .add("optimizer_bytes", r.largest(&train::RankNumbers::optimizer_bytes))
-        .add("moved_bytes", moved)
-        .add("moved_bytes_per_rank", moved_per_rank)
-        .add("formula_moved_bytes", formula)
-        .add("last_loss", r.first[0].last_loss)
-        .add("loss_vs_peer", d_loss)
-        .add("step_s_all", r.seconds)
-        .add("step_s_per_round", r.round_seconds)
-        .add("cpu_s_per_round", r.round_cpu_seconds)
-        .add("warmup", o.warmup)
-        .add("steps", o.steps)
-        .add("repeats", o.repeats);
-    add_context(line, ctx);
-    write_line(json, line);
+}
+
+// One row of the table and one JSON line: setup @p i of @p setups, against its peer.
+void report_train_setup(const std::vector<train::Setup>& setups, const std::vector<TrainResult>& results, std::size_t i,
+                        const TrainOptions& o, const RunContext& ctx, FILE* json) {
+  const dtp::TrainConfig& cfg = o.model.config;
+  const train::Setup& s = setups[i];
+  const TrainResult& r = results[i];
+  const int peer = s.peer_in(setups);
+  const double step = median(r.seconds), cpu = median(r.cpu_seconds);
+  const auto act = static_cast<double>(r.largest(&train::RankNumbers::activation_peak));
+  const std::int64_t params = r.largest(&train::RankNumbers::params_bytes);
+  const std::int64_t moved = r.largest(&train::RankNumbers::bytes_per_step);
+  // Psi of this setup's model: the serial run of the same model holds every parameter once.
+  const std::int64_t e = static_cast<std::int64_t>(dtp::dtype_size(cfg.model.dtype));
+  const std::int64_t psi =
+      (peer >= 0 ? results[static_cast<std::size_t>(peer)].largest(&train::RankNumbers::params_bytes) : params) / e;
+  const std::int64_t formula = train::formula_bytes(o.model, s, psi);
+  double x_step = 0, x_cpu = 0, x_act = 0, d_loss = 0;
+  if (peer >= 0) {
+    const TrainResult& p = results[static_cast<std::size_t>(peer)];
+    x_step = median_ratio(r.round_seconds, p.round_seconds);
+    x_cpu = median_ratio(r.round_cpu_seconds, p.round_cpu_seconds);
+    x_act = act / static_cast<double>(p.largest(&train::RankNumbers::activation_peak));
+    d_loss = std::abs(r.first[0].last_loss - p.first[0].last_loss);
   }
+  auto ratio = [&](double x) {
+    char text[16];
+    std::snprintf(text, sizeof text, "%.3f", x);
+    return peer >= 0 ? std::string(text) : std::string("-");
+  };
+  std::printf("%-10s %-11s %2d %8.1f %6s %8.1f %6s %8.2f %6s %8.2f %8.2f %8.2f %8.2f %8.4f %8.1e\n", s.name(),
+              s.detail().c_str(), s.n, step * 1e3, ratio(x_step).c_str(), cpu * 1e3, ratio(x_cpu).c_str(), mib(act),
+              ratio(x_act).c_str(), mib(static_cast<double>(params)),
+              mib(static_cast<double>(r.largest(&train::RankNumbers::optimizer_bytes))),
+              mib(static_cast<double>(moved)), mib(static_cast<double>(formula)), r.first[0].last_loss, d_loss);
+  std::vector<std::int64_t> act_per_rank, moved_per_rank;
+  for (const train::RankNumbers& rank : r.first) {
+    act_per_rank.push_back(rank.activation_peak);
+    moved_per_rank.push_back(rank.bytes_per_step);
+  }
+  JsonLine line;
+  line.add("what", "sp_ep_train_step")
+      .add("model", s.name())
+      .add("detail", s.detail())
+      .add("world", s.ranks())
+      .add("n", s.n)
+      .add("peer", peer >= 0 ? std::string(setups[static_cast<std::size_t>(peer)].name()) + " " +
+                                   setups[static_cast<std::size_t>(peer)].detail()
+                             : std::string("-"))
+      .add("dtype", dtp::dtype_name(cfg.model.dtype))
+      .add("optimizer", cfg.optimizer)
+      .add("d_model", cfg.model.d_model)
+      .add("layers", cfg.model.layers)
+      .add("heads", cfg.model.heads)
+      .add("seq", cfg.seq)
+      .add("batch", cfg.batch)
+      .add("experts", s.mixture() ? o.model.experts : 0)
+      .add("top_k", s.mixture() ? o.model.top_k : 0)
+      .add("parameters", psi)
+      .add("step_s", step)
+      .add("step_vs_peer", x_step)
+      .add("cpu_s_busiest", cpu)
+      .add("cpu_vs_peer", x_cpu)
+      .add("activation_peak_bytes", static_cast<std::int64_t>(act))
+      .add("activation_peak_bytes_per_rank", act_per_rank)
+      .add("activations_vs_peer", x_act)
+      .add("params_bytes", params)
+      .add("grads_bytes", r.largest(&train::RankNumbers::grads_bytes))
+      .add("optimizer_bytes", r.largest(&train::RankNumbers::optimizer_bytes))
+      .add("moved_bytes", moved)
+      .add("moved_bytes_per_rank", moved_per_rank)
+      .add("formula_moved_bytes", formula)
+      .add("last_loss", r.first[0].last_loss)
+      .add("loss_vs_peer", d_loss)
+      .add("step_s_all", r.seconds)
+      .add("step_s_per_round", r.round_seconds)
+      .add("cpu_s_per_round", r.round_cpu_seconds)
+      .add("warmup", o.warmup)
+      .add("steps", o.steps)
+      .add("repeats", o.repeats);
+  add_context(line, ctx);
+  write_line(json, line);
+}
+
+int run_train_part(const TrainOptions& o, const RunContext& ctx, FILE* json) {
+  const std::vector<train::Setup> setups = train_setups(o);
+  std::vector<TrainResult> results(setups.size());
+  for (std::int64_t round = 0; round < o.repeats; ++round)
+    for (std::size_t i = 0; i < setups.size(); ++i)
+      add_round(train::run(o.model, setups[i], o.warmup, o.steps), results[i]);
+  print_train_header(o, ctx);
+  for (std::size_t i = 0; i < setups.size(); ++i) report_train_setup(setups, results, i, o, ctx, json);
   std::printf("\n");
   return 0;
 }
 
 void usage(FILE* to) {
-  std::fprintf(to,
-               "usage: dtp-bench-sequence-expert [--only attention|tiers|moe|train] [--seqs T,...] [--degrees n,...]\n"
-               "           [--methods flash,ulysses,ring,zigzag,hybrid] [--batch B] [--heads H] [--head-dim D]\n"
-               "           [--dtype f32|f64] [--warmup W] [--repeats R] [--nvlink US,GBPS] [--infiniband US,GBPS]\n"
-               "           [--tier-shape B,T,H,D] [--moe-experts E,...] [--moe-top-k k,...] [--moe-coefs c,...]\n"
-               "           [--moe-steps N] [--moe-trials N] [--train-shape L,C,H,T,B] [--train-moe E,k] [--train-steps N]\n"
-               "           [--quick] [--json FILE]\n"
-               "  --only        one part: attention (time and memory), tiers (bytes and the alpha-beta clock), moe, or\n"
-               "                train (sp and ep training steps against one device)\n"
-               "  --seqs        sequence lengths T (default 256,512,1024,2048)\n"
-               "  --degrees     sequence-parallel degrees n (default 1,2,4,8; the tiers use those >= 2, train those >= 2\n"
-               "                with its own default 2,4)\n"
-               "  --methods     which to run (default all; flash is the one-rank peer the others are checked against)\n"
-               "  --batch, --heads, --head-dim, --dtype   q, k, v [B, T/n, H, D] (default 1, 8, 32, f32; --dtype: train too)\n"
-               "  --warmup, --repeats   untimed passes (train: steps) per run (default 1); runs per case,\n"
-               "                round-robin (default 3; train 6)\n"
-               "  --nvlink, --infiniband  a tier's alpha (us) and bandwidth (GB/s) (default 3,450 and 8,50)\n"
-               "  --tier-shape  B,T,H,D of the tiers part (default 1,16,32,8192: one q is 16 MiB in f32)\n"
-               "  --moe-experts, --moe-top-k, --moe-coefs  the MoE models (default 4,8; 1,2; 0,0.01)\n"
-               "  --moe-steps   training steps before the second look at the router (default 300)\n"
-               "  --moe-trials  random routings for the uniform router's load balance (default 200)\n"
-               "  --train-shape layers, d_model, heads, seq, batch of the trained GPT (default 2,128,8,256,4)\n"
-               "  --train-moe   experts and top_k of its MoE variant (default 4,2)\n"
-               "  --train-steps timed optimizer steps per run (default 4)\n"
-               "  --quick       a smoke test: T 256,512; n 1,2,4; no warm-up, 1 repeat; tiers at D = 2048 on n 2,4;\n"
-               "                MoE 20 steps, 50 trials; train 2 steps after 1, n 2,4\n"
-               "  --json FILE   append one JSON object per measurement to FILE\n"
-               "Runs on the thread backend on the CPU (DTP_BACKEND=thread, DTP_DEVICE=cpu, the defaults).\n");
+  std::fprintf(
+      to,
+      "usage: dtp-bench-sequence-expert [--only attention|tiers|moe|train] [--seqs T,...] [--degrees n,...]\n"
+      "           [--methods flash,ulysses,ring,zigzag,hybrid] [--batch B] [--heads H] [--head-dim D]\n"
+      "           [--dtype f32|f64] [--warmup W] [--repeats R] [--nvlink US,GBPS] [--infiniband US,GBPS]\n"
+      "           [--tier-shape B,T,H,D] [--moe-experts E,...] [--moe-top-k k,...] [--moe-coefs c,...]\n"
+      "           [--moe-steps N] [--moe-trials N] [--train-shape L,C,H,T,B] [--train-moe E,k] [--train-steps N]\n"
+      "           [--quick] [--json FILE]\n"
+      "  --only        one part: attention (time and memory), tiers (bytes and the alpha-beta clock), moe, or\n"
+      "                train (sp and ep training steps against one device)\n"
+      "  --seqs        sequence lengths T (default 256,512,1024,2048)\n"
+      "  --degrees     sequence-parallel degrees n (default 1,2,4,8; the tiers use those >= 2, train those >= 2\n"
+      "                with its own default 2,4)\n"
+      "  --methods     which to run (default all; flash is the one-rank peer the others are checked against)\n"
+      "  --batch, --heads, --head-dim, --dtype   q, k, v [B, T/n, H, D] (default 1, 8, 32, f32; --dtype: train too)\n"
+      "  --warmup, --repeats   untimed passes (train: steps) per run (default 1); runs per case,\n"
+      "                round-robin (default 3; train 6)\n"
+      "  --nvlink, --infiniband  a tier's alpha (us) and bandwidth (GB/s) (default 3,450 and 8,50)\n"
+      "  --tier-shape  B,T,H,D of the tiers part (default 1,16,32,8192: one q is 16 MiB in f32)\n"
+      "  --moe-experts, --moe-top-k, --moe-coefs  the MoE models (default 4,8; 1,2; 0,0.01)\n"
+      "  --moe-steps   training steps before the second look at the router (default 300)\n"
+      "  --moe-trials  random routings for the uniform router's load balance (default 200)\n"
+      "  --train-shape layers, d_model, heads, seq, batch of the trained GPT (default 2,128,8,256,4)\n"
+      "  --train-moe   experts and top_k of its MoE variant (default 4,2)\n"
+      "  --train-steps timed optimizer steps per run (default 4)\n"
+      "  --quick       a smoke test: T 256,512; n 1,2,4; no warm-up, 1 repeat; tiers at D = 2048 on n 2,4;\n"
+      "                MoE 20 steps, 50 trials; train 2 steps after 1, n 2,4\n"
+      "  --json FILE   append one JSON object per measurement to FILE\n"
+      "Runs on the thread backend on the CPU (DTP_BACKEND=thread, DTP_DEVICE=cpu, the defaults).\n");
 }
 
 // Every option that takes a value (--quick and --help take none).
-const std::string kValueFlags[] = {"--only",      "--seqs",       "--degrees",    "--methods",     "--batch",
-                                   "--heads",     "--head-dim",   "--dtype",      "--warmup",      "--repeats",
-                                   "--nvlink",    "--infiniband", "--tier-shape", "--moe-experts", "--moe-top-k",
-                                   "--moe-coefs", "--moe-steps",  "--moe-trials", "--train-shape", "--train-moe",
+const std::string kValueFlags[] = {"--only",        "--seqs",       "--degrees",    "--methods",     "--batch",
+                                   "--heads",       "--head-dim",   "--dtype",      "--warmup",      "--repeats",
+                                   "--nvlink",      "--infiniband", "--tier-shape", "--moe-experts", "--moe-top-k",
+                                   "--moe-coefs",   "--moe-steps",  "--moe-trials", "--train-shape", "--train-moe",
                                    "--train-steps", "--json"};
 
 template <typename T, typename Parse>
@@ -823,8 +839,7 @@ int main(int argc, char** argv) {
       } else if (flag == "--repeats") {
         attention.repeats = static_cast<int>(parse_whole(flag, value));
         training.repeats = attention.repeats;
-      }
-      else if (flag == "--nvlink")
+      } else if (flag == "--nvlink")
         set_tier(tiers.tiers[0], value);
       else if (flag == "--infiniband")
         set_tier(tiers.tiers[1], value);

@@ -28,9 +28,9 @@ using dtp::ch06::SequenceParallelKind;
 // ranks (what ep equals: README section 7).
 struct Setup {
   enum Kind { dense, sp, moe, ep } kind = dense;
-  int n = 1;                                           // ranks (sp, ep) or routing groups (moe)
+  int n = 1;  // ranks (sp, ep) or routing groups (moe)
   SequenceParallelKind sp_kind = SequenceParallelKind::ulysses;
-  int ulysses = 1;                                     // the hybrid's Ulysses group
+  int ulysses = 1;  // the hybrid's Ulysses group
 
   int ranks() const { return kind == sp || kind == ep ? n : 1; }
   bool mixture() const { return kind == moe || kind == ep; }
@@ -62,7 +62,7 @@ struct Setup {
 // The model part 4 trains: a GPT with flash attention (what the sp classes
 // compute, so that memory compares like with like), and its MoE variant.
 struct Model {
-  dtp::TrainConfig config;   // dense; experts and top_k are the MoE variant's
+  dtp::TrainConfig config;  // dense; experts and top_k are the MoE variant's
   int experts = 4, top_k = 2;
 
   dtp::TrainConfig for_setup(const Setup& s) const {
@@ -93,9 +93,9 @@ inline void validate(const Model& m, const Setup& s) {
 struct RankNumbers {
   std::vector<double> seconds, cpu_seconds;  // per timed step: wall, and the rank's thread CPU time
   std::int64_t params_bytes = 0, grads_bytes = 0, optimizer_bytes = 0;  // live after the last step
-  std::int64_t activation_peak = 0;          // the largest step's
-  std::int64_t bytes_per_step = 0;           // payload of the last step's collectives and sends
-  double last_loss = 0;                      // of the last step (sp, ep: the group's mean)
+  std::int64_t activation_peak = 0;                                     // the largest step's
+  std::int64_t bytes_per_step = 0;  // payload of the last step's collectives and sends
+  double last_loss = 0;             // of the last step (sp, ep: the group's mean)
 };
 
 // Payload bytes a communicator has moved: collectives (each call its whole
@@ -163,7 +163,8 @@ inline std::int64_t expert_parameters(const dtp::GPTConfig& g) {
 // routing counts. @p parameters: Psi of the setup's model; @p e: bytes per element.
 inline std::int64_t formula_bytes(const Model& m, const Setup& s, std::int64_t parameters) {
   const dtp::TrainConfig c = m.for_setup(s);
-  const std::int64_t e = static_cast<std::int64_t>(dtp::dtype_size(c.model.dtype)), L = c.model.layers, C = c.model.d_model;
+  const std::int64_t e = static_cast<std::int64_t>(dtp::dtype_size(c.model.dtype)), L = c.model.layers,
+                     C = c.model.d_model;
   const std::int64_t n = s.n;
   if (s.kind == Setup::sp) {
     const std::int64_t S = c.batch * (c.seq / n) * C * e;  // one local q, k, v or out: B (T/n) H D e
