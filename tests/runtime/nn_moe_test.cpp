@@ -235,6 +235,57 @@ TEST(MoeMlp, ConfigErrorsNameTheField) {
   EXPECT_NE(moe_config(4, 2, 1.25).describe().find("4 experts top-2 capacity factor 1.25"), std::string::npos);
 }
 
+TEST(MoeMlp, ExpertShardsHoldTheirExpertsAsInTheWholeModel) {
+  const GPTConfig whole_config = moe_config(4, 2, 1.0);
+  const GPT whole(whole_config);
+  for (int shard = 0; shard < 2; ++shard) {
+    GPTConfig c = whole_config;
+    c.expert_shards = 2;
+    c.expert_shard = shard;
+    GPT part(c);
+    SCOPED_TRACE("expert_shard " + std::to_string(shard));
+    for (std::size_t u = 0; u < part.units().size(); ++u) {
+      const Unit& mine = *part.units()[u];
+      const Unit& all = *whole.units()[u];
+      std::int64_t held = 0;
+      for (const ParamView& p : all.parameters()) {
+        const auto at = p.name.find(".expert.");
+        const int e = at == std::string::npos ? -1 : std::stoi(p.name.substr(at + 8));
+        if (e >= 0 && e / 2 != shard) continue;  // experts 0, 1 on shard 0; 2, 3 on shard 1
+        held += p.shape.numel();
+        // The same weights as the whole model's, whatever was drawn before them.
+        EXPECT_EQ(mine.parameter(p.name).value.to_vector(), p.value.to_vector()) << "unit " << all.name() << " " << p.name;
+      }
+      EXPECT_EQ(mine.numel(), held) << "unit " << all.name() << ": only its experts, no memory for the others";
+      for (const ParamView& p : mine.parameters()) {
+        const auto at = p.name.find(".expert.");
+        if (at != std::string::npos) EXPECT_EQ(std::stoi(p.name.substr(at + 8)) / 2, shard) << p.name;
+      }
+    }
+    EXPECT_TRUE(part.block(0).moe.holds(2 * shard) && !part.block(0).moe.holds(2 - 2 * shard));
+    Rng rng(5);
+    Tensor tokens = random_ids({1, 4}, 7, rng), targets = random_ids({1, 4}, 7, rng);
+    const std::string error = testing::error_of([&] { part.forward(tokens, targets); });
+    EXPECT_NE(error.find("holds only experts " + std::to_string(2 * shard) + " to " + std::to_string(2 * shard + 1) +
+                         " of 4"),
+              std::string::npos)
+        << error;
+  }
+}
+
+TEST(MoeMlp, ExpertShardErrorsNameTheField) {
+  GPTConfig c = moe_config(4, 2, 1.0);
+  c.expert_shards = 3;
+  EXPECT_NE(testing::error_of([&] { c.validate(); }).find("expert_shards (3) must be at least 1 and divide experts (4)"),
+            std::string::npos);
+  c.expert_shards = 2;
+  c.expert_shard = 2;
+  EXPECT_NE(testing::error_of([&] { c.validate(); }).find("expert_shard must be in [0, 2), got 2"), std::string::npos);
+  c = testing::tiny_f64_config();
+  c.expert_shards = 2;
+  EXPECT_NE(testing::error_of([&] { c.validate(); }).find("needs experts"), std::string::npos);
+}
+
 TEST(MoeOps, ScaleRowsAndRowDot) {
   Tensor x = Tensor::from_values({1, 2, 3, 4, 5, 6}).view({3, 2});
   Tensor w = Tensor::from_values({2, -1, 0.5});

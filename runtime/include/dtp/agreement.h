@@ -27,7 +27,8 @@ struct RunSetting {
 std::vector<RunSetting> run_settings(const TrainConfig& config);
 
 /// Gathers every rank's @p settings and a fingerprint of each unit of
-/// @p model's parameters and compares them with rank 0's. Every rank throws
+/// @p model's parameters (under expert parallelism, of what precedes the
+/// experts: each rank holds others) and compares them with rank 0's. Every rank throws
 /// the same dtp::Error naming the lowest differing rank, the first differing
 /// setting and both values. Collective: every rank of @p comm calls it.
 void check_ranks_agree(Comm& comm, const std::vector<RunSetting>& settings, const GPT& model);

@@ -63,6 +63,14 @@ struct GPTConfig {
   /// mean), as GShard does: expert parallelism on G ranks, where each rank
   /// routes its own tokens, equals one device with moe_groups = G.
   int moe_groups = 1;
+  /// Expert parallelism over expert_shards ranks: this model holds only
+  /// experts [expert_shard E / expert_shards, (expert_shard + 1) E /
+  /// expert_shards) of each block, with memory for their weights and
+  /// gradients. The others' parameters are drawn at init and dropped, so
+  /// the held experts start as in the whole model. A layer that does not
+  /// hold every expert runs only through a MoeCore. 1 (the default): all.
+  int expert_shards = 1;
+  int expert_shard = 0;  ///< which share of the experts, 0 to expert_shards - 1
   DType dtype = DType::f32;       ///< parameters, gradients and activations (f32 or f64 on CPU)
   Device device = Device::cpu();  ///< where parameters and activations live
 
@@ -87,6 +95,9 @@ struct ParamSpec {
   Shape shape;                        ///< its shape
   ParamInit init = ParamInit::zeros;  ///< how it starts
   double std = 0;                     ///< for ParamInit::normal
+  /// false: drawn at init (so that the parameters after it start as in the
+  /// whole unit) but given no memory and no view; an expert another rank holds.
+  bool held = true;
 };
 
 /// One named parameter: where it sits in the unit's flat buffers, and views of them.
@@ -403,7 +414,8 @@ class MoeMlp {
   MoeMlp() = default;
   /// Sized by config.d_model, mlp_ratio, experts, top_k, capacity_factor, aux_loss_coef.
   explicit MoeMlp(const GPTConfig& config);
-  /// Appends "<prefix>.router.weight" and "<prefix>.expert.<e>.{fc,proj}.{weight,bias}".
+  /// Appends "<prefix>.router.weight" and "<prefix>.expert.<e>.{fc,proj}.{weight,bias}"
+  /// (the experts it does not hold with ParamSpec::held false).
   void declare(std::vector<ParamSpec>& layout, const std::string& prefix) const;
   /// Points the router and the experts at the unit's views.
   void bind(const Unit& unit, const std::string& prefix);
@@ -425,6 +437,13 @@ class MoeMlp {
   double capacity_factor = 1;  ///< see moe_capacity()
   double aux_loss_coef = 0;    ///< weight of the load-balancing loss
   int groups = 1;              ///< routing groups (GPTConfig::moe_groups)
+  int first_held = 0;          ///< the first expert this layer holds (GPTConfig::expert_shard)
+  int held = 0;                ///< how many it holds, from first_held; the others' Mlp are unbound
+  /// Whether this layer holds expert @p e's weights.
+  bool holds(int e) const { return e >= first_held && e < first_held + held; }
+
+ private:
+  void require_every_expert(const char* pass) const;
 };
 
 /// A mixture-of-experts layer computed elsewhere: expert parallelism

@@ -48,6 +48,16 @@ std::vector<RunSetting> parse(const std::string& text) {
   return settings;
 }
 
+// How many of @p unit's leading parameters every rank holds: all of them,
+// but for expert parallelism (GPTConfig::expert_shards), where each rank
+// holds other experts and a block's experts come last in its layout.
+std::int64_t shared_prefix(const Unit& unit, const GPTConfig& config) {
+  if (config.expert_shards > 1)
+    for (const ParamView& view : unit.parameters())
+      if (view.name.find(".expert.") != std::string::npos) return view.offset;
+  return unit.numel();
+}
+
 }  // namespace
 
 std::vector<RunSetting> run_settings(const TrainConfig& c) {
@@ -84,7 +94,7 @@ void check_ranks_agree(Comm& comm, const std::vector<RunSetting>& settings, cons
   std::vector<RunSetting> mine = settings;
   for (const Unit* unit : model.units())
     mine.push_back({"initial parameters of unit '" + unit->name() + "' (fingerprint)",
-                    fingerprint(unit->params())});
+                    fingerprint(unit->params().slice(0, shared_prefix(*unit, model.config())))});
   const std::string text = serialize(mine);
 
   // Pad every rank's text to the longest, then all-gather the bytes (one f64

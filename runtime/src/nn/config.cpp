@@ -36,6 +36,13 @@ void GPTConfig::validate() const {
               capacity_factor);
     DTP_CHECK(aux_loss_coef >= 0, "GPTConfig: aux_loss_coef must be >= 0, got ", aux_loss_coef);
     DTP_CHECK(moe_groups >= 1, "GPTConfig: moe_groups must be at least 1, got ", moe_groups);
+    DTP_CHECK(expert_shards >= 1 && experts % expert_shards == 0, "GPTConfig: expert_shards (", expert_shards,
+              ") must be at least 1 and divide experts (", experts, ")");
+    DTP_CHECK(expert_shard >= 0 && expert_shard < expert_shards, "GPTConfig: expert_shard must be in [0, ",
+              expert_shards, "), got ", expert_shard);
+  } else {
+    DTP_CHECK(expert_shards == 1 && expert_shard == 0, "GPTConfig: expert_shards ", expert_shards,
+              " needs experts (a mixture of experts to shard), got experts = 0");
   }
   DTP_CHECK(dtype == DType::f32 || dtype == DType::f64, "GPTConfig: dtype must be f32 or f64, got ",
             dtype_name(dtype), " (16-bit training keeps f32 master weights: chapter 07)");

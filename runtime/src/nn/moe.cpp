@@ -67,24 +67,37 @@ MoeMlp::MoeMlp(const GPTConfig& config)
       top_k(config.top_k),
       capacity_factor(config.capacity_factor),
       aux_loss_coef(config.aux_loss_coef),
-      groups(config.moe_groups) {}
+      groups(config.moe_groups),
+      first_held(config.experts / config.expert_shards * config.expert_shard),
+      held(config.experts / config.expert_shards) {}
 
 void MoeMlp::declare(std::vector<ParamSpec>& layout, const std::string& prefix) const {
   router.declare(layout, prefix + ".router", router_std);
-  for (std::size_t e = 0; e < experts.size(); ++e)
+  for (std::size_t e = 0; e < experts.size(); ++e) {
+    const std::size_t first_spec = layout.size();
     experts[e].declare(layout, prefix + ".expert." + std::to_string(e));
+    if (!holds(static_cast<int>(e)))
+      for (std::size_t i = first_spec; i < layout.size(); ++i) layout[i].held = false;
+  }
 }
 
 void MoeMlp::bind(const Unit& unit, const std::string& prefix) {
   router.bind(unit, prefix + ".router");
   for (std::size_t e = 0; e < experts.size(); ++e)
-    experts[e].bind(unit, prefix + ".expert." + std::to_string(e));
+    if (holds(static_cast<int>(e))) experts[e].bind(unit, prefix + ".expert." + std::to_string(e));
+}
+
+void MoeMlp::require_every_expert(const char* pass) const {
+  DTP_CHECK(held == static_cast<int>(experts.size()), "MoeMlp ", pass, ": this layer holds only experts ",
+            first_held, " to ", first_held + held - 1, " of ", experts.size(),
+            " (GPTConfig::expert_shards); it runs through a MoeCore that reaches the others (expert parallelism)");
 }
 
 Tensor MoeMlp::forward(const Tensor& x, MoeSaved& saved) const {
   const std::int64_t C = router.in_features;
   const int E = static_cast<int>(experts.size());
   DTP_CHECK(E >= 1, "MoeMlp forward: the layer has no experts");
+  require_every_expert("forward");
   DTP_CHECK(x.defined() && x.ndim() >= 1 && x.size(x.ndim() - 1) == C,
             "MoeMlp forward: input must be [..., ", C, "], got ", x.describe());
   const std::int64_t N = x.numel() / C;
@@ -124,6 +137,7 @@ Tensor MoeMlp::backward(const Tensor& dy, MoeSaved& saved, double loss_scale,
                         PendingWeightGrads* defer) const {
   DTP_CHECK(saved.probs.defined(),
             "MoeMlp backward: no saved activations (forward not run, or already released)");
+  require_every_expert("backward");
   const std::int64_t C = router.in_features;
   const MoeRouting& routing = saved.routing;
   const std::int64_t N = routing.tokens;

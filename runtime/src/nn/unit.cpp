@@ -10,7 +10,8 @@ namespace dtp {
 Unit::Unit(std::string name, int index, const GPTConfig& config, std::vector<ParamSpec> layout)
     : config_(config), name_(std::move(name)), index_(index), layout_(std::move(layout)) {
   config_.validate();
-  for (const ParamSpec& spec : layout_) numel_ += spec.shape.numel();
+  for (const ParamSpec& spec : layout_)
+    if (spec.held) numel_ += spec.shape.numel();
   params_ = Tensor::zeros({numel_}, config_.dtype, config_.device, MemoryCategory::params);
   grads_ = Tensor::zeros({numel_}, config_.dtype, config_.device, MemoryCategory::grads);
   make_views();
@@ -25,6 +26,7 @@ void Unit::make_views() {
   views_.clear();
   std::int64_t offset = 0;
   for (const ParamSpec& spec : layout_) {
+    if (!spec.held) continue;
     ParamView view;
     view.name = spec.name;
     view.shape = spec.shape;
@@ -62,9 +64,14 @@ void Unit::reset_parameters() {
   const bool on_host = params_.device().is_cpu();
   Tensor host = on_host ? params_ : Tensor::empty({numel_}, config_.dtype, Device::cpu());
   Rng rng(Rng::derive(config_.seed, static_cast<std::uint64_t>(index_)));
-  for (std::size_t i = 0; i < layout_.size(); ++i) {
-    Tensor value = host.slice(views_[i].offset, layout_[i].shape.numel());
-    switch (layout_[i].init) {
+  std::int64_t offset = 0;
+  for (const ParamSpec& spec : layout_) {
+    // A parameter this unit does not hold is still drawn (into a scratch
+    // tensor), so that the stream reaches the next one where it would in the whole unit.
+    const std::int64_t numel = spec.shape.numel();
+    Tensor value = spec.held ? host.slice(offset, numel) : Tensor::empty({numel}, config_.dtype, Device::cpu());
+    if (spec.held) offset += numel;
+    switch (spec.init) {
       case ParamInit::zeros:
         value.fill(0.0);
         break;
@@ -72,7 +79,7 @@ void Unit::reset_parameters() {
         value.fill(1.0);
         break;
       case ParamInit::normal:
-        ops::fill_normal(value, 0.0, layout_[i].std, rng);
+        ops::fill_normal(value, 0.0, spec.std, rng);
         break;
     }
   }
