@@ -312,7 +312,8 @@ class MoeLayer {
 class ExpertParallelMoe {
  public:
   /// Borrows @p weights (every rank holds the same router; only this rank's
-  /// experts are used) and checks that E divides over the m ranks
+  /// experts are used: in training, weights.holds(e) is false for the others,
+  /// whose weights are not on this rank) and checks that E divides over the m ranks
   /// (dtp::Error naming both); provided.
   ExpertParallelMoe(Comm& ep, const MoeMlp& weights);
   /// y [N, C] for this rank's tokens x [N, C]. Route; tell every peer how
@@ -461,7 +462,8 @@ void validate_expert_parallel(const TrainConfig& config, const ExpertParallelRun
 /// One rank of an expert-parallel group (data parallel for everything but
 /// the experts): its slice of the batch, the replicated non-expert weights,
 /// and experts [j E/m, (j+1) E/m) of every block, run by ExpertParallelMoe
-/// (a MoeCore per block). Non-expert gradients are averaged over the group;
+/// (a MoeCore per block); the rank's model holds no other experts' weights
+/// or gradients. Non-expert gradients are averaged over the group;
 /// an owned expert's gradient (summed over every rank's tokens by the
 /// exchange) is divided by m; the optimizer holds only what this rank owns.
 /// Equals single-device training with config.model.moe_groups = m.
@@ -478,7 +480,8 @@ class ExpertParallelTrainer {
   /// forward_backward(), clipping by the global norm (owned experts' norms
   /// summed over the group), the optimizer update of what this rank owns.
   StepRecord step();
-  /// The model (the experts of other ranks are never used or updated here).
+  /// The model. It holds only this rank's experts (GPTConfig::expert_shards):
+  /// the others' parameters have no memory here.
   GPT& model();
   /// This rank's sampler (its slice of each global batch).
   const BatchSampler& sampler() const { return trainer_->sampler(); }

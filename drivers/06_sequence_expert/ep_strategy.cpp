@@ -31,6 +31,8 @@ void validate_expert_parallel(const TrainConfig& config, const ExpertParallelRun
             " (every rank holds the same number of experts: pick E a multiple of ", m, ")");
   DTP_CHECK(config.batch % m == 0 && config.batch >= m, "ep: the global batch (--batch ", config.batch,
             ") must split into --world ", m, " equal non-empty slices");
+  DTP_CHECK(model.expert_shards == 1, "ep: the model must hold every expert (GPTConfig::expert_shards 1, got ",
+            model.expert_shards, "); the ep trainer shards them itself");
   DTP_CHECK(model.moe_groups == 1, "ep: --moe-groups ", model.moe_groups, " is not supported with --strategy ep "
             "(each rank routes its own tokens as one group: ep on N ranks routes like --moe-groups N on one device)");
 }
@@ -62,14 +64,18 @@ std::int64_t expert_offset(const Unit& block, int expert) {
 
 ExpertParallelTrainer::ExpertParallelTrainer(const TrainConfig& config, Comm& ep) : ep_(ep) {
   validate_expert_parallel(config, ExpertParallelRunOptions{ep.size(), {}});
-  trainer_ = std::make_unique<Trainer>(config, ep.rank(), ep.size());
+  // This rank's model holds only its own experts (the others' weights are
+  // drawn at init and dropped, so its experts start as on one device).
+  TrainConfig sharded = config;
+  sharded.model.expert_shards = ep.size();
+  sharded.model.expert_shard = ep.rank();
+  trainer_ = std::make_unique<Trainer>(sharded, ep.rank(), ep.size());
   GPT& model = trainer_->model();
-  const int E = model.config().experts;
-  local_ = E / ep.size();
+  local_ = model.config().experts / ep.size();
   first_ = ep.rank() * local_;
   // Each block's flat buffers hold ln1, attention, ln2 and the router, then
-  // the experts in order: the replicated part is one prefix and this rank's
-  // experts one contiguous run after it.
+  // this rank's experts in order: the replicated part is one prefix and the
+  // owned experts the rest.
   std::vector<ParamBuffer> buffers;
   auto add = [&](std::vector<Chunk>& to, Unit& unit, std::int64_t offset, std::int64_t length, const char* what) {
     to.push_back({unit.params().slice(offset, length), unit.grads().slice(offset, length)});
@@ -83,11 +89,9 @@ ExpertParallelTrainer::ExpertParallelTrainer(const TrainConfig& config, Comm& ep
     }
     cores_.push_back(std::make_unique<ExpertCore>(ep, block->moe));
     block->moe_core = cores_.back().get();
-    const std::int64_t experts_start = expert_offset(*block, 0);
     const std::int64_t mine = expert_offset(*block, first_);
-    const std::int64_t mine_end = first_ + local_ < E ? expert_offset(*block, first_ + local_) : block->numel();
-    add(replicated_, *block, 0, experts_start, "");
-    add(owned_, *block, mine, mine_end - mine, " experts");
+    add(replicated_, *block, 0, mine, "");
+    add(owned_, *block, mine, block->numel() - mine, " experts");
   }
   // The optimizer holds state only for what this rank updates.
   trainer_->set_optimizer(make_optimizer(trainer_->config(), std::move(buffers)));
@@ -168,7 +172,7 @@ TrainResult run_ep(const TrainConfig& config, const ExpertParallelRunOptions& op
     settings.push_back({"--world", std::to_string(options.world)});
     check_ranks_agree(ep, settings, trainer.model());
     if (ep.rank() == 0) {
-      result.parameters = trainer.model().parameter_count();
+      result.parameters = config.model.parameter_count();  // the whole model's; each rank holds a share
       result.data_name = trainer.sampler().data().name();
     }
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();

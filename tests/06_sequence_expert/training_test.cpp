@@ -152,9 +152,54 @@ int expert_of(const std::string& name) {
   return at == std::string::npos ? -1 : std::stoi(name.substr(at + 8));
 }
 
-bool owned(const std::string& name, const ExpertParallelTrainer& trainer) {
-  const int e = expert_of(name);
-  return e < 0 || (e >= trainer.first_expert() && e < trainer.first_expert() + trainer.local_experts());
+// The single-device model's layout: where each named parameter sits in its
+// unit's flat vectors, and every expert's size. An ep rank's model holds
+// only its own experts, so its offsets differ from these after the prefix.
+struct WholeLayout {
+  std::vector<std::map<std::string, std::int64_t>> offset;  // per unit
+  std::vector<std::map<int, std::int64_t>> expert_numel;    // per unit: expert -> its parameters
+  std::int64_t parameters = 0;                              // Psi
+  std::int64_t element_size = 0;
+};
+
+// Built before the ranks start, so that its model is in no rank's memory tracker.
+WholeLayout whole_layout(const TrainConfig& config) {
+  WholeLayout layout;
+  Trainer whole(config);
+  layout.element_size = static_cast<std::int64_t>(dtype_size(config.model.dtype));
+  for (const Unit* unit : whole.model().units()) {
+    layout.offset.emplace_back();
+    layout.expert_numel.emplace_back();
+    for (const ParamView& p : unit->parameters()) {
+      layout.offset.back()[p.name] = p.offset;
+      if (expert_of(p.name) >= 0) layout.expert_numel.back()[expert_of(p.name)] += p.shape.numel();
+    }
+    layout.parameters += unit->numel();
+  }
+  return layout;
+}
+
+bool owned(int expert, const ExpertParallelTrainer& trainer) {
+  return expert >= trainer.first_expert() && expert < trainer.first_expert() + trainer.local_experts();
+}
+
+// "" when this rank's tracker holds the parameters and gradients of the
+// replicated part and of its own experts, and nothing of the other ranks' experts.
+std::string check_ep_memory(const WholeLayout& whole, const ExpertParallelTrainer& trainer) {
+  std::int64_t others = 0;  // parameters of the experts other ranks hold
+  for (const auto& experts : whole.expert_numel)
+    for (const auto& [e, numel] : experts)
+      if (!owned(e, trainer)) others += numel;
+  const std::int64_t want = (whole.parameters - others) * whole.element_size;
+  std::string m;
+  for (MemoryCategory c : {MemoryCategory::params, MemoryCategory::grads}) {
+    const std::int64_t got = current_memory_tracker()->live(c);
+    if (got == want) continue;
+    m += "\n    live " + std::string(memory_category_name(c)) + " bytes: expected " + std::to_string(want) +
+         " (everything but the other ranks' experts), got " + std::to_string(got) +
+         (got - want == others * whole.element_size ? ": every expert's, the other ranks' too" : "");
+  }
+  return m;
 }
 
 GradientWording ep_wording() {
@@ -162,14 +207,15 @@ GradientWording ep_wording() {
   w.local = "this rank's own gradient (its tokens alone), never averaged over the group";
   w.local_example = "this rank's own gradient";
   w.other = "neither the single-device gradient, a multiple of it, nor this rank's own: does an expert "
-            "miss the share of some rank's tokens (the backward's exchange), or did a rank fill in another "
-            "rank's expert (expected 0 there)?";
+            "miss the share of some rank's tokens (the backward's exchange), or a token the gradient of an "
+            "expert on another rank (the combine's backward)?";
   return w;
 }
 
 TEST(Puzzle6_7_expert_parallel, InTheGptFirstStepGradientsEqualSingleDeviceRoutingInGroups) {
   for (int m : ep_worlds()) {
     const UnitGradients expected = first_step_gradients(ep_config(m));
+    const WholeLayout whole = whole_layout(ep_config(m));
     run_and_report("6.7 expert parallelism in the GPT, first-step gradients, --world " + std::to_string(m), m,
                    [&](Comm& ep) {
                      ExpertParallelTrainer trainer(ep_config(1), ep);
@@ -179,18 +225,16 @@ TEST(Puzzle6_7_expert_parallel, InTheGptFirstStepGradientsEqualSingleDeviceRouti
                      const UnitGradients got = gradients_of(trainer.model());
                      std::vector<Unit*> units = trainer.model().units();
                      std::vector<GradientPiece> pieces;
-                     std::vector<std::vector<double>> zeros(units.size());
-                     for (std::size_t u = 0; u < units.size(); ++u) {
-                       zeros[u].assign(expected[u].size(), 0.0);
-                       for (const ParamView& p : units[u]->parameters()) {
+                     for (std::size_t u = 0; u < units.size(); ++u)
+                       for (const ParamView& p : units[u]->parameters()) {  // this rank's experts only
                          const auto o = static_cast<std::size_t>(p.offset);
-                         const std::string name = "'" + units[u]->name() + "' '" + p.name + "'" +
-                                                  (owned(p.name, trainer) ? "" : " (another rank's expert)");
-                         const double* want = owned(p.name, trainer) ? &expected[u][o] : &zeros[u][o];
-                         pieces.push_back({name, want, &local[u][o], &got[u][o], p.shape.numel(),
-                                           [name](std::int64_t i) { return "unit " + name + " element " + std::to_string(i); }});
+                         const auto on_one_device = static_cast<std::size_t>(whole.offset[u].at(p.name));
+                         const std::string name = "'" + units[u]->name() + "' '" + p.name + "'";
+                         pieces.push_back({name, &expected[u][on_one_device], &local[u][o], &got[u][o],
+                                           p.shape.numel(), [name](std::int64_t i) {
+                                             return "unit " + name + " element " + std::to_string(i);
+                                           }});
                        }
-                     }
                      return judge_gradient_pieces(pieces, "gradients after synchronization (experts on their owner)",
                                                   ep.rank(), m, 1, ep_wording());
                    });
@@ -200,11 +244,14 @@ TEST(Puzzle6_7_expert_parallel, InTheGptFirstStepGradientsEqualSingleDeviceRouti
 TEST(Puzzle6_7_expert_parallel, InTheGptTrainingEqualsSingleDeviceTrainingRoutingInGroups) {
   for (int m : ep_worlds()) {
     const ModelState expected = single_device(ep_config(m));
+    const WholeLayout whole = whole_layout(ep_config(m));
     run_and_report("6.7 expert parallelism in the GPT, 3 steps, --world " + std::to_string(m), m, [&](Comm& ep) {
       ExpertParallelTrainer trainer(ep_config(1), ep);
       const std::string who = "rank " + std::to_string(ep.rank()) + " (experts " +
                               std::to_string(trainer.first_expert()) + ".." +
                               std::to_string(trainer.first_expert() + trainer.local_experts() - 1) + ")";
+      if (const std::string m = check_ep_memory(whole, trainer); !m.empty())
+        return who + " holds the wrong share of the model:" + m;
       std::vector<double> losses;
       std::vector<Unit*> units = trainer.model().units();
       for (std::int64_t s = 0; s < 3; ++s) {
@@ -227,15 +274,15 @@ TEST(Puzzle6_7_expert_parallel, InTheGptTrainingEqualsSingleDeviceTrainingRoutin
                number(expected.losses[s]) + ", got " + number(losses[s]);
       for (std::size_t u = 0; u < units.size(); ++u) {
         const std::vector<double> params = units[u]->params().to_vector(), grads = units[u]->grads().to_vector();
-        for (const ParamView& p : units[u]->parameters()) {
-          if (!owned(p.name, trainer)) continue;
+        for (const ParamView& p : units[u]->parameters()) {  // this rank's experts only
           for (std::int64_t i = 0; i < p.shape.numel(); ++i) {
             const auto at = static_cast<std::size_t>(p.offset + i);
-            const bool param_ok = close_enough(expected.params[u][at], params[at]);
-            if (param_ok && close_enough(expected.grads[u][at], grads[at])) continue;
+            const auto want = static_cast<std::size_t>(whole.offset[u].at(p.name) + i);  // on one device
+            const bool param_ok = close_enough(expected.params[u][want], params[at]);
+            if (param_ok && close_enough(expected.grads[u][want], grads[at])) continue;
             m += "\n    unit '" + units[u]->name() + "' '" + p.name + "' element " + std::to_string(i) + " " +
                  (param_ok ? "gradient" : "value") + " after 3 steps: expected " +
-                 number(param_ok ? expected.grads[u][at] : expected.params[u][at]) + ", got " +
+                 number(param_ok ? expected.grads[u][want] : expected.params[u][want]) + ", got " +
                  number(param_ok ? grads[at] : params[at]);
             break;
           }
