@@ -151,7 +151,8 @@ Tensor ExpertParallelMoe::forward(const Tensor& x) {
   // and saved_ to local_ entries. Fill
   // send_counts_ / recv_counts_ (elements: rows times C) and recv_rows_[l]
   // (where expert l's rows sit in the receive buffer: from rank 0 first).
-  // all_to_all_v the packed rows; run each local expert once on
+  // all_to_all_v the packed rows; run each local expert (w_.experts[first_ + l]:
+  // in training this rank holds no other expert's weights) once on
   // gather_rows(received, recv_rows_[l]) and scatter its output into a
   // results buffer shaped like received; all_to_all_v it back with the
   // counts swapped; then combine as in 6.6 (outputs_[e]: row_block of what
