@@ -1,53 +1,153 @@
 #!/usr/bin/env bash
-# The whole GPU job in one command, for a machine with a GPU: build with CUDA,
-# run every GPU checker with DTP_REQUIRE_GPU=1 (nothing may skip), run the GPU
-# benchmarks, and print a short table last. Results (JSON lines, logs) go to
-# $OUT when set (the device machine collects that folder), else bench/results/.
+# The whole GPU job for a machine with a GPU, in one call or two:
+#
+#   tools/gpu-suite.sh build      configure (CUDA on, sm_90 only) and build into $DTP_BUILD_DIR
+#   tools/gpu-suite.sh run        every GPU checker, the benchmarks, the PyTorch cross-check
+#   tools/gpu-suite.sh [all]      both
+#   tools/gpu-suite.sh --dry-run  print what `all` would run, and check that the build configures
+#
+# The build folder (default build-gpu, ignored by git) survives between calls
+# on the same machine, so `build` and `run` can be two device calls of under
+# 10 minutes each. Checkers run with DTP_REQUIRE_GPU=1 (none may skip) and
+# without the puzzle stubs (label `puzzles`), which fail by design until a
+# student solves them; the references and the runtime are what a GPU run
+# checks. Everything the run writes is packed into one archive,
+# gpu-results-<gpu>-<date>.tar.gz, and the short table is written beside it
+# as gpu-summary.txt and printed last: two files, in $OUT when set (the device
+# machine brings that folder back), else in bench/results/.
+#
+# From this workplace's `device` tool (see tools/README.md):
+#   run(command="bash tools/gpu-suite.sh build", timeout_s=600)
+#   run(command="bash tools/gpu-suite.sh run", timeout_s=600)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+phase=all dry_run=0
+for arg in "$@"; do
+  case "$arg" in
+    build | run | all) phase=$arg ;;
+    --dry-run) dry_run=1 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "gpu-suite: unknown argument '$arg' (expected build, run, all or --dry-run)" >&2; exit 2 ;;
+  esac
+done
+
 build=${DTP_BUILD_DIR:-build-gpu}
-results=${OUT:-bench/results}
-mkdir -p "$results"
+out=${OUT:-bench/results}
+work=$build/gpu-results          # the files that go into the archive
 stamp=$(date -u +%Y%m%d)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '-')
+gpu=${gpu:-no-gpu}
 export DTP_REQUIRE_GPU=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTP_ENABLE_CUDA=ON -DDTP_BUILD_DOCS=OFF \
-  > "$results/gpu-configure.log" 2>&1 || { tail -30 "$results/gpu-configure.log"; exit 1; }
-cmake --build "$build" -j"$(nproc)" > "$results/gpu-build.log" 2>&1 || { tail -40 "$results/gpu-build.log"; exit 1; }
+# step NAME LOG COMMAND...: runs COMMAND with its output in $work/LOG (or, in
+# a dry run, prints it); returns its exit status.
+step() {
+  local name=$1 log=$2
+  shift 2
+  if ((dry_run)); then
+    printf '  %-22s %s  > %s\n' "$name" "$*" "$work/$log"
+    return 0
+  fi
+  echo "gpu-suite: $name" >&2
+  "$@" > "$work/$log" 2>&1
+}
 
-# Every GPU checker: runtime, thread/cuda (world sizes 1-8 on one GPU), nccl.
-ctest --test-dir "$build" -L gpu --output-on-failure -j1 --timeout 300 > "$results/gpu-ctest.log" 2>&1
-ctest_status=$?
+configure_args=(-S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTP_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
+                -DDTP_BUILD_DOCS=OFF)
 
-bench=$build/bin/dtp-bench-collectives
-if [[ -x "$bench" ]]; then
-  # Target: thread/cuda, 8 ranks on one GPU, 64 MiB per rank.
-  DTP_DEVICE=cuda "$bench" -g 8 -b 1M -e 64M -f 4 -o all_reduce \
-    --json "$results/collectives-thread-cuda-$gpu-$stamp.jsonl" > "$results/bench-thread-cuda.txt" 2>&1
-  # NCCL on the GPUs this machine has (world 1 on a single GPU).
-  DTP_BACKEND=nccl DTP_DEVICE=cuda "$bench" -g "$(nvidia-smi -L | wc -l)" -b 1M -e 64M -f 4 -o all_reduce \
-    --json "$results/collectives-nccl-$gpu-$stamp.jsonl" > "$results/bench-nccl.txt" 2>&1
+preflight() {
+  local missing=()
+  command -v nvcc > /dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] || missing+=("nvcc (the CUDA toolkit)")
+  command -v cmake > /dev/null || missing+=("cmake")
+  if [[ ! -f /usr/include/gtest/gtest.h && ! -f /usr/local/include/gtest/gtest.h && -z "${GTest_DIR:-}" ]]; then
+    missing+=("GoogleTest (apt-get install libgtest-dev, or set GTest_DIR)")
+  fi
+  if ((${#missing[@]})); then
+    printf 'gpu-suite: this machine lacks %s\n' "${missing[@]}" >&2
+    return 1
+  fi
+}
+
+do_build() {
+  step configure configure.log cmake "${configure_args[@]}" || { tail -30 "$work/configure.log"; return 1; }
+  step build build.log cmake --build "$build" -j"$(nproc)" || { tail -40 "$work/build.log"; return 1; }
+}
+
+do_run() {
+  # Every GPU checker but the puzzle stubs: runtime, thread/cuda (worlds on one GPU), nccl.
+  step "GPU checkers" ctest.log ctest --test-dir "$build" -L gpu -LE puzzles --output-on-failure -j1 --timeout 300
+  ctest_status=$?
+  local bench=$build/bin/dtp-bench-collectives
+  if ((dry_run)) || [[ -x "$bench" ]]; then
+    # thread/cuda, 8 ranks on one GPU, up to 64 MiB per rank; then NCCL on the GPUs there are.
+    step "collectives thread" bench-thread-cuda.txt env DTP_DEVICE=cuda "$bench" -g 8 -b 1M -e 64M -f 4 -o all_reduce \
+      --json "$work/collectives-thread-cuda-$gpu-$stamp.jsonl"
+    step "collectives nccl" bench-nccl.txt env DTP_BACKEND=nccl DTP_DEVICE=cuda "$bench" \
+      -g "$(nvidia-smi -L 2>/dev/null | wc -l)" -b 1M -e 64M -f 4 -o all_reduce \
+      --json "$work/collectives-nccl-$gpu-$stamp.jsonl"
+  fi
+  for mode in cpu cuda-naive cuda-flash; do
+    local args=(--device cpu)
+    [[ $mode == cuda-naive ]] && args=(--device cuda --attention naive)
+    [[ $mode == cuda-flash ]] && args=(--device cuda --attention flash)
+    step "torch cross-check $mode" "torch-crosscheck-$mode.txt" python3 tools/torch_crosscheck.py \
+      --exporter "$build/bin/dtp-export-step" "${args[@]}"
+    echo "exit $?" >> "$work/torch-crosscheck-$mode.txt"
+  done
+  if ((dry_run)) || [[ -x "$build/bin/dtp-bench-train-step" ]]; then
+    step "train step" bench-train-step.txt "$build/bin/dtp-bench-train-step" \
+      --json "$work/train-step-$gpu-$stamp.jsonl"
+  fi
+}
+
+summary() {
+  echo "== GPU checkers (ctest -L gpu -LE puzzles, DTP_REQUIRE_GPU=1): exit $ctest_status"
+  grep -E "tests passed|tests failed" "$work/ctest.log" | tail -1
+  grep -E "\(Failed\)|\(Timeout\)|\(Not Run\)" "$work/ctest.log" | head -20
+  echo "== PyTorch cross-check"
+  for f in "$work"/torch-crosscheck-*.txt; do
+    [[ -f "$f" ]] && echo "$(basename "$f" .txt): $(grep -E "max|skipped" "$f" | tail -1) ($(tail -1 "$f"))"
+  done
+  for table in "$work"/bench-*.txt; do
+    [[ -f "$table" ]] || continue
+    echo "== $(basename "$table" .txt)"
+    tail -12 "$table"
+  done
+}
+
+if ((dry_run)); then
+  echo "gpu-suite --dry-run: build folder $build, results packed into $out"
+  preflight || echo "gpu-suite: (a GPU machine would stop here; the dry run goes on)"
+  echo "build:"
+  do_build
+  echo "run (DTP_REQUIRE_GPU=1):"
+  do_run
+  # The one real step: the build configures with CUDA on (a scratch folder).
+  scratch=$(mktemp -d)
+  if cmake "${configure_args[@]/#$build/$scratch}" > "$scratch.log" 2>&1; then
+    echo "gpu-suite --dry-run: the CUDA build configures ($scratch.log)"
+    rm -rf "$scratch"
+    exit 0
+  fi
+  tail -20 "$scratch.log"
+  echo "gpu-suite --dry-run: the CUDA build does not configure (log: $scratch.log)" >&2
+  exit 1
 fi
 
-# The model: PyTorch cross-check (where torch is installed) and the GPT-2-small step.
-for mode in "--device cpu" "--device cuda --attention naive" "--device cuda --attention flash"; do
-  echo "== torch_crosscheck $mode" >> "$results/torch-crosscheck.txt"
-  python3 tools/torch_crosscheck.py --exporter "$build/bin/dtp-export-step" $mode >> "$results/torch-crosscheck.txt" 2>&1
-  echo "exit $?" >> "$results/torch-crosscheck.txt"
-done
-if [[ -x "$build/bin/dtp-bench-train-step" ]]; then
-  "$build/bin/dtp-bench-train-step" --json "$results/train-step-$gpu-$stamp.jsonl" > "$results/bench-train-step.txt" 2>&1
+preflight || exit 1
+mkdir -p "$work" "$out"
+ctest_status=0
+if [[ $phase == build || $phase == all ]]; then
+  do_build || exit 1
+  [[ $phase == build ]] && { echo "gpu-suite: built into $build"; exit 0; }
 fi
-
-echo "== GPU checkers (ctest -L gpu, DTP_REQUIRE_GPU=1): exit $ctest_status"
-grep -E "tests passed|tests failed" "$results/gpu-ctest.log" | tail -1
-grep -E "\(Failed\)|\(Timeout\)" "$results/gpu-ctest.log" | head -20
-echo "== PyTorch cross-check"
-grep -E "^== |exit |max|skipped" "$results/torch-crosscheck.txt" | tail -12
-for table in "$results"/bench-*.txt; do
-  [[ -f "$table" ]] || continue
-  echo "== $(basename "$table" .txt)"
-  tail -12 "$table"
-done
+[[ -d "$build" ]] || { echo "gpu-suite: no build in $build: run 'tools/gpu-suite.sh build' first" >&2; exit 1; }
+do_run
+summary > "$work/summary.txt"
+archive="$out/gpu-results-$gpu-$stamp.tar.gz"
+tar -czf "$archive" -C "$work" .
+cp "$work/summary.txt" "$out/gpu-summary.txt"
+cat "$work/summary.txt"
+echo "gpu-suite: everything in $archive"
 exit "$ctest_status"
