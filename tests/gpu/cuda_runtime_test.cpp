@@ -2,6 +2,11 @@
 // usable and fail instead under DTP_REQUIRE_GPU=1.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#if DTP_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #include "support/all_to_all_v_case.h"
 #include "support/harness.h"
 
@@ -32,10 +37,32 @@ TEST(CudaTensor, CopiesFillsAndRandomValuesMatchTheCpu) {
     copy.set_item(7, 5);
     EXPECT_EQ(copy.item(7), 5);
   }
-  Tensor cpu = Tensor::random_uniform({4097}, 42, -2, 3, DType::f32);
-  Tensor gpu = Tensor::random_uniform({4097}, 42, -2, 3, DType::f32, Device::cuda(0));
-  EXPECT_EQ(gpu.to_vector(), cpu.to_vector());
+  for (DType dtype : {DType::f32, DType::f64}) {  // f64 shows an ulp of a fused multiply-add on the device
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor cpu = Tensor::random_uniform({4097}, 42, -2, 3, dtype);
+    Tensor gpu = Tensor::random_uniform({4097}, 42, -2, 3, dtype, Device::cuda(0));
+    EXPECT_EQ(gpu.to_vector(), cpu.to_vector());
+  }
 }
+
+#if DTP_HAVE_CUDA
+TEST(CudaTensor, FreedMemoryStaysInThePoolAcrossSynchronizations) {
+  DTP_REQUIRE_GPU();
+  cudaMemPool_t pool = nullptr;
+  ASSERT_EQ(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+  {
+    Tensor big = Tensor::zeros({16 << 20}, DType::f32, Device::cuda(0));  // 64 MiB, freed at the brace
+    EXPECT_EQ(big.item(0), 0);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::uint64_t reserved = 0;
+  ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved), cudaSuccess);
+  // With the default release threshold (0) the synchronization would have
+  // handed the 64 MiB back to the driver, and the next step would map them again.
+  EXPECT_GE(reserved, std::uint64_t{64} << 20)
+      << "the device pool released freed memory at a synchronization (release threshold not raised)";
+}
+#endif
 
 TEST(CudaTensor, DeviceMemoryIsChargedToTheTracker) {
   DTP_REQUIRE_GPU();

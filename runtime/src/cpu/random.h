@@ -24,8 +24,18 @@ DTP_HOST_DEVICE inline std::uint64_t mix64(std::uint64_t z) {
 DTP_HOST_DEVICE inline double random_uniform_value(std::uint64_t seed, std::int64_t index, double low,
                                                    double high) {
   std::uint64_t bits = mix64(mix64(seed) ^ static_cast<std::uint64_t>(index));
-  double unit = static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
-  return low + (high - low) * unit;
+  double unit = static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);  // 53 bits (exact)
+#ifdef __CUDA_ARCH__
+  // nvcc contracts low + span * unit into one fused multiply-add, rounded
+  // once where the host rounds the product and the sum separately: values an
+  // ulp apart. The _rn intrinsics round each step and are never fused.
+  return __dadd_rn(low, __dmul_rn(high - low, unit));
+#else
+  // Two statements: Clang's default contraction works within one expression
+  // only, and GCC contracts none in ISO C++ (CMAKE_CXX_EXTENSIONS is OFF).
+  const double offset = (high - low) * unit;
+  return low + offset;
+#endif
 }
 
 }  // namespace dtp::detail

@@ -2,6 +2,9 @@
 #include "cuda/device_api.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <vector>
 
 #include "cpu/random.h"
 #include "cuda/cuda_check.h"
@@ -48,17 +51,40 @@ __global__ void scale_kernel(T* data, std::int64_t count, double factor) {
 }
 }  // namespace
 
+// Device @p index's memory pool, told once to keep what is freed. With the
+// default release threshold (0) a pool hands its free memory back to the
+// driver at every synchronization, and the next step maps the activations
+// again: every step would pay for the allocations of a cold start.
+cudaMemPool_t pool_of(int index) {
+  static std::mutex mutex;
+  static std::vector<cudaMemPool_t> pools;  // by device index; null until first used
+  std::lock_guard<std::mutex> lock(mutex);
+  if (static_cast<std::size_t>(index) >= pools.size()) pools.resize(static_cast<std::size_t>(index) + 1, nullptr);
+  cudaMemPool_t& pool = pools[static_cast<std::size_t>(index)];
+  if (pool == nullptr) {
+    cudaMemPool_t made = nullptr;
+    DTP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&made, index));
+    std::uint64_t keep_everything = UINT64_MAX;
+    DTP_CUDA_CHECK(cudaMemPoolSetAttribute(made, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+    pool = made;
+  }
+  return pool;
+}
+
 void* allocate(Device device, std::size_t bytes) {
-  DTP_CUDA_CHECK(cudaSetDevice(device.index));
   void* pointer = nullptr;
-  // Stream-ordered: freeing and reusing memory never waits for the whole GPU.
-  DTP_CUDA_CHECK(cudaMallocAsync(&pointer, std::max<std::size_t>(bytes, 256), stream()));
+  // Stream-ordered (freeing and reusing memory never waits for the whole
+  // GPU), from device k's own pool: this thread's stream may belong to
+  // another device, and cudaMallocAsync would take its device's pool. The
+  // thread's current device is left as it was.
+  DTP_CUDA_CHECK(
+      cudaMallocFromPoolAsync(&pointer, std::max<std::size_t>(bytes, 256), pool_of(device.index), stream()));
   return pointer;
 }
 
-void release(Device device, void* pointer) {
+void release(Device, void* pointer) {
   if (pointer == nullptr) return;
-  cudaSetDevice(device.index);
+  // The pointer knows its pool; any stream orders the free after this thread's work.
   cudaFreeAsync(pointer, stream());  // no throw: called from destructors
 }
 
