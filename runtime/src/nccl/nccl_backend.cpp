@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <sstream>
 #include <thread>
@@ -110,7 +111,10 @@ NcclComm::~NcclComm() {
   if (side_stream_ != nullptr) cuda::destroy_stream(side_stream_);
   if (!owns_comm_) return;
   // After a failure GPU work may never finish: abort rather than wait for it.
-  if (control_->failed()) ncclCommAbort(comm_);
+  // A failure of this rank may not be announced yet when the unwinding
+  // destroys the backend (the launcher announces in its catch): an exception
+  // in flight counts as one, as in ThreadComm.
+  if (control_->failed() || std::uncaught_exceptions() > 0) ncclCommAbort(comm_);
   else ncclCommDestroy(comm_);
 }
 

@@ -87,11 +87,15 @@ void launch_threads(const World& world, const std::function<void(Comm&)>& fn) {
     detail::set_current_rank(rank);
     set_current_memory_tracker(std::make_shared<MemoryTracker>());
     void* stream = nullptr;
+    // Outlives the try: on a failure the rank announces it first, so that the
+    // backend's destructor sees control->failed() and aborts the communicator
+    // (ncclCommDestroy would wait for GPU work that peers will never match).
+    std::shared_ptr<NcclComm> backend;
     try {
       const Device device = Device::cuda(devices[rank]);
       stream = cuda::create_stream(device);
       cuda::set_current_stream(stream);
-      auto backend = std::make_shared<NcclComm>(comms[rank], rank, world.size, device, world, control, true);
+      backend = std::make_shared<NcclComm>(comms[rank], rank, world.size, device, world, control, true);
       {
         Comm comm(backend);
         fn(comm);
@@ -106,6 +110,7 @@ void launch_threads(const World& world, const std::function<void(Comm&)>& fn) {
       std::lock_guard lock(failures_mutex);
       failures.push_back({rank, e.what(), std::current_exception()});
     }
+    backend.reset();
     cuda::set_current_stream(nullptr);
     cuda::destroy_stream(stream);
     set_current_memory_tracker(nullptr);
