@@ -49,7 +49,6 @@ __global__ void scale_kernel(T* data, std::int64_t count, double factor) {
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     store(data, i, load(data, i) * static_cast<C>(factor));
 }
-}  // namespace
 
 // Device @p index's memory pool, told once to keep what is freed. With the
 // default release threshold (0) a pool hands its free memory back to the
@@ -71,21 +70,32 @@ cudaMemPool_t pool_of(int index) {
   return pool;
 }
 
+// A thread without a stream of its own (not a rank: a test's main thread)
+// launches on the legacy default stream of its current device; it moves to
+// the device it allocates on, so that the fill or copy that follows runs
+// there. A rank's thread keeps its device: its stream decides.
+void follow_device_without_stream(Device device) {
+  if (stream() == nullptr) DTP_CUDA_CHECK(cudaSetDevice(device.index));
+}
+
+}  // namespace
+
 void* allocate(Device device, std::size_t bytes) {
+  follow_device_without_stream(device);
   void* pointer = nullptr;
   // Stream-ordered (freeing and reusing memory never waits for the whole
   // GPU), from device k's own pool: this thread's stream may belong to
-  // another device, and cudaMallocAsync would take its device's pool. The
-  // thread's current device is left as it was.
+  // another device, and cudaMallocAsync would take its device's pool.
   DTP_CUDA_CHECK(
       cudaMallocFromPoolAsync(&pointer, std::max<std::size_t>(bytes, 256), pool_of(device.index), stream()));
   return pointer;
 }
 
-void release(Device, void* pointer) {
+void release(Device device, void* pointer) {
   if (pointer == nullptr) return;
-  // The pointer knows its pool; any stream orders the free after this thread's work.
-  cudaFreeAsync(pointer, stream());  // no throw: called from destructors
+  if (stream() == nullptr) cudaSetDevice(device.index);  // no throw: called from destructors
+  // The pointer knows its pool; the stream orders the free after this thread's work on it.
+  cudaFreeAsync(pointer, stream());
 }
 
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
