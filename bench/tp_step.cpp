@@ -154,17 +154,11 @@ void gather_to_rank0(dtp::Comm& comm, const std::vector<double>& mine, const std
                      Run& run) {
   std::vector<double> values = mine;
   values.insert(values.end(), seconds.begin(), seconds.end());
-  const auto per_rank = static_cast<std::int64_t>(values.size());
-  dtp::Tensor local = dtp::Tensor::from_values(values, dtp::DType::f64).to(comm.device());
-  dtp::Tensor all = dtp::Tensor::zeros(dtp::Shape{per_rank * comm.size()}, dtp::DType::f64, comm.device());
-  comm.gather(local, all, 0);
+  const std::vector<std::vector<double>> rows = dtp::gather_rows_to_rank0(comm, values);
   if (comm.rank() != 0) return;
-  const std::vector<double> v = all.to_vector();
-  for (int r = 0; r < comm.size(); ++r) {
-    const auto first = v.begin() + static_cast<std::ptrdiff_t>(r * per_rank);
-    run.ranks.push_back({std::vector<double>(first, first + kFieldCount),
-                         std::vector<double>(first + kFieldCount, first + per_rank)});
-  }
+  for (const std::vector<double>& row : rows)
+    run.ranks.push_back({std::vector<double>(row.begin(), row.begin() + kFieldCount),
+                         std::vector<double>(row.begin() + kFieldCount, row.end())});
   run.hosted_rank0 = true;
 }
 

@@ -101,8 +101,6 @@ TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const 
       result.data_name = trainer.sampler().data().name();
     }
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    Tensor mine = Tensor::zeros(Shape{kGatheredCount}, DType::f64);
-    Tensor all = Tensor::zeros(Shape{kGatheredCount * static_cast<std::int64_t>(comm.size())}, DType::f64);
     for (std::int64_t s = 0; s < config.steps; ++s) {
       const CommStats before = comm.stats();
       exposed = 0;
@@ -121,12 +119,10 @@ TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const 
       values[kExposed] = exposed;
       values[kSeconds] = record.seconds;
       values[kTokens] = static_cast<double>(record.tokens);
-      mine.copy_from(Tensor::from_values(values));
-      comm.gather(mine, all, 0);
+      const auto rows = gather_rows_to_rank0(comm, values);
       if (comm.rank() != 0) continue;
-      const std::vector<double> v = all.to_vector();
       std::vector<RankCommStep> ranks(static_cast<std::size_t>(comm.size()));
-      const auto at = [&](int rank, Gathered what) { return v[static_cast<std::size_t>(kGatheredCount * rank + what)]; };
+      const auto at = [&](int rank, Gathered what) { return rows[static_cast<std::size_t>(rank)][what]; };
       double loss_sum = 0, slowest = 0, tokens = 0;
       for (int r = 0; r < comm.size(); ++r) {
         RankCommStep& rc = ranks[static_cast<std::size_t>(r)];

@@ -106,8 +106,6 @@ TrainResult run_zero(const TrainConfig& config, const ZeroOptions& options, cons
 
     const DeviceKind trains_on = trainer.config().model.device.kind;
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    Tensor mine = Tensor::zeros(Shape{kGatheredCount}, DType::f64);
-    Tensor all = Tensor::zeros(Shape{kGatheredCount * static_cast<std::int64_t>(comm.size())}, DType::f64);
     for (std::int64_t s = 0; s < config.steps; ++s) {
       const std::int64_t bytes_before = comm.stats().collective_bytes;
       StepRecord record = trainer.step();  // resets the tracker's peaks first
@@ -122,11 +120,9 @@ TrainResult run_zero(const TrainConfig& config, const ZeroOptions& options, cons
       values[kBytesMoved] = static_cast<double>(comm.stats().collective_bytes - bytes_before);
       values[kSeconds] = record.seconds;
       values[kTokens] = static_cast<double>(record.tokens);
-      mine.copy_from(Tensor::from_values(values));
-      comm.gather(mine, all, 0);
+      const auto rows = gather_rows_to_rank0(comm, values);
       if (comm.rank() != 0) continue;
-      const std::vector<double> v = all.to_vector();
-      const auto at = [&](int rank, Gathered what) { return v[static_cast<std::size_t>(kGatheredCount * rank + what)]; };
+      const auto at = [&](int rank, Gathered what) { return rows[static_cast<std::size_t>(rank)][what]; };
       const auto bytes_at = [&](int rank, Gathered what) { return static_cast<std::int64_t>(at(rank, what)); };
       std::vector<RankMemoryStep> ranks(static_cast<std::size_t>(comm.size()));
       double loss_sum = 0, slowest = 0, tokens = 0;

@@ -123,28 +123,25 @@ TrainResult run_tp(const TrainConfig& config, const TensorParallelRunOptions& op
       result.data_name = trainer.sampler().data().name();
     }
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    enum { kParams, kActivationPeak, kBytesMoved, kSeconds, kTokens, kCount };
-    Tensor mine = Tensor::zeros(Shape{kCount}, DType::f64);
-    Tensor all = Tensor::zeros(Shape{kCount * static_cast<std::int64_t>(world.size())}, DType::f64);
+    enum { kParams, kActivationPeak, kBytesMoved, kSeconds, kTokens };  // the columns of a gathered row
     for (std::int64_t s = 0; s < config.steps; ++s) {
       const std::int64_t before = mesh.tp.stats().collective_bytes + mesh.dp.stats().collective_bytes;
       StepRecord record = trainer.step();
       const std::int64_t moved = mesh.tp.stats().collective_bytes + mesh.dp.stats().collective_bytes - before;
-      mine.copy_from(Tensor::from_values({static_cast<double>(tracker->live(MemoryCategory::params)),
-                                          static_cast<double>(record.peak_activation_bytes),
-                                          static_cast<double>(moved), record.seconds,
-                                          static_cast<double>(record.tokens)}));
-      world.gather(mine, all, 0);
+      const auto rows = gather_rows_to_rank0(
+          world, {static_cast<double>(tracker->live(MemoryCategory::params)),
+                  static_cast<double>(record.peak_activation_bytes), static_cast<double>(moved), record.seconds,
+                  static_cast<double>(record.tokens)});
       if (world.rank() != 0) continue;
-      const std::vector<double> v = all.to_vector();
       std::vector<RankTensorParallelStep> ranks;
       double slowest = 0, tokens = 0;
       for (int r = 0; r < world.size(); ++r) {
-        const auto at = [&](int what) { return static_cast<std::int64_t>(v[static_cast<std::size_t>(kCount * r + what)]); };
+        const std::vector<double>& row = rows[static_cast<std::size_t>(r)];
+        const auto at = [&](int what) { return static_cast<std::int64_t>(row[static_cast<std::size_t>(what)]); };
         ranks.push_back({r, r % options.tp, r / options.tp, at(kParams), at(kActivationPeak), at(kBytesMoved)});
-        slowest = std::max(slowest, v[static_cast<std::size_t>(kCount * r + kSeconds)]);
+        slowest = std::max(slowest, row[kSeconds]);
         // A TP group shares its tokens: count them once per DP group.
-        if (r % options.tp == 0) tokens += v[static_cast<std::size_t>(kCount * r + kTokens)];
+        if (r % options.tp == 0) tokens += row[kTokens];
       }
       as_group_step(record, slowest, tokens);
       result.add_step(record, *tracker);

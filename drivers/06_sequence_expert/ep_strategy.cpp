@@ -176,22 +176,18 @@ TrainResult run_ep(const TrainConfig& config, const ExpertParallelRunOptions& op
       result.data_name = trainer.sampler().data().name();
     }
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    enum { kTokens, kDropped, kBytesMoved, kSeconds, kCount };
-    Tensor mine = Tensor::zeros(Shape{kCount}, DType::f64);
-    Tensor all = Tensor::zeros(Shape{kCount * static_cast<std::int64_t>(ep.size())}, DType::f64);
+    enum { kTokens, kDropped, kBytesMoved, kSeconds };  // the columns of a gathered row
     for (std::int64_t s = 0; s < config.steps; ++s) {
       const std::int64_t before = ep.stats().collective_bytes;
       StepRecord record = trainer.step();
-      mine.copy_from(Tensor::from_values({static_cast<double>(record.tokens), static_cast<double>(trainer.dropped()),
-                                          static_cast<double>(ep.stats().collective_bytes - before),
-                                          record.seconds}));
-      ep.gather(mine, all, 0);
+      const auto rows = gather_rows_to_rank0(
+          ep, {static_cast<double>(record.tokens), static_cast<double>(trainer.dropped()),
+               static_cast<double>(ep.stats().collective_bytes - before), record.seconds});
       if (ep.rank() != 0) continue;
-      const std::vector<double> v = all.to_vector();
       std::vector<RankExpertParallelStep> ranks;
       double slowest = 0, tokens = 0;
       for (int r = 0; r < ep.size(); ++r) {
-        const auto at = [&](int what) { return v[static_cast<std::size_t>(kCount * r + what)]; };
+        const auto at = [&](int what) { return rows[static_cast<std::size_t>(r)][static_cast<std::size_t>(what)]; };
         ranks.push_back({r, r * trainer.local_experts(), trainer.local_experts(), static_cast<std::int64_t>(at(kTokens)),
                          static_cast<std::int64_t>(at(kDropped)), static_cast<std::int64_t>(at(kBytesMoved))});
         slowest = std::max(slowest, at(kSeconds));

@@ -202,25 +202,21 @@ TrainResult run_sp(const TrainConfig& config, const SequenceParallelRunOptions& 
       result.data_name = trainer.sampler().data().name();
     }
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    enum { kActivationPeak, kBytesMoved, kBlocks, kSeconds, kCount };
-    Tensor mine = Tensor::zeros(Shape{kCount}, DType::f64);
-    Tensor all = Tensor::zeros(Shape{kCount * static_cast<std::int64_t>(sp.size())}, DType::f64);
+    enum { kActivationPeak, kBytesMoved, kBlocks, kSeconds };  // the columns of a gathered row
     for (std::int64_t s = 0; s < config.steps; ++s) {
       const std::int64_t before = trainer.bytes_moved();
       reset_block_computations();
       StepRecord record = trainer.step();
-      mine.copy_from(Tensor::from_values({static_cast<double>(record.peak_activation_bytes),
-                                          static_cast<double>(trainer.bytes_moved() - before),
-                                          static_cast<double>(block_computations()), record.seconds}));
-      sp.gather(mine, all, 0);
+      const auto rows = gather_rows_to_rank0(
+          sp, {static_cast<double>(record.peak_activation_bytes), static_cast<double>(trainer.bytes_moved() - before),
+               static_cast<double>(block_computations()), record.seconds});
       if (sp.rank() != 0) continue;
-      const std::vector<double> v = all.to_vector();
       std::vector<RankSequenceParallelStep> ranks;
       double slowest = 0;
       const SequenceLayout layout =
           options.kind == SequenceParallelKind::zigzag ? SequenceLayout::zigzag : SequenceLayout::contiguous;
       for (int r = 0; r < sp.size(); ++r) {
-        const auto at = [&](int what) { return v[static_cast<std::size_t>(kCount * r + what)]; };
+        const auto at = [&](int what) { return rows[static_cast<std::size_t>(r)][static_cast<std::size_t>(what)]; };
         ranks.push_back({r, positions_of(config.seq, sp.size(), r, layout),
                          static_cast<std::int64_t>(at(kActivationPeak)), static_cast<std::int64_t>(at(kBytesMoved)),
                          static_cast<std::int64_t>(at(kBlocks))});

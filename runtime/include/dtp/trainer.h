@@ -86,6 +86,12 @@ class StepMeter {
 /// and processed @p tokens (every rank's, tokens that ranks share counted once).
 void as_group_step(StepRecord& record, double slowest_seconds, double tokens);
 
+class Comm;
+/// A strategy's per-rank report: gathers every rank's @p row (the same
+/// length on every rank) to rank 0 of @p comm. Rank 0 gets one row per
+/// rank, in rank order; the others get an empty list. Collective.
+std::vector<std::vector<double>> gather_rows_to_rank0(Comm& comm, const std::vector<double>& row);
+
 /// A finished run.
 struct TrainResult {
   std::vector<StepRecord> steps;  ///< one per step

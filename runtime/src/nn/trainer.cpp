@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "dtp/comm.h"
 #include "dtp/error.h"
 #include "dtp/json.h"
 #include "dtp/memory.h"
@@ -152,6 +153,19 @@ void StepMeter::finish(StepRecord& record, std::int64_t tokens) const {
   record.tokens_per_second = record.seconds > 0 ? static_cast<double>(tokens) / record.seconds : 0;
   record.peak_bytes = tracker_->total_peak();
   record.peak_activation_bytes = tracker_->peak(MemoryCategory::activations);
+}
+
+std::vector<std::vector<double>> gather_rows_to_rank0(Comm& comm, const std::vector<double>& row) {
+  const auto width = static_cast<std::int64_t>(row.size());
+  Tensor mine = Tensor::from_values(row, DType::f64).to(comm.device());
+  Tensor all = Tensor::zeros(Shape{width * comm.size()}, DType::f64, comm.device());
+  comm.gather(mine, all, 0);
+  std::vector<std::vector<double>> rows;
+  if (comm.rank() != 0) return rows;
+  const std::vector<double> v = all.to_vector();
+  for (int r = 0; r < comm.size(); ++r)
+    rows.emplace_back(v.begin() + r * width, v.begin() + (r + 1) * width);
+  return rows;
 }
 
 void as_group_step(StepRecord& record, double slowest_seconds, double tokens) {
