@@ -98,13 +98,6 @@ struct RankNumbers {
   double last_loss = 0;             // of the last step (sp, ep: the group's mean)
 };
 
-// Payload bytes a communicator has moved: collectives (each call its whole
-// buffer) and point-to-point sends.
-inline std::int64_t moved(const dtp::Comm& comm) {
-  const dtp::CommStats s = comm.stats();
-  return s.collective_bytes + s.bytes_sent;
-}
-
 // Runs @p s for @p warmup + @p steps optimizer steps from a fresh model;
 // one RankNumbers per rank. Every rank writes its own entry: the thread
 // backend's ranks share this process.
@@ -139,7 +132,7 @@ inline std::vector<RankNumbers> run(const Model& m, const Setup& s, std::int64_t
       run_steps([&] { return trainer.step(); }, [&] { return trainer.bytes_moved(); });
     } else if (s.kind == Setup::ep) {
       dtp::ch06::ExpertParallelTrainer trainer(config, comm);
-      run_steps([&] { return trainer.step(); }, [&] { return moved(comm); });
+      run_steps([&] { return trainer.step(); }, [&] { return trainer.bytes_moved(); });
     } else {
       dtp::Trainer trainer(config);
       run_steps([&] { return trainer.step(); }, [] { return std::int64_t{0}; });

@@ -491,6 +491,8 @@ class ExpertParallelTrainer {
   int local_experts() const { return local_; }
   /// Choices dropped in the last forward (this rank's tokens, every block).
   std::int64_t dropped() const;
+  /// Payload bytes this rank's collectives moved so far (each call its whole buffer).
+  std::int64_t bytes_moved() const;
   /// The config as resolved.
   const TrainConfig& config() const;
 

@@ -109,6 +109,8 @@ std::int64_t ExpertParallelTrainer::dropped() const {
   return total;
 }
 
+std::int64_t ExpertParallelTrainer::bytes_moved() const { return ep_.stats().collective_bytes; }
+
 double ExpertParallelTrainer::forward_backward() {
   Batch batch = trainer_->sampler().batch(steps_done_, config().model.device);
   GPT& model = trainer_->model();
@@ -178,11 +180,11 @@ TrainResult run_ep(const TrainConfig& config, const ExpertParallelRunOptions& op
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
     enum { kTokens, kDropped, kBytesMoved, kSeconds };  // the columns of a gathered row
     for (std::int64_t s = 0; s < config.steps; ++s) {
-      const std::int64_t before = ep.stats().collective_bytes;
+      const std::int64_t before = trainer.bytes_moved();
       StepRecord record = trainer.step();
       const auto rows = gather_rows_to_rank0(
           ep, {static_cast<double>(record.tokens), static_cast<double>(trainer.dropped()),
-               static_cast<double>(ep.stats().collective_bytes - before), record.seconds});
+               static_cast<double>(trainer.bytes_moved() - before), record.seconds});
       if (ep.rank() != 0) continue;
       std::vector<RankExpertParallelStep> ranks;
       double slowest = 0, tokens = 0;
