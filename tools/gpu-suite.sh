@@ -93,7 +93,8 @@ do_run() {
     [[ $mode == cuda-flash ]] && args=(--device cuda --attention flash)
     step "torch cross-check $mode" "torch-crosscheck-$mode.txt" python3 tools/torch_crosscheck.py \
       --exporter "$build/bin/dtp-export-step" "${args[@]}"
-    echo "exit $?" >> "$work/torch-crosscheck-$mode.txt"
+    local status=$?
+    ((dry_run)) || echo "exit $status" >> "$work/torch-crosscheck-$mode.txt"
   done
   if ((dry_run)) || [[ -x "$build/bin/dtp-bench-train-step" ]]; then
     step "train step" bench-train-step.txt "$build/bin/dtp-bench-train-step" \
@@ -127,7 +128,19 @@ if ((dry_run)); then
   scratch=$(mktemp -d)
   if cmake "${configure_args[@]/#$build/$scratch}" > "$scratch.log" 2>&1; then
     echo "gpu-suite --dry-run: the CUDA build configures ($scratch.log)"
-    rm -rf "$scratch"
+    # What `ctest -L gpu -LE puzzles` would run there. A GPU flavour of a
+    # chapter whose checkers make CPU tensors could never pass: none may be
+    # registered (tests/CMakeLists.txt, DTP_GPU_CHAPTERS).
+    ctest --test-dir "$scratch" -N -L gpu -LE puzzles > "$scratch.tests" 2>&1
+    echo "gpu-suite --dry-run: $(grep -c 'Test *#' "$scratch.tests") GPU tests registered" \
+         "($(grep -c 'Test *#.* nccl\.' "$scratch.tests") on nccl)"
+    cpu_only=$(grep -E 'Test *#.* (gpu|nccl|mpi-nccl)\.[a-z]+\.ch0[2-9]' "$scratch.tests")
+    rm -rf "$scratch" "$scratch.tests"
+    if [[ -n $cpu_only ]]; then
+      echo "gpu-suite --dry-run: GPU flavours registered for chapters whose checkers train on the CPU:" >&2
+      echo "$cpu_only" | head >&2
+      exit 1
+    fi
     exit 0
   fi
   tail -20 "$scratch.log"
