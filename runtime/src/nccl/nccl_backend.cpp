@@ -2,9 +2,10 @@
 // - Eager sends. NCCL sends complete only when the peer receives, so send()
 //   copies and queues the message; queued sends go out in one NCCL group with
 //   the next receive or collective, which lets a ring of "send, then receive"
-//   work as it does on the other backends.
+//   work as it does on the other backends. Which group carries what, and
+//   when the host may wait, is decided in comm/eager_sends.h.
 // - Checks. Each message carries a small header (size, dtype, tag, clock)
-//   that the receiver reads before the payload, and every collective starts
+//   that the receiver checks at its next wait, and every collective starts
 //   with a tiny all-reduce of a signature, so mismatches give a clear error
 //   instead of a GPU that waits forever. NCCL has no tags: messages between
 //   two ranks arrive in the order they were sent, whatever their tags.
@@ -80,13 +81,15 @@ constexpr int kHeaderFields = 4;  // numel, dtype, tag, arrival time
 class NcclSendRequest : public RequestState {
  public:
   NcclSendRequest(NcclComm* comm, Tensor x) : comm_(comm), x_(std::move(x)) {}
-  void wait() override { comm_->synchronize("an isend to be received"); }
+  void wait() override { comm_->complete_sends("an isend to be received"); }
 
  private:
   NcclComm* comm_;
   Tensor x_;  // stays alive until the send is done
 };
 
+// The receive is issued at wait(): NCCL has no way to post it earlier without
+// pinning every later call of the rank behind it.
 class NcclRecvRequest : public RequestState {
  public:
   NcclRecvRequest(NcclComm* comm, Tensor x, int src, int tag) : comm_(comm), x_(std::move(x)), src_(src), tag_(tag) {}
@@ -118,29 +121,34 @@ NcclComm::~NcclComm() {
   else ncclCommDestroy(comm_);
 }
 
+double NcclComm::clock() const {
+  if (!unsettled_.empty()) const_cast<NcclComm*>(this)->synchronize("its receives, to read their clocks");
+  return *clock_;
+}
+
 std::string NcclComm::finish() {
-  // Everyone learns how many messages each peer sent it, before anything
-  // queued is sent: a send nobody receives would otherwise hang the GPU.
+  // Everyone learns how many messages each peer sent it. The sends still
+  // queued go in the same group: receives posted for them are ahead of this
+  // exchange on the peers' streams. (A message nobody receives therefore
+  // never completes here: the timeout reports it; the thread and mpi
+  // backends name the message.)
   Tensor mine = Tensor::zeros({size_}, DType::f64), theirs = Tensor::zeros({size_}, DType::f64, device_);
   for (int r = 0; r < size_; ++r) mine.set_item(r, static_cast<double>(sent_[r]));
   Tensor counts = mine.to(device_);
-  DTP_NCCL_CHECK(ncclGroupStart());
-  for (int r = 0; r < size_; ++r) {
-    DTP_NCCL_CHECK(ncclSend(bytes_of(counts, r), 1, ncclFloat64, r, comm_, stream_));
-    DTP_NCCL_CHECK(ncclRecv(bytes_of(theirs, r), 1, ncclFloat64, r, comm_, stream_));
-  }
-  DTP_NCCL_CHECK(ncclGroupEnd());
-  synchronize("the end-of-launch message count");
+  issue(outbox_->plan.collective(),
+        "the end of the launch (its last sends to be received, and every rank's message counts)", [&] {
+          for (int r = 0; r < size_; ++r) {
+            DTP_NCCL_CHECK(ncclSend(bytes_of(counts, r), 1, ncclFloat64, r, comm_, stream_));
+            DTP_NCCL_CHECK(ncclRecv(bytes_of(theirs, r), 1, ncclFloat64, r, comm_, stream_));
+          }
+        });
   const std::vector<double> expected = theirs.to_vector();
   std::ostringstream report;
   for (int r = 0; r < size_; ++r) {
     const long long missing = static_cast<long long>(expected[r]) - received_[r];
     if (missing > 0) report << "  rank " << r << " -> rank " << rank_ << ": " << missing << " message(s)\n";
   }
-  if (!report.str().empty()) return report.str();
-  flush_with(nullptr);
-  synchronize("its last sends to be received");
-  return "";
+  return report.str();
 }
 
 void NcclComm::check_device(const char* op, const Tensor& x) const {
@@ -152,7 +160,7 @@ void NcclComm::synchronize(const std::string& what) {
   const auto start = std::chrono::steady_clock::now();
   for (long spins = 0;; ++spins) {
     cudaError_t status = cudaStreamQuery(stream_);
-    if (status == cudaSuccess) return;
+    if (status == cudaSuccess) return settle_receives();
     if (status != cudaErrorNotReady) DTP_CUDA_CHECK(status);
     if (spins % 64 == 0) {
       control_->poll(rank_);
@@ -164,6 +172,10 @@ void NcclComm::synchronize(const std::string& what) {
         report << "timeout: rank " << rank_ << " waited " << world_.timeout_seconds
                << " s (DTP_TIMEOUT) on " << device_.str() << " for " << what
                << "; the NCCL communicator was aborted. The other ranks report what they were waiting for.";
+        for (const Incoming& in : unsettled_)
+          report << "\n  still in flight: recv(source rank " << in.src << ", tag " << in.tag << ", " << in.numel
+                 << " x " << dtype_name(in.dtype) << "): on nccl a receive never completes if the message"
+                 << " sent to it has another size, or if its sender waits in a collective first";
         control_->announce(rank_, report.str());
         throw CommTimeout(report.str());
       }
@@ -172,17 +184,56 @@ void NcclComm::synchronize(const std::string& what) {
   }
 }
 
-void NcclComm::flush_with(const std::function<void()>& more) {
+void NcclComm::issue(const NcclGroupPlan& plan, const std::string& what, const std::function<void()>& collective,
+                     Incoming* incoming, Tensor* payload) {
   DTP_NCCL_CHECK(ncclGroupStart());
-  for (QueuedSend& q : queued_) {
-    DTP_NCCL_CHECK(ncclSend(q.header.raw(), kHeaderFields, ncclFloat64, q.dst, comm_, stream_));
-    sent_[q.dst] += 1;
-    DTP_NCCL_CHECK(ncclSend(q.payload.raw(), q.payload.nbytes(), ncclUint8, q.dst, comm_, stream_));
+  for (const P2pCall& call : plan.calls) {
+    switch (call.kind) {
+      case P2pCall::Kind::send_header: {
+        Outgoing& out = outbox_->messages.at(call.message);
+        DTP_NCCL_CHECK(ncclSend(out.header.raw(), kHeaderFields, ncclFloat64, call.peer, out.comm, stream_));
+        break;
+      }
+      case P2pCall::Kind::send_payload: {
+        Outgoing& out = outbox_->messages.at(call.message);
+        DTP_NCCL_CHECK(ncclSend(out.payload.raw(), out.payload.nbytes(), ncclUint8, call.peer, out.comm, stream_));
+        break;
+      }
+      case P2pCall::Kind::recv_header:
+        DTP_NCCL_CHECK(ncclRecv(incoming->header.raw(), kHeaderFields, ncclFloat64, call.peer, comm_, stream_));
+        break;
+      case P2pCall::Kind::recv_payload:
+        DTP_NCCL_CHECK(ncclRecv(payload->raw(), payload->nbytes(), ncclUint8, call.peer, comm_, stream_));
+        break;
+      case P2pCall::Kind::collective: collective(); break;
+    }
   }
-  if (more) more();
   DTP_NCCL_CHECK(ncclGroupEnd());
-  // The queued copies may be freed now: their frees are ordered after the sends on this stream.
-  queued_.clear();
+  // The issued messages' buffers may be freed now: their frees are ordered
+  // after the sends on this stream.
+  for (const P2pCall& call : plan.calls)
+    if (call.kind == P2pCall::Kind::send_payload) outbox_->messages.erase(call.message);
+  if (plan.host_waits) synchronize(what);
+}
+
+void NcclComm::settle_receives() {
+  std::vector<Incoming> settled;
+  settled.swap(unsettled_);
+  for (const Incoming& in : settled) {
+    const std::vector<double> h = in.header.to_vector();
+    const auto numel = static_cast<std::int64_t>(h[0]);
+    const auto dtype = static_cast<DType>(static_cast<int>(h[1]));
+    if (numel != in.numel || dtype != in.dtype || static_cast<int>(h[2]) != in.tag) {
+      std::ostringstream message;
+      message << "recv on rank " << rank_ << " from rank " << in.src << " expected tag " << in.tag << " with "
+              << in.numel << " x " << dtype_name(in.dtype) << " but the next message holds tag "
+              << static_cast<int>(h[2]) << " with " << numel << " x " << dtype_name(dtype)
+              << "; on nccl, messages between two ranks arrive in the order they were sent";
+      control_->announce(rank_, message.str());
+      throw CommMismatch(message.str());
+    }
+    *clock_ = std::max(*clock_, h[3]);
+  }
 }
 
 // --- point to point -------------------------------------------------------------
@@ -200,38 +251,33 @@ void NcclComm::send(const Tensor& x, int dst, int tag) {
   *clock_ += world_.cost.alpha + world_.cost.beta * static_cast<double>(x.nbytes());
   Tensor copy = Tensor::empty(x.shape(), x.dtype(), device_, MemoryCategory::comm);
   copy.copy_from(x);
-  queued_.push_back({copy, make_header(x, tag, *clock_, device_), dst});
+  const int id = outbox_->next_id++;
+  outbox_->messages.emplace(id, Outgoing{copy, make_header(x, tag, *clock_, device_), comm_});
+  outbox_->plan.queue(dst, id, to_self(dst));
+  sent_[dst] += 1;
 }
 
 std::shared_ptr<RequestState> NcclComm::isend(const Tensor& x, int dst, int tag) {
   check_device("isend", x);
   *clock_ += world_.cost.alpha + world_.cost.beta * static_cast<double>(x.nbytes());
-  queued_.push_back({x, make_header(x, tag, *clock_, device_), dst});  // no copy: x must stay unchanged
+  const int id = outbox_->next_id++;
+  // No copy: x must stay unchanged until wait().
+  outbox_->messages.emplace(id, Outgoing{x, make_header(x, tag, *clock_, device_), comm_});
+  outbox_->plan.queue(dst, id, to_self(dst));
+  sent_[dst] += 1;
   return std::make_shared<NcclSendRequest>(this, x);
 }
 
 void NcclComm::recv(Tensor& x, int src, int tag) {
   check_device("recv", x);
-  Tensor header = Tensor::zeros({kHeaderFields}, DType::f64, device_, MemoryCategory::comm);
-  flush_with([&] { DTP_NCCL_CHECK(ncclRecv(header.raw(), kHeaderFields, ncclFloat64, src, comm_, stream_)); });
+  Incoming incoming{Tensor::zeros({kHeaderFields}, DType::f64, device_, MemoryCategory::comm), src, tag, x.numel(),
+                    x.dtype()};
   std::ostringstream what;
   what << "recv(source rank " << src << ", tag " << tag << ", " << x.numel() << " x " << dtype_name(x.dtype()) << ")";
-  synchronize(what.str());
-  const std::vector<double> h = header.to_vector();
-  const auto numel = static_cast<std::int64_t>(h[0]);
-  const auto dtype = static_cast<DType>(static_cast<int>(h[1]));
-  if (numel != x.numel() || dtype != x.dtype() || static_cast<int>(h[2]) != tag) {
-    std::ostringstream message;
-    message << "recv on rank " << rank_ << " from rank " << src << " expected tag " << tag << " with " << x.numel()
-            << " x " << dtype_name(x.dtype()) << " but the next message holds tag " << static_cast<int>(h[2])
-            << " with " << numel << " x " << dtype_name(dtype)
-            << "; on nccl, messages between two ranks arrive in the order they were sent";
-    control_->announce(rank_, message.str());
-    throw CommMismatch(message.str());
-  }
-  DTP_NCCL_CHECK(ncclRecv(x.raw(), x.nbytes(), ncclUint8, src, comm_, stream_));
+  // No wait: the data lands before anything later on this stream reads it.
+  issue(outbox_->plan.receive(src, outbox_->next_id++, to_self(src)), what.str(), nullptr, &incoming, &x);
+  unsettled_.push_back(std::move(incoming));
   received_[src] += 1;
-  *clock_ = std::max(*clock_, h[3]);
 }
 
 std::shared_ptr<RequestState> NcclComm::irecv(Tensor& x, int src, int tag) {
@@ -244,8 +290,8 @@ std::shared_ptr<RequestState> NcclComm::irecv(Tensor& x, int src, int tag) {
 double NcclComm::agree(const std::string& signature, const std::string& kind, double cost_bytes) {
   const double h = static_cast<double>(std::hash<std::string>{}(signature) & ((1ull << 52) - 1));
   Tensor votes = Tensor::from_values({h, -h, *clock_}).to(device_);
-  flush_with([&] { DTP_NCCL_CHECK(ncclAllReduce(votes.raw(), votes.raw(), 3, ncclFloat64, ncclMax, comm_, stream_)); });
-  synchronize("the other ranks to join " + signature);
+  issue(outbox_->plan.collective(), "the other ranks to join " + signature,
+        [&] { DTP_NCCL_CHECK(ncclAllReduce(votes.raw(), votes.raw(), 3, ncclFloat64, ncclMax, comm_, stream_)); });
   const std::vector<double> v = votes.to_vector();
   if (v[0] != -v[1]) {
     constexpr int kWidth = 128;
@@ -291,12 +337,23 @@ namespace {
 class SideStreamRequest : public RequestState {
  public:
   SideStreamRequest(std::vector<Tensor> buffers, void* done) : buffers_(std::move(buffers)), done_(done) {}
-  ~SideStreamRequest() override { cuda::destroy_event(done_); }
-  void wait() override { cuda::wait(done_); }
+  ~SideStreamRequest() override {
+    // Dropped without wait(): the buffers' frees are ordered on the rank's
+    // stream, so that stream must first wait for the side stream's reads.
+    // (No throw from a destructor: an error here is the stream's, reported by its next call.)
+    if (!waited_)
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda::current_stream()), static_cast<cudaEvent_t>(done_), 0);
+    cuda::destroy_event(done_);
+  }
+  void wait() override {
+    cuda::wait(done_);
+    waited_ = true;
+  }
 
  private:
   std::vector<Tensor> buffers_;  // kept alive until the side stream is done with them
   void* done_;
+  bool waited_ = false;
 };
 
 /// Records the end of the work queued on @p side so far.
@@ -487,7 +544,9 @@ std::shared_ptr<CommBackend> NcclComm::split(int color, int key) {
   DTP_NCCL_CHECK(ncclCommUserRank(sub, &sub_rank));
   DTP_NCCL_CHECK(ncclCommCount(sub, &sub_size));
   auto child = std::make_shared<NcclComm>(sub, sub_rank, sub_size, device_, world_, control_, true);
-  child->clock_ = clock_;  // the same rank: the same clock
+  child->clock_ = clock_;    // the same rank: the same clock
+  child->outbox_ = outbox_;  // and the same stream
+  child->self_channel_ = outbox_->next_channel++;
   return child;
 }
 

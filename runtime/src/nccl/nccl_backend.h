@@ -12,12 +12,14 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/eager_sends.h"
 #include "dtp/launch.h"
 
 namespace dtp::nccl {
@@ -63,7 +65,8 @@ class NcclComm : public CommBackend {
   Device device() const override { return device_; }
   std::string name() const override { return "nccl"; }
   CostModel cost_model() const override { return world_.cost; }
-  double clock() const override { return *clock_; }
+  /// Settles the receives first: their headers carry the senders' clocks.
+  double clock() const override;
   void set_clock(double time) override { *clock_ = time; }
   void* native_handle() override { return &comm_; }
 
@@ -91,16 +94,41 @@ class NcclComm : public CommBackend {
   /// End of launch: reports messages nobody received ("" when none), else
   /// sends what is still queued and waits for it.
   std::string finish();
-  /// Waits (polling) until the rank's stream has done everything queued.
+  /// Waits (polling) until the rank's stream has done everything queued,
+  /// then checks the headers of the receives it carried.
   void synchronize(const std::string& what);
+  /// Hands every queued send to NCCL and waits until each is received.
+  void complete_sends(const std::string& what) { issue(outbox_->plan.flush(), what); }
 
  private:
-  struct QueuedSend {
-    Tensor payload;  // private copy: send() is eager
-    Tensor header;   // numel, dtype, arrival time
-    int dst;
+  struct Outgoing {
+    Tensor payload;  // private copy for send(); the caller's tensor for isend()
+    Tensor header;   // numel, dtype, tag, arrival time
+    ncclComm_t comm;  // the communicator it was sent on (a split shares the outbox)
   };
-  void flush_with(const std::function<void()>& more);
+  /// The rank's messages sent but not yet issued, shared by every
+  /// communicator of the rank (split() included): they share the stream, so
+  /// whichever of them waits first must issue them all.
+  struct Outbox {
+    EagerSends plan;
+    std::map<int, Outgoing> messages;  // by message id
+    int next_id = 0;
+    int next_channel = 0;  // each communicator's messages to self are a channel of their own
+  };
+  /// A receive whose data is on its way in stream order; its header is
+  /// checked at the next host wait (settle_receives).
+  struct Incoming {
+    Tensor header;
+    int src, tag;
+    std::int64_t numel;
+    DType dtype;
+  };
+  /// Issues @p plan as one NCCL group (@p collective for its collective call,
+  /// @p incoming / @p payload for its receive) and waits if the plan says so.
+  void issue(const NcclGroupPlan& plan, const std::string& what, const std::function<void()>& collective = nullptr,
+             Incoming* incoming = nullptr, Tensor* payload = nullptr);
+  /// Checks the headers of the receives issued so far (the stream is done with them).
+  void settle_receives();
   double agree(const std::string& signature, const std::string& kind, double cost_bytes);
   void check_device(const char* op, const Tensor& x) const;
   /// The side stream, made to wait until the rank's stream reaches this
@@ -119,7 +147,10 @@ class NcclComm : public CommBackend {
   cudaStream_t stream_;
   std::shared_ptr<double> clock_ = std::make_shared<double>(0.0);  // one per rank, shared by its comms
   std::vector<long long> sent_, received_;                            // messages per peer
-  std::vector<QueuedSend> queued_;
+  std::shared_ptr<Outbox> outbox_ = std::make_shared<Outbox>();
+  int self_channel_ = outbox_->next_channel++;
+  int to_self(int peer) const { return peer == rank_ ? self_channel_ : -1; }
+  std::vector<Incoming> unsettled_;     // receives whose headers are not checked yet
   cudaStream_t side_stream_ = nullptr;  // non-blocking collectives run here, beside compute
 };
 
