@@ -23,6 +23,7 @@ void* current_stream() { return nullptr; }
 void set_current_stream(void*) {}
 void* create_stream(Device) { no_cuda(); }
 void destroy_stream(void*) {}
+void on_stream_destroy(void (*)(void*)) {}
 int stream_device(void*) { no_cuda(); }
 void enable_peer_access(int) {}
 void reduce_into_all(void* const*, int, std::int64_t, std::int64_t, DType, ReduceOp) { no_cuda(); }

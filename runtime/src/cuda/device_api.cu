@@ -156,9 +156,20 @@ void* create_stream(Device device) {
   return s;
 }
 
+namespace {
+thread_local std::vector<void (*)(void*)> stream_releasers;
+}  // namespace
+
+void on_stream_destroy(void (*release)(void* stream)) {
+  for (auto known : stream_releasers)
+    if (known == release) return;
+  stream_releasers.push_back(release);
+}
+
 void destroy_stream(void* s) {
   if (s == nullptr) return;
   cudaStreamSynchronize(static_cast<cudaStream_t>(s));
+  for (auto release : stream_releasers) release(s);
   cudaStreamDestroy(static_cast<cudaStream_t>(s));
 }
 

@@ -43,6 +43,10 @@ void set_current_stream(void* stream);
 /// A non-blocking stream on @p device (also makes it the thread's device).
 void* create_stream(Device device);
 void destroy_stream(void* stream);
+/// Has destroy_stream(), on this thread, call @p release(stream) after the
+/// stream's work is done and before the stream goes: a library bound to the
+/// stream (this thread's cuBLAS handles) lets go of it first.
+void on_stream_destroy(void (*release)(void* stream));
 /// The GPU a stream belongs to.
 int stream_device(void* stream);
 

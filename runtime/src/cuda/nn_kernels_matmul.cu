@@ -6,7 +6,8 @@
 // f32 uses TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to
 // 10 mantissa bits, products accumulated in f32), unless DTP_TF32=0.
 // One cuBLAS handle per thread and GPU, created on first use and pointed at
-// the rank's current stream before every call.
+// the rank's current stream before every call; destroyed before that stream
+// is (a handle may free its workspace on its stream), or when the thread ends.
 #include <cublas_v2.h>
 
 #include <atomic>
@@ -53,22 +54,43 @@ std::atomic<bool>& tf32_flag() {
   return flag;
 }
 
-// The calling thread's handles, one per GPU; destroyed when the thread ends.
+// The calling thread's handles, one per GPU, with the stream each was last
+// pointed at.
 struct Handles {
-  std::map<int, cublasHandle_t> by_device;
+  struct Bound {
+    cublasHandle_t handle = nullptr;
+    cudaStream_t stream = nullptr;
+  };
+  std::map<int, Bound> by_device;
   ~Handles() {
-    for (auto& entry : by_device) cublasDestroy(entry.second);
+    for (auto& entry : by_device) cublasDestroy(entry.second.handle);
   }
 };
+thread_local Handles handles;
+
+// Called by destroy_stream() on this thread: the handles bound to that stream go first.
+void release_handles_on(void* stream) {
+  for (auto it = handles.by_device.begin(); it != handles.by_device.end();) {
+    if (it->second.stream != static_cast<cudaStream_t>(stream)) {
+      ++it;
+      continue;
+    }
+    cublasDestroy(it->second.handle);
+    it = handles.by_device.erase(it);
+  }
+}
 
 cublasHandle_t handle_for_current_stream() {
-  thread_local Handles handles;
   int device = 0;
   DTP_CUDA_CHECK(cudaGetDevice(&device));
-  cublasHandle_t& handle = handles.by_device[device];
-  if (handle == nullptr) DTP_CUBLAS_CHECK(cublasCreate(&handle));
-  DTP_CUBLAS_CHECK(cublasSetStream(handle, nn::stream()));
-  return handle;
+  Handles::Bound& bound = handles.by_device[device];
+  if (bound.handle == nullptr) {
+    DTP_CUBLAS_CHECK(cublasCreate(&bound.handle));
+    on_stream_destroy(release_handles_on);
+  }
+  bound.stream = nn::stream();
+  DTP_CUBLAS_CHECK(cublasSetStream(bound.handle, bound.stream));
+  return bound.handle;
 }
 
 cublasComputeType_t compute_type_f32() {
