@@ -116,6 +116,21 @@ TEST(CudaNnOps, ElementwiseMatchTheCpu) {
   expect_close(dx.gpu, dx.cpu, kTight, kTight, "gelu_backward");
 }
 
+TEST(CudaNnOps, BiasBackwardOverManyRowsMatchesTheCpuAndRepeatsBitForBit) {
+  DTP_REQUIRE_GPU();
+  // 8195 rows x 771 columns: many row slices, a last slice and a last column
+  // block that are partly empty.
+  Pair dy = rand_pair({5, 1639, 771}, 11);
+  Pair dbias = rand_pair({771}, 12);
+  Tensor again = dbias.gpu.clone();
+  ops::bias_backward(dy.cpu, dbias.cpu);
+  ops::bias_backward(dy.gpu, dbias.gpu);
+  // Sums of ~8k f32 values of size ~1 in two different orders: ~1e-3 apart at worst.
+  expect_close(dbias.gpu, dbias.cpu, 1e-4, 2e-3, "bias_backward (sum of 8195 rows, accumulated)");
+  ops::bias_backward(dy.gpu, again);
+  EXPECT_EQ(again.to_vector(), dbias.gpu.to_vector()) << "bias_backward: two runs on the same input differ";
+}
+
 TEST(CudaNnOps, CastsMatchTheCpu) {
   DTP_REQUIRE_GPU();
   Pair x = rand_pair({4099}, 6, -100, 100);

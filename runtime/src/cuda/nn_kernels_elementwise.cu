@@ -72,14 +72,40 @@ __global__ void add_bias_kernel(T* x, const T* bias, std::int64_t n, std::int64_
   DTP_GRID_STRIDE(i, n) store(x, i, load(x, i) + load(bias, i % C));
 }
 
-// One thread per column walks all rows (coalesced across the warp): no
-// atomics, the same order of additions on every run.
-template <typename T>
-__global__ void bias_backward_kernel(const T* dy, T* dbias, std::int64_t rows, std::int64_t C) {
+// dbias[c] += sum over rows of dy[r, c], in two passes with a fixed order of
+// additions (no atomics: the same bits on every run).
+// Pass 1: block (x, y) sums the rows of slice y for 32 columns; its 32 x 8
+// threads read 32 consecutive columns per row (one coalesced line per warp)
+// and the 8 row-partials meet in shared memory. Enough slices are made to
+// fill the GPU: C = 768 with one thread per column gave 6 blocks.
+constexpr int kBiasColumns = 32, kBiasRowThreads = 8;
+
+template <typename T, typename A>
+__global__ void bias_partial_kernel(const T* dy, A* partial, std::int64_t rows, std::int64_t C,
+                                    std::int64_t rows_per_slice) {
+  __shared__ A tile[kBiasRowThreads][kBiasColumns + 1];
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kBiasColumns + threadIdx.x;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.y) * rows_per_slice;
+  const std::int64_t end = first + rows_per_slice < rows ? first + rows_per_slice : rows;
+  A acc = 0;
+  if (c < C)
+    for (std::int64_t r = first + threadIdx.y; r < end; r += kBiasRowThreads) acc += load(dy, r * C + c);
+  tile[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    A sum = 0;
+    for (int k = 0; k < kBiasRowThreads; ++k) sum += tile[k][threadIdx.x];
+    partial[blockIdx.y * C + c] = sum;
+  }
+}
+
+// Pass 2: per column, the slices' partials in slice order, added into dbias.
+template <typename T, typename A>
+__global__ void bias_finish_kernel(const A* partial, T* dbias, std::int64_t slices, std::int64_t C) {
   DTP_GRID_STRIDE(c, C) {
-    float acc = 0;
-    for (std::int64_t r = 0; r < rows; ++r) acc += load(dy, r * C + c);
-    store(dbias, c, load(dbias, c) + acc);
+    A sum = 0;
+    for (std::int64_t s = 0; s < slices; ++s) sum += partial[s * C + c];
+    store(dbias, c, load(dbias, c) + sum);
   }
 }
 
@@ -252,10 +278,22 @@ void bias_backward(const Tensor& dy, Tensor& dbias) {
   detail::check_shape(op, "dbias", dbias, Shape{C});
   if (C == 0) return;
   nn::use_device(dy.device());
+  const std::int64_t rows = nn::rows_of(dy, C);
+  // About four blocks per SM, each slice at least 8 rows (one per row thread).
+  const std::int64_t column_blocks = (C + kBiasColumns - 1) / kBiasColumns;
+  const std::int64_t wanted = (4 * nn::multiprocessor_count() + column_blocks - 1) / column_blocks;
+  const std::int64_t most = std::max<std::int64_t>(1, (rows + kBiasRowThreads - 1) / kBiasRowThreads);
+  const std::int64_t slices = std::min<std::int64_t>(std::min<std::int64_t>(wanted, most), 65535);
+  const std::int64_t rows_per_slice = (rows + slices - 1) / std::max<std::int64_t>(slices, 1);
+  const DType partial_dtype = dy.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor partial = Tensor::empty({slices * C}, partial_dtype, dy.device(), MemoryCategory::activations);
   nn::with_float(dy.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    bias_backward_kernel<<<grid_for(C, 128), 128, 0, stream()>>>(ptr<T>(dy), ptr<T>(dbias),
-                                                                 nn::rows_of(dy, C), C);
+    using A = typename Compute<T>::type;
+    bias_partial_kernel<<<dim3(static_cast<unsigned>(column_blocks), static_cast<unsigned>(slices)),
+                          dim3(kBiasColumns, kBiasRowThreads), 0, stream()>>>(ptr<T>(dy), ptr<A>(partial), rows, C,
+                                                                              rows_per_slice);
+    bias_finish_kernel<<<grid_for(C), 256, 0, stream()>>>(ptr<A>(partial), ptr<T>(dbias), slices, C);
   });
   check_launch();
 }
