@@ -1,5 +1,5 @@
 // dtp-bench-ddp-step: the step time of data-parallel training on this machine.
-//   dtp-bench-ddp-step [--world 4] [--steps 20] [--json FILE]
+//   dtp-bench-ddp-step [--world 4] [--steps 20] [--device cpu|cuda[:k]] [--json FILE]
 // Compares, for one small model and the same per-rank batch:
 //   single x N   N times the single-rank step (the compute-only bound when N
 //                ranks share the CPU cores: N ranks must do N times the work)
@@ -7,7 +7,9 @@
 //   flat         2.2, one all-reduce per unit
 //   bucketed     2.3, buckets overlapped with backward
 // Prints a table and writes one JSON object per measurement. Times are the
-// median of the steps after two warm-up steps, of rank 0.
+// median of the steps after two warm-up steps, of rank 0. With --device cuda
+// every rank (a thread) works on the one GPU: N ranks against N times the
+// single-rank step shows what sharing the GPU and synchronizing cost.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +19,8 @@
 
 #include "02_ddp/ddp.h"
 #include "bench_common.h"
+#include "dtp/device.h"
+#include "dtp/error.h"
 #include "dtp/trainer.h"
 
 namespace {
@@ -36,15 +40,31 @@ int main(int argc, char** argv) {
   int world = 4;
   std::int64_t steps = 20;
   std::string json_path;
+  dtp::Device device = dtp::Device::cpu();
+  if (argc % 2 == 0) {
+    std::fprintf(stderr, "dtp-bench-ddp-step: '%s' needs a value\n", argv[argc - 1]);
+    return 2;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--world") world = std::atoi(argv[i + 1]);
     else if (flag == "--steps") steps = std::atoll(argv[i + 1]);
     else if (flag == "--json") json_path = argv[i + 1];
-    else {
-      std::fprintf(stderr, "usage: dtp-bench-ddp-step [--world N] [--steps K] [--json FILE]\n");
+    else if (flag == "--device") {
+      try {
+        device = dtp::parse_device(argv[i + 1]);
+      } catch (const dtp::Error& e) {
+        std::fprintf(stderr, "dtp-bench-ddp-step: --device: %s\n", e.what());
+        return 2;
+      }
+    } else {
+      std::fprintf(stderr, "usage: dtp-bench-ddp-step [--world N] [--steps K] [--device cpu|cuda[:k]] [--json FILE]\n");
       return 2;
     }
+  }
+  if (device.is_cuda() && dtp::cuda_device_count() == 0) {
+    std::fprintf(stderr, "dtp-bench-ddp-step: --device %s: no usable CUDA device here\n", device.str().c_str());
+    return 2;
   }
   if (world < 1 || steps < 3) {
     std::fprintf(stderr, "dtp-bench-ddp-step: need --world >= 1 and --steps >= 3\n");
@@ -58,6 +78,7 @@ int main(int argc, char** argv) {
   config.seq = 64;
   config.steps = steps;
   config.synthetic.length = 1 << 16;
+  config.model.device = device;
 
   struct Row {
     std::string what;
@@ -101,8 +122,8 @@ int main(int argc, char** argv) {
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
   const std::string rev = git_revision();
-  std::printf("# ddp step, thread backend on cpu, %d ranks, %lld sequences x %lld tokens per rank\n", world,
-              static_cast<long long>(per_rank_batch), static_cast<long long>(config.seq));
+  std::printf("# ddp step, thread backend on %s, %d ranks, %lld sequences x %lld tokens per rank\n",
+              device.str().c_str(), world, static_cast<long long>(per_rank_batch), static_cast<long long>(config.seq));
   std::printf("# model: d_model %d, %d layers, %d heads (%s), bucket %lld KiB, median of %lld steps\n",
               config.model.d_model, config.model.layers, config.model.heads, "f32",
               static_cast<long long>(bucket_bytes / 1024), static_cast<long long>(steps - 2));
@@ -115,11 +136,11 @@ int main(int argc, char** argv) {
                 r.seconds / rows[0].seconds);
     if (json)
       std::fprintf(json,
-                   "{\"what\":\"ddp_step\",\"variant\":\"%s\",\"backend\":\"thread\",\"device\":\"cpu\","
+                   "{\"what\":\"ddp_step\",\"variant\":\"%s\",\"backend\":\"thread\",\"device\":\"%s\","
                    "\"world\":%d,\"per_rank_batch\":%lld,\"seq\":%lld,\"d_model\":%d,\"layers\":%d,"
                    "\"bucket_bytes\":%lld,\"step_s\":%.6g,\"all_reduces\":%lld,\"bytes\":%lld,"
                    "\"exposed_comm_s\":%.6g,\"vs_compute_bound\":%.4f,\"date\":\"%s\",\"git\":\"%s\"}\n",
-                   r.what.c_str(), world, static_cast<long long>(per_rank_batch),
+                   r.what.c_str(), device.str().c_str(), world, static_cast<long long>(per_rank_batch),
                    static_cast<long long>(config.seq), config.model.d_model, config.model.layers,
                    static_cast<long long>(bucket_bytes), r.seconds, static_cast<long long>(r.all_reduces),
                    static_cast<long long>(r.bytes), r.exposed, r.seconds / rows[0].seconds, date, rev.c_str());

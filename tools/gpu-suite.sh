@@ -2,7 +2,8 @@
 # The whole GPU job for a machine with a GPU, in one call or two:
 #
 #   tools/gpu-suite.sh build      configure (CUDA on, sm_90 only) and build into $DTP_BUILD_DIR
-#   tools/gpu-suite.sh run        every GPU checker, the benchmarks, the PyTorch cross-check
+#   tools/gpu-suite.sh run        every GPU checker, the benchmarks (collectives, train step,
+#                                 DDP 4 ranks on one GPU), the PyTorch cross-check
 #   tools/gpu-suite.sh [all]      both
 #   tools/gpu-suite.sh --dry-run  print what `all` would run, and check that the build configures
 #
@@ -27,7 +28,7 @@ for arg in "$@"; do
   case "$arg" in
     build | run | all) phase=$arg ;;
     --dry-run) dry_run=1 ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "gpu-suite: unknown argument '$arg' (expected build, run, all or --dry-run)" >&2; exit 2 ;;
   esac
 done
@@ -99,6 +100,11 @@ do_run() {
   if ((dry_run)) || [[ -x "$build/bin/dtp-bench-train-step" ]]; then
     step "train step" bench-train-step.txt "$build/bin/dtp-bench-train-step" \
       --json "$work/train-step-$gpu-$stamp.jsonl"
+  fi
+  # DDP with 4 rank threads sharing the GPU, against 4x the single-rank step (the table's first row).
+  if ((dry_run)) || [[ -x "$build/bin/dtp-bench-ddp-step" ]]; then
+    step "ddp 4 ranks, one GPU" bench-ddp-step.txt "$build/bin/dtp-bench-ddp-step" --device cuda --world 4 \
+      --json "$work/ddp-step-cuda-$gpu-$stamp.jsonl"
   fi
 }
 

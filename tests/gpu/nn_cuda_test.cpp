@@ -218,6 +218,7 @@ std::vector<AttentionCase> attention_cases() {
   return {{2, 40, 40, 3, 16, {}},
           {1, 70, 70, 2, 64, {}},
           {2, 33, 33, 2, 80, {}},                      // head dim not a power of two
+          {1, 37, 37, 2, 128, {}},                     // the widest head: 4 lanes per row in the backward
           {1, 20, 45, 2, 32, {true, 30, 0}},           // a later block of queries (ring attention)
           {1, 25, 30, 2, 16, {true, 0, 10}},           // keys after queries: early rows see nothing
           {2, 17, 29, 1, 8, {false, 0, 0}}};           // no mask

@@ -11,8 +11,9 @@
 // kTile rows are staged in shared memory and every thread folds a tile into
 // its running (max, sum, output) exactly like ops::attention_merge. The
 // backward recomputes the probabilities from the saved row max and sum: one
-// kernel for dQ (a thread per query row, looping over key tiles) and one for
-// dK and dV (a thread per key row, looping over query tiles), so no atomics.
+// kernel for dQ (a query row per 1-4 lanes, looping over key tiles) and one
+// for dK and dV (a key row per 1-4 lanes, looping over query tiles), so no
+// atomics.
 // These kernels use CUDA cores (FFMA), not tensor cores: correct and
 // memory-frugal first; an mma/wgmma version is the next step for speed.
 #include <cmath>
@@ -195,18 +196,45 @@ __global__ void row_dot_kernel(const float* dout, const float* out, float* delta
   }
 }
 
+// The backward kernels split the head dimension over lanes: kLanes<MAXD>
+// consecutive threads share a row, each holding MAXD / lanes of its
+// accumulators (dQ, or dK and dV), and their partial dot products meet by
+// warp shuffles. One thread per row held all MAXD (2 x 128 floats in dK/dV)
+// and spilled to local memory.
 template <int MAXD>
-__global__ void __launch_bounds__(kTile) flash_backward_dq_kernel(const float* q, const float* k, const float* v,
-                                                                  const float* dout, const float* row_max,
-                                                                  const float* row_sum, const float* delta,
-                                                                  float* dq, Dims d, Mask mask) {
+constexpr int kLanes = MAXD > 32 ? MAXD / 32 : 1;
+template <int MAXD>
+constexpr int kColumnsPerLane = MAXD / kLanes<MAXD>;
+
+// The dot product of a row's two MAXD-vectors, from each lane's share of
+// columns [first, first + kColumnsPerLane): every lane of the row gets the sum.
+// The shuffles name only the row's own lanes: rows of one warp leave their
+// loops at different points (causal rows see different numbers of keys).
+template <int MAXD>
+__device__ __forceinline__ float lane_dot(const float* a, const float* b, int first) {
+  float s = 0;
+#pragma unroll
+  for (int c = 0; c < kColumnsPerLane<MAXD>; ++c) s += a[first + c] * b[first + c];
+  if constexpr (kLanes<MAXD> > 1) {
+    const unsigned row_lanes = ((1u << kLanes<MAXD>) - 1u) << ((threadIdx.x % 32) / kLanes<MAXD> * kLanes<MAXD>);
+#pragma unroll
+    for (int offset = kLanes<MAXD> / 2; offset > 0; offset /= 2) s += __shfl_xor_sync(row_lanes, s, offset);
+  }
+  return s;
+}
+
+template <int MAXD>
+__global__ void __launch_bounds__(kTile * kLanes<MAXD>) flash_backward_dq_kernel(
+    const float* q, const float* k, const float* v, const float* dout, const float* row_max, const float* row_sum,
+    const float* delta, float* dq, Dims d, Mask mask) {
+  constexpr int W = kColumnsPerLane<MAXD>;
   extern __shared__ float smem[];
   float* qs = smem;                       // own query rows [kTile][MAXD + 1]
   float* dos = qs + kTile * (MAXD + 1);   // own dO rows    [kTile][MAXD + 1]
   float* ks = dos + kTile * (MAXD + 1);   // key tile       [kTile][MAXD]
   float* vs = ks + kTile * MAXD;          // value tile     [kTile][MAXD]
   const std::int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
-  const int t = threadIdx.x, D = static_cast<int>(d.D);
+  const int t = threadIdx.x / kLanes<MAXD>, first = (threadIdx.x % kLanes<MAXD>) * W, D = static_cast<int>(d.D);
   const std::int64_t i = i0 + t, stride = d.H * d.D;
   const std::int64_t qoff = (b * d.Tq * d.H + h) * d.D, koff = (b * d.Tk * d.H + h) * d.D;
   load_tile<MAXD>(qs, MAXD + 1, q + qoff, stride, i0, d.Tq, D);
@@ -220,35 +248,36 @@ __global__ void __launch_bounds__(kTile) flash_backward_dq_kernel(const float* q
   const std::int64_t block_nk = mask.visible(last_row, d.Tk);
   const float* my_q = qs + t * (MAXD + 1);
   const float* my_do = dos + t * (MAXD + 1);
-  float acc[MAXD];
+  float acc[W];
 #pragma unroll
-  for (int c = 0; c < MAXD; ++c) acc[c] = 0.f;
+  for (int c = 0; c < W; ++c) acc[c] = 0.f;
   for (std::int64_t j0 = 0; j0 < block_nk; j0 += kTile) {
     __syncthreads();
     load_tile<MAXD>(ks, MAXD, k + koff, stride, j0, d.Tk, D);
     load_tile<MAXD>(vs, MAXD, v + koff, stride, j0, d.Tk, D);
     __syncthreads();
+    // The lanes of a row share nk, so they leave the loop together (the shuffles need every lane).
     for (int jj = 0; jj < kTile && j0 + jj < nk; ++jj) {
       const float* kj = ks + jj * MAXD;
-      const float p = expf(d.scale * dot_row<MAXD>(my_q, kj) - m) * inv_l;
-      const float dp = dot_row<MAXD>(my_do, vs + jj * MAXD);
+      const float p = expf(d.scale * lane_dot<MAXD>(my_q, kj, first) - m) * inv_l;
+      const float dp = lane_dot<MAXD>(my_do, vs + jj * MAXD, first);
       const float ds = d.scale * p * (dp - dl);
 #pragma unroll
-      for (int c = 0; c < MAXD; ++c) acc[c] += ds * kj[c];
+      for (int c = 0; c < W; ++c) acc[c] += ds * kj[first + c];
     }
   }
   if (i >= d.Tq) return;
   float* o = dq + ((b * d.Tq + i) * d.H + h) * d.D;
 #pragma unroll
-  for (int c = 0; c < MAXD; ++c)
-    if (c < D) o[c] = acc[c];
+  for (int c = 0; c < W; ++c)
+    if (first + c < D) o[first + c] = acc[c];
 }
 
 template <int MAXD>
-__global__ void __launch_bounds__(kTile) flash_backward_dkv_kernel(const float* q, const float* k, const float* v,
-                                                                   const float* dout, const float* row_max,
-                                                                   const float* row_sum, const float* delta,
-                                                                   float* dk, float* dv, Dims d, Mask mask) {
+__global__ void __launch_bounds__(kTile * kLanes<MAXD>) flash_backward_dkv_kernel(
+    const float* q, const float* k, const float* v, const float* dout, const float* row_max, const float* row_sum,
+    const float* delta, float* dk, float* dv, Dims d, Mask mask) {
+  constexpr int W = kColumnsPerLane<MAXD>;
   extern __shared__ float smem[];
   float* ks = smem;                       // own key rows   [kTile][MAXD + 1]
   float* vs = ks + kTile * (MAXD + 1);    // own value rows [kTile][MAXD + 1]
@@ -256,7 +285,7 @@ __global__ void __launch_bounds__(kTile) flash_backward_dkv_kernel(const float* 
   float* dos = qs + kTile * MAXD;         // dO tile        [kTile][MAXD]
   float* stats = dos + kTile * MAXD;      // [3][kTile]: row max, 1 / row sum, delta
   const std::int64_t b = blockIdx.z, h = blockIdx.y, j0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
-  const int t = threadIdx.x, D = static_cast<int>(d.D);
+  const int t = threadIdx.x / kLanes<MAXD>, first = (threadIdx.x % kLanes<MAXD>) * W, D = static_cast<int>(d.D);
   const std::int64_t j = j0 + t, stride = d.H * d.D;
   const std::int64_t qoff = (b * d.Tq * d.H + h) * d.D, koff = (b * d.Tk * d.H + h) * d.D;
   load_tile<MAXD>(ks, MAXD + 1, k + koff, stride, j0, d.Tk, D);
@@ -269,22 +298,22 @@ __global__ void __launch_bounds__(kTile) flash_backward_dkv_kernel(const float* 
   }
   const float* my_k = ks + t * (MAXD + 1);
   const float* my_v = vs + t * (MAXD + 1);
-  float gk[MAXD], gv[MAXD];
+  float gk[W], gv[W];
 #pragma unroll
-  for (int c = 0; c < MAXD; ++c) gk[c] = gv[c] = 0.f;
+  for (int c = 0; c < W; ++c) gk[c] = gv[c] = 0.f;
   for (std::int64_t i0 = i_first; i0 < d.Tq; i0 += kTile) {
     __syncthreads();
     load_tile<MAXD>(qs, MAXD, q + qoff, stride, i0, d.Tq, D);
     load_tile<MAXD>(dos, MAXD, dout + qoff, stride, i0, d.Tq, D);
-    {
-      const std::int64_t i = i0 + t, stat = (b * d.H + h) * d.Tq + i;
+    if (threadIdx.x < kTile) {
+      const std::int64_t i = i0 + threadIdx.x, stat = (b * d.H + h) * d.Tq + i;
       const bool live = i < d.Tq && row_sum[i < d.Tq ? stat : 0] > 0.f;
-      stats[t] = live ? row_max[stat] : 0.f;
-      stats[kTile + t] = live ? 1.f / row_sum[stat] : 0.f;  // 0: the row saw no key
-      stats[2 * kTile + t] = live ? delta[stat] : 0.f;
+      stats[threadIdx.x] = live ? row_max[stat] : 0.f;
+      stats[kTile + threadIdx.x] = live ? 1.f / row_sum[stat] : 0.f;  // 0: the row saw no key
+      stats[2 * kTile + threadIdx.x] = live ? delta[stat] : 0.f;
     }
     __syncthreads();
-    if (j >= d.Tk) continue;
+    if (j >= d.Tk) continue;  // every lane of the row: the shuffles below stay among live rows' lanes
     for (int ii = 0; ii < kTile; ++ii) {
       const std::int64_t i = i0 + ii;
       if (i >= d.Tq) break;
@@ -292,23 +321,23 @@ __global__ void __launch_bounds__(kTile) flash_backward_dkv_kernel(const float* 
       if (inv_l == 0.f || j >= mask.visible(i, d.Tk)) continue;
       const float* qi = qs + ii * MAXD;
       const float* doi = dos + ii * MAXD;
-      const float p = expf(d.scale * dot_row<MAXD>(qi, my_k) - stats[ii]) * inv_l;
-      const float dp = dot_row<MAXD>(doi, my_v);
+      const float p = expf(d.scale * lane_dot<MAXD>(qi, my_k, first) - stats[ii]) * inv_l;
+      const float dp = lane_dot<MAXD>(doi, my_v, first);
       const float ds = d.scale * p * (dp - stats[2 * kTile + ii]);
 #pragma unroll
-      for (int c = 0; c < MAXD; ++c) {
-        gv[c] += p * doi[c];
-        gk[c] += ds * qi[c];
+      for (int c = 0; c < W; ++c) {
+        gv[c] += p * doi[first + c];
+        gk[c] += ds * qi[first + c];
       }
     }
   }
   if (j >= d.Tk) return;
   const std::int64_t o = ((b * d.Tk + j) * d.H + h) * d.D;
 #pragma unroll
-  for (int c = 0; c < MAXD; ++c)
-    if (c < D) {
-      dk[o + c] = gk[c];
-      dv[o + c] = gv[c];
+  for (int c = 0; c < W; ++c)
+    if (first + c < D) {
+      dk[o + first + c] = gk[c];
+      dv[o + first + c] = gv[c];
     }
 }
 
@@ -490,13 +519,13 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
     constexpr int MAXD = decltype(maxd)::value;
     const std::size_t dq_bytes = sizeof(float) * (2 * kTile * (MAXD + 1) + 2 * kTile * MAXD);
     allow_shared(flash_backward_dq_kernel<MAXD>, dq_bytes);
-    flash_backward_dq_kernel<MAXD><<<query_grid(d, d.Tq), kTile, dq_bytes, stream()>>>(
+    flash_backward_dq_kernel<MAXD><<<query_grid(d, d.Tq), kTile * kLanes<MAXD>, dq_bytes, stream()>>>(
         ptr<float>(q), ptr<float>(k), ptr<float>(v), ptr<float>(dout), ptr<float>(row_max), ptr<float>(row_sum),
         ptr<float>(delta), ptr<float>(dq), d, to_mask(mask));
     check_launch();
     const std::size_t dkv_bytes = sizeof(float) * (2 * kTile * (MAXD + 1) + 2 * kTile * MAXD + 3 * kTile);
     allow_shared(flash_backward_dkv_kernel<MAXD>, dkv_bytes);
-    flash_backward_dkv_kernel<MAXD><<<query_grid(d, d.Tk), kTile, dkv_bytes, stream()>>>(
+    flash_backward_dkv_kernel<MAXD><<<query_grid(d, d.Tk), kTile * kLanes<MAXD>, dkv_bytes, stream()>>>(
         ptr<float>(q), ptr<float>(k), ptr<float>(v), ptr<float>(dout), ptr<float>(row_max), ptr<float>(row_sum),
         ptr<float>(delta), ptr<float>(dk), ptr<float>(dv), d, to_mask(mask));
     check_launch();
