@@ -2,8 +2,8 @@
 # The whole GPU job for a machine with a GPU, in one call or two:
 #
 #   tools/gpu-suite.sh build      configure (CUDA on, sm_90 only) and build into $DTP_BUILD_DIR
-#   tools/gpu-suite.sh run        every GPU checker, the benchmarks (collectives, train step,
-#                                 DDP 4 ranks on one GPU), the PyTorch cross-check
+#   tools/gpu-suite.sh run        every GPU checker, the benchmarks (collectives, train step
+#                                 with PyTorch eager, DDP 4 ranks on one GPU), the PyTorch cross-check
 #   tools/gpu-suite.sh [all]      both
 #   tools/gpu-suite.sh --dry-run  print what `all` would run, and check that the build configures
 #
@@ -100,6 +100,11 @@ do_run() {
   if ((dry_run)) || [[ -x "$build/bin/dtp-bench-train-step" ]]; then
     step "train step" bench-train-step.txt "$build/bin/dtp-bench-train-step" \
       --json "$work/train-step-$gpu-$stamp.jsonl"
+    # Its peer in the same run: PyTorch eager, the same model and shapes, TF32 (what DTP runs) and bf16.
+    for precision in tf32 bf16; do
+      step "torch train step $precision" "bench-torch-train-step-$precision.txt" python3 bench/torch_train_step.py \
+        --precision "$precision" --json "$work/train-step-$gpu-$stamp.jsonl"
+    done
   fi
   # DDP with 4 rank threads sharing the GPU, against 4x the single-rank step (the table's first row).
   if ((dry_run)) || [[ -x "$build/bin/dtp-bench-ddp-step" ]]; then
@@ -116,6 +121,16 @@ summary() {
   for f in "$work"/torch-crosscheck-*.txt; do
     [[ -f "$f" ]] && echo "$(basename "$f" .txt): $(grep -E "max|skipped" "$f" | tail -1) ($(tail -1 "$f"))"
   done
+  # DTP's tokens/s against PyTorch eager's, from the same run.
+  python3 - "$work/train-step-$gpu-$stamp.jsonl" <<'PY' 2>/dev/null
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+dtp = [r for r in rows if r.get("what") == "train_step"]
+for peer in (r for r in rows if r.get("what") == "torch_train_step"):
+    for mine in dtp:
+        print(f"== train step: DTP {mine.get('attention', '')} {mine['tokens_per_s']:,.0f} tokens/s vs PyTorch eager "
+              f"{peer['precision']} {peer['tokens_per_s']:,.0f}: DTP at {mine['tokens_per_s'] / peer['tokens_per_s']:.2f}x")
+PY
   for table in "$work"/bench-*.txt; do
     [[ -f "$table" ]] || continue
     echo "== $(basename "$table" .txt)"
