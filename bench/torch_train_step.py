@@ -92,6 +92,10 @@ def main():
         print(f"--device {args.device}: no usable CUDA device: skipped")
         return 0
 
+    if args.attention == "sdpa" and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        print(f"--attention sdpa needs PyTorch 2.0 or later (this is {torch.__version__}); use --attention math",
+              file=sys.stderr)
+        return 2
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
