@@ -1,0 +1,71 @@
+// Chapter 07 — mixed precision: your code.
+//
+// Replace each `throw dtp::NotSolved(...)` with your code, then run
+//     ./dtp grade 07
+// to see which puzzles pass. The contract is in
+// chapters/07_mixed_precision/mixed_precision.h; the lesson (the formats bit
+// by bit, with worked examples of every rounding case) is in
+// chapters/07_mixed_precision/README.md.
+//
+// Tools you may use:
+//   std::bit_cast<std::uint32_t>(x)      an f32's 32 bits (and back: std::bit_cast<float>(u))
+//   std::isnan(x), std::isinf(x)
+//   shifts, masks and integer adds
+// Not allowed: dtp::float_to_bf16, dtp::float_to_f16 and their inverses in
+// dtp/dtype.h (the runtime's own casts), and _Float16 / __bf16 casts: the
+// puzzle is to do it yourself.
+// The `(void)x;` lines only silence unused-parameter warnings: delete them.
+#include "07_mixed_precision/mixed_precision.h"
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+#include "dtp/error.h"
+
+namespace dtp::ch07 {
+
+std::uint16_t f32_to_bf16_bits(float x) {
+  // About 8 lines.
+  // NaN first: return the top 16 bits with the top mantissa bit (0x0040) set.
+  // Otherwise add 0x7FFF plus the lowest kept bit ((bits >> 16) & 1) to the
+  // 32 bits and keep the top 16: below half rounds down, above half carries
+  // up, and an exact half carries up only when the kept part is odd.
+  (void)x;
+  throw dtp::NotSolved("7.1 f32_to_bf16_bits");
+}
+
+float bf16_bits_to_f32(std::uint16_t bits) {
+  // About 1 line: the bf16 bits are the top half of an f32.
+  (void)bits;
+  throw dtp::NotSolved("7.1 bf16_bits_to_f32");
+}
+
+std::uint16_t f32_to_f16_bits(float x) {
+  // About 25 lines.
+  // Split the f32 into sign, exponent e (unbiased: field - 127) and the 24-bit
+  // significand m = 0x800000 | mantissa (for a normal f32).
+  // - NaN: sign | 0x7E00. Infinity: sign | 0x7C00.
+  // - e >= 16: infinity. e >= -14: normal f16; keep the top 11 bits of m,
+  //   round away the low 13 to nearest even, rebias the exponent (+15). If
+  //   rounding carries the mantissa to 2^11, the exponent goes up by one
+  //   (and 65520 and above become infinity that way).
+  // - e < -14: subnormal; the kept part is m >> (-14 - e + 13), rounded to
+  //   nearest even on the bits shifted out; a carry into bit 10 makes it the
+  //   smallest normal, which the same bit pattern already says.
+  // - |x| < 2^-25 (or an f32 subnormal): signed zero.
+  (void)x;
+  throw dtp::NotSolved("7.1 f32_to_f16_bits");
+}
+
+float f16_bits_to_f32(std::uint16_t bits) {
+  // About 12 lines.
+  // exponent field 31: infinity or NaN; 0: mantissa x 2^-24 (zero or
+  // subnormal); else (1 + mantissa / 1024) x 2^(exponent - 15). Build the f32
+  // bits (exponent - 15 + 127, mantissa << 13), or compute the subnormal
+  // value with std::ldexp. Keep the sign.
+  (void)bits;
+  throw dtp::NotSolved("7.1 f16_bits_to_f32");
+}
+
+}  // namespace dtp::ch07
