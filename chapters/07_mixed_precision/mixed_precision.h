@@ -13,10 +13,21 @@
 /// | bf16 | 1 | 8 (127) | 7  | 3.39e38 | 2^-126 | 2^-7 |
 /// | f16  | 1 | 5 (15)  | 10 | 65504 | 2^-14 | 2^-10 |
 ///
+/// 7.3 is dynamic loss scaling with the semantics of PyTorch's GradScaler:
+/// the loss is multiplied by a large scale before backward so that small
+/// f16 gradients do not flush to zero; the gradients are divided by it
+/// before anything reads them (clipping included); a step whose gradients
+/// hold an inf or NaN is skipped and the scale halved; after a run of good
+/// steps the scale doubles.
+///
 /// See chapters/07_mixed_precision/README.md.
 #pragma once
 
 #include <cstdint>
+#include <vector>
+
+#include "dtp/optim.h"
+#include "dtp/tensor.h"
 
 namespace dtp::ch07 {
 
@@ -44,5 +55,54 @@ std::uint16_t f32_to_f16_bits(float x);
 /// 7.1 The f32 equal to the f16 with bits @p bits (always exact: subnormal
 /// f16 values become normal f32 values).
 float f16_bits_to_f32(std::uint16_t bits);
+
+/// The settings of the loss scaler: PyTorch GradScaler's defaults.
+struct ScalerConfig {
+  double initial_scale = 65536.0;       ///< 2^16
+  double growth_factor = 2.0;           ///< applied after growth_interval good steps in a row (> 1)
+  double backoff_factor = 0.5;          ///< applied after a step with a non-finite gradient (in (0, 1))
+  std::int64_t growth_interval = 2000;  ///< good steps in a row before the scale grows (>= 1)
+};
+
+/// 7.3 The dynamic loss scaler. Use: multiply the loss by scale() before
+/// backward (so every gradient is scale() times too large), then call
+/// step() instead of the optimizer's own step.
+class LossScaler {
+ public:
+  /// Provided: checks @p config (a dtp::Error names the bad field).
+  explicit LossScaler(ScalerConfig config = {});
+
+  /// The factor the loss is multiplied by before backward.
+  double scale() const { return scale_; }
+  /// Good steps in a row since the scale last changed (or since the start).
+  std::int64_t good_steps() const { return good_steps_; }
+  /// The settings.
+  const ScalerConfig& config() const { return config_; }
+
+  /// 7.3 Divides every element of every gradient in @p grads by scale(), in
+  /// place, and returns true when any element of any of them is an inf or a
+  /// NaN. Every gradient is unscaled, even after a non-finite one is found.
+  bool unscale(const std::vector<Tensor>& grads);
+
+  /// 7.3 Moves the schedule one step: after a step with a non-finite
+  /// gradient (@p found_non_finite) the scale is multiplied by
+  /// backoff_factor and the count of good steps restarts at 0; after a good
+  /// step the count goes up, and when it reaches growth_interval the scale is
+  /// multiplied by growth_factor and the count restarts at 0.
+  void update(bool found_non_finite);
+
+  /// 7.3 One optimizer step from the gradients of the scaled loss:
+  /// unscale @p optimizer's gradients, clip them to a global norm of
+  /// @p max_norm (none when max_norm <= 0) through optimizer.clip_gradients,
+  /// take optimizer.step(lr) only if every gradient is finite, then update().
+  /// Returns true when the step was taken. A skipped step leaves the
+  /// parameters and the optimizer's state exactly as they were.
+  bool step(Optimizer& optimizer, double lr, double max_norm);
+
+ private:
+  ScalerConfig config_;
+  double scale_;
+  std::int64_t good_steps_ = 0;
+};
 
 }  // namespace dtp::ch07

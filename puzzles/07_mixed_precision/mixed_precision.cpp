@@ -7,7 +7,7 @@
 // by bit, with worked examples of every rounding case) is in
 // chapters/07_mixed_precision/README.md.
 //
-// Tools you may use:
+// Tools you may use in 7.1:
 //   std::bit_cast<std::uint32_t>(x)      an f32's 32 bits (and back: std::bit_cast<float>(u))
 //   std::isnan(x), std::isinf(x)
 //   shifts, masks and integer adds
@@ -22,6 +22,9 @@
 #include <cstdint>
 
 #include "dtp/error.h"
+#include "dtp/nn_ops.h"
+#include "dtp/ops.h"
+#include "dtp/optim.h"
 
 namespace dtp::ch07 {
 
@@ -66,6 +69,49 @@ float f16_bits_to_f32(std::uint16_t bits) {
   // value with std::ldexp. Keep the sign.
   (void)bits;
   throw dtp::NotSolved("7.1 f16_bits_to_f32");
+}
+
+}  // namespace dtp::ch07
+
+// --- 7.3 the dynamic loss scaler ------------------------------------------------
+// Tools:
+//   ops::scale(t, factor)                t *= factor, in place (dtp/ops.h)
+//   ops::all_finite(t)                   no inf or NaN in t (dtp/nn_ops.h)
+//   grad_tensors(optimizer.buffers())    the optimizer's gradients (dtp/optim.h)
+//   optimizer.clip_gradients(max_norm)   clips by the global norm (none if max_norm <= 0)
+//   optimizer.step(lr)                   the update itself
+// Members: scale_, good_steps_, config_ (see mixed_precision.h).
+
+namespace dtp::ch07 {
+
+bool LossScaler::unscale(const std::vector<Tensor>& grads) {
+  // About 6 lines.
+  // Multiply each gradient by 1 / scale_ (exact when the scale is a power of
+  // two) and remember whether any of them is not all finite. Do not stop at
+  // the first bad one: every gradient must be unscaled.
+  (void)grads;
+  throw dtp::NotSolved("7.3 LossScaler::unscale");
+}
+
+void LossScaler::update(bool found_non_finite) {
+  // About 8 lines.
+  // Bad step: scale_ *= backoff_factor, good_steps_ = 0. Good step:
+  // ++good_steps_, and at growth_interval: scale_ *= growth_factor,
+  // good_steps_ = 0.
+  (void)found_non_finite;
+  throw dtp::NotSolved("7.3 LossScaler::update");
+}
+
+bool LossScaler::step(Optimizer& optimizer, double lr, double max_norm) {
+  // About 8 lines.
+  // Unscale first: clipping must see the true gradients, not scale_ times
+  // them. Skip both clipping and the optimizer step when something is not
+  // finite (a norm of inf would scale every gradient to 0 or NaN). Update the
+  // schedule either way.
+  (void)optimizer;
+  (void)lr;
+  (void)max_norm;
+  throw dtp::NotSolved("7.3 LossScaler::step");
 }
 
 }  // namespace dtp::ch07

@@ -1,0 +1,23 @@
+// Provided: the loss scaler's constructor, which refuses settings that would
+// make the schedule meaningless (a scale that cannot grow back, or one that
+// grows on a bad step).
+#include "07_mixed_precision/mixed_precision.h"
+
+#include <cmath>
+
+#include "dtp/error.h"
+
+namespace dtp::ch07 {
+
+LossScaler::LossScaler(ScalerConfig config) : config_(config), scale_(config.initial_scale) {
+  DTP_CHECK(std::isfinite(config.initial_scale) && config.initial_scale > 0,
+            "LossScaler: initial_scale must be finite and > 0, got ", config.initial_scale);
+  DTP_CHECK(std::isfinite(config.growth_factor) && config.growth_factor > 1,
+            "LossScaler: growth_factor must be > 1, got ", config.growth_factor);
+  DTP_CHECK(config.backoff_factor > 0 && config.backoff_factor < 1,
+            "LossScaler: backoff_factor must be in (0, 1), got ", config.backoff_factor);
+  DTP_CHECK(config.growth_interval >= 1, "LossScaler: growth_interval must be at least 1, got ",
+            config.growth_interval);
+}
+
+}  // namespace dtp::ch07
