@@ -77,14 +77,15 @@ std::uint16_t encode(double v, const Format& f) {
   return static_cast<std::uint16_t>(sign | ((exponent + f.bias()) << f.mantissa_bits) | mantissa);
 }
 
-// The unit in the last place of the format at |x| (finite, nonzero), as a power of two.
+// The unit in the last place of the format at |x| (finite and nonzero: ilogb
+// of 0 or infinity is not an exponent), as a power of two.
 int ulp_exponent(double x, const Format& f) { return std::max(std::ilogb(x), f.min_exponent()) - f.mantissa_bits; }
 
 // The format's value nearest to finite x, rounding the count of units with
 // `round` (std::rint in the default rounding mode: ties to even); past the
 // largest finite: infinity.
 double round_to(double x, const Format& f, double (*round)(double) = std::rint) {
-  if (x == 0) return x;
+  if (x == 0 || std::isinf(x)) return x;  // infinity stays infinity (and has no ulp)
   const int q = ulp_exponent(x, f);
   const double v = round(x * pow2(-q)) * pow2(q);
   if (std::fabs(v) > f.largest()) return std::copysign(std::numeric_limits<double>::infinity(), x);
@@ -129,8 +130,8 @@ std::string explain(float x, std::uint16_t expected, std::uint16_t got, const Fo
   if (got == encode(round_to(xd, f, toward_zero), f))
     return "truncated (rounded toward zero): the dropped bits were more than half a unit, or exactly half "
            "with an odd kept part, so it must round up";
-  const double scaled = xd * pow2(-ulp_exponent(xd, f));
-  const bool tie = std::isfinite(scaled) && scaled - std::floor(scaled) == 0.5;
+  const double scaled = std::isfinite(xd) && xd != 0 ? xd * pow2(-ulp_exponent(xd, f)) : 0.0;
+  const bool tie = scaled - std::floor(scaled) == 0.5;
   if (tie && got == encode(round_to(xd, f, half_away), f))
     return "an exact tie rounded away from zero: ties go to the neighbour whose lowest kept bit is 0 (even)";
   if ((expected & 0x7FFFu) == f.infinity() && std::isfinite(decode(got, f)))
