@@ -14,14 +14,13 @@
 //      its receive for only later. A receive therefore does not wait at all:
 //      the message lands in stream order, before anything later on the
 //      stream reads it; its header (size, dtype, tag, clock) is checked at
-//      the next point where the host waits anyway (sync()).
+//      the next point where the host waits anyway (NcclComm::synchronize).
 // Each message is two NCCL sends to its destination, header then payload,
 // and each receive posts header then payload: NCCL keeps calls to one peer
 // in order, so the k-th header/payload pair meets the k-th receive.
-// A message to the rank itself is the exception: its receive is on the same
-// stream, so it is issued only in the group of the receive that takes it
-// (rule 1 alone would put a second message to self in a group that can never
-// finish), and never with a collective.
+// Messages a rank sends itself never come here: NcclComm keeps them in a
+// queue of its own and a receive copies them on the stream (through NCCL, a
+// second message to self would sit in a group its receive can never join).
 //
 // The limit (said in chapter 01's lesson and in the timeout report): a
 // collective waits for its ranks' agreement with the queued sends in its
@@ -29,7 +28,6 @@
 // destination before that destination's next collective.
 #pragma once
 
-#include <cstddef>
 #include <vector>
 
 namespace dtp {
@@ -53,14 +51,13 @@ struct NcclGroupPlan {
 /// carry them (see the file comment for the rules).
 class EagerSends {
  public:
-  /// send(): remembers message @p id for @p dst; no NCCL call yet. A message
-  /// to the rank itself names its communicator in @p self_channel (-1: a peer).
-  void queue(int dst, int id, int self_channel = -1) { queued_.push_back({dst, id, self_channel}); }
+  /// send() to a peer: remembers message @p id for @p dst; no NCCL call yet.
+  void queue(int dst, int id) { queued_.push_back({dst, id}); }
 
-  /// recv(): one group of the queued sends (to self: only the one this
-  /// receive takes) and this receive; the host does not wait.
-  NcclGroupPlan receive(int src, int id, int self_channel = -1) {
-    NcclGroupPlan plan = take_queued(self_channel, self_channel >= 0);
+  /// recv() from a peer: one group of the queued sends and this receive; the
+  /// host does not wait.
+  NcclGroupPlan receive(int src, int id) {
+    NcclGroupPlan plan = take_queued();
     plan.calls.push_back({P2pCall::Kind::recv_header, src, id});
     plan.calls.push_back({P2pCall::Kind::recv_payload, src, id});
     return plan;
@@ -69,43 +66,31 @@ class EagerSends {
   /// A collective (or its signature check, which the host reads): the queued
   /// sends then the collective, in one group the host waits for.
   NcclGroupPlan collective() {
-    NcclGroupPlan plan = take_queued(-1, false);
+    NcclGroupPlan plan = take_queued();
     plan.calls.push_back({P2pCall::Kind::collective, -1, -1});
     plan.host_waits = true;
     return plan;
   }
 
-  /// The queued sends alone, waited for: an isend's wait(). Messages to self
-  /// go too (waiting for one before its receive is posted hangs, as it may on MPI).
+  /// The queued sends alone, waited for: an isend's wait().
   NcclGroupPlan flush() {
-    NcclGroupPlan plan = take_queued(-1, false, true);
+    NcclGroupPlan plan = take_queued();
     plan.host_waits = true;
     return plan;
   }
 
-  bool empty() const { return queued_.empty(); }
-
  private:
   struct Queued {
-    int dst, id, self_channel;
+    int dst, id;
   };
-  // Every queued message to a peer; of those to self, the first on
-  // @p self_channel when @p one_to_self, or all of them with @p all_to_self.
-  NcclGroupPlan take_queued(int self_channel, bool one_to_self, bool all_to_self = false) {
+  // Every queued message, header then payload, in the order they were sent.
+  NcclGroupPlan take_queued() {
     NcclGroupPlan plan;
-    std::vector<Queued> kept;
     for (const Queued& q : queued_) {
-      const bool to_self = q.self_channel >= 0;
-      const bool take = !to_self || all_to_self || (one_to_self && q.self_channel == self_channel);
-      if (!take) {
-        kept.push_back(q);
-        continue;
-      }
-      if (to_self && !all_to_self) one_to_self = false;
       plan.calls.push_back({P2pCall::Kind::send_header, q.dst, q.id});
       plan.calls.push_back({P2pCall::Kind::send_payload, q.dst, q.id});
     }
-    queued_.swap(kept);
+    queued_.clear();
     return plan;
   }
   std::vector<Queued> queued_;

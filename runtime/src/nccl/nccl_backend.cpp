@@ -88,6 +88,12 @@ class NcclSendRequest : public RequestState {
   Tensor x_;  // stays alive until the send is done
 };
 
+// A send to self is copied at isend(): nothing is left to wait for.
+class CompleteRequest : public RequestState {
+ public:
+  void wait() override {}
+};
+
 // The receive is issued at wait(): NCCL has no way to post it earlier without
 // pinning every later call of the rank behind it.
 class NcclRecvRequest : public RequestState {
@@ -216,22 +222,24 @@ void NcclComm::issue(const NcclGroupPlan& plan, const std::string& what, const s
   if (plan.host_waits) synchronize(what);
 }
 
+void NcclComm::check_message(const Incoming& want, std::int64_t numel, DType dtype, int tag) {
+  if (numel == want.numel && dtype == want.dtype && tag == want.tag) return;
+  std::ostringstream message;
+  message << "recv on rank " << rank_ << " from rank " << want.src << " expected tag " << want.tag << " with "
+          << want.numel << " x " << dtype_name(want.dtype) << " but the next message holds tag " << tag << " with "
+          << numel << " x " << dtype_name(dtype)
+          << "; on nccl, messages between two ranks arrive in the order they were sent";
+  control_->announce(rank_, message.str());
+  throw CommMismatch(message.str());
+}
+
 void NcclComm::settle_receives() {
   std::vector<Incoming> settled;
   settled.swap(unsettled_);
   for (const Incoming& in : settled) {
     const std::vector<double> h = in.header.to_vector();
-    const auto numel = static_cast<std::int64_t>(h[0]);
-    const auto dtype = static_cast<DType>(static_cast<int>(h[1]));
-    if (numel != in.numel || dtype != in.dtype || static_cast<int>(h[2]) != in.tag) {
-      std::ostringstream message;
-      message << "recv on rank " << rank_ << " from rank " << in.src << " expected tag " << in.tag << " with "
-              << in.numel << " x " << dtype_name(in.dtype) << " but the next message holds tag "
-              << static_cast<int>(h[2]) << " with " << numel << " x " << dtype_name(dtype)
-              << "; on nccl, messages between two ranks arrive in the order they were sent";
-      control_->announce(rank_, message.str());
-      throw CommMismatch(message.str());
-    }
+    check_message(in, static_cast<std::int64_t>(h[0]), static_cast<DType>(static_cast<int>(h[1])),
+                  static_cast<int>(h[2]));
     *clock_ = std::max(*clock_, h[3]);
   }
 }
@@ -249,35 +257,62 @@ Tensor make_header(const Tensor& x, int tag, double arrival, Device device) {
 void NcclComm::send(const Tensor& x, int dst, int tag) {
   check_device("send", x);
   *clock_ += world_.cost.alpha + world_.cost.beta * static_cast<double>(x.nbytes());
+  sent_[dst] += 1;
   Tensor copy = Tensor::empty(x.shape(), x.dtype(), device_, MemoryCategory::comm);
   copy.copy_from(x);
+  if (dst == rank_) {  // never through NCCL: recv_from_self takes it
+    to_self_.push_back({copy, tag, *clock_});
+    return;
+  }
   const int id = outbox_->next_id++;
   outbox_->messages.emplace(id, Outgoing{copy, make_header(x, tag, *clock_, device_), comm_});
-  outbox_->plan.queue(dst, id, to_self(dst));
-  sent_[dst] += 1;
+  outbox_->plan.queue(dst, id);
 }
 
 std::shared_ptr<RequestState> NcclComm::isend(const Tensor& x, int dst, int tag) {
   check_device("isend", x);
+  if (dst == rank_) {  // copied at once: complete already
+    send(x, dst, tag);
+    return std::make_shared<CompleteRequest>();
+  }
   *clock_ += world_.cost.alpha + world_.cost.beta * static_cast<double>(x.nbytes());
   const int id = outbox_->next_id++;
   // No copy: x must stay unchanged until wait().
   outbox_->messages.emplace(id, Outgoing{x, make_header(x, tag, *clock_, device_), comm_});
-  outbox_->plan.queue(dst, id, to_self(dst));
+  outbox_->plan.queue(dst, id);
   sent_[dst] += 1;
   return std::make_shared<NcclSendRequest>(this, x);
 }
 
 void NcclComm::recv(Tensor& x, int src, int tag) {
   check_device("recv", x);
+  if (src == rank_) return recv_from_self(x, tag);
   Incoming incoming{Tensor::zeros({kHeaderFields}, DType::f64, device_, MemoryCategory::comm), src, tag, x.numel(),
                     x.dtype()};
   std::ostringstream what;
   what << "recv(source rank " << src << ", tag " << tag << ", " << x.numel() << " x " << dtype_name(x.dtype()) << ")";
   // No wait: the data lands before anything later on this stream reads it.
-  issue(outbox_->plan.receive(src, outbox_->next_id++, to_self(src)), what.str(), nullptr, &incoming, &x);
+  issue(outbox_->plan.receive(src, outbox_->next_id++), what.str(), nullptr, &incoming, &x);
   unsettled_.push_back(std::move(incoming));
   received_[src] += 1;
+}
+
+void NcclComm::recv_from_self(Tensor& x, int tag) {
+  const Incoming want{Tensor(), rank_, tag, x.numel(), x.dtype()};
+  if (to_self_.empty()) {
+    std::ostringstream message;
+    message << "recv on rank " << rank_ << " from itself (tag " << tag << ", " << x.numel() << " x "
+            << dtype_name(x.dtype()) << ") but it has no message to itself left to receive: a message to "
+            << "self must be sent before it is received (it would wait forever)";
+    control_->announce(rank_, message.str());
+    throw CommMismatch(message.str());
+  }
+  const ToSelf message = std::move(to_self_.front());
+  to_self_.pop_front();
+  check_message(want, message.payload.numel(), message.payload.dtype(), message.tag);
+  x.copy_from(message.payload);  // on the stream: ordered after the send's copy, before any later reader
+  received_[rank_] += 1;
+  *clock_ = std::max(*clock_, message.clock);
 }
 
 std::shared_ptr<RequestState> NcclComm::irecv(Tensor& x, int src, int tag) {
@@ -546,7 +581,6 @@ std::shared_ptr<CommBackend> NcclComm::split(int color, int key) {
   auto child = std::make_shared<NcclComm>(sub, sub_rank, sub_size, device_, world_, control_, true);
   child->clock_ = clock_;    // the same rank: the same clock
   child->outbox_ = outbox_;  // and the same stream
-  child->self_channel_ = outbox_->next_channel++;
   return child;
 }
 

@@ -11,6 +11,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -91,8 +92,8 @@ class NcclComm : public CommBackend {
   void barrier() override;
   std::shared_ptr<CommBackend> split(int color, int key) override;
 
-  /// End of launch: reports messages nobody received ("" when none), else
-  /// sends what is still queued and waits for it.
+  /// End of launch: sends what is still queued, exchanges every rank's
+  /// message counts and reports messages nobody received ("" when none).
   std::string finish();
   /// Waits (polling) until the rank's stream has done everything queued,
   /// then checks the headers of the receives it carried.
@@ -106,6 +107,12 @@ class NcclComm : public CommBackend {
     Tensor header;   // numel, dtype, tag, arrival time
     ncclComm_t comm;  // the communicator it was sent on (a split shares the outbox)
   };
+  /// A message this rank sent itself: it never goes through NCCL.
+  struct ToSelf {
+    Tensor payload;  // private copy
+    int tag;
+    double clock;    // the sender's clock after the send
+  };
   /// The rank's messages sent but not yet issued, shared by every
   /// communicator of the rank (split() included): they share the stream, so
   /// whichever of them waits first must issue them all.
@@ -113,7 +120,6 @@ class NcclComm : public CommBackend {
     EagerSends plan;
     std::map<int, Outgoing> messages;  // by message id
     int next_id = 0;
-    int next_channel = 0;  // each communicator's messages to self are a channel of their own
   };
   /// A receive whose data is on its way in stream order; its header is
   /// checked at the next host wait (settle_receives).
@@ -129,6 +135,11 @@ class NcclComm : public CommBackend {
              Incoming* incoming = nullptr, Tensor* payload = nullptr);
   /// Checks the headers of the receives issued so far (the stream is done with them).
   void settle_receives();
+  /// Throws CommMismatch (announced) unless the message a receive @p want
+  /// met holds @p numel x @p dtype with tag @p tag.
+  void check_message(const Incoming& want, std::int64_t numel, DType dtype, int tag);
+  /// recv() of a message this rank sent itself (send() queued a copy in to_self_).
+  void recv_from_self(Tensor& x, int tag);
   double agree(const std::string& signature, const std::string& kind, double cost_bytes);
   void check_device(const char* op, const Tensor& x) const;
   /// The side stream, made to wait until the rank's stream reaches this
@@ -148,8 +159,7 @@ class NcclComm : public CommBackend {
   std::shared_ptr<double> clock_ = std::make_shared<double>(0.0);  // one per rank, shared by its comms
   std::vector<long long> sent_, received_;                            // messages per peer
   std::shared_ptr<Outbox> outbox_ = std::make_shared<Outbox>();
-  int self_channel_ = outbox_->next_channel++;
-  int to_self(int peer) const { return peer == rank_ ? self_channel_ : -1; }
+  std::deque<ToSelf> to_self_;          // messages to this rank on this communicator, oldest first
   std::vector<Incoming> unsettled_;     // receives whose headers are not checked yet
   cudaStream_t side_stream_ = nullptr;  // non-blocking collectives run here, beside compute
 };
