@@ -17,7 +17,7 @@
 # as gpu-summary.txt and printed last: two files, in $OUT when set (the device
 # machine brings that folder back), else in bench/results/.
 #
-# From this workplace's `device` tool (see tools/README.md):
+# From this workplace's `device` tool, two calls:
 #   run(command="bash tools/gpu-suite.sh build", timeout_s=600)
 #   run(command="bash tools/gpu-suite.sh run", timeout_s=600)
 set -uo pipefail
@@ -177,6 +177,9 @@ if [[ $phase == build || $phase == all ]]; then
   [[ $phase == build ]] && { echo "gpu-suite: built into $build"; exit 0; }
 fi
 [[ -d "$build" ]] || { echo "gpu-suite: no build in $build: run 'tools/gpu-suite.sh build' first" >&2; exit 1; }
+# A run starts clean: the benchmarks append to their JSON files, and a second
+# run on the same machine (and day) would otherwise count every row twice.
+find "$work" -maxdepth 1 -type f ! -name configure.log ! -name build.log -delete
 do_run
 summary > "$work/summary.txt"
 archive="$out/gpu-results-$gpu-$stamp.tar.gz"

@@ -77,15 +77,12 @@ inline std::int64_t rows_of(const Tensor& t, std::int64_t cols) { return cols ==
 
 inline unsigned grid_for(std::int64_t count, int threads = 256) { return blocks_for(count, threads); }
 
-/// The current GPU's streaming multiprocessors (asked once per thread and GPU).
+/// The current GPU's streaming multiprocessors (a cheap query: no synchronization).
 inline int multiprocessor_count() {
-  constexpr int kMostDevices = 64;
-  thread_local int counts[kMostDevices] = {};
-  int device = 0;
+  int device = 0, count = 0;
   DTP_CUDA_CHECK(cudaGetDevice(&device));
-  if (device >= kMostDevices) device = kMostDevices - 1;
-  if (counts[device] == 0) DTP_CUDA_CHECK(cudaDeviceGetAttribute(&counts[device], cudaDevAttrMultiProcessorCount, device));
-  return counts[device];
+  DTP_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
 }
 
 // --- reductions ---------------------------------------------------------------

@@ -1,6 +1,7 @@
 // Element-wise nn kernels: add/axpy, sum of squares, finite check, casts,
 // bias, GELU, and the optimizer updates on flat buffers. All are memory
 // bound: one grid-stride pass, coalesced, nothing kept between elements.
+#include <algorithm>
 #include <cmath>
 
 #include "cuda/nn_kernels_common.cuh"
@@ -283,13 +284,12 @@ void bias_backward(const Tensor& dy, Tensor& dbias) {
   const std::int64_t column_blocks = (C + kBiasColumns - 1) / kBiasColumns;
   const std::int64_t wanted = (4 * nn::multiprocessor_count() + column_blocks - 1) / column_blocks;
   const std::int64_t most = std::max<std::int64_t>(1, (rows + kBiasRowThreads - 1) / kBiasRowThreads);
-  const std::int64_t slices = std::min<std::int64_t>(std::min<std::int64_t>(wanted, most), 65535);
-  const std::int64_t rows_per_slice = (rows + slices - 1) / std::max<std::int64_t>(slices, 1);
-  const DType partial_dtype = dy.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  Tensor partial = Tensor::empty({slices * C}, partial_dtype, dy.device(), MemoryCategory::activations);
+  const std::int64_t slices = std::min<std::int64_t>({wanted, most, 65535});  // >= 1
+  const std::int64_t rows_per_slice = (rows + slices - 1) / slices;
   nn::with_float(dy.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    using A = typename Compute<T>::type;
+    using A = typename Compute<T>::type;  // partial sums in the compute type
+    Tensor partial = Tensor::empty({slices * C}, dtype_of<A>(), dy.device(), MemoryCategory::activations);
     bias_partial_kernel<<<dim3(static_cast<unsigned>(column_blocks), static_cast<unsigned>(slices)),
                           dim3(kBiasColumns, kBiasRowThreads), 0, stream()>>>(ptr<T>(dy), ptr<A>(partial), rows, C,
                                                                               rows_per_slice);
