@@ -71,8 +71,6 @@ float f16_bits_to_f32(std::uint16_t bits) {
   throw dtp::NotSolved("7.1 f16_bits_to_f32");
 }
 
-}  // namespace dtp::ch07
-
 // --- 7.3 the dynamic loss scaler ------------------------------------------------
 // Tools:
 //   ops::scale(t, factor)                t *= factor, in place (dtp/ops.h)
@@ -81,8 +79,6 @@ float f16_bits_to_f32(std::uint16_t bits) {
 //   optimizer.clip_gradients(max_norm)   clips by the global norm (none if max_norm <= 0)
 //   optimizer.step(lr)                   the update itself
 // Members: scale_, good_steps_, config_ (see mixed_precision.h).
-
-namespace dtp::ch07 {
 
 bool LossScaler::unscale(const std::vector<Tensor>& grads) {
   // About 6 lines.
