@@ -71,7 +71,9 @@ struct GPTConfig {
   /// hold every expert runs only through a MoeCore. 1 (the default): all.
   int expert_shards = 1;
   int expert_shard = 0;  ///< which share of the experts, 0 to expert_shards - 1
-  DType dtype = DType::f32;       ///< parameters, gradients and activations (f32 or f64 on CPU)
+  /// Parameters, gradients and activations. bf16 and f16 compute in f32 and
+  /// round every stored value (chapter 07 keeps f32 master weights beside them).
+  DType dtype = DType::f32;
   Device device = Device::cpu();  ///< where parameters and activations live
 
   /// Throws dtp::Error naming the first bad field.

@@ -10,9 +10,10 @@
 /// - Input gradients (`dx`) are overwritten; parameter gradients (`dweight`,
 ///   `dbias`, `dtable`) are accumulated (+=), so gradients add up across
 ///   micro-batches until someone zeroes them.
-/// - Floating ops run on f32 (accumulating in f32) and f64 (in f64) on the CPU.
-///   Other dtypes and CUDA tensors fail with a clear message (CUDA kernels come
-///   with CUDA tensors).
+/// - Floating ops run on f64 (computing in f64), f32, bf16 and f16 (computing
+///   in f32). A bf16 or f16 op reads its inputs as f32 and rounds each value
+///   it stores to nearest even, once, on the CPU as on the GPU: nothing is
+///   rounded in between. All floating operands of an op share one dtype.
 /// - Matrices are row-major; a tensor of shape [..., C] is read as a matrix of
 ///   numel / C rows and C columns.
 #pragma once

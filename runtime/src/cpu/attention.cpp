@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cpu/attention_common.h"
+#include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
 
 namespace dtp::ops {
@@ -13,6 +14,12 @@ namespace dtp::ops {
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& probs, const AttentionMask& mask, double scale) {
   if (q.device().is_cuda()) return cuda::attention_forward(q, k, v, out, probs, mask, scale);
+  if (detail::is_half(q.dtype())) {
+    detail::Widened f32("attention_forward", q.dtype());
+    attention_forward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.out("out", out),
+                      f32.out("probs", probs), mask, scale);
+    return f32.store();
+  }
   const char* op = "attention_forward";
   const detail::AttentionDims d = detail::attention_dims(op, q, k, v, scale);
   detail::check_float(op, "out", out);
@@ -64,6 +71,12 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionMask& mask, double scale) {
   if (q.device().is_cuda()) return cuda::attention_backward(q, k, v, probs, dout, dq, dk, dv, mask, scale);
+  if (detail::is_half(q.dtype())) {
+    detail::Widened f32("attention_backward", q.dtype());
+    attention_backward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.in("probs", probs),
+                       f32.in("dout", dout), f32.out("dq", dq), f32.out("dk", dk), f32.out("dv", dv), mask, scale);
+    return f32.store();
+  }
   const char* op = "attention_backward";
   const detail::AttentionDims d = detail::attention_dims(op, q, k, v, scale);
   for (auto [name, t, shape] :

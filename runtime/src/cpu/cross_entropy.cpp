@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "cpu/nn_ops_common.h"
+#include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
 
@@ -38,6 +39,12 @@ T row_logsumexp(const T* row, std::int64_t V, T& max_out) {
 
 double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses) {
   if (logits.device().is_cuda()) return cuda::cross_entropy_forward(logits, targets, losses);
+  if (detail::is_half(logits.dtype())) {
+    detail::Widened f32("cross_entropy_forward", logits.dtype());
+    const double result = cross_entropy_forward(f32.in("logits", logits), targets, f32.out("losses", losses));
+    f32.store();
+    return result;
+  }
   const char* op = "cross_entropy_forward";
   const detail::LogitRows r = check_logits(op, logits, targets);
   if (losses.defined()) {
@@ -65,6 +72,11 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double loss_scale,
                             Tensor& dlogits) {
   if (logits.device().is_cuda()) return cuda::cross_entropy_backward(logits, targets, loss_scale, dlogits);
+  if (detail::is_half(logits.dtype())) {
+    detail::Widened f32("cross_entropy_backward", logits.dtype());
+    cross_entropy_backward(f32.in("logits", logits), targets, loss_scale, f32.out("dlogits", dlogits));
+    return f32.store();
+  }
   const char* op = "cross_entropy_backward";
   const detail::LogitRows r = check_logits(op, logits, targets);
   detail::check_float(op, "dlogits", dlogits);

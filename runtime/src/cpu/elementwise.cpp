@@ -3,6 +3,7 @@
 #include <numbers>
 
 #include "cpu/nn_ops_common.h"
+#include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
 
@@ -61,6 +62,11 @@ void fill_normal(Tensor& x, double mean, double std, Rng& rng) {
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
   if (a.device().is_cuda()) return cuda::add(a, b, out);
+  if (detail::is_half(a.dtype())) {
+    detail::Widened f32("add", a.dtype());
+    add(f32.in("a", a), f32.in("b", b), f32.out("out", out));
+    return f32.store();
+  }
   detail::check_float("add", "a", a);
   detail::check_float("add", "b", b);
   detail::check_float("add", "out", out);
@@ -79,6 +85,11 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 
 void axpy(Tensor& y, double alpha, const Tensor& x) {
   if (y.device().is_cuda()) return cuda::axpy(y, alpha, x);
+  if (detail::is_half(y.dtype())) {
+    detail::Widened f32("axpy", y.dtype());
+    axpy(f32.out("y", y), alpha, f32.in("x", x));
+    return f32.store();
+  }
   detail::check_float("axpy", "y", y);
   detail::check_float("axpy", "x", x);
   detail::check_dtype_is("axpy", "x", x, y.dtype());
@@ -94,6 +105,10 @@ void axpy(Tensor& y, double alpha, const Tensor& x) {
 
 double sum_squares(const Tensor& x) {
   if (x.device().is_cuda()) return cuda::sum_squares(x);
+  if (detail::is_half(x.dtype())) {
+    detail::Widened f32("sum_squares", x.dtype());
+    return sum_squares(f32.in("x", x));
+  }
   detail::check_float("sum_squares", "x", x);
   double total = 0;
   detail::with_float(x.dtype(), [&](auto zero) {
@@ -165,6 +180,11 @@ T fast_tanh(T u) {
 
 void gelu_forward(const Tensor& x, Tensor& y) {
   if (x.device().is_cuda()) return cuda::gelu_forward(x, y);
+  if (detail::is_half(x.dtype())) {
+    detail::Widened f32("gelu_forward", x.dtype());
+    gelu_forward(f32.in("x", x), f32.out("y", y));
+    return f32.store();
+  }
   detail::check_float("gelu_forward", "x", x);
   detail::check_float("gelu_forward", "y", y);
   detail::check_dtype_is("gelu_forward", "y", y, x.dtype());
@@ -183,6 +203,11 @@ void gelu_forward(const Tensor& x, Tensor& y) {
 
 void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   if (x.device().is_cuda()) return cuda::gelu_backward(x, dy, dx);
+  if (detail::is_half(x.dtype())) {
+    detail::Widened f32("gelu_backward", x.dtype());
+    gelu_backward(f32.in("x", x), f32.in("dy", dy), f32.out("dx", dx));
+    return f32.store();
+  }
   detail::check_float("gelu_backward", "x", x);
   detail::check_float("gelu_backward", "dy", dy);
   detail::check_float("gelu_backward", "dx", dx);

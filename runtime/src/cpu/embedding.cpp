@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "cpu/nn_ops_common.h"
+#include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
 
@@ -23,6 +24,11 @@ std::int32_t checked_id(const char* op, const std::int32_t* ids, std::int64_t n,
 
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
   if (table.device().is_cuda()) return cuda::embedding_forward(ids, table, out);
+  if (detail::is_half(table.dtype())) {
+    detail::Widened f32("embedding_forward", table.dtype());
+    embedding_forward(ids, f32.in("table", table), f32.out("out", out));
+    return f32.store();
+  }
   const char* op = "embedding_forward";
   check_ids(op, ids);
   detail::check_float(op, "table", table);
@@ -46,6 +52,11 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
   if (dout.device().is_cuda()) return cuda::embedding_backward(ids, dout, dtable);
+  if (detail::is_half(dout.dtype())) {
+    detail::Widened f32("embedding_backward", dout.dtype());
+    embedding_backward(ids, f32.in("dout", dout), f32.out("dtable", dtable));
+    return f32.store();
+  }
   const char* op = "embedding_backward";
   check_ids(op, ids);
   detail::check_float(op, "dtable", dtable);
@@ -86,6 +97,11 @@ void check_positions(const char* op, const Tensor& x, const char* table_name, co
 
 void add_positions(Tensor& x, const Tensor& positions, std::int64_t start) {
   if (x.device().is_cuda()) return cuda::add_positions(x, positions, start);
+  if (detail::is_half(x.dtype())) {
+    detail::Widened f32("add_positions", x.dtype());
+    add_positions(f32.out("x", x), f32.in("positions", positions), start);
+    return f32.store();
+  }
   check_positions("add_positions", x, "positions", positions, start);
   const std::int64_t B = x.size(0), T_ = x.size(1), C = x.size(2);
   detail::with_float(x.dtype(), [&](auto zero) {
@@ -103,6 +119,11 @@ void add_positions(Tensor& x, const Tensor& positions, std::int64_t start) {
 
 void positions_backward(const Tensor& dx, Tensor& dpositions, std::int64_t start) {
   if (dx.device().is_cuda()) return cuda::positions_backward(dx, dpositions, start);
+  if (detail::is_half(dx.dtype())) {
+    detail::Widened f32("positions_backward", dx.dtype());
+    positions_backward(f32.in("dx", dx), f32.out("dpositions", dpositions), start);
+    return f32.store();
+  }
   check_positions("positions_backward", dx, "dpositions", dpositions, start);
   const std::int64_t B = dx.size(0), T_ = dx.size(1), C = dx.size(2);
   detail::with_float(dx.dtype(), [&](auto zero) {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "cpu/nn_ops_common.h"
+#include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
 
@@ -11,6 +12,12 @@ namespace dtp::ops {
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
                        Tensor& mean, Tensor& rstd, double eps) {
   if (x.device().is_cuda()) return cuda::layernorm_forward(x, weight, bias, y, mean, rstd, eps);
+  if (detail::is_half(x.dtype())) {
+    detail::Widened f32("layernorm_forward", x.dtype());
+    layernorm_forward(f32.in("x", x), f32.in("weight", weight), f32.in("bias", bias), f32.out("y", y),
+                      f32.out("mean", mean), f32.out("rstd", rstd), eps);
+    return f32.store();
+  }
   const char* op = "layernorm_forward";
   detail::check_float(op, "x", x);
   for (auto [name, t] : {std::pair<const char*, const Tensor*>{"weight", &weight},
@@ -57,6 +64,12 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) {
   if (dy.device().is_cuda()) return cuda::layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias);
+  if (detail::is_half(dy.dtype())) {
+    detail::Widened f32("layernorm_backward", dy.dtype());
+    layernorm_backward(f32.in("dy", dy), f32.in("x", x), f32.in("weight", weight), f32.in("mean", mean),
+                       f32.in("rstd", rstd), f32.out("dx", dx), f32.out("dweight", dweight), f32.out("dbias", dbias));
+    return f32.store();
+  }
   const char* op = "layernorm_backward";
   detail::check_float(op, "x", x);
   for (auto [name, t] : {std::pair<const char*, const Tensor*>{"dy", &dy},

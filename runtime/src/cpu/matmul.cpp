@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu/nn_ops_common.h"
+#include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
 
@@ -113,6 +114,11 @@ MatrixDims matrix_dims(const char* name, const Tensor& t) {
 void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, bool transpose_b,
             double alpha, double beta) {
   if (a.device().is_cuda()) return cuda::matmul(a, b, out, transpose_a, transpose_b, alpha, beta);
+  if (detail::is_half(a.dtype())) {
+    detail::Widened f32("matmul", a.dtype());
+    matmul(f32.in("a", a), f32.in("b", b), f32.out("out", out), transpose_a, transpose_b, alpha, beta);
+    return f32.store();
+  }
   detail::check_float("matmul", "a", a);
   detail::check_float("matmul", "b", b);
   detail::check_float("matmul", "out", out);
@@ -155,6 +161,11 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, boo
 
 void add_bias(Tensor& x, const Tensor& bias) {
   if (x.device().is_cuda()) return cuda::add_bias(x, bias);
+  if (detail::is_half(x.dtype())) {
+    detail::Widened f32("add_bias", x.dtype());
+    add_bias(f32.out("x", x), f32.in("bias", bias));
+    return f32.store();
+  }
   detail::check_float("add_bias", "x", x);
   detail::check_float("add_bias", "bias", bias);
   detail::check_dtype_is("add_bias", "bias", bias, x.dtype());
@@ -174,6 +185,11 @@ void add_bias(Tensor& x, const Tensor& bias) {
 
 void bias_backward(const Tensor& dy, Tensor& dbias) {
   if (dy.device().is_cuda()) return cuda::bias_backward(dy, dbias);
+  if (detail::is_half(dy.dtype())) {
+    detail::Widened f32("bias_backward", dy.dtype());
+    bias_backward(f32.in("dy", dy), f32.out("dbias", dbias));
+    return f32.store();
+  }
   detail::check_float("bias_backward", "dy", dy);
   detail::check_float("bias_backward", "dbias", dbias);
   detail::check_dtype_is("bias_backward", "dbias", dbias, dy.dtype());

@@ -3,6 +3,7 @@
 // the weight's gradient is the dot product of the row's gradient with the
 // unscaled output.
 #include "cpu/nn_ops_common.h"
+#include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
 
@@ -10,6 +11,11 @@ namespace dtp::ops {
 
 void scale_rows(Tensor& x, const Tensor& w) {
   if (x.device().is_cuda()) return cuda::scale_rows(x, w);
+  if (detail::is_half(x.dtype())) {
+    detail::Widened f32("scale_rows", x.dtype());
+    scale_rows(f32.out("x", x), f32.in("w", w));
+    return f32.store();
+  }
   const char* op = "scale_rows";
   detail::check_float(op, "x", x);
   detail::check_float(op, "w", w);
@@ -28,6 +34,11 @@ void scale_rows(Tensor& x, const Tensor& w) {
 
 void row_dot(const Tensor& a, const Tensor& b, Tensor& out) {
   if (a.device().is_cuda()) return cuda::row_dot(a, b, out);
+  if (detail::is_half(a.dtype())) {
+    detail::Widened f32("row_dot", a.dtype());
+    row_dot(f32.in("a", a), f32.in("b", b), f32.out("out", out));
+    return f32.store();
+  }
   const char* op = "row_dot";
   detail::check_float(op, "a", a);
   detail::check_float(op, "b", b);

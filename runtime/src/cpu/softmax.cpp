@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "cpu/nn_ops_common.h"
+#include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
 
@@ -11,6 +12,11 @@ namespace dtp::ops {
 
 void softmax_forward(const Tensor& x, Tensor& y) {
   if (x.device().is_cuda()) return cuda::softmax_forward(x, y);
+  if (detail::is_half(x.dtype())) {
+    detail::Widened f32("softmax_forward", x.dtype());
+    softmax_forward(f32.in("x", x), f32.out("y", y));
+    return f32.store();
+  }
   detail::check_float("softmax_forward", "x", x);
   detail::check_float("softmax_forward", "y", y);
   detail::check_dtype_is("softmax_forward", "y", y, x.dtype());
@@ -40,6 +46,11 @@ void softmax_forward(const Tensor& x, Tensor& y) {
 
 void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   if (y.device().is_cuda()) return cuda::softmax_backward(y, dy, dx);
+  if (detail::is_half(y.dtype())) {
+    detail::Widened f32("softmax_backward", y.dtype());
+    softmax_backward(f32.in("y", y), f32.in("dy", dy), f32.out("dx", dx));
+    return f32.store();
+  }
   detail::check_float("softmax_backward", "y", y);
   detail::check_float("softmax_backward", "dy", dy);
   detail::check_float("softmax_backward", "dx", dx);

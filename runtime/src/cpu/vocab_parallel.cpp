@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "cpu/nn_ops_common.h"
+#include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
 
@@ -50,6 +51,11 @@ void check_row_stat(const char* op, const char* name, const Tensor& stat, const 
 void embedding_shard_forward(const Tensor& ids, const Tensor& table_shard, std::int64_t vocab_start,
                              Tensor& out) {
   if (table_shard.device().is_cuda()) return cuda::embedding_shard_forward(ids, table_shard, vocab_start, out);
+  if (detail::is_half(table_shard.dtype())) {
+    detail::Widened f32("embedding_shard_forward", table_shard.dtype());
+    embedding_shard_forward(ids, f32.in("table_shard", table_shard), vocab_start, f32.out("out", out));
+    return f32.store();
+  }
   const char* op = "embedding_shard_forward";
   const Rows r = check_shard_lookup(op, ids, table_shard, "table_shard", out, "out");
   const std::int64_t rows = table_shard.size(0);
@@ -72,6 +78,11 @@ void embedding_shard_forward(const Tensor& ids, const Tensor& table_shard, std::
 void embedding_shard_backward(const Tensor& ids, const Tensor& dout, std::int64_t vocab_start,
                               Tensor& dtable_shard) {
   if (dout.device().is_cuda()) return cuda::embedding_shard_backward(ids, dout, vocab_start, dtable_shard);
+  if (detail::is_half(dout.dtype())) {
+    detail::Widened f32("embedding_shard_backward", dout.dtype());
+    embedding_shard_backward(ids, f32.in("dout", dout), vocab_start, f32.out("dtable_shard", dtable_shard));
+    return f32.store();
+  }
   const char* op = "embedding_shard_backward";
   const Rows r = check_shard_lookup(op, ids, dtable_shard, "dtable_shard", dout, "dout");
   const std::int64_t rows = dtable_shard.size(0);
@@ -92,6 +103,11 @@ void embedding_shard_backward(const Tensor& ids, const Tensor& dout, std::int64_
 
 void row_max(const Tensor& x, Tensor& out) {
   if (x.device().is_cuda()) return cuda::row_max(x, out);
+  if (detail::is_half(x.dtype())) {
+    detail::Widened f32("row_max", x.dtype());
+    row_max(f32.in("x", x), f32.out("out", out));
+    return f32.store();
+  }
   const char* op = "row_max";
   detail::check_float(op, "x", x);
   const std::int64_t V = detail::last_dim(op, "x", x);
@@ -110,6 +126,12 @@ void vocab_shard_softmax_sums(const Tensor& logits, const Tensor& targets, std::
                               const Tensor& row_max, Tensor& sum_exp, Tensor& target_logit) {
   if (logits.device().is_cuda())
     return cuda::vocab_shard_softmax_sums(logits, targets, vocab_start, row_max, sum_exp, target_logit);
+  if (detail::is_half(logits.dtype())) {
+    detail::Widened f32("vocab_shard_softmax_sums", logits.dtype());
+    vocab_shard_softmax_sums(f32.in("logits", logits), targets, vocab_start, f32.in("row_max", row_max),
+                             f32.out("sum_exp", sum_exp), f32.out("target_logit", target_logit));
+    return f32.store();
+  }
   const char* op = "vocab_shard_softmax_sums";
   const detail::LogitRows r = check_logits_slice(op, logits, targets);
   check_row_stat(op, "row_max", row_max, logits, r.N);
@@ -139,6 +161,12 @@ void vocab_shard_cross_entropy_backward(const Tensor& logits, const Tensor& targ
   if (logits.device().is_cuda())
     return cuda::vocab_shard_cross_entropy_backward(logits, targets, vocab_start, row_max, sum_exp,
                                                     loss_scale, dlogits);
+  if (detail::is_half(logits.dtype())) {
+    detail::Widened f32("vocab_shard_cross_entropy_backward", logits.dtype());
+    vocab_shard_cross_entropy_backward(f32.in("logits", logits), targets, vocab_start, f32.in("row_max", row_max),
+                                       f32.in("sum_exp", sum_exp), loss_scale, f32.out("dlogits", dlogits));
+    return f32.store();
+  }
   const char* op = "vocab_shard_cross_entropy_backward";
   const detail::LogitRows r = check_logits_slice(op, logits, targets);
   check_row_stat(op, "row_max", row_max, logits, r.N);

@@ -44,8 +44,8 @@ void GPTConfig::validate() const {
     DTP_CHECK(expert_shards == 1 && expert_shard == 0, "GPTConfig: expert_shards ", expert_shards,
               " needs experts (a mixture of experts to shard), got experts = 0");
   }
-  DTP_CHECK(dtype == DType::f32 || dtype == DType::f64, "GPTConfig: dtype must be f32 or f64, got ",
-            dtype_name(dtype), " (16-bit training keeps f32 master weights: chapter 07)");
+  DTP_CHECK(is_floating(dtype), "GPTConfig: dtype must be f64, f32, bf16 or f16, got ", dtype_name(dtype),
+            " (a bf16 or f16 model is the working copy of mixed-precision training: chapter 07)");
 }
 
 std::int64_t GPTConfig::parameter_count() const {
