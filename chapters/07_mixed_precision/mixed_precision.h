@@ -20,12 +20,22 @@
 /// hold an inf or NaN is skipped and the scale halved; after a run of good
 /// steps the scale doubles.
 ///
+/// 7.2 is the mixed-precision step: a bf16 or f16 model runs forward and
+/// backward; the optimizer updates f32 master weights from the gradients
+/// cast up; the masters are cast down into the model after the update.
+///
+/// 7.4 is the same step on data-parallel ranks: the gradients are averaged
+/// in a chosen precision, and every rank takes the same skip decision.
+///
 /// See chapters/07_mixed_precision/README.md.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "dtp/comm.h"
+#include "dtp/data.h"
+#include "dtp/nn.h"
 #include "dtp/optim.h"
 #include "dtp/tensor.h"
 
@@ -56,11 +66,13 @@ std::uint16_t f32_to_f16_bits(float x);
 /// f16 values become normal f32 values).
 float f16_bits_to_f32(std::uint16_t bits);
 
-/// The settings of the loss scaler: PyTorch GradScaler's defaults.
+/// The settings of the loss scaler: PyTorch GradScaler's defaults. A
+/// growth and a backoff factor of 1 make a static scale (`--loss-scale N`),
+/// which still skips the steps that overflow.
 struct ScalerConfig {
   double initial_scale = 65536.0;       ///< 2^16
-  double growth_factor = 2.0;           ///< applied after growth_interval good steps in a row (> 1)
-  double backoff_factor = 0.5;          ///< applied after a step with a non-finite gradient (in (0, 1))
+  double growth_factor = 2.0;           ///< applied after growth_interval good steps in a row (>= 1)
+  double backoff_factor = 0.5;          ///< applied after a step with a non-finite gradient (in (0, 1])
   std::int64_t growth_interval = 2000;  ///< good steps in a row before the scale grows (>= 1)
 };
 
@@ -104,5 +116,83 @@ class LossScaler {
   double scale_;
   std::int64_t good_steps_ = 0;
 };
+
+// --- 7.2 the mixed-precision step ----------------------------------------------
+
+/// The f32 master weights of a bf16 or f16 model: one f32 copy of each
+/// unit's flat parameter buffer. They are optimizer state (lesson section
+/// 5): charged to MemoryCategory::optimizer.
+class MasterWeights {
+ public:
+  /// Provided: copies every unit's parameters of @p model (bf16 or f16; a
+  /// dtp::Error otherwise) up to f32. @p model must outlive this object.
+  explicit MasterWeights(GPT& model);
+
+  /// One buffer per unit, in model().units() order and named after it:
+  /// params is the f32 master, grads is undefined. Build the optimizer over
+  /// these: make_optimizer(config, masters.buffers()).
+  const std::vector<ParamBuffer>& buffers() const { return buffers_; }
+  /// The 16-bit model.
+  GPT& model() { return *model_; }
+
+  /// 7.2 Casts each unit's 16-bit gradients up into a new f32 tensor
+  /// (MemoryCategory::other: it lives for one update) and attaches it to
+  /// @p optimizer as buffer i's gradients (Optimizer::set_grads), unit i =
+  /// buffer i.
+  void grads_to_master(Optimizer& optimizer) const;
+
+  /// Provided: detaches the f32 gradients from @p optimizer, which frees them.
+  void release_grads(Optimizer& optimizer) const;
+
+  /// 7.2 Casts each f32 master down into its unit's 16-bit parameters
+  /// (round to nearest even: ops::cast).
+  void master_to_model();
+
+ private:
+  GPT* model_;
+  std::vector<ParamBuffer> buffers_;
+};
+
+/// What one mixed-precision step did.
+struct MixedStep {
+  double loss = 0;       ///< the batch's mean loss (unscaled)
+  double grad_norm = 0;  ///< global norm of the true (unscaled) gradients before clipping; inf or NaN on overflow
+  bool stepped = false;  ///< false when the step was skipped (a non-finite gradient)
+};
+
+/// 7.2 One training step of a 16-bit model with f32 master weights:
+/// zero the model's gradients; forward @p batch; backward with the loss
+/// multiplied by the scaler's scale (1 without a scaler); cast the
+/// gradients up (grads_to_master); measure grad_norm (the f32 gradients'
+/// global norm divided by that scale); then with @p scaler: its step
+/// (unscale, clip, step or skip, update), without: clip to @p max_norm and
+/// step; release the f32 gradients; and, when the step was taken, cast the
+/// masters down into the model (master_to_model). @p optimizer is built over
+/// masters.buffers(); @p scaler may be null (bf16 needs none).
+MixedStep mixed_precision_step(MasterWeights& masters, Optimizer& optimizer, LossScaler* scaler,
+                               const Batch& batch, double lr, double max_norm);
+
+// --- 7.4 mixed precision under DDP --------------------------------------------------
+
+/// 7.4 True on every rank when @p found is true on at least one rank of
+/// @p comm: one all_reduce of a one-element flag with ReduceOp::max.
+/// Collective: every rank calls it.
+bool found_on_any_rank(Comm& comm, bool found);
+
+/// 7.4 mixed_precision_step on each data-parallel rank's slice of the
+/// batch, with the gradients averaged over @p comm's ranks between backward
+/// and the update, in @p reduce_dtype:
+/// - the model's dtype (bf16 or f16): each unit's 16-bit gradients are
+///   all-reduced (sum) and divided by the world size before grads_to_master:
+///   half the bytes of f32;
+/// - f32: the gradients are cast up first (grads_to_master), and the f32
+///   gradients the optimizer holds are all-reduced and divided.
+/// With a scaler the skip decision is every rank's: unscale, then
+/// found_on_any_rank, then clip and step only when no rank found a
+/// non-finite gradient, then update. Every rank then keeps the same
+/// masters, model and scale. grad_norm is the norm of the averaged gradients.
+MixedStep ddp_mixed_precision_step(Comm& comm, MasterWeights& masters, Optimizer& optimizer,
+                                   LossScaler* scaler, const Batch& batch, double lr, double max_norm,
+                                   DType reduce_dtype);
 
 }  // namespace dtp::ch07

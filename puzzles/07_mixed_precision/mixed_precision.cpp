@@ -110,4 +110,78 @@ bool LossScaler::step(Optimizer& optimizer, double lr, double max_norm) {
   throw dtp::NotSolved("7.3 LossScaler::step");
 }
 
+// --- 7.2 the mixed-precision step ------------------------------------------------
+// Tools:
+//   model.units()                        the units, in the order of masters.buffers()
+//   unit->grads(), unit->params()        a unit's flat 16-bit buffers
+//   Tensor::empty(shape, DType::f32, device, MemoryCategory::other)
+//   ops::cast(src, dst)                  converts, rounding to nearest even (dtp/nn_ops.h)
+//   optimizer.set_grads(i, grads)        attaches buffer i's gradients (dtp/optim.h)
+//   global_grad_norm(grad_tensors(optimizer.buffers()))
+// Members: model_ (GPT*), buffers_ (the masters, see mixed_precision.h).
+
+void MasterWeights::grads_to_master(Optimizer& optimizer) const {
+  // About 7 lines.
+  // For unit i: a new f32 tensor shaped like its grads, on the same device,
+  // charged to MemoryCategory::other; cast the 16-bit gradients into it;
+  // attach it as buffer i's gradients.
+  (void)optimizer;
+  throw dtp::NotSolved("7.2 MasterWeights::grads_to_master");
+}
+
+void MasterWeights::master_to_model() {
+  // About 3 lines: cast buffers_[i].params (f32) into unit i's params.
+  throw dtp::NotSolved("7.2 MasterWeights::master_to_model");
+}
+
+MixedStep mixed_precision_step(MasterWeights& masters, Optimizer& optimizer, LossScaler* scaler,
+                               const Batch& batch, double lr, double max_norm) {
+  // About 18 lines.
+  // model = masters.model(); zero its gradients; result.loss = model.forward(
+  // batch.inputs, batch.targets); backward with the scale (1 without a
+  // scaler); cast the gradients up; result.grad_norm = their global norm /
+  // the scale; then scaler->step(...) or clip_gradients + step; release the
+  // f32 gradients; cast the masters down only if the step was taken.
+  (void)masters;
+  (void)optimizer;
+  (void)scaler;
+  (void)batch;
+  (void)lr;
+  (void)max_norm;
+  throw dtp::NotSolved("7.2 mixed_precision_step");
+}
+
+// --- 7.4 mixed precision under DDP -------------------------------------------------
+// Tools:
+//   comm.all_reduce(t, ReduceOp::sum or ReduceOp::max), comm.size(), comm.device()
+//   Tensor::full(Shape{1}, value, DType::f32, comm.device()), t.item(0)
+//   ops::scale(t, factor)
+//   scaler->unscale(grads), scaler->update(found)   the pieces of LossScaler::step
+
+bool found_on_any_rank(Comm& comm, bool found) {
+  // About 3 lines: a one-element flag, all-reduced with max.
+  (void)comm;
+  (void)found;
+  throw dtp::NotSolved("7.4 found_on_any_rank");
+}
+
+MixedStep ddp_mixed_precision_step(Comm& comm, MasterWeights& masters, Optimizer& optimizer,
+                                   LossScaler* scaler, const Batch& batch, double lr, double max_norm,
+                                   DType reduce_dtype) {
+  // About 25 lines: 7.2's step with the average between backward and the
+  // update. First refuse a reduce_dtype that is neither the model's dtype
+  // (masters.model().config().dtype) nor f32, naming reduce_dtype and both. In 16 bits, average each unit's grads before grads_to_master;
+  // in f32, average the optimizer's gradients after it. With a scaler, the
+  // found flag goes through found_on_any_rank before anyone decides.
+  (void)comm;
+  (void)masters;
+  (void)optimizer;
+  (void)scaler;
+  (void)batch;
+  (void)lr;
+  (void)max_norm;
+  (void)reduce_dtype;
+  throw dtp::NotSolved("7.4 ddp_mixed_precision_step");
+}
+
 }  // namespace dtp::ch07

@@ -26,7 +26,7 @@ struct ParamBuffer {
 /// One ParamBuffer per unit of @p model (forward order), named after the unit.
 std::vector<ParamBuffer> param_buffers(GPT& model);
 
-/// The gradient buffers of @p buffers.
+/// The gradient buffers of @p buffers; throws naming a buffer that has none.
 std::vector<Tensor> grad_tensors(const std::vector<ParamBuffer>& buffers);
 
 /// Base of SGD and AdamW.
@@ -47,9 +47,16 @@ class Optimizer {
   std::int64_t steps() const { return steps_; }
   /// The buffers this optimizer updates.
   const std::vector<ParamBuffer>& buffers() const { return buffers_; }
+  /// Points buffer @p i at gradients @p grads (its params' dtype, element
+  /// count and device), or at none with an undefined tensor. A buffer may be
+  /// built without gradients and get them only for an update: mixed
+  /// precision (chapter 07) attaches f32 gradients cast up from a 16-bit
+  /// model for one step and frees them after it. step() and
+  /// clip_gradients() throw while a buffer has none.
+  void set_grads(std::size_t i, Tensor grads);
 
  protected:
-  /// Checks that each buffer's params and grads match.
+  /// Checks that each buffer's params and grads (when defined) match.
   explicit Optimizer(std::vector<ParamBuffer> buffers);
   /// A zeroed state buffer like buffers()[i].params (MemoryCategory::optimizer).
   Tensor new_state(std::size_t i) const;

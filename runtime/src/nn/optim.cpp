@@ -18,18 +18,38 @@ std::vector<ParamBuffer> param_buffers(GPT& model) {
 
 std::vector<Tensor> grad_tensors(const std::vector<ParamBuffer>& buffers) {
   std::vector<Tensor> out;
-  for (const ParamBuffer& b : buffers) out.push_back(b.grads);
+  for (const ParamBuffer& b : buffers) {
+    DTP_CHECK(b.grads.defined(), "optimizer: buffer '", b.name,
+              "' has no gradients attached (Optimizer::set_grads attaches them)");
+    out.push_back(b.grads);
+  }
   return out;
 }
 
+namespace {
+void check_grads_match(const ParamBuffer& b) {
+  if (!b.grads.defined()) return;
+  DTP_CHECK(b.params.numel() == b.grads.numel() && b.params.dtype() == b.grads.dtype() &&
+                b.params.device() == b.grads.device(),
+            "optimizer: buffer '", b.name, "' has params ", b.params.describe(), " but grads ",
+            b.grads.describe(), "; they must match in dtype, element count and device");
+}
+}  // namespace
+
 Optimizer::Optimizer(std::vector<ParamBuffer> buffers) : buffers_(std::move(buffers)) {
   for (const ParamBuffer& b : buffers_) {
-    DTP_CHECK(b.params.defined() && b.grads.defined(), "optimizer: buffer '", b.name,
-              "' needs defined params and grads");
-    DTP_CHECK(b.params.numel() == b.grads.numel() && b.params.dtype() == b.grads.dtype(),
-              "optimizer: buffer '", b.name, "' has params ", b.params.describe(), " but grads ",
-              b.grads.describe(), "; they must match in dtype and element count");
+    DTP_CHECK(b.params.defined(), "optimizer: buffer '", b.name, "' needs defined params");
+    check_grads_match(b);
   }
+}
+
+void Optimizer::set_grads(std::size_t i, Tensor grads) {
+  DTP_CHECK(i < buffers_.size(), "optimizer: set_grads(", i, ", ...) but there are ", buffers_.size(),
+            " buffers");
+  ParamBuffer candidate = buffers_[i];
+  candidate.grads = std::move(grads);
+  check_grads_match(candidate);
+  buffers_[i] = std::move(candidate);
 }
 
 double Optimizer::clip_gradients(double max_norm) { return clip_grad_norm(grad_tensors(buffers_), max_norm); }
@@ -48,6 +68,7 @@ SGD::SGD(std::vector<ParamBuffer> buffers, SGDConfig config)
 }
 
 void SGD::step(double lr) {
+  grad_tensors(buffers_);  // every buffer has gradients attached
   ++steps_;
   for (std::size_t i = 0; i < buffers_.size(); ++i)
     ops::sgd_update(buffers_[i].params, buffers_[i].grads, momentum_[i], lr, config_.momentum,
@@ -66,6 +87,7 @@ AdamW::AdamW(std::vector<ParamBuffer> buffers, AdamWConfig config)
 }
 
 void AdamW::step(double lr) {
+  grad_tensors(buffers_);  // every buffer has gradients attached
   ++steps_;
   for (std::size_t i = 0; i < buffers_.size(); ++i)
     ops::adamw_update(buffers_[i].params, buffers_[i].grads, m_[i], v_[i], lr, config_.beta1,
