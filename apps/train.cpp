@@ -95,6 +95,18 @@ void print_header(const Options& o, const ProcessRole& role) {
                 static_cast<long long>(ddp.accumulate),
                 static_cast<long long>(config.batch / (ddp.world * ddp.accumulate)));
   }
+  if (config.strategy == "mixed") {
+    const dtp::ch07::MixedPrecisionRunOptions& mp = o.mp;
+    const bool f16 = config.model.dtype == dtp::DType::f16;
+    const std::string scale = mp.loss_scale.empty() ? (f16 ? "dynamic" : "none") : mp.loss_scale;
+    std::printf("mixed: a %s model with f32 master weights (2 + 2 + 12 bytes per parameter), loss scale %s%s",
+                dtp::dtype_name(config.model.dtype), scale.c_str(),
+                scale == "dynamic" ? " (from 2^16, halved on an overflow, doubled after 2000 good steps)" : "");
+    if (mp.world > 1)
+      std::printf("; %d ranks (%s backend), gradients averaged in %s", mp.world, role.mpi ? "mpi" : "thread",
+                  dtp::dtype_name(mp.reduce_dtype));
+    std::printf("\n");
+  }
   if (config.strategy == "zero") {
     const dtp::ch03::ZeroOptions& zero = o.zero;
     const char* sharded[] = {"", "optimizer state", "gradients and optimizer state",
@@ -178,6 +190,7 @@ int main(int argc, char** argv) {
     dtp::ch05::register_pipeline_strategy(options.pp);
     dtp::ch06::register_sequence_parallel_strategy(options.sp);
     dtp::ch06::register_expert_parallel_strategy(options.ep);
+    dtp::ch07::register_mixed_precision_strategy(options.mp);
     role = join_processes(options);
     if (role.reports) check_options(options);
   } catch (const UsageError& e) {
@@ -296,6 +309,7 @@ int main(int argc, char** argv) {
   dtp::ch05::register_pipeline_strategy(options.pp);
   dtp::ch06::register_sequence_parallel_strategy(options.sp);
   dtp::ch06::register_expert_parallel_strategy(options.ep);
+  dtp::ch07::register_mixed_precision_strategy(options.mp);
   try {
     if (role.reports) print_header(options, role);
     dtp::TrainResult result = dtp::train(config, [&](const dtp::StepRecord& record) {

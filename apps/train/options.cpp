@@ -22,7 +22,7 @@ const char* const kUsage = R"(Usage: dtp train [OPTIONS]
 Trains a small GPT on one device (or on data-parallel ranks with --strategy ddp
 or zero, tensor-parallel ones with --strategy tp, pipeline stages with
 --strategy pp, sequence shards with --strategy sp, expert shards with
---strategy ep), shows a progress line (loss, tokens/s, time left) and a summary.
+--strategy ep, in bf16 or f16 with --precision), shows a progress line (loss, tokens/s, time left) and a summary.
 
 Run:
   --device cpu|cuda[:k]   where to train (default cpu)
@@ -44,6 +44,21 @@ Run:
   --json FILE             write a JSON-lines log (config, one line per step, summary)
   --log-every N           keep a line every N steps (default: about ten per run);
                           on a terminal a line updates in place in between
+
+Mixed precision (chapter 07):
+  --precision fp32|bf16|fp16
+                          fp32 (default) trains as --dtype says; bf16 and fp16
+                          run a 16-bit model with f32 master weights (7.2), on
+                          one device or, with --world N, data parallel (7.4)
+  --loss-scale dynamic|none|S
+                          dynamic: start at 2^16, halve on an overflow (the step
+                          is skipped), double after 2000 good steps (7.3); none;
+                          or a fixed scale S > 0 (overflows still skip).
+                          Default: dynamic for fp16, none for bf16. The log shows
+                          the scale and every skipped step
+  --reduce-dtype f32|bf16|f16
+                          the dtype gradients are averaged in with --world > 1:
+                          f32 (default) or the model's
 
 Data parallel (--strategy ddp, chapter 02; --world also for zero):
   --world N               data-parallel ranks, 1 to 1024 (default 2; under mpiexec
@@ -242,6 +257,32 @@ std::string find_flag(int argc, char** argv, const std::string& flag) {
   return "";
 }
 
+namespace {
+
+// A bf16 config that passes every check but --loss-scale's own (used to
+// check that flag alone, as it is parsed).
+TrainConfig mixed_probe() {
+  TrainConfig probe;
+  probe.model.dtype = DType::bf16;
+  return probe;
+}
+
+// --precision bf16|fp16 makes the model 16-bit and the strategy "mixed".
+void resolve_precision(Options& o) {
+  if (o.precision == "fp32") {
+    if (o.mp_flags) throw UsageError{"--loss-scale and --reduce-dtype need --precision bf16 or fp16"};
+    return;
+  }
+  if (o.config.strategy != "single" && o.config.strategy != "mixed")
+    throw UsageError{"--precision " + o.precision + " runs chapter 07's mixed-precision trainer (one device, or "
+                     "data parallel with --world N); --strategy " + o.config.strategy + " trains in f32"};
+  if (o.dtype_given) throw UsageError{"--precision " + o.precision + " sets the model's dtype; drop --dtype"};
+  o.config.model.dtype = o.precision == "bf16" ? DType::bf16 : DType::f16;
+  o.config.strategy = "mixed";
+}
+
+}  // namespace
+
 Options parse_arguments(int argc, char** argv) {
   Options o;
   TrainConfig& config = o.config;
@@ -294,6 +335,7 @@ Options parse_arguments(int argc, char** argv) {
        [&](auto& f, auto& v) {
          if (v != "f32" && v != "f64") throw UsageError{f + " accepts f32 or f64, got '" + v + "'"};
          config.model.dtype = dtp::parse_dtype(v);
+         o.dtype_given = true;
        }},
       {"--moe-experts", [&](auto& f, auto& v) { config.model.experts = as_int(parse_int(f, v, 0, 1024)); }},
       {"--top-k", [&](auto& f, auto& v) { config.model.top_k = as_int(parse_int(f, v, 1, 1024)); }},
@@ -331,9 +373,32 @@ Options parse_arguments(int argc, char** argv) {
       {"--weight-decay", [&](auto& f, auto& v) { config.weight_decay = parse_real(f, v, 0, 100); }},
       {"--momentum", [&](auto& f, auto& v) { config.momentum = parse_real(f, v, 0, 1, true); }},
       {"--clip", [&](auto& f, auto& v) { config.grad_clip = parse_real(f, v, 0, 1e6); }},
+      {"--precision",
+       [&](auto& f, auto& v) {
+         if (v != "fp32" && v != "bf16" && v != "fp16")
+           throw UsageError{f + " accepts fp32, bf16 or fp16, got '" + v + "'"};
+         o.precision = v;
+       }},
+      {"--loss-scale",
+       [&](auto& f, auto& v) {
+         o.mp.loss_scale = v;
+         o.mp_flags = true;
+         try {
+           ch07::validate_mixed_precision(mixed_probe(), o.mp);
+         } catch (const dtp::Error&) {
+           throw UsageError{f + " accepts dynamic, none or a number > 0, got '" + v + "'"};
+         }
+       }},
+      {"--reduce-dtype",
+       [&](auto& f, auto& v) {
+         if (v != "f32" && v != "bf16" && v != "f16")
+           throw UsageError{f + " accepts f32, bf16 or f16, got '" + v + "'"};
+         o.mp.reduce_dtype = dtp::parse_dtype(v);
+         o.mp_flags = true;
+       }},
       {"--world",
        [&](auto& f, auto& v) {
-         ddp.world = o.zero.world = o.ep.world = as_int(parse_int(f, v, 1, 1024));
+         ddp.world = o.zero.world = o.ep.world = o.mp.world = as_int(parse_int(f, v, 1, 1024));
          o.world_given = true;
        }},
       {"--tp",
@@ -430,6 +495,7 @@ Options parse_arguments(int argc, char** argv) {
     }
     it->second(arg, value);
   }
+  resolve_precision(o);
   return o;
 }
 
@@ -443,8 +509,9 @@ void check_options(const Options& o) {
   }
   if (!known)
     throw UsageError{"--strategy: unknown strategy '" + config.strategy + "'; accepted: " + names};
-  if (o.world_given && config.strategy != "ddp" && config.strategy != "zero" && config.strategy != "ep")
-    throw UsageError{"--world needs a data-parallel strategy: --strategy ddp, zero or ep"};
+  if (o.world_given && config.strategy != "ddp" && config.strategy != "zero" && config.strategy != "ep" &&
+      config.strategy != "mixed")
+    throw UsageError{"--world needs a data-parallel strategy: --strategy ddp, zero or ep, or --precision bf16|fp16"};
   if (o.sp_flags && config.strategy != "sp")
     throw UsageError{"--sp, --sp-kind and --sp-ulysses need --strategy sp"};
   if (o.ddp_flags && config.strategy != "ddp")
@@ -501,6 +568,13 @@ void check_options(const Options& o) {
   if (config.strategy == "ep") {
     try {
       ch06::validate_expert_parallel(config, o.ep);
+    } catch (const dtp::Error& e) {
+      throw UsageError{e.what()};
+    }
+  }
+  if (config.strategy == "mixed") {
+    try {
+      ch07::validate_mixed_precision(config, o.mp);
     } catch (const dtp::Error& e) {
       throw UsageError{e.what()};
     }

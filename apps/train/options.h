@@ -11,6 +11,7 @@
 #include "04_tensor_parallel/tensor_parallel.h"
 #include "05_pipeline/pipeline.h"
 #include "06_sequence_expert/sequence_expert.h"
+#include "07_mixed_precision/mixed_precision.h"
 #include "dtp/trainer.h"
 
 namespace dtp::train_app {
@@ -29,6 +30,8 @@ struct Options {
   ch05::PipelineRunOptions pp;        ///< --pp, --dp, --microbatches, --schedule, --chunks, --fsdp
   ch06::SequenceParallelRunOptions sp;  ///< --sp, --sp-kind, --sp-ulysses
   ch06::ExpertParallelRunOptions ep;    ///< --world (with --strategy ep)
+  ch07::MixedPrecisionRunOptions mp;    ///< --loss-scale, --reduce-dtype, --world (with --precision)
+  std::string precision = "fp32";       ///< --precision: fp32, bf16 or fp16
   std::int64_t log_every = 0;  ///< 0: about ten lines per run
   std::string impl;            ///< "puzzles", "reference" or "" (this binary's)
   bool ddp_flags = false;      ///< a ddp-only flag was given (--bucket-mb, --accumulate, --ddp-mode)
@@ -38,6 +41,8 @@ struct Options {
   bool sp_flags = false;       ///< an sp-only flag was given (--sp, --sp-kind, --sp-ulysses)
   bool dp_given = false;       ///< --dp was given (tp and pp take it)
   bool world_given = false;    ///< --world was given (under mpiexec it defaults to the processes)
+  bool mp_flags = false;       ///< --loss-scale or --reduce-dtype was given (they need --precision)
+  bool dtype_given = false;    ///< --dtype was given (--precision bf16|fp16 sets the dtype itself)
 };
 
 /// The --help text.

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "dtp/comm.h"
@@ -38,6 +39,7 @@
 #include "dtp/nn.h"
 #include "dtp/optim.h"
 #include "dtp/tensor.h"
+#include "dtp/trainer.h"
 
 namespace dtp::ch07 {
 
@@ -194,5 +196,27 @@ bool found_on_any_rank(Comm& comm, bool found);
 MixedStep ddp_mixed_precision_step(Comm& comm, MasterWeights& masters, Optimizer& optimizer,
                                    LossScaler* scaler, const Batch& batch, double lr, double max_norm,
                                    DType reduce_dtype);
+
+// --- `dtp train --precision bf16|fp16` (provided: drivers/07_mixed_precision) -----
+
+/// How the "mixed" strategy runs: 7.2's step on one device, 7.4's on
+/// --world ranks, with 7.3's scaler. The model's dtype (config.model.dtype,
+/// bf16 or f16) is the precision.
+struct MixedPrecisionRunOptions {
+  /// "dynamic" (GradScaler's schedule from 2^16), "none" (no scaling and no
+  /// skipping) or a number: a static scale (steps that overflow are still
+  /// skipped). Empty: dynamic for f16, none for bf16.
+  std::string loss_scale;
+  /// The dtype the gradients are averaged in on more than one rank: f32 or
+  /// the model's.
+  DType reduce_dtype = DType::f32;
+  int world = 1;  ///< data-parallel ranks (7.4); 1: one device (7.2)
+};
+
+/// Throws dtp::Error naming the setting that is wrong.
+void validate_mixed_precision(const TrainConfig& config, const MixedPrecisionRunOptions& options);
+
+/// Registers the strategy "mixed" (what `dtp train --precision` runs).
+void register_mixed_precision_strategy(const MixedPrecisionRunOptions& options);
 
 }  // namespace dtp::ch07

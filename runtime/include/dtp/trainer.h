@@ -64,6 +64,10 @@ struct StepRecord {
   std::int64_t tokens = 0;                 ///< tokens of the step (a strategy: over all ranks)
   std::int64_t peak_bytes = 0;             ///< highest tracked memory during the step
   std::int64_t peak_activation_bytes = 0;  ///< ... of it, MemoryCategory::activations
+  /// The loss scale the step's backward used (chapter 07); 0: no scaling.
+  double loss_scale = 0;
+  /// True when the update was skipped (a non-finite gradient under loss scaling).
+  bool skipped = false;
 };
 
 /// Measures one optimizer step for its StepRecord. Made when the step starts

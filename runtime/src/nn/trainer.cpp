@@ -325,7 +325,13 @@ std::string format_step(const StepRecord& r, std::int64_t total_steps) {
                 width, static_cast<long long>(r.step), static_cast<long long>(total_steps), r.loss,
                 r.lr, r.grad_norm, rate(r.tokens_per_second).c_str(),
                 mebibytes(r.peak_bytes).c_str(), r.seconds * 1e3);
-  return buf;
+  std::string line = buf;
+  if (r.loss_scale > 0) {
+    std::snprintf(buf, sizeof buf, "  scale %g", r.loss_scale);
+    line += buf;
+  }
+  if (r.skipped) line += "  SKIPPED (non-finite gradient)";
+  return line;
 }
 
 std::string format_summary(const TrainResult& result) {
@@ -353,6 +359,11 @@ std::string format_summary(const TrainResult& result) {
                 rate(step_seconds > 0 ? static_cast<double>(tokens) / step_seconds : 0).c_str(),
                 result.first_loss(), result.last_loss(), window);
   std::string out = buf;
+  std::int64_t skipped = 0;
+  for (const StepRecord& r : result.steps) skipped += r.skipped ? 1 : 0;
+  if (skipped > 0)
+    out += std::to_string(skipped) + " of " + std::to_string(n) +
+           " steps skipped (a non-finite gradient; the loss scale was lowered)\n";
   out += "peak memory " + mebibytes(result.peak_bytes) + ":";
   for (int c = 0; c < static_cast<int>(result.peak_by_category.size()); ++c) {
     if (result.peak_by_category[c] == 0) continue;
@@ -370,7 +381,9 @@ std::string step_json(const StepRecord& r) {
          ",\"tokens\":" + std::to_string(r.tokens) +
          ",\"tokens_per_s\":" + json_number(r.tokens_per_second) +
          ",\"peak_bytes\":" + std::to_string(r.peak_bytes) +
-         ",\"peak_activation_bytes\":" + std::to_string(r.peak_activation_bytes) + "}";
+         ",\"peak_activation_bytes\":" + std::to_string(r.peak_activation_bytes) +
+         (r.loss_scale > 0 ? ",\"loss_scale\":" + json_number(r.loss_scale) : std::string()) +
+         (r.skipped ? ",\"skipped\":true" : "") + "}";
 }
 
 JsonLinesWriter::JsonLinesWriter(const std::string& path) : out_(path), path_(path) {

@@ -1,0 +1,127 @@
+// `dtp train --precision bf16|fp16` (strategy "mixed"): the chapter's
+// puzzles wired into the trainer. Provided code, not a puzzle (see
+// drivers/README.md). Each rank builds Trainer(config, rank, world) for its
+// 16-bit model and its slice of the batch, keeps f32 master weights and an
+// optimizer over them, and runs 7.2's step (one rank) or 7.4's (several),
+// with 7.3's loss scaler when one is asked for.
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+
+#include "07_mixed_precision/mixed_precision.h"
+#include "dtp/agreement.h"
+#include "dtp/error.h"
+#include "dtp/launch.h"
+#include "dtp/memory.h"
+
+namespace dtp::ch07 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The scaler --loss-scale asks for; null for none.
+std::unique_ptr<LossScaler> make_scaler(const MixedPrecisionRunOptions& options, DType precision) {
+  const std::string& mode = options.loss_scale.empty() ? (precision == DType::f16 ? "dynamic" : "none")
+                                                       : options.loss_scale;
+  if (mode == "none") return nullptr;
+  if (mode == "dynamic") return std::make_unique<LossScaler>();
+  const double fixed = std::strtod(mode.c_str(), nullptr);
+  return std::make_unique<LossScaler>(ScalerConfig{fixed, 1.0, 1.0, 1});
+}
+
+std::vector<RunSetting> mixed_settings(const TrainConfig& config, const MixedPrecisionRunOptions& options) {
+  std::vector<RunSetting> settings = run_settings(config);
+  settings.push_back({"--precision", dtype_name(config.model.dtype)});
+  settings.push_back({"--loss-scale", options.loss_scale.empty() ? "default" : options.loss_scale});
+  settings.push_back({"--reduce-dtype", dtype_name(options.reduce_dtype)});
+  return settings;
+}
+
+enum Gathered { kLoss, kSeconds, kTokens, kGatheredCount };
+
+TrainResult run_mixed(const TrainConfig& config, const MixedPrecisionRunOptions& options,
+                      const StepCallback& on_step) {
+  validate_mixed_precision(config, options);
+  const auto start = Clock::now();
+  TrainResult result;
+  result.peak_by_category.assign(kMemoryCategoryCount, 0);
+  launch(World::from_env(options.world), [&](Comm& comm) {
+    Trainer trainer(config, comm.rank(), comm.size());
+    check_ranks_agree(comm, mixed_settings(config, options), trainer.model());
+    MasterWeights masters(trainer.model());
+    std::unique_ptr<Optimizer> optimizer = make_optimizer(trainer.config(), masters.buffers());
+    std::unique_ptr<LossScaler> scaler = make_scaler(options, config.model.dtype);
+    if (comm.rank() == 0) {
+      result.parameters = trainer.model().parameter_count();
+      result.data_name = trainer.sampler().data().name();
+    }
+    std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
+    const BatchSampler& sampler = trainer.sampler();
+    for (std::int64_t s = 0; s < config.steps; ++s) {
+      const StepMeter meter;
+      StepRecord record;
+      record.step = s + 1;
+      record.lr = config.schedule().at(s);
+      record.loss_scale = scaler ? scaler->scale() : 0;
+      const Batch batch = sampler.batch(s, config.model.device);
+      const MixedStep step =
+          comm.size() == 1
+              ? mixed_precision_step(masters, *optimizer, scaler.get(), batch, record.lr, config.grad_clip)
+              : ddp_mixed_precision_step(comm, masters, *optimizer, scaler.get(), batch, record.lr,
+                                         config.grad_clip, options.reduce_dtype);
+      record.loss = step.loss;
+      record.grad_norm = step.grad_norm;
+      record.skipped = !step.stepped;
+      DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ", record.step,
+                " in ", dtype_name(config.model.dtype), "; try a lower --lr, a tighter --clip or --precision bf16");
+      meter.finish(record, sampler.local_batch() * sampler.seq());
+      std::vector<double> values(kGatheredCount);
+      values[kLoss] = record.loss;
+      values[kSeconds] = record.seconds;
+      values[kTokens] = static_cast<double>(record.tokens);
+      const auto rows = gather_rows_to_rank0(comm, values);
+      if (comm.rank() != 0) continue;
+      double loss_sum = 0, slowest = 0, tokens = 0;
+      for (const std::vector<double>& row : rows) {
+        loss_sum += row[kLoss];
+        slowest = std::max(slowest, row[kSeconds]);
+        tokens += row[kTokens];
+      }
+      record.loss = loss_sum / comm.size();  // equal slices: the global batch's mean
+      as_group_step(record, slowest, tokens);
+      result.add_step(record, *tracker);
+      if (on_step) on_step(record);
+    }
+  });
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return result;
+}
+
+}  // namespace
+
+void validate_mixed_precision(const TrainConfig& config, const MixedPrecisionRunOptions& options) {
+  const DType precision = config.model.dtype;
+  DTP_CHECK(precision == DType::bf16 || precision == DType::f16,
+            "mixed precision: the model must be bf16 or f16 (--precision bf16|fp16), got ", dtype_name(precision));
+  DTP_CHECK(options.world >= 1, "mixed precision: --world (ranks) must be at least 1, got ", options.world);
+  DTP_CHECK(config.batch % options.world == 0, "mixed precision: the global batch (--batch ", config.batch,
+            ") must divide evenly by --world ", options.world);
+  DTP_CHECK(options.reduce_dtype == DType::f32 || options.reduce_dtype == precision,
+            "mixed precision: --reduce-dtype must be f32 or the model's ", dtype_name(precision), ", got ",
+            dtype_name(options.reduce_dtype));
+  const std::string& mode = options.loss_scale;
+  if (mode.empty() || mode == "dynamic" || mode == "none") return;
+  char* end = nullptr;
+  const double fixed = std::strtod(mode.c_str(), &end);
+  DTP_CHECK(end != mode.c_str() && *end == '\0' && std::isfinite(fixed) && fixed > 0,
+            "mixed precision: --loss-scale accepts dynamic, none or a number > 0, got '", mode, "'");
+}
+
+void register_mixed_precision_strategy(const MixedPrecisionRunOptions& options) {
+  register_strategy("mixed", [options](const TrainConfig& config, const StepCallback& on_step) {
+    return run_mixed(config, options, on_step);
+  });
+}
+
+}  // namespace dtp::ch07

@@ -1,0 +1,93 @@
+// Checkers of the provided mixed-precision driver
+// (drivers/07_mixed_precision/mixed_strategy.cpp), linked with the
+// reference: its option checks, and what `dtp train --precision` reports:
+// the loss scale on every step, skipped steps, and the ranks' mean loss.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "07_mixed_precision/mixed_precision.h"
+#include "dtp/dtp.h"
+#include "support/harness.h"
+
+namespace dtp::ch07 {
+namespace {
+
+using testing::error_of;
+
+TrainConfig tiny_run(DType precision, std::int64_t steps) {
+  TrainConfig config;
+  config.model.dtype = precision;
+  config.model.d_model = 16;
+  config.model.heads = 2;
+  config.steps = steps;
+  config.batch = 4;
+  config.seq = 8;
+  config.warmup = 2;
+  config.strategy = "mixed";
+  return config;
+}
+
+TEST(MixedDriverOptions, RefusesBadSettingsNamingThem) {
+  MixedPrecisionRunOptions options;
+  EXPECT_NE(error_of([&] { validate_mixed_precision(tiny_run(DType::f32, 1), options); })
+                .find("the model must be bf16 or f16"),
+            std::string::npos);
+  options.loss_scale = "-4";
+  EXPECT_NE(error_of([&] { validate_mixed_precision(tiny_run(DType::f16, 1), options); })
+                .find("--loss-scale accepts dynamic, none or a number > 0, got '-4'"),
+            std::string::npos);
+  options.loss_scale = "1024";
+  EXPECT_EQ(error_of([&] { validate_mixed_precision(tiny_run(DType::f16, 1), options); }), "(no error)");
+  options.world = 3;
+  EXPECT_NE(error_of([&] { validate_mixed_precision(tiny_run(DType::f16, 1), options); })
+                .find("must divide evenly by --world 3"),
+            std::string::npos);
+}
+
+TEST(MixedDriverRun, ReportsTheScaleOfEveryStepAndNoneForBf16) {
+  MixedPrecisionRunOptions options;
+  register_mixed_precision_strategy(options);
+  const TrainResult f16 = train(tiny_run(DType::f16, 3));
+  ASSERT_EQ(f16.steps.size(), 3u);
+  for (const StepRecord& r : f16.steps) {
+    EXPECT_EQ(r.loss_scale, 65536.0) << "step " << r.step << ": f16's default is the dynamic scale from 2^16";
+    EXPECT_FALSE(r.skipped) << "step " << r.step;
+    EXPECT_TRUE(std::isfinite(r.loss) && r.loss > 0) << "step " << r.step;
+  }
+  const TrainResult bf16 = train(tiny_run(DType::bf16, 2));
+  for (const StepRecord& r : bf16.steps) EXPECT_EQ(r.loss_scale, 0.0) << "bf16 runs without a scale by default";
+  EXPECT_NE(step_json(f16.steps[0]).find("\"loss_scale\":65536"), std::string::npos) << step_json(f16.steps[0]);
+  EXPECT_NE(format_step(f16.steps[0], 3).find("scale 65536"), std::string::npos);
+}
+
+TEST(MixedDriverRun, AStaticScaleThatOverflowsSkipsEveryStepAndSaysSo) {
+  MixedPrecisionRunOptions options;
+  options.loss_scale = "1e30";  // every f16 gradient overflows
+  register_mixed_precision_strategy(options);
+  const TrainResult run = train(tiny_run(DType::f16, 2));
+  for (const StepRecord& r : run.steps) {
+    EXPECT_TRUE(r.skipped) << "step " << r.step << ": a scale of 1e30 overflows f16, so the step is skipped";
+    EXPECT_EQ(r.loss_scale, 1e30) << "a static scale stays where it is";
+  }
+  EXPECT_NE(format_summary(run).find("2 of 2 steps skipped"), std::string::npos) << format_summary(run);
+  EXPECT_NE(step_json(run.steps[0]).find("\"skipped\":true"), std::string::npos);
+}
+
+TEST(MixedDriverRun, TwoRanksReportTheMeanOfTheirLosses) {
+  if (!testing::world_fits(2)) GTEST_SKIP() << "needs 2 ranks";
+  MixedPrecisionRunOptions options;
+  register_mixed_precision_strategy(options);
+  const TrainResult one = train(tiny_run(DType::bf16, 1));
+  options.world = 2;
+  register_mixed_precision_strategy(options);
+  const TrainResult two = train(tiny_run(DType::bf16, 1));
+  // The global batch is the same; its mean loss is the mean of the halves'.
+  EXPECT_NEAR(two.steps[0].loss, one.steps[0].loss, 1e-6 * one.steps[0].loss);
+  EXPECT_EQ(two.steps[0].tokens, one.steps[0].tokens) << "tokens count every rank's";
+}
+
+}  // namespace
+}  // namespace dtp::ch07
