@@ -41,6 +41,10 @@ TEST(MixedDriverOptions, RefusesBadSettingsNamingThem) {
             std::string::npos);
   options.loss_scale = "1024";
   EXPECT_EQ(error_of([&] { validate_mixed_precision(tiny_run(DType::f16, 1), options); }), "(no error)");
+  TrainConfig on_gpu = tiny_run(DType::bf16, 1);
+  on_gpu.model.device = Device::cuda(0);
+  EXPECT_NE(error_of([&] { validate_mixed_precision(on_gpu, options); }).find("CUDA kernels are not written yet"),
+            std::string::npos);
   options.world = 3;
   EXPECT_NE(error_of([&] { validate_mixed_precision(tiny_run(DType::f16, 1), options); })
                 .find("must divide evenly by --world 3"),

@@ -12,8 +12,9 @@
 ///   micro-batches until someone zeroes them.
 /// - Floating ops run on f64 (computing in f64), f32, bf16 and f16 (computing
 ///   in f32). A bf16 or f16 op reads its inputs as f32 and rounds each value
-///   it stores to nearest even, once, on the CPU as on the GPU: nothing is
-///   rounded in between. All floating operands of an op share one dtype.
+///   it stores to nearest even, once: nothing is rounded in between. That is
+///   the contract of tensor-core kernels, which the CUDA ops will follow;
+///   today they run f32 only. All floating operands of an op share one dtype.
 /// - Matrices are row-major; a tensor of shape [..., C] is read as a matrix of
 ///   numel / C rows and C columns.
 #pragma once

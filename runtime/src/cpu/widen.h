@@ -1,12 +1,12 @@
 // Internal: how the CPU nn ops run on bf16 and f16 tensors.
 //
-// The contract is the GPU kernels' (and PyTorch's on a GPU): read the 16-bit
+// The contract is that of tensor-core kernels (cuBLAS with f32 accumulation,
+// PyTorch's on a GPU; DTP's CUDA ops are f32-only so far): read the 16-bit
 // inputs as f32, compute in f32, and round each output to its 16-bit type
 // with round-to-nearest-even once, when it is stored. On the CPU that is
 // done literally: an op called with 16-bit tensors runs its f32 kernel on
-// exact f32 copies of them, and rounds the outputs back at the end. What is
-// rounded where is then the same on both devices: every value an op writes,
-// nothing in between.
+// exact f32 copies of them, and rounds the outputs back at the end: every
+// value an op writes is rounded, nothing in between.
 //
 //   if (detail::is_half(x.dtype())) {
 //     detail::Widened f32("gelu_forward", x.dtype());
