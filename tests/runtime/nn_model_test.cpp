@@ -467,8 +467,14 @@ TEST(NnModel, ConfigAndInputErrorsAreClear) {
     EXPECT_NE(std::string(e.what()).find("divide by heads"), std::string::npos) << e.what();
   }
   config = tiny_config();
-  config.dtype = DType::bf16;
-  EXPECT_THROW(GPT{config}, Error);
+  config.dtype = DType::i32;
+  try {
+    GPT model(config);
+    FAIL() << "an i32 model must be rejected";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dtype must be f64, f32, bf16 or f16, got i32"), std::string::npos)
+        << e.what();
+  }
   config = tiny_config();
   config.device = Device::cuda(0);
   // Without a GPU the parameters cannot be allocated; with one, the ops that

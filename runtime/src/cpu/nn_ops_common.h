@@ -17,11 +17,13 @@ inline void check_cpu(const char* op, const char* name, const Tensor& t) {
             "; this op has only a CPU kernel so far (its CUDA kernel is not written yet)");
 }
 
-/// Fails unless @p t is an f32 or f64 CPU tensor.
+/// Fails unless @p t is an f32 or f64 CPU tensor (the nn ops send bf16 and
+/// f16 through f32 copies before they get here: cpu/widen.h).
 inline void check_float(const char* op, const char* name, const Tensor& t) {
   check_cpu(op, name, t);
   DTP_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, op, ": ", name, " is ",
-            t.describe(), "; CPU kernels support f32 and f64 (cast other dtypes first)");
+            t.describe(), "; CPU kernels compute in f32 and f64 (the nn ops take bf16 and f16 through f32; "
+            "cast other dtypes first)");
 }
 
 /// Fails unless @p t has @p dtype (the dtype of the op's first input).
