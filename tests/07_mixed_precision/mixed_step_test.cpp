@@ -57,9 +57,10 @@ TEST(Puzzle7_2_mixed_step, GradsToMasterCastsEachUnitsGradientsUpExactly) {
 TEST(Puzzle7_2_mixed_step, MasterToModelRoundsEachMasterToNearestEven) {
   GPT model(small_config(DType::bf16));
   MasterWeights masters(model);
-  // Values a bf16 cannot hold: 1 - 0.001 rounds to 1; 1 + 3 * 2^-9 is a tie
-  // between 1 + 2^-8 and 1 + 2^-7 (even: 1 + 2^-7); 1 + 2^-9 + 2^-20 rounds up.
-  const double values[] = {1 - 0.001, 1 + 3 * 0x1p-9, 1 + 0x1p-9 + 0x1p-20, -2.5e-3, 1e-30};
+  // Values a bf16 cannot hold (its spacing in [1, 2) is 2^-7): 1 - 0.001
+  // rounds to 1; 1 + 2^-8 is a tie between 1 and 1 + 2^-7 (even: 1);
+  // 1 + 3 * 2^-8 a tie between 1 + 2^-7 and 1 + 2^-6 (even: 1 + 2^-6).
+  const double values[] = {1 - 0.001, 1 + 0x1p-8, 1 + 3 * 0x1p-8, -2.5e-3, 1e-30};
   Tensor master = masters.buffers()[0].params;  // a view: writing it writes the master
   for (std::int64_t i = 0; i < master.numel(); ++i) master.set_item(i, values[i % 5] * (1 + i % 3));
   const std::vector<double> before = master.to_vector();
@@ -234,9 +235,8 @@ TEST(Puzzle7_2_mixed_step, MemoryPerParameterIsTwoPlusTwoPlusTwelveBytes) {
 
 // bf16 training follows f32 training: the default `dtp train` model and
 // data, 240 steps of 8 sequences of 16 tokens, losses averaged over windows
-// of 20 steps (one step's loss is noisy in both). Its own suite: it is the
-// slow one.
-TEST(Puzzle7_2_loss_curve, Bf16LossCurveFollowsF32OverTwoHundredFortySteps) {
+// of 20 steps (one step's loss is noisy in both). The slow one (3.5 s).
+TEST(Puzzle7_2_mixed_step, Bf16LossCurveFollowsF32OverTwoHundredFortySteps) {
   TrainConfig config;
   config.steps = 240;
   config.batch = 8;
