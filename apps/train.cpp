@@ -97,9 +97,8 @@ void print_header(const Options& o, const ProcessRole& role) {
   }
   if (config.strategy == "mixed") {
     const dtp::ch07::MixedPrecisionRunOptions& mp = o.mp;
-    const bool f16 = config.model.dtype == dtp::DType::f16;
-    const std::string scale = mp.loss_scale.empty() ? (f16 ? "dynamic" : "none") : mp.loss_scale;
-    std::printf("mixed: a %s model with f32 master weights (2 + 2 + 12 bytes per parameter), loss scale %s%s",
+    const std::string scale = dtp::ch07::loss_scale_for(mp, config.model.dtype).str();
+    std::printf("mixed: the model in %s with f32 master weights (2 + 2 + 12 bytes per parameter), loss scale %s%s",
                 dtp::dtype_name(config.model.dtype), scale.c_str(),
                 scale == "dynamic" ? " (from 2^16, halved on an overflow, doubled after 2000 good steps)" : "");
     if (mp.world > 1)

@@ -259,14 +259,6 @@ std::string find_flag(int argc, char** argv, const std::string& flag) {
 
 namespace {
 
-// A bf16 config that passes every check but --loss-scale's own (used to
-// check that flag alone, as it is parsed).
-TrainConfig mixed_probe() {
-  TrainConfig probe;
-  probe.model.dtype = DType::bf16;
-  return probe;
-}
-
 // --precision bf16|fp16 makes the model 16-bit and the strategy "mixed".
 void resolve_precision(Options& o) {
   if (o.precision == "fp32") {
@@ -381,13 +373,8 @@ Options parse_arguments(int argc, char** argv) {
        }},
       {"--loss-scale",
        [&](auto& f, auto& v) {
-         o.mp.loss_scale = v;
+         o.mp.loss_scale = parse_with(f, v, ch07::parse_loss_scale);
          o.mp_flags = true;
-         try {
-           ch07::validate_mixed_precision(mixed_probe(), o.mp);
-         } catch (const dtp::Error&) {
-           throw UsageError{f + " accepts dynamic, none or a number > 0, got '" + v + "'"};
-         }
        }},
       {"--reduce-dtype",
        [&](auto& f, auto& v) {

@@ -6,6 +6,7 @@
 // with 7.3's loss scaler when one is asked for.
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 
@@ -21,19 +22,19 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // The scaler --loss-scale asks for; null for none.
-std::unique_ptr<LossScaler> make_scaler(const MixedPrecisionRunOptions& options, DType precision) {
-  const std::string& mode = options.loss_scale.empty() ? (precision == DType::f16 ? "dynamic" : "none")
-                                                       : options.loss_scale;
-  if (mode == "none") return nullptr;
-  if (mode == "dynamic") return std::make_unique<LossScaler>();
-  const double fixed = std::strtod(mode.c_str(), nullptr);
-  return std::make_unique<LossScaler>(ScalerConfig{fixed, 1.0, 1.0, 1});
+std::unique_ptr<LossScaler> make_scaler(const LossScale& scale) {
+  switch (scale.kind) {
+    case LossScale::Kind::none: return nullptr;
+    case LossScale::Kind::dynamic: return std::make_unique<LossScaler>();
+    case LossScale::Kind::fixed: return std::make_unique<LossScaler>(ScalerConfig{scale.value, 1.0, 1.0, 1});
+  }
+  return nullptr;
 }
 
 std::vector<RunSetting> mixed_settings(const TrainConfig& config, const MixedPrecisionRunOptions& options) {
   std::vector<RunSetting> settings = run_settings(config);
   settings.push_back({"--precision", dtype_name(config.model.dtype)});
-  settings.push_back({"--loss-scale", options.loss_scale.empty() ? "default" : options.loss_scale});
+  settings.push_back({"--loss-scale", loss_scale_for(options, config.model.dtype).str()});
   settings.push_back({"--reduce-dtype", dtype_name(options.reduce_dtype)});
   return settings;
 }
@@ -51,7 +52,7 @@ TrainResult run_mixed(const TrainConfig& config, const MixedPrecisionRunOptions&
     check_ranks_agree(comm, mixed_settings(config, options), trainer.model());
     MasterWeights masters(trainer.model());
     std::unique_ptr<Optimizer> optimizer = make_optimizer(trainer.config(), masters.buffers());
-    std::unique_ptr<LossScaler> scaler = make_scaler(options, config.model.dtype);
+    std::unique_ptr<LossScaler> scaler = make_scaler(loss_scale_for(options, config.model.dtype));
     if (comm.rank() == 0) {
       result.parameters = trainer.model().parameter_count();
       result.data_name = trainer.sampler().data().name();
@@ -113,12 +114,32 @@ void validate_mixed_precision(const TrainConfig& config, const MixedPrecisionRun
   DTP_CHECK(options.reduce_dtype == DType::f32 || options.reduce_dtype == precision,
             "mixed precision: --reduce-dtype must be f32 or the model's ", dtype_name(precision), ", got ",
             dtype_name(options.reduce_dtype));
-  const std::string& mode = options.loss_scale;
-  if (mode.empty() || mode == "dynamic" || mode == "none") return;
+  if (options.loss_scale && options.loss_scale->kind == LossScale::Kind::fixed)
+    DTP_CHECK(std::isfinite(options.loss_scale->value) && options.loss_scale->value > 0,
+              "mixed precision: a fixed --loss-scale must be finite and > 0, got ", options.loss_scale->value);
+}
+
+std::string LossScale::str() const {
+  if (kind == Kind::dynamic) return "dynamic";
+  if (kind == Kind::none) return "none";
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  return text;
+}
+
+LossScale parse_loss_scale(const std::string& text) {
+  if (text == "dynamic") return {LossScale::Kind::dynamic};
+  if (text == "none") return {LossScale::Kind::none};
   char* end = nullptr;
-  const double fixed = std::strtod(mode.c_str(), &end);
-  DTP_CHECK(end != mode.c_str() && *end == '\0' && std::isfinite(fixed) && fixed > 0,
-            "mixed precision: --loss-scale accepts dynamic, none or a number > 0, got '", mode, "'");
+  const double value = std::strtod(text.c_str(), &end);
+  DTP_CHECK(end != text.c_str() && *end == '\0' && std::isfinite(value) && value > 0,
+            "expected dynamic, none or a number > 0, got '", text, "'");
+  return {LossScale::Kind::fixed, value};
+}
+
+LossScale loss_scale_for(const MixedPrecisionRunOptions& options, DType precision) {
+  if (options.loss_scale) return *options.loss_scale;
+  return {precision == DType::f16 ? LossScale::Kind::dynamic : LossScale::Kind::none};
 }
 
 void register_mixed_precision_strategy(const MixedPrecisionRunOptions& options) {

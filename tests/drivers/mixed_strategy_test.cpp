@@ -35,11 +35,20 @@ TEST(MixedDriverOptions, RefusesBadSettingsNamingThem) {
   EXPECT_NE(error_of([&] { validate_mixed_precision(tiny_run(DType::f32, 1), options); })
                 .find("the model must be bf16 or f16"),
             std::string::npos);
-  options.loss_scale = "-4";
+  for (const char* bad : {"-4", "0", "inf", "nan", "big", "12x", ""})
+    EXPECT_NE(error_of([&] { parse_loss_scale(bad); })
+                  .find(std::string("expected dynamic, none or a number > 0, got '") + bad + "'"),
+              std::string::npos)
+        << bad;
+  EXPECT_EQ(parse_loss_scale("1024").value, 1024.0);
+  EXPECT_EQ(parse_loss_scale("dynamic").kind, LossScale::Kind::dynamic);
+  EXPECT_EQ(loss_scale_for(options, DType::f16).kind, LossScale::Kind::dynamic) << "f16's default";
+  EXPECT_EQ(loss_scale_for(options, DType::bf16).kind, LossScale::Kind::none) << "bf16's default";
+  options.loss_scale = LossScale{LossScale::Kind::fixed, -1.0};
   EXPECT_NE(error_of([&] { validate_mixed_precision(tiny_run(DType::f16, 1), options); })
-                .find("--loss-scale accepts dynamic, none or a number > 0, got '-4'"),
+                .find("a fixed --loss-scale must be finite and > 0, got -1"),
             std::string::npos);
-  options.loss_scale = "1024";
+  options.loss_scale = parse_loss_scale("1024");
   EXPECT_EQ(error_of([&] { validate_mixed_precision(tiny_run(DType::f16, 1), options); }), "(no error)");
   TrainConfig on_gpu = tiny_run(DType::bf16, 1);
   on_gpu.model.device = Device::cuda(0);
@@ -69,7 +78,7 @@ TEST(MixedDriverRun, ReportsTheScaleOfEveryStepAndNoneForBf16) {
 
 TEST(MixedDriverRun, AStaticScaleThatOverflowsSkipsEveryStepAndSaysSo) {
   MixedPrecisionRunOptions options;
-  options.loss_scale = "1e30";  // every f16 gradient overflows
+  options.loss_scale = parse_loss_scale("1e30");  // every f16 gradient overflows
   register_mixed_precision_strategy(options);
   const TrainResult run = train(tiny_run(DType::f16, 2));
   for (const StepRecord& r : run.steps) {
