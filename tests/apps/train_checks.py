@@ -99,6 +99,12 @@ PUZZLES = [  # (dtp-train flags, the puzzles it needs in the order it runs them,
                                     ("6.4 zigzag", "Puzzle6_4_zigzag")]),
     (SP + ["--sp-kind", "hybrid"], [("6.5 HybridAttention::forward", "Puzzle6_5_hybrid")]),
     (EP, [("6.7 ExpertParallelMoe::forward", "Puzzle6_7_expert_parallel")]),
+    # On 2 ranks a mixed-precision step is 7.4's; inside it come 7.2's cast up and, for fp16, 7.3's unscale.
+    (["--precision", "bf16"], [("7.4 ddp_mixed_precision_step", "Puzzle7_4_mixed_ddp"),
+                               ("7.2 MasterWeights::grads_to_master", "Puzzle7_2_mixed_step")]),
+    (["--precision", "fp16"], [("7.4 ddp_mixed_precision_step", "Puzzle7_4_mixed_ddp"),
+                               ("7.2 MasterWeights::grads_to_master", "Puzzle7_2_mixed_step"),
+                               ("7.3 LossScaler::unscale", "Puzzle7_3_loss_scaler")]),
 ]
 
 
