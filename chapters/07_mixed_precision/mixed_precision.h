@@ -205,7 +205,7 @@ struct LossScale {
   /// dynamic: GradScaler's schedule from 2^16; none: no scaling and no
   /// skipping; fixed: a static scale (steps that overflow are still skipped).
   enum class Kind { dynamic, none, fixed };
-  Kind kind = Kind::none;
+  Kind kind = Kind::none;  ///< which of the three
   double value = 0;  ///< the scale of Kind::fixed
   /// "dynamic", "none" or the fixed scale.
   std::string str() const;
