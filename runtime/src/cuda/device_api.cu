@@ -6,7 +6,7 @@
 #include <mutex>
 #include <vector>
 
-#include "cpu/random.h"
+#include "core/random.h"
 #include "cuda/cuda_check.h"
 #include "cuda/element_types.cuh"
 

@@ -13,7 +13,7 @@
 // Dtypes: f32 now (matmuls may use TF32 tensor cores). The kernels are
 // templates over the storage type with float accumulation, so bf16/f16 are a
 // dispatch change; other dtypes fail with a clear dtp::Error today.
-// Implemented in src/cuda/nn_*.cu; src/cpu/nn_kernels_stubs.cpp explains
+// Implemented in src/cuda/nn_*.cu; src/core/nn_kernels_stubs.cpp explains
 // itself in builds without CUDA.
 #pragma once
 

@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "cpu/element.h"
-#include "cpu/random.h"
+#include "core/random.h"
 #include "cuda/device_api.h"
 #include "dtp/error.h"
 
