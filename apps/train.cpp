@@ -19,7 +19,6 @@
 #include <vector>
 
 #if defined(__GLIBC__)
-#include <malloc.h>
 #endif
 
 #include "02_ddp/ddp.h"
@@ -200,14 +199,6 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
 
-#if defined(__GLIBC__)
-  // With a trace, small span records pile up between the step's large tensor
-  // buffers, and glibc's adaptive mmap threshold then fragments the heap
-  // (RSS grows by megabytes per step). A fixed threshold keeps large buffers
-  // in their own mappings; it costs a few percent, so only when tracing.
-  if (!options.config.trace_path.empty()) mallopt(M_MMAP_THRESHOLD, 128 * 1024);
-#endif
-
   const dtp::TrainConfig& config = options.config;
   Progress progress(config.steps, options.log_every, role.reports && isatty(STDOUT_FILENO));
   // A ddp kept line is followed by one line per rank: what it communicated.
@@ -311,9 +302,20 @@ int main(int argc, char** argv) {
   dtp::ch07::register_mixed_precision_strategy(options.mp);
   try {
     if (role.reports) print_header(options, role);
-    dtp::TrainResult result = dtp::train(config, [&](const dtp::StepRecord& record) {
-      if (role.reports) progress.show(record);
-    });
+    dtp::TrainResult result;
+    try {
+      result = dtp::train(config, [&](const dtp::StepRecord& record) {
+        if (role.reports) progress.show(record);
+      });
+    } catch (const std::exception&) {
+      // A failed run keeps its trace too, every process's part of it.
+      try {
+        merge_trace_parts(config.trace_path, role);
+      } catch (const std::exception&) {
+      }
+      throw;
+    }
+    merge_trace_parts(config.trace_path, role);
     if (role.reports) {
       std::printf("%s\n", dtp::format_summary(result).c_str());
       if (!config.trace_path.empty()) std::printf("trace: %s\n", config.trace_path.c_str());

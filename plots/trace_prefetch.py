@@ -6,10 +6,10 @@
 
 One panel per trace file, stacked, all on the same time scale (milliseconds
 from the start of each panel's window), so that their lengths compare. In a panel, one row per track: DTP writes
-track (tid) 2 r for rank r's own thread (lane 0: compute, and the
-communication it waits for) and 2 r + 1 for rank r's communication thread
-(lane 1: non-blocking collectives such as Comm::iall_gather), and names them
-"rank r" and "rank r comm" with thread_name metadata events. Every complete
+rank r as process (pid) r with two threads: tid 0, its own thread (compute,
+and the communication it waits for), and tid 1, its communication thread
+(non-blocking collectives such as Comm::iall_gather), named "rank r" and
+"rank r comm" by thread_name metadata events. Every complete
 event ("ph":"X", ts and dur in microseconds) is a bar; spans nested in
 another span of the same row are drawn thinner, inside it. Colour by
 category: compute spans by phase (forward, backward, optimizer step), comm
@@ -143,7 +143,7 @@ def rows_to_draw(spans, names, ranks):
     if dtp_ranks:
         for rank, pid in dtp_ranks.items():
             for lane in (0, 1):
-                track = (pid, 2 * rank + lane)
+                track = (pid, lane)  # DTP: pid = rank, tid = lane
                 names.setdefault(track, f"rank {rank}" + (" comm" if lane else ""))
                 tracks.add(track)
     if ranks is not None:
@@ -153,11 +153,12 @@ def rows_to_draw(spans, names, ranks):
 
 def choose_window(spans, rows, args):
     """(start, end) in microseconds."""
-    if args.from_ms is not None or args.to_ms is not None:
-        lo = min(s.start for s in spans) if args.from_ms is None else args.from_ms * 1e3
-        hi = max(s.end for s in spans) if args.to_ms is None else args.to_ms * 1e3
-        return lo, hi
     first, last = min(s.start for s in spans), max(s.end for s in spans)
+    if args.from_ms is not None or args.to_ms is not None:
+        # DTP's times are on the wall clock: the window counts from the first span.
+        lo = first if args.from_ms is None else first + args.from_ms * 1e3
+        hi = last if args.to_ms is None else first + args.to_ms * 1e3
+        return lo, hi
     if args.all:
         return first, last
     steps = sorted((s for s in spans if s.track == rows[0] and s.name == "optimizer step"), key=lambda s: s.end)
@@ -229,8 +230,8 @@ def main():
                         help="comma list of ranks to show [all]")
     parser.add_argument("--step", type=int, default=None, help="show training step K (from 1) [the last]")
     parser.add_argument("--all", action="store_true", help="show the whole trace")
-    parser.add_argument("--from-ms", type=float, default=None, help="window start, ms from the trace's origin")
-    parser.add_argument("--to-ms", type=float, default=None, help="window end, ms from the trace's origin")
+    parser.add_argument("--from-ms", type=float, default=None, help="window start, ms after the first span")
+    parser.add_argument("--to-ms", type=float, default=None, help="window end, ms after the first span")
     parser.add_argument("--no-labels", dest="labels", action="store_false", help="no span names on the bars")
     parser.add_argument("--caption", default="", help="a line of text under the panels (e.g. the revision)")
     args = parser.parse_args()

@@ -3,12 +3,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
 #include "dtp/error.h"
 #include "dtp/launch.h"
+#include "dtp/trace.h"
 
 #ifndef DTP_TRAIN_IMPL
 #error "DTP_TRAIN_IMPL (puzzles or reference) is set by apps/CMakeLists.txt"
@@ -27,6 +29,22 @@ int launcher_process_count() {
     }
   }
   return 1;
+}
+
+// This process's index among them (0 outside mpiexec).
+int launcher_process_index() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+    if (const char* value = std::getenv(name)) {
+      const int n = std::atoi(value);
+      if (n >= 0) return n;
+    }
+  }
+  return 0;
+}
+
+// Where process @p index writes its part of the trace under mpiexec.
+std::string trace_part(const std::string& trace_path, int index) {
+  return trace_path + ".part" + std::to_string(index);
 }
 
 }  // namespace
@@ -90,11 +108,26 @@ ProcessRole join_processes(Options& options) {
   probe.backend = Backend::mpi;
   launch(probe, [&](Comm&) { holds_rank_zero = true; });
   role.reports = holds_rank_zero;
+  role.process = launcher_process_index();
   if (!role.reports) {
+    // Each process traces its own ranks into a part of the trace, which the
+    // reporting process merges into the one file when the run ends.
     options.config.json_path.clear();
-    options.config.trace_path.clear();
+    if (!options.config.trace_path.empty())
+      options.config.trace_path = trace_part(options.config.trace_path, role.process);
   }
   return role;
+}
+
+void merge_trace_parts(const std::string& trace_path, const ProcessRole& role) {
+  if (!role.reports || trace_path.empty() || role.processes < 2) return;
+  std::vector<std::string> parts;
+  for (int index = 0; index < role.processes; ++index)
+    if (index != role.process) parts.push_back(trace_part(trace_path, index));
+  const double timeout = default_timeout_seconds();
+  for (const std::string& part : trace::merge_chrome_traces(trace_path, parts, timeout))
+    std::fprintf(stderr, "dtp-train: warning: the trace part '%s' was not finished within %.0f s (DTP_TIMEOUT); "
+                 "%s lacks that process's ranks\n", part.c_str(), timeout, trace_path.c_str());
 }
 
 }  // namespace dtp::train_app

@@ -24,12 +24,19 @@ struct ProcessRole {
   int processes = 1;     ///< processes mpiexec started (1 without mpiexec)
   bool reports = true;   ///< prints, and writes --json and --trace
   bool mpi = false;      ///< DTP_BACKEND=mpi
+  int process = 0;       ///< this process's index among them (mpiexec's rank)
 };
 
 /// Learns this process's role and adjusts @p options to it: under mpiexec
-/// --world defaults to the process count, and processes other than rank 0's
-/// write no files. Throws UsageError for runs that would train separate
+/// --world defaults to the process count, processes other than rank 0's
+/// write no log, and each writes its ranks' spans to a part of --trace. Throws UsageError for runs that would train separate
 /// replicas (several processes on the thread backend, or --strategy single).
 ProcessRole join_processes(Options& options);
+
+/// On the reporting process of an mpiexec run: appends every other
+/// process's part of the trace to @p trace_path (waiting up to DTP_TIMEOUT
+/// for each), so the one file shows every rank; warns about a part that
+/// never finished. Does nothing elsewhere.
+void merge_trace_parts(const std::string& trace_path, const ProcessRole& role);
 
 }  // namespace dtp::train_app

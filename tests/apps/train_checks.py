@@ -42,7 +42,19 @@ def read_trace(path, where):
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     spans = [e for e in document["traceEvents"] if e.get("ph") == "X"]
     expect(spans, f"{where}: the trace holds no spans")
+    odd = {e.get("name") for e in document["traceEvents"] if e.get("ph") == "M"} - {
+        "process_name", "process_sort_index", "thread_name"}
+    expect(not odd, f"{where}: metadata events must be the trace-event format's own; got {sorted(odd)}")
     return names
+
+
+def trace_span_pids(path):
+    """The pids of the trace's spans: under DTP, one per rank."""
+    try:
+        document = json.load(open(path))
+    except (OSError, ValueError):
+        return set()
+    return {e.get("pid") for e in document.get("traceEvents", []) if e.get("ph") == "X"}
 
 
 def read_log(path, where):
@@ -172,6 +184,8 @@ def check_outputs(args):
             names = read_trace(trace, "ddp on threads")
             for rank in ("rank 0", "rank 1"):
                 expect(rank in names, f"ddp on threads: the trace lacks the track '{rank}'; has {sorted(names)}")
+            pids = trace_span_pids(trace)
+            expect(pids == {0, 1}, f"ddp on threads: spans must have pid = rank (0 and 1); got {sorted(pids)}")
             kinds = [o.get("kind") for o in read_log(log, "ddp on threads")]
             expect(kinds == ["config", "step", "step", "step", "summary"],
                    f"ddp on threads: log kinds {kinds}, expected config, 3 steps, summary")
@@ -272,7 +286,14 @@ def check_mpi_outputs(args):
         expect("ddp: 4 ranks (mpi backend)" in result.stdout,
                f"--world defaults to the 4 processes; got:\n{result.stdout}")
         names = read_trace(trace, "mpiexec -n 4")
-        expect("rank 0" in names, f"mpiexec -n 4: the trace lacks rank 0; has {sorted(names)}")
+        for rank in range(4):
+            expect(f"rank {rank}" in names,
+                   f"mpiexec -n 4: the trace must hold every rank (each process writes a part that rank 0 "
+                   f"merges); it lacks 'rank {rank}', has {sorted(names)}")
+        pids = trace_span_pids(trace)
+        expect(pids == {0, 1, 2, 3}, f"mpiexec -n 4: spans must have pid = rank for ranks 0-3; got pids {sorted(pids)}")
+        left = sorted(name for name in os.listdir(folder) if ".part" in name)
+        expect(not left, f"mpiexec -n 4: the merged parts must be deleted; left {left}")
         kinds = [o.get("kind") for o in read_log(log, "mpiexec -n 4")]
         expect(kinds == ["config", "step", "step", "step", "summary"],
                f"mpiexec -n 4: log kinds {kinds}, expected config, 3 steps, summary (one writer)")

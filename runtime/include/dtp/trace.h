@@ -28,9 +28,15 @@ bool enabled();
 void clear();
 /// Spans recorded so far, in the order they ended.
 std::vector<Span> spans();
-/// spans()[first...]: what ended since a caller last saw spans().size() ==
-/// @p first (a writer streaming a long run copies only the new ones).
-std::vector<Span> spans_since(std::size_t first);
+/// Moves the spans recorded so far out of the list; recording goes on. A
+/// long run's writer takes them every step, so the list never grows (a list
+/// of millions of small records would fragment the heap around the step's
+/// large tensor buffers).
+std::vector<Span> take_spans();
+/// When enable() was last called, in microseconds since the Unix epoch (the
+/// wall clock). Trace files add it to every span's times, so the files that
+/// separate processes write share one time axis and merge by concatenation.
+double origin_unix_us();
 /// Writes spans() as Chrome trace-event JSON (open in ui.perfetto.dev).
 void write_chrome_json(const std::string& path);
 
@@ -39,6 +45,11 @@ void write_chrome_json(const std::string& path);
 /// opened and its header written in the constructor (a bad path fails before
 /// any work); every write is checked and flushed. Until finish() the file
 /// lacks its closing "]}" (Perfetto still loads the events before a kill).
+///
+/// Each rank is a process of the trace (pid = rank, named "rank r" by a
+/// process_name event) with two threads: tid 0, its own ("rank r"), and tid
+/// 1, its communication thread ("rank r comm"). Times are microseconds since
+/// the Unix epoch (origin_unix_us() + the span's time).
 class ChromeTraceFile {
  public:
   /// Creates @p path and writes the header; throws dtp::Error naming the path.
@@ -55,12 +66,23 @@ class ChromeTraceFile {
   std::size_t spans_written() const { return written_; }
 
  private:
+  void write_event(const std::string& event);
   void check_stream(const char* doing);
   std::string path_;
   std::FILE* file_ = nullptr;
   std::vector<bool> named_tracks_;  // tracks (2 * rank + lane) whose name is written
   std::size_t written_ = 0;
+  bool first_event_ = true;
 };
+
+/// Appends the events of the finished trace files @p parts (each written by
+/// a ChromeTraceFile in another process: under mpiexec, one per rank) to the
+/// finished trace @p into, so one file shows every rank. Waits up to
+/// @p timeout_s seconds for each part to be finished; returns the parts that
+/// were not (their files are left as they are) and deletes the merged ones.
+/// Throws dtp::Error when a file cannot be read or written.
+std::vector<std::string> merge_chrome_traces(const std::string& into, const std::vector<std::string>& parts,
+                                             double timeout_s);
 
 /// Records one span on the calling rank from construction to destruction.
 class Scope {

@@ -1,17 +1,20 @@
 // Trace spans: one global list guarded by a mutex. Recording is off unless
-// enable() was called, and a disabled Scope costs one atomic load.
+// enable() was called, and a disabled Scope costs one atomic load. With CUDA
+// every Scope is also an NVTX range, recorded or not, so `nsys profile`
+// shows the same spans on its timeline (without a profiler attached an NVTX
+// call returns at once).
 #include "dtp/trace.h"
 
 #include <atomic>
 #include <chrono>
-#include <cstdio>
-#include <fstream>
 #include <mutex>
 
-#include "dtp/error.h"
-#include "dtp/json.h"
 #include "comm/rank_context.h"
 #include "dtp/launch.h"
+
+#if DTP_HAVE_CUDA
+#include <nvtx3/nvToolsExt.h>
+#endif
 
 namespace dtp::trace {
 
@@ -19,7 +22,13 @@ namespace {
 std::atomic<bool> recording{false};
 std::mutex spans_mutex;
 std::vector<Span> recorded;
+
+double unix_now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();
+double origin_unix = unix_now_us();  // origin on the wall clock, microseconds since the Unix epoch
 
 double now_us() {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - origin).count();
@@ -31,6 +40,7 @@ void enable() {
   std::lock_guard lock(spans_mutex);
   recorded.clear();
   origin = std::chrono::steady_clock::now();
+  origin_unix = unix_now_us();
   recording = true;
 }
 
@@ -47,37 +57,22 @@ std::vector<Span> spans() {
   return recorded;
 }
 
-std::vector<Span> spans_since(std::size_t first) {
+std::vector<Span> take_spans() {
+  std::vector<Span> taken;
   std::lock_guard lock(spans_mutex);
-  if (first >= recorded.size()) return {};
-  return std::vector<Span>(recorded.begin() + static_cast<std::ptrdiff_t>(first), recorded.end());
+  taken.swap(recorded);
+  return taken;
 }
 
-void write_chrome_json(const std::string& path) {
-  std::vector<Span> all = spans();
-  std::ofstream out(path);
-  DTP_CHECK(out.good(), "trace: cannot write '", path, "'");
-  // Complete events ("ph":"X"): one track (tid) per rank and lane, named by
-  // metadata events so Perfetto shows "rank 0" and "rank 0 comm".
-  out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-  int ranks = 0;
-  for (const Span& s : all) ranks = std::max(ranks, s.rank + 1);
-  for (int r = 0; r < ranks; ++r)
-    for (int lane = 0; lane < 2; ++lane)
-      out << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" << 2 * r + lane
-          << ",\"args\":{\"name\":\"rank " << r << (lane ? " comm" : "") << "\"}},\n";
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    const Span& s = all[i];
-    char times[96];
-    std::snprintf(times, sizeof times, "\"ts\":%.3f,\"dur\":%.3f", s.start_us, s.end_us - s.start_us);
-    out << "{\"name\":" << json_string(s.name) << ",\"cat\":" << json_string(s.category)
-        << ",\"ph\":\"X\",\"pid\":0,\"tid\":" << 2 * s.rank + s.lane << "," << times << "}"
-        << ",\n";
-  }
-  out << "{\"name\":\"dtp\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{}}\n]}\n";
+double origin_unix_us() {
+  std::lock_guard lock(spans_mutex);
+  return origin_unix;
 }
 
 Scope::Scope(std::string name, std::string category) {
+#if DTP_HAVE_CUDA
+  nvtxRangePushA(name.c_str());
+#endif
   if (!recording) return;
   active_ = true;
   name_ = std::move(name);
@@ -86,6 +81,9 @@ Scope::Scope(std::string name, std::string category) {
 }
 
 Scope::~Scope() {
+#if DTP_HAVE_CUDA
+  nvtxRangePop();
+#endif
   if (!active_ || !recording) return;
   Span span{std::move(name_), std::move(category_), std::max(current_rank(), 0),
             detail::is_comm_worker() ? 1 : 0, start_us_, now_us()};

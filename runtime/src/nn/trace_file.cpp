@@ -1,6 +1,13 @@
-// ChromeTraceFile: the trace of `dtp train`, streamed to disk step by step.
+// Chrome trace files: the trace of `dtp train`, streamed to disk step by
+// step, and the merge that makes one file of the per-process files that an
+// mpiexec run writes.
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
 
 #include "dtp/error.h"
 #include "dtp/json.h"
@@ -8,10 +15,35 @@
 
 namespace dtp::trace {
 
+namespace {
+constexpr const char* kHeader = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+constexpr const char* kClosing = "\n]}\n";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  DTP_CHECK(in.good(), "trace: cannot read '", path, "': ", std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+bool ends_with(const std::string& text, const std::string& end) {
+  return text.size() >= end.size() && text.compare(text.size() - end.size(), end.size(), end) == 0;
+}
+
+// The events of a finished trace file, between its header and its closing.
+std::string events_of(const std::string& path, const std::string& text) {
+  DTP_CHECK(text.rfind(kHeader, 0) == 0 && ends_with(text, kClosing), "trace: '", path,
+            "' is not a finished DTP trace file");
+  const std::size_t begin = std::strlen(kHeader);
+  return text.substr(begin, text.size() - begin - std::strlen(kClosing));
+}
+}  // namespace
+
 ChromeTraceFile::ChromeTraceFile(std::string path) : path_(std::move(path)) {
   file_ = std::fopen(path_.c_str(), "w");
   DTP_CHECK(file_ != nullptr, "trace: cannot write '", path_, "': ", std::strerror(errno));
-  std::fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", file_);
+  std::fputs(kHeader, file_);
   check_stream("writing the header of");
 }
 
@@ -25,23 +57,43 @@ void ChromeTraceFile::check_stream(const char* doing) {
   DTP_CHECK(!failed, "trace: error ", doing, " '", path_, "': ", std::strerror(errno));
 }
 
+// One event per line. The comma goes before every event but the first, so
+// the file needs no end marker: the closing follows the last event.
+void ChromeTraceFile::write_event(const std::string& event) {
+  if (!first_event_) std::fputs(",\n", file_);
+  first_event_ = false;
+  std::fputs(event.c_str(), file_);
+}
+
 void ChromeTraceFile::append(const std::vector<Span>& spans) {
   DTP_CHECK(file_ != nullptr, "trace: '", path_, "' is already finished");
+  const double origin = origin_unix_us();
+  char line[160];
   for (const Span& s : spans) {
-    // One track (tid) per rank and lane; a metadata event names it
-    // ("rank 0", "rank 0 comm") the first time it appears.
+    // A rank is a process (pid) with two threads (tid = lane), named by
+    // metadata events the first time the rank or the lane appears.
     const int track = 2 * s.rank + s.lane;
-    if (track >= static_cast<int>(named_tracks_.size())) named_tracks_.resize(track + 1, false);
+    if (2 * s.rank + 1 >= static_cast<int>(named_tracks_.size())) named_tracks_.resize(2 * s.rank + 2, false);
+    if (!named_tracks_[2 * s.rank] && !named_tracks_[2 * s.rank + 1]) {
+      std::snprintf(line, sizeof line,
+                    "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", s.rank,
+                    s.rank);
+      write_event(line);
+      std::snprintf(line, sizeof line,
+                    "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"sort_index\":%d}}",
+                    s.rank, s.rank);
+      write_event(line);
+    }
     if (!named_tracks_[track]) {
       named_tracks_[track] = true;
-      std::fprintf(file_,
-                   "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,"
-                   "\"args\":{\"name\":\"rank %d%s\"}},\n",
-                   track, s.rank, s.lane ? " comm" : "");
+      std::snprintf(line, sizeof line,
+                    "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"rank %d%s\"}}",
+                    s.rank, s.lane, s.rank, s.lane ? " comm" : "");
+      write_event(line);
     }
-    std::fprintf(file_, "{\"name\":%s,\"cat\":%s,\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f},\n",
-                 json_string(s.name).c_str(), json_string(s.category).c_str(), track, s.start_us,
-                 s.end_us - s.start_us);
+    std::snprintf(line, sizeof line, ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", s.rank,
+                  s.lane, origin + s.start_us, s.end_us - s.start_us);
+    write_event("{\"name\":" + json_string(s.name) + ",\"cat\":" + json_string(s.category) + line);
   }
   written_ += spans.size();
   check_stream("writing");
@@ -49,12 +101,57 @@ void ChromeTraceFile::append(const std::vector<Span>& spans) {
 
 void ChromeTraceFile::finish() {
   DTP_CHECK(file_ != nullptr, "trace: '", path_, "' is already finished");
-  // Every event above ends with a comma; this last one closes the array.
-  std::fputs("{\"name\":\"dtp\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{}}\n]}\n", file_);
+  std::fputs(kClosing, file_);
   check_stream("finishing");
   const bool closed = std::fclose(file_) == 0;
   file_ = nullptr;
   DTP_CHECK(closed, "trace: error closing '", path_, "': ", std::strerror(errno));
+}
+
+void write_chrome_json(const std::string& path) {
+  ChromeTraceFile file(path);
+  file.append(spans());
+  file.finish();
+}
+
+std::vector<std::string> merge_chrome_traces(const std::string& into, const std::vector<std::string>& parts,
+                                             double timeout_s) {
+  std::string merged = events_of(into, read_file(into));
+  std::vector<std::string> unfinished, done;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (const std::string& part : parts) {
+    // A part is finished when its closing is written: the other process may
+    // still be writing its last step, so wait for it (polling, bounded).
+    std::string text;
+    for (;;) {
+      std::ifstream probe(part, std::ios::binary);
+      if (probe.good()) {
+        text = read_file(part);
+        if (ends_with(text, kClosing)) break;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!ends_with(text, kClosing)) {
+      unfinished.push_back(part);
+      continue;
+    }
+    const std::string events = events_of(part, text);
+    if (!events.empty()) merged += (merged.empty() ? "" : ",\n") + events;
+    done.push_back(part);
+  }
+  // Written beside the target and renamed over it: a reader never sees half.
+  const std::string temporary = into + ".merging";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out << kHeader << merged << kClosing;
+    out.flush();
+    DTP_CHECK(out.good(), "trace: cannot write '", temporary, "': ", std::strerror(errno));
+  }
+  DTP_CHECK(std::rename(temporary.c_str(), into.c_str()) == 0, "trace: cannot rename '", temporary, "' to '",
+            into, "': ", std::strerror(errno));
+  for (const std::string& part : done) std::remove(part.c_str());
+  return unfinished;
 }
 
 }  // namespace dtp::trace

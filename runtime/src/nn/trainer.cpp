@@ -258,14 +258,10 @@ TrainResult train(const TrainConfig& config, const StepCallback& on_step) {
     log->write(config_json(config));
   }
   std::unique_ptr<trace::ChromeTraceFile> trace_file;
-  std::size_t traced = 0;
   // Streams the spans recorded since the last call (every rank's, on the
-  // thread backend; this process's under mpiexec).
+  // thread backend; this process's under mpiexec) and drops them from memory.
   auto write_new_spans = [&] {
-    if (!trace_file) return;
-    std::vector<trace::Span> fresh = trace::spans_since(traced);
-    traced += fresh.size();
-    trace_file->append(fresh);
+    if (trace_file) trace_file->append(trace::take_spans());
   };
   if (!config.trace_path.empty()) {
     trace_file = std::make_unique<trace::ChromeTraceFile>(config.trace_path);
