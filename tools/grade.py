@@ -2,8 +2,8 @@
 """The DTP scoreboard: runs the puzzle checkers and says which puzzles are solved.
 
 Usage (normally through ./dtp grade):
-    tools/grade.py [CHAPTER] [--puzzle N.k] [-v] [--junit FILE] [--reference]
-                   [--build] [--build-dir DIR]
+    tools/grade.py [CHAPTER] [--puzzle N.k] [-v] [--junit FILE] [--gradescope FILE]
+                   [--reference] [--build] [--build-dir DIR] [--expect-unsolved]
 
 With --build it first builds each chapter's checkers on its own (a chapter
 whose puzzles do not compile shows its compiler errors; the other chapters are
@@ -13,6 +13,15 @@ tests by suite into puzzles (suite Puzzle1_4_ring_all_gather is puzzle 1.4
 ring_all_gather) and prints one table per chapter with the first failure of
 every unsolved puzzle, wrapped, never cut. --puzzle N.k grades one puzzle and
 prints every failing checker's whole message; -v does that for all puzzles.
+
+For autograders: --junit FILE writes JUnit XML (one testsuite per puzzle, one
+testcase per checker with its source file and line, the whole failure message
+in <failure> and <system-out>); --gradescope FILE writes Gradescope's
+results.json (one test per checker). Gradescope scoring mirrors the scoreboard:
+a puzzle is worth 1 point and earns it only when ALL its checkers pass; the
+point is shown split evenly over the puzzle's checkers (each carries 1/n as
+max_score and scores it only if the whole puzzle passes), so the per-test
+scores add up to the top-level score, the number of puzzles solved.
 
 Exit status: 0 when every binary ran to the end (even if puzzles fail: this is
 a report), 1 when a chapter did not compile, a binary crashed or timed out
@@ -61,6 +70,8 @@ class TestResult:
     status: str = "notrun"  # passed, failed, skipped, error, notrun
     messages: list = field(default_factory=list)
     seconds: float = 0.0
+    file: str = ""  # the checker's source file (from GoogleTest), relative to the repository
+    line: int = 0
 
 
 @dataclass
@@ -152,11 +163,46 @@ def signal_name(returncode):
         return f"signal {-returncode}"
 
 
-def list_tests(binary, env, timeout):
-    """All tests of a gtest binary in order, as (suite, name) pairs."""
-    out = subprocess.run([str(binary), "--gtest_list_tests"], stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                         timeout=timeout, text=True, errors="replace")
+def source_path(path):
+    """A checker's source file as GoogleTest gives it, relative to the repository
+    when it lies inside it (what CI annotations and JUnit viewers expect)."""
+    if not path:
+        return ""
+    try:
+        return Path(path).resolve().relative_to(ROOT).as_posix()
+    except (ValueError, OSError):
+        return str(path)
+
+
+def read_locations(report, locations):
+    """{(suite, name): (file, line)} from a GoogleTest JSON report or test list."""
+    for suite in report.get("testsuites", []):
+        for test in suite.get("testsuite", []):
+            if test.get("file"):
+                try:
+                    line = int(test.get("line", 0) or 0)
+                except (TypeError, ValueError):
+                    line = 0
+                locations[(suite.get("name", ""), test.get("name", ""))] = \
+                    (source_path(test["file"]), line)
+
+
+def list_tests(binary, env, timeout, locations=None):
+    """All tests of a gtest binary in order, as (suite, name) pairs. With a dict
+    as `locations`, also fills it with each test's (file, line), which
+    GoogleTest writes for a listing too; a test that later crashes, and so is
+    missing from the run's JSON, keeps its location."""
+    with tempfile.TemporaryDirectory(prefix="dtp-grade-list-") as tmp:
+        json_path = Path(tmp) / "list.json"
+        out = subprocess.run([str(binary), "--gtest_list_tests", f"--gtest_output=json:{json_path}"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, env=env, timeout=timeout, text=True,
+                             errors="replace")
+        if locations is not None and json_path.exists():
+            try:
+                read_locations(json.loads(json_path.read_text(errors="replace")), locations)
+            except (json.JSONDecodeError, AttributeError):
+                pass
     if out.returncode != 0:
         raise RuntimeError(f"--gtest_list_tests exited with {out.returncode}:\n{out.stdout[-2000:]}")
     tests, suite = [], None
@@ -249,6 +295,12 @@ def apply_json(report, results):
             if result is None:
                 result = results[key] = TestResult(*key)
             failures = [f.get("failure", "") for f in test.get("failures", [])]
+            if test.get("file"):
+                result.file = source_path(test["file"])
+                try:
+                    result.line = int(test.get("line", 0) or 0)
+                except (TypeError, ValueError):
+                    pass
             try:
                 result.seconds = float(str(test.get("time", "0")).rstrip("s") or 0)
             except ValueError:
@@ -307,13 +359,15 @@ def grade_binary(binary, env, timeout, test_timeout, only=None):
     the tests that have not run yet. A hung test also skips the rest of its
     puzzle (they would most likely hang too). Everything stops at `timeout`
     seconds for the binary; tests not run by then are marked so."""
+    locations = {}
     try:
-        order = list_tests(binary, env, min(timeout, 60))
+        order = list_tests(binary, env, min(timeout, 60), locations)
     except (subprocess.TimeoutExpired, RuntimeError, OSError) as error:
         return {}, [f"could not list the tests of {binary.name}: {error}"]
     if only:
         order = [key for key in order if matches_filter(key, only)]
-    results = {key: TestResult(*key) for key in order}
+    results = {key: TestResult(*key, file=locations.get(key, ("", 0))[0],
+                               line=locations.get(key, ("", 0))[1]) for key in order}
     deadline = time.monotonic() + timeout
     crashes, hangs, problems = [], [], []
     gtest_filter = only
@@ -478,6 +532,15 @@ def build_chapter(build_dir, chapter, flavor, jobs):
     return False, log_path, build_progress.error_lines(text, limit=40)
 
 
+XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def xml_text(text):
+    """Text XML 1.0 can hold: control characters (ANSI colours, stray bytes)
+    become U+FFFD instead of making the whole report unreadable."""
+    return XML_ILLEGAL.sub("\ufffd", text)
+
+
 def write_junit(path, graded):
     root = ET.Element("testsuites", name="DTP puzzles")
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
@@ -496,17 +559,22 @@ def write_junit(path, graded):
             for k in totals:
                 totals[k] += counts[k]
             for t in p.tests:
+                where = {"file": t.file, "line": str(t.line)} if t.file else {}
                 case = ET.SubElement(suite, "testcase", classname=f"ch{chapter:02d}.{t.suite}",
-                                     name=t.name, time=f"{t.seconds:.3f}")
-                text = "\n\n".join(t.messages)
+                                     name=t.name, time=f"{t.seconds:.3f}", **where)
+                text = xml_text("\n\n".join(t.messages))
                 if t.status == "failed":
-                    ET.SubElement(case, "failure", message=first_line(t.messages[0]),
+                    ET.SubElement(case, "failure", message=xml_text(first_line(t.messages[0])),
                                   type="failure").text = text
                 elif t.status in ("error", "notrun"):
-                    message = first_line(t.messages[0]) if t.messages else "not run"
+                    message = xml_text(first_line(t.messages[0]) if t.messages else "not run")
                     ET.SubElement(case, "error", message=message, type="error").text = text
                 elif t.status == "skipped":
                     ET.SubElement(case, "skipped")
+                if t.status in ("failed", "error", "notrun"):
+                    # The whole message again as the test's output: GitLab and
+                    # most JUnit viewers show <system-out>, some only that.
+                    ET.SubElement(case, "system-out").text = text or "not run"
     for k, v in totals.items():
         root.set(k, str(v))
     tree = ET.ElementTree(root)
@@ -515,16 +583,170 @@ def write_junit(path, graded):
     tree.write(path, encoding="utf-8", xml_declaration=True)
 
 
+# Gradescope's results.json, as its autograder specification documents it
+# (https://gradescope-autograders.readthedocs.io/en/latest/specs/).
+# Who sees the results: visible (default), hidden, after_due_date or
+# after_published; $DTP_GRADESCOPE_VISIBILITY overrides it.
+GRADESCOPE_VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
+GRADESCOPE_VISIBILITY = os.environ.get("DTP_GRADESCOPE_VISIBILITY", "") or "visible"
+FAILING = ("failed", "error", "notrun")
+
+
+def checker_shares(puzzle):
+    """Each checker's share of the puzzle's 1 point: 1/n over the n checkers that
+    ran (skipped ones, e.g. GPU checkers on a machine without a GPU, get 0), the
+    last one taking the rounding remainder so that the shares add up to 1."""
+    graded = [t for t in puzzle.tests if t.status != "skipped"]
+    shares, given = {}, 0.0
+    for i, t in enumerate(graded):
+        share = round(1.0 / len(graded), 6) if i < len(graded) - 1 else round(1.0 - given, 6)
+        shares[id(t)] = share
+        given += share
+    return shares
+
+
+def checker_output(chapter, puzzle, test):
+    """What a student reads under one checker in Gradescope."""
+    lines = []
+    where = f"{test.file}:{test.line}" if test.file else ""
+    passing = sum(1 for t in puzzle.tests if t.status == "passed")
+    graded = sum(1 for t in puzzle.tests if t.status != "skipped")
+    if test.status in FAILING:
+        lines.append(f"{test.status.upper()}: "
+                     + (first_line(test.messages[0]) if test.messages else "not run"))
+    elif test.status == "skipped":
+        lines.append("SKIPPED on the grading machine (e.g. it needs a GPU): not counted.")
+    else:
+        lines.append(f"passed ({test.seconds:.2f} s)")
+    if puzzle.number and puzzle.verdict == "FAIL" and test.status == "passed":
+        lines.append(f"This checker passes, but puzzle {puzzle.id} earns its point only when all "
+                     f"{graded} of its checkers pass ({passing} do).")
+    if where:
+        lines.append(f"Checker: {test.suite}.{test.name} in {where}")
+    if test.status in FAILING:
+        lines.append("")
+        lines.append("\n\n".join(test.messages) if test.messages else "not run")
+        if puzzle.number:
+            lines.append("")
+            lines.append(f"Locally: ./dtp grade {chapter:02d} --puzzle {puzzle.id}")
+    return "\n".join(lines)
+
+
+def source_puzzles(chapter):
+    """The puzzle suites named in tests/NN_name/ (for a chapter that does not
+    compile, so that its points still show as lost)."""
+    names = set()
+    for folder in (ROOT / "tests").glob(f"{chapter:02d}_*"):
+        for path in list(folder.glob("*.cpp")) + list(folder.glob("*.h")):
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue
+            for m in re.finditer(rf"\bPuzzle{chapter}_(\d+[a-z]*)_[A-Za-z0-9_]*[A-Za-z0-9]", text):
+                names.add(m.group(0))
+    return sorted(names)
+
+
+def gradescope_results(graded, not_graded=(), problems=(), summaries=(), seconds=0.0):
+    """The results.json document.
+
+    graded: [(chapter, flavor, puzzles)] as the tables show them.
+    not_graded: [(chapter, title, output)] for chapters that did not compile or
+    ran no checker; each shows as one failed test worth its puzzles."""
+    tests, score, total = [], 0.0, 0.0
+    for chapter, flavor, puzzles in graded:
+        for p in puzzles:
+            shares = checker_shares(p)
+            solved = p.verdict == "PASS"
+            score += 1.0 if solved else 0.0
+            total += 1.0 if shares else 0.0
+            label = f"puzzle {p.id} {p.name}" if p.number else p.name
+            canonical = f"Puzzle{chapter}_{p.number}_{p.name}"
+            for t in p.tests:
+                check = t.name if t.suite == canonical else f"{t.suite}.{t.name}"
+                share = shares.get(id(t), 0.0)
+                entry = {
+                    "name": f"ch{chapter:02d} {label}: {check}"
+                            + (" (skipped)" if t.status == "skipped" else ""),
+                    "score": share if solved else 0.0,
+                    "max_score": share,
+                }
+                if t.status != "skipped":  # neither passed nor failed: no status
+                    entry["status"] = "passed" if t.status == "passed" else "failed"
+                entry.update({
+                    "output": checker_output(chapter, p, t),
+                    "tags": [f"ch{chapter:02d}"] + ([f"puzzle {p.id}"] if p.number else []),
+                    "visibility": GRADESCOPE_VISIBILITY,
+                    "extra_data": {"suite": t.suite, "test": t.name, "file": t.file,
+                                   "line": t.line, "result": t.status,
+                                   "seconds": round(t.seconds, 3),
+                                   "puzzle": p.id, "puzzle_solved": solved},
+                })
+                tests.append(entry)
+    for chapter, title, output in not_graded:
+        worth = float(len(source_puzzles(chapter)))
+        total += worth
+        tests.append({
+            "name": f"ch{chapter:02d}: {title}",
+            "score": 0.0,
+            "max_score": worth,
+            "status": "failed",
+            "output": output,
+            "tags": [f"ch{chapter:02d}"],
+            "visibility": GRADESCOPE_VISIBILITY,
+        })
+    head = (f"DTP scoreboard: {score:g} of {total:g} puzzles solved. A puzzle is worth 1 point, "
+            f"earned only when all of its checkers pass; each checker shows its share of it.")
+    text = "\n".join([head, ""] + list(summaries)
+                     + [f"error: {problem}" for problem in problems])
+    return {
+        "score": score,
+        "execution_time": int(round(seconds)),
+        "output": text,
+        "output_format": "text",
+        "test_output_format": "text",
+        "test_name_format": "text",
+        "visibility": GRADESCOPE_VISIBILITY,
+        "stdout_visibility": GRADESCOPE_VISIBILITY,
+        "tests": tests,
+    }
+
+
+def write_gradescope(path, document):
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False)
+    Path(path).write_text(text + "\n", encoding="utf-8")
+
+
+def compile_failure_output(target, log_path, errors):
+    return "\n".join([f"{target} does not compile; its puzzles are not graded. The compiler says:"]
+                     + ["    " + line for line in errors or ["(no error line found)"]]
+                     + [f"(whole build log: {log_path})"])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="dtp grade",
-        description="Run the puzzle checkers and print which puzzles are solved.")
+        description="Run the puzzle checkers and print which puzzles are solved.",
+        epilog="Exit status: 0 when every checker binary ran (even with unsolved puzzles), "
+               "1 when a chapter did not compile, a binary crashed or timed out (or, with "
+               "--expect-unsolved, a puzzle passed on its stub), 2 when there was nothing to "
+               "grade. Autograder setups (GitHub Actions, GitLab CI, Gradescope): "
+               "docs/instructors.md.")
     parser.add_argument("chapter", nargs="?", help="only this chapter, e.g. 01 or 1")
     parser.add_argument("--puzzle", metavar="N.k",
                         help="only this puzzle (e.g. 1.4), with every failing checker's whole message")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="print every failing checker's whole message")
-    parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML (one testsuite per puzzle)")
+    parser.add_argument("--junit", metavar="FILE",
+                        help="also write JUnit XML: one testsuite per puzzle, one testcase per "
+                             "checker with its file and line, the whole failure in <system-out>")
+    parser.add_argument("--gradescope", metavar="FILE",
+                        help="also write Gradescope's results.json: one test per checker; a puzzle "
+                             "is worth 1 point, earned only when all its checkers pass (shown split "
+                             "evenly over them). Written even when grading fails, with the reason. "
+                             "$DTP_GRADESCOPE_VISIBILITY: visible (default), hidden, after_due_date "
+                             "or after_published")
     parser.add_argument("--reference", action="store_true",
                         help="grade the reference solution instead of the puzzles (instructors)")
     parser.add_argument("--build", action="store_true",
@@ -541,9 +763,15 @@ def main(argv=None):
     parser.add_argument("--expect-unsolved", action="store_true",
                         help="CI: exit 1 if any puzzle passes (checkers must fail on stubs)")
     args = parser.parse_args(argv)
+    started = time.monotonic()
 
     def usage_error(message):
         print(f"grade: {message}", file=sys.stderr)
+        if args.gradescope:
+            # An autograder shows this instead of "results.json not found".
+            document = gradescope_results([], seconds=time.monotonic() - started)
+            document["output"] = f"Grading failed before any checker ran: {message}"
+            write_gradescope(args.gradescope, document)
         return 2
 
     puzzle_chapter = puzzle_number = None
@@ -562,6 +790,11 @@ def main(argv=None):
             return usage_error(f"puzzle {args.puzzle} belongs to chapter {puzzle_chapter:02d}, "
                                f"not {wanted:02d}")
         wanted = puzzle_chapter
+
+    if args.gradescope and GRADESCOPE_VISIBILITY not in GRADESCOPE_VISIBILITIES:
+        bad, args.gradescope = GRADESCOPE_VISIBILITY, None  # a results.json could not say it
+        return usage_error(f"DTP_GRADESCOPE_VISIBILITY must be one of "
+                           f"{', '.join(GRADESCOPE_VISIBILITIES)}, got '{bad}'")
 
     flavor = "reference" if args.reference else "puzzles"
     tests_dir = Path(args.build_dir) / "tests"
@@ -603,12 +836,14 @@ def main(argv=None):
         suite = f"Puzzle{puzzle_chapter}_{puzzle_number.replace('.', '_')}_*"
         gtest_filter = f"{suite}.*:*/{suite}.*"
 
-    graded, summaries, unexpected = [], [], []
+    graded, summaries, unexpected, not_graded = [], [], [], []
     for chapter in sorted(set(binaries) | set(compile_failures)):
         print(file=sys.stdout)
         if chapter in compile_failures:
             summaries.append(print_compile_failure(chapter, *compile_failures[chapter], sys.stdout))
             problems.append(f"ch{chapter:02d} does not compile (see its table)")
+            not_graded.append((chapter, "does not compile",
+                               compile_failure_output(*compile_failures[chapter])))
             continue
         binary = binaries[chapter]
         print(f"grade: running {binary.name} ...", file=sys.stderr, flush=True)
@@ -626,6 +861,9 @@ def main(argv=None):
         summaries.append(print_table(chapter, binary.name, puzzles, flavor, sys.stdout, hint))
         if not puzzles:
             summaries[-1] += " (no tests found)"
+            if puzzle_number is None:
+                not_graded.append((chapter, "no checker ran", "\n".join(
+                    [f"{binary.name} ran no checker."] + binary_problems)))
         if args.verbose or puzzle_number is not None:
             print_failures(puzzles, sys.stdout)
         sys.stdout.flush()
@@ -637,6 +875,10 @@ def main(argv=None):
     if args.junit:
         write_junit(args.junit, graded)
         print(f"JUnit XML written to {args.junit}")
+    if args.gradescope:
+        write_gradescope(args.gradescope, gradescope_results(
+            graded, not_graded, problems, summaries, time.monotonic() - started))
+        print(f"Gradescope results written to {args.gradescope}")
     sys.stdout.flush()
     status = 0
     for problem in problems:

@@ -2,13 +2,23 @@
 """Unit tests of the scoreboard's text (tools/grade.py): the first failure is
 wrapped, never cut, so "expected ... got ..." always reaches the student;
 --puzzle is validated; whole messages lose only gtest's file:line header.
+And the autograder exports: JUnit XML carries each checker's file and line and
+its whole failure in <system-out>; --gradescope writes a results.json that
+validate_gradescope() below accepts (Gradescope's documented format), whose
+scores add up and whose failing checkers carry their messages.
 
-Run: python3 tools/test_grade.py (CTest runs it as tools.grade_text).
+Run: python3 tools/test_grade.py, or python3 -m unittest tools/test_grade.py
+(CTest runs it as tools.grade_text).
 """
 
 import io
+import json
+import math
+import os
 import sys
+import tempfile
 import unittest
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -97,6 +107,260 @@ class Arguments(unittest.TestCase):
                                              "Puzzle1_4_*.*:*/Puzzle1_4_*.*"))
         self.assertFalse(grade.matches_filter(("Puzzle1_10_halving_doubling_all_reduce", "X"),
                                               "Puzzle1_1_*.*:*/Puzzle1_1_*.*"))
+
+
+# --- Gradescope's results.json, as documented at
+# https://gradescope-autograders.readthedocs.io/en/latest/specs/ ("Output
+# format"): every field is optional except that a score must be given, at the
+# top level or on every test; a top-level score overrides the tests' total.
+GS_TOP_FIELDS = {
+    "score": "number", "execution_time": "number", "output": "string",
+    "output_format": "format", "test_output_format": "format", "test_name_format": "format",
+    "visibility": "visibility", "stdout_visibility": "visibility", "extra_data": "object",
+    "tests": "array", "leaderboard": "array",
+}
+GS_TEST_FIELDS = {
+    "score": "number", "max_score": "number", "status": "status", "name": "string",
+    "name_format": "format", "number": "string", "output": "string", "output_format": "format",
+    "tags": "strings", "visibility": "visibility", "extra_data": "object",
+}
+GS_ENUMS = {
+    "format": {"text", "html", "simple_format", "md", "ansi"},
+    "visibility": {"hidden", "after_due_date", "after_published", "visible"},
+    "status": {"passed", "failed"},
+}
+
+
+def gs_type_error(where, kind, value):
+    if kind == "number":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    elif kind == "string":
+        ok = isinstance(value, str)
+    elif kind == "object":
+        ok = isinstance(value, dict)
+    elif kind == "array":
+        ok = isinstance(value, list)
+    elif kind == "strings":
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    else:
+        ok = value in GS_ENUMS[kind]
+        kind = "one of " + ", ".join(sorted(GS_ENUMS[kind]))
+    return None if ok else f"{where}: expected {kind}, got {value!r}"
+
+
+def validate_gradescope(document):
+    """The problems of a results.json document (an empty list when valid):
+    unknown fields (typos), wrong types, enum values, a missing score."""
+    problems = []
+    if not isinstance(document, dict):
+        return ["the document is not a JSON object"]
+    for key, value in document.items():
+        if key not in GS_TOP_FIELDS:
+            problems.append(f"unknown top-level field {key!r}")
+        else:
+            problems.append(gs_type_error(key, GS_TOP_FIELDS[key], value))
+    tests = document.get("tests", [])
+    if "score" not in document and "tests" not in document:
+        problems.append("neither a top-level score nor tests")
+    for i, test in enumerate(tests if isinstance(tests, list) else []):
+        if not isinstance(test, dict):
+            problems.append(f"tests[{i}] is not an object")
+            continue
+        for key, value in test.items():
+            if key not in GS_TEST_FIELDS:
+                problems.append(f"tests[{i}]: unknown field {key!r}")
+            else:
+                problems.append(gs_type_error(f"tests[{i}].{key}", GS_TEST_FIELDS[key], value))
+        if "score" not in document and "score" not in test:
+            problems.append(f"tests[{i}]: no score and no top-level score")
+        for key in ("score", "max_score"):
+            if isinstance(test.get(key), (int, float)) and test[key] < 0:
+                problems.append(f"tests[{i}].{key} is negative")
+    return [p for p in problems if p]
+
+
+def checker(suite, name, status, messages=(), file="tests/01_collectives/x_test.cpp", line=10):
+    return grade.TestResult(suite, name, status, list(messages), 0.25, file, line)
+
+
+def sample_puzzles():
+    """Puzzle 1.4 half solved (one checker fails), 1.8 solved, 1.9 skipped (no GPU)."""
+    half = grade.Puzzle(1, "4", "ring_all_gather")
+    half.tests = [checker("Puzzle1_4_ring_all_gather", "ExactResults", "failed", [LONG_FAILURE], line=41),
+                  checker("Puzzle1_4_ring_all_gather", "AnyRoot", "passed", line=42),
+                  checker("Sizes/Puzzle1_4_ring_all_gather", "Large/0", "passed", line=43)]
+    solved = grade.Puzzle(1, "8", "ring_all_reduce")
+    solved.tests = [checker("Puzzle1_8_ring_all_reduce", n, "passed", line=50 + i)
+                    for i, n in enumerate(["A", "B", "C", "D", "E", "F", "G"])]
+    gpu = grade.Puzzle(1, "9", "tree_all_reduce")
+    gpu.tests = [checker("Puzzle1_9_tree_all_reduce", "OnGpu", "skipped", line=60)]
+    return [half, solved, gpu]
+
+
+class Gradescope(unittest.TestCase):
+    def results(self, **kwargs):
+        document = grade.gradescope_results([(1, "puzzles", sample_puzzles())], **kwargs)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "results" / "results.json"
+            grade.write_gradescope(path, document)
+            return json.loads(path.read_text(encoding="utf-8"))
+
+    def test_valid_results_json(self):
+        self.assertEqual(validate_gradescope(self.results()), [])
+
+    def test_validator_catches_mistakes(self):
+        bad = {"tests": [{"name": 3, "max_score": "1", "status": "ok", "visiblity": "visible"}],
+               "visibility": "public"}
+        problems = " | ".join(validate_gradescope(bad))
+        for expected in ("tests[0].name", "tests[0].max_score", "tests[0].status",
+                         "unknown field 'visiblity'", "tests[0]: no score", "visibility: expected"):
+            self.assertIn(expected, problems)
+
+    def test_one_test_per_checker_with_file_and_line(self):
+        tests = self.results()["tests"]
+        self.assertEqual(len(tests), 3 + 7 + 1)
+        self.assertEqual(tests[0]["name"], "ch01 puzzle 1.4 ring_all_gather: ExactResults")
+        self.assertEqual(tests[2]["name"], "ch01 puzzle 1.4 ring_all_gather: Sizes/Puzzle1_4_ring_all_gather.Large/0")
+        self.assertIn("tests/01_collectives/x_test.cpp:41", tests[0]["output"])
+        self.assertEqual((tests[0]["extra_data"]["file"], tests[0]["extra_data"]["line"]),
+                         ("tests/01_collectives/x_test.cpp", 41))
+
+    def test_failing_checker_shows_its_whole_message(self):
+        first = self.results()["tests"][0]
+        self.assertEqual(first["status"], "failed")
+        self.assertIn("got 16777217 = rank 1's element 0 alone", first["output"])
+        self.assertIn("element 1 (chunk 0 of 2, offset 1)", first["output"])  # the whole message
+        self.assertIn("./dtp grade 01 --puzzle 1.4", first["output"])
+
+    def test_scores_add_up_per_puzzle_and_in_total(self):
+        document = self.results()
+        by_puzzle = {}
+        for test in document["tests"]:
+            self.assertLessEqual(test["score"], test["max_score"])
+            puzzle = test["extra_data"]["puzzle"]
+            got, worth = by_puzzle.get(puzzle, (0.0, 0.0))
+            by_puzzle[puzzle] = (got + test["score"], worth + test["max_score"])
+        self.assertAlmostEqual(by_puzzle["1.4"][1], 1.0, places=6)  # worth 1 ...
+        self.assertEqual(by_puzzle["1.4"][0], 0.0)  # ... earned only when every checker passes
+        self.assertAlmostEqual(by_puzzle["1.8"][0], 1.0, places=6)
+        self.assertEqual(by_puzzle["1.9"], (0.0, 0.0))  # all skipped: not graded here
+        self.assertEqual(document["score"], 1.0)
+        self.assertAlmostEqual(sum(t["score"] for t in document["tests"]), document["score"], places=6)
+
+    def test_passing_checker_of_unsolved_puzzle_says_why_no_points(self):
+        second = self.results()["tests"][1]
+        self.assertEqual((second["status"], second["score"]), ("passed", 0.0))
+        self.assertIn("all 3 of its checkers pass (2 do)", second["output"])
+
+    def test_skipped_checker_has_no_status(self):
+        skipped = self.results()["tests"][-1]
+        self.assertNotIn("status", skipped)
+        self.assertTrue(skipped["name"].endswith("(skipped)"))
+
+    def test_chapter_that_does_not_compile_loses_its_puzzles(self):
+        document = self.results(not_graded=[(1, "does not compile", "x.cpp:2: error: expected")],
+                                problems=["ch01 does not compile (see its table)"])
+        self.assertEqual(validate_gradescope(document), [])
+        broken = document["tests"][-1]
+        self.assertEqual((broken["status"], broken["score"]), ("failed", 0.0))
+        self.assertEqual(broken["max_score"], float(len(grade.source_puzzles(1))))
+        self.assertGreaterEqual(broken["max_score"], 10.0)  # chapter 01 has ten puzzles
+        self.assertIn("x.cpp:2: error: expected", broken["output"])
+        self.assertIn("ch01 does not compile", document["output"])
+
+    def test_written_even_when_nothing_can_be_graded(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "results.json"
+            err, old = io.StringIO(), sys.stderr
+            sys.stderr = err
+            try:
+                status = grade.main(["01", "--build-dir", "/nonexistent-dtp-build",
+                                     "--gradescope", str(path)])
+            finally:
+                sys.stderr = old
+            self.assertEqual(status, 2)
+            document = json.loads(path.read_text())
+        self.assertEqual(validate_gradescope(document), [])
+        self.assertEqual((document["score"], document["tests"]), (0.0, []))
+        self.assertIn("ch01_puzzles_tests", document["output"])
+
+
+class JUnit(unittest.TestCase):
+    def test_file_line_and_system_out(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "junit.xml"
+            grade.write_junit(path, [(1, "puzzles", sample_puzzles())])
+            root = ET.parse(path).getroot()
+        cases = root.findall(".//testcase")
+        self.assertEqual(len(cases), 11)
+        self.assertTrue(all(c.get("file") == "tests/01_collectives/x_test.cpp" for c in cases))
+        self.assertEqual(cases[0].get("line"), "41")
+        self.assertIn("element 1 (chunk 0 of 2, offset 1)", cases[0].find("system-out").text)
+        self.assertIsNone(cases[1].find("system-out"))  # a passing checker has nothing to say
+        self.assertEqual(root.get("failures"), "1")
+
+    def test_control_characters_do_not_break_the_xml(self):
+        p = puzzle_with("\x1b[31mred\x1b[0m and a \x00 byte")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "junit.xml"
+            grade.write_junit(path, [(1, "puzzles", [p])])
+            text = ET.parse(path).getroot().find(".//system-out").text
+        self.assertIn("red", text)
+
+
+class Locations(unittest.TestCase):
+    REPORT = {"testsuites": [{"name": "Puzzle1_4_ring_all_gather", "testsuite": [
+        {"name": "ExactResults", "file": str(grade.ROOT / "tests/01_collectives/all_gather_test.cpp"),
+         "line": 77, "result": "COMPLETED", "failures": [{"failure": "boom", "type": ""}]}]}]}
+
+    def test_apply_json_keeps_file_and_line(self):
+        results = {}
+        grade.apply_json(self.REPORT, results)
+        result = results[("Puzzle1_4_ring_all_gather", "ExactResults")]
+        self.assertEqual((result.file, result.line, result.status),
+                         ("tests/01_collectives/all_gather_test.cpp", 77, "failed"))
+
+    def test_listing_locations(self):
+        locations = {}
+        grade.read_locations(self.REPORT, locations)
+        self.assertEqual(locations, {("Puzzle1_4_ring_all_gather", "ExactResults"):
+                                     ("tests/01_collectives/all_gather_test.cpp", 77)})
+        self.assertEqual(grade.source_path("/elsewhere/x_test.cpp"), "/elsewhere/x_test.cpp")
+
+
+BUILD_DIR = Path(os.environ.get("DTP_BUILD_DIR", grade.ROOT / "build"))
+CH01 = BUILD_DIR / "tests" / "ch01_puzzles_tests"
+
+
+@unittest.skipUnless(os.access(CH01, os.X_OK), f"no {CH01} (build first)")
+class RealCheckers(unittest.TestCase):
+    """Grades puzzle 1.1 on the built stubs: every export names the checker's
+    file and line and carries the stub's "not solved yet"."""
+
+    def test_exports_of_a_real_run(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            junit, results = Path(tmp) / "j.xml", Path(tmp) / "r.json"
+            out, err = io.StringIO(), io.StringIO()
+            old = sys.stdout, sys.stderr
+            sys.stdout, sys.stderr = out, err
+            try:
+                status = grade.main(["--puzzle", "1.1", "--build-dir", str(BUILD_DIR),
+                                     "--junit", str(junit), "--gradescope", str(results)])
+            finally:
+                sys.stdout, sys.stderr = old
+            self.assertEqual(status, 0, err.getvalue())
+            document = json.loads(results.read_text())
+            cases = ET.parse(junit).getroot().findall(".//testcase")
+        self.assertEqual(validate_gradescope(document), [])
+        self.assertTrue(document["tests"])
+        self.assertEqual(len(cases), len(document["tests"]))
+        for test, case in zip(document["tests"], cases):
+            self.assertTrue(case.get("file", "").startswith("tests/01_collectives/"), case.attrib)
+            self.assertGreater(int(case.get("line", "0")), 0)
+            self.assertIn(f'{case.get("file")}:{case.get("line")}', test["output"])
+        self.assertAlmostEqual(sum(t["max_score"] for t in document["tests"]), 1.0, places=6)
+        if document["score"] == 0:  # the stub: every checker fails with the news
+            self.assertIn("puzzle 1.1 tree_broadcast is not solved yet", document["tests"][0]["output"])
 
 
 if __name__ == "__main__":
