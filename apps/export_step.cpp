@@ -1,30 +1,37 @@
 // dtp-export-step: one forward/backward of a small seeded GPT on fixed
 // tokens, written to JSON so that tools/torch_crosscheck.py can redo it in
-// PyTorch and compare the loss and every gradient.
+// PyTorch and compare the loss, the logits and every gradient.
 //   dtp-export-step --out step.json [--device cpu|cuda] [--attention naive|flash]
-//                   [--seed 1234] [--layers 2] [--d-model 64] [--heads 4]
+//                   [--dtype f32|f64] [--seed 1234] [--layers 2] [--d-model 64] [--heads 4]
 //                   [--vocab 96] [--context 48] [--batch 3] [--seq 40]
 // Format: {"config": {...}, "tokens": [[...]], "targets": [[...]],
-// "loss": L, "params": [{"name": "block.0.attn.q.weight", "shape": [...],
-// "value": [...], "grad": [...]}, ...]}, floats printed with 9 significant
-// digits (exact for f32). Parameter names are "<unit>.<parameter>".
+// "loss": L, "logits": {"shape": [B, T, V], "value": [...]}, "params":
+// [{"name": "block.0.attn.q.weight", "shape": [...], "value": [...],
+// "grad": [...]}, ...]}, floats printed with 9 significant digits for f32 and
+// 17 for f64 (exact either way). Parameter names are "<unit>.<parameter>".
+// The logits come from GPT::logits on the same tokens and weights (the math
+// of forward(), which keeps its own logits only as the loss gradient).
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "dtp/device.h"
+#include "dtp/dtype.h"
 #include "dtp/error.h"
 #include "dtp/nn.h"
 
 namespace {
+
+// Significant digits that print a value of this dtype exactly.
+int g_digits = 9;
 
 void write_numbers(std::FILE* f, const std::vector<double>& values, bool integers) {
   std::fputc('[', f);
   for (std::size_t i = 0; i < values.size(); ++i) {
     if (i) std::fputc(',', f);
     if (integers) std::fprintf(f, "%lld", static_cast<long long>(values[i]));
-    else std::fprintf(f, "%.9g", values[i]);
+    else std::fprintf(f, "%.*g", g_digits, values[i]);
   }
   std::fputc(']', f);
 }
@@ -56,7 +63,7 @@ int main(int argc, char** argv) {
       const std::string flag = argv[i];
       if (flag == "--help" || flag == "-h") {
         std::printf("usage: dtp-export-step --out FILE [--device cpu|cuda] [--attention naive|flash] "
-                    "[--seed S] [--layers L] [--d-model C] [--heads H] [--vocab V] [--context P] "
+                    "[--dtype f32|f64] [--seed S] [--layers L] [--d-model C] [--heads H] [--vocab V] [--context P] "
                     "[--batch B] [--seq T]\n");
         return 0;
       }
@@ -65,6 +72,7 @@ int main(int argc, char** argv) {
       if (flag == "--out") out_path = value;
       else if (flag == "--device") config.device = dtp::parse_device(value);
       else if (flag == "--attention") config.attention = dtp::parse_attention_kind(value);
+      else if (flag == "--dtype") config.dtype = dtp::parse_dtype(value);
       else if (flag == "--seed") config.seed = std::strtoull(value.c_str(), nullptr, 10);
       else if (flag == "--layers") config.layers = std::atoi(value.c_str());
       else if (flag == "--d-model") config.d_model = std::atoi(value.c_str());
@@ -80,11 +88,17 @@ int main(int argc, char** argv) {
       return 1;
     }
     config.validate();
+    DTP_CHECK(config.dtype == dtp::DType::f32 || config.dtype == dtp::DType::f64,
+              "dtp-export-step: --dtype must be f32 or f64, not ", dtp::dtype_name(config.dtype));
+    g_digits = config.dtype == dtp::DType::f64 ? 17 : 9;
     dtp::GPT model(config);
     const dtp::Tensor tokens = dtp::Tensor::random_uniform({batch, seq}, config.seed + 1, 0, config.vocab_size,
                                                            dtp::DType::i32, config.device);
     const dtp::Tensor targets = dtp::Tensor::random_uniform({batch, seq}, config.seed + 2, 0, config.vocab_size,
                                                             dtp::DType::i32, config.device);
+    // The logits first: GPT::logits keeps no activations, so forward() and
+    // backward() below run exactly as they would without it.
+    const dtp::Tensor logits = model.logits(tokens);
     model.zero_grad();
     const double loss = model.forward(tokens, targets);
     model.backward();
@@ -93,15 +107,21 @@ int main(int argc, char** argv) {
     DTP_CHECK(f != nullptr, "dtp-export-step: cannot write ", out_path);
     std::fprintf(f,
                  "{\"config\":{\"vocab_size\":%d,\"context\":%d,\"d_model\":%d,\"heads\":%d,\"layers\":%d,"
-                 "\"mlp_ratio\":%d,\"layernorm_eps\":%.9g,\"attention\":\"%s\",\"device\":\"%s\",\"seed\":%llu},",
+                 "\"mlp_ratio\":%d,\"layernorm_eps\":%.9g,\"attention\":\"%s\",\"dtype\":\"%s\",\"device\":\"%s\","
+                 "\"seed\":%llu},",
                  config.vocab_size, config.context, config.d_model, config.heads, config.layers, config.mlp_ratio,
-                 config.layernorm_eps, dtp::attention_kind_name(config.attention), config.device.str().c_str(),
+                 config.layernorm_eps, dtp::attention_kind_name(config.attention), dtp::dtype_name(config.dtype),
+                 config.device.str().c_str(),
                  static_cast<unsigned long long>(config.seed));
     std::fprintf(f, "\n\"tokens\":");
     write_rows(f, tokens);
     std::fprintf(f, ",\n\"targets\":");
     write_rows(f, targets);
-    std::fprintf(f, ",\n\"loss\":%.17g,\n\"params\":[", loss);
+    std::fprintf(f, ",\n\"loss\":%.17g,\n\"logits\":{\"shape\":[%lld,%lld,%lld],\"value\":", loss,
+                 static_cast<long long>(logits.size(0)), static_cast<long long>(logits.size(1)),
+                 static_cast<long long>(logits.size(2)));
+    write_numbers(f, logits.to_vector(), false);
+    std::fprintf(f, "},\n\"params\":[");
     bool first = true;
     for (dtp::Unit* unit : model.units()) {
       for (const dtp::ParamView& p : unit->parameters()) {

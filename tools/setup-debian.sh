@@ -11,7 +11,10 @@ packages=(
   libgtest-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   doxygen graphviz
+  libjs-mathjax  # MathJax 2, copied into the HTML docs so formulas render offline
+  chromium       # tools/check_docs_html.py renders the docs headless (~80 MB download, ~290 MB installed)
   python3 python3-matplotlib
+  python3-torch libopenblas0  # the PyTorch cross-check (ctest -L crosscheck)
 )
 
 if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
