@@ -46,6 +46,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -55,17 +56,21 @@
 
 #include "01_collectives/collectives.h"
 #include "bench_common.h"
+#include "dtp_cli.h"
 #include "dtp/dtp.h"
 #include "dtp/json.h"
 
+// The runtime's own checked-call macros (runtime/src): one definition each.
 #ifdef DTP_HAVE_MPI
 #include <mpi.h>
+
+#include "mpi/mpi_check.h"
 #endif
 #if defined(DTP_HAVE_CUDA) || defined(DTP_HAVE_NCCL)
-#include <cuda_runtime.h>
+#include "cuda/cuda_check.h"
 #endif
 #ifdef DTP_HAVE_NCCL
-#include <nccl.h>
+#include "nccl/nccl_check.h"
 #endif
 
 namespace {
@@ -83,41 +88,12 @@ using dtp::Tensor;
 
 constexpr double kGiga = 1e9;  // GB/s as nccl-tests counts them: 10^9 bytes
 
-// --- checked calls into the native libraries -----------------------------------
-
-#ifdef DTP_HAVE_MPI
-#define DTP_MPI_CHECK(call)                                                          \
-  do {                                                                               \
-    int mpi_status_ = (call);                                                        \
-    if (mpi_status_ != MPI_SUCCESS) {                                                \
-      char mpi_text_[MPI_MAX_ERROR_STRING];                                          \
-      int mpi_length_ = 0;                                                           \
-      MPI_Error_string(mpi_status_, mpi_text_, &mpi_length_);                        \
-      throw dtp::Error(dtp::detail::concat(__FILE__, ":", __LINE__, ": ", #call,     \
-                                           " failed: ", std::string(mpi_text_, mpi_length_))); \
-    }                                                                                \
-  } while (0)
-#endif
-#if defined(DTP_HAVE_CUDA) || defined(DTP_HAVE_NCCL)
-#define DTP_CUDA_CHECK(call)                                                         \
-  do {                                                                               \
-    cudaError_t cuda_status_ = (call);                                               \
-    if (cuda_status_ != cudaSuccess)                                                 \
-      throw dtp::Error(dtp::detail::concat(__FILE__, ":", __LINE__, ": ", #call,     \
-                                           " failed: ", cudaGetErrorString(cuda_status_))); \
-  } while (0)
-#endif
-#ifdef DTP_HAVE_NCCL
-#define DTP_NCCL_CHECK(call)                                                         \
-  do {                                                                               \
-    ncclResult_t nccl_status_ = (call);                                              \
-    if (nccl_status_ != ncclSuccess)                                                 \
-      throw dtp::Error(dtp::detail::concat(__FILE__, ":", __LINE__, ": ", #call,     \
-                                           " failed: ", ncclGetErrorString(nccl_status_))); \
-  } while (0)
-#endif
-
 // --- command line ----------------------------------------------------------------
+// The flags nccl-tests has keep its meanings (-b -e -f -i -n -w -c -d -o -r
+// -g -a); what it does with one binary per collective, --collective does.
+
+/// nccl-tests' -a: how the ranks' times make the time of a measurement.
+enum class Average { rank0 = 0, mean = 1, min = 2, max = 3 };
 
 struct Options {
   std::int64_t min_bytes = 32 << 20;  // -b
@@ -126,13 +102,15 @@ struct Options {
   std::int64_t step_bytes = 0;        // -i: next size = size + step (overrides -f)
   int iters = 20;                     // -n
   int warmup = 5;                     // -w
-  bool check = true;                  // -c
+  int check_iters = 1;                // -c: checked calls after the timed ones (0: none)
   int world = 4;                      // -g (thread backend; mpi uses the MPI world)
   bool world_given = false;           // -g on the command line
   int root = 0;                       // -r: root of broadcast and reduce
-  std::vector<std::string> ops{"all_reduce"};  // -o
+  Average average = Average::mean;    // -a
+  std::vector<dtp::ReduceOp> redops{dtp::ReduceOp::sum};  // -o
+  std::vector<std::string> ops{"all_reduce"};             // --collective
   std::vector<std::string> impls;     // --impl; empty = every one that applies
-  DType dtype = DType::f32;           // --dtype / -d
+  DType dtype = DType::f32;           // -d
   std::string json_path;              // --json (appended to)
   double alpha_us = 5.0;              // --alpha-us
   double beta_GBps = 0.0;             // --beta-GBps; 0 = per-rank copy rate measured here
@@ -140,6 +118,19 @@ struct Options {
 
 const std::vector<std::string> kAllOps = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
                                           "reduce",     "all_to_all", "sendrecv"};
+
+/// Collectives that combine values, and so take a reduction operator (-o).
+bool is_reduction(const std::string& op) {
+  return op == "all_reduce" || op == "reduce_scatter" || op == "reduce";
+}
+
+/// In place (one buffer is input and output) or out of place (two buffers).
+/// nccl-tests measures both; here each collective runs as the Comm API and
+/// chapter 01 define it: all_reduce, broadcast and reduce in place, the
+/// others out of place.
+const char* placement(const std::string& op) {
+  return op == "all_reduce" || op == "broadcast" || op == "reduce" ? "in-place" : "out-of-place";
+}
 
 // Implementations that apply to each operation, in table order. "library" is
 // the backend's Comm collective (for sendrecv: Comm::send/recv), "native" the
@@ -154,110 +145,149 @@ std::vector<std::string> impls_for(const std::string& op) {
   return {};
 }
 
-void print_usage() {
-  std::printf(
-      "usage: dtp-bench-collectives [options]\n"
-      "  -b, --minbytes N     smallest size (bytes; K, M, G suffixes are powers of 1024) [32M]\n"
-      "  -e, --maxbytes N     largest size [32M]\n"
-      "  -f, --stepfactor F   multiply the size by F between steps [2]\n"
-      "  -i, --stepbytes N    add N bytes between steps instead of multiplying\n"
-      "  -n, --iters N        timed calls per measurement [20]\n"
-      "  -w, --warmup N       untimed calls before them [5]\n"
-      "  -c, --check 0|1      check every result and count wrong elements [1]\n"
-      "  -g, --world N        ranks of the thread backend [4]; under mpi the MPI world\n"
-      "  -o, --op LIST        all_reduce, all_gather, reduce_scatter, broadcast, reduce,\n"
-      "                       all_to_all, sendrecv, comma-separated, or all [all_reduce]\n"
-      "  --impl LIST          library, ring, tree, halving_doubling, parameter_server,\n"
-      "                       pairwise, native [every one that applies to the op]\n"
-      "  -d, --dtype T        f32 or f64 [f32]\n"
-      "  -r, --root N         root of broadcast and reduce [0]\n"
-      "  --json FILE          append one JSON object per measurement to FILE\n"
-      "  --alpha-us A         alpha-beta model: cost of one message [5]\n"
-      "  --beta-GBps B        alpha-beta model: per-rank bandwidth [measured copy rate]\n"
-      "Backend and device come from DTP_BACKEND (thread, mpi, nccl) and DTP_DEVICE (cpu, cuda).\n");
-}
-
+/// "32M" -> 33554432: K, M, G are powers of 1024 (nccl-tests' convention).
 std::int64_t parse_bytes(const std::string& text) {
   char* end = nullptr;
-  double value = std::strtod(text.c_str(), &end);
-  DTP_CHECK(end != text.c_str() && value >= 0, "cannot read a size from '", text, "'");
-  std::string suffix(end);
+  const double value = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || !std::isfinite(value) || value < 0)
+    throw CLI::ValidationError("expected a size in bytes such as 4096, 64K, 32M or 1G, got '" + text + "'");
+  const std::string suffix(end);
   double scale = 1;
   if (suffix == "K" || suffix == "k" || suffix == "KB" || suffix == "KiB") scale = 1024.0;
   else if (suffix == "M" || suffix == "m" || suffix == "MB" || suffix == "MiB") scale = 1024.0 * 1024;
   else if (suffix == "G" || suffix == "g" || suffix == "GB" || suffix == "GiB") scale = 1024.0 * 1024 * 1024;
-  else DTP_CHECK(suffix.empty() || suffix == "B", "unknown size suffix in '", text, "': use K, M or G");
-  return static_cast<std::int64_t>(value * scale);
+  else if (!suffix.empty() && suffix != "B")
+    throw CLI::ValidationError("unknown size suffix in '" + text + "': use K, M or G (powers of 1024)");
+  const double bytes = value * scale;
+  if (bytes > 1e15) throw CLI::ValidationError("'" + text + "' is more than a petabyte");
+  return static_cast<std::int64_t>(bytes);
 }
 
-int parse_int(const std::string& text, const char* what) {
-  char* end = nullptr;
-  long value = std::strtol(text.c_str(), &end, 10);
-  DTP_CHECK(end != text.c_str() && *end == '\0', what, " must be an integer, got '", text, "'");
-  return static_cast<int>(value);
+/// Reads a comma list against the accepted names ("all": every one).
+std::vector<std::string> parse_names(const std::string& text, const std::vector<std::string>& accepted,
+                                     const char* what) {
+  if (text == "all") return accepted;
+  std::vector<std::string> names = split_list(text);
+  std::string expected;
+  for (const std::string& a : accepted) expected += (expected.empty() ? "" : ", ") + a;
+  if (names.empty()) throw CLI::ValidationError(std::string("expected ") + what + ": " + expected + " or all");
+  for (const std::string& name : names)
+    if (std::find(accepted.begin(), accepted.end(), name) == accepted.end())
+      throw CLI::ValidationError(std::string("unknown ") + what + " '" + name + "': expected " + expected +
+                                 ", a comma list of them, or all");
+  return names;
 }
 
-double parse_double(const std::string& text, const char* what) {
-  char* end = nullptr;
-  double value = std::strtod(text.c_str(), &end);
-  DTP_CHECK(end != text.c_str() && *end == '\0', what, " must be a number, got '", text, "'");
-  return value;
+std::vector<dtp::ReduceOp> parse_redops(const std::string& text) {
+  if (text == "prod" || text == "mulsum")
+    throw CLI::ValidationError("nccl-tests' '" + text + "' has no counterpart: DTP's Comm reduces with sum, avg, "
+                               "max or min");
+  std::vector<dtp::ReduceOp> ops;
+  for (const std::string& name : parse_names(text, {"sum", "avg", "max", "min"}, "reduction"))
+    ops.push_back(name == "sum" ? dtp::ReduceOp::sum : name == "avg" ? dtp::ReduceOp::avg
+                  : name == "max" ? dtp::ReduceOp::max : dtp::ReduceOp::min);
+  return ops;
 }
 
-Options parse_options(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
-    std::string value;
-    // Accept "--flag=value" as well as "--flag value".
-    if (auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    } else if (flag == "-h" || flag == "--help") {
-      print_usage();
-      std::exit(0);
-    } else {
-      DTP_CHECK(i + 1 < argc, "option ", flag, " needs a value (see --help)");
-      value = argv[++i];
-    }
-    if (flag == "-b" || flag == "--minbytes") o.min_bytes = parse_bytes(value);
-    else if (flag == "-e" || flag == "--maxbytes") o.max_bytes = parse_bytes(value);
-    else if (flag == "-f" || flag == "--stepfactor") o.factor = parse_double(value, "-f");
-    else if (flag == "-i" || flag == "--stepbytes") o.step_bytes = parse_bytes(value);
-    else if (flag == "-n" || flag == "--iters") o.iters = parse_int(value, "-n");
-    else if (flag == "-w" || flag == "--warmup") o.warmup = parse_int(value, "-w");
-    else if (flag == "-c" || flag == "--check") o.check = parse_int(value, "-c") != 0;
-    else if (flag == "-g" || flag == "--world") {
-      o.world = parse_int(value, "-g");
-      o.world_given = true;
-    }
-    else if (flag == "-r" || flag == "--root") o.root = parse_int(value, "-r");
-    else if (flag == "-o" || flag == "--op") o.ops = value == "all" ? kAllOps : split_list(value);
-    else if (flag == "--impl") o.impls = value == "all" ? std::vector<std::string>{} : split_list(value);
-    else if (flag == "-d" || flag == "--dtype") o.dtype = dtp::parse_dtype(value == "float" ? "f32" : value == "double" ? "f64" : value);
-    else if (flag == "--json") o.json_path = value;
-    else if (flag == "--alpha-us") o.alpha_us = parse_double(value, "--alpha-us");
-    else if (flag == "--beta-GBps") o.beta_GBps = parse_double(value, "--beta-GBps");
-    else DTP_CHECK(false, "unknown option '", flag, "' (see --help)");
-  }
-  DTP_CHECK(o.min_bytes >= 1 && o.max_bytes >= o.min_bytes, "sizes: need 1 <= -b <= -e, got -b ",
-            o.min_bytes, " -e ", o.max_bytes);
-  DTP_CHECK(o.step_bytes > 0 || o.factor > 1 || o.min_bytes == o.max_bytes,
-            "sizes: -f must be above 1 (or give -i) to go from -b to -e");
-  DTP_CHECK(o.iters >= 1 && o.warmup >= 0, "-n must be >= 1 and -w >= 0");
-  DTP_CHECK(o.world >= 1, "-g must be >= 1");
-  DTP_CHECK(o.dtype == DType::f32 || o.dtype == DType::f64, "--dtype: f32 or f64, got ",
-            dtp::dtype_name(o.dtype));
-  DTP_CHECK(o.alpha_us >= 0 && o.beta_GBps >= 0, "--alpha-us and --beta-GBps must be >= 0");
-  for (const std::string& op : o.ops)
-    DTP_CHECK(!impls_for(op).empty(), "unknown operation '", op, "': expected one of all_reduce, ",
-              "all_gather, reduce_scatter, broadcast, reduce, all_to_all, sendrecv or all");
-  const std::set<std::string> known = {"library", "ring", "tree", "halving_doubling",
-                                       "parameter_server", "pairwise", "native"};
-  for (const std::string& impl : o.impls)
-    DTP_CHECK(known.count(impl), "unknown implementation '", impl, "': expected library, ring, ",
-              "tree, halving_doubling, parameter_server, pairwise or native");
-  return o;
+/// Returns the exit status when the program must stop (help: 0, bad flags: 2).
+std::optional<int> parse_options(Options& o, int argc, char** argv) {
+  CLI::App app{"Measures collectives the way nccl-tests does (algbw, busbw, #wrong), next to the memory "
+               "roofline of the same machine measured in the same run and the alpha-beta model of chapter 01. "
+               "The backend and device come from DTP_BACKEND (thread, mpi, nccl) and DTP_DEVICE (cpu, cuda).",
+               "dtp-bench-collectives"};
+  // A value callback whose errors name the flag.
+  auto named = [](const char* flag, std::function<void(const std::string&)> set) {
+    return [flag, set](const std::string& text) {
+      try {
+        set(text);
+      } catch (const CLI::ValidationError& e) {
+        throw CLI::ValidationError(flag, e.what());
+      }
+    };
+  };
+  auto bytes = [&named](const char* flag, std::int64_t& field) {
+    return named(flag, [&field](const std::string& text) { field = parse_bytes(text); });
+  };
+  app.add_option_function<std::string>("-b,--minbytes", bytes("-b", o.min_bytes), "smallest size S [32M]")
+      ->type_name("SIZE");
+  app.add_option_function<std::string>("-e,--maxbytes", bytes("-e", o.max_bytes), "largest size S [32M]")
+      ->type_name("SIZE");
+  app.add_option("-f,--stepfactor", o.factor, "next size = size x F")->check(CLI::Range(1.0, 1024.0))
+      ->capture_default_str();
+  app.add_option_function<std::string>("-i,--stepbytes", bytes("-i", o.step_bytes),
+                                       "next size = size + N bytes (instead of -f)")->type_name("SIZE");
+  app.add_option("-n,--iters", o.iters, "timed calls per measurement")->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("-w,--warmup_iters,--warmup", o.warmup, "untimed calls before them")
+      ->check(CLI::Range(0, 1000000))->capture_default_str();
+  app.add_option("-c,--check", o.check_iters,
+                 "checked calls after the timed ones, on values that make every mistake visible (#wrong); 0: none")
+      ->check(CLI::Range(0, 1000))->capture_default_str();
+  app.add_option_function<std::string>(
+         "-d,--datatype,--dtype",
+         named("-d",
+               [&o](const std::string& text) {
+                 if (text == "float" || text == "f32") o.dtype = DType::f32;
+                 else if (text == "double" || text == "f64") o.dtype = DType::f64;
+                 else throw CLI::ValidationError("expected float (f32) or double (f64), got '" + text + "'");
+               }),
+         "float (f32) or double (f64) [float]")
+      ->type_name("TYPE");
+  app.add_option_function<std::string>(
+         "-o,--op", named("-o", [&o](const std::string& text) { o.redops = parse_redops(text); }),
+         "the reduction of all_reduce, reduce_scatter and reduce: sum, avg, max, min, a comma list, or all [sum]")
+      ->type_name("REDOP");
+  app.add_option_function<std::string>(
+         "--collective,--op-kind",
+         named("--collective", [&o](const std::string& text) { o.ops = parse_names(text, kAllOps, "collective"); }),
+         "all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, sendrecv, a comma list, or all "
+         "[all_reduce] (nccl-tests has one program per collective)")
+      ->type_name("LIST");
+  app.add_option_function<std::string>(
+         "--impl",
+         named("--impl",
+               [&o](const std::string& text) {
+                 const std::vector<std::string> known = {"library", "ring", "tree", "halving_doubling",
+                                                         "parameter_server", "pairwise", "native"};
+                 o.impls = text == "all" ? std::vector<std::string>{} : parse_names(text, known, "implementation");
+               }),
+         "library, ring, tree, halving_doubling, parameter_server, pairwise, native, a comma list, or all "
+         "[every one that applies to the collective]")
+      ->type_name("LIST");
+  app.add_option_function<int>(
+         "-g,--ngpus,--world",
+         [&o](int n) {
+           o.world = n;
+           o.world_given = true;
+         },
+         "ranks in this process: the thread backend's world [4]; under mpi and nccl the first N ranks of the "
+         "launcher's (nccl-tests: GPUs per thread)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("-r,--root", o.root, "root of broadcast and reduce")->check(CLI::Range(0, 1023))
+      ->capture_default_str();
+  app.add_option_function<int>(
+         "-a,--average", [&o](int mode) { o.average = static_cast<Average>(mode); },
+         "the time of a measurement from the ranks' times: 0 rank 0's, 1 the mean, 2 the fastest, 3 the slowest [1]")
+      ->check(CLI::Range(0, 3));
+  app.add_option("--json", o.json_path, "append one JSON object per measurement to FILE")->type_name("FILE");
+  app.add_option("--alpha-us", o.alpha_us, "alpha-beta model: the cost of one message, microseconds")
+      ->check(CLI::Range(0.0, 1e6))->capture_default_str();
+  app.add_option("--beta-GBps", o.beta_GBps,
+                 "alpha-beta model: per-rank bandwidth in GB/s [0: the per-rank copy rate measured at each size]")
+      ->check(CLI::Range(0.0, 1e6));
+  app.footer("Sizes: K, M and G are powers of 1024. GB/s are 10^9 bytes per second, as in nccl-tests.\n"
+             "Exit status: 0 measured, 1 a check found a wrong element or the run failed, 2 a bad command line.");
+  if (auto status = dtp::cli::parse(app, argc, argv)) return status;
+  auto refuse = [](const std::string& why) {
+    std::fprintf(stderr, "dtp-bench-collectives: error: %s (see --help)\n", why.c_str());
+    return std::optional<int>(2);
+  };
+  if (o.min_bytes < 1 || o.max_bytes < o.min_bytes)
+    return refuse("sizes: need 1 <= -b <= -e, got -b " + std::to_string(o.min_bytes) + " -e " +
+                  std::to_string(o.max_bytes));
+  if (o.step_bytes == 0 && o.factor <= 1 && o.min_bytes != o.max_bytes)
+    return refuse("sizes: -f must be above 1 (or give -i) to go from -b to -e");
+  return std::nullopt;
 }
 
 std::vector<std::int64_t> sizes(const Options& o) {
@@ -329,8 +359,12 @@ double busbw_factor(const std::string& op, int n) {
 ///   all_to_all      read n inputs of S, write n outputs of S          2nS
 ///   sendrecv        each rank reads S and writes S (n messages)        2nS
 /// The memcpy roofline copies n buffers of S: 2nS bytes. For all_reduce the
-/// bound is therefore exactly the memcpy time of the same buffers.
+/// bound is therefore exactly the memcpy time of the same buffers. A world of
+/// one rank moves nothing between ranks (see the first line).
 double bytes_moved(const std::string& op, int n, double S) {
+  // One rank: an in-place collective has nothing to do (its input is its
+  // result) and an out-of-place one is a copy of S bytes.
+  if (n == 1) return std::string(placement(op)) == "in-place" ? 0.0 : 2.0 * S;
   if (op == "all_reduce" || op == "all_to_all" || op == "sendrecv") return 2.0 * n * S;
   if (op == "all_gather" || op == "reduce_scatter" || op == "reduce") return (n + 1.0) * S;
   if (op == "broadcast") return n * S;
@@ -380,6 +414,17 @@ double predicted_seconds(const std::string& op, const std::string& impl, int n, 
 double pattern(int rank, std::int64_t g) { return rank + static_cast<double>(g % 61); }
 /// Sum of pattern(r, g) over the n ranks.
 double pattern_sum(int n, std::int64_t g) { return n * (n - 1) / 2.0 + n * static_cast<double>(g % 61); }
+/// The reduction @p op of pattern(r, g) over the n ranks: the sum, its mean
+/// (a multiple of 1/2, exact in f32), the largest (rank n-1's) or the smallest (rank 0's).
+double pattern_reduced(dtp::ReduceOp op, int n, std::int64_t g) {
+  switch (op) {
+    case dtp::ReduceOp::sum: return pattern_sum(n, g);
+    case dtp::ReduceOp::avg: return pattern_sum(n, g) / n;
+    case dtp::ReduceOp::max: return pattern(n - 1, g);
+    case dtp::ReduceOp::min: return pattern(0, g);
+  }
+  return 0;
+}
 
 /// A host copy of @p t (t itself when it is already on the host).
 Tensor to_host(const Tensor& t) {
@@ -402,13 +447,17 @@ void fill_with(Tensor& t, const std::function<double(std::int64_t)>& value) {
 }
 
 /// Elements g of @p t in [begin, end) that differ from expected(g).
+/// Exact, except that an average may divide by multiplying with 1/n: within
+/// @p tolerance relative to the expected value.
 std::int64_t count_wrong(const Tensor& t, std::int64_t begin, std::int64_t end,
-                         const std::function<double(std::int64_t)>& expected) {
+                         const std::function<double(std::int64_t)>& expected, double tolerance = 0) {
   Tensor host = to_host(t);
   std::int64_t wrong = 0;
   auto scan = [&](const auto* p) {
-    for (std::int64_t g = begin; g < end; ++g)
-      if (static_cast<double>(p[g]) != expected(g)) ++wrong;
+    for (std::int64_t g = begin; g < end; ++g) {
+      const double want = expected(g);
+      if (std::abs(static_cast<double>(p[g]) - want) > tolerance * std::abs(want)) ++wrong;
+    }
   };
   if (host.dtype() == DType::f32) scan(host.data<float>());
   else scan(host.data<double>());
@@ -465,13 +514,15 @@ void fill_for_check(const std::string& op, Buffers& buffers, const Comm& comm, i
 }
 
 /// Wrong elements on this rank after a checked call.
-std::int64_t wrong_elements(const std::string& op, const Buffers& buffers, const Comm& comm, int root) {
+std::int64_t wrong_elements(const std::string& op, dtp::ReduceOp redop, const Buffers& buffers, const Comm& comm,
+                            int root) {
   const int n = comm.size(), rank = comm.rank();
-  if (op == "all_reduce")
-    return count_wrong(buffers.a, 0, buffers.a.numel(), [n](std::int64_t g) { return pattern_sum(n, g); });
+  const double tolerance = redop == dtp::ReduceOp::avg ? (buffers.a.dtype() == DType::f32 ? 1e-6 : 1e-14) : 0;
+  auto reduced = [n, redop](std::int64_t g) { return pattern_reduced(redop, n, g); };
+  if (op == "all_reduce") return count_wrong(buffers.a, 0, buffers.a.numel(), reduced, tolerance);
   if (op == "reduce") {
     if (rank != root) return 0;  // other ranks' x is scratch for some algorithms
-    return count_wrong(buffers.a, 0, buffers.a.numel(), [n](std::int64_t g) { return pattern_sum(n, g); });
+    return count_wrong(buffers.a, 0, buffers.a.numel(), reduced, tolerance);
   }
   if (op == "broadcast")
     return count_wrong(buffers.a, 0, buffers.a.numel(), [root](std::int64_t g) { return pattern(root, g); });
@@ -484,7 +535,7 @@ std::int64_t wrong_elements(const std::string& op, const Buffers& buffers, const
   if (op == "reduce_scatter") {
     const std::int64_t offset = dtp::chunk_range(buffers.a.numel(), n, rank).offset;
     return count_wrong(buffers.b, 0, buffers.b.numel(),
-                       [&](std::int64_t j) { return pattern_sum(n, offset + j); });
+                       [&](std::int64_t j) { return pattern_reduced(redop, n, offset + j); }, tolerance);
   }
   if (op == "all_to_all") {
     // out chunk i, element k came from rank i's in chunk `rank`, element k.
@@ -516,7 +567,13 @@ void mpi_chunks(std::int64_t count, int n, std::vector<int>& counts, std::vector
   }
 }
 
-std::function<void()> mpi_native(const std::string& op, Buffers& b, Comm& comm, int root) {
+std::function<void()> mpi_native(const std::string& op, dtp::ReduceOp redop, Buffers& b, Comm& comm, int root,
+                                 std::string& why_not) {
+  if (redop == dtp::ReduceOp::avg && is_reduction(op)) {
+    why_not = "MPI has no average reduction";
+    return nullptr;
+  }
+  const MPI_Op reduce_op = redop == dtp::ReduceOp::max ? MPI_MAX : redop == dtp::ReduceOp::min ? MPI_MIN : MPI_SUM;
   MPI_Comm mpi_comm = *static_cast<MPI_Comm*>(comm.native_handle());
   const MPI_Datatype type = mpi_type(b.a.dtype());
   const int n = comm.size(), rank = comm.rank();
@@ -524,15 +581,15 @@ std::function<void()> mpi_native(const std::string& op, Buffers& b, Comm& comm, 
             "MPI counts are ints: the buffer is too large");
   const int count_a = static_cast<int>(b.a.numel());
   if (op == "all_reduce")
-    return [=]() mutable { DTP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, b.a.raw(), count_a, type, MPI_SUM, mpi_comm)); };
+    return [=]() mutable { DTP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, b.a.raw(), count_a, type, reduce_op, mpi_comm)); };
   if (op == "broadcast")
     return [=]() mutable { DTP_MPI_CHECK(MPI_Bcast(b.a.raw(), count_a, type, root, mpi_comm)); };
   if (op == "reduce")
     return [=]() mutable {
       if (rank == root)
-        DTP_MPI_CHECK(MPI_Reduce(MPI_IN_PLACE, b.a.raw(), count_a, type, MPI_SUM, root, mpi_comm));
+        DTP_MPI_CHECK(MPI_Reduce(MPI_IN_PLACE, b.a.raw(), count_a, type, reduce_op, root, mpi_comm));
       else
-        DTP_MPI_CHECK(MPI_Reduce(b.a.raw(), nullptr, count_a, type, MPI_SUM, root, mpi_comm));
+        DTP_MPI_CHECK(MPI_Reduce(b.a.raw(), nullptr, count_a, type, reduce_op, root, mpi_comm));
     };
   if (op == "all_gather") {
     // Chunks may be uneven (chunk_range), so the v-variant.
@@ -547,7 +604,7 @@ std::function<void()> mpi_native(const std::string& op, Buffers& b, Comm& comm, 
     auto counts = std::make_shared<std::vector<int>>(), offsets = std::make_shared<std::vector<int>>();
     mpi_chunks(b.a.numel(), n, *counts, *offsets);
     return [=]() mutable {
-      DTP_MPI_CHECK(MPI_Reduce_scatter(b.a.raw(), b.b.raw(), counts->data(), type, MPI_SUM, mpi_comm));
+      DTP_MPI_CHECK(MPI_Reduce_scatter(b.a.raw(), b.b.raw(), counts->data(), type, reduce_op, mpi_comm));
     };
   }
   if (op == "all_to_all") {
@@ -564,8 +621,12 @@ std::function<void()> mpi_native(const std::string& op, Buffers& b, Comm& comm, 
 #endif
 
 #ifdef DTP_HAVE_NCCL
-std::function<void()> nccl_native(const std::string& op, Buffers& b, Comm& comm, int root,
+std::function<void()> nccl_native(const std::string& op, dtp::ReduceOp redop, Buffers& b, Comm& comm, int root,
                                   std::string& why_not) {
+  const ncclRedOp_t reduce_op = redop == dtp::ReduceOp::avg   ? ncclAvg
+                                : redop == dtp::ReduceOp::max ? ncclMax
+                                : redop == dtp::ReduceOp::min ? ncclMin
+                                                              : ncclSum;
   ncclComm_t nccl_comm = *static_cast<ncclComm_t*>(comm.native_handle());
   const ncclDataType_t type = b.a.dtype() == DType::f64 ? ncclFloat64 : ncclFloat32;
   const int n = comm.size(), rank = comm.rank();
@@ -575,11 +636,11 @@ std::function<void()> nccl_native(const std::string& op, Buffers& b, Comm& comm,
   // so the stream only has to be the same for every native call.
   const cudaStream_t stream = nullptr;
   if (op == "all_reduce")
-    return [=]() mutable { DTP_NCCL_CHECK(ncclAllReduce(b.a.raw(), b.a.raw(), count_a, type, ncclSum, nccl_comm, stream)); };
+    return [=]() mutable { DTP_NCCL_CHECK(ncclAllReduce(b.a.raw(), b.a.raw(), count_a, type, reduce_op, nccl_comm, stream)); };
   if (op == "broadcast")
     return [=]() mutable { DTP_NCCL_CHECK(ncclBroadcast(b.a.raw(), b.a.raw(), count_a, type, root, nccl_comm, stream)); };
   if (op == "reduce")
-    return [=]() mutable { DTP_NCCL_CHECK(ncclReduce(b.a.raw(), b.a.raw(), count_a, type, ncclSum, root, nccl_comm, stream)); };
+    return [=]() mutable { DTP_NCCL_CHECK(ncclReduce(b.a.raw(), b.a.raw(), count_a, type, reduce_op, root, nccl_comm, stream)); };
   if (op == "all_gather" || op == "reduce_scatter") {
     // NCCL wants equal chunks; DTP's chunk rule allows a short last one.
     const std::int64_t full = op == "all_gather" ? b.b.numel() : b.a.numel();
@@ -591,7 +652,7 @@ std::function<void()> nccl_native(const std::string& op, Buffers& b, Comm& comm,
     if (op == "all_gather")
       return [=]() mutable { DTP_NCCL_CHECK(ncclAllGather(b.a.raw(), b.b.raw(), shard, type, nccl_comm, stream)); };
     return [=]() mutable {
-      DTP_NCCL_CHECK(ncclReduceScatter(b.a.raw(), b.b.raw(), shard, type, ncclSum, nccl_comm, stream));
+      DTP_NCCL_CHECK(ncclReduceScatter(b.a.raw(), b.b.raw(), shard, type, reduce_op, nccl_comm, stream));
     };
   }
   const std::size_t element = dtp::dtype_size(b.a.dtype());
@@ -622,10 +683,15 @@ std::function<void()> nccl_native(const std::string& op, Buffers& b, Comm& comm,
 /// The call to time, or nullptr with @p why_not filled in when this
 /// implementation cannot run here. The lambdas hold the Buffers' tensors (which
 /// share storage with the caller's), so they stay valid as long as needed.
-std::function<void()> make_call(const std::string& op, const std::string& impl, Buffers& b,
+std::function<void()> make_call(const std::string& op, dtp::ReduceOp redop, const std::string& impl, Buffers& b,
                                 Comm& comm, int root, std::string& why_not) {
   namespace ch01 = dtp::ch01;
   Comm* c = &comm;
+  // Chapter 01's algorithms sum; the library and the native peers take any reduction.
+  if (is_reduction(op) && redop != dtp::ReduceOp::sum && impl != "library" && impl != "native") {
+    why_not = impl + " (chapter 01) sums only";
+    return nullptr;
+  }
   if (impl == "native") {
     void* handle = comm.native_handle();
     if (handle == nullptr) {
@@ -633,16 +699,16 @@ std::function<void()> make_call(const std::string& op, const std::string& impl, 
       return nullptr;
     }
 #ifdef DTP_HAVE_MPI
-    if (comm.backend_name() == "mpi") return mpi_native(op, b, comm, root);
+    if (comm.backend_name() == "mpi") return mpi_native(op, redop, b, comm, root, why_not);
 #endif
 #ifdef DTP_HAVE_NCCL
-    if (comm.backend_name() == "nccl") return nccl_native(op, b, comm, root, why_not);
+    if (comm.backend_name() == "nccl") return nccl_native(op, redop, b, comm, root, why_not);
 #endif
     why_not = "this build cannot call the " + comm.backend_name() + " backend's native library";
     return nullptr;
   }
   if (op == "all_reduce") {
-    if (impl == "library") return [=]() mutable { c->all_reduce(b.a); };
+    if (impl == "library") return [=]() mutable { c->all_reduce(b.a, redop); };
     if (impl == "ring") return [=]() mutable { ch01::ring_all_reduce(*c, b.a); };
     if (impl == "tree") return [=]() mutable { ch01::tree_all_reduce(*c, b.a); };
     if (impl == "halving_doubling") return [=]() mutable { ch01::halving_doubling_all_reduce(*c, b.a); };
@@ -651,13 +717,13 @@ std::function<void()> make_call(const std::string& op, const std::string& impl, 
     if (impl == "library") return [=]() mutable { c->all_gather(b.a, b.b); };
     if (impl == "ring") return [=]() mutable { ch01::ring_all_gather(*c, b.a, b.b); };
   } else if (op == "reduce_scatter") {
-    if (impl == "library") return [=]() mutable { c->reduce_scatter(b.a, b.b); };
+    if (impl == "library") return [=]() mutable { c->reduce_scatter(b.a, b.b, redop); };
     if (impl == "ring") return [=]() mutable { ch01::ring_reduce_scatter(*c, b.a, b.b); };
   } else if (op == "broadcast") {
     if (impl == "library") return [=]() mutable { c->broadcast(b.a, root); };
     if (impl == "tree") return [=]() mutable { ch01::tree_broadcast(*c, b.a, root); };
   } else if (op == "reduce") {
-    if (impl == "library") return [=]() mutable { c->reduce(b.a, root); };
+    if (impl == "library") return [=]() mutable { c->reduce(b.a, root, redop); };
     if (impl == "tree") return [=]() mutable { ch01::tree_reduce(*c, b.a, root); };
   } else if (op == "all_to_all") {
     if (impl == "library") return [=]() mutable { c->all_to_all(b.a, b.b); };
@@ -695,8 +761,10 @@ double combine(Comm& comm, double value, dtp::ReduceOp op) {
 }
 
 /// Seconds per call: `warmup` untimed calls, a barrier, then `iters` timed
-/// calls on every rank; the slowest rank's average.
-double time_calls(Comm& comm, const std::function<void()>& call, int warmup, int iters) {
+/// calls on every rank; the ranks' times combined as -a says (nccl-tests'
+/// default: their mean).
+double time_calls(Comm& comm, const std::function<void()>& call, int warmup, int iters,
+                  Average average = Average::max) {
   // Buffers were just filled on the rank's stream; a native call may use another.
   synchronize(comm);
   for (int i = 0; i < warmup; ++i) call();
@@ -705,8 +773,14 @@ double time_calls(Comm& comm, const std::function<void()>& call, int warmup, int
   auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) call();
   synchronize(comm);
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return combine(comm, seconds / iters, dtp::ReduceOp::max);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+  switch (average) {
+    case Average::rank0: return combine(comm, comm.rank() == 0 ? seconds : 0.0, dtp::ReduceOp::sum);
+    case Average::mean: return combine(comm, seconds, dtp::ReduceOp::avg);
+    case Average::min: return combine(comm, seconds, dtp::ReduceOp::min);
+    case Average::max: break;
+  }
+  return combine(comm, seconds, dtp::ReduceOp::max);
 }
 
 /// The memory roofline at one size: every rank copies its own S-byte buffer
@@ -745,10 +819,12 @@ struct Context {
   std::string backend, device, git, date, host, cpu;
   std::ofstream json;
   int wrong_rows = 0;  // rows whose check failed (counted on rank 0)
+  std::int64_t wrong_elements = 0;  // wrong elements over every row (nccl-tests' "out of bounds values")
 };
 
 struct Row {
   std::string op, impl;
+  dtp::ReduceOp redop = dtp::ReduceOp::sum;
   std::int64_t bytes = 0, count = 0;
   double seconds = 0, algbw = 0, busbw = 0;
   std::int64_t wrong = -1;  // -1: not checked
@@ -756,21 +832,36 @@ struct Row {
   double predicted_seconds = 0;
 };
 
+/// What the redop and root columns show: nccl-tests prints "none" and -1
+/// where a collective has no reduction or no root.
+std::string redop_column(const std::string& op, dtp::ReduceOp redop) {
+  return is_reduction(op) ? dtp::reduce_op_name(redop) : "none";
+}
+int root_column(const std::string& op, int root) { return op == "broadcast" || op == "reduce" ? root : -1; }
+
 void print_header_row() {
-  std::printf("#%12s %12s %5s %-17s %11s %9s %9s %7s %9s %6s %11s\n", "size", "count", "type", "impl",
-              "time", "algbw", "busbw", "#wrong", "roofline", "%roof", "model");
-  std::printf("#%12s %12s %5s %-17s %11s %9s %9s %7s %9s %6s %11s\n", "(B)", "(elements)", "", "",
+  std::printf("#%12s %12s %6s %6s %4s %-17s %11s %9s %9s %7s %9s %6s %11s\n", "size", "count", "type", "redop",
+              "root", "impl", "time", "algbw", "busbw", "#wrong", "roofline", "%roof", "model");
+  std::printf("#%12s %12s %6s %6s %4s %-17s %11s %9s %9s %7s %9s %6s %11s\n", "(B)", "(elements)", "", "", "", "",
               "(us)", "(GB/s)", "(GB/s)", "", "(GB/s)", "", "(us)");
 }
 
 void print_row(const Row& row, const Options& o) {
-  char wrong[16];
+  char wrong[16], roofline[16], fraction[16];
   if (row.wrong < 0) std::snprintf(wrong, sizeof wrong, "N/A");
   else std::snprintf(wrong, sizeof wrong, "%lld", static_cast<long long>(row.wrong));
-  std::printf(" %12lld %12lld %5s %-17s %11.2f %9.3f %9.3f %7s %9.3f %5.1f%% %11.2f\n",
-              static_cast<long long>(row.bytes), static_cast<long long>(row.count),
-              dtp::dtype_name(o.dtype), row.impl.c_str(), row.seconds * 1e6, row.algbw / kGiga,
-              row.busbw / kGiga, wrong, row.roofline_busbw / kGiga, 100 * row.fraction,
+  // A collective with nothing to move (one rank, in place) has no bound to compare with.
+  if (row.bound_seconds > 0) {
+    std::snprintf(roofline, sizeof roofline, "%9.3f", row.roofline_busbw / kGiga);
+    std::snprintf(fraction, sizeof fraction, "%5.1f%%", 100 * row.fraction);
+  } else {
+    std::snprintf(roofline, sizeof roofline, "%9s", "N/A");
+    std::snprintf(fraction, sizeof fraction, "%6s", "N/A");
+  }
+  std::printf(" %12lld %12lld %6s %6s %4d %-17s %11.2f %9.3f %9.3f %7s %s %s %11.2f\n",
+              static_cast<long long>(row.bytes), static_cast<long long>(row.count), dtp::dtype_name(o.dtype),
+              redop_column(row.op, row.redop).c_str(), root_column(row.op, o.root), row.impl.c_str(),
+              row.seconds * 1e6, row.algbw / kGiga, row.busbw / kGiga, wrong, roofline, fraction,
               row.predicted_seconds * 1e6);
   std::fflush(stdout);
 }
@@ -780,22 +871,26 @@ void write_json(Context& ctx, const Row& row, const std::string& what, int world
   if (!ctx.json.is_open()) return;
   const Options& o = ctx.options;
   JsonLine line;
-  line.add("what", what).add("op", row.op).add("impl", row.impl).add("backend", ctx.backend)
-      .add("device", ctx.device).add("world", world).add("bytes", row.bytes).add("count", row.count)
-      .add("dtype", dtp::dtype_name(o.dtype)).add("time_us", row.seconds * 1e6)
-      .add("algbw_GBps", row.algbw / kGiga).add("busbw_GBps", row.busbw / kGiga);
+  line.add("what", what).add("op", row.op).add("redop", redop_column(row.op, row.redop))
+      .add("root", root_column(row.op, o.root)).add("placement", placement(row.op)).add("impl", row.impl)
+      .add("backend", ctx.backend).add("device", ctx.device).add("world", world).add("bytes", row.bytes)
+      .add("count", row.count).add("dtype", dtp::dtype_name(o.dtype)).add("time_us", row.seconds * 1e6)
+      .add("average", static_cast<int>(o.average)).add("algbw_GBps", row.algbw / kGiga)
+      .add("busbw_GBps", row.busbw / kGiga);
   if (row.wrong < 0) line.raw("wrong", "null");
   else line.add("wrong", row.wrong);
   line.add("copy_GBps", row.copy_bw / kGiga)
       .add("bytes_moved", bytes_moved(row.op, world, static_cast<double>(row.bytes)))
-      .add("bound_time_us", row.bound_seconds * 1e6).add("roofline_GBps", row.roofline_busbw / kGiga)
-      .add("fraction_of_roofline", row.fraction).add("predicted_time_us", row.predicted_seconds * 1e6)
+      .add("bound_time_us", row.bound_seconds * 1e6).add("roofline_GBps", row.roofline_busbw / kGiga);
+  if (row.bound_seconds > 0) line.add("fraction_of_roofline", row.fraction);
+  else line.raw("fraction_of_roofline", "null");
+  line.add("predicted_time_us", row.predicted_seconds * 1e6)
       .add("predicted_busbw_GBps", row.predicted_seconds > 0
                                        ? row.bytes / row.predicted_seconds * busbw_factor(row.op, world) / kGiga
                                        : 0.0)
       .add("alpha_us", alpha * 1e6).add("beta_GBps", beta_rate / kGiga).add("iters", o.iters)
-      .add("warmup", o.warmup).add("git", ctx.git).add("date", ctx.date).add("hostname", ctx.host)
-      .add("cpu", ctx.cpu);
+      .add("warmup", o.warmup).add("check_iters", o.check_iters).add("git", ctx.git).add("date", ctx.date)
+      .add("hostname", ctx.host).add("cpu", ctx.cpu);
   ctx.json << line.str() << '\n';
   ctx.json.flush();
 }
@@ -809,19 +904,25 @@ void run_rank(Comm& comm, Context& ctx) {
   DTP_CHECK(o.root < n, "-r ", o.root, " is outside the world of ", n, " ranks");
   const std::size_t element = dtp::dtype_size(o.dtype);
   const double alpha = o.alpha_us * 1e-6;
+  const char* averages[] = {"rank 0's", "the mean of the ranks'", "the fastest rank's", "the slowest rank's"};
 
   if (lead) {
     std::printf("# dtp-bench-collectives: backend %s, device %s, world %d, dtype %s, iters %d, warmup %d, check %d\n",
                 ctx.backend.c_str(), ctx.device.c_str(), n, dtp::dtype_name(o.dtype), o.iters, o.warmup,
-                o.check ? 1 : 0);
+                o.check_iters);
     std::printf("# date %s, host %s, cpu %s, git %s\n", ctx.date.c_str(), ctx.host.c_str(), ctx.cpu.c_str(),
                 ctx.git.c_str());
+    std::printf("# time: per call, %s time (-a %d)\n", averages[static_cast<int>(o.average)],
+                static_cast<int>(o.average));
     std::printf("# busbw = algbw x (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; others 1)\n");
     std::printf("# roofline: the busbw at the %s bound (fewest bytes moved / bandwidth of every rank copying at once)\n",
                 comm.device().is_cpu() ? "memcpy" : "device-to-device copy");
     std::printf("# model: alpha-beta prediction, alpha %.3g us, beta %s\n", o.alpha_us,
                 o.beta_GBps > 0 ? (std::to_string(o.beta_GBps) + " GB/s").c_str()
                                 : "1 / (the per-rank copy rate measured at each size)");
+    if (n == 1)
+      std::printf("# one rank: nothing moves between ranks, so busbw is 0 (as in nccl-tests); an in-place collective\n"
+                  "# has nothing to do (no roofline: N/A) and an out-of-place one is a copy (its roofline is memcpy)\n");
   }
 
   std::map<std::int64_t, double> copy_rates;  // B_copy by size, measured once per size
@@ -832,13 +933,18 @@ void run_rank(Comm& comm, Context& ctx) {
       if (o.impls.empty() || std::find(o.impls.begin(), o.impls.end(), impl) != o.impls.end())
         impls.push_back(impl);
     if (lead) {
-      std::printf("#\n# %s, busbw factor %.4g\n", op.c_str(), busbw_factor(op, n));
+      std::printf("#\n# %s (%s), busbw factor %.4g\n", op.c_str(), placement(op), busbw_factor(op, n));
       if (impls.empty()) std::printf("# (none of the requested implementations applies to %s)\n", op.c_str());
       else print_header_row();
     }
     if (impls.empty()) continue;
 
-    std::map<std::string, Row> largest;  // per impl, the row at the largest size
+    const std::vector<dtp::ReduceOp> redops =
+        is_reduction(op) ? o.redops : std::vector<dtp::ReduceOp>{dtp::ReduceOp::sum};
+    std::map<std::string, Row> largest;  // per redop/impl, the row at the largest size
+    double busbw_sum = 0;                // for the table's "Avg bus bandwidth", as nccl-tests
+    int rows = 0;
+    std::int64_t table_wrong = 0;
     for (std::int64_t size : sizes(o)) {
       std::int64_t count = std::max<std::int64_t>(1, size / static_cast<std::int64_t>(element));
       if (op == "all_to_all") count = (count + n - 1) / n * n;  // equal chunks for every pair
@@ -850,47 +956,61 @@ void run_rank(Comm& comm, Context& ctx) {
       const double bound = bytes_moved(op, n, static_cast<double>(bytes)) / copy_bw;
 
       Buffers buffers = make_buffers(op, count, comm, o.dtype);
-      for (const std::string& impl : impls) {
-        std::string why_not;
-        std::function<void()> call = make_call(op, impl, buffers, comm, o.root, why_not);
-        if (!call) {
-          if (lead && noted.insert(op + "/" + impl).second)
-            std::printf("# %s %s: skipped, %s\n", op.c_str(), impl.c_str(), why_not.c_str());
-          continue;
-        }
-        Row row;
-        row.op = op;
-        row.impl = impl;
-        row.bytes = bytes;
-        row.count = count;
-        zero_buffers(buffers);
-        row.seconds = time_calls(comm, call, o.warmup, o.iters);
-        if (o.check) {
-          // As nccl-tests: after the timed calls, one call on known values.
-          fill_for_check(op, buffers, comm, o.root);
-          synchronize(comm);
-          comm.barrier();
-          call();
-          synchronize(comm);
-          row.wrong = static_cast<std::int64_t>(
-              combine(comm, static_cast<double>(wrong_elements(op, buffers, comm, o.root)), dtp::ReduceOp::sum));
-        }
-        row.algbw = bytes / row.seconds;
-        row.busbw = row.algbw * busbw_factor(op, n);
-        row.copy_bw = copy_bw;
-        row.bound_seconds = bound;
-        row.roofline_busbw = bytes / bound * busbw_factor(op, n);
-        row.fraction = bound / row.seconds;
-        row.predicted_seconds =
-            predicted_seconds(op, impl, n, static_cast<double>(bytes), alpha, 1.0 / beta_rate);
-        largest[impl] = row;
-        if (lead) {
-          if (row.wrong > 0) ++ctx.wrong_rows;
-          print_row(row, o);
-          write_json(ctx, row, "collective", n, alpha, beta_rate);
+      for (dtp::ReduceOp redop : redops) {
+        for (const std::string& impl : impls) {
+          std::string why_not;
+          std::function<void()> call = make_call(op, redop, impl, buffers, comm, o.root, why_not);
+          const std::string label = op + "/" + redop_column(op, redop) + "/" + impl;
+          if (!call) {
+            if (lead && noted.insert(label).second)
+              std::printf("# %s %s%s: skipped, %s\n", op.c_str(), impl.c_str(),
+                          is_reduction(op) ? (" " + redop_column(op, redop)).c_str() : "", why_not.c_str());
+            continue;
+          }
+          Row row;
+          row.op = op;
+          row.impl = impl;
+          row.redop = redop;
+          row.bytes = bytes;
+          row.count = count;
+          zero_buffers(buffers);
+          row.seconds = time_calls(comm, call, o.warmup, o.iters, o.average);
+          if (o.check_iters > 0) {
+            // As nccl-tests: after the timed calls, calls on known values, each checked.
+            row.wrong = 0;
+            for (int check = 0; check < o.check_iters; ++check) {
+              fill_for_check(op, buffers, comm, o.root);
+              synchronize(comm);
+              comm.barrier();
+              call();
+              synchronize(comm);
+              row.wrong += static_cast<std::int64_t>(combine(
+                  comm, static_cast<double>(wrong_elements(op, redop, buffers, comm, o.root)), dtp::ReduceOp::sum));
+            }
+          }
+          row.algbw = bytes / row.seconds;
+          row.busbw = row.algbw * busbw_factor(op, n);
+          row.copy_bw = copy_bw;
+          row.bound_seconds = bound;
+          row.roofline_busbw = bound > 0 ? bytes / bound * busbw_factor(op, n) : 0.0;
+          row.fraction = bound / row.seconds;
+          row.predicted_seconds =
+              predicted_seconds(op, impl, n, static_cast<double>(bytes), alpha, 1.0 / beta_rate);
+          largest[label] = row;
+          busbw_sum += row.busbw;
+          ++rows;
+          if (lead) {
+            if (row.wrong > 0) {
+              ++ctx.wrong_rows;
+              table_wrong += row.wrong;
+              ctx.wrong_elements += row.wrong;
+            }
+            print_row(row, o);
+            write_json(ctx, row, "collective", n, alpha, beta_rate);
+          }
         }
       }
-      if (lead) {
+      if (lead && bound > 0) {
         // The roofline itself: one JSON object per size, with "memcpy" as the impl.
         Row roof;
         roof.op = op;
@@ -908,17 +1028,23 @@ void run_rank(Comm& comm, Context& ctx) {
       }
     }
     if (lead && !largest.empty()) {
+      // nccl-tests ends its table with these two lines; here every table does.
+      std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(table_wrong),
+                  table_wrong == 0 ? "OK" : "FAILED");
+      std::printf("# Avg bus bandwidth    : %.4g  (GB/s, the mean busbw of this table's %d rows)\n",
+                  rows > 0 ? busbw_sum / rows / kGiga : 0.0, rows);
       const Row& any = largest.begin()->second;
-      std::printf("# %s at %s per rank, %d ranks: copy bandwidth %.3f GB/s (all ranks), bound %.2f us\n",
-                  op.c_str(), human_bytes(static_cast<double>(any.bytes)).c_str(), n, any.copy_bw / kGiga,
+      std::printf("# %s at %s per rank, %d rank%s: copy bandwidth %.3f GB/s (all ranks), bound %.2f us\n",
+                  op.c_str(), human_bytes(static_cast<double>(any.bytes)).c_str(), n, n == 1 ? "" : "s",
+                  any.copy_bw / kGiga,
                   any.bound_seconds * 1e6);
-      for (const std::string& impl : impls) {
-        auto it = largest.find(impl);
-        if (it == largest.end()) continue;
-        const Row& row = it->second;
-        std::printf("#   %-17s %11.2f us  busbw %8.3f GB/s  %5.1f%% of the roofline  (model %.2f us)%s\n",
-                    impl.c_str(), row.seconds * 1e6, row.busbw / kGiga, 100 * row.fraction,
-                    row.predicted_seconds * 1e6, row.wrong > 0 ? "  WRONG RESULTS" : "");
+      for (const auto& [label, row] : largest) {
+        char roof[48] = "no roofline (nothing to move)";
+        if (row.bound_seconds > 0) std::snprintf(roof, sizeof roof, "%5.1f%% of the roofline", 100 * row.fraction);
+        std::printf("#   %-26s %11.2f us  busbw %8.3f GB/s  %s  (model %.2f us)%s\n",
+                    (is_reduction(op) ? redop_column(op, row.redop) + " " + row.impl : row.impl).c_str(),
+                    row.seconds * 1e6, row.busbw / kGiga, roof, row.predicted_seconds * 1e6,
+                    row.wrong > 0 ? "  WRONG RESULTS" : "");
       }
     }
   }
@@ -929,12 +1055,7 @@ void run_rank(Comm& comm, Context& ctx) {
 
 int main(int argc, char** argv) {
   Context ctx;
-  try {
-    ctx.options = parse_options(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dtp-bench-collectives: %s\n", e.what());
-    return 2;
-  }
+  if (auto status = parse_options(ctx.options, argc, argv)) return *status;
   try {
     dtp::World world = dtp::World::from_env(ctx.options.world);
     world.size = world_size_for(world, ctx.options);

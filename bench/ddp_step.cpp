@@ -19,6 +19,7 @@
 
 #include "02_ddp/ddp.h"
 #include "bench_common.h"
+#include "dtp_cli.h"
 #include "dtp/device.h"
 #include "dtp/error.h"
 #include "dtp/trainer.h"
@@ -41,33 +42,18 @@ int main(int argc, char** argv) {
   std::int64_t steps = 20;
   std::string json_path;
   dtp::Device device = dtp::Device::cpu();
-  if (argc % 2 == 0) {
-    std::fprintf(stderr, "dtp-bench-ddp-step: '%s' needs a value\n", argv[argc - 1]);
-    return 2;
-  }
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--world") world = std::atoi(argv[i + 1]);
-    else if (flag == "--steps") steps = std::atoll(argv[i + 1]);
-    else if (flag == "--json") json_path = argv[i + 1];
-    else if (flag == "--device") {
-      try {
-        device = dtp::parse_device(argv[i + 1]);
-      } catch (const dtp::Error& e) {
-        std::fprintf(stderr, "dtp-bench-ddp-step: --device: %s\n", e.what());
-        return 2;
-      }
-    } else {
-      std::fprintf(stderr, "usage: dtp-bench-ddp-step [--world N] [--steps K] [--device cpu|cuda[:k]] [--json FILE]\n");
-      return 2;
-    }
-  }
+  CLI::App app{"The step time of data-parallel training (chapter 02): naive, flat and bucketed DDP against N "
+               "times the single-rank step, for one small model and the same per-rank batch.",
+               "dtp-bench-ddp-step"};
+  app.add_option("--world", world, "data-parallel ranks (threads)")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--steps", steps, "steps per run; the median of those after two warm-up steps")
+      ->check(CLI::Range(std::int64_t{3}, std::int64_t{1000000}))
+      ->capture_default_str();
+  dtp::cli::add_device_option(app, device);
+  app.add_option("--json", json_path, "append one JSON object per measurement to FILE");
+  if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
   if (device.is_cuda() && dtp::cuda_device_count() == 0) {
     std::fprintf(stderr, "dtp-bench-ddp-step: --device %s: no usable CUDA device here\n", device.str().c_str());
-    return 2;
-  }
-  if (world < 1 || steps < 3) {
-    std::fprintf(stderr, "dtp-bench-ddp-step: need --world >= 1 and --steps >= 3\n");
     return 2;
   }
   const std::int64_t per_rank_batch = 4;

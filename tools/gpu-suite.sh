@@ -82,10 +82,10 @@ do_run() {
   local bench=$build/bin/dtp-bench-collectives
   if ((dry_run)) || [[ -x "$bench" ]]; then
     # thread/cuda, 8 ranks on one GPU, up to 64 MiB per rank; then NCCL on the GPUs there are.
-    step "collectives thread" bench-thread-cuda.txt env DTP_DEVICE=cuda "$bench" -g 8 -b 1M -e 64M -f 4 -o all_reduce \
+    step "collectives thread" bench-thread-cuda.txt env DTP_DEVICE=cuda "$bench" -g 8 -b 1M -e 64M -f 4 --collective all_reduce \
       --json "$work/collectives-thread-cuda-$gpu-$stamp.jsonl"
     step "collectives nccl" bench-nccl.txt env DTP_BACKEND=nccl DTP_DEVICE=cuda "$bench" \
-      -g "$(nvidia-smi -L 2>/dev/null | wc -l)" -b 1M -e 64M -f 4 -o all_reduce \
+      -g "$(nvidia-smi -L 2>/dev/null | wc -l)" -b 1M -e 64M -f 4 --collective all_reduce \
       --json "$work/collectives-nccl-$gpu-$stamp.jsonl"
   fi
   for mode in cpu cuda-naive cuda-flash; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what DTP needs on Debian 12 (or Ubuntu): compiler, CMake, GoogleTest,
-# Google Benchmark, Open MPI, Doxygen + graphviz, matplotlib, git.
+# Installs what DTP needs on Debian 12 (or Ubuntu): compiler, CMake, GoogleTest, CLI11,
+# Open MPI, Doxygen + graphviz, matplotlib, git.
 # Idempotent and quick on a ready machine: apt runs only when a package is missing.
 # The CUDA toolkit is optional and never installed here; without nvcc the
 # CUDA parts are simply not built.
@@ -8,7 +8,8 @@ set -euo pipefail
 
 packages=(
   build-essential cmake g++ git
-  libgtest-dev libbenchmark-dev
+  libgtest-dev
+  libcli11-dev   # the one command-line parser of apps/ and bench/
   libopenmpi-dev openmpi-bin
   doxygen graphviz
   libjs-mathjax  # MathJax 2, copied into the HTML docs so formulas render offline

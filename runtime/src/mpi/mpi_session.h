@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "mpi/mpi_check.h"
 #include "dtp/launch.h"
 
 namespace dtp::mpi {
@@ -26,8 +27,6 @@ int process_count();
 /// without initializing MPI (1 when not started by mpiexec or srun).
 int process_count_without_init();
 
-/// Throws dtp::Error with the MPI error text when @p code is not MPI_SUCCESS.
-void check(int code, const char* call);
 
 /// Per-communicator message counts, kept past the Comm's lifetime so the end
 /// of launch() can find messages nobody received.

@@ -20,14 +20,11 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "nccl/nccl_check.h"
 #include "comm/eager_sends.h"
 #include "dtp/launch.h"
 
 namespace dtp::nccl {
-
-/// Throws dtp::Error naming the NCCL call, file and line when @p code fails.
-void check(ncclResult_t code, const char* call, const char* file, int line);
-#define DTP_NCCL_CHECK(call) ::dtp::nccl::check((call), #call, __FILE__, __LINE__)
 
 /// How ranks learn that another rank failed (shared by a launch's ranks).
 class Control {
