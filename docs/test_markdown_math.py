@@ -25,6 +25,19 @@ class MarkdownMath(unittest.TestCase):
         source = "`$x$ ![a](../docs/figures/b.png)`\n```\n$y$\n```\n"
         self.assertEqual(markdown_math.convert(source), source)
 
+    def test_bold_and_quotes_around_formulas_for_doxygen(self):
+        convert = markdown_math.convert
+        self.assertEqual(convert("**scaled by $1/m$** and **plain**\n"),
+                         "<b>scaled by \\f$1/m\\f$</b> and **plain**\n")
+        self.assertEqual(convert("**over two\nlines $k$** x\n"), "<b>over two\nlines \\f$k\\f$</b> x\n")
+        self.assertEqual(convert("**a\n\nb $k$** x\n"), "**a\n\nb \\f$k\\f$** x\n")
+        self.assertEqual(convert('What "$\\Psi/N$" means, "plain"\n'),
+                         'What \u201c\\f$\\Psi/N\\f$\u201d means, "plain"\n')
+        self.assertEqual(convert("**`sp`**: x **`a` b** **c `d`**\n"),
+                         "<b>`sp`</b>: x <b>`a` b</b> <b>c `d`</b>\n")
+        source = '`"$x$"` and `**$y$**`\n```\n**$z$**\n```\n'
+        self.assertEqual(convert(source), source)
+
     def test_line_count_is_kept(self):
         source = "a\n$$\nx\n$$\n![f](../../docs/figures/f.png)\n"
         self.assertEqual(markdown_math.convert(source).count("\n"), source.count("\n"))
