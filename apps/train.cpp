@@ -181,6 +181,9 @@ int main(int argc, char** argv) {
     // Before anything else: --impl may name the sibling binary.
     run_impl(find_flag(argc, argv, "--impl"), argv);
     options = parse_arguments(argc, argv);
+    // The log's config line records how to run this again.
+    options.config.command_line.assign(argv, argv + argc);
+    options.config.git_revision = DTP_GIT_REV;
     // For the name check; registered again below, with their reporting callbacks.
     dtp::ch02::register_ddp_strategy(options.ddp);
     dtp::ch03::register_zero_strategy(options.zero);

@@ -186,9 +186,20 @@ def check_outputs(args):
                 expect(rank in names, f"ddp on threads: the trace lacks the track '{rank}'; has {sorted(names)}")
             pids = trace_span_pids(trace)
             expect(pids == {0, 1}, f"ddp on threads: spans must have pid = rank (0 and 1); got {sorted(pids)}")
-            kinds = [o.get("kind") for o in read_log(log, "ddp on threads")]
+            objects = read_log(log, "ddp on threads")
+            kinds = [o.get("kind") for o in objects]
             expect(kinds == ["config", "step", "step", "step", "summary"],
                    f"ddp on threads: log kinds {kinds}, expected config, 3 steps, summary")
+            config = objects[0] if objects else {}
+            expect(config.get("command_line") == argv,
+                   f"the log's config line must record the command line {argv}; got {config.get('command_line')}")
+            model = config.get("model", {})
+            expect(model.get("layers") == 2 and model.get("d_model") == 64 and model.get("parameters", 0) > 0
+                   and model.get("context") == 64,
+                   f"the log's config line must hold the model as built (2 layers, width 64, context 64, its "
+                   f"parameter count); got {model}")
+            expect(len(str(config.get("git", ""))) >= 7,
+                   f"the log's config line must name the git revision; got {config.get('git')!r}")
 
         # A run that fails keeps what it recorded: a finished trace and a last log line.
         argv = [args.reference, "--steps", "30", "--optimizer", "sgd", "--lr", "1000", "--clip", "0", "--warmup", "0",

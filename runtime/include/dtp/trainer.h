@@ -46,6 +46,10 @@ struct TrainConfig {
   std::string strategy = "single";  ///< a registered strategy (see strategy_names())
   std::string trace_path;           ///< Chrome trace JSON of the run (empty: none)
   std::string json_path;            ///< JSON-lines log (empty: none)
+  /// Recorded in the log's config line, so a log says how to rerun it: the
+  /// program's command line (dtp train fills it) and the source revision.
+  std::vector<std::string> command_line;
+  std::string git_revision;  ///< e.g. "6fc42d9" (empty: not known)
 
   /// Throws dtp::Error naming the first bad field.
   void validate() const;

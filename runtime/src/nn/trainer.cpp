@@ -34,15 +34,39 @@ std::string rate(double tokens_per_second) {
   return buf;
 }
 
+// The config line of the log: every setting of the run, the model's whole
+// configuration, the command line and the revision.
 std::string config_json(const TrainConfig& config) {
+  // The model as the run builds it: the vocabulary of a data file is its 256
+  // byte values, and the context covers the sequence.
+  GPTConfig m = config.model;
+  if (!config.data_path.empty()) m.vocab_size = 256;
+  m.context = static_cast<int>(std::max<std::int64_t>(m.context, config.seq));
+  std::string arguments;
+  for (const std::string& argument : config.command_line)
+    arguments += (arguments.empty() ? "" : ",") + json_string(argument);
   return "{\"kind\":\"config\",\"strategy\":" + json_string(config.strategy) +
-         ",\"steps\":" + std::to_string(config.steps) + ",\"batch\":" +
-         std::to_string(config.batch) + ",\"seq\":" + std::to_string(config.seq) +
-         ",\"lr\":" + json_number(config.lr) + ",\"optimizer\":" + json_string(config.optimizer) +
-         ",\"seed\":" + std::to_string(config.seed) +
-         ",\"device\":" + json_string(config.model.device.str()) +
-         ",\"dtype\":" + json_string(dtype_name(config.model.dtype)) + ",\"data\":" +
-         json_string(config.data_path.empty() ? "synthetic" : config.data_path) + "}";
+         ",\"steps\":" + std::to_string(config.steps) + ",\"batch\":" + std::to_string(config.batch) +
+         ",\"seq\":" + std::to_string(config.seq) + ",\"lr\":" + json_number(config.lr) +
+         ",\"optimizer\":" + json_string(config.optimizer) + ",\"min_lr_ratio\":" +
+         json_number(config.min_lr_ratio) + ",\"warmup\":" + std::to_string(config.warmup) +
+         ",\"weight_decay\":" + json_number(config.weight_decay) + ",\"beta1\":" + json_number(config.beta1) +
+         ",\"beta2\":" + json_number(config.beta2) + ",\"momentum\":" + json_number(config.momentum) +
+         ",\"grad_clip\":" + json_number(config.grad_clip) + ",\"seed\":" + std::to_string(config.seed) +
+         ",\"device\":" + json_string(m.device.str()) + ",\"dtype\":" + json_string(dtype_name(m.dtype)) +
+         ",\"data\":" + json_string(config.data_path.empty() ? "synthetic" : config.data_path) +
+         ",\"model\":{\"vocab_size\":" + std::to_string(m.vocab_size) +
+         ",\"context\":" + std::to_string(m.context) + ",\"d_model\":" + std::to_string(m.d_model) +
+         ",\"heads\":" + std::to_string(m.heads) + ",\"layers\":" + std::to_string(m.layers) +
+         ",\"mlp_ratio\":" + std::to_string(m.mlp_ratio) + ",\"init_std\":" + json_number(m.init_std) +
+         ",\"layernorm_eps\":" + json_number(m.layernorm_eps) +
+         ",\"attention\":" + json_string(attention_kind_name(m.attention)) +
+         ",\"experts\":" + std::to_string(m.experts) + ",\"top_k\":" + std::to_string(m.top_k) +
+         ",\"capacity_factor\":" + json_number(m.capacity_factor) +
+         ",\"aux_loss_coef\":" + json_number(m.aux_loss_coef) + ",\"moe_groups\":" + std::to_string(m.moe_groups) +
+         ",\"parameters\":" + std::to_string(m.parameter_count()) + "}" +
+         ",\"command_line\":[" + arguments + "],\"git\":" +
+         json_string(config.git_revision.empty() ? "unknown" : config.git_revision) + "}";
 }
 
 std::mutex registry_mutex;
