@@ -25,7 +25,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from _bench_json import figure_folder, read_rows  # noqa: E402
+from _bench_json import figure_folder, provenance, read_rows  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 # Table order of bench/collectives.cpp, so colours stay the same across figures.
@@ -94,7 +94,7 @@ def plot_group(key, rows, out_dir):
     axes.set_ylabel("bus bandwidth (GB/s)")
     axes.set_title(f"{op}: {backend}/{device}, {world} ranks, {any_row.get('dtype', '')}", fontsize=12)
     subtitle = (f"{any_row.get('cpu', '')} · host {any_row.get('hostname', '')} · "
-                f"{any_row.get('date', '')[:10]} · git {any_row.get('git', '')} · "
+                f"{provenance(rows)} · "
                 f"model alpha {any_row.get('alpha_us', 0):g} us")
     figure.text(0.5, 0.005, subtitle, ha="center", va="bottom", fontsize=7, color="0.35")
     axes.grid(True, which="major", alpha=0.3)
@@ -114,6 +114,8 @@ def main():
     parser.add_argument("files", nargs="+", help="JSON-lines files written by dtp-bench-collectives --json")
     parser.add_argument("--out", default=None, help="folder for the PNGs [docs/figures of this repository]")
     parser.add_argument("--op", action="append", help="only this operation (repeatable)")
+    parser.add_argument("--redop", default="sum", choices=["sum", "avg", "max", "min"],
+                        help="the reduction whose rows to draw for all_reduce, reduce_scatter and reduce [sum]")
     args = parser.parse_args()
 
     out_dir = figure_folder(args.out)
@@ -123,6 +125,9 @@ def main():
         if row.get("what") not in ("collective", "roofline"):
             continue
         if args.op and row["op"] not in args.op:
+            continue
+        # One reduction per figure (files written before -o existed summed).
+        if row.get("what") == "collective" and row.get("redop", "sum") not in (args.redop, "none"):
             continue
         groups[(row["op"], row["backend"], row["device"], row["world"])].append(row)
     if not groups:
