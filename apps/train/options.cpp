@@ -13,6 +13,7 @@
 #include <map>
 
 #include "dtp/device.h"
+#include "dtp_cli.h"
 #include "dtp/error.h"
 
 namespace dtp::train_app {
@@ -460,32 +461,33 @@ Options parse_arguments(int argc, char** argv) {
       {"--sequence-parallel", [&] { o.tp.sequence_parallel = o.tp_flags = true; }},
       {"--fsdp", [&] { o.pp.pipeline.fsdp = o.pp_flags = true; }},
   };
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
-    std::string value;
-    bool has_value = false;
-    if (auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    if (auto on = switches.find(arg); on != switches.end()) {
-      if (has_value) throw UsageError{arg + " takes no value, got '" + argv[i] + "'"};
-      on->second();
-      continue;
-    }
-    auto it = options.find(arg);
-    if (it == options.end()) throw UsageError{"unknown option '" + arg + "' (see --help)"};
-    if (!has_value) {
-      if (i + 1 >= argc) throw UsageError{arg + " needs a value (see --help)"};
-      value = argv[++i];
-    }
-    it->second(arg, value);
+  // CLI11 reads the command line (--flag value, --flag=value, -h); the
+  // setters above check each value and say what the flag accepts.
+  CLI::App app{"Trains a small GPT", "dtp-train"};
+  app.formatter_fn([](const CLI::App*, std::string, CLI::AppFormatMode) { return std::string(kUsage); });
+  app.allow_extras();  // reported below in DTP's words
+  for (const auto& [flag, set] : options)
+    app.add_option_function<std::string>(flag, [flag = flag, &set = set](const std::string& value) { set(flag, value); });
+  for (const auto& [flag, on] : switches) {
+    app.add_flag_callback(flag, on);
+    // CLI11 would read "--prefetch=yes" as a switch turned on by a value.
+    for (int i = 1; i < argc; ++i)
+      if (std::string arg = argv[i]; arg.rfind(flag + "=", 0) == 0)
+        throw UsageError{flag + " takes no value, got '" + arg + "'"};
   }
+  // CLI11 reads "--steps=" as a missing value; the setter says what fits.
+  for (int i = 1; i < argc; ++i)
+    if (std::string arg = argv[i]; arg.size() > 3 && arg.back() == '=')
+      if (auto it = options.find(arg.substr(0, arg.size() - 1)); it != options.end()) it->second(it->first, "");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(kUsage, stdout);
+    std::exit(0);
+  } catch (const CLI::ParseError& e) {
+    throw UsageError{std::string(e.what()) + " (see --help)"};
+  }
+  if (!app.remaining().empty()) throw UsageError{"unknown option '" + app.remaining().front() + "' (see --help)"};
   resolve_precision(o);
   return o;
 }
