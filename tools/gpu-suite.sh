@@ -17,8 +17,8 @@
 # as gpu-summary.txt and printed last: two files, in $OUT when set (the device
 # machine brings that folder back), else in bench/results/.
 #
-# From this workplace's `device` tool, two calls:
-#   run(command="bash tools/gpu-suite.sh build", timeout_s=600)
+# From this workplace's `device` tool, two calls (CLI11's headers carried, see below):
+#   run(command="bash tools/gpu-suite.sh build", timeout_s=600, carry=["build-deps"])
 #   run(command="bash tools/gpu-suite.sh run", timeout_s=600)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -56,6 +56,12 @@ step() {
 
 configure_args=(-S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTP_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
                 -DDTP_BUILD_DOCS=OFF)
+# CLI11 is header-only; a machine without libcli11-dev (the lent GPU machine)
+# gets the headers carried in: mkdir -p build-deps/cli11 && cp -r
+# /usr/include/CLI build-deps/cli11/, then run with carry=["build-deps"].
+if [[ ! -f /usr/include/CLI/CLI.hpp && -f build-deps/cli11/CLI/CLI.hpp ]]; then
+  configure_args+=(-DDTP_CLI11_INCLUDE_DIR="$PWD/build-deps/cli11")
+fi
 
 preflight() {
   local missing=()
@@ -63,6 +69,9 @@ preflight() {
   command -v cmake > /dev/null || missing+=("cmake")
   if [[ ! -f /usr/include/gtest/gtest.h && ! -f /usr/local/include/gtest/gtest.h && -z "${GTest_DIR:-}" ]]; then
     missing+=("GoogleTest (apt-get install libgtest-dev, or set GTest_DIR)")
+  fi
+  if [[ ! -f /usr/include/CLI/CLI.hpp && ! -f build-deps/cli11/CLI/CLI.hpp ]]; then
+    missing+=("CLI11 (apt-get install libcli11-dev, or carry its headers in build-deps/cli11/CLI)")
   fi
   if ((${#missing[@]})); then
     printf 'gpu-suite: this machine lacks %s\n' "${missing[@]}" >&2
