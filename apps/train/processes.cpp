@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 
 #include "dtp/error.h"
 #include "dtp/launch.h"
@@ -19,28 +20,24 @@
 namespace dtp::train_app {
 namespace {
 
-// Processes mpiexec started, as its launcher tells each of them (Open MPI,
-// then the PMI variables of MPICH and Slurm); 1 outside mpiexec.
-int launcher_process_count() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
+// What mpiexec's launcher tells each process (Open MPI, then the PMI
+// variables of MPICH and Slurm): the first of @p names set to a number of at
+// least @p least, else @p otherwise (outside mpiexec).
+int launcher_number(std::initializer_list<const char*> names, int least, int otherwise) {
+  for (const char* name : names) {
     if (const char* value = std::getenv(name)) {
       const int n = std::atoi(value);
-      if (n >= 1) return n;
+      if (n >= least) return n;
     }
   }
-  return 1;
+  return otherwise;
 }
 
-// This process's index among them (0 outside mpiexec).
-int launcher_process_index() {
-  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
-    if (const char* value = std::getenv(name)) {
-      const int n = std::atoi(value);
-      if (n >= 0) return n;
-    }
-  }
-  return 0;
-}
+// Processes mpiexec started; 1 outside mpiexec.
+int launcher_process_count() { return launcher_number({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}, 1, 1); }
+
+// This process's index among them; 0 outside mpiexec.
+int launcher_process_index() { return launcher_number({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}, 0, 0); }
 
 // Where process @p index writes its part of the trace under mpiexec.
 std::string trace_part(const std::string& trace_path, int index) {
