@@ -11,8 +11,9 @@
 // 17 for f64 (exact either way). Parameter names are "<unit>.<parameter>".
 // The logits come from GPT::logits on the same tokens and weights (the math
 // of forward(), which keeps its own logits only as the loss gradient).
+#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "dtp/dtype.h"
 #include "dtp/error.h"
 #include "dtp/nn.h"
+#include "dtp_cli.h"
 
 namespace {
 
@@ -50,46 +52,60 @@ void write_rows(std::FILE* f, const dtp::Tensor& t) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  dtp::GPTConfig config;
+  config.vocab_size = 96;
+  config.context = 48;
+  config.d_model = 64;
+  config.heads = 4;
+  config.layers = 2;
+  std::int64_t batch = 3, seq = 40;
+  std::string out_path = "step.json", attention = "naive", dtype = "f32";
+  CLI::App app{
+      "One forward/backward of a small seeded GPT on fixed random tokens, written to a JSON file (the "
+      "config, tokens, targets, loss, logits, and every parameter with its gradient) so that "
+      "tools/torch_crosscheck.py can redo it in PyTorch and compare.",
+      "dtp-export-step"};
+  app.add_option("--out", out_path, "the JSON file to write")->type_name("FILE")->capture_default_str();
+  dtp::cli::add_device_option(app, config.device, "cpu or cuda[:k] (default cpu)");
+  app.add_option("--attention", attention, "the attention kernel")
+      ->check(CLI::IsMember({"naive", "flash"}))
+      ->capture_default_str();
+  app.add_option("--dtype", dtype, "weights and math")->check(CLI::IsMember({"f32", "f64"}))->capture_default_str();
+  app.add_option("--seed", config.seed, "seeds the weights; the tokens and targets use seed + 1 and seed + 2")
+      ->check(CLI::Range(std::uint64_t{0}, static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())))
+      ->capture_default_str();
+  app.add_option("--layers", config.layers, "transformer blocks")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--d-model", config.d_model, "width C (must divide by --heads)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--heads", config.heads, "attention heads")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--vocab", config.vocab_size, "vocabulary size")->check(CLI::Range(2, 1 << 20))->capture_default_str();
+  app.add_option("--context", config.context, "learned positions (at least --seq)")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--batch", batch, "sequences")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1024}))
+      ->capture_default_str();
+  app.add_option("--seq", seq, "tokens per sequence")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
+      ->capture_default_str();
+  app.footer(
+      "Floats are printed with 9 significant digits for f32 and 17 for f64 (exact either way); parameter "
+      "names are \"<unit>.<parameter>\".");
+  if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
+  if (seq > config.context) {
+    std::fprintf(stderr, "dtp-export-step: error: --seq %lld is longer than --context %d (see --help)\n",
+                 static_cast<long long>(seq), config.context);
+    return 2;
+  }
   try {
-    dtp::GPTConfig config;
-    config.vocab_size = 96;
-    config.context = 48;
-    config.d_model = 64;
-    config.heads = 4;
-    config.layers = 2;
-    std::int64_t batch = 3, seq = 40;
-    std::string out_path = "step.json";
-    for (int i = 1; i < argc; ++i) {
-      const std::string flag = argv[i];
-      if (flag == "--help" || flag == "-h") {
-        std::printf("usage: dtp-export-step --out FILE [--device cpu|cuda] [--attention naive|flash] "
-                    "[--dtype f32|f64] [--seed S] [--layers L] [--d-model C] [--heads H] [--vocab V] [--context P] "
-                    "[--batch B] [--seq T]\n");
-        return 0;
-      }
-      DTP_CHECK(i + 1 < argc, "dtp-export-step: ", flag, " needs a value");
-      const std::string value = argv[++i];
-      if (flag == "--out") out_path = value;
-      else if (flag == "--device") config.device = dtp::parse_device(value);
-      else if (flag == "--attention") config.attention = dtp::parse_attention_kind(value);
-      else if (flag == "--dtype") config.dtype = dtp::parse_dtype(value);
-      else if (flag == "--seed") config.seed = std::strtoull(value.c_str(), nullptr, 10);
-      else if (flag == "--layers") config.layers = std::atoi(value.c_str());
-      else if (flag == "--d-model") config.d_model = std::atoi(value.c_str());
-      else if (flag == "--heads") config.heads = std::atoi(value.c_str());
-      else if (flag == "--vocab") config.vocab_size = std::atoi(value.c_str());
-      else if (flag == "--context") config.context = std::atoi(value.c_str());
-      else if (flag == "--batch") batch = std::atoll(value.c_str());
-      else if (flag == "--seq") seq = std::atoll(value.c_str());
-      else throw dtp::Error("dtp-export-step: unknown option " + flag + " (see --help)");
-    }
+    config.attention = dtp::parse_attention_kind(attention);
+    config.dtype = dtp::parse_dtype(dtype);
     if (config.device.is_cuda() && dtp::cuda_device_count() == 0) {
       std::fprintf(stderr, "dtp-export-step: no usable CUDA device\n");
       return 1;
     }
     config.validate();
-    DTP_CHECK(config.dtype == dtp::DType::f32 || config.dtype == dtp::DType::f64,
-              "dtp-export-step: --dtype must be f32 or f64, not ", dtp::dtype_name(config.dtype));
     g_digits = config.dtype == dtp::DType::f64 ? 17 : 9;
     dtp::GPT model(config);
     const dtp::Tensor tokens = dtp::Tensor::random_uniform({batch, seq}, config.seed + 1, 0, config.vocab_size,

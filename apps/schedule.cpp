@@ -1,5 +1,6 @@
 // dtp-schedule: draw a pipeline schedule without training.
-//   dtp schedule --kind 1f1b --stages 4 --microbatches 8 [--chunks 2] [--impl puzzles|reference]
+//   dtp schedule --kind 1f1b --stages 4 --microbatches 8 [--chunks 2] [--costs 1,2,1]
+//                [--impl puzzles|reference]
 // Builds the schedule (your puzzles 5.3-5.6 in bin/dtp-schedule, the
 // reference in bin/dtp-schedule-reference), runs the verifier and prints the
 // ASCII Gantt chart, the bubble against the lesson's formula and the peak
@@ -7,90 +8,75 @@
 // with its problem (exit 1).
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "05_pipeline/pipeline.h"
+#include "dtp_cli.h"
 
 namespace {
 
 constexpr int kExitFailed = 1, kExitUsage = 2, kExitUnsolved = 3;
 
-const char* const kUsage = R"(Usage: dtp schedule --kind KIND --stages P --microbatches M [OPTIONS]
-
-Builds a pipeline schedule, checks it with the verifier, and prints its Gantt
-chart (one row per rank, one column per unit of time), its bubble next to the
-lesson's formula and the micro-batches each rank holds at most.
-
-  --kind KIND             afab, 1f1b, interleaved or zb-h1
-  --stages P              pipeline ranks, 1 to 64
-  --microbatches M        micro-batches per step, 1 to 512
-  --chunks V              model chunks per rank (interleaved), 2 to 16 (default 2)
-  --costs F,B,W           clock cost of a forward, a whole backward and (zb-h1)
-                          each half; default 1,2,1 (a split B costs B - W)
-  --impl puzzles|reference
-                          whose schedules: yours in puzzles/ (default) or the reference
-  -h, --help              this text
-
-Exit status: 0 drawn; 1 the verifier rejected the schedule; 2 a bad command
-line; 3 the schedule's puzzle is not solved yet.
-)";
-
-int parse_int(const std::string& flag, const std::string& text, int low, int high) {
-  char* end = nullptr;
-  const long value = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || value < low || value > high)
-    throw dtp::Error(flag + " expects an integer in [" + std::to_string(low) + ", " + std::to_string(high) +
-                     "], got '" + text + "'");
-  return static_cast<int>(value);
+// "F,B,W" into @p costs: F > 0, W > 0 and B > W (B is the whole backward).
+void parse_costs(const std::string& text, dtp::ch05::ActionCosts& costs) {
+  double f = 0, b = 0, w = 0;
+  char extra = 0;
+  if (std::sscanf(text.c_str(), "%lf,%lf,%lf%c", &f, &b, &w, &extra) != 3 || !(f > 0) || !(w > 0) || !(b > w))
+    throw CLI::ValidationError(
+        "--costs", "expects F,B,W with F > 0, W > 0 and B > W (B is the whole backward), got '" + text + "'");
+  costs = {f, b, b - w, w};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string kind_name, impl;
+  std::string kind_name, impl = "puzzles";
   int stages = 0, microbatches = 0, chunks = 2;
   dtp::ch05::ActionCosts costs;
-  try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string flag = argv[i];
-      if (flag == "-h" || flag == "--help") {
-        std::fputs(kUsage, stdout);
-        return 0;
-      }
-      if (i + 1 >= argc) throw dtp::Error(flag + " needs a value (see --help)");
-      const std::string value = argv[++i];
-      if (flag == "--kind") kind_name = value;
-      else if (flag == "--stages") stages = parse_int(flag, value, 1, 64);
-      else if (flag == "--microbatches") microbatches = parse_int(flag, value, 1, 512);
-      else if (flag == "--chunks") chunks = parse_int(flag, value, 2, 16);
-      else if (flag == "--impl") impl = value;
-      else if (flag == "--costs") {
-        double f = 0, b = 0, w = 0;
-        char extra = 0;
-        if (std::sscanf(value.c_str(), "%lf,%lf,%lf%c", &f, &b, &w, &extra) != 3 || f <= 0 || b <= w || w <= 0)
-          throw dtp::Error("--costs expects F,B,W with F > 0, W > 0 and B > W (B is the whole backward), got '" +
-                           value + "'");
-        costs = {f, b, b - w, w};
-      } else {
-        throw dtp::Error("unknown option '" + flag + "' (see --help)");
-      }
+  const std::string name =
+      std::string("dtp-schedule") + (std::string(DTP_SCHEDULE_IMPL) == "reference" ? "-reference" : "");
+  CLI::App app{
+      "Builds a pipeline schedule (chapter 05), checks it with the verifier, and prints its Gantt chart "
+      "(one row per rank, one column per unit of time), its bubble next to the lesson's formula and the "
+      "micro-batches each rank holds at most. --kind, --stages and --microbatches are required.",
+      name};
+  app.add_option("--kind", kind_name, "the schedule")
+      ->check(CLI::IsMember({"afab", "1f1b", "interleaved", "zb-h1"}))
+      ->type_name("KIND");
+  app.add_option("--stages", stages, "pipeline ranks p")->check(CLI::Range(1, 64))->type_name("P");
+  app.add_option("--microbatches", microbatches, "micro-batches per step m")->check(CLI::Range(1, 512))->type_name("M");
+  app.add_option("--chunks", chunks, "model chunks per rank v (interleaved)")
+      ->check(CLI::Range(2, 16))
+      ->type_name("V")
+      ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--costs", [&costs](const std::string& text) { parse_costs(text, costs); },
+         "clock cost of a forward, a whole backward and (zb-h1) each half; default 1,2,1 (a split B costs B - W)")
+      ->type_name("F,B,W");
+  app.add_option("--impl", impl,
+                 "whose schedules: yours in puzzles/ (bin/dtp-schedule) or the reference "
+                 "(bin/dtp-schedule-reference)")
+      ->check(CLI::IsMember({"puzzles", "reference"}))
+      ->capture_default_str();
+  app.footer(
+      "Exit status: 0 drawn; 1 the verifier rejected the schedule; 2 a bad command line; 3 the schedule's "
+      "puzzle is not solved yet.\nExample: dtp schedule --kind 1f1b --stages 4 --microbatches 8");
+  if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
+  for (const char* flag : {"--kind", "--stages", "--microbatches"})
+    if (app.count(flag) == 0) {
+      std::fprintf(stderr, "%s: error: missing %s: --kind, --stages and --microbatches are required (see --help)\n",
+                   name.c_str(), flag);
+      return kExitUsage;
     }
-    if (impl == "reference" && std::string(DTP_SCHEDULE_IMPL) != "reference") {
-      // The other library's schedules live in the sibling binary.
-      std::string self = argv[0];
-      const std::string sibling = self.substr(0, self.rfind('/') + 1) + "dtp-schedule-reference";
-      execv(sibling.c_str(), argv);
-      throw dtp::Error("cannot start " + sibling + ": " + std::strerror(errno));
-    }
-    if (!impl.empty() && impl != "puzzles" && impl != "reference")
-      throw dtp::Error("--impl accepts puzzles or reference, got '" + impl + "'");
-    if (kind_name.empty() || stages == 0 || microbatches == 0)
-      throw dtp::Error("--kind, --stages and --microbatches are required (see --help)");
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dtp-schedule: error: %s\n", e.what());
+  if (impl == "reference" && std::string(DTP_SCHEDULE_IMPL) != "reference") {
+    // The other library's schedules live in the sibling binary.
+    const std::string self = argv[0];
+    const std::string sibling = self.substr(0, self.rfind('/') + 1) + "dtp-schedule-reference";
+    execv(sibling.c_str(), argv);
+    std::fprintf(stderr, "%s: error: cannot start %s: %s\n", name.c_str(), sibling.c_str(), std::strerror(errno));
     return kExitUsage;
   }
   try {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dtp/json.h"
+#include "dtp_cli.h"
 #include "dtp/launch.h"
 #include "dtp/trainer.h"
 
@@ -83,20 +84,6 @@ inline std::vector<std::string> split_list(const std::string& text) {
   for (std::string item; std::getline(in, item, ',');)
     if (!item.empty()) out.push_back(item);
   return out;
-}
-
-/// The model flags the training benchmarks share (--layers, --d-model,
-/// --heads, --seq, --optimizer, --dtype): sets @p flag's @p value in
-/// @p config and returns true; false for any other flag.
-inline bool set_model_flag(const std::string& flag, const std::string& value, TrainConfig& config) {
-  if (flag == "--layers") config.model.layers = std::stoi(value);
-  else if (flag == "--d-model") config.model.d_model = std::stoi(value);
-  else if (flag == "--heads") config.model.heads = std::stoi(value);
-  else if (flag == "--seq") config.seq = std::stoll(value);
-  else if (flag == "--optimizer") config.optimizer = value;
-  else if (flag == "--dtype") config.model.dtype = parse_dtype(value);
-  else return false;
-  return true;
 }
 
 /// One JSON object on one line, keys in the order added.
@@ -170,6 +157,30 @@ inline void write_line(FILE* json, const JsonLine& line) {
   if (json == nullptr) return;
   std::fprintf(json, "%s\n", line.str().c_str());
   std::fflush(json);
+}
+
+/// The model and batch-shape flags the training benchmarks share: --layers,
+/// --d-model, --heads, --seq, --optimizer and --dtype, read into @p config.
+inline void add_model_options(CLI::App& app, dtp::TrainConfig& config) {
+  app.add_option("--layers", config.model.layers, "transformer blocks")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--d-model", config.model.d_model, "width C (must divide by --heads)")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--heads", config.model.heads, "attention heads")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--seq", config.seq, "tokens per sequence")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
+      ->capture_default_str();
+  app.add_option("--optimizer", config.optimizer, "adamw (2 states per parameter) or sgd (momentum: 1 state)")
+      ->check(CLI::IsMember({"adamw", "sgd"}))
+      ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--dtype", [&config](const std::string& name) { config.model.dtype = dtp::parse_dtype(name); }, "f32 or f64")
+      ->check(CLI::IsMember({"f32", "f64"}))
+      ->default_str(dtp::dtype_name(config.model.dtype));
 }
 
 }  // namespace dtp::bench

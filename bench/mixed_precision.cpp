@@ -9,7 +9,7 @@
 // here is the cost of that rounding, not a GPU's speed-up.
 //   dtp-bench-mixed-precision [--steps 300] [--batch 16] [--seq 64]
 //                             [--histogram-steps 1,50,300] [--json FILE]
-//                             [model flags: --layers --d-model --heads ...]
+//                             [--layers 2] [--d-model 64] [--heads 4] [--optimizer adamw|sgd]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -24,6 +24,7 @@
 #include "dtp/error.h"
 #include "dtp/memory.h"
 #include "dtp/trainer.h"
+#include "dtp_cli.h"
 
 namespace {
 
@@ -50,28 +51,50 @@ std::map<int, std::int64_t> exponent_counts(GPT& model, std::int64_t& zeros) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  TrainConfig config;
+  std::string json_path;
+  std::vector<std::int64_t> histogram_list = {1, 50, 300};
+  CLI::App app{
+      "The default `dtp train` model trained in fp32, bf16 and fp16 (f32 master weights; fp16 with the "
+      "dynamic loss scale) from the same seed in one run: the loss at a few steps, the final loss and "
+      "tokens/s of each precision against fp32's, and a JSON line per step (loss, loss scale, skipped). "
+      "At --histogram-steps of the fp32 run it also records how many gradient elements have each binary "
+      "exponent floor(log2 |g|): where f16 would flush them to zero.",
+      "dtp-bench-mixed-precision"};
+  app.add_option("--steps", config.steps, "optimizer steps of each run")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
+      ->capture_default_str();
+  app.add_option("--batch", config.batch, "sequences per step")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--seq", config.seq, "tokens per sequence")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
+      ->capture_default_str();
+  app.add_option("--histogram-steps", histogram_list, "the fp32 run's steps whose gradient exponents are recorded")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
+      ->type_name("STEP,...")
+      ->capture_default_str();
+  app.add_option("--layers", config.model.layers, "transformer blocks")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--d-model", config.model.d_model, "width C (must divide by --heads)")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--heads", config.model.heads, "attention heads")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--optimizer", config.optimizer, "the optimizer")
+      ->check(CLI::IsMember({"adamw", "sgd"}))
+      ->capture_default_str();
+  app.add_option("--json", json_path, "append one JSON object per step (and per histogram) to FILE")->type_name("FILE");
+  app.footer(
+      "On the CPU the 16-bit runs compute in f32 and round every stored value, so their speed here is the "
+      "cost of that rounding, not a GPU's speed-up.");
+  if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
+  const std::set<std::int64_t> histogram_steps(histogram_list.begin(), histogram_list.end());
   try {
-    TrainConfig config;
-    std::string json_path;
-    std::set<std::int64_t> histogram_steps = {1, 50, 300};
-    for (int i = 1; i < argc; ++i) {
-      const std::string flag = argv[i];
-      DTP_CHECK(i + 1 < argc, "dtp-bench-mixed-precision: ", flag, " needs a value");
-      const std::string value = argv[++i];
-      if (flag == "--steps") config.steps = std::stoll(value);
-      else if (flag == "--batch") config.batch = std::stoll(value);
-      else if (flag == "--seq") config.seq = std::stoll(value);
-      else if (flag == "--json") json_path = value;
-      else if (flag == "--histogram-steps") {
-        histogram_steps.clear();
-        for (const std::string& s : split_list(value)) histogram_steps.insert(std::stoll(s));
-      } else if (!set_model_flag(flag, value, config)) {
-        DTP_CHECK(false, "dtp-bench-mixed-precision: unknown flag ", flag,
-                  " (accepted: --steps --batch --seq --histogram-steps --json and the model flags)");
-      }
-    }
-    DTP_CHECK(config.steps >= 1 && config.batch >= 1 && config.seq >= 1,
-              "dtp-bench-mixed-precision: --steps, --batch and --seq must be at least 1");
     FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
     DTP_CHECK(json_path.empty() || json != nullptr, "cannot write ", json_path);
     const RunContext context = make_context();

@@ -6,6 +6,7 @@
 //                     [--layers 8] [--d-model 128] [--heads 4] [--seq 64]
 //                     [--optimizer adamw|sgd] [--dtype f32|f64] [--balance-by-time]
 //                     [--gantt-m 8] [--trace-dir DIR] [--quick] [--json FILE]
+// (--help lists them with their defaults.)
 //
 // Every (schedule, m) is one run of the reference's PipelineTrainer (the step
 // of `dtp train --strategy pp`) on p = --pp ranks of the thread backend, dp = 1,
@@ -52,6 +53,7 @@
 #include "dtp/memory.h"
 #include "dtp/trace.h"
 #include "dtp/trainer.h"
+#include "dtp_cli.h"
 
 namespace {
 
@@ -353,32 +355,6 @@ void report(const Options& o, const Run& run, const RunContext& ctx, FILE* json)
   write_line(json, actions);
 }
 
-// --- the command line ------------------------------------------------------------------
-
-
-void usage(FILE* to) {
-  std::fprintf(to,
-               "usage: dtp-bench-pp-step [--microbatches 4,8,16,32] [--schedules afab,1f1b,interleaved,zb-h1]\n"
-               "                         [--steps N] [--warmup W] [--chunks V] [--mb-size S]\n"
-               "                         [--layers L] [--d-model C] [--heads H] [--seq T]\n"
-               "                         [--optimizer adamw|sgd] [--dtype f32|f64] [--balance-by-time]\n"
-               "                         [--gantt-m M] [--trace-dir DIR] [--quick] [--json FILE]\n"
-               "  --microbatches  m per step, a comma list (default 4,8,16,32)\n"
-               "  --schedules     a comma list of afab, 1f1b, interleaved, zb-h1 (default all)\n"
-               "  --steps         timed steps per run (default 5), after --warmup untimed ones (default 2)\n"
-               "  --pp            p, pipeline stages, one rank thread each (default 4)\n"
-               "  --chunks        v, model chunks per rank of the interleaved schedule (default 2)\n"
-               "  --mb-size       sequences per micro-batch (default 2): the batch is mb-size x m\n"
-               "  --layers, --d-model, --heads, --seq   the model (default 8, 128, 4, 64; vocabulary 256)\n"
-               "  --optimizer     adamw (default) or sgd;  --dtype f32 (default) or f64\n"
-               "  --balance-by-time  partition the units by measured time, not by parameters\n"
-               "  --gantt-m       the m whose executed actions go to the JSON file (default 8)\n"
-               "  --trace-dir DIR trace one step per schedule at m = --gantt-m into DIR/pp-trace-<schedule>.json\n"
-               "  --quick         a smoke test: --warmup 1 --steps 2 --microbatches 4,8\n"
-               "  --json FILE     append one JSON object per (schedule, m), and the actions, to FILE\n"
-               "p ranks of the thread backend (DTP_DEVICE picks the device).\n");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -392,59 +368,68 @@ int main(int argc, char** argv) {
   config.optimizer = "adamw";
   config.synthetic.length = 1 << 17;
   std::string json_path;
-  bool quick = false, microbatches_given = false;
+  std::vector<std::string> schedules = {"afab", "1f1b", "interleaved", "zb-h1"};
+  bool quick = false;
+  CLI::App app{
+      "Pipeline parallelism (chapter 05) measured on this machine: for every schedule and m, one run of "
+      "the reference's PipelineTrainer (the step of `dtp train --strategy pp`) on p = --pp rank threads, "
+      "dp = 1. Each schedule's bubble on the simulated clock and in wall time, against the verifier and "
+      "the lesson's formula, and what each stage keeps (activation peak, micro-batches alive).",
+      "dtp-bench-pp-step"};
+  app.add_option("--pp", o.stages, "p, pipeline stages, one rank thread each")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--microbatches", o.microbatches, "m per step, a comma list")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->check(CLI::Range(1, 512))
+      ->type_name("M,...")
+      ->capture_default_str();
+  app.add_option("--schedules", schedules, "a comma list of afab, 1f1b, interleaved, zb-h1")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->check(CLI::IsMember({"afab", "1f1b", "interleaved", "zb-h1"}))
+      ->type_name("KIND,...")
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "timed steps per run")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
+      ->capture_default_str();
+  app.add_option("--warmup", o.warmup, "untimed steps before them")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000}))
+      ->capture_default_str();
+  app.add_option("--chunks", o.chunks, "v, model chunks per rank of the interleaved schedule")
+      ->check(CLI::Range(2, 16))
+      ->capture_default_str();
+  app.add_option("--mb-size", o.mb_size, "sequences per micro-batch: the batch is mb-size x m")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
+      ->capture_default_str();
+  dtp::bench::add_model_options(app, config);
+  app.add_flag("--balance-by-time", o.balance_by_time, "partition the units by measured time, not by parameters");
+  app.add_option("--gantt-m", o.gantt_m, "the m whose executed actions go to the JSON file (and are traced)")
+      ->check(CLI::Range(1, 512))
+      ->capture_default_str();
+  app.add_option("--trace-dir", o.trace_dir,
+                 "trace one step per schedule at m = --gantt-m into DIR/pp-trace-<schedule>.json (Perfetto)")
+      ->check(CLI::Validator(CLI::ExistingDirectory).description(""))
+      ->type_name("DIR");
+  app.add_flag("--quick", quick, "a smoke test: --warmup 1 --steps 2 --microbatches 4,8 (flags given win)");
+  app.add_option("--json", json_path, "append one JSON object per (schedule, m), and the actions, to FILE")
+      ->type_name("FILE");
+  app.footer(
+      "The model's vocabulary is 256 (synthetic data). The ranks are threads of the thread backend "
+      "(DTP_DEVICE picks the device): with fewer cores than ranks the wall times include that sharing; the "
+      "clock numbers do not depend on it.");
+  if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
+  if (quick) {
+    if (app.count("--warmup") == 0) o.warmup = 1;
+    if (app.count("--steps") == 0) o.steps = 2;
+    if (app.count("--microbatches") == 0) o.microbatches = {4, 8};
+  }
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string flag = argv[i];
-      if (flag == "--help" || flag == "-h") {
-        usage(stdout);
-        return 0;
-      }
-      if (flag == "--quick") {
-        quick = true;
-        continue;
-      }
-      if (flag == "--balance-by-time") {
-        o.balance_by_time = true;
-        continue;
-      }
-      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
-      const std::string value = argv[++i];
-      if (flag == "--microbatches") {
-        o.microbatches.clear();
-        for (const std::string& m : split_list(value)) o.microbatches.push_back(std::stoi(m));
-        microbatches_given = true;
-      } else if (flag == "--schedules") {
-        o.schedules.clear();
-        for (const std::string& s : split_list(value)) o.schedules.push_back(pp::parse_schedule_kind(s));
-      } else if (flag == "--steps")
-        o.steps = std::stoll(value);
-      else if (flag == "--warmup")
-        o.warmup = std::stoll(value);
-      else if (flag == "--chunks")
-        o.chunks = std::stoi(value);
-      else if (flag == "--pp")
-        o.stages = std::stoi(value);
-      else if (flag == "--mb-size")
-        o.mb_size = std::stoll(value);
-      else if (set_model_flag(flag, value, config))
-        continue;
-      else if (flag == "--gantt-m")
-        o.gantt_m = std::stoi(value);
-      else if (flag == "--trace-dir")
-        o.trace_dir = value;
-      else if (flag == "--json")
-        json_path = value;
-      else
-        throw std::invalid_argument("unknown option " + flag);
-    }
-    if (quick) {
-      o.warmup = 1;
-      o.steps = 2;
-      if (!microbatches_given) o.microbatches = {4, 8};
-    }
-    if (o.microbatches.empty() || o.schedules.empty() || o.steps < 1 || o.warmup < 0 || o.mb_size < 1)
-      throw std::invalid_argument("need --microbatches, --schedules, --steps >= 1, --warmup >= 0, --mb-size >= 1");
+    o.schedules.clear();
+    for (const std::string& name : schedules) o.schedules.push_back(pp::parse_schedule_kind(name));
+    if (o.microbatches.empty() || o.schedules.empty())
+      throw std::invalid_argument("--microbatches and --schedules need at least one value");
     // Every combination is checked before the first run, with validate_pipeline's messages.
     for (pp::ScheduleKind kind : o.schedules)
       for (int m : o.microbatches) {
@@ -458,8 +443,7 @@ int main(int argc, char** argv) {
         pp::validate_pipeline(c, check);
       }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dtp-bench-pp-step: %s\n", e.what());
-    usage(stderr);
+    std::fprintf(stderr, "dtp-bench-pp-step: error: %s (see --help)\n", e.what());
     return 2;
   }
 

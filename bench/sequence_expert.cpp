@@ -9,6 +9,7 @@
 //       [--nvlink 3,450] [--infiniband 8,50] [--tier-shape 1,16,32,8192]
 //       [--moe-experts 4,8] [--moe-top-k 1,2] [--moe-coefs 0,0.01] [--moe-steps 300]
 //       [--train-shape 2,128,8,256,4] [--train-moe 4,2] [--train-steps 4] [--quick] [--json FILE]
+// (--help lists them with their defaults.)
 //
 // Part 1, "sp_attention": causal attention, forward then backward, on q, k,
 // v [B, T/n, H, D] shards of random data, for every T of --seqs and degree n
@@ -89,7 +90,7 @@
 // memory the process shares, and the timings assume no device queue.
 // The runs themselves are in bench/sp_attention.h (parts 1 and 2),
 // bench/moe_capacity.h (part 3) and bench/sp_ep_training.h (part 4); this
-// file prints, writes JSON, parses flags.
+// file prints, writes JSON, parses the command line.
 #include "06_sequence_expert/sequence_expert.h"
 
 #include <algorithm>
@@ -107,6 +108,7 @@
 #include "dtp/memory.h"
 #include "dtp/moe_routing.h"
 #include "dtp/trainer.h"
+#include "dtp_cli.h"
 #include "moe_capacity.h"
 #include "sp_attention.h"
 #include "sp_ep_training.h"
@@ -282,24 +284,29 @@ int run_attention_part(const AttentionOptions& o, const RunContext& ctx, FILE* j
 
 std::vector<Tier> default_tiers() { return {{"NVLink", 3e-6, 450e9}, {"InfiniBand", 8e-6, 50e9}}; }
 
-void set_tier(Tier& tier, const std::string& text) {
+// "ALPHA_US,GBPS" into @p tier (--nvlink, --infiniband); a bad value is an
+// error that names @p flag.
+void set_tier(Tier& tier, const std::string& flag, const std::string& text) {
+  auto bad = [&] {
+    return CLI::ValidationError(flag, "takes ALPHA_US,GBPS (two numbers), alpha >= 0 and GB/s > 0, got '" + text + "'");
+  };
   const std::size_t comma = text.find(',');
-  if (comma == std::string::npos) throw std::invalid_argument("a tier takes ALPHA_US,GBPS, got '" + text + "'");
+  if (comma == std::string::npos) throw bad();
   auto number = [&](const std::string& part) {
     std::size_t used = 0;
     double value = NAN;
     try {
       value = std::stod(part, &used);
     } catch (const std::exception&) {
-      used = 0;
+      throw bad();
     }
-    if (used == 0 || used != part.size() || !std::isfinite(value))
-      throw std::invalid_argument("a tier takes ALPHA_US,GBPS (two numbers), got '" + text + "'");
+    if (used == 0 || used != part.size() || !std::isfinite(value)) throw bad();
     return value;
   };
-  tier.alpha_s = number(text.substr(0, comma)) * 1e-6;
-  tier.bandwidth_Bps = number(text.substr(comma + 1)) * 1e9;
-  if (tier.alpha_s < 0 || tier.bandwidth_Bps <= 0) throw std::invalid_argument("a tier needs alpha >= 0, GB/s > 0");
+  const double alpha_us = number(text.substr(0, comma)), gbps = number(text.substr(comma + 1));
+  if (alpha_us < 0 || gbps <= 0) throw bad();
+  tier.alpha_s = alpha_us * 1e-6;
+  tier.bandwidth_Bps = gbps * 1e9;
 }
 
 struct TierOptions {
@@ -392,16 +399,6 @@ int run_tier_part(const TierOptions& o, const RunContext& ctx, FILE* json) {
 
 using MoeOptions = dtp::bench::moe::Options;
 
-void validate_moe_options(const MoeOptions& o) {
-  for (std::int64_t e : o.experts)
-    if (e < 1 || e > 1024) throw std::invalid_argument("--moe-experts must be in 1..1024");
-  for (std::int64_t k : o.top_k)
-    if (k < 1) throw std::invalid_argument("--moe-top-k must be >= 1");
-  for (double c : o.coefs)
-    if (c < 0) throw std::invalid_argument("--moe-coefs must be >= 0");
-  if (o.steps < 1 || o.trials < 1) throw std::invalid_argument("--moe-steps and --moe-trials must be >= 1");
-}
-
 int run_moe_part(const MoeOptions& o, const RunContext& ctx, FILE* json) {
   namespace moe = dtp::bench::moe;
   std::printf(
@@ -491,8 +488,6 @@ int run_moe_part(const MoeOptions& o, const RunContext& ctx, FILE* json) {
     }
   return 0;
 }
-
-// --- the command line ------------------------------------------------------------------
 
 // --- part 4: training steps ----------------------------------------------------------
 
@@ -690,80 +685,6 @@ int run_train_part(const TrainOptions& o, const RunContext& ctx, FILE* json) {
   return 0;
 }
 
-void usage(FILE* to) {
-  std::fprintf(
-      to,
-      "usage: dtp-bench-sequence-expert [--only attention|tiers|moe|train] [--seqs T,...] [--degrees n,...]\n"
-      "           [--methods flash,ulysses,ring,zigzag,hybrid] [--batch B] [--heads H] [--head-dim D]\n"
-      "           [--dtype f32|f64] [--warmup W] [--repeats R] [--nvlink US,GBPS] [--infiniband US,GBPS]\n"
-      "           [--tier-shape B,T,H,D] [--moe-experts E,...] [--moe-top-k k,...] [--moe-coefs c,...]\n"
-      "           [--moe-steps N] [--moe-trials N] [--train-shape L,C,H,T,B] [--train-moe E,k] [--train-steps N]\n"
-      "           [--quick] [--json FILE]\n"
-      "  --only        one part: attention (time and memory), tiers (bytes and the alpha-beta clock), moe, or\n"
-      "                train (sp and ep training steps against one device)\n"
-      "  --seqs        sequence lengths T (default 256,512,1024,2048)\n"
-      "  --degrees     sequence-parallel degrees n (default 1,2,4,8; the tiers use those >= 2, train those >= 2\n"
-      "                with its own default 2,4)\n"
-      "  --methods     which to run (default all; flash is the one-rank peer the others are checked against)\n"
-      "  --batch, --heads, --head-dim, --dtype   q, k, v [B, T/n, H, D] (default 1, 8, 32, f32; --dtype: train too)\n"
-      "  --warmup, --repeats   untimed passes (train: steps) per run (default 1); runs per case,\n"
-      "                round-robin (default 3; train 6)\n"
-      "  --nvlink, --infiniband  a tier's alpha (us) and bandwidth (GB/s) (default 3,450 and 8,50)\n"
-      "  --tier-shape  B,T,H,D of the tiers part (default 1,16,32,8192: one q is 16 MiB in f32)\n"
-      "  --moe-experts, --moe-top-k, --moe-coefs  the MoE models (default 4,8; 1,2; 0,0.01)\n"
-      "  --moe-steps   training steps before the second look at the router (default 300)\n"
-      "  --moe-trials  random routings for the uniform router's load balance (default 200)\n"
-      "  --train-shape layers, d_model, heads, seq, batch of the trained GPT (default 2,128,8,256,4)\n"
-      "  --train-moe   experts and top_k of its MoE variant (default 4,2)\n"
-      "  --train-steps timed optimizer steps per run (default 4)\n"
-      "  --quick       a smoke test: T 256,512; n 1,2,4; no warm-up, 1 repeat; tiers at D = 2048 on n 2,4;\n"
-      "                MoE 20 steps, 50 trials; train 2 steps after 1, n 2,4\n"
-      "  --json FILE   append one JSON object per measurement to FILE\n"
-      "Runs on the thread backend on the CPU (DTP_BACKEND=thread, DTP_DEVICE=cpu, the defaults).\n");
-}
-
-// Every option that takes a value (--quick and --help take none).
-const std::string kValueFlags[] = {"--only",        "--seqs",       "--degrees",    "--methods",     "--batch",
-                                   "--heads",       "--head-dim",   "--dtype",      "--warmup",      "--repeats",
-                                   "--nvlink",      "--infiniband", "--tier-shape", "--moe-experts", "--moe-top-k",
-                                   "--moe-coefs",   "--moe-steps",  "--moe-trials", "--train-shape", "--train-moe",
-                                   "--train-steps", "--json"};
-
-template <typename T, typename Parse>
-std::vector<T> parse_list(const std::string& flag, const std::string& text, Parse parse) {
-  std::vector<T> out;
-  for (const std::string& item : split_list(text)) out.push_back(parse(item));
-  if (out.empty()) throw std::invalid_argument(flag + " needs at least one value");
-  return out;
-}
-
-// A whole number, all of it: std::stoll would take "12abc" as 12.
-std::int64_t parse_whole(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  std::int64_t value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty())
-    throw std::invalid_argument(flag + " takes whole numbers, got '" + text + "'");
-  return value;
-}
-
-double parse_real(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty() || !std::isfinite(value))
-    throw std::invalid_argument(flag + " takes numbers, got '" + text + "'");
-  return value;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -771,127 +692,182 @@ int main(int argc, char** argv) {
   TierOptions tiers;
   MoeOptions moe;
   TrainOptions training;
-  std::string json_path, only;
+  std::string json_path, only, dtype = "f32";
   bool quick = false;
+  // What the command line says; applied after --quick's values, so that flags given with it win.
+  std::vector<std::int64_t> seqs = attention.seqs,
+                            tier_shape = {tiers.dims.B, tiers.dims.T, tiers.dims.H, tiers.dims.D};
+  std::vector<int> degrees = attention.degrees;
+  std::vector<std::string> methods = {"flash", "ulysses", "ring", "zigzag", "hybrid"};
+  int warmup = attention.warmup, repeats = attention.repeats, moe_trials = moe.trials;
+  std::int64_t moe_steps = moe.steps, train_steps = training.steps;
+  const dtp::TrainConfig& tc = training.model.config;
+  std::vector<std::int64_t> train_shape = {tc.model.layers, tc.model.d_model, tc.model.heads, tc.seq, tc.batch};
+  std::vector<std::int64_t> train_moe = {training.model.experts, training.model.top_k};
+  const std::int64_t kMaxSize = std::int64_t{1} << 20;
+
+  CLI::App app{
+      "Chapter 06 measured, in four parts. attention (sp_attention): the reference Ulysses, ring, zigzag "
+      "and hybrid attention against single-device flash attention, forward and backward: time, CPU time "
+      "of the busiest rank, memory, error. tiers (sp_comm_tiers): what Ulysses and the ring send, on the "
+      "alpha-beta clock of NVLink and InfiniBand, against the lesson's formulas. moe (moe_capacity): how "
+      "many tokens a mixture of experts drops at each capacity factor, at init and after training, "
+      "against a uniform random router. train (sp_ep_train_step): whole training steps of sp and ep "
+      "against one device. bench/README.md says what each number is.",
+      "dtp-bench-sequence-expert"};
+  app.add_option("--only", only,
+                 "one part: attention (time and memory), tiers (bytes and the alpha-beta clock), moe, or train (sp "
+                 "and ep training steps against one device); default all four")
+      ->check(CLI::IsMember({"attention", "tiers", "moe", "train"}));
+  app.add_option("--seqs", seqs, "sequence lengths T, a comma list")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->check(CLI::Range(std::int64_t{1}, kMaxSize))
+      ->type_name("T,...")
+      ->capture_default_str();
+  app.add_option("--degrees", degrees,
+                 "sequence-parallel degrees n, a comma list (the tiers use those >= 2, train those >= 2 with its "
+                 "own default 2,4)")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->check(CLI::Range(1, 64))
+      ->type_name("N,...")
+      ->capture_default_str();
+  app.add_option("--methods", methods,
+                 "which to run, a comma list; flash is the one-rank peer the others are checked against")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->check(CLI::IsMember({"flash", "ulysses", "ring", "zigzag", "hybrid"}))
+      ->type_name("METHOD,...")
+      ->capture_default_str();
+  app.add_option("--batch", attention.dims.B, "B of q, k, v [B, T/n, H, D]")
+      ->check(CLI::Range(std::int64_t{1}, kMaxSize))
+      ->capture_default_str();
+  app.add_option("--heads", attention.dims.H, "H of q, k, v")
+      ->check(CLI::Range(std::int64_t{1}, kMaxSize))
+      ->capture_default_str();
+  app.add_option("--head-dim", attention.dims.D, "D of q, k, v")
+      ->check(CLI::Range(std::int64_t{1}, kMaxSize))
+      ->capture_default_str();
+  app.add_option("--dtype", dtype, "of q, k, v (and of the trained GPT)")
+      ->check(CLI::IsMember({"f32", "f64"}))
+      ->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed passes (train: steps) per run; default 1")->check(CLI::Range(0, 1000));
+  app.add_option("--repeats", repeats, "runs per case, round-robin; default 3, train 6")->check(CLI::Range(1, 1000));
+  app.add_option_function<std::string>(
+         "--nvlink", [&tiers](const std::string& text) { set_tier(tiers.tiers[0], "--nvlink", text); },
+         "the NVLink tier's alpha (us) and bandwidth (GB/s)")
+      ->type_name("US,GBPS")
+      ->default_str("3,450");
+  app.add_option_function<std::string>(
+         "--infiniband", [&tiers](const std::string& text) { set_tier(tiers.tiers[1], "--infiniband", text); },
+         "the InfiniBand tier's alpha (us) and bandwidth (GB/s)")
+      ->type_name("US,GBPS")
+      ->default_str("8,50");
+  app.add_option("--tier-shape", tier_shape, "B,T,H,D of the tiers part (default 1,16,32,8192: one q is 16 MiB in f32)")
+      ->delimiter(',')
+      ->expected(4)
+      ->allow_extra_args(false)
+      ->check(CLI::Range(std::int64_t{1}, kMaxSize))
+      ->type_name("B,T,H,D");
+  app.add_option("--moe-experts", moe.experts, "the MoE models' numbers of experts E, a comma list")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1024}))
+      ->type_name("E,...")
+      ->capture_default_str();
+  app.add_option("--moe-top-k", moe.top_k, "their experts per token k, a comma list")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1024}))
+      ->type_name("K,...")
+      ->capture_default_str();
+  app.add_option("--moe-coefs", moe.coefs, "their load-balancing loss weights aux_loss_coef, a comma list")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->check(CLI::Range(0.0, 100.0))
+      ->type_name("C,...")
+      ->capture_default_str();
+  app.add_option("--moe-steps", moe_steps, "training steps before the second look at the router")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
+      ->capture_default_str();
+  app.add_option("--moe-trials", moe_trials, "random routings behind the uniform router's load balance")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--train-shape", train_shape,
+                 "layers, d_model, heads, seq, batch of the trained GPT (default 2,128,8,256,4)")
+      ->delimiter(',')
+      ->expected(5)
+      ->allow_extra_args(false)
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
+      ->type_name("L,C,H,T,B");
+  app.add_option("--train-moe", train_moe, "experts and top_k of its MoE variant, for ep (default 4,2)")
+      ->delimiter(',')
+      ->expected(2)
+      ->allow_extra_args(false)
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1024}))
+      ->type_name("E,K");
+  app.add_option("--train-steps", train_steps, "timed optimizer steps per run")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
+      ->capture_default_str();
+  app.add_flag("--quick", quick,
+               "a smoke test: T 256,512; n 1,2,4; no warm-up, 1 repeat; tiers at D = 2048 on n 2,4; MoE 20 steps, "
+               "50 trials; train 2 steps after 1, n 2,4 (flags given win)");
+  app.add_option("--json", json_path, "append one JSON object per measurement to FILE")->type_name("FILE");
+  app.footer("Runs on the thread backend on the CPU (DTP_BACKEND=thread, DTP_DEVICE=cpu, the defaults).");
+  if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
+
+  auto given = [&app](const char* flag) { return app.count(flag) > 0; };
+  if (quick) {
+    attention.seqs = {256, 512};
+    attention.degrees = {1, 2, 4};
+    attention.warmup = 0;
+    attention.repeats = 1;
+    tiers.dims.D = 2048;
+    tiers.degrees = {2, 4};
+    moe.steps = 20;
+    moe.trials = 50;
+    training.warmup = 1;
+    training.steps = 2;
+    training.repeats = 1;
+  }
+  if (given("--seqs")) attention.seqs = seqs;
+  if (given("--degrees")) {
+    attention.degrees = degrees;
+    tiers.degrees.clear();
+    training.degrees.clear();
+    for (int n : degrees)
+      if (n >= 2) tiers.degrees.push_back(n), training.degrees.push_back(n);
+  }
+  if (given("--methods")) {
+    attention.methods.clear();
+    for (const std::string& name : methods) attention.methods.push_back(parse_method(name));
+  }
+  attention.dims.dtype = tiers.dims.dtype = training.model.config.model.dtype = dtp::parse_dtype(dtype);
+  if (given("--warmup")) attention.warmup = warmup, training.warmup = warmup;
+  if (given("--repeats")) attention.repeats = repeats, training.repeats = repeats;
+  if (given("--tier-shape"))
+    tiers.dims.B = tier_shape[0], tiers.dims.T = tier_shape[1], tiers.dims.H = tier_shape[2],
+    tiers.dims.D = tier_shape[3];
+  if (given("--moe-steps")) moe.steps = moe_steps;
+  if (given("--moe-trials")) moe.trials = moe_trials;
+  if (given("--train-shape")) {
+    dtp::TrainConfig& c = training.model.config;
+    c.model.layers = static_cast<int>(train_shape[0]), c.model.d_model = static_cast<int>(train_shape[1]);
+    c.model.heads = static_cast<int>(train_shape[2]), c.seq = train_shape[3], c.batch = train_shape[4];
+  }
+  if (given("--train-moe"))
+    training.model.experts = static_cast<int>(train_moe[0]), training.model.top_k = static_cast<int>(train_moe[1]);
+  if (given("--train-steps")) training.steps = train_steps;
   try {
-    std::vector<std::pair<std::string, std::string>> flags;
-    for (int i = 1; i < argc; ++i) {
-      const std::string flag = argv[i];
-      if (flag == "--help" || flag == "-h") {
-        usage(stdout);
-        return 0;
-      }
-      if (flag == "--quick") {
-        quick = true;
-        continue;
-      }
-      if (flag.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + flag + "'");
-      if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags))
-        throw std::invalid_argument("unknown option " + flag);
-      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
-      flags.emplace_back(flag, argv[++i]);
-    }
-    // --quick first, so that flags given with it win.
-    if (quick) {
-      attention.seqs = {256, 512};
-      attention.degrees = {1, 2, 4};
-      attention.warmup = 0;
-      attention.repeats = 1;
-      tiers.dims.D = 2048;
-      tiers.degrees = {2, 4};
-      moe.steps = 20;
-      moe.trials = 50;
-      training.warmup = 1;
-      training.steps = 2;
-      training.repeats = 1;
-    }
-    auto whole = [](const std::string& flag) { return [flag](const std::string& s) { return parse_whole(flag, s); }; };
-    for (const auto& [flag, value] : flags) {
-      if (flag == "--only")
-        only = value;
-      else if (flag == "--seqs")
-        attention.seqs = parse_list<std::int64_t>(flag, value, whole(flag));
-      else if (flag == "--degrees") {
-        attention.degrees.clear();
-        for (std::int64_t n : parse_list<std::int64_t>(flag, value, whole(flag)))
-          attention.degrees.push_back(static_cast<int>(n));
-        tiers.degrees.clear();
-        training.degrees.clear();
-        for (int n : attention.degrees)
-          if (n >= 2) tiers.degrees.push_back(n), training.degrees.push_back(n);
-      } else if (flag == "--methods")
-        attention.methods = parse_list<Method>(flag, value, parse_method);
-      else if (flag == "--batch")
-        attention.dims.B = parse_whole(flag, value);
-      else if (flag == "--heads")
-        attention.dims.H = parse_whole(flag, value);
-      else if (flag == "--head-dim")
-        attention.dims.D = parse_whole(flag, value);
-      else if (flag == "--dtype") {
-        attention.dims.dtype = dtp::parse_dtype(value);
-        if (attention.dims.dtype != dtp::DType::f32 && attention.dims.dtype != dtp::DType::f64)
-          throw std::invalid_argument("--dtype takes f32 or f64, got '" + value + "'");
-        tiers.dims.dtype = attention.dims.dtype;
-        training.model.config.model.dtype = attention.dims.dtype;
-      } else if (flag == "--warmup") {
-        attention.warmup = static_cast<int>(parse_whole(flag, value));
-        training.warmup = attention.warmup;
-      } else if (flag == "--repeats") {
-        attention.repeats = static_cast<int>(parse_whole(flag, value));
-        training.repeats = attention.repeats;
-      } else if (flag == "--nvlink")
-        set_tier(tiers.tiers[0], value);
-      else if (flag == "--infiniband")
-        set_tier(tiers.tiers[1], value);
-      else if (flag == "--tier-shape") {
-        const std::vector<std::int64_t> s = parse_list<std::int64_t>(flag, value, whole(flag));
-        if (s.size() != 4) throw std::invalid_argument("--tier-shape takes B,T,H,D, got '" + value + "'");
-        tiers.dims.B = s[0], tiers.dims.T = s[1], tiers.dims.H = s[2], tiers.dims.D = s[3];
-      } else if (flag == "--moe-experts")
-        moe.experts = parse_list<std::int64_t>(flag, value, whole(flag));
-      else if (flag == "--moe-top-k")
-        moe.top_k = parse_list<std::int64_t>(flag, value, whole(flag));
-      else if (flag == "--moe-coefs")
-        moe.coefs = parse_list<double>(flag, value, [&](const std::string& s) { return parse_real(flag, s); });
-      else if (flag == "--moe-steps")
-        moe.steps = parse_whole(flag, value);
-      else if (flag == "--moe-trials")
-        moe.trials = static_cast<int>(parse_whole(flag, value));
-      else if (flag == "--train-shape") {
-        const std::vector<std::int64_t> v = parse_list<std::int64_t>(flag, value, whole(flag));
-        if (v.size() != 5) throw std::invalid_argument("--train-shape takes L,C,H,T,B, got '" + value + "'");
-        dtp::TrainConfig& c = training.model.config;
-        c.model.layers = static_cast<int>(v[0]), c.model.d_model = static_cast<int>(v[1]);
-        c.model.heads = static_cast<int>(v[2]), c.seq = v[3], c.batch = v[4];
-      } else if (flag == "--train-moe") {
-        const std::vector<std::int64_t> v = parse_list<std::int64_t>(flag, value, whole(flag));
-        if (v.size() != 2) throw std::invalid_argument("--train-moe takes E,k, got '" + value + "'");
-        training.model.experts = static_cast<int>(v[0]), training.model.top_k = static_cast<int>(v[1]);
-      } else if (flag == "--train-steps")
-        training.steps = parse_whole(flag, value);
-      else if (flag == "--json")
-        json_path = value;
-      else
-        throw std::invalid_argument("unknown option " + flag);
-    }
-    if (!only.empty() && only != "attention" && only != "tiers" && only != "moe" && only != "train")
-      throw std::invalid_argument("--only takes attention, tiers, moe or train, got '" + only + "'");
-    const Dims& d = attention.dims;
-    if (d.B < 1 || d.H < 1 || d.D < 1) throw std::invalid_argument("--batch, --heads and --head-dim must be >= 1");
-    for (std::int64_t T : attention.seqs)
-      if (T < 1) throw std::invalid_argument("--seqs must be >= 1");
-    for (int n : attention.degrees)
-      if (n < 1 || n > 64) throw std::invalid_argument("--degrees must be in 1..64");
-    if (attention.warmup < 0 || attention.repeats < 1)
-      throw std::invalid_argument("need --warmup >= 0, --repeats >= 1");
-    const Dims& td = tiers.dims;
-    if (td.B < 1 || td.T < 1 || td.H < 1 || td.D < 1) throw std::invalid_argument("--tier-shape values must be >= 1");
-    validate_moe_options(moe);
-    if (training.steps < 1) throw std::invalid_argument("--train-steps must be >= 1");
+    if (attention.seqs.empty() || attention.degrees.empty() || attention.methods.empty() || moe.experts.empty() ||
+        moe.top_k.empty() || moe.coefs.empty())
+      throw std::invalid_argument(
+          "--seqs, --degrees, --methods, --moe-experts, --moe-top-k and --moe-coefs need "
+          "at least one value");
     if (only.empty() || only == "train") train_setups(training);  // a shape the strategies refuse, named now
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dtp-bench-sequence-expert: %s\n", e.what());
-    usage(stderr);
+    std::fprintf(stderr, "dtp-bench-sequence-expert: error: %s (see --help)\n", e.what());
     return 2;
   }
 

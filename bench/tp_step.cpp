@@ -4,6 +4,7 @@
 //                     [--layers 4] [--d-model 256] [--heads 8] [--seq 128] [--batch 8]
 //                     [--optimizer adamw|sgd] [--dtype f32|f64] [--only step|tiers]
 //                     [--nvlink 3,450] [--infiniband 8,50] [--quick] [--json FILE]
+// (--help lists them with their defaults.)
 //
 // Part 1, "tp_step": the reference's TensorParallelTrainer (the step of
 // `dtp train --strategy tp`) on t = 1, 2, 4 ranks, sequence parallelism off
@@ -33,6 +34,7 @@
 //
 // Prints two tables and appends one JSON object per measurement to --json FILE.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -51,6 +53,7 @@
 #include "dtp/launch.h"
 #include "dtp/memory.h"
 #include "dtp/trainer.h"
+#include "dtp_cli.h"
 
 namespace {
 
@@ -391,13 +394,29 @@ std::vector<Tier> default_tiers() {
           {"InfiniBand (across nodes)", 8e-6, 50e9, "GB/s per GPU (one 400 Gb/s NDR HCA per GPU)"}};
 }
 
-// "ALPHA_US,GBPS" into @p tier; the note then says only what was given.
-void set_tier(Tier& tier, const std::string& text) {
+// "ALPHA_US,GBPS" into @p tier (--nvlink, --infiniband); the note then says
+// only what was given. A bad value is an error that names @p flag.
+void set_tier(Tier& tier, const std::string& flag, const std::string& text) {
+  auto bad = [&] {
+    return CLI::ValidationError(flag, "takes ALPHA_US,GBPS, alpha >= 0 and GB/s > 0, got '" + text + "'");
+  };
   const std::size_t comma = text.find(',');
-  if (comma == std::string::npos) throw std::invalid_argument("a tier takes ALPHA_US,GBPS, got '" + text + "'");
-  tier.alpha_s = std::stod(text.substr(0, comma)) * 1e-6;
-  tier.bandwidth_Bps = std::stod(text.substr(comma + 1)) * 1e9;
-  if (tier.alpha_s < 0 || tier.bandwidth_Bps <= 0) throw std::invalid_argument("a tier needs alpha >= 0, GB/s > 0");
+  if (comma == std::string::npos) throw bad();
+  auto number = [&](const std::string& part) {
+    std::size_t used = 0;
+    double value = 0;
+    try {
+      value = std::stod(part, &used);
+    } catch (const std::exception&) {
+      throw bad();
+    }
+    if (used != part.size() || !std::isfinite(value)) throw bad();
+    return value;
+  };
+  const double alpha_us = number(text.substr(0, comma)), gbps = number(text.substr(comma + 1));
+  if (alpha_us < 0 || gbps <= 0) throw bad();
+  tier.alpha_s = alpha_us * 1e-6;
+  tier.bandwidth_Bps = gbps * 1e9;
   tier.note = "GB/s per direction per GPU (given on the command line)";
 }
 
@@ -519,30 +538,6 @@ int run_tier_part(const std::vector<Tier>& tiers, bool quick, const RunContext& 
   return 0;
 }
 
-// --- the command line ------------------------------------------------------------------
-
-
-void usage(FILE* to) {
-  std::fprintf(to,
-               "usage: dtp-bench-tp-step [--tps 1,2,4] [--steps N] [--warmup W] [--repeats R]\n"
-               "                         [--layers L] [--d-model C] [--heads H] [--seq T] [--batch B]\n"
-               "                         [--optimizer adamw|sgd] [--dtype f32|f64] [--only step|tiers]\n"
-               "                         [--nvlink US,GBPS] [--infiniband US,GBPS] [--quick] [--json FILE]\n"
-               "  --tps        tensor-parallel sizes, a comma list (default 1,2,4); each runs with SP off and on\n"
-               "  --steps      timed steps per run (default 10), after --warmup untimed ones (default 2)\n"
-               "  --repeats    runs of every configuration, in turn (default 3): times pooled over them\n"
-               "  --layers, --d-model, --heads, --seq   the model (default 4, 256, 8, 128; vocabulary 256)\n"
-               "  --batch      sequences per step (default 8), the same on every rank of the TP group\n"
-               "  --optimizer  adamw (default) or sgd;  --dtype f32 (default) or f64\n"
-               "  --only       run one part: step (the measured TP step) or tiers (the predicted\n"
-               "               communication of a GPT-2-XL block on NVLink and InfiniBand)\n"
-               "  --nvlink, --infiniband  a tier's alpha (us) and bandwidth (GB/s per direction per GPU)\n"
-               "               (default 3,450 and 8,50)\n"
-               "  --quick      a smoke test: --warmup 1 --steps 2 --repeats 1, tiers for N = 1024 only\n"
-               "  --json FILE  append one JSON object per measurement to FILE\n"
-               "Backend and device from DTP_BACKEND and DTP_DEVICE (default thread, cpu).\n");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -559,58 +554,58 @@ int main(int argc, char** argv) {
   std::string json_path, only;
   bool quick = false;
   std::vector<Tier> tiers = default_tiers();
-  try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string flag = argv[i];
-      if (flag == "--help" || flag == "-h") {
-        usage(stdout);
-        return 0;
-      }
-      if (flag == "--quick") {
-        quick = true;
-        continue;
-      }
-      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
-      const std::string value = argv[++i];
-      if (flag == "--tps") {
-        o.tps.clear();
-        for (const std::string& t : split_list(value)) o.tps.push_back(std::stoi(t));
-      } else if (flag == "--steps")
-        o.steps = std::stoll(value);
-      else if (flag == "--warmup")
-        o.warmup = std::stoll(value);
-      else if (flag == "--repeats")
-        o.repeats = std::stoll(value);
-      else if (set_model_flag(flag, value, config))
-        continue;
-      else if (flag == "--batch")
-        config.batch = std::stoll(value);
-      else if (flag == "--only")
-        only = value;
-      else if (flag == "--nvlink")
-        set_tier(tiers[0], value);
-      else if (flag == "--infiniband")
-        set_tier(tiers[1], value);
-      else if (flag == "--json")
-        json_path = value;
-      else
-        throw std::invalid_argument("unknown option " + flag);
-    }
-    if (quick) {
-      o.warmup = 1;
-      o.steps = 2;
-      o.repeats = 1;
-    }
-    if (o.tps.empty() || o.steps < 1 || o.warmup < 0 || o.repeats < 1 || config.batch < 1)
-      throw std::invalid_argument("need --tps, --steps >= 1, --warmup >= 0, --repeats >= 1, --batch >= 1");
-    for (int t : o.tps)
-      if (t < 1) throw std::invalid_argument("tensor-parallel sizes must be >= 1");
-    if (!only.empty() && only != "step" && only != "tiers")
-      throw std::invalid_argument("--only takes step or tiers, got '" + only + "'");
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dtp-bench-tp-step: %s\n", e.what());
-    usage(stderr);
-    return 2;
+  CLI::App app{
+      "Tensor parallelism (chapter 04) measured on this machine and, for its communication, predicted "
+      "for a GPU cluster. Part 1, tp_step: the reference's TensorParallelTrainer (the step of `dtp train "
+      "--strategy tp`) on t ranks, sequence parallelism off and on: parameter bytes, activation peak, "
+      "bytes counted and sent per step, step time; against the serial Trainer and the lesson's formulas. "
+      "Part 2, tp_comm_tiers: the alpha-beta clock of one GPT-2-XL block's TP collectives on NVLink and "
+      "InfiniBand.",
+      "dtp-bench-tp-step"};
+  app.add_option("--tps", o.tps, "tensor-parallel sizes t, a comma list; each runs with SP off and on")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->check(CLI::Range(1, 64))
+      ->type_name("T,...")
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "timed steps per run")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
+      ->capture_default_str();
+  app.add_option("--warmup", o.warmup, "untimed steps before them")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000}))
+      ->capture_default_str();
+  app.add_option("--repeats", o.repeats, "runs of every configuration, in turn: times pooled over them")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000}))
+      ->capture_default_str();
+  dtp::bench::add_model_options(app, config);
+  app.add_option("--batch", config.batch, "sequences per step, the same on every rank of the TP group")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--only", only,
+                 "run one part: step (the measured TP step) or tiers (the predicted communication of a GPT-2-XL "
+                 "block on NVLink and InfiniBand); default both")
+      ->check(CLI::IsMember({"step", "tiers"}));
+  app.add_option_function<std::string>(
+         "--nvlink", [&tiers](const std::string& text) { set_tier(tiers[0], "--nvlink", text); },
+         "the NVLink tier's alpha (us) and bandwidth (GB/s per direction per GPU)")
+      ->type_name("US,GBPS")
+      ->default_str("3,450");
+  app.add_option_function<std::string>(
+         "--infiniband", [&tiers](const std::string& text) { set_tier(tiers[1], "--infiniband", text); },
+         "the InfiniBand tier's alpha (us) and bandwidth (GB/s per GPU)")
+      ->type_name("US,GBPS")
+      ->default_str("8,50");
+  app.add_flag("--quick", quick,
+               "a smoke test: --warmup 1 --steps 2 --repeats 1 (flags given win), tiers for N = 1024 only");
+  app.add_option("--json", json_path, "append one JSON object per measurement to FILE")->type_name("FILE");
+  app.footer(
+      "The model's vocabulary is 256 (synthetic data). Backend and device from DTP_BACKEND and DTP_DEVICE "
+      "(default thread, cpu).");
+  if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
+  if (quick) {
+    if (app.count("--warmup") == 0) o.warmup = 1;
+    if (app.count("--steps") == 0) o.steps = 2;
+    if (app.count("--repeats") == 0) o.repeats = 1;
   }
 
   const RunContext ctx = make_context();

@@ -3,7 +3,7 @@
 // matmuls; prints tokens/s and MFU of whole training steps (forward,
 // backward, AdamW), then per-op timings against their roofline.
 //   dtp-bench-train-step [--batch 8] [--seq 1024] [--layers 12] [--d-model 768]
-//                        [--heads 12] [--vocab 50304] [--steps 10] [--warmup 2]
+//                        [--heads 12] [--vocab 50304] [--context 1024] [--steps 10] [--warmup 2]
 //                        [--attention flash|naive] [--peak-tflops 494.7]
 //                        [--bandwidth-tbs 3.35] [--json FILE]
 // MFU = model flops per token x tokens/s / peak, with model flops per token
@@ -27,6 +27,7 @@
 #include "dtp/nn.h"
 #include "dtp/nn_ops.h"
 #include "dtp/optim.h"
+#include "dtp_cli.h"
 
 namespace {
 
@@ -57,42 +58,58 @@ struct OpRow {
 }  // namespace
 
 int main(int argc, char** argv) {
+  dtp::GPTConfig config;
+  config.layers = 12;
+  config.d_model = 768;
+  config.heads = 12;
+  config.context = 1024;
+  config.vocab_size = 50304;
+  std::int64_t batch = 8, seq = -1, steps = 10, warmup = 2;
+  double peak_tflops = 494.7, bandwidth_tbs = 3.35;
+  std::string json_path, attention = "flash";
+  CLI::App app{
+      "Whole training steps (forward, backward, AdamW) of a GPT-2-small-shaped model on one GPU, f32 "
+      "storage with TF32 matmuls: tokens/s and MFU, then per-op timings against their roofline. Without "
+      "a usable GPU it says so and exits 0.",
+      "dtp-bench-train-step"};
+  app.add_option("--batch", batch, "sequences per step")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
+      ->capture_default_str();
+  app.add_option("--seq", seq, "tokens per sequence (default: --context)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  app.add_option("--layers", config.layers, "transformer blocks")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--d-model", config.d_model, "width C (must divide by --heads)")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--heads", config.heads, "attention heads")->check(CLI::Range(1, 1 << 12))->capture_default_str();
+  app.add_option("--vocab", config.vocab_size, "vocabulary size")->check(CLI::Range(2, 1 << 24))->capture_default_str();
+  app.add_option("--context", config.context, "learned positions (raised to --seq if smaller)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--steps", steps, "timed training steps")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
+      ->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed training steps before them")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000}))
+      ->capture_default_str();
+  app.add_option("--attention", attention, "the attention kernel")
+      ->check(CLI::IsMember({"flash", "naive"}))
+      ->capture_default_str();
+  app.add_option("--peak-tflops", peak_tflops, "the GPU's dense TF32 peak in TFLOP/s (default: H100 SXM)")
+      ->check(CLI::Range(1e-3, 1e6))
+      ->capture_default_str();
+  app.add_option("--bandwidth-tbs", bandwidth_tbs, "the GPU's memory bandwidth in TB/s (H100 SXM 3.35, H200 4.8)")
+      ->check(CLI::Range(1e-3, 1e3))
+      ->capture_default_str();
+  app.add_option("--json", json_path, "append one JSON object per measurement to FILE")->type_name("FILE");
+  app.footer(
+      "MFU = model flops per token x tokens/s / peak, model flops per token = 6 N (N = parameters) + "
+      "12 L T C (attention scores and values, forward and backward). GPU time is measured on the host "
+      "around many queued launches that end in a blocking copy, so launch overhead is amortized, not "
+      "hidden.");
+  if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
   try {
-    dtp::GPTConfig config;
-    config.layers = 12;
-    config.d_model = 768;
-    config.heads = 12;
-    config.context = 1024;
-    config.vocab_size = 50304;
-    config.attention = dtp::AttentionKind::flash;
-    std::int64_t batch = 8, seq = -1, steps = 10, warmup = 2;
-    double peak_tflops = 494.7, bandwidth_tbs = 3.35;
-    std::string json_path;
-    for (int i = 1; i < argc; ++i) {
-      const std::string flag = argv[i];
-      if (flag == "--help" || flag == "-h") {
-        std::printf("usage: dtp-bench-train-step [--batch B] [--seq T] [--layers L] [--d-model C] [--heads H] "
-                    "[--vocab V] [--steps K] [--warmup W] [--attention flash|naive] [--peak-tflops F] "
-                    "[--bandwidth-tbs BW] [--json FILE]\n");
-        return 0;
-      }
-      DTP_CHECK(i + 1 < argc, "dtp-bench-train-step: ", flag, " needs a value");
-      const std::string value = argv[++i];
-      if (flag == "--batch") batch = std::atoll(value.c_str());
-      else if (flag == "--seq") seq = std::atoll(value.c_str());
-      else if (flag == "--layers") config.layers = std::atoi(value.c_str());
-      else if (flag == "--d-model") config.d_model = std::atoi(value.c_str());
-      else if (flag == "--heads") config.heads = std::atoi(value.c_str());
-      else if (flag == "--vocab") config.vocab_size = std::atoi(value.c_str());
-      else if (flag == "--context") config.context = std::atoi(value.c_str());
-      else if (flag == "--steps") steps = std::atoll(value.c_str());
-      else if (flag == "--warmup") warmup = std::atoll(value.c_str());
-      else if (flag == "--attention") config.attention = dtp::parse_attention_kind(value);
-      else if (flag == "--peak-tflops") peak_tflops = std::atof(value.c_str());
-      else if (flag == "--bandwidth-tbs") bandwidth_tbs = std::atof(value.c_str());
-      else if (flag == "--json") json_path = value;
-      else throw dtp::Error("dtp-bench-train-step: unknown option " + flag + " (see --help)");
-    }
+    config.attention = dtp::parse_attention_kind(attention);
     if (dtp::cuda_device_count() == 0) {
       std::printf("no usable CUDA device: this benchmark needs a GPU\n");
       return 0;

@@ -4,6 +4,7 @@
 //                         [--layers 4] [--d-model 128] [--heads 4] [--seq 64]
 //                         [--batch 2] [--optimizer adamw|sgd] [--dtype f32|f64]
 //                         [--repeats 3] [--json FILE]
+// (--help lists them with their defaults.)
 // Stages:
 //   ddp             a full replica per rank; one all_reduce(avg) per unit's
 //                   flat gradient after backward (written here, chapter 02's 2.2)
@@ -39,6 +40,7 @@
 #include "dtp/launch.h"
 #include "dtp/memory.h"
 #include "dtp/trainer.h"
+#include "dtp_cli.h"
 
 namespace {
 
@@ -217,27 +219,6 @@ void add_slowest_steps(const Run& run, std::vector<double>& into) {
   }
 }
 
-
-
-void usage(FILE* to) {
-  std::fprintf(to,
-               "usage: dtp-bench-zero-memory [--worlds 1,2,...,8] [--stages LIST] [--steps K]\n"
-               "                             [--layers L] [--d-model C] [--heads H] [--seq T]\n"
-               "                             [--batch B] [--optimizer adamw|sgd] [--dtype f32|f64]\n"
-               "                             [--repeats R] [--json FILE]\n"
-               "  --worlds     world sizes, a comma list (default 1,2,3,4,5,6,7,8)\n"
-               "  --stages     a comma list of ddp, zero1, zero2, zero3, zero3-prefetch, zero1-offload\n"
-               "               (default all; ddp is always run too, as the baseline of the time ratio)\n"
-               "  --steps      steps per run, >= 3 (default 6): peaks from step 2 on, times after 2 warm-up steps\n"
-               "  --layers, --d-model, --heads, --seq   the model (default 4, 128, 4, 64)\n"
-               "  --batch      sequences per rank per step (default 2; the global batch is B x world)\n"
-               "  --repeats    runs of every stage per world, in turn (default 3): times pooled over them\n"
-               "  --optimizer  adamw (2 states per parameter, default) or sgd (momentum 0.9: 1 state)\n"
-               "  --dtype      f32 (default) or f64\n"
-               "  --json FILE  append one JSON object per (stage, world) to FILE\n"
-               "Backend and device from DTP_BACKEND and DTP_DEVICE (default thread, cpu).\n");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -252,46 +233,41 @@ int main(int argc, char** argv) {
   config.seq = 64;
   config.optimizer = "adamw";
   config.synthetic.length = 1 << 16;
-  try {
-    for (int i = 1; i < argc; i += 2) {
-      const std::string flag = argv[i];
-      if (flag == "--help" || flag == "-h") {
-        usage(stdout);
-        return 0;
-      }
-      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
-      const std::string value = argv[i + 1];
-      if (flag == "--worlds") {
-        worlds.clear();
-        for (const std::string& w : split_list(value)) worlds.push_back(std::stoi(w));
-      } else if (flag == "--stages") {
-        stages = split_list(value);
-      } else if (flag == "--steps")
-        steps = std::stoll(value);
-      else if (set_model_flag(flag, value, config))
-        continue;
-      else if (flag == "--batch")
-        per_rank_batch = std::stoll(value);
-      else if (flag == "--repeats")
-        repeats = std::stoll(value);
-      else if (flag == "--json")
-        json_path = value;
-      else
-        throw std::invalid_argument("unknown option " + flag);
-    }
-    for (const std::string& stage : stages)
-      if (std::find(std::begin(kStages), std::end(kStages), stage) == std::end(kStages))
-        throw std::invalid_argument("unknown stage '" + stage +
-                                    "' (ddp, zero1, zero2, zero3, zero3-prefetch, zero1-offload)");
-    if (worlds.empty() || steps < 3 || per_rank_batch < 1 || repeats < 1)
-      throw std::invalid_argument("need --worlds, --steps >= 3, --batch >= 1, --repeats >= 1");
-    for (int w : worlds)
-      if (w < 1) throw std::invalid_argument("world sizes must be >= 1");
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dtp-bench-zero-memory: %s\n", e.what());
-    usage(stderr);
-    return 2;
-  }
+  CLI::App app{
+      "Per-rank memory and step time of the ZeRO stages (chapter 03) against data parallelism, for a "
+      "range of world sizes: every stage runs the reference, plugged into the Trainer; each rank's "
+      "tracker peaks per category (steady state, after the first step) are compared with the lesson's "
+      "formulas; step time is the slowest rank's, median over the steps after two warm-up steps of every "
+      "repeat. Stages: ddp (a full replica per rank, one all_reduce per unit's flat gradient), zero1 "
+      "(3.1, optimizer state sharded), zero2 (3.2, gradients too), zero3 (3.3, parameters too: FSDP "
+      "units), zero3-prefetch (3.4, the next unit's all-gather started early), zero1-offload (3.5, "
+      "optimizer in host memory).",
+      "dtp-bench-zero-memory"};
+  app.add_option("--worlds", worlds, "world sizes, a comma list")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->check(CLI::Range(1, 1024))
+      ->type_name("N,...")
+      ->capture_default_str();
+  app.add_option("--stages", stages, "a comma list of stages; ddp is always run too, as the baseline of the time ratio")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kStages), std::end(kStages))))
+      ->type_name("STAGE,...")
+      ->capture_default_str();
+  app.add_option("--steps", steps, "steps per run: peaks from step 2 on, times after 2 warm-up steps")
+      ->check(CLI::Range(std::int64_t{3}, std::int64_t{1000000}))
+      ->capture_default_str();
+  dtp::bench::add_model_options(app, config);
+  app.add_option("--batch", per_rank_batch, "sequences per rank per step (the global batch is B x world)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--repeats", repeats, "runs of every stage per world, in turn: times pooled over them")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000}))
+      ->capture_default_str();
+  app.add_option("--json", json_path, "append one JSON object per (stage, world) to FILE")->type_name("FILE");
+  app.footer("Backend and device from DTP_BACKEND and DTP_DEVICE (default thread, cpu).");
+  if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
   config.steps = steps;
   const std::int64_t states = config.optimizer == "adamw" ? 2 : (config.momentum != 0 ? 1 : 0);
   const auto e = static_cast<std::int64_t>(dtp::dtype_size(config.model.dtype));
