@@ -159,9 +159,8 @@ inline void write_line(FILE* json, const JsonLine& line) {
   std::fflush(json);
 }
 
-/// The model and batch-shape flags the training benchmarks share: --layers,
-/// --d-model, --heads, --seq, --optimizer and --dtype, read into @p config.
-inline void add_model_options(CLI::App& app, dtp::TrainConfig& config) {
+/// The model's shape: --layers, --d-model and --heads, read into @p config.
+inline void add_shape_options(CLI::App& app, dtp::TrainConfig& config) {
   app.add_option("--layers", config.model.layers, "transformer blocks")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
@@ -171,6 +170,22 @@ inline void add_model_options(CLI::App& app, dtp::TrainConfig& config) {
   app.add_option("--heads", config.model.heads, "attention heads")
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
+}
+
+/// The timed and untimed steps of a measurement: --steps and --warmup.
+inline void add_step_options(CLI::App& app, std::int64_t& steps, std::int64_t& warmup) {
+  app.add_option("--steps", steps, "timed steps per run")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
+      ->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps before them")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000}))
+      ->capture_default_str();
+}
+
+/// The model and batch-shape flags the training benchmarks share: the shape,
+/// --seq, --optimizer and --dtype, read into @p config.
+inline void add_model_options(CLI::App& app, dtp::TrainConfig& config) {
+  add_shape_options(app, config);
   app.add_option("--seq", config.seq, "tokens per sequence")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
       ->capture_default_str();

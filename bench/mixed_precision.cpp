@@ -76,15 +76,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
       ->type_name("STEP,...")
       ->capture_default_str();
-  app.add_option("--layers", config.model.layers, "transformer blocks")
-      ->check(CLI::Range(1, 256))
-      ->capture_default_str();
-  app.add_option("--d-model", config.model.d_model, "width C (must divide by --heads)")
-      ->check(CLI::Range(1, 1 << 16))
-      ->capture_default_str();
-  app.add_option("--heads", config.model.heads, "attention heads")
-      ->check(CLI::Range(1, 1 << 16))
-      ->capture_default_str();
+  dtp::bench::add_shape_options(app, config);
   app.add_option("--optimizer", config.optimizer, "the optimizer")
       ->check(CLI::IsMember({"adamw", "sgd"}))
       ->capture_default_str();

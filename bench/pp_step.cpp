@@ -391,12 +391,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"afab", "1f1b", "interleaved", "zb-h1"}))
       ->type_name("KIND,...")
       ->capture_default_str();
-  app.add_option("--steps", o.steps, "timed steps per run")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
-      ->capture_default_str();
-  app.add_option("--warmup", o.warmup, "untimed steps before them")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000}))
-      ->capture_default_str();
+  dtp::bench::add_step_options(app, o.steps, o.warmup);
   app.add_option("--chunks", o.chunks, "v, model chunks per rank of the interleaved schedule")
       ->check(CLI::Range(2, 16))
       ->capture_default_str();

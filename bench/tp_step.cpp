@@ -568,12 +568,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64))
       ->type_name("T,...")
       ->capture_default_str();
-  app.add_option("--steps", o.steps, "timed steps per run")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
-      ->capture_default_str();
-  app.add_option("--warmup", o.warmup, "untimed steps before them")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000}))
-      ->capture_default_str();
+  dtp::bench::add_step_options(app, o.steps, o.warmup);
   app.add_option("--repeats", o.repeats, "runs of every configuration, in turn: times pooled over them")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000}))
       ->capture_default_str();
