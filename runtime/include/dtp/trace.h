@@ -70,7 +70,7 @@ class ChromeTraceFile {
   void check_stream(const char* doing);
   std::string path_;
   std::FILE* file_ = nullptr;
-  std::vector<bool> named_tracks_;  // tracks (2 * rank + lane) whose name is written
+  std::vector<bool> named_tracks_;  // index 2 * rank + lane: that thread's name is written
   std::size_t written_ = 0;
   bool first_event_ = true;
 };
