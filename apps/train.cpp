@@ -66,9 +66,7 @@ std::string unsolved_puzzle(const std::exception& error) {
 
 void print_header(const Options& o, const ProcessRole& role) {
   const dtp::TrainConfig& config = o.config;
-  dtp::TrainConfig resolved = config;
-  resolved.model.context = static_cast<int>(std::max<std::int64_t>(config.model.context, config.seq));
-  if (!config.data_path.empty()) resolved.model.vocab_size = 256;
+  const dtp::GPTConfig model = config.resolved_model();
   const bool has_puzzles = config.strategy != "single";
   std::printf("dtp train: strategy %s, %s%s\n", config.strategy.c_str(), config.model.device.str().c_str(),
               has_puzzles ? (std::string(", ") + this_impl() +
@@ -159,8 +157,8 @@ void print_header(const Options& o, const ProcessRole& role) {
                 m, role.mpi ? "mpi" : "thread", config.model.experts / std::max(1, m), config.model.experts,
                 static_cast<long long>(config.batch / std::max(1, m)), m);
   }
-  std::printf("model: %s (%lld parameters)\n", resolved.model.describe().c_str(),
-              static_cast<long long>(resolved.model.parameter_count()));
+  std::printf("model: %s (%lld parameters)\n", model.describe().c_str(),
+              static_cast<long long>(model.parameter_count()));
   std::printf("data: %s; batch %lld x seq %lld = %lld tokens per step\n",
               config.data_path.empty() ? "synthetic phrases" : config.data_path.c_str(),
               static_cast<long long>(config.batch), static_cast<long long>(config.seq),

@@ -22,6 +22,8 @@
 
 namespace dtp::bench {
 
+using dtp::JsonLine;  // one JSON object per line (dtp/json.h)
+
 /// The build's revision: the DTP_GIT_REV compile definition (bench/CMakeLists.txt
 /// sets it at configure time), the DTP_GIT_REV environment variable, or git
 /// asked about this source's checkout; "unknown" when none answers.
@@ -85,35 +87,6 @@ inline std::vector<std::string> split_list(const std::string& text) {
     if (!item.empty()) out.push_back(item);
   return out;
 }
-
-/// One JSON object on one line, keys in the order added.
-class JsonLine {
- public:
-  JsonLine& add(const std::string& key, const std::string& value) { return raw(key, json_string(value)); }
-  JsonLine& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
-  JsonLine& add(const std::string& key, double value) { return raw(key, json_number(value)); }
-  JsonLine& add(const std::string& key, std::int64_t value) { return raw(key, std::to_string(value)); }
-  JsonLine& add(const std::string& key, int value) { return raw(key, std::to_string(value)); }
-  JsonLine& add(const std::string& key, bool value) { return raw(key, value ? "true" : "false"); }
-  JsonLine& add(const std::string& key, const std::vector<double>& values) {
-    std::string list;
-    for (double v : values) list += (list.empty() ? "" : ",") + json_number(v);
-    return raw(key, "[" + list + "]");
-  }
-  JsonLine& add(const std::string& key, const std::vector<std::int64_t>& values) {
-    std::string list;
-    for (std::int64_t v : values) list += (list.empty() ? "" : ",") + std::to_string(v);
-    return raw(key, "[" + list + "]");
-  }
-  JsonLine& raw(const std::string& key, const std::string& value) {
-    text_ += (text_.empty() ? "{" : ",") + json_string(key) + ":" + value;
-    return *this;
-  }
-  std::string str() const { return text_ + "}"; }
-
- private:
-  std::string text_;
-};
 
 /// Where and when a run measured: written into every JSON line of it.
 struct RunContext {

@@ -315,29 +315,6 @@ int world_size_for(const dtp::World& world, const Options& o) {
 
 // --- JSON lines ----------------------------------------------------------------
 
-// JSON pieces come from dtp/json.h; numbers keep 6 significant digits here.
-std::string json_quote(const std::string& text) { return dtp::json_string(text); }
-std::string json_number(double value) { return dtp::json_number(value, 6); }
-
-class JsonLine {
- public:
-  JsonLine& add(const std::string& key, const std::string& value) {
-    return raw(key, json_quote(value));
-  }
-  JsonLine& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
-  JsonLine& add(const std::string& key, double value) { return raw(key, json_number(value)); }
-  JsonLine& add(const std::string& key, std::int64_t value) { return raw(key, std::to_string(value)); }
-  JsonLine& add(const std::string& key, int value) { return raw(key, std::to_string(value)); }
-  JsonLine& raw(const std::string& key, const std::string& value) {
-    text_ += (text_.empty() ? "{" : ", ") + json_quote(key) + ": " + value;
-    return *this;
-  }
-  std::string str() const { return text_ + "}"; }
-
- private:
-  std::string text_;
-};
-
 // --- what each operation costs ------------------------------------------------------
 
 /// nccl-tests' bus-bandwidth factor: busbw = algbw * factor.
@@ -870,7 +847,7 @@ void write_json(Context& ctx, const Row& row, const std::string& what, int world
                 double beta_rate) {
   if (!ctx.json.is_open()) return;
   const Options& o = ctx.options;
-  JsonLine line;
+  dtp::JsonLine line(6);  // 6 significant digits
   line.add("what", what).add("op", row.op).add("redop", redop_column(row.op, row.redop))
       .add("root", root_column(row.op, o.root)).add("placement", placement(row.op)).add("impl", row.impl)
       .add("backend", ctx.backend).add("device", ctx.device).add("world", world).add("bytes", row.bytes)

@@ -1,9 +1,11 @@
 /// @file json.h
-/// @brief The two pieces of JSON the trace, the trainer's log and the
-/// benchmarks write by hand: quoted strings and numbers.
+/// @brief The JSON the trace, the trainer's log and the benchmarks write by
+/// hand: quoted strings, numbers, and one-line objects built from them.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dtp {
 
@@ -14,5 +16,39 @@ std::string json_string(const std::string& text);
 /// @p value as a JSON number with @p digits significant digits; NaN and
 /// infinities (which JSON cannot hold) become `null`.
 std::string json_number(double value, int digits = 9);
+
+/// One JSON object on one line, keys in the order added (a JSON-lines record).
+class JsonLine {
+ public:
+  /// Numbers keep @p digits significant digits.
+  explicit JsonLine(int digits = 9) : digits_(digits) {}
+  JsonLine& add(const std::string& key, const std::string& value) { return raw(key, json_string(value)); }
+  JsonLine& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
+  JsonLine& add(const std::string& key, double value) { return raw(key, json_number(value, digits_)); }
+  JsonLine& add(const std::string& key, std::int64_t value) { return raw(key, std::to_string(value)); }
+  JsonLine& add(const std::string& key, int value) { return raw(key, std::to_string(value)); }
+  JsonLine& add(const std::string& key, bool value) { return raw(key, value ? "true" : "false"); }
+  JsonLine& add(const std::string& key, const std::vector<double>& values) {
+    std::string list;
+    for (double v : values) list += (list.empty() ? "" : ",") + json_number(v, digits_);
+    return raw(key, "[" + list + "]");
+  }
+  JsonLine& add(const std::string& key, const std::vector<std::int64_t>& values) {
+    std::string list;
+    for (std::int64_t v : values) list += (list.empty() ? "" : ",") + std::to_string(v);
+    return raw(key, "[" + list + "]");
+  }
+  /// @p value as it is: an object, a list or `null` written by the caller.
+  JsonLine& raw(const std::string& key, const std::string& value) {
+    text_ += (text_.empty() ? "{" : ",") + json_string(key) + ":" + value;
+    return *this;
+  }
+  /// The object, closed.
+  std::string str() const { return text_ + "}"; }
+
+ private:
+  int digits_;
+  std::string text_;
+};
 
 }  // namespace dtp

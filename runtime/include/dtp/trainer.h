@@ -55,6 +55,9 @@ struct TrainConfig {
   void validate() const;
   /// The schedule these settings give.
   LRSchedule schedule() const;
+  /// The model as a run builds it: a data file's vocabulary is its 256 byte
+  /// values, the context covers seq, and seed seeds the weights.
+  GPTConfig resolved_model() const;
 };
 
 /// What one optimizer step did.

@@ -37,36 +37,28 @@ std::string rate(double tokens_per_second) {
 // The config line of the log: every setting of the run, the model's whole
 // configuration, the command line and the revision.
 std::string config_json(const TrainConfig& config) {
-  // The model as the run builds it: the vocabulary of a data file is its 256
-  // byte values, and the context covers the sequence.
-  GPTConfig m = config.model;
-  if (!config.data_path.empty()) m.vocab_size = 256;
-  m.context = static_cast<int>(std::max<std::int64_t>(m.context, config.seq));
+  const GPTConfig m = config.resolved_model();
+  JsonLine model;
+  model.add("vocab_size", m.vocab_size).add("context", m.context).add("d_model", m.d_model).add("heads", m.heads)
+      .add("layers", m.layers).add("mlp_ratio", m.mlp_ratio).add("init_std", m.init_std)
+      .add("layernorm_eps", m.layernorm_eps).add("attention", attention_kind_name(m.attention))
+      .add("experts", m.experts).add("top_k", m.top_k).add("capacity_factor", m.capacity_factor)
+      .add("aux_loss_coef", m.aux_loss_coef).add("moe_groups", m.moe_groups)
+      .add("parameters", m.parameter_count());
   std::string arguments;
   for (const std::string& argument : config.command_line)
     arguments += (arguments.empty() ? "" : ",") + json_string(argument);
-  return "{\"kind\":\"config\",\"strategy\":" + json_string(config.strategy) +
-         ",\"steps\":" + std::to_string(config.steps) + ",\"batch\":" + std::to_string(config.batch) +
-         ",\"seq\":" + std::to_string(config.seq) + ",\"lr\":" + json_number(config.lr) +
-         ",\"optimizer\":" + json_string(config.optimizer) + ",\"min_lr_ratio\":" +
-         json_number(config.min_lr_ratio) + ",\"warmup\":" + std::to_string(config.warmup) +
-         ",\"weight_decay\":" + json_number(config.weight_decay) + ",\"beta1\":" + json_number(config.beta1) +
-         ",\"beta2\":" + json_number(config.beta2) + ",\"momentum\":" + json_number(config.momentum) +
-         ",\"grad_clip\":" + json_number(config.grad_clip) + ",\"seed\":" + std::to_string(config.seed) +
-         ",\"device\":" + json_string(m.device.str()) + ",\"dtype\":" + json_string(dtype_name(m.dtype)) +
-         ",\"data\":" + json_string(config.data_path.empty() ? "synthetic" : config.data_path) +
-         ",\"model\":{\"vocab_size\":" + std::to_string(m.vocab_size) +
-         ",\"context\":" + std::to_string(m.context) + ",\"d_model\":" + std::to_string(m.d_model) +
-         ",\"heads\":" + std::to_string(m.heads) + ",\"layers\":" + std::to_string(m.layers) +
-         ",\"mlp_ratio\":" + std::to_string(m.mlp_ratio) + ",\"init_std\":" + json_number(m.init_std) +
-         ",\"layernorm_eps\":" + json_number(m.layernorm_eps) +
-         ",\"attention\":" + json_string(attention_kind_name(m.attention)) +
-         ",\"experts\":" + std::to_string(m.experts) + ",\"top_k\":" + std::to_string(m.top_k) +
-         ",\"capacity_factor\":" + json_number(m.capacity_factor) +
-         ",\"aux_loss_coef\":" + json_number(m.aux_loss_coef) + ",\"moe_groups\":" + std::to_string(m.moe_groups) +
-         ",\"parameters\":" + std::to_string(m.parameter_count()) + "}" +
-         ",\"command_line\":[" + arguments + "],\"git\":" +
-         json_string(config.git_revision.empty() ? "unknown" : config.git_revision) + "}";
+  JsonLine line;
+  line.add("kind", "config").add("strategy", config.strategy).add("steps", config.steps)
+      .add("batch", config.batch).add("seq", config.seq).add("lr", config.lr).add("optimizer", config.optimizer)
+      .add("min_lr_ratio", config.min_lr_ratio).add("warmup", config.warmup)
+      .add("weight_decay", config.weight_decay).add("beta1", config.beta1).add("beta2", config.beta2)
+      .add("momentum", config.momentum).add("grad_clip", config.grad_clip)
+      .raw("seed", std::to_string(config.seed)).add("device", m.device.str()).add("dtype", dtype_name(m.dtype))
+      .add("data", config.data_path.empty() ? "synthetic" : config.data_path).raw("model", model.str())
+      .raw("command_line", "[" + arguments + "]")
+      .add("git", config.git_revision.empty() ? "unknown" : config.git_revision);
+  return line.str();
 }
 
 std::mutex registry_mutex;
@@ -123,6 +115,14 @@ double TrainResult::last_loss() const {
   return n ? sum / static_cast<double>(n) : 0.0;
 }
 
+GPTConfig TrainConfig::resolved_model() const {
+  GPTConfig resolved = model;
+  if (!data_path.empty()) resolved.vocab_size = 256;  // TokenDataset::from_text_file: byte tokens
+  resolved.context = static_cast<int>(std::max<std::int64_t>(model.context, seq));
+  resolved.seed = seed;
+  return resolved;
+}
+
 TokenDataset load_dataset(const TrainConfig& config) {
   if (!config.data_path.empty()) return TokenDataset::from_text_file(config.data_path);
   SyntheticConfig synthetic = config.synthetic;
@@ -136,10 +136,9 @@ TokenDataset load_dataset(const TrainConfig& config) {
 Trainer::Trainer(const TrainConfig& config, int rank, int world) : config_(config) {
   config_.validate();
   TokenDataset data = load_dataset(config_);
-  config_.model.vocab_size = data.vocab_size();
-  config_.model.context =
-      static_cast<int>(std::max<std::int64_t>(config_.model.context, config_.seq));
-  config_.model.seed = config_.seed;
+  config_.model = config_.resolved_model();
+  DTP_CHECK(config_.model.vocab_size == data.vocab_size(), "train: the model's vocabulary (",
+            config_.model.vocab_size, ") differs from the data's (", data.vocab_size(), ")");
   sampler_ = std::make_unique<BatchSampler>(std::move(data), config_.batch, config_.seq, rank,
                                             world, Rng::derive(config_.seed, 7));
   model_ = std::make_unique<GPT>(config_.model);
