@@ -40,7 +40,11 @@ class JsonLine {
   }
   /// @p value as it is: an object, a list or `null` written by the caller.
   JsonLine& raw(const std::string& key, const std::string& value) {
-    text_ += (text_.empty() ? "{" : ",") + json_string(key) + ":" + value;
+    // Appended piece by piece: GCC 12 warns (-Wrestrict) on "{" + std::string&&.
+    text_ += text_.empty() ? '{' : ',';
+    text_ += json_string(key);
+    text_ += ':';
+    text_ += value;
     return *this;
   }
   /// The object, closed.

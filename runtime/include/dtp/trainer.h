@@ -71,6 +71,9 @@ struct StepRecord {
   std::int64_t tokens = 0;                 ///< tokens of the step (a strategy: over all ranks)
   std::int64_t peak_bytes = 0;             ///< highest tracked memory during the step
   std::int64_t peak_activation_bytes = 0;  ///< ... of it, MemoryCategory::activations
+  /// Page faults the process took during the step (getrusage: minor + major,
+  /// every thread of the process). A steady-state step should take about none.
+  std::int64_t page_faults = 0;
   /// The loss scale the step's backward used (chapter 07); 0: no scaling.
   double loss_scale = 0;
   /// True when the update was skipped (a non-finite gradient under loss scaling).
@@ -78,8 +81,9 @@ struct StepRecord {
 };
 
 /// Measures one optimizer step for its StepRecord. Made when the step starts
-/// (it resets the memory tracker's peaks and starts the clock); finish()
-/// fills the record's seconds, tokens, tokens per second and memory peaks.
+/// (it resets the memory tracker's peaks, starts the clock and reads the page
+/// fault count); finish() fills the record's seconds, tokens, tokens per
+/// second, memory peaks and page faults.
 /// Trainer::step() and every strategy's step use it.
 class StepMeter {
  public:
@@ -90,6 +94,7 @@ class StepMeter {
  private:
   std::shared_ptr<MemoryTracker> tracker_;
   std::chrono::steady_clock::time_point start_;
+  std::int64_t faults_at_start_ = 0;
 };
 
 /// Makes @p record the step of a whole group of ranks, on the rank that

@@ -8,6 +8,7 @@
 #include "core/random.h"
 #include "cuda/device_api.h"
 #include "dtp/error.h"
+#include "dtp/host_cache.h"
 
 namespace dtp {
 
@@ -76,23 +77,26 @@ ChunkRange chunk_range(std::int64_t numel, int parts, int index) {
 
 // --- Storage -------------------------------------------------------------------
 
-/// One allocation, charged to the tracker of the rank that made it.
+/// One allocation, charged to the tracker of the rank that made it. Host
+/// memory comes from the rank's block cache (dtp/host_cache.h), so a step's
+/// buffers are the last step's, with their pages already mapped.
 class Storage {
  public:
   Storage(std::size_t bytes, Device device, MemoryCategory category)
       : bytes_(bytes), device_(device), category_(category), tracker_(current_memory_tracker()) {
     if (device.is_cuda()) {
       data_ = cuda::allocate(device, bytes);
+    } else if ((cache_ = current_host_cache())) {
+      data_ = cache_->take(bytes);
     } else {
-      // 64-byte alignment suits vector loads; aligned_alloc needs a multiple of it.
-      std::size_t padded = (bytes + 63) / 64 * 64;
-      data_ = std::aligned_alloc(64, padded == 0 ? 64 : padded);
+      data_ = std::aligned_alloc(64, HostBlockCache::size_class(bytes));
       DTP_CHECK(data_ != nullptr, "out of host memory allocating ", bytes, " bytes");
     }
     tracker_->charge(category_, static_cast<std::int64_t>(bytes_), device_.kind);
   }
   ~Storage() {
     if (device_.is_cuda()) cuda::release(device_, data_);
+    else if (cache_) cache_->give_back(data_, bytes_);
     else std::free(data_);
     tracker_->release(category_, static_cast<std::int64_t>(bytes_), device_.kind);
   }
@@ -109,6 +113,7 @@ class Storage {
   Device device_;
   MemoryCategory category_;
   std::shared_ptr<MemoryTracker> tracker_;
+  std::shared_ptr<HostBlockCache> cache_;  // null for GPU memory or with the cache off
 };
 
 // --- Tensor --------------------------------------------------------------------

@@ -1,6 +1,8 @@
 // The single-device trainer, the strategy registry, and the log formats.
 #include "dtp/trainer.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -46,8 +48,10 @@ std::string config_json(const TrainConfig& config) {
       .add("aux_loss_coef", m.aux_loss_coef).add("moe_groups", m.moe_groups)
       .add("parameters", m.parameter_count());
   std::string arguments;
-  for (const std::string& argument : config.command_line)
-    arguments += (arguments.empty() ? "" : ",") + json_string(argument);
+  for (const std::string& argument : config.command_line) {
+    if (!arguments.empty()) arguments += ',';
+    arguments += json_string(argument);
+  }
   JsonLine line;
   line.add("kind", "config").add("strategy", config.strategy).add("steps", config.steps)
       .add("batch", config.batch).add("seq", config.seq).add("lr", config.lr).add("optimizer", config.optimizer)
@@ -165,8 +169,19 @@ void Trainer::set_optimizer(std::unique_ptr<Optimizer> optimizer) {
   optimizer_ = std::move(optimizer);
 }
 
+namespace {
+// Page faults of the whole process so far: what a fresh buffer costs when its
+// pages come from the kernel (dtp/host_cache.h).
+std::int64_t process_page_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<std::int64_t>(usage.ru_minflt) + static_cast<std::int64_t>(usage.ru_majflt);
+}
+}  // namespace
+
 StepMeter::StepMeter() : tracker_(current_memory_tracker()) {
   tracker_->reset_peaks();
+  faults_at_start_ = process_page_faults();
   start_ = std::chrono::steady_clock::now();
 }
 
@@ -176,6 +191,7 @@ void StepMeter::finish(StepRecord& record, std::int64_t tokens) const {
   record.tokens_per_second = record.seconds > 0 ? static_cast<double>(tokens) / record.seconds : 0;
   record.peak_bytes = tracker_->total_peak();
   record.peak_activation_bytes = tracker_->peak(MemoryCategory::activations);
+  record.page_faults = process_page_faults() - faults_at_start_;
 }
 
 std::vector<std::vector<double>> gather_rows_to_rank0(Comm& comm, const std::vector<double>& row) {
@@ -390,6 +406,15 @@ std::string format_summary(const TrainResult& result) {
            mebibytes(result.peak_by_category[c]) + ",";
   }
   if (out.back() == ',') out.pop_back();
+  if (n >= 2) {
+    // The first step maps every buffer for the first time; the rest should not fault.
+    std::int64_t later = 0;
+    for (std::int64_t i = 1; i < n; ++i) later += result.steps[static_cast<std::size_t>(i)].page_faults;
+    std::snprintf(buf, sizeof buf, "\npage faults: %lld in step 1, then %.1f per step",
+                  static_cast<long long>(result.steps[0].page_faults),
+                  static_cast<double>(later) / static_cast<double>(n - 1));
+    out += buf;
+  }
   return out;
 }
 
@@ -401,6 +426,7 @@ std::string step_json(const StepRecord& r) {
          ",\"tokens_per_s\":" + json_number(r.tokens_per_second) +
          ",\"peak_bytes\":" + std::to_string(r.peak_bytes) +
          ",\"peak_activation_bytes\":" + std::to_string(r.peak_activation_bytes) +
+         ",\"page_faults\":" + std::to_string(r.page_faults) +
          (r.loss_scale > 0 ? ",\"loss_scale\":" + json_number(r.loss_scale) : std::string()) +
          (r.skipped ? ",\"skipped\":true" : "") + "}";
 }
