@@ -19,6 +19,7 @@
 #include "comm/timeout.h"
 #include "cuda/device_api.h"
 #include "dtp/error.h"
+#include "dtp/parallel.h"
 #ifdef DTP_HAVE_MPI
 #include "mpi/mpi_session.h"
 #endif
@@ -184,6 +185,8 @@ void launch_threads(const World& world, const std::function<void(Comm&)>& fn) {
   auto run_rank = [&](int rank) {
     this_thread_rank = rank;
     set_current_memory_tracker(std::make_shared<MemoryTracker>());
+    // The rank threads share the cores: cores / ranks each, at least 1.
+    set_compute_threads(std::max(1, default_compute_threads() / world.size));
     // On a GPU every rank queues its work on a stream of its own.
     const Device device = thread_world->device_of(rank);
     void* stream = device.is_cuda() ? cuda::create_stream(device) : nullptr;

@@ -1,6 +1,7 @@
 // Naive attention: the full (masked) probability matrix per head is formed,
 // kept for the backward, and multiplied by V. Memory O(B H Tq Tk): what flash
 // attention avoids.
+#include <algorithm>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -8,8 +9,16 @@
 #include "cpu/attention_common.h"
 #include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
+#include "dtp/parallel.h"
 
 namespace dtp::ops {
+
+namespace {
+// Enough (batch, head) pairs per thread for about 256k multiply-adds.
+std::int64_t pairs_per_part(const detail::AttentionDims& d) {
+  return std::max<std::int64_t>(1, (std::int64_t{1} << 18) / std::max<std::int64_t>(1, d.Tq * d.Tk * d.D));
+}
+}  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& probs, const AttentionMask& mask, double scale) {
@@ -36,8 +45,11 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
     T* po = out.data<T>();
     T* pp = probs.data<T>();
     const T sc = static_cast<T>(d.scale);
-    for (std::int64_t b = 0; b < d.B; ++b) {
-      for (std::int64_t h = 0; h < d.H; ++h) {
+    // (batch, head) pairs touch disjoint rows of every output: they go to
+    // the rank's threads whole, so each element's arithmetic is unchanged.
+    parallel_for(d.B * d.H, pairs_per_part(d), [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t bh = first; bh < last; ++bh) {
+        const std::int64_t b = bh / d.H, h = bh % d.H;
         for (std::int64_t i = 0; i < d.Tq; ++i) {
           const T* qi = pq + d.q_offset(b, i, h);
           T* oi = po + d.q_offset(b, i, h);
@@ -63,7 +75,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
           }
         }
       }
-    }
+    });
   });
 }
 
@@ -103,9 +115,10 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
     std::fill(pdk, pdk + dk.numel(), T(0));
     std::fill(pdv, pdv + dv.numel(), T(0));
     const T sc = static_cast<T>(d.scale);
-    std::vector<T> dp(static_cast<std::size_t>(d.Tk));
-    for (std::int64_t b = 0; b < d.B; ++b) {
-      for (std::int64_t h = 0; h < d.H; ++h) {
+    parallel_for(d.B * d.H, pairs_per_part(d), [&](std::int64_t first, std::int64_t last) {
+      std::vector<T> dp(static_cast<std::size_t>(d.Tk));
+      for (std::int64_t bh = first; bh < last; ++bh) {
+        const std::int64_t b = bh / d.H, h = bh % d.H;
         for (std::int64_t i = 0; i < d.Tq; ++i) {
           const std::int64_t nk = d.visible_keys(mask, i);
           const T* p = pp + ((b * d.H + h) * d.Tq + i) * d.Tk;
@@ -126,7 +139,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
           }
         }
       }
-    }
+    });
   });
 }
 

@@ -1,12 +1,11 @@
-// Matmul on the CPU. The kernel walks C four rows at a time and streams a row
-// of B through all four: the inner loop is a contiguous c[j] += a * b[j] that
-// the compiler vectorizes without reassociating sums. A is read through
-// strides, so a transposed A costs nothing; a transposed B is first packed
-// into a row-major [K, N] copy (O(K N) work against O(M N K)).
+// Matmul on the CPU: the checks and the shapes. The arithmetic is in gemm.h,
+// where the plain three loops define it and a packed, register-blocked,
+// multi-threaded kernel computes the same bits faster.
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "cpu/gemm.h"
 #include "cpu/nn_ops_common.h"
 #include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
@@ -15,87 +14,6 @@
 namespace dtp::ops {
 
 namespace {
-
-constexpr std::int64_t kTileK = 256;  // rows of B kept hot while C rows stream
-constexpr std::int64_t kTileN = 512;  // columns: a B tile of 256 x 512 f32 is 512 KiB
-
-template <typename T>
-void transpose_into(const T* src, std::int64_t rows, std::int64_t cols, std::vector<T>& dst) {
-  dst.resize(static_cast<std::size_t>(rows * cols));
-  constexpr std::int64_t kBlock = 32;
-  for (std::int64_t r0 = 0; r0 < rows; r0 += kBlock)
-    for (std::int64_t c0 = 0; c0 < cols; c0 += kBlock)
-      for (std::int64_t r = r0; r < std::min(rows, r0 + kBlock); ++r)
-        for (std::int64_t c = c0; c < std::min(cols, c0 + kBlock); ++c)
-          dst[static_cast<std::size_t>(c * rows + r)] = src[r * cols + c];
-}
-
-// C[M, N] += alpha * A @ B[K, N], with A(i, k) = A[i * row_stride + k * col_stride]
-// (row-major A: K, 1; transposed A stored as [K, M]: 1, M).
-template <typename T>
-[[gnu::always_inline]] inline void gemm_body(std::int64_t M, std::int64_t N, std::int64_t K,
-                                             T alpha, const T* A, std::int64_t row_stride,
-                                             std::int64_t col_stride, const T* B, T* C) {
-  auto a = [&](std::int64_t i, std::int64_t k) {
-    return alpha * A[i * row_stride + k * col_stride];
-  };
-  for (std::int64_t k0 = 0; k0 < K; k0 += kTileK) {
-    const std::int64_t k1 = std::min(K, k0 + kTileK);
-    for (std::int64_t j0 = 0; j0 < N; j0 += kTileN) {
-      const std::int64_t nj = std::min(N, j0 + kTileN) - j0;
-      std::int64_t i = 0;
-      for (; i + 4 <= M; i += 4) {
-        T* __restrict c0 = C + (i + 0) * N + j0;
-        T* __restrict c1 = C + (i + 1) * N + j0;
-        T* __restrict c2 = C + (i + 2) * N + j0;
-        T* __restrict c3 = C + (i + 3) * N + j0;
-        for (std::int64_t k = k0; k < k1; ++k) {
-          const T a0 = a(i + 0, k), a1 = a(i + 1, k), a2 = a(i + 2, k), a3 = a(i + 3, k);
-          const T* __restrict b = B + k * N + j0;
-          for (std::int64_t j = 0; j < nj; ++j) {
-            const T bj = b[j];
-            c0[j] += a0 * bj;
-            c1[j] += a1 * bj;
-            c2[j] += a2 * bj;
-            c3[j] += a3 * bj;
-          }
-        }
-      }
-      for (; i < M; ++i) {
-        T* __restrict c = C + i * N + j0;
-        for (std::int64_t k = k0; k < k1; ++k) {
-          const T ai = a(i, k);
-          const T* __restrict b = B + k * N + j0;
-          for (std::int64_t j = 0; j < nj; ++j) c[j] += ai * b[j];
-        }
-      }
-    }
-  }
-}
-
-// One clone per instruction set, picked when the program loads: AVX2 where the
-// CPU has it (8 floats per instruction instead of 4). No FMA and no
-// reassociation, so every element is computed exactly as in the baseline
-// clone: results do not depend on the machine. Not under ThreadSanitizer:
-// it instruments the ifunc resolver that picks the clone, which runs while
-// the program is loaded, before TSan is ready, and crashes it.
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-#define DTP_MULTIVERSION [[gnu::target_clones("avx2", "default")]]
-#else
-#define DTP_MULTIVERSION
-#endif
-
-DTP_MULTIVERSION void gemm_accumulate(std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
-                                      const float* A, std::int64_t row_stride,
-                                      std::int64_t col_stride, const float* B, float* C) {
-  gemm_body(M, N, K, alpha, A, row_stride, col_stride, B, C);
-}
-
-DTP_MULTIVERSION void gemm_accumulate(std::int64_t M, std::int64_t N, std::int64_t K, double alpha,
-                                      const double* A, std::int64_t row_stride,
-                                      std::int64_t col_stride, const double* B, double* C) {
-  gemm_body(M, N, K, alpha, A, row_stride, col_stride, B, C);
-}
 
 struct MatrixDims {
   std::int64_t rows;
@@ -147,15 +65,10 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, boo
       for (std::int64_t i = 0; i < mn; ++i) C[i] *= static_cast<T>(beta);
     }
     if (M == 0 || N == 0 || K == 0 || alpha == 0.0) return;
-    thread_local std::vector<T> packed_b;
-    const T* B = b.data<T>();
-    if (transpose_b) {
-      transpose_into(B, N, K, packed_b);  // b is [N, K]
-      B = packed_b.data();
-    }
-    // a is [M, K], or [K, M] when transposed.
-    gemm_accumulate(M, N, K, static_cast<T>(alpha), a.data<T>(), transpose_a ? 1 : K,
-                    transpose_a ? M : 1, B, C);
+    // a is [M, K], or [K, M] when transposed; b is [K, N], or [N, K].
+    const cpu::Strides a_strides = transpose_a ? cpu::Strides{1, M} : cpu::Strides{K, 1};
+    const cpu::Strides b_strides = transpose_b ? cpu::Strides{1, K} : cpu::Strides{N, 1};
+    cpu::gemm(M, N, K, static_cast<T>(alpha), a.data<T>(), a_strides, b.data<T>(), b_strides, C);
   });
 }
 
