@@ -10,11 +10,12 @@ each timed run of steps, as the DTP bench does.
 
   python3 bench/torch_train_step.py [--precision tf32|bf16] [--attention sdpa|math]
       [--batch 8] [--seq 1024] [--layers 12] [--d-model 768] [--heads 12]
-      [--vocab 50304] [--steps 10] [--warmup 2] [--device cuda] [--json FILE]
+      [--vocab 50304] [--steps 10] [--warmup 2] [--device cuda] [--threads N] [--json FILE]
 
 tf32: f32 weights and activations, TF32 matmuls (what DTP runs today).
 bf16: torch.autocast to bf16 with f32 weights (the peer for chapter 07).
 sdpa: F.scaled_dot_product_attention (flash on a GPU); math: softmax(QK^T)V.
+--threads: torch.set_num_threads on the CPU (bench/vs_torch.py sets DTP's to match).
 Prints one line and appends one JSON object to --json. Exits 0 with
 "skipped" where torch or the device is missing.
 """
@@ -76,6 +77,7 @@ def main():
                           ("vocab", 50304), ("steps", 10), ("warmup", 2)]:
         parser.add_argument("--" + name, type=int, default=default)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's own choice)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     for name in ("batch", "seq", "layers", "d_model", "heads", "vocab", "steps"):
@@ -96,6 +98,8 @@ def main():
         print(f"--attention sdpa needs PyTorch 2.0 or later (this is {torch.__version__}); use --attention math",
               file=sys.stderr)
         return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -131,7 +135,8 @@ def main():
     if args.json:
         with open(args.json, "a") as out:
             out.write(json.dumps({"what": "torch_train_step", "torch": torch.__version__, "device": args.device,
-                                  "precision": args.precision, "attention": args.attention, "batch": args.batch,
+                                  "precision": args.precision, "attention": args.attention,
+                                  "threads": torch.get_num_threads(), "batch": args.batch,
                                   "seq": args.seq, "layers": args.layers, "d_model": args.d_model,
                                   "heads": args.heads, "vocab": args.vocab, "params": params, "step_s": step_s,
                                   "tokens_per_s": tokens_per_s, "loss": last}) + "\n")
