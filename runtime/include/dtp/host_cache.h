@@ -13,9 +13,10 @@
 /// category are what the program holds, not what the cache keeps.
 ///
 /// Each thread (so each rank thread) has its own cache; a block returns to the
-/// cache it came from whichever thread frees it. The cache is off under
-/// AddressSanitizer (so a use after free is still caught) and when the
-/// environment sets DTP_HOST_CACHE=0.
+/// cache it came from whichever thread frees it. Under AddressSanitizer (so a
+/// use after free is still caught) and when the environment sets
+/// DTP_HOST_CACHE=0, the caches keep nothing: every block goes straight back
+/// to the system.
 #pragma once
 
 #include <cstddef>
@@ -28,7 +29,8 @@ namespace dtp {
 /// Free lists of 64-byte-aligned host blocks by size class. Thread-safe.
 class HostBlockCache {
  public:
-  /// Keeps at most @p limit_bytes of free blocks; a block freed beyond it goes back to the system.
+  /// Keeps at most @p limit_bytes of free blocks; a block freed beyond it goes
+  /// back to the system (0: keeps none, a plain aligned allocator).
   explicit HostBlockCache(std::size_t limit_bytes = kDefaultLimit);
   ~HostBlockCache();
   HostBlockCache(const HostBlockCache&) = delete;
@@ -40,9 +42,12 @@ class HostBlockCache {
   void give_back(void* block, std::size_t bytes);
   /// Bytes held in free lists now.
   std::size_t cached_bytes() const;
-  /// Blocks handed out from a free list, and blocks that had to come from the system.
+  /// Blocks handed out from a free list.
   std::size_t reused() const;
+  /// Blocks that had to come from the system.
   std::size_t fresh() const;
+  /// The most bytes of free blocks it keeps; 0 when caching is off.
+  std::size_t limit() const { return limit_; }
   /// Gives every free block back to the system.
   void clear();
 
@@ -63,8 +68,8 @@ class HostBlockCache {
   std::size_t fresh_ = 0;
 };
 
-/// The calling thread's cache, made on its first use; nullptr when caching is
-/// off (AddressSanitizer, DTP_HOST_CACHE=0).
+/// The calling thread's cache, made on its first use; with caching off
+/// (AddressSanitizer, DTP_HOST_CACHE=0) its limit() is 0.
 std::shared_ptr<HostBlockCache> current_host_cache();
 
 }  // namespace dtp

@@ -115,10 +115,10 @@ bool caching_on() {
 }  // namespace
 
 std::shared_ptr<HostBlockCache> current_host_cache() {
-  if (!caching_on()) return nullptr;
   // One per thread; a Storage holds its cache, so blocks still out when the
   // thread ends return to it, and it frees them when the last one is back.
-  thread_local std::shared_ptr<HostBlockCache> cache = std::make_shared<HostBlockCache>();
+  thread_local std::shared_ptr<HostBlockCache> cache =
+      std::make_shared<HostBlockCache>(caching_on() ? HostBlockCache::kDefaultLimit : 0);
   return cache;
 }
 

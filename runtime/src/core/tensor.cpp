@@ -86,18 +86,15 @@ class Storage {
       : bytes_(bytes), device_(device), category_(category), tracker_(current_memory_tracker()) {
     if (device.is_cuda()) {
       data_ = cuda::allocate(device, bytes);
-    } else if ((cache_ = current_host_cache())) {
-      data_ = cache_->take(bytes);
     } else {
-      data_ = std::aligned_alloc(64, HostBlockCache::size_class(bytes));
-      DTP_CHECK(data_ != nullptr, "out of host memory allocating ", bytes, " bytes");
+      cache_ = current_host_cache();
+      data_ = cache_->take(bytes);
     }
     tracker_->charge(category_, static_cast<std::int64_t>(bytes_), device_.kind);
   }
   ~Storage() {
     if (device_.is_cuda()) cuda::release(device_, data_);
-    else if (cache_) cache_->give_back(data_, bytes_);
-    else std::free(data_);
+    else cache_->give_back(data_, bytes_);
     tracker_->release(category_, static_cast<std::int64_t>(bytes_), device_.kind);
   }
   Storage(const Storage&) = delete;
@@ -113,7 +110,7 @@ class Storage {
   Device device_;
   MemoryCategory category_;
   std::shared_ptr<MemoryTracker> tracker_;
-  std::shared_ptr<HostBlockCache> cache_;  // null for GPU memory or with the cache off
+  std::shared_ptr<HostBlockCache> cache_;  // where host memory came from; null for GPU memory
 };
 
 // --- Tensor --------------------------------------------------------------------
