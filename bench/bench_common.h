@@ -132,15 +132,15 @@ inline void write_line(FILE* json, const JsonLine& line) {
   std::fflush(json);
 }
 
-/// The model's shape: --layers, --d-model and --heads, read into @p config.
-inline void add_shape_options(CLI::App& app, dtp::TrainConfig& config) {
-  app.add_option("--layers", config.model.layers, "transformer blocks")
+/// The model's shape: --layers, --d-model and --heads, read into @p model.
+inline void add_shape_options(CLI::App& app, dtp::GPTConfig& model) {
+  app.add_option("--layers", model.layers, "transformer blocks")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
-  app.add_option("--d-model", config.model.d_model, "width C (must divide by --heads)")
+  app.add_option("--d-model", model.d_model, "width C (must divide by --heads)")
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
-  app.add_option("--heads", config.model.heads, "attention heads")
+  app.add_option("--heads", model.heads, "attention heads")
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
 }
@@ -158,7 +158,7 @@ inline void add_step_options(CLI::App& app, std::int64_t& steps, std::int64_t& w
 /// The model and batch-shape flags the training benchmarks share: the shape,
 /// --seq, --optimizer and --dtype, read into @p config.
 inline void add_model_options(CLI::App& app, dtp::TrainConfig& config) {
-  add_shape_options(app, config);
+  add_shape_options(app, config.model);
   app.add_option("--seq", config.seq, "tokens per sequence")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
       ->capture_default_str();

@@ -70,13 +70,11 @@ int main(int argc, char** argv) {
   app.add_option("--seq", config.seq, "tokens per sequence")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
       ->capture_default_str();
-  app.add_option("--histogram-steps", histogram_list, "the fp32 run's steps whose gradient exponents are recorded")
-      ->delimiter(',')
-      ->allow_extra_args(false)
+  dtp::cli::add_list_option(app, "--histogram-steps", histogram_list,
+                            "the fp32 run's steps whose gradient exponents are recorded", "STEP,...")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
-      ->type_name("STEP,...")
       ->capture_default_str();
-  dtp::bench::add_shape_options(app, config);
+  dtp::bench::add_shape_options(app, config.model);
   app.add_option("--optimizer", config.optimizer, "the optimizer")
       ->check(CLI::IsMember({"adamw", "sgd"}))
       ->capture_default_str();

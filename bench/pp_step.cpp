@@ -195,12 +195,6 @@ std::string joined(const std::vector<std::string>& items, const char* separator)
   return out;
 }
 
-std::string json_strings(const std::vector<std::string>& items) {
-  std::string out;
-  for (const std::string& item : items) out += (out.empty() ? "" : ",") + dtp::json_string(item);
-  return "[" + out + "]";
-}
-
 std::vector<std::int64_t> as_int64(const std::vector<int>& values) {
   return {values.begin(), values.end()};
 }
@@ -276,8 +270,8 @@ void report(const Options& o, const Run& run, const RunContext& ctx, FILE* json)
       .add("microbatch_size", o.mb_size)
       .add("tokens_per_step", cfg.batch * cfg.seq)
       .add("parameters", run.parameters)
-      .raw("partition", json_strings(run.partition))
-      .raw("units_per_stage", json_strings(run.units))
+      .add("partition", run.partition)
+      .add("units_per_stage", run.units)
       .add("cost_forward", costs.forward)
       .add("cost_backward", costs.backward)
       .add("cost_backward_input", costs.backward_input)
@@ -342,8 +336,8 @@ void report(const Options& o, const Run& run, const RunContext& ctx, FILE* json)
       .add("clock_makespan", run.traced.clock_makespan)
       .add("wall_bubble", run.traced.wall_bubble)
       .add("wall_makespan_s", run.traced.wall_makespan)
-      .raw("fields", json_strings({"kind", "microbatch", "chunk", "clock_start", "clock_end", "wall_start_s",
-                                   "wall_end_s"}))
+      .add("fields", std::vector<std::string>{"kind", "microbatch", "chunk", "clock_start", "clock_end",
+                                              "wall_start_s", "wall_end_s"})
       .raw("actions", "[" + stages + "]")
       .add("d_model", cfg.model.d_model)
       .add("layers", cfg.model.layers)
@@ -379,17 +373,11 @@ int main(int argc, char** argv) {
   app.add_option("--pp", o.stages, "p, pipeline stages, one rank thread each")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  app.add_option("--microbatches", o.microbatches, "m per step, a comma list")
-      ->delimiter(',')
-      ->allow_extra_args(false)
+  dtp::cli::add_list_option(app, "--microbatches", o.microbatches, "m per step, a comma list", "M,...")
       ->check(CLI::Range(1, 512))
-      ->type_name("M,...")
       ->capture_default_str();
-  app.add_option("--schedules", schedules, "a comma list of afab, 1f1b, interleaved, zb-h1")
-      ->delimiter(',')
-      ->allow_extra_args(false)
+  dtp::cli::add_list_option(app, "--schedules", schedules, "a comma list of afab, 1f1b, interleaved, zb-h1", "KIND,...")
       ->check(CLI::IsMember({"afab", "1f1b", "interleaved", "zb-h1"}))
-      ->type_name("KIND,...")
       ->capture_default_str();
   dtp::bench::add_step_options(app, o.steps, o.warmup);
   app.add_option("--chunks", o.chunks, "v, model chunks per rank of the interleaved schedule")

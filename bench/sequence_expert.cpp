@@ -719,26 +719,17 @@ int main(int argc, char** argv) {
                  "one part: attention (time and memory), tiers (bytes and the alpha-beta clock), moe, or train (sp "
                  "and ep training steps against one device); default all four")
       ->check(CLI::IsMember({"attention", "tiers", "moe", "train"}));
-  app.add_option("--seqs", seqs, "sequence lengths T, a comma list")
-      ->delimiter(',')
-      ->allow_extra_args(false)
+  dtp::cli::add_list_option(app, "--seqs", seqs, "sequence lengths T, a comma list", "T,...")
       ->check(CLI::Range(std::int64_t{1}, kMaxSize))
-      ->type_name("T,...")
       ->capture_default_str();
-  app.add_option("--degrees", degrees,
+  dtp::cli::add_list_option(app, "--degrees", degrees,
                  "sequence-parallel degrees n, a comma list (the tiers use those >= 2, train those >= 2 with its "
-                 "own default 2,4)")
-      ->delimiter(',')
-      ->allow_extra_args(false)
+                 "own default 2,4)", "N,...")
       ->check(CLI::Range(1, 64))
-      ->type_name("N,...")
       ->capture_default_str();
-  app.add_option("--methods", methods,
-                 "which to run, a comma list; flash is the one-rank peer the others are checked against")
-      ->delimiter(',')
-      ->allow_extra_args(false)
+  dtp::cli::add_list_option(app, "--methods", methods,
+                 "which to run, a comma list; flash is the one-rank peer the others are checked against", "METHOD,...")
       ->check(CLI::IsMember({"flash", "ulysses", "ring", "zigzag", "hybrid"}))
-      ->type_name("METHOD,...")
       ->capture_default_str();
   app.add_option("--batch", attention.dims.B, "B of q, k, v [B, T/n, H, D]")
       ->check(CLI::Range(std::int64_t{1}, kMaxSize))
@@ -764,29 +755,20 @@ int main(int argc, char** argv) {
          "the InfiniBand tier's alpha (us) and bandwidth (GB/s)")
       ->type_name("US,GBPS")
       ->default_str("8,50");
-  app.add_option("--tier-shape", tier_shape, "B,T,H,D of the tiers part (default 1,16,32,8192: one q is 16 MiB in f32)")
-      ->delimiter(',')
+  dtp::cli::add_list_option(app, "--tier-shape", tier_shape,
+                            "B,T,H,D of the tiers part (default 1,16,32,8192: one q is 16 MiB in f32)", "B,T,H,D")
       ->expected(4)
-      ->allow_extra_args(false)
-      ->check(CLI::Range(std::int64_t{1}, kMaxSize))
-      ->type_name("B,T,H,D");
-  app.add_option("--moe-experts", moe.experts, "the MoE models' numbers of experts E, a comma list")
-      ->delimiter(',')
-      ->allow_extra_args(false)
+      ->check(CLI::Range(std::int64_t{1}, kMaxSize));
+  dtp::cli::add_list_option(app, "--moe-experts", moe.experts,
+                            "the MoE models' numbers of experts E, a comma list", "E,...")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1024}))
-      ->type_name("E,...")
       ->capture_default_str();
-  app.add_option("--moe-top-k", moe.top_k, "their experts per token k, a comma list")
-      ->delimiter(',')
-      ->allow_extra_args(false)
+  dtp::cli::add_list_option(app, "--moe-top-k", moe.top_k, "their experts per token k, a comma list", "K,...")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1024}))
-      ->type_name("K,...")
       ->capture_default_str();
-  app.add_option("--moe-coefs", moe.coefs, "their load-balancing loss weights aux_loss_coef, a comma list")
-      ->delimiter(',')
-      ->allow_extra_args(false)
+  dtp::cli::add_list_option(app, "--moe-coefs", moe.coefs,
+                            "their load-balancing loss weights aux_loss_coef, a comma list", "C,...")
       ->check(CLI::Range(0.0, 100.0))
-      ->type_name("C,...")
       ->capture_default_str();
   app.add_option("--moe-steps", moe_steps, "training steps before the second look at the router")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
@@ -794,19 +776,14 @@ int main(int argc, char** argv) {
   app.add_option("--moe-trials", moe_trials, "random routings behind the uniform router's load balance")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
-  app.add_option("--train-shape", train_shape,
-                 "layers, d_model, heads, seq, batch of the trained GPT (default 2,128,8,256,4)")
-      ->delimiter(',')
+  dtp::cli::add_list_option(app, "--train-shape", train_shape,
+                 "layers, d_model, heads, seq, batch of the trained GPT (default 2,128,8,256,4)", "L,C,H,T,B")
       ->expected(5)
-      ->allow_extra_args(false)
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
-      ->type_name("L,C,H,T,B");
-  app.add_option("--train-moe", train_moe, "experts and top_k of its MoE variant, for ep (default 4,2)")
-      ->delimiter(',')
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
+  dtp::cli::add_list_option(app, "--train-moe", train_moe,
+                            "experts and top_k of its MoE variant, for ep (default 4,2)", "E,K")
       ->expected(2)
-      ->allow_extra_args(false)
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1024}))
-      ->type_name("E,K");
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1024}));
   app.add_option("--train-steps", train_steps, "timed optimizer steps per run")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
       ->capture_default_str();

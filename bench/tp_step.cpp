@@ -562,11 +562,9 @@ int main(int argc, char** argv) {
       "Part 2, tp_comm_tiers: the alpha-beta clock of one GPT-2-XL block's TP collectives on NVLink and "
       "InfiniBand.",
       "dtp-bench-tp-step"};
-  app.add_option("--tps", o.tps, "tensor-parallel sizes t, a comma list; each runs with SP off and on")
-      ->delimiter(',')
-      ->allow_extra_args(false)
+  dtp::cli::add_list_option(app, "--tps", o.tps,
+                            "tensor-parallel sizes t, a comma list; each runs with SP off and on", "T,...")
       ->check(CLI::Range(1, 64))
-      ->type_name("T,...")
       ->capture_default_str();
   dtp::bench::add_step_options(app, o.steps, o.warmup);
   app.add_option("--repeats", o.repeats, "runs of every configuration, in turn: times pooled over them")

@@ -27,6 +27,7 @@
 #include "dtp/nn.h"
 #include "dtp/nn_ops.h"
 #include "dtp/optim.h"
+#include "bench_common.h"
 #include "dtp_cli.h"
 
 namespace {
@@ -77,21 +78,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seq", seq, "tokens per sequence (default: --context)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
-  app.add_option("--layers", config.layers, "transformer blocks")->check(CLI::Range(1, 1024))->capture_default_str();
-  app.add_option("--d-model", config.d_model, "width C (must divide by --heads)")
-      ->check(CLI::Range(1, 1 << 16))
-      ->capture_default_str();
-  app.add_option("--heads", config.heads, "attention heads")->check(CLI::Range(1, 1 << 12))->capture_default_str();
+  dtp::bench::add_shape_options(app, config);
   app.add_option("--vocab", config.vocab_size, "vocabulary size")->check(CLI::Range(2, 1 << 24))->capture_default_str();
   app.add_option("--context", config.context, "learned positions (raised to --seq if smaller)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  app.add_option("--steps", steps, "timed training steps")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
-      ->capture_default_str();
-  app.add_option("--warmup", warmup, "untimed training steps before them")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000}))
-      ->capture_default_str();
+  dtp::bench::add_step_options(app, steps, warmup);
   app.add_option("--attention", attention, "the attention kernel")
       ->check(CLI::IsMember({"flash", "naive"}))
       ->capture_default_str();
@@ -209,28 +201,26 @@ int main(int argc, char** argv) {
                 static_cast<long long>(steps), loss, tokens_per_s, 100 * mfu);
     std::printf("%-22s %10s %12s %12s %10s\n", "op", "ms", "roofline ms", "bound", "of roof");
     FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
-    if (json)
-      std::fprintf(json,
-                   "{\"what\":\"train_step\",\"device\":\"%s\",\"layers\":%d,\"d_model\":%d,\"heads\":%d,\"vocab\":%d,"
-                   "\"batch\":%lld,\"seq\":%lld,\"attention\":\"%s\",\"params\":%.0f,\"step_s\":%.6g,\"loss\":%.6g,"
-                   "\"tokens_per_s\":%.6g,\"flops_per_token\":%.6g,\"peak_tflops\":%.6g,\"mfu\":%.6g}\n",
-                   gpu.str().c_str(), config.layers, config.d_model, config.heads, config.vocab_size,
-                   static_cast<long long>(batch), static_cast<long long>(seq),
-                   dtp::attention_kind_name(config.attention), N, step_s, loss, tokens_per_s, flops_per_token,
-                   peak_tflops, mfu);
+    DTP_CHECK(json_path.empty() || json != nullptr, "dtp-bench-train-step: cannot append to --json ", json_path);
+    const dtp::bench::RunContext context = dtp::bench::make_context();
+    dtp::bench::JsonLine step_line;
+    step_line.add("what", "train_step").add("gpu", gpu.str()).add("layers", config.layers)
+        .add("d_model", config.d_model).add("heads", config.heads).add("vocab", config.vocab_size)
+        .add("batch", batch).add("seq", seq).add("attention", dtp::attention_kind_name(config.attention))
+        .add("params", N).add("step_s", step_s).add("loss", loss).add("tokens_per_s", tokens_per_s)
+        .add("flops_per_token", flops_per_token).add("peak_tflops", peak_tflops).add("mfu", mfu);
+    dtp::bench::write_line(json, dtp::bench::add_context(step_line, context));
     for (const OpRow& r : rows) {
       const double mem_s = r.bytes / (bandwidth_tbs * 1e12), flop_s = r.flops / (peak_tflops * 1e12);
       const double roof = std::max(mem_s, flop_s);
       const char* bound = flop_s > mem_s ? "compute" : "memory";
       std::printf("%-22s %10.3f %12.3f %12s %9.0f%%\n", r.name.c_str(), r.seconds * 1e3, roof * 1e3, bound,
                   100 * roof / r.seconds);
-      if (json)
-        std::fprintf(json,
-                     "{\"what\":\"train_step_op\",\"op\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"seq\":%lld,"
-                     "\"seconds\":%.6g,\"bytes\":%.6g,\"flops\":%.6g,\"roofline_s\":%.6g,\"bound\":\"%s\","
-                     "\"fraction_of_roofline\":%.4f}\n",
-                     r.name.c_str(), gpu.str().c_str(), static_cast<long long>(batch), static_cast<long long>(seq),
-                     r.seconds, r.bytes, r.flops, roof, bound, roof / r.seconds);
+      dtp::bench::JsonLine op_line;
+      op_line.add("what", "train_step_op").add("op", r.name).add("gpu", gpu.str()).add("batch", batch)
+          .add("seq", seq).add("seconds", r.seconds).add("bytes", r.bytes).add("flops", r.flops)
+          .add("roofline_s", roof).add("bound", bound).add("fraction_of_roofline", roof / r.seconds);
+      dtp::bench::write_line(json, dtp::bench::add_context(op_line, context));
     }
     if (json) std::fclose(json);
     return 0;

@@ -243,17 +243,13 @@ int main(int argc, char** argv) {
       "units), zero3-prefetch (3.4, the next unit's all-gather started early), zero1-offload (3.5, "
       "optimizer in host memory).",
       "dtp-bench-zero-memory"};
-  app.add_option("--worlds", worlds, "world sizes, a comma list")
-      ->delimiter(',')
-      ->allow_extra_args(false)
+  dtp::cli::add_list_option(app, "--worlds", worlds, "world sizes, a comma list", "N,...")
       ->check(CLI::Range(1, 1024))
-      ->type_name("N,...")
       ->capture_default_str();
-  app.add_option("--stages", stages, "a comma list of stages; ddp is always run too, as the baseline of the time ratio")
-      ->delimiter(',')
-      ->allow_extra_args(false)
+  dtp::cli::add_list_option(app, "--stages", stages,
+                            "a comma list of stages; ddp is always run too, as the baseline of the time ratio",
+                            "STAGE,...")
       ->check(CLI::IsMember(std::vector<std::string>(std::begin(kStages), std::end(kStages))))
-      ->type_name("STAGE,...")
       ->capture_default_str();
   app.add_option("--steps", steps, "steps per run: peaks from step 2 on, times after 2 warm-up steps")
       ->check(CLI::Range(std::int64_t{3}, std::int64_t{1000000}))

@@ -13,6 +13,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dtp/device.h"
 
@@ -27,5 +28,14 @@ std::optional<int> parse(CLI::App& app, int argc, char** argv);
 /// A --device option ("cpu", "cuda" or "cuda:k") read by dtp::parse_device,
 /// whose error it reports.
 CLI::Option* add_device_option(CLI::App& app, Device& device, const std::string& help = "cpu or cuda[:k]");
+
+/// A comma-list option ("--worlds 1,2,4") read into @p values, shown in the
+/// help as @p items ("N,..."). The caller adds its check (each item is
+/// checked), and capture_default_str() or expected(n) where they apply.
+template <typename T>
+CLI::Option* add_list_option(CLI::App& app, const std::string& name, std::vector<T>& values, const std::string& help,
+                             const std::string& items) {
+  return app.add_option(name, values, help)->delimiter(',')->allow_extra_args(false)->type_name(items);
+}
 
 }  // namespace dtp::cli

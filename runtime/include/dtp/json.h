@@ -27,16 +27,16 @@ class JsonLine {
   JsonLine& add(const std::string& key, double value) { return raw(key, json_number(value, digits_)); }
   JsonLine& add(const std::string& key, std::int64_t value) { return raw(key, std::to_string(value)); }
   JsonLine& add(const std::string& key, int value) { return raw(key, std::to_string(value)); }
+  JsonLine& add(const std::string& key, std::uint64_t value) { return raw(key, std::to_string(value)); }
   JsonLine& add(const std::string& key, bool value) { return raw(key, value ? "true" : "false"); }
   JsonLine& add(const std::string& key, const std::vector<double>& values) {
-    std::string list;
-    for (double v : values) list += (list.empty() ? "" : ",") + json_number(v, digits_);
-    return raw(key, "[" + list + "]");
+    return list(key, values, [this](double v) { return json_number(v, digits_); });
   }
   JsonLine& add(const std::string& key, const std::vector<std::int64_t>& values) {
-    std::string list;
-    for (std::int64_t v : values) list += (list.empty() ? "" : ",") + std::to_string(v);
-    return raw(key, "[" + list + "]");
+    return list(key, values, [](std::int64_t v) { return std::to_string(v); });
+  }
+  JsonLine& add(const std::string& key, const std::vector<std::string>& values) {
+    return list(key, values, [](const std::string& v) { return json_string(v); });
   }
   /// @p value as it is: an object, a list or `null` written by the caller.
   JsonLine& raw(const std::string& key, const std::string& value) {
@@ -51,6 +51,16 @@ class JsonLine {
   std::string str() const { return text_ + "}"; }
 
  private:
+  template <typename T, typename Format>
+  JsonLine& list(const std::string& key, const std::vector<T>& values, Format format) {
+    std::string text = "[";
+    for (const T& v : values) {
+      if (text.size() > 1) text += ',';
+      text += format(v);
+    }
+    return raw(key, text + "]");
+  }
+
   int digits_;
   std::string text_;
 };

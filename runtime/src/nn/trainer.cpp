@@ -47,20 +47,15 @@ std::string config_json(const TrainConfig& config) {
       .add("experts", m.experts).add("top_k", m.top_k).add("capacity_factor", m.capacity_factor)
       .add("aux_loss_coef", m.aux_loss_coef).add("moe_groups", m.moe_groups)
       .add("parameters", m.parameter_count());
-  std::string arguments;
-  for (const std::string& argument : config.command_line) {
-    if (!arguments.empty()) arguments += ',';
-    arguments += json_string(argument);
-  }
   JsonLine line;
   line.add("kind", "config").add("strategy", config.strategy).add("steps", config.steps)
       .add("batch", config.batch).add("seq", config.seq).add("lr", config.lr).add("optimizer", config.optimizer)
       .add("min_lr_ratio", config.min_lr_ratio).add("warmup", config.warmup)
       .add("weight_decay", config.weight_decay).add("beta1", config.beta1).add("beta2", config.beta2)
       .add("momentum", config.momentum).add("grad_clip", config.grad_clip)
-      .raw("seed", std::to_string(config.seed)).add("device", m.device.str()).add("dtype", dtype_name(m.dtype))
+      .add("seed", config.seed).add("device", m.device.str()).add("dtype", dtype_name(m.dtype))
       .add("data", config.data_path.empty() ? "synthetic" : config.data_path).raw("model", model.str())
-      .raw("command_line", "[" + arguments + "]")
+      .add("command_line", config.command_line)
       .add("git", config.git_revision.empty() ? "unknown" : config.git_revision);
   return line.str();
 }
@@ -327,8 +322,7 @@ TrainResult train(const TrainConfig& config, const StepCallback& on_step) {
     }
     try {
       if (log)
-        log->write("{\"kind\":\"failed\",\"steps\":" + std::to_string(steps_logged) +
-                   ",\"error\":" + json_string(e.what()) + "}");
+        log->write(JsonLine().add("kind", "failed").add("steps", steps_logged).add("error", e.what()).str());
     } catch (const std::exception&) {
     }
     throw;
@@ -339,13 +333,16 @@ TrainResult train(const TrainConfig& config, const StepCallback& on_step) {
     trace_file->finish();
   }
   if (log) {
-    log->write("{\"kind\":\"summary\",\"steps\":" + std::to_string(result.steps.size()) +
-               ",\"seconds\":" + json_number(result.seconds) +
-               ",\"parameters\":" + std::to_string(result.parameters) +
-               ",\"loss_window\":" + std::to_string(result.loss_window()) +
-               ",\"first_loss\":" + json_number(result.first_loss()) +
-               ",\"last_loss\":" + json_number(result.last_loss()) +
-               ",\"peak_bytes\":" + std::to_string(result.peak_bytes) + "}");
+    log->write(JsonLine()
+                   .add("kind", "summary")
+                   .add("steps", static_cast<std::int64_t>(result.steps.size()))
+                   .add("seconds", result.seconds)
+                   .add("parameters", result.parameters)
+                   .add("loss_window", result.loss_window())
+                   .add("first_loss", result.first_loss())
+                   .add("last_loss", result.last_loss())
+                   .add("peak_bytes", result.peak_bytes)
+                   .str());
   }
   return result;
 }
@@ -419,16 +416,14 @@ std::string format_summary(const TrainResult& result) {
 }
 
 std::string step_json(const StepRecord& r) {
-  return "{\"kind\":\"step\",\"step\":" + std::to_string(r.step) +
-         ",\"loss\":" + json_number(r.loss) + ",\"lr\":" + json_number(r.lr) +
-         ",\"grad_norm\":" + json_number(r.grad_norm) + ",\"seconds\":" + json_number(r.seconds) +
-         ",\"tokens\":" + std::to_string(r.tokens) +
-         ",\"tokens_per_s\":" + json_number(r.tokens_per_second) +
-         ",\"peak_bytes\":" + std::to_string(r.peak_bytes) +
-         ",\"peak_activation_bytes\":" + std::to_string(r.peak_activation_bytes) +
-         ",\"page_faults\":" + std::to_string(r.page_faults) +
-         (r.loss_scale > 0 ? ",\"loss_scale\":" + json_number(r.loss_scale) : std::string()) +
-         (r.skipped ? ",\"skipped\":true" : "") + "}";
+  JsonLine line;
+  line.add("kind", "step").add("step", r.step).add("loss", r.loss).add("lr", r.lr).add("grad_norm", r.grad_norm)
+      .add("seconds", r.seconds).add("tokens", r.tokens).add("tokens_per_s", r.tokens_per_second)
+      .add("peak_bytes", r.peak_bytes).add("peak_activation_bytes", r.peak_activation_bytes)
+      .add("page_faults", r.page_faults);
+  if (r.loss_scale > 0) line.add("loss_scale", r.loss_scale);
+  if (r.skipped) line.add("skipped", true);
+  return line.str();
 }
 
 JsonLinesWriter::JsonLinesWriter(const std::string& path) : out_(path), path_(path) {
