@@ -63,11 +63,16 @@ class Team {
     }
     wake_.notify_all();
     std::exception_ptr mine;
+    // Part 0 runs here; a loop inside it runs on this thread alone, as one
+    // inside a helper's part does (the team is busy).
+    const int threads = this_thread_threads;
+    this_thread_threads = 1;
     try {
       part(0);
     } catch (...) {
       mine = std::current_exception();
     }
+    this_thread_threads = threads;
     if (!spin_until([&] { return pending_.load() == 0; })) {
       std::unique_lock lock(mutex_);
       done_.wait(lock, [&] { return pending_.load() == 0; });
