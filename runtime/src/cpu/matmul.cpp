@@ -59,16 +59,19 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, boo
     using T = decltype(zero);
     T* C = out.data<T>();
     const std::int64_t mn = M * N;
-    if (beta == 0.0) {
-      std::fill(C, C + mn, T(0));
-    } else if (beta != 1.0) {
-      for (std::int64_t i = 0; i < mn; ++i) C[i] *= static_cast<T>(beta);
+    if (alpha == 0.0 || K == 0) {  // out = beta * out
+      if (beta != 1.0)
+        for (std::int64_t i = 0; i < mn; ++i) C[i] = beta == 0.0 ? T(0) : static_cast<T>(beta) * C[i];
+      return;
     }
-    if (M == 0 || N == 0 || K == 0 || alpha == 0.0) return;
+    if (beta != 0.0 && beta != 1.0)
+      for (std::int64_t i = 0; i < mn; ++i) C[i] *= static_cast<T>(beta);
     // a is [M, K], or [K, M] when transposed; b is [K, N], or [N, K].
+    // beta == 0: out's old values are never read (the sums start from zero).
     const cpu::Strides a_strides = transpose_a ? cpu::Strides{1, M} : cpu::Strides{K, 1};
     const cpu::Strides b_strides = transpose_b ? cpu::Strides{1, K} : cpu::Strides{N, 1};
-    cpu::gemm(M, N, K, static_cast<T>(alpha), a.data<T>(), a_strides, b.data<T>(), b_strides, C);
+    cpu::gemm(M, N, K, static_cast<T>(alpha), a.data<T>(), a_strides, b.data<T>(), b_strides,
+              cpu::Output<T>{C, N, beta != 0.0});
   });
 }
 
