@@ -1,12 +1,19 @@
 // Naive attention: the full (masked) probability matrix per head is formed,
 // kept for the backward, and multiplied by V. Memory O(B H Tq Tk): what flash
 // attention avoids.
+//
+// Each (batch, head) pair is a few matrix products, done by the CPU matmul
+// (cpu/gemm.h) straight on the [B, T, H, D] layout (a head's rows are H * D
+// apart), in blocks of kQueryBlock query rows: under a causal mask a block
+// needs only the keys its last row sees, so about half of the products of
+// Q K^T, P V and their gradients are never computed.
 #include <algorithm>
 #include <limits>
 #include <tuple>
 #include <vector>
 
 #include "cpu/attention_common.h"
+#include "cpu/gemm.h"
 #include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
 #include "dtp/parallel.h"
@@ -17,6 +24,28 @@ namespace {
 // Enough (batch, head) pairs per thread for about 256k multiply-adds.
 std::int64_t pairs_per_part(const detail::AttentionDims& d) {
   return std::max<std::int64_t>(1, (std::int64_t{1} << 18) / std::max<std::int64_t>(1, d.Tq * d.Tk * d.D));
+}
+
+constexpr std::int64_t kQueryBlock = 32;
+
+// Query rows [i0, i1) of one head see keys [0, visible_keys(i1 - 1)) at most.
+struct QueryBlock {
+  std::int64_t i0, rows, keys;
+};
+
+template <typename Body>
+void for_each_query_block(const detail::AttentionDims& d, const AttentionMask& mask, Body body) {
+  for (std::int64_t i0 = 0; i0 < d.Tq; i0 += kQueryBlock) {
+    const std::int64_t rows = std::min(kQueryBlock, d.Tq - i0);
+    body(QueryBlock{i0, rows, d.visible_keys(mask, i0 + rows - 1)});
+  }
+}
+
+// op(A) @ op(B) into C, overwriting it or adding to it (cpu/gemm.h).
+template <typename T>
+void product(std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A, cpu::Strides a, const T* B,
+             cpu::Strides b, T* C, std::int64_t ldc, bool accumulate) {
+  cpu::gemm(M, N, K, alpha, A, a, B, b, cpu::Output<T>{C, ldc, accumulate});
 }
 }  // namespace
 
@@ -45,35 +74,38 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
     T* po = out.data<T>();
     T* pp = probs.data<T>();
     const T sc = static_cast<T>(d.scale);
+    const std::int64_t ld = d.row_stride();  // between a head's consecutive rows
     // (batch, head) pairs touch disjoint rows of every output: they go to
     // the rank's threads whole, so each element's arithmetic is unchanged.
     parallel_for(d.B * d.H, pairs_per_part(d), [&](std::int64_t first, std::int64_t last) {
       for (std::int64_t bh = first; bh < last; ++bh) {
         const std::int64_t b = bh / d.H, h = bh % d.H;
-        for (std::int64_t i = 0; i < d.Tq; ++i) {
-          const T* qi = pq + d.q_offset(b, i, h);
-          T* oi = po + d.q_offset(b, i, h);
-          T* p = pp + ((b * d.H + h) * d.Tq + i) * d.Tk;
-          const std::int64_t nk = d.visible_keys(mask, i);
-          std::fill(p, p + d.Tk, T(0));
-          std::fill(oi, oi + d.D, T(0));
-          if (nk == 0) continue;  // sees no key: zeros
-          T m = -std::numeric_limits<T>::infinity();
-          for (std::int64_t j = 0; j < nk; ++j) {
-            p[j] = sc * detail::dot(qi, pk + d.k_offset(b, j, h), d.D);
-            m = std::max(m, p[j]);
+        const T* k_head = pk + d.k_offset(b, 0, h);
+        const T* v_head = pv + d.k_offset(b, 0, h);
+        T* p_head = pp + bh * d.Tq * d.Tk;
+        for_each_query_block(d, mask, [&](const QueryBlock& blk) {
+          T* p = p_head + blk.i0 * d.Tk;
+          // S = scale * Q K^T over the keys the block sees, then each row's softmax.
+          product<T>(blk.rows, blk.keys, d.D, sc, pq + d.q_offset(b, blk.i0, h), {ld, 1}, k_head, {1, ld}, p,
+                     d.Tk, false);
+          for (std::int64_t r = 0; r < blk.rows; ++r) {
+            T* row = p + r * d.Tk;
+            const std::int64_t nk = d.visible_keys(mask, blk.i0 + r);
+            std::fill(row + nk, row + d.Tk, T(0));  // hidden keys (a row that sees none is all zeros)
+            if (nk == 0) continue;
+            const T m = *std::max_element(row, row + nk);
+            T sum = 0;
+            for (std::int64_t j = 0; j < nk; ++j) {
+              row[j] = std::exp(row[j] - m);
+              sum += row[j];
+            }
+            const T inv = T(1) / sum;
+            for (std::int64_t j = 0; j < nk; ++j) row[j] *= inv;
           }
-          T sum = 0;
-          for (std::int64_t j = 0; j < nk; ++j) {
-            p[j] = std::exp(p[j] - m);
-            sum += p[j];
-          }
-          const T inv = T(1) / sum;
-          for (std::int64_t j = 0; j < nk; ++j) {
-            p[j] *= inv;
-            detail::axpy_row(oi, p[j], pv + d.k_offset(b, j, h), d.D);
-          }
-        }
+          // O = P V (hidden keys have probability 0).
+          product<T>(blk.rows, d.D, blk.keys, T(1), p, {d.Tk, 1}, v_head, {ld, 1}, po + d.q_offset(b, blk.i0, h),
+                     ld, false);
+        });
       }
     });
   });
@@ -111,33 +143,39 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
     T* pdq = dq.data<T>();
     T* pdk = dk.data<T>();
     T* pdv = dv.data<T>();
-    std::fill(pdq, pdq + dq.numel(), T(0));
-    std::fill(pdk, pdk + dk.numel(), T(0));
+    std::fill(pdk, pdk + dk.numel(), T(0));  // the query blocks add to dK and dV
     std::fill(pdv, pdv + dv.numel(), T(0));
     const T sc = static_cast<T>(d.scale);
+    const std::int64_t ld = d.row_stride();
     parallel_for(d.B * d.H, pairs_per_part(d), [&](std::int64_t first, std::int64_t last) {
-      std::vector<T> dp(static_cast<std::size_t>(d.Tk));
+      std::vector<T> ds(static_cast<std::size_t>(kQueryBlock * d.Tk));
       for (std::int64_t bh = first; bh < last; ++bh) {
         const std::int64_t b = bh / d.H, h = bh % d.H;
-        for (std::int64_t i = 0; i < d.Tq; ++i) {
-          const std::int64_t nk = d.visible_keys(mask, i);
-          const T* p = pp + ((b * d.H + h) * d.Tq + i) * d.Tk;
-          const T* doi = pdo + d.q_offset(b, i, h);
-          // dP = dO V^T; dV += P^T dO; dS = P (dP - rowsum(P dP)).
-          T row_dot = 0;
-          for (std::int64_t j = 0; j < nk; ++j) {
-            dp[j] = detail::dot(doi, pv + d.k_offset(b, j, h), d.D);
-            row_dot += p[j] * dp[j];
-            detail::axpy_row(pdv + d.k_offset(b, j, h), p[j], doi, d.D);
+        const T* k_head = pk + d.k_offset(b, 0, h);
+        const T* v_head = pv + d.k_offset(b, 0, h);
+        T* dk_head = pdk + d.k_offset(b, 0, h);
+        T* dv_head = pdv + d.k_offset(b, 0, h);
+        for_each_query_block(d, mask, [&](const QueryBlock& blk) {
+          const T* p = pp + (bh * d.Tq + blk.i0) * d.Tk;
+          const T* q_blk = pq + d.q_offset(b, blk.i0, h);
+          const T* do_blk = pdo + d.q_offset(b, blk.i0, h);
+          const std::int64_t n = blk.keys;
+          // dP = dO V^T; dV += P^T dO.
+          product<T>(blk.rows, n, d.D, T(1), do_blk, {ld, 1}, v_head, {1, ld}, ds.data(), n, false);
+          product<T>(n, d.D, blk.rows, T(1), p, {1, d.Tk}, do_blk, {ld, 1}, dv_head, ld, true);
+          // dS = scale * P (dP - rowsum(P dP)), in place of dP (0 where P is).
+          for (std::int64_t r = 0; r < blk.rows; ++r) {
+            const T* p_row = p + r * d.Tk;
+            T* row = ds.data() + r * n;
+            T row_dot = 0;
+            for (std::int64_t j = 0; j < n; ++j) row_dot += p_row[j] * row[j];
+            for (std::int64_t j = 0; j < n; ++j) row[j] = sc * p_row[j] * (row[j] - row_dot);
           }
-          const T* qi = pq + d.q_offset(b, i, h);
-          T* dqi = pdq + d.q_offset(b, i, h);
-          for (std::int64_t j = 0; j < nk; ++j) {
-            const T ds = sc * p[j] * (dp[j] - row_dot);
-            detail::axpy_row(dqi, ds, pk + d.k_offset(b, j, h), d.D);
-            detail::axpy_row(pdk + d.k_offset(b, j, h), ds, qi, d.D);
-          }
-        }
+          // dQ = dS K; dK += dS^T Q.
+          product<T>(blk.rows, d.D, n, T(1), ds.data(), {n, 1}, k_head, {ld, 1}, pdq + d.q_offset(b, blk.i0, h), ld,
+                     false);
+          product<T>(n, d.D, blk.rows, T(1), ds.data(), {1, n}, q_blk, {ld, 1}, dk_head, ld, true);
+        });
       }
     });
   });
