@@ -92,15 +92,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
             T* row = p + r * d.Tk;
             const std::int64_t nk = d.visible_keys(mask, blk.i0 + r);
             std::fill(row + nk, row + d.Tk, T(0));  // hidden keys (a row that sees none is all zeros)
-            if (nk == 0) continue;
-            const T m = *std::max_element(row, row + nk);
-            T sum = 0;
-            for (std::int64_t j = 0; j < nk; ++j) {
-              row[j] = std::exp(row[j] - m);
-              sum += row[j];
-            }
-            const T inv = T(1) / sum;
-            for (std::int64_t j = 0; j < nk; ++j) row[j] *= inv;
+            if (nk > 0) detail::softmax_row(row, row, nk);
           }
           // O = P V (hidden keys have probability 0).
           product<T>(blk.rows, d.D, blk.keys, T(1), p, {d.Tk, 1}, v_head, {ld, 1}, po + d.q_offset(b, blk.i0, h),

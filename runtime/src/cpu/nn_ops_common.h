@@ -1,7 +1,10 @@
 // Internal: argument checks and dtype dispatch shared by the CPU nn ops.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "cpu/element.h"
@@ -74,6 +77,21 @@ void with_float(DType dtype, Fn&& fn) {
     fn(double{});
   else
     fn(float{});
+}
+
+/// out = softmax(in) over n >= 1 values, the largest subtracted first so
+/// exp never overflows; out may alias in.
+template <typename T>
+void softmax_row(const T* in, T* out, std::int64_t n) {
+  T m = -std::numeric_limits<T>::infinity();
+  for (std::int64_t c = 0; c < n; ++c) m = std::max(m, in[c]);
+  T sum = 0;
+  for (std::int64_t c = 0; c < n; ++c) {
+    out[c] = std::exp(in[c] - m);
+    sum += out[c];
+  }
+  const T inv = T(1) / sum;
+  for (std::int64_t c = 0; c < n; ++c) out[c] *= inv;
 }
 
 }  // namespace dtp::detail

@@ -28,19 +28,7 @@ void softmax_forward(const Tensor& x, Tensor& y) {
     using T = decltype(zero);
     const T* px = x.data<T>();
     T* py = y.data<T>();
-    for (std::int64_t n = 0; n < rows; ++n) {
-      const T* in = px + n * C;
-      T* out = py + n * C;
-      T m = -std::numeric_limits<T>::infinity();
-      for (std::int64_t c = 0; c < C; ++c) m = std::max(m, in[c]);
-      T sum = 0;
-      for (std::int64_t c = 0; c < C; ++c) {
-        out[c] = std::exp(in[c] - m);
-        sum += out[c];
-      }
-      const T inv = T(1) / sum;
-      for (std::int64_t c = 0; c < C; ++c) out[c] *= inv;
-    }
+    for (std::int64_t n = 0; n < rows; ++n) detail::softmax_row(px + n * C, py + n * C, C);
   });
 }
 
