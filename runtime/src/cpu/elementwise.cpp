@@ -4,7 +4,7 @@
 #include <type_traits>
 
 #include "cpu/exp.h"
-#include "cpu/gemm.h"
+#include "cpu/isa.h"
 #include "cpu/nn_ops_common.h"
 #include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
@@ -204,14 +204,14 @@ T fast_tanh(T u) {
 
 // Built for AVX2 where the CPU has it: eight floats are one register there
 // (on the SSE2 baseline the vector's integer steps are slow). Same bits.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef DTP_CPU_DISPATCH
 [[gnu::target("avx2")]] void gelu_f32_avx2(const float* x, const float* dy, float* out, std::int64_t n) {
   gelu_f32(x, dy, out, n);
 }
 #endif
 
 void gelu_f32_any(const float* x, const float* dy, float* out, std::int64_t n) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef DTP_CPU_DISPATCH
   if (cpu::fastest_isa() != cpu::VectorIsa::baseline) return gelu_f32_avx2(x, dy, out, n);
 #endif
   gelu_f32(x, dy, out, n);

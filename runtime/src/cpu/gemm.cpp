@@ -167,14 +167,8 @@ void pack_b(std::int64_t N, std::int64_t K, const T* B, Strides b, std::vector<T
   }
 }
 
-// One entry per instruction set. The kernel templates above have no target
-// of their own, so they are compiled inside each entry for its set.
-// (Entries and a check of the CPU, not GCC's target_clones: its ifunc
-// resolver runs before ThreadSanitizer is ready and crashes it.)
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define DTP_X86_DISPATCH 1
-#endif
-
+// One entry per instruction set (cpu/isa.h). The kernel templates above have
+// no target of their own, so they are compiled inside each entry for its set.
 template <typename T>
 using RowsOfC = void (*)(std::int64_t, std::int64_t, std::int64_t, std::int64_t, T, const T*, Strides, const T*,
                          Output<T>);
@@ -185,7 +179,7 @@ void rows_baseline(std::int64_t i_begin, std::int64_t i_end, std::int64_t N, std
   rows_of_c<T, 16>(i_begin, i_end, N, K, alpha, A, a, b_packed, C);
 }
 
-#ifdef DTP_X86_DISPATCH
+#ifdef DTP_CPU_DISPATCH
 template <typename T>
 [[gnu::target("avx2")]] void rows_avx2(std::int64_t i_begin, std::int64_t i_end, std::int64_t N, std::int64_t K,
                                        T alpha, const T* A, Strides a, const T* b_packed, Output<T> C) {
@@ -199,20 +193,6 @@ template <typename T>
   rows_of_c<T, 64>(i_begin, i_end, N, K, alpha, A, a, b_packed, C);
 }
 #endif
-
-bool cpu_runs(VectorIsa isa) {
-#ifdef DTP_X86_DISPATCH
-  __builtin_cpu_init();
-  switch (isa) {
-    case VectorIsa::avx512: return __builtin_cpu_supports("avx512f");
-    case VectorIsa::avx2: return __builtin_cpu_supports("avx2");
-    case VectorIsa::baseline: return true;
-  }
-  return false;
-#else
-  return isa == VectorIsa::baseline;
-#endif
-}
 
 template <typename T, int Bytes>
 void gemm_packed(std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A, Strides a, const T* B,
@@ -242,7 +222,7 @@ void gemm_on(VectorIsa isa, std::int64_t M, std::int64_t N, std::int64_t K, T al
   DTP_CHECK(C.ld >= N, "cpu::gemm: C's rows are ", C.ld, " elements apart but hold ", N);
   DTP_CHECK(isa == fastest_isa() || cpu_runs(isa), "cpu::gemm: this CPU does not run the ", to_string(isa), " instruction set");
   switch (isa) {
-#ifdef DTP_X86_DISPATCH
+#ifdef DTP_CPU_DISPATCH
     case VectorIsa::avx512: return gemm_packed<T, 64>(M, N, K, alpha, A, a, B, b, C, rows_avx512<T>);
     case VectorIsa::avx2: return gemm_packed<T, 32>(M, N, K, alpha, A, a, B, b, C, rows_avx2<T>);
 #endif
@@ -260,27 +240,6 @@ VectorIsa isa_for(std::int64_t N) {
 }
 
 }  // namespace
-
-const char* to_string(VectorIsa isa) {
-  switch (isa) {
-    case VectorIsa::avx512: return "avx512";
-    case VectorIsa::avx2: return "avx2";
-    case VectorIsa::baseline: return "baseline";
-  }
-  return "?";
-}
-
-std::vector<VectorIsa> supported_isas() {
-  std::vector<VectorIsa> isas;
-  for (VectorIsa isa : {VectorIsa::baseline, VectorIsa::avx2, VectorIsa::avx512})
-    if (cpu_runs(isa)) isas.push_back(isa);
-  return isas;
-}
-
-VectorIsa fastest_isa() {
-  static const VectorIsa fastest = supported_isas().back();
-  return fastest;
-}
 
 void gemm(std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A, Strides a,
           const float* B, Strides b, Output<float> C, VectorIsa isa) {

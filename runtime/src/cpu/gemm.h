@@ -12,7 +12,8 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
+
+#include "cpu/isa.h"
 
 namespace dtp::cpu {
 
@@ -46,17 +47,6 @@ void gemm_definition(std::int64_t M, std::int64_t N, std::int64_t K, T alpha, co
       C.data[i * C.ld + j] = c;
     }
 }
-
-/// The vector instruction sets the fast path is built for. Each has its own
-/// vector width (16, 32, 64 bytes), so its own tile; none fuses multiply-add,
-/// so all give the same bits.
-enum class VectorIsa { baseline, avx2, avx512 };
-
-const char* to_string(VectorIsa isa);
-/// The widest set this CPU runs (baseline off x86-64); decided once.
-VectorIsa fastest_isa();
-/// Every set this CPU runs, baseline first (the tests try each).
-std::vector<VectorIsa> supported_isas();
 
 /// The fast path: packed panels, a register-blocked kernel, rows of C spread
 /// over the rank's compute threads (dtp/parallel.h), on the instruction set
