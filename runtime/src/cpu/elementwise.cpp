@@ -177,29 +177,45 @@ constexpr double kGeluCubic = 0.044715;
 // worth waking a helper thread for.
 constexpr std::int64_t kElementsPerPart = 16384;
 
-// tanh through one exp, which is several times faster than std::tanh here;
-// the error is absolute (not relative) near 0, which is what GELU needs.
-template <typename T>
-T fast_tanh(T u) {
-  return T(1) - T(2) / (T(1) + std::exp(T(2) * u));
+// GELU and its derivative for one value (V = T, with std::exp) or eight floats
+// (V = Float8, with the vector exp of cpu/exp.h): one formula for both, so
+// the f32 vector loops and the f64 loops do the same arithmetic.
+// tanh goes through one exp, several times faster than std::tanh here; its
+// error is absolute (not relative) near 0, which is what GELU needs.
+template <typename S, typename V, typename Exp>
+[[gnu::always_inline]] inline V gelu_tanh(V v, Exp exp) {
+  const S s = static_cast<S>(kGeluScale), c = static_cast<S>(kGeluCubic);
+  const V u = s * (v + c * v * v * v);
+  return S(1) - S(2) / (S(1) + exp(S(2) * u));
 }
 
-// f32 GELU, forward (dy null: y = gelu(x)) or backward (out = dy * gelu'(x)),
-// eight elements at a time with the vector exp (cpu/exp.h). The same
-// arithmetic as the f64 loops, with exp8 for std::exp.
+template <typename S, typename V, typename Exp>
+[[gnu::always_inline]] inline V gelu_value(V v, Exp exp) {
+  return S(0.5) * v * (S(1) + gelu_tanh<S>(v, exp));
+}
+
+/// dy * gelu'(v).
+template <typename S, typename V, typename Exp>
+[[gnu::always_inline]] inline V gelu_gradient(V v, V dy, Exp exp) {
+  const S s = static_cast<S>(kGeluScale), c = static_cast<S>(kGeluCubic);
+  const V t = gelu_tanh<S>(v, exp);
+  const V dt = (S(1) - t * t) * s * (S(1) + S(3) * c * v * v);
+  return dy * (S(0.5) * (S(1) + t) + S(0.5) * v * dt);
+}
+
+template <typename T>
+T scalar_exp(T x) {
+  return std::exp(x);
+}
+
+// f32 GELU, forward (dy null: out = gelu(x)) or backward (out = dy * gelu'(x)),
+// eight elements at a time.
 [[gnu::always_inline]] inline void gelu_f32(const float* x, const float* dy, float* out, std::int64_t n) {
   using detail::Float8;
-  const float s = static_cast<float>(kGeluScale), c = static_cast<float>(kGeluCubic);
-  auto tanh8 = [](Float8 u) { return 1.0f - 2.0f / (1.0f + detail::exp8(2.0f * u)); };
+  auto exp8 = [](Float8 u) { return detail::exp8(u); };
   if (dy == nullptr)
-    return detail::map8(x, nullptr, out, n, [&](Float8 v, Float8) {
-      return 0.5f * v * (1.0f + tanh8(s * (v + c * v * v * v)));
-    });
-  detail::map8(x, dy, out, n, [&](Float8 v, Float8 g) {
-    const Float8 t = tanh8(s * (v + c * v * v * v));
-    const Float8 dt = (1.0f - t * t) * s * (1.0f + 3.0f * c * v * v);
-    return g * (0.5f * (1.0f + t) + 0.5f * v * dt);
-  });
+    return detail::map8(x, nullptr, out, n, [&](Float8 v, Float8) { return gelu_value<float>(v, exp8); });
+  detail::map8(x, dy, out, n, [&](Float8 v, Float8 g) { return gelu_gradient<float>(v, g, exp8); });
 }
 
 // Built for AVX2 where the CPU has it: eight floats are one register there
@@ -233,12 +249,11 @@ void gelu_forward(const Tensor& x, Tensor& y) {
     using T = decltype(zero);
     const T* px = x.data<T>();
     T* py = y.data<T>();
-    const T s = static_cast<T>(kGeluScale), c = static_cast<T>(kGeluCubic);
     parallel_for(x.numel(), kElementsPerPart, [&](std::int64_t begin, std::int64_t end) {
-      if constexpr (std::is_same_v<T, float>) return gelu_f32_any(px + begin, nullptr, py + begin, end - begin);
-      for (std::int64_t i = begin; i < end; ++i) {
-        const T v = px[i];
-        py[i] = T(0.5) * v * (T(1) + fast_tanh(s * (v + c * v * v * v)));
+      if constexpr (std::is_same_v<T, float>) {
+        gelu_f32_any(px + begin, nullptr, py + begin, end - begin);
+      } else {
+        for (std::int64_t i = begin; i < end; ++i) py[i] = gelu_value<T>(px[i], scalar_exp<T>);
       }
     });
   });
@@ -263,14 +278,11 @@ void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
     const T* px = x.data<T>();
     const T* pdy = dy.data<T>();
     T* pdx = dx.data<T>();
-    const T s = static_cast<T>(kGeluScale), c = static_cast<T>(kGeluCubic);
     parallel_for(x.numel(), kElementsPerPart, [&](std::int64_t begin, std::int64_t end) {
-      if constexpr (std::is_same_v<T, float>) return gelu_f32_any(px + begin, pdy + begin, pdx + begin, end - begin);
-      for (std::int64_t i = begin; i < end; ++i) {
-        const T v = px[i];
-        const T t = fast_tanh(s * (v + c * v * v * v));
-        const T dt = (T(1) - t * t) * s * (T(1) + T(3) * c * v * v);
-        pdx[i] = pdy[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * dt);
+      if constexpr (std::is_same_v<T, float>) {
+        gelu_f32_any(px + begin, pdy + begin, pdx + begin, end - begin);
+      } else {
+        for (std::int64_t i = begin; i < end; ++i) pdx[i] = gelu_gradient<T>(px[i], pdy[i], scalar_exp<T>);
       }
     });
   });
