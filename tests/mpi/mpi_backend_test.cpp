@@ -206,9 +206,43 @@ TEST(MpiDiagnostics, AllToAllVCountsThatDisagreeFailEveryRank) {
   });
 }
 
+TEST(MpiBackend, AllReducesSmallEnoughToRideWithTheCheckAndOneElementLarger) {
+  // Up to 1 KiB the data travels inside the collective check's own
+  // all-reduce; one element more takes MPI_Allreduce. Both must agree exactly.
+  for (int n : {3, 4}) {
+    launch(mpi_world(n), [n](Comm& comm) {
+      const int r = comm.rank();
+      for (DType dtype : {DType::f32, DType::f64, DType::i32, DType::bf16}) {
+        const std::int64_t carried = 1024 / static_cast<std::int64_t>(dtype_size(dtype == DType::bf16 ? DType::f32 : dtype));
+        for (std::int64_t len : {std::int64_t{0}, std::int64_t{1}, carried, carried + 1}) {
+          const std::string what = std::string(dtype_name(dtype)) + " x " + std::to_string(len);
+          Tensor x = testing::pattern_tensor(r, len, dtype);
+          comm.all_reduce(x);
+          EXPECT_TRUE(testing::values_equal("all_reduce " + what, r, testing::pattern_sum(n, len, dtype), x.to_vector(),
+                                            0, {n, dtype, testing::PatternMeaning::sums}));
+          Tensor high = Tensor::full({len}, r + 1.0, dtype), low = Tensor::full({len}, r + 1.0, dtype);
+          comm.all_reduce(high, ReduceOp::max);
+          comm.all_reduce(low, ReduceOp::min);
+          // avg of 2r over ranks is n - 1; i32 has no avg, its sum is n(n - 1).
+          const bool integral = dtype == DType::i32;
+          Tensor pending = Tensor::full({len}, 2.0 * r, dtype);
+          comm.iall_reduce(pending, integral ? ReduceOp::sum : ReduceOp::avg).wait();
+          for (std::int64_t i = 0; i < len; ++i) {
+            ASSERT_EQ(high.item(i), n) << "rank " << r << ", max of " << what << ", element " << i;
+            ASSERT_EQ(low.item(i), 1) << "rank " << r << ", min of " << what << ", element " << i;
+            ASSERT_EQ(pending.item(i), integral ? n * (n - 1.0) : n - 1.0)
+                << "rank " << r << ", iall_reduce of " << what << ", element " << i;
+          }
+        }
+      }
+    });
+  }
+}
+
 TEST(MpiBackend, NonBlockingAllReduceOverlapsPointToPoint) {
   launch(mpi_world(2), [](Comm& comm) {
-    Tensor x = Tensor::full({8}, comm.rank() + 1.0, DType::f64), note = Tensor::zeros({1}, DType::f64);
+    // 8 KB: more than the collective check carries, so MPI_Iallreduce moves it.
+    Tensor x = Tensor::full({1000}, comm.rank() + 1.0, DType::f64), note = Tensor::zeros({1}, DType::f64);
     if (comm.rank() == 0) {
       Request pending = comm.iall_reduce(x, ReduceOp::avg);
       comm.send(note, 1);
@@ -218,7 +252,7 @@ TEST(MpiBackend, NonBlockingAllReduceOverlapsPointToPoint) {
       comm.recv(note, 0);
       pending.wait();
     }
-    EXPECT_EQ(x.item(7), 1.5);
+    EXPECT_EQ(x.item(999), 1.5);
   });
 }
 
@@ -311,6 +345,23 @@ TEST(MpiDiagnostics, MismatchedCollectivesNameEveryRanksCall) {
   expect_contains(failure->what(), "collective mismatch");
   expect_contains(failure->what(), "rank 1: all_reduce(10 x f32, sum)");
   expect_contains(failure->what(), "rank 2: all_reduce(20 x f32, sum)");
+}
+
+TEST(MpiDiagnostics, ASmallAllReduceAgainstALargeBroadcastIsAMismatchToo) {
+  // One rank's data rides with the check, the other's would not: the check's
+  // packet is the same size on every rank, so the mismatch is still caught.
+  auto failure = launch_failure(mpi_world(2), [](Comm& comm) {
+    if (comm.rank() == 0) {
+      Tensor small = Tensor::zeros({10});
+      comm.all_reduce(small);
+    } else {
+      Tensor large = Tensor::zeros({5000}, DType::f64);
+      comm.broadcast(large, 1);
+    }
+  });
+  if (!failure) return;
+  expect_contains(failure->what(), "rank 0: all_reduce(10 x f32, sum)");
+  expect_contains(failure->what(), "rank 1: broadcast(5000 x f64, root 1)");
 }
 
 TEST(MpiDiagnostics, RecvOfTheWrongSizeIsAMismatch) {

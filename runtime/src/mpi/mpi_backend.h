@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "mpi/agreement.h"
 #include "mpi/mpi_session.h"
 
 namespace dtp::mpi {
@@ -54,12 +55,13 @@ class MpiComm : public CommBackend {
     double root_numel = -1;  // the root's full.numel() for gather and scatter
   };
   /// Every rank checks that all called the same collective (else CommMismatch
-  /// listing each rank's call) and the clocks meet and pay the cost.
-  Agreement agree(const std::string& signature, const std::string& kind, double cost_bytes,
-                  double root_numel = -1);
+  /// listing each rank's call) and the clocks meet and pay the cost; an
+  /// all-reduce small enough is @p carried and done by the check itself.
+  Agreement agree(const CallSignature& call, double cost_bytes, double root_numel = -1,
+                  const CarriedReduction& carried = {});
   void send_header(const Tensor& x, int dst, int tag);
   /// Runs one nonblocking MPI collective to completion.
-  void finish(MPI_Request request, const std::string& what);
+  void finish(MPI_Request request, const std::function<std::string()>& describe);
 
   std::shared_ptr<Session> session_;
   std::shared_ptr<Traffic> traffic_;

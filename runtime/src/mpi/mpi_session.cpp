@@ -15,6 +15,7 @@ namespace dtp::mpi {
 namespace {
 constexpr int kFailureTag = 1;
 constexpr int kTimeoutTag = 2;
+constexpr long kSpinsBeforeYielding = 100;
 
 // Notices are sent and forgotten; their buffers must outlive the sends.
 std::vector<std::shared_ptr<std::string>> notice_buffers;
@@ -70,6 +71,7 @@ Session::Session(const World& config, MPI_Comm comm) : config_(config), comm_(co
   check(MPI_Comm_dup(comm_, &control_), "MPI_Comm_dup");
   auto mine = std::make_shared<Traffic>();
   mine->comm = comm_;
+  check(MPI_Comm_dup(comm_, &mine->check), "MPI_Comm_dup");
   mine->sent.assign(static_cast<std::size_t>(size_), 0);
   mine->received.assign(static_cast<std::size_t>(size_), 0);
   traffic.push_back(mine);
@@ -79,7 +81,10 @@ Session::~Session() {
   // After a failure peers may still hold messages for these communicators;
   // freeing them would be a collective call that can hang, so leave them.
   if (failed_rank_ >= 0) return;
-  for (auto& t : traffic) MPI_Comm_free(&t->comm);  // the world's included
+  for (auto& t : traffic) {  // the world's included
+    MPI_Comm_free(&t->comm);
+    MPI_Comm_free(&t->check);
+  }
   MPI_Comm_free(&control_);
 }
 
@@ -101,16 +106,17 @@ void Session::poll_notices() {
 
 void Session::wait(std::vector<MPI_Request>& requests, const std::function<std::string()>& describe,
                    std::vector<MPI_Status>* statuses) {
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<MPI_Status> local(requests.size());
-  std::vector<MPI_Status>& out = statuses ? *statuses : local;
-  out.resize(requests.size());
+  if (statuses) statuses->resize(requests.size());
+  MPI_Status* out = statuses ? statuses->data() : MPI_STATUSES_IGNORE;
+  // Most waits end within microseconds: the clock and the notices are read
+  // from the 64th poll on, every 64 polls (each costs about as much as a poll).
+  std::chrono::steady_clock::time_point start;
   for (long spins = 0;; ++spins) {
     int done = 0;
-    check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, out.data()),
-          "MPI_Testall");
+    check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, out), "MPI_Testall");
     if (done) return;
-    if (spins % 64 == 0) {
+    if (spins % 64 == 63) {
+      if (spins == 63) start = std::chrono::steady_clock::now();
       poll_notices();
       if (failed_rank_ >= 0) {
         std::fprintf(stderr, "[dtp mpi] rank %d: stopped while waiting for %s\n", rank_,
@@ -143,8 +149,10 @@ void Session::wait(std::vector<MPI_Request>& requests, const std::function<std::
         MPI_Abort(MPI_COMM_WORLD, 3);
       }
     }
-    // Oversubscribed ranks (more processes than cores) must yield the core.
-    sched_yield();
+    // A long wait yields the core to oversubscribed ranks (more processes
+    // than cores); a short one spins, since a yield per poll cost 4 us per
+    // small collective (2 ranks, 1 KiB all-reduce: 6.5 us against 2.0).
+    if (spins >= kSpinsBeforeYielding) sched_yield();
   }
 }
 

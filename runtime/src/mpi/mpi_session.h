@@ -1,9 +1,11 @@
 // Internal: the state one launch() shares among its MPI communicators.
 //
-// Each process is one rank. Every wait polls nonblocking MPI requests instead
-// of blocking inside MPI, so that a wait can (1) time out with a report and
-// (2) notice that another rank failed — failures travel as notices on a
-// private control communicator — and unwind instead of hanging.
+// Each process is one rank. Every wait that could hang polls nonblocking MPI
+// requests instead of blocking inside MPI, so that it can (1) time out with a
+// report and (2) notice that another rank failed — failures travel as notices
+// on a private control communicator — and unwind instead of hanging. (The only
+// blocking MPI calls are collectives that every rank has already been checked
+// to be inside: see agreement.h.)
 #pragma once
 
 #include <mpi.h>
@@ -32,6 +34,7 @@ int process_count_without_init();
 /// of launch() can find messages nobody received.
 struct Traffic {
   MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm check = MPI_COMM_NULL;  // a duplicate that carries only the collective checks (agreement.h)
   std::vector<long long> sent;      // messages sent to each rank
   std::vector<long long> received;  // messages received from each rank
 };
