@@ -4,11 +4,15 @@
 For each model size, rounds alternate between `dtp-train` (single device,
 DTP_THREADS=N) and bench/torch_train_step.py (the same GPT in PyTorch eager,
 torch.set_num_threads(N), math attention), same batch, sequence, width and
-depth. Each run trains --steps steps; the first --warmup are not timed. It
+depth. With --world W > 1 both train data parallel on W ranks, the same
+global batch: `dtp-train-reference --strategy ddp --world W` (chapter 02's
+bucketed DDP, W rank threads sharing the N cores) against PyTorch's
+DistributedDataParallel over gloo (W processes, N / W threads each, at
+least 1). Each run trains --steps steps; the first --warmup are not timed. It
 prints min and median tokens/s of each, their ratio (DTP / PyTorch), and
 appends one JSON line per run and one per size to --json.
 
-  python3 bench/vs_torch.py [--build-dir build] [--sizes default,3m] [--threads N]
+  python3 bench/vs_torch.py [--build-dir build] [--sizes default,3m] [--threads N] [--world W]
       [--rounds 3] [--steps 60] [--warmup 10] [--json bench/results/vs-torch-cpu-DATE.jsonl]
 
 Sizes: default is dtp-train's default model (2 layers, d_model 64, 4 heads,
@@ -37,9 +41,12 @@ def shape_flags(size):
 
 def run_dtp(args, size):
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as log:
-        env = dict(os.environ, DTP_THREADS=str(args.threads))
-        command = [os.path.join(args.build_dir, "bin", "dtp-train"), f"--steps={args.steps}",
-                   "--attention=naive", f"--json={log.name}"] + shape_flags(size)
+        env = dict(os.environ, DTP_THREADS=str(args.threads))  # rank threads split them
+        program, strategy = "dtp-train", []
+        if args.world > 1:
+            program, strategy = "dtp-train-reference", ["--strategy=ddp", f"--world={args.world}"]
+        command = [os.path.join(args.build_dir, "bin", program), f"--steps={args.steps}",
+                   "--attention=naive", f"--json={log.name}"] + strategy + shape_flags(size)
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"vs_torch: {' '.join(command)} failed:\n{done.stdout}{done.stderr}")
@@ -50,9 +57,10 @@ def run_dtp(args, size):
 
 def run_torch(args, size):
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as out:
+        threads = max(1, args.threads // args.world)  # per process
         command = [args.python, os.path.join(HERE, "torch_train_step.py"), "--device=cpu", "--attention=math",
-                   f"--threads={args.threads}", f"--steps={args.steps - args.warmup}", f"--warmup={args.warmup}",
-                   f"--json={out.name}"] + shape_flags(size)
+                   f"--threads={threads}", f"--world={args.world}", f"--steps={args.steps - args.warmup}",
+                   f"--warmup={args.warmup}", f"--json={out.name}"] + shape_flags(size)
         # OpenBLAS's own threads on top of torch's oversubscribe the cores
         # (measured: 2 threads at 1.7k tok/s with them, 3.8k without, on the 3m size).
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
@@ -68,6 +76,7 @@ def main():
     parser.add_argument("--build-dir", default="build")
     parser.add_argument("--sizes", default="default,3m")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--world", type=int, default=1, help="data-parallel ranks (default 1: one device)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
@@ -79,15 +88,18 @@ def main():
     for name in sizes:
         if name not in SIZES:
             parser.error(f"--sizes: unknown size '{name}' (expected a comma list of {', '.join(SIZES)})")
-    for flag in ("threads", "rounds"):
+    for flag in ("threads", "rounds", "world"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    for name in sizes:
+        if SIZES[name]["batch"] % args.world:
+            parser.error(f"--world {args.world} must divide size {name}'s batch of {SIZES[name]['batch']}")
     if not 0 <= args.warmup < args.steps:
         parser.error(f"--warmup must be from 0 to --steps - 1 ({args.steps - 1}), got {args.warmup}")
     git = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True,
                          text=True).stdout.strip() or "unknown"
     host = os.uname().nodename
-    print(f"{'size':<8} {'threads':>7} {'DTP tok/s min/median':>22} {'torch tok/s min/median':>24} {'DTP/torch':>9}"
+    print(f"{'size':<8} {'world':>5} {'threads':>7} {'DTP tok/s min/median':>22} {'torch tok/s min/median':>24} {'DTP/torch':>9}"
           f" {'faults/step':>11}")
     with open(args.json, "a") as out:
         for name in sizes:
@@ -98,7 +110,7 @@ def main():
                 dtp.append(rate)
                 rate, version = run_torch(args, size)
                 torch.append(rate)
-            common = dict(size=name, threads=args.threads, git=git, host=host, **size)
+            common = dict(size=name, world=args.world, threads=args.threads, git=git, host=host, **size)
             for impl, rates in (("dtp", dtp), ("torch", torch)):
                 for rate in rates:
                     out.write(json.dumps(dict(what="vs_torch_run", impl=impl, tokens_per_s=rate, **common)) + "\n")
@@ -106,7 +118,7 @@ def main():
             out.write(json.dumps(dict(what="vs_torch", torch=version, dtp_median=statistics.median(dtp),
                                       torch_median=statistics.median(torch), ratio=ratio,
                                       page_faults_last_step=faults, **common)) + "\n")
-            print(f"{name:<8} {args.threads:>7} {min(dtp):>10,.0f} {statistics.median(dtp):>11,.0f}"
+            print(f"{name:<8} {args.world:>5} {args.threads:>7} {min(dtp):>10,.0f} {statistics.median(dtp):>11,.0f}"
                   f" {min(torch):>12,.0f} {statistics.median(torch):>11,.0f} {ratio:>8.2f}x {faults:>11}")
     print(f"torch {version}; JSON lines appended to {args.json}")
     return 0
