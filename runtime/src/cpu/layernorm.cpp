@@ -1,13 +1,25 @@
 // LayerNorm over the last dim. Statistics are computed in the compute type
 // (two passes: mean, then variance) and saved so the backward reuses them.
+// Rows are independent, so they are spread over the rank's threads; the
+// weight and bias gradients, sums over rows, are spread by columns instead,
+// so each still adds its rows in order and the bits do not depend on the
+// thread count.
+#include <algorithm>
 #include <cmath>
 
 #include "cpu/nn_ops_common.h"
 #include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
+#include "dtp/parallel.h"
 
 namespace dtp::ops {
+
+namespace {
+constexpr std::int64_t kElementsPerPart = 16384;  // a part's work well above a wake-up's cost
+/// At least one row per part, and about kElementsPerPart elements.
+std::int64_t rows_per_part(std::int64_t C) { return std::max<std::int64_t>(1, kElementsPerPart / C); }
+}  // namespace
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
                        Tensor& mean, Tensor& rstd, double eps) {
@@ -44,20 +56,22 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
     T* py = y.data<T>();
     T* pm = mean.data<T>();
     T* pr = rstd.data<T>();
-    for (std::int64_t n = 0; n < rows; ++n) {
-      const T* row = px + n * C;
-      T sum = 0;
-      for (std::int64_t c = 0; c < C; ++c) sum += row[c];
-      const T m = sum / static_cast<T>(C);
-      T var = 0;
-      for (std::int64_t c = 0; c < C; ++c) var += (row[c] - m) * (row[c] - m);
-      var /= static_cast<T>(C);
-      const T r = T(1) / std::sqrt(var + static_cast<T>(eps));
-      T* out = py + n * C;
-      for (std::int64_t c = 0; c < C; ++c) out[c] = (row[c] - m) * r * w[c] + b[c];
-      pm[n] = m;
-      pr[n] = r;
-    }
+    parallel_for(rows, rows_per_part(C), [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t n = first; n < last; ++n) {
+        const T* row = px + n * C;
+        T sum = 0;
+        for (std::int64_t c = 0; c < C; ++c) sum += row[c];
+        const T m = sum / static_cast<T>(C);
+        T var = 0;
+        for (std::int64_t c = 0; c < C; ++c) var += (row[c] - m) * (row[c] - m);
+        var /= static_cast<T>(C);
+        const T r = T(1) / std::sqrt(var + static_cast<T>(eps));
+        T* out = py + n * C;
+        for (std::int64_t c = 0; c < C; ++c) out[c] = (row[c] - m) * r * w[c] + b[c];
+        pm[n] = m;
+        pr[n] = r;
+      }
+    });
   });
 }
 
@@ -102,28 +116,41 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
     T* pdx = dx.data<T>();
     T* dw = dweight.data<T>();
     T* db = dbias.data<T>();
-    for (std::int64_t n = 0; n < rows; ++n) {
-      const T* row = px + n * C;
-      const T* g = pdy + n * C;
-      const T m = pm[n], r = pr[n];
-      // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * w.
-      T mean_dxhat = 0, mean_dxhat_xhat = 0;
-      for (std::int64_t c = 0; c < C; ++c) {
-        const T xhat = (row[c] - m) * r;
-        const T dxhat = g[c] * w[c];
-        mean_dxhat += dxhat;
-        mean_dxhat_xhat += dxhat * xhat;
-        dw[c] += g[c] * xhat;
-        db[c] += g[c];
+    parallel_for(rows, rows_per_part(C), [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t n = first; n < last; ++n) {
+        const T* row = px + n * C;
+        const T* g = pdy + n * C;
+        const T m = pm[n], r = pr[n];
+        // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * w.
+        T mean_dxhat = 0, mean_dxhat_xhat = 0;
+        for (std::int64_t c = 0; c < C; ++c) {
+          const T xhat = (row[c] - m) * r;
+          const T dxhat = g[c] * w[c];
+          mean_dxhat += dxhat;
+          mean_dxhat_xhat += dxhat * xhat;
+        }
+        mean_dxhat /= static_cast<T>(C);
+        mean_dxhat_xhat /= static_cast<T>(C);
+        T* out = pdx + n * C;
+        for (std::int64_t c = 0; c < C; ++c) {
+          const T xhat = (row[c] - m) * r;
+          out[c] = r * (g[c] * w[c] - mean_dxhat - xhat * mean_dxhat_xhat);
+        }
       }
-      mean_dxhat /= static_cast<T>(C);
-      mean_dxhat_xhat /= static_cast<T>(C);
-      T* out = pdx + n * C;
-      for (std::int64_t c = 0; c < C; ++c) {
-        const T xhat = (row[c] - m) * r;
-        out[c] = r * (g[c] * w[c] - mean_dxhat - xhat * mean_dxhat_xhat);
-      }
-    }
+    });
+    // dweight and dbias add every row's share, in row order, column by column.
+    parallel_for(C, std::max<std::int64_t>(1, kElementsPerPart / std::max<std::int64_t>(1, rows)),
+                 [&](std::int64_t c0, std::int64_t c1) {
+                   for (std::int64_t n = 0; n < rows; ++n) {
+                     const T* row = px + n * C;
+                     const T* g = pdy + n * C;
+                     const T m = pm[n], r = pr[n];
+                     for (std::int64_t c = c0; c < c1; ++c) {
+                       dw[c] += g[c] * ((row[c] - m) * r);
+                       db[c] += g[c];
+                     }
+                   }
+                 });
   });
 }
 

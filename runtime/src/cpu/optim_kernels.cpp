@@ -1,12 +1,19 @@
 // Optimizer updates on flat buffers. They work on any matching views, so a
-// ZeRO shard or a bucket is updated exactly like a whole unit.
+// ZeRO shard or a bucket is updated exactly like a whole unit. Every element
+// is updated on its own, so the parts run on all the rank's threads and the
+// bits do not depend on how many.
 #include <cmath>
 
 #include "cpu/nn_ops_common.h"
 #include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
+#include "dtp/parallel.h"
 
 namespace dtp::ops {
+
+namespace {
+constexpr std::int64_t kElementsPerPart = 16384;  // a part's work well above a wake-up's cost
+}  // namespace
 
 void adamw_update(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, double lr,
                   double beta1, double beta2, double eps, double weight_decay, std::int64_t step) {
@@ -32,12 +39,14 @@ void adamw_update(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, dou
     const T step_size = static_cast<T>(lr / bias1);
     const T inv_sqrt_bias2 = static_cast<T>(1.0 / std::sqrt(bias2));
     const T e = static_cast<T>(eps), decay = static_cast<T>(lr * weight_decay);
-    for (std::int64_t i = 0, n = params.numel(); i < n; ++i) {
-      pm[i] = b1 * pm[i] + (T(1) - b1) * g[i];
-      pv[i] = b2 * pv[i] + (T(1) - b2) * g[i] * g[i];
-      const T denom = std::sqrt(pv[i]) * inv_sqrt_bias2 + e;
-      p[i] -= step_size * pm[i] / denom + decay * p[i];
-    }
+    parallel_for(params.numel(), kElementsPerPart, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) {
+        pm[i] = b1 * pm[i] + (T(1) - b1) * g[i];
+        pv[i] = b2 * pv[i] + (T(1) - b2) * g[i] * g[i];
+        const T denom = std::sqrt(pv[i]) * inv_sqrt_bias2 + e;
+        p[i] -= step_size * pm[i] / denom + decay * p[i];
+      }
+    });
   });
 }
 
@@ -63,15 +72,17 @@ void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, do
     T* __restrict buf = use_momentum ? momentum_buffer.data<T>() : nullptr;
     const T mu = static_cast<T>(momentum), wd = static_cast<T>(weight_decay),
             rate = static_cast<T>(lr);
-    for (std::int64_t i = 0, n = params.numel(); i < n; ++i) {
-      const T grad = g[i] + wd * p[i];
-      if (!use_momentum) {
-        p[i] -= rate * grad;
-        continue;
+    parallel_for(params.numel(), kElementsPerPart, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) {
+        const T grad = g[i] + wd * p[i];
+        if (!use_momentum) {
+          p[i] -= rate * grad;
+          continue;
+        }
+        buf[i] = mu * buf[i] + grad;
+        p[i] -= rate * (nesterov ? grad + mu * buf[i] : buf[i]);
       }
-      buf[i] = mu * buf[i] + grad;
-      p[i] -= rate * (nesterov ? grad + mu * buf[i] : buf[i]);
-    }
+    });
   });
 }
 
