@@ -79,6 +79,22 @@ TEST(ParallelOps, AdamWAndSgdUpdates) {
   }
 }
 
+TEST(ParallelOps, CrossEntropyForwardAndBackward) {
+  constexpr std::int64_t kVocab = 200;
+  std::vector<double> ids;
+  for (std::int64_t n = 0; n < kRows; ++n) ids.push_back(static_cast<double>((n * 7) % kVocab));
+  const Tensor targets = Tensor::from_values(ids, DType::i32);
+  for (DType dtype : {DType::f32, DType::f64}) {
+    expect_same_bits_at_every_thread_count(std::string("cross_entropy ") + dtype_name(dtype), [&] {
+      Tensor logits = wavy({kRows, kVocab}, dtype, 0.5), losses = Tensor::zeros({kRows}, dtype);
+      const double mean = ops::cross_entropy_forward(logits, targets, losses);
+      Tensor dlogits = Tensor::zeros({kRows, kVocab}, dtype);
+      ops::cross_entropy_backward(logits, targets, 0.5, dlogits);
+      return std::vector<Tensor>{Tensor::from_values({mean}, DType::f64), losses, dlogits};
+    });
+  }
+}
+
 TEST(ParallelOps, Gelu) {
   for (DType dtype : {DType::f32, DType::f64}) {
     expect_same_bits_at_every_thread_count(std::string("gelu ") + dtype_name(dtype), [&] {

@@ -1,27 +1,36 @@
 // Softmax cross-entropy, fused: the forward never stores probabilities and
 // the backward turns logits into their gradient in place (llm.c style).
+// Rows are spread over the rank's threads; the targets are checked first, in
+// order, so a bad one is always reported at its first row, and the mean loss
+// adds the rows in order, so the bits do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "cpu/nn_ops_common.h"
 #include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
 #include "dtp/nn_ops.h"
+#include "dtp/parallel.h"
 
 namespace dtp::ops {
 
 namespace {
+constexpr std::int64_t kElementsPerPart = 16384;  // a part's work well above a wake-up's cost
+std::int64_t rows_per_part(std::int64_t V) { return std::max<std::int64_t>(1, kElementsPerPart / V); }
+
 detail::LogitRows check_logits(const char* op, const Tensor& logits, const Tensor& targets) {
   detail::check_float(op, "logits", logits);
   detail::check_cpu(op, "targets", targets);
   return detail::logit_rows(op, logits, targets);
 }
 
-std::int32_t checked_target(const char* op, const Tensor& targets, std::int64_t n, std::int64_t V) {
-  const std::int32_t t = targets.data<std::int32_t>()[n];
-  DTP_CHECK(t >= 0 && t < V, op, ": target ", t, " at row ", n, " is outside the vocabulary [0, ",
-            V, ")");
+/// Every target, checked in row order before any row is computed.
+const std::int32_t* checked_targets(const char* op, const Tensor& targets, std::int64_t N, std::int64_t V) {
+  const std::int32_t* t = targets.data<std::int32_t>();
+  for (std::int64_t n = 0; n < N; ++n)
+    DTP_CHECK(t[n] >= 0 && t[n] < V, op, ": target ", t[n], " at row ", n, " is outside the vocabulary [0, ", V, ")");
   return t;
 }
 
@@ -52,18 +61,23 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor
     detail::check_dtype_is(op, "losses", losses, logits.dtype());
     detail::check_numel(op, "losses", losses, r.N, "one per row of logits");
   }
+  const std::int32_t* target = checked_targets(op, targets, r.N, r.V);
   double total = 0;
   detail::with_float(logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* pl = logits.data<T>();
+    std::vector<T> row_loss(static_cast<std::size_t>(r.N));
+    parallel_for(r.N, rows_per_part(r.V), [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t n = first; n < last; ++n) {
+        const T* row = pl + n * r.V;
+        T m;
+        row_loss[static_cast<std::size_t>(n)] = row_logsumexp(row, r.V, m) - row[target[n]];
+      }
+    });
     T* out = losses.defined() ? losses.data<T>() : nullptr;
     for (std::int64_t n = 0; n < r.N; ++n) {
-      const T* row = pl + n * r.V;
-      const std::int32_t t = checked_target(op, targets, n, r.V);
-      T m;
-      const T loss = row_logsumexp(row, r.V, m) - row[t];
-      if (out) out[n] = loss;
-      total += static_cast<double>(loss);
+      if (out) out[n] = row_loss[static_cast<std::size_t>(n)];
+      total += static_cast<double>(row_loss[static_cast<std::size_t>(n)]);
     }
   });
   return r.N > 0 ? total / static_cast<double>(r.N) : 0.0;
@@ -82,20 +96,22 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double 
   detail::check_float(op, "dlogits", dlogits);
   detail::check_dtype_is(op, "dlogits", dlogits, logits.dtype());
   detail::check_shape(op, "dlogits", dlogits, logits.shape());
+  const std::int32_t* target = checked_targets(op, targets, r.N, r.V);
   detail::with_float(logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* pl = logits.data<T>();
     T* pd = dlogits.data<T>();
     const T s = static_cast<T>(loss_scale);
-    for (std::int64_t n = 0; n < r.N; ++n) {
-      const T* row = pl + n * r.V;
-      T* grad = pd + n * r.V;  // may be the same memory as row
-      const std::int32_t t = checked_target(op, targets, n, r.V);
-      T m;
-      const T lse = row_logsumexp(row, r.V, m);
-      for (std::int64_t c = 0; c < r.V; ++c) grad[c] = std::exp(row[c] - lse) * s;
-      grad[t] -= s;
-    }
+    parallel_for(r.N, rows_per_part(r.V), [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t n = first; n < last; ++n) {
+        const T* row = pl + n * r.V;
+        T* grad = pd + n * r.V;  // may be the same memory as row
+        T m;
+        const T lse = row_logsumexp(row, r.V, m);
+        for (std::int64_t c = 0; c < r.V; ++c) grad[c] = std::exp(row[c] - lse) * s;
+        grad[target[n]] -= s;
+      }
+    });
   });
 }
 
