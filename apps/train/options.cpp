@@ -12,6 +12,8 @@
 #include <limits>
 #include <map>
 
+#include <unistd.h>
+
 #include "dtp/device.h"
 #include "dtp_cli.h"
 #include "dtp/error.h"
@@ -49,6 +51,21 @@ Run:
   --json FILE             write a JSON-lines log (config, one line per step, summary)
   --log-every N           keep a line every N steps (default: about ten per run);
                           on a terminal a line updates in place in between
+
+Checkpoints (--strategy single; the format: runtime/include/dtp/checkpoint.h):
+  --save FILE             at the end, write the parameters, the optimizer state,
+                          the step and these settings to FILE (written to
+                          FILE.tmp and renamed: an interrupted save leaves the
+                          old FILE as it was)
+  --resume FILE           continue the run that saved FILE, from its step to
+                          --steps: the same result, bit for bit, as the run
+                          that was never stopped. Every setting but --steps
+                          must be the saved run's (the error lists any that differ)
+  --load FILE             start from FILE's parameters (a new run: fresh
+                          optimizer, step 0): fine-tuning a pretrained model,
+                          on other data with another --seed
+  --stop-after K          stop after step K, 1 to --steps: train a run of
+                          --steps in slices (--save, then --resume)
 
 Mixed precision (chapter 07):
   --precision fp32|bf16|fp16
@@ -230,6 +247,27 @@ void check_writable(const std::string& flag, const std::string& path) {
   std::fclose(file);
 }
 
+// --save must not create FILE before the run (a failed run would leave an
+// empty "checkpoint"): check that its folder takes new files instead.
+void check_save_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  if (fs::is_directory(target)) throw UsageError{"--save expects a file path, got the directory '" + path + "'"};
+  const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  if (!fs::is_directory(folder))
+    throw UsageError{"--save: the folder '" + folder.string() + "' of '" + path + "' does not exist"};
+  if (::access(folder.c_str(), W_OK) != 0)
+    throw UsageError{"--save: cannot write in '" + folder.string() + "': " + std::strerror(errno)};
+}
+
+void check_checkpoint_file(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (!fs::is_regular_file(path, error))
+    throw UsageError{flag + " expects a checkpoint file (from --save), got '" + path + "' (" +
+                     (fs::exists(path, error) ? "not a regular file" : "no such file") + ")"};
+}
+
 void check_data_file(const std::string& path, std::int64_t seq) {
   namespace fs = std::filesystem;
   std::error_code error;
@@ -322,6 +360,22 @@ Options parse_arguments(int argc, char** argv) {
          config.json_path = v;
        }},
       {"--log-every", [&](auto& f, auto& v) { o.log_every = parse_int(f, v, 1, kMaxSteps); }},
+      {"--save",
+       [&](auto& f, auto& v) {
+         if (v.empty()) throw UsageError{f + " expects a file path, got ''"};
+         config.save_path = v;
+       }},
+      {"--resume",
+       [&](auto& f, auto& v) {
+         if (v.empty()) throw UsageError{f + " expects a checkpoint file, got ''"};
+         config.resume_path = v;
+       }},
+      {"--load",
+       [&](auto& f, auto& v) {
+         if (v.empty()) throw UsageError{f + " expects a checkpoint file, got ''"};
+         config.load_path = v;
+       }},
+      {"--stop-after", [&](auto& f, auto& v) { config.stop_after = parse_int(f, v, 1, kMaxSteps); }},
       {"--layers", [&](auto& f, auto& v) { config.model.layers = as_int(parse_int(f, v, 0, 256)); }},
       {"--d-model", [&](auto& f, auto& v) { config.model.d_model = as_int(parse_int(f, v, 1, kMaxWidth)); }},
       {"--heads", [&](auto& f, auto& v) { config.model.heads = as_int(parse_int(f, v, 1, kMaxWidth)); }},
@@ -579,6 +633,19 @@ void check_options(const Options& o) {
     if (!config.trace_path.empty()) check_writable("--trace", config.trace_path);
     if (!config.json_path.empty()) check_writable("--json", config.json_path);
   }
+  const bool checkpoints = !config.save_path.empty() || !config.resume_path.empty() || !config.load_path.empty() ||
+                           config.stop_after != 0;
+  if (checkpoints && config.strategy != "single")
+    throw UsageError{"--save, --load, --resume and --stop-after work with --strategy single so far, not " +
+                     config.strategy};
+  if (!config.resume_path.empty() && !config.load_path.empty())
+    throw UsageError{"--resume continues a run and --load starts a new one from saved parameters: give one, not both"};
+  if (config.stop_after > config.steps)
+    throw UsageError{"--stop-after " + std::to_string(config.stop_after) + " is past --steps " +
+                     std::to_string(config.steps)};
+  if (!config.save_path.empty()) check_save_path(config.save_path);
+  if (!config.resume_path.empty()) check_checkpoint_file("--resume", config.resume_path);
+  if (!config.load_path.empty()) check_checkpoint_file("--load", config.load_path);
   if (config.model.device.is_cuda() && dtp::cuda_device_count() == 0)
     throw UsageError{"--device " + config.model.device.str() +
                      ": no usable CUDA device here (none found, or DTP was built without CUDA)"};

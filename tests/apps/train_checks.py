@@ -213,6 +213,7 @@ def check_outputs(args):
                    f"a failed run's log must end with a 'failed' line naming the error; got {objects[-1:]}")
 
     check_zero_lines(args.reference, [], "zero on threads", {"DTP_BACKEND": "thread"}, "thread")
+    check_slices(args.reference)
 
     # A trace that cannot be written fails at once (not after the run, not exit 0).
     result = run([args.reference, "--steps", "200", "--trace", "/dev/full"])
@@ -240,6 +241,25 @@ def check_outputs(args):
            and float(summary.group(2)) < float(summary.group(1)) - 0.5,
            f"--moe-experts 4 --top-k 2: expected the model line to name the experts and the loss to fall "
            f"by more than 0.5 over 60 steps; got {show(result)}")
+
+
+def check_slices(program):
+    """--stop-after and --save, then --resume: the losses of the run never stopped."""
+    with tempfile.TemporaryDirectory() as folder:
+        whole, first, second = (os.path.join(folder, name) for name in ("whole.jsonl", "a.jsonl", "b.jsonl"))
+        checkpoint = os.path.join(folder, "run.ckpt")
+        common = [program, "--steps", "8", "--batch", "4", "--seq", "16"]
+        runs = [common + ["--json", whole], common + ["--stop-after", "3", "--save", checkpoint, "--json", first],
+                common + ["--resume", checkpoint, "--json", second]]
+        for argv in runs:
+            result = run(argv)
+            if not expect(result.returncode == 0, f"{' '.join(argv)} must train; got {show(result)}"):
+                return
+        steps = lambda path: [(o["step"], o["loss"]) for o in read_log(path, path) if o.get("kind") == "step"]
+        expect(steps(first) + steps(second) == steps(whole),
+               f"8 steps in slices of 3 and 5 (--stop-after 3 --save, then --resume) must give the losses of 8 "
+               f"steps straight, bit for bit; got {steps(first) + steps(second)} against {steps(whole)}")
+        expect(not os.path.exists(checkpoint + ".tmp"), "--save must not leave its temporary file behind")
 
 
 def check_zero_lines(program, launcher, where, env, backend):

@@ -1,10 +1,12 @@
 /// @file json.h
 /// @brief The JSON the trace, the trainer's log and the benchmarks write by
-/// hand: quoted strings, numbers, and one-line objects built from them.
+/// hand: quoted strings, numbers, and one-line objects built from them; and
+/// a small strict parser for what DTP reads back (a checkpoint's header).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dtp {
@@ -64,5 +66,34 @@ class JsonLine {
   int digits_;
   std::string text_;
 };
+
+/// A parsed JSON value. Numbers keep their text too, so integers read back
+/// exactly (as_int) beyond a double's 53 bits.
+struct JsonValue {
+  enum class Kind { null, boolean, number, string, array, object };
+  Kind kind = Kind::null;
+  bool boolean = false;
+  std::string text;                                        ///< a string's value, a number's digits
+  std::vector<JsonValue> items;                            ///< an array's
+  std::vector<std::pair<std::string, JsonValue>> members;  ///< an object's, in file order
+
+  /// The member @p key of an object, or nullptr when it has none.
+  const JsonValue* find(const std::string& key) const;
+  /// The member @p key; throws dtp::Error naming it when missing or not an object.
+  const JsonValue& at(const std::string& key) const;
+  /// A number as a double; throws naming @p what otherwise.
+  double as_number(const std::string& what) const;
+  /// An integral number, exactly; throws naming @p what otherwise.
+  std::int64_t as_int(const std::string& what) const;
+  /// A string; throws naming @p what otherwise.
+  const std::string& as_string(const std::string& what) const;
+  /// This value written back as compact JSON (numbers as they were read).
+  std::string dump() const;
+};
+
+/// Parses one JSON value (RFC 8259: objects, arrays, strings with escapes,
+/// numbers, true, false, null) with nothing but whitespace after it. Throws
+/// dtp::Error naming the byte offset and what was expected there.
+JsonValue parse_json(const std::string& text);
 
 }  // namespace dtp

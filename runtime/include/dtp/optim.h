@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dtp/checkpoint.h"
 #include "dtp/nn.h"
 #include "dtp/tensor.h"
 
@@ -45,6 +46,13 @@ class Optimizer {
   virtual double clip_gradients(double max_norm);
   /// Updates applied so far.
   std::int64_t steps() const { return steps_; }
+  /// Sets the count of updates applied: a resumed run continues AdamW's bias
+  /// correction from the step it was saved at. At least 0.
+  void set_steps(std::int64_t steps);
+  /// The state step() keeps, as named views of it ("<buffer>.m" and
+  /// "<buffer>.v" for AdamW, "<buffer>.momentum" for SGD with momentum), for
+  /// checkpoints: copying into them restores the state.
+  virtual std::vector<NamedTensor> state() const { return {}; }
   /// The buffers this optimizer updates.
   const std::vector<ParamBuffer>& buffers() const { return buffers_; }
   /// Points buffer @p i at gradients @p grads (its params' dtype, element
@@ -78,6 +86,7 @@ class SGD : public Optimizer {
   SGD(std::vector<ParamBuffer> buffers, SGDConfig config = {});
   void step(double lr) override;
   std::string name() const override { return "sgd"; }
+  std::vector<NamedTensor> state() const override;
   /// The momentum buffer of buffer @p i (undefined with momentum 0).
   const Tensor& momentum_buffer(std::size_t i) const { return momentum_.at(i); }
   /// The settings.
@@ -103,6 +112,7 @@ class AdamW : public Optimizer {
   AdamW(std::vector<ParamBuffer> buffers, AdamWConfig config = {});
   void step(double lr) override;
   std::string name() const override { return "adamw"; }
+  std::vector<NamedTensor> state() const override;
   /// m of buffer @p i.
   const Tensor& first_moment(std::size_t i) const { return m_.at(i); }
   /// v of buffer @p i.

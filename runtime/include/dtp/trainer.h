@@ -45,6 +45,16 @@ struct TrainConfig {
   std::uint64_t seed = 1234;        ///< seeds the weights, the synthetic data and the sampler
   std::string strategy = "single";  ///< a registered strategy (see strategy_names())
   std::string trace_path;           ///< Chrome trace JSON of the run (empty: none)
+  /// Checkpoints (dtp/checkpoint.h; the single-device strategy). save_path:
+  /// write one at the end of the run. resume_path: continue the run that
+  /// wrote it (parameters, optimizer state, steps done; every other setting
+  /// but steps must match). load_path: start from its parameters only
+  /// (fine-tuning). stop_after: stop after this step (0: at steps), so a run
+  /// of `steps` can be trained in slices with save and resume.
+  std::string save_path;
+  std::string resume_path;   ///< see save_path
+  std::string load_path;     ///< see save_path
+  std::int64_t stop_after = 0;  ///< see save_path
   std::string json_path;            ///< JSON-lines log (empty: none)
   /// Recorded in the log's config line, so a log says how to rerun it: the
   /// program's command line (dtp train fills it) and the source revision.
@@ -162,6 +172,17 @@ class Trainer {
   const BatchSampler& sampler() const { return *sampler_; }
   /// The config as resolved (vocab and context filled in).
   const TrainConfig& config() const { return config_; }
+  /// Writes a training checkpoint to @p path: every parameter
+  /// ("params/<unit>.<name>"), the optimizer's state ("optimizer/<buffer>.m",
+  /// ...), the steps done and config(). The data needs no state: batch s is
+  /// drawn from (seed, s) alone.
+  void save(const std::string& path);
+  /// Continues the run that saved @p path: its parameters, optimizer state
+  /// and steps done, so that training on equals the run that was never
+  /// stopped, bit for bit. Throws dtp::Error naming every setting that
+  /// differs from the saved run's (all must match but steps and the output
+  /// paths), or a tensor the file lacks.
+  void resume(const std::string& path);
 
  private:
   TrainConfig config_;
@@ -171,6 +192,16 @@ class Trainer {
   std::vector<std::function<void()>> after_backward_;
   std::int64_t steps_done_ = 0;
 };
+
+/// Copies the parameters of a checkpoint into @p model ("params/<unit>.<name>"
+/// for each of the model's parameters): fine-tuning from pretrained weights,
+/// with no optimizer state and no steps. Throws dtp::Error naming @p path,
+/// the first parameter the file lacks or holds with another shape or dtype,
+/// and the model settings that differ.
+void load_parameters(GPT& model, const Checkpoint& checkpoint, const std::string& path);
+
+/// The run's settings as the log's config line writes them (a JSON object).
+std::string config_json(const TrainConfig& config);
 
 /// Loads the dataset a config names (the file, or the synthetic stream).
 TokenDataset load_dataset(const TrainConfig& config);

@@ -52,6 +52,11 @@ void Optimizer::set_grads(std::size_t i, Tensor grads) {
   buffers_[i] = std::move(candidate);
 }
 
+void Optimizer::set_steps(std::int64_t steps) {
+  DTP_CHECK(steps >= 0, "Optimizer::set_steps: a count of updates is at least 0, got ", steps);
+  steps_ = steps;
+}
+
 double Optimizer::clip_gradients(double max_norm) { return clip_grad_norm(grad_tensors(buffers_), max_norm); }
 
 Tensor Optimizer::new_state(std::size_t i) const {
@@ -75,6 +80,13 @@ void SGD::step(double lr) {
                     config_.weight_decay, config_.nesterov);
 }
 
+std::vector<NamedTensor> SGD::state() const {
+  std::vector<NamedTensor> named;
+  for (std::size_t i = 0; i < buffers_.size(); ++i)
+    if (momentum_[i].defined()) named.push_back({buffers_[i].name + ".momentum", momentum_[i]});
+  return named;
+}
+
 AdamW::AdamW(std::vector<ParamBuffer> buffers, AdamWConfig config)
     : Optimizer(std::move(buffers)), config_(config) {
   DTP_CHECK(config_.beta1 >= 0 && config_.beta1 < 1 && config_.beta2 >= 0 && config_.beta2 < 1,
@@ -92,6 +104,15 @@ void AdamW::step(double lr) {
   for (std::size_t i = 0; i < buffers_.size(); ++i)
     ops::adamw_update(buffers_[i].params, buffers_[i].grads, m_[i], v_[i], lr, config_.beta1,
                       config_.beta2, config_.eps, config_.weight_decay, steps_);
+}
+
+std::vector<NamedTensor> AdamW::state() const {
+  std::vector<NamedTensor> named;
+  for (std::size_t i = 0; i < buffers_.size(); ++i) {
+    named.push_back({buffers_[i].name + ".m", m_[i]});
+    named.push_back({buffers_[i].name + ".v", v_[i]});
+  }
+  return named;
 }
 
 double LRSchedule::at(std::int64_t step) const {

@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 
+#include "dtp/checkpoint.h"
 #include "dtp/comm.h"
 #include "dtp/error.h"
 #include "dtp/json.h"
@@ -36,6 +37,8 @@ std::string rate(double tokens_per_second) {
   return buf;
 }
 
+}  // namespace
+
 // The config line of the log: every setting of the run, the model's whole
 // configuration, the command line and the revision.
 std::string config_json(const TrainConfig& config) {
@@ -60,6 +63,7 @@ std::string config_json(const TrainConfig& config) {
   return line.str();
 }
 
+namespace {
 std::mutex registry_mutex;
 std::map<std::string, StrategyFn>& registry() {
   static std::map<std::string, StrategyFn> strategies{{"single", train_single}};
@@ -83,6 +87,13 @@ void TrainConfig::validate() const {
             "train: weight_decay must be finite and >= 0, got ", weight_decay);
   DTP_CHECK(momentum >= 0 && momentum < 1, "train: momentum must be in [0, 1), got ", momentum);
   DTP_CHECK(std::isfinite(grad_clip), "train: grad_clip must be finite, got ", grad_clip);
+  const bool checkpoints = !save_path.empty() || !resume_path.empty() || !load_path.empty() || stop_after != 0;
+  DTP_CHECK(!checkpoints || strategy == "single", "train: --save, --load, --resume and --stop-after work with "
+            "--strategy single so far, not ", strategy);
+  DTP_CHECK(resume_path.empty() || load_path.empty(), "train: --resume continues a run (its parameters and "
+            "optimizer state) and --load starts a new one from saved parameters; give one, not both");
+  DTP_CHECK(stop_after >= 0 && stop_after <= steps, "train: stop_after must be from 0 (run all steps) to steps (",
+            steps, "), got ", stop_after);
   // Tokens per step must be countable (batch x seq in an int64).
   std::int64_t tokens = 0;
   DTP_CHECK(!__builtin_mul_overflow(batch, seq, &tokens), "train: batch x seq = ", batch, " x ",
@@ -257,16 +268,23 @@ void TrainResult::add_step(const StepRecord& record, const MemoryTracker& tracke
 TrainResult train_single(const TrainConfig& config, const StepCallback& on_step) {
   const auto start = std::chrono::steady_clock::now();
   Trainer trainer(config);
+  if (!config.load_path.empty())
+    load_parameters(trainer.model(), read_checkpoint(config.load_path), config.load_path);
+  if (!config.resume_path.empty()) trainer.resume(config.resume_path);
   TrainResult result;
   result.parameters = trainer.model().parameter_count();
   result.data_name = trainer.sampler().data().name();
   result.peak_by_category.assign(kMemoryCategoryCount, 0);
   std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-  for (std::int64_t s = 0; s < config.steps; ++s) {
+  const std::int64_t last = config.stop_after > 0 ? config.stop_after : config.steps;
+  DTP_CHECK(trainer.steps_done() < last, "train: --resume ", config.resume_path, " is at step ",
+            trainer.steps_done(), ", so --stop-after ", last, " leaves nothing to train");
+  while (trainer.steps_done() < last) {
     StepRecord record = trainer.step();
     result.add_step(record, *tracker);
     if (on_step) on_step(record);
   }
+  if (!config.save_path.empty()) trainer.save(config.save_path);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

@@ -1,0 +1,65 @@
+/// @file checkpoint.h
+/// @brief Checkpoint files: named tensors and the settings of the run that
+/// made them, written so that an interrupted save never leaves a broken file.
+///
+/// The format (version 1), in order:
+///
+///     DTPCKPT 1 <H>\n          the magic, the version and H, the header's bytes
+///     <header: H bytes of JSON>\n
+///     <data: every tensor's bytes, back to back, little-endian>
+///
+/// The header is one JSON object:
+///
+///     {"format":"dtp-checkpoint","version":1,"kind":"training","step":200,
+///      "config":{...the run's settings, as the log's config line...},
+///      "tensors":[{"name":"params/block.0.attn.q.weight","dtype":"f32",
+///                  "shape":[64,64],"offset":0,"bytes":16384}, ...],
+///      "data_bytes":1234567,"checksum":"fnv1a64:89ab..."}
+///
+/// Offsets count from the first data byte. The checksum is 64-bit FNV-1a over
+/// the data bytes. A reader refuses a file whose magic, version, header,
+/// sizes or checksum do not hold, naming what is wrong; it never returns
+/// part of a file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtp/json.h"
+#include "dtp/tensor.h"
+
+namespace dtp {
+
+/// A tensor and the name it has in a checkpoint.
+struct NamedTensor {
+  std::string name;  ///< e.g. "params/block.0.attn.q.weight"
+  Tensor tensor;     ///< any device; stored from (and read into) host memory
+};
+
+/// What a checkpoint file holds.
+struct Checkpoint {
+  /// "training" (parameters, optimizer state, step) or "model" (parameters).
+  std::string kind = "training";
+  std::int64_t step = 0;  ///< optimizer steps done when it was saved
+  JsonValue config;       ///< the settings of the run that saved it
+  std::vector<NamedTensor> tensors;  ///< in file order
+
+  /// The tensor called @p name; throws naming it and the file's names.
+  const Tensor& tensor(const std::string& name) const;
+  /// True when the file has a tensor called @p name.
+  bool has(const std::string& name) const;
+};
+
+/// Writes @p checkpoint to @p path: first to "<path>.tmp", flushed to disk,
+/// then renamed over @p path, so a reader sees the old file or the new one,
+/// never half of one. Throws dtp::Error naming the path when it cannot.
+void write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+
+/// Reads a whole checkpoint into host tensors. Throws dtp::Error naming the
+/// path and what is wrong: not a checkpoint, another version, a header that
+/// does not parse, a truncated file, a tensor outside the data, or data
+/// whose checksum differs (a corrupt file).
+Checkpoint read_checkpoint(const std::string& path);
+
+}  // namespace dtp
