@@ -163,9 +163,17 @@ class Unit {
   /// False while the parameters are released: forward and backward then
   /// throw dtp::Error.
   bool has_params() const { return params_.defined(); }
-  /// False while the gradients are released: backward then throws, and
-  /// zero_grad() skips the unit.
+  /// False while the gradients are released: backward then throws (unless
+  /// the unit is frozen), and zero_grad() skips the unit.
   bool has_grads() const { return grads_.defined(); }
+  /// Stops computing this unit's parameter gradients for good and releases
+  /// its gradient buffer: its backward still passes gradients on to earlier
+  /// units (and to any LinearAdapter attached to its layers), but never
+  /// computes its own. LoRA (chapter 08) freezes the whole base model, so
+  /// the base takes no gradient and no optimizer memory.
+  void freeze();
+  /// True after freeze().
+  bool frozen() const { return frozen_; }
 
  protected:
   /// Allocates zeroed flat buffers for @p layout; the derived constructor
@@ -192,6 +200,7 @@ class Unit {
   int index_;
   std::vector<ParamSpec> layout_;
   std::int64_t numel_ = 0;
+  bool frozen_ = false;
   Tensor params_;
   Tensor grads_;
   std::vector<ParamView> views_;
@@ -220,7 +229,25 @@ class PendingWeightGrads {
 
 /// What a Linear keeps for its backward.
 struct LinearSaved {
-  Tensor input;  ///< x, shared with whoever produced it (no copy)
+  Tensor input;    ///< x, shared with whoever produced it (no copy)
+  Tensor adapter;  ///< what the layer's LinearAdapter kept (undefined without one)
+};
+
+/// A trainable term added to a Linear's output, y = x W^T + b + adapter(x):
+/// LoRA's low-rank update (chapter 08). Attached with Linear::adapter (not
+/// owned); it holds its own parameters and gradients, so it trains even
+/// when the Linear's unit is frozen.
+class LinearAdapter {
+ public:
+  virtual ~LinearAdapter() = default;
+  /// Adds the adapter's term for x [..., in] to y [..., out]; returns what
+  /// its backward needs (the Linear keeps it in LinearSaved::adapter).
+  virtual Tensor forward(const Tensor& x, Tensor& y) const = 0;
+  /// Adds the adapter's part of dx for dy into dx [..., in].
+  virtual void backward_input(const Tensor& dy, Tensor& dx) const = 0;
+  /// Accumulates the adapter's own gradients for dy, the layer's input x
+  /// and what forward returned.
+  virtual void backward_weight(const Tensor& dy, const Tensor& x, const Tensor& kept) const = 0;
 };
 
 /// y = x W^T + b with W [out, in]. The backward is split: backward_input gives
@@ -249,6 +276,9 @@ class Linear {
   std::int64_t in_features = 0;   ///< columns of W
   std::int64_t out_features = 0;  ///< rows of W
   bool has_bias = true;           ///< false: no bias parameter
+  bool frozen = false;            ///< no dW, db (its unit is frozen); the adapter still trains
+  /// Adds its term to the output and trains beside W when set (not owned).
+  const LinearAdapter* adapter = nullptr;
   Tensor weight;                  ///< W [out, in], a view of the unit's params
   Tensor bias;                    ///< b [out] (undefined without bias)
   Tensor weight_grad;             ///< dW, a view of the unit's grads
@@ -279,6 +309,7 @@ class LayerNorm {
 
   std::int64_t features = 0;  ///< size of the normalized (last) dim
   double eps = 1e-5;          ///< added to the variance
+  bool frozen = false;        ///< no weight or bias gradients (its unit is frozen)
   Tensor weight;              ///< gain [features], starts at 1
   Tensor bias;                ///< shift [features], starts at 0
   Tensor weight_grad;         ///< gradient of weight

@@ -46,6 +46,7 @@ void Linear::declare(std::vector<ParamSpec>& layout, const std::string& prefix,
 }
 
 void Linear::bind(const Unit& unit, const std::string& prefix) {
+  frozen = unit.frozen();
   const ParamView& w = unit.parameter(prefix + ".weight");
   weight = w.value;
   weight_grad = w.grad;
@@ -62,6 +63,7 @@ Tensor Linear::forward(const Tensor& x, LinearSaved& saved) const {
   Tensor y = new_activation(with_last_dim(x.shape(), out_features), x);
   ops::matmul(x, weight, y, false, true);
   if (has_bias) ops::add_bias(y, bias);
+  if (adapter) saved.adapter = adapter->forward(x, y);
   saved.input = x;
   return y;
 }
@@ -70,6 +72,7 @@ void Linear::backward_input_into(const Tensor& dy, Tensor& dx, bool accumulate) 
   DTP_CHECK(dy.defined() && dy.ndim() >= 1 && dy.size(dy.ndim() - 1) == out_features,
             "Linear backward: dy must be [..., ", out_features, "], got ", dy.describe());
   ops::matmul(dy, weight, dx, false, false, 1.0, accumulate ? 1.0 : 0.0);
+  if (adapter) adapter->backward_input(dy, dx);
 }
 
 Tensor Linear::backward_input(const Tensor& dy) const {
@@ -80,9 +83,11 @@ Tensor Linear::backward_input(const Tensor& dy) const {
 }
 
 void Linear::backward_weight(const Tensor& dy, const LinearSaved& saved) const {
-  require_grads(weight_grad, "Linear backward_weight");
   DTP_CHECK(saved.input.defined(),
             "Linear backward_weight: no saved input (forward not run, or already released)");
+  if (adapter) adapter->backward_weight(dy, saved.input, saved.adapter);
+  if (frozen) return;
+  require_grads(weight_grad, "Linear backward_weight");
   Tensor dw = weight_grad;  // a view: writes land in the unit's gradient buffer
   ops::matmul(dy, saved.input, dw, true, false, 1.0, 1.0);
   if (has_bias) {
@@ -110,6 +115,7 @@ void LayerNorm::declare(std::vector<ParamSpec>& layout, const std::string& prefi
 }
 
 void LayerNorm::bind(const Unit& unit, const std::string& prefix) {
+  frozen = unit.frozen();
   weight = unit.parameter(prefix + ".weight").value;
   weight_grad = unit.parameter(prefix + ".weight").grad;
   bias = unit.parameter(prefix + ".bias").value;
@@ -129,11 +135,14 @@ Tensor LayerNorm::forward(const Tensor& x, LayerNormSaved& saved) const {
 }
 
 Tensor LayerNorm::backward(const Tensor& dy, LayerNormSaved& saved) const {
-  require_grads(weight_grad, "LayerNorm backward");
+  if (!frozen) require_grads(weight_grad, "LayerNorm backward");
   DTP_CHECK(saved.input.defined(),
             "LayerNorm backward: no saved activations (forward not run, or already released)");
   Tensor dx = new_gradient(saved.input.shape(), dy);
-  Tensor dw = weight_grad, db = bias_grad;
+  // Frozen: the op's weight and bias sums land in scratch and are dropped.
+  Tensor dw = frozen ? Tensor::zeros(weight.shape(), weight.dtype(), weight.device(), MemoryCategory::other)
+                     : weight_grad;
+  Tensor db = frozen ? Tensor::zeros(bias.shape(), bias.dtype(), bias.device(), MemoryCategory::other) : bias_grad;
   ops::layernorm_backward(dy, saved.input, weight, saved.mean, saved.rstd, dx, dw, db);
   saved = LayerNormSaved{};
   return dx;

@@ -86,7 +86,14 @@ void Unit::reset_parameters() {
   if (!on_host) params_.copy_from(host);
 }
 
+void Unit::freeze() {
+  frozen_ = true;
+  set_buffers(params_, Tensor());  // rebinds the layers, now frozen, without gradient views
+}
+
 void Unit::set_buffers(Tensor params, Tensor grads) {
+  DTP_CHECK(!frozen_ || !grads.defined(), "unit '", name_,
+            "' is frozen (Unit::freeze): it takes no gradient buffer, got ", grads.describe());
   DTP_CHECK(!params.defined() || (params.numel() == numel_ && params.dtype() == config_.dtype),
             "unit '", name_, "': set_buffers needs params with ", numel_, " elements of ",
             dtype_name(config_.dtype), " (or an undefined tensor to release them), got ", params.describe());

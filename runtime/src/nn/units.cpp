@@ -113,6 +113,10 @@ void Embedding::backward(const Tensor& dx, EmbeddingSaved& saved) {
   require_params("backward");
   DTP_CHECK(saved.ids.defined(),
             "Embedding backward: no saved ids (forward not run, or already released)");
+  if (frozen()) {  // nothing flows further back than the embedding
+    saved = EmbeddingSaved{};
+    return;
+  }
   DTP_CHECK(tokens_grad.defined(), "Embedding backward: the unit has no gradient buffer");
   ops::embedding_backward(saved.ids, dx, tokens_grad);
   if (saved.ranges.size() == 1) {
