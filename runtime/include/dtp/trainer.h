@@ -158,6 +158,10 @@ class Trainer {
   /// Runs @p hook after every backward, before clipping and the update: where
   /// a data-parallel strategy waits for its outstanding gradient all-reduces.
   void on_after_backward(std::function<void()> hook) { after_backward_.push_back(std::move(hook)); }
+  /// Runs @p hook at the start of every step, right after the model's
+  /// zero_grad: where gradients that live outside the model's units (LoRA's
+  /// adapters, chapter 08) are zeroed.
+  void on_zero_grad(std::function<void()> hook) { zero_grad_.push_back(std::move(hook)); }
   /// Steps taken so far.
   std::int64_t steps_done() const { return steps_done_; }
   /// The model (hook communication into it with on_grad_ready).
@@ -190,6 +194,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;  // null until first needed or set
   std::unique_ptr<BatchSampler> sampler_;
   std::vector<std::function<void()>> after_backward_;
+  std::vector<std::function<void()>> zero_grad_;
   std::int64_t steps_done_ = 0;
 };
 

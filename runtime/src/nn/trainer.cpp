@@ -225,6 +225,7 @@ StepRecord Trainer::step() {
   record.step = steps_done_ + 1;
   Batch batch = sampler_->batch(steps_done_, config_.model.device);
   model_->zero_grad();
+  for (auto& hook : zero_grad_) hook();
   record.loss = model_->forward(batch.inputs, batch.targets);
   DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ",
             record.step, "; try a lower --lr or a tighter --clip");

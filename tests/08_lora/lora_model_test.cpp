@@ -1,0 +1,213 @@
+// Puzzle 8.3: adapters on a GPT. The adapted model starts as the base model,
+// only the adapters train, the base's gradient and optimizer memory are gone,
+// and the adapters' gradients follow the full-rank chain rule.
+#include <cstring>
+
+#include "lora_checks.h"
+
+namespace dtp {
+namespace {
+
+using namespace testing::ch08;
+using testing::tiny_config;
+
+Batch a_batch(const GPTConfig& config, std::uint64_t seed) {
+  Rng rng(seed);
+  Batch b{Tensor::empty({3, config.context}, DType::i32), Tensor::empty({3, config.context}, DType::i32)};
+  for (std::int64_t i = 0; i < b.inputs.numel(); ++i) {
+    b.inputs.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng.below(config.vocab_size));
+    b.targets.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng.below(config.vocab_size));
+  }
+  return b;
+}
+
+GPTConfig model_config() { return TrainConfig(tiny_config()).resolved_model(); }
+
+ch08::LoraConfig lora_config(std::vector<std::string> targets = {"attn.q", "attn.v"}) {
+  ch08::LoraConfig c;
+  c.rank = 2;
+  c.alpha = 4;
+  c.targets = std::move(targets);
+  c.seed = 5;
+  return c;
+}
+
+/// Gives every B nonzero values (a trained adapter), deterministically.
+void set_every_b(ch08::LoraModel& lora, int blocks) {
+  for (int i = 0; i < blocks; ++i)
+    for (const std::string& name : lora.config().targets) {
+      Tensor b = lora.adapter(i, name).b;
+      b.copy_from(seeded(b.shape(), 100 + i * 7 + name.size(), 0.3));
+    }
+}
+
+TEST(Puzzle8_3_lora_model, WithBZeroTheAdaptedGptIsTheBaseGptBitForBit) {
+  const GPTConfig config = model_config();
+  GPT base(config), adapted(config);
+  const Batch batch = a_batch(config, 1);
+  const double expected = base.forward(batch.inputs, batch.targets);
+  ch08::LoraModel lora(adapted, lora_config(ch08::all_lora_targets()));
+  const double got = adapted.forward(batch.inputs, batch.targets);
+  EXPECT_EQ(got, expected) << "B starts at 0, so every adapter adds exactly 0: the loss must be the base model's, "
+                              "bit for bit (got " << got << ", base " << expected << ")";
+  for (Unit* unit : adapted.units())
+    EXPECT_TRUE(unit->frozen()) << unit->name() << " is not frozen: LoraModel must freeze every unit of the base";
+}
+
+TEST(Puzzle8_3_lora_model, LayoutCountsAndInitialization) {
+  const GPTConfig config = model_config();
+  GPT model(config);
+  const auto targets = std::vector<std::string>{"attn.q", "mlp.fc"};
+  ch08::LoraModel lora(model, lora_config(targets));
+  const std::int64_t c = config.d_model, hidden = config.mlp_ratio * c, r = 2;
+  const std::int64_t per_block = r * (c + c) + r * (c + hidden);
+  EXPECT_EQ(lora.trainable_parameters(), config.layers * per_block)
+      << "blocks x sum over targets of r (in + out): " << config.layers << " x (2 (" << c << " + " << c << ") + 2 ("
+      << c << " + " << hidden << "))";
+  const auto buffers = lora.buffers();
+  ASSERT_EQ(buffers.size(), static_cast<std::size_t>(config.layers)) << "one ParamBuffer per block";
+  for (int i = 0; i < config.layers; ++i) {
+    const ParamBuffer& buffer = buffers[static_cast<std::size_t>(i)];
+    EXPECT_EQ(buffer.name, "block." + std::to_string(i) + ".lora");
+    ASSERT_EQ(buffer.params.numel(), per_block) << buffer.name;
+    ASSERT_TRUE(buffer.grads.defined() && buffer.grads.numel() == per_block) << buffer.name << " needs a gradient buffer";
+    // Layout A then B per target; A drawn by the checker the same way.
+    Rng rng(Rng::derive(5, static_cast<std::uint64_t>(i)));
+    std::int64_t offset = 0;
+    for (const std::string& name : targets) {
+      const ch08::LoraLinear& adapter = lora.adapter(i, name);
+      const std::int64_t in = name == "attn.q" ? c : c, out = name == "attn.q" ? c : hidden;
+      EXPECT_EQ(adapter.a.shape(), Shape({r, in})) << name << "'s A";
+      EXPECT_EQ(adapter.b.shape(), Shape({out, r})) << name << "'s B";
+      EXPECT_EQ(adapter.scale, 2.0) << "alpha / r = 4 / 2";
+      Tensor expected_a = Tensor::empty({r, in}, DType::f64);
+      ops::fill_normal(expected_a, 0.0, 1.0 / std::sqrt(static_cast<double>(in)), rng);
+      EXPECT_EQ(compare(name + "'s A (normal(0, 1/sqrt(in)) from Rng::derive(seed, block), targets in order)",
+                        matrix(expected_a), matrix(adapter.a), 0.0),
+                "");
+      EXPECT_EQ(std::memcmp(adapter.a.raw(), static_cast<const char*>(buffer.params.raw()) + offset * 8, adapter.a.nbytes()), 0)
+          << name << "'s A must be a view of the block's buffer at element " << offset;
+      offset += r * in;
+      for (double v : adapter.b.to_vector()) ASSERT_EQ(v, 0.0) << name << "'s B must start at zero";
+      offset += out * r;
+    }
+  }
+  EXPECT_EQ(&model.block(0).attn.q.adapter == nullptr ? nullptr : model.block(0).attn.q.adapter,
+            static_cast<const LinearAdapter*>(&lora.adapter(0, "attn.q")))
+      << "the adapter must be attached to its Linear (Linear::adapter)";
+  EXPECT_EQ(model.block(0).attn.v.adapter, nullptr) << "attn.v is not a target here";
+}
+
+TEST(Puzzle8_3_lora_model, AdapterGradientsFollowTheFullRankChainRule) {
+  // A copy of the model with W + s B A merged by the checker, trained in full:
+  // its weight gradient G gives dA = s B^T G and dB = s G A^T.
+  const GPTConfig config = model_config();
+  GPT adapted(config), full(config);
+  ch08::LoraModel lora(adapted, lora_config());
+  set_every_b(lora, config.layers);
+  for (int i = 0; i < config.layers; ++i)
+    for (const std::string& name : lora.config().targets) {
+      const ch08::LoraLinear& adapter = lora.adapter(i, name);
+      Linear& linear = ch08::target_linear(full.block(i), name);
+      linear.weight.copy_from(Tensor::from_values(effective_weight(linear.weight, adapter.a, adapter.b, 2.0).v, DType::f64)
+                                  .view(linear.weight.shape()));
+    }
+  const Batch batch = a_batch(config, 2);
+  full.zero_grad();
+  full.forward(batch.inputs, batch.targets);
+  full.backward();
+  lora.zero_grad();
+  adapted.forward(batch.inputs, batch.targets);
+  adapted.backward();
+  for (int i = 0; i < config.layers; ++i)
+    for (const std::string& name : lora.config().targets) {
+      const ch08::LoraLinear& adapter = lora.adapter(i, name);
+      const Matrix g = matrix(ch08::target_linear(full.block(i), name).weight_grad);
+      Matrix da = product(matrix(adapter.b), true, g, false), db = product(g, false, matrix(adapter.a), true);
+      for (double& v : da.v) v *= 2.0;
+      for (double& v : db.v) v *= 2.0;
+      const std::string where = "block " + std::to_string(i) + " " + name;
+      EXPECT_EQ(compare(where + " dA", da, matrix(adapter.grad_a), 1e-10), "");
+      EXPECT_EQ(compare(where + " dB", db, matrix(adapter.grad_b), 1e-10), "");
+    }
+}
+
+TEST(Puzzle8_3_lora_model, OnlyAdaptersTrainAndTheirStateIsAllTheMemory) {
+  const TrainConfig config = tiny_config(6, 3);
+  Trainer trainer(config);
+  const std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
+  const std::int64_t grads_before = tracker->live(MemoryCategory::grads);
+  const std::int64_t optimizer_before = tracker->live(MemoryCategory::optimizer);
+  GPT& model = trainer.model();
+  std::vector<Tensor> base;
+  for (Unit* unit : model.units()) base.push_back(unit->params().clone());
+  const std::int64_t base_grad_bytes = model.parameter_count() * 8;
+
+  ch08::LoraModel lora(model, lora_config());
+  TrainConfig adamw = config;
+  adamw.optimizer = "adamw";
+  trainer.set_optimizer(make_optimizer(adamw, lora.buffers()));
+  trainer.on_zero_grad([&] { lora.zero_grad(); });
+  const std::int64_t adapter_bytes = lora.trainable_parameters() * 8;
+  EXPECT_EQ(tracker->live(MemoryCategory::grads) - grads_before, adapter_bytes - base_grad_bytes)
+      << "gradient memory: the base's " << base_grad_bytes << " bytes must be released (frozen) and only the "
+      << lora.trainable_parameters() << " adapter parameters x 8 bytes added";
+  EXPECT_EQ(tracker->live(MemoryCategory::optimizer) - optimizer_before, 2 * adapter_bytes)
+      << "AdamW over the adapters only: m and v, 2 x " << adapter_bytes << " bytes";
+
+  for (int s = 0; s < 3; ++s) trainer.step();
+  const auto units = model.units();
+  for (std::size_t u = 0; u < units.size(); ++u)
+    ASSERT_EQ(std::memcmp(units[u]->params().raw(), base[u].raw(), base[u].nbytes()), 0)
+        << units[u]->name() << "'s weights changed in training: the base must stay frozen, bit for bit";
+  double moved = 0;
+  for (double v : lora.adapter(0, "attn.q").b.to_vector()) moved += std::fabs(v);
+  EXPECT_GT(moved, 0) << "after 3 steps block 0's attn.q B is still all zero: the adapters did not train";
+}
+
+TEST(Puzzle8_3_lora_model, AMergedModelComputesWhatTheAdaptedOneDid) {
+  const GPTConfig config = model_config();
+  GPT model(config);
+  ch08::LoraModel lora(model, lora_config(ch08::all_lora_targets()));
+  set_every_b(lora, config.layers);
+  const Batch batch = a_batch(config, 3);
+  std::vector<Tensor> weights;
+  for (int i = 0; i < config.layers; ++i)
+    for (const std::string& name : ch08::all_lora_targets()) weights.push_back(ch08::target_linear(model.block(i), name).weight.clone());
+  const Tensor adapted = model.logits(batch.inputs);
+  lora.merge_all();
+  EXPECT_TRUE(lora.merged());
+  EXPECT_EQ(model.block(0).attn.q.adapter, nullptr) << "merge_all detaches the adapters (they are in W now)";
+  EXPECT_EQ(compare("logits of the merged model", matrix(adapted), matrix(model.logits(batch.inputs)), 1e-12), "");
+  // Unmerging subtracts what merging added: W comes back up to the rounding
+  // of W + s B A (s B A is larger than W here), within 1e-14 of the largest.
+  lora.unmerge_all();
+  EXPECT_FALSE(lora.merged());
+  std::size_t k = 0;
+  for (int i = 0; i < config.layers; ++i)
+    for (const std::string& name : ch08::all_lora_targets())
+      EXPECT_EQ(compare("block " + std::to_string(i) + " " + name + ".weight after merge_all then unmerge_all",
+                        matrix(weights[k++]), matrix(ch08::target_linear(model.block(i), name).weight), 1e-14),
+                "");
+  EXPECT_EQ(compare("logits after unmerge_all", matrix(adapted), matrix(model.logits(batch.inputs)), 1e-12), "");
+}
+
+TEST(Puzzle8_3_lora_model, BadSettingsAreRefusedBeforeTheModelChanges) {
+  GPT model(model_config());
+  ch08::LoraConfig zero_rank = lora_config();
+  zero_rank.rank = 0;
+  EXPECT_THROW(ch08::LoraModel(model, zero_rank), Error);
+  ch08::LoraConfig unknown = lora_config({"attn.q", "attn.x"});
+  try {
+    ch08::LoraModel lora(model, unknown);
+    ADD_FAILURE() << "an unknown target must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("attn.x"), std::string::npos) << e.what();
+  }
+  for (Unit* unit : model.units())
+    EXPECT_FALSE(unit->frozen()) << unit->name() << " was frozen by a LoraModel that then refused its settings";
+  EXPECT_EQ(model.block(0).attn.q.adapter, nullptr) << "a refused LoraModel must attach nothing";
+}
+
+}  // namespace
+}  // namespace dtp
