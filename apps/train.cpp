@@ -103,6 +103,26 @@ void print_header(const Options& o, const ProcessRole& role) {
                   dtp::dtype_name(mp.reduce_dtype));
     std::printf("\n");
   }
+  if (config.strategy == "lora") {
+    const dtp::ch08::LoraRunOptions& lora = o.lora;
+    std::string targets;
+    for (const std::string& t : lora.lora.targets) targets += (targets.empty() ? "" : ",") + t;
+    dtp::GPT probe(config.resolved_model());
+    std::int64_t trainable = 0;
+    for (int i = 0; i < probe.num_blocks(); ++i)
+      for (const std::string& t : lora.lora.targets) {
+        const dtp::Linear& linear = dtp::ch08::target_linear(probe.block(i), t);
+        trainable += lora.lora.rank * (linear.in_features + linear.out_features);
+      }
+    std::printf("lora: rank %d, alpha %g (scale %g) on %s of every block: %lld trainable parameters (%.2f%% of %lld), "
+                "the base frozen%s; %d rank(s) (%s backend)\n",
+                lora.lora.rank, lora.lora.alpha, lora.lora.scale(), targets.c_str(), static_cast<long long>(trainable),
+                100.0 * static_cast<double>(trainable) / static_cast<double>(probe.parameter_count()),
+                static_cast<long long>(probe.parameter_count()),
+                config.load_path.empty() ? " (no --load: from the model's own initialization)"
+                                         : (", from " + config.load_path).c_str(),
+                lora.world, role.mpi ? "mpi" : "thread");
+  }
   if (config.strategy == "zero") {
     const dtp::ch03::ZeroOptions& zero = o.zero;
     const char* sharded[] = {"", "optimizer state", "gradients and optimizer state",
@@ -190,6 +210,7 @@ int main(int argc, char** argv) {
     dtp::ch06::register_sequence_parallel_strategy(options.sp);
     dtp::ch06::register_expert_parallel_strategy(options.ep);
     dtp::ch07::register_mixed_precision_strategy(options.mp);
+    dtp::ch08::register_lora_strategy(options.lora);
     role = join_processes(options);
     if (role.reports) check_options(options);
   } catch (const UsageError& e) {
@@ -301,6 +322,14 @@ int main(int argc, char** argv) {
   dtp::ch06::register_sequence_parallel_strategy(options.sp);
   dtp::ch06::register_expert_parallel_strategy(options.ep);
   dtp::ch07::register_mixed_precision_strategy(options.mp);
+  // A lora kept line is followed by what the step all-reduced (8.4).
+  options.lora.on_step = [&](std::int64_t step, std::int64_t bytes, std::int64_t trainable) {
+    if (!role.reports || !progress.keeps(step) || options.lora.world == 1) return;
+    std::printf("    all-reduced %lld bytes: the %lld adapter gradients x %zu bytes\n", static_cast<long long>(bytes),
+                static_cast<long long>(trainable), dtp::dtype_size(config.model.dtype));
+    std::fflush(stdout);
+  };
+  dtp::ch08::register_lora_strategy(options.lora);
   try {
     if (role.reports) print_header(options, role);
     dtp::TrainResult result;

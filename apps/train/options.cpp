@@ -67,6 +67,16 @@ Checkpoints (--strategy single; the format: runtime/include/dtp/checkpoint.h):
   --stop-after K          stop after step K, 1 to --steps: train a run of
                           --steps in slices (--save, then --resume)
 
+LoRA (chapter 08):
+  --lora-rank R           fine-tune low-rank adapters on a frozen model (rank R,
+                          1 to 4096): start from --load FILE's parameters, train
+                          only the adapters; with --world N data parallel (8.4);
+                          --save writes the merged model's parameters
+  --lora-alpha A          the adapters' scale is A / R (default 2R)
+  --lora-targets LIST     the Linears of each block that get adapters: a comma
+                          list of attn.q, attn.k, attn.v, attn.proj, mlp.fc,
+                          mlp.proj, or all (default attn.q,attn.v)
+
 Mixed precision (chapter 07):
   --precision fp32|bf16|fp16
                           fp32 (default) trains as --dtype says; bf16 and fp16
@@ -302,6 +312,18 @@ std::string find_flag(int argc, char** argv, const std::string& flag) {
 
 namespace {
 
+// --lora-rank makes the strategy "lora"; --lora-alpha defaults to 2 x rank.
+void resolve_lora(Options& o) {
+  if (!o.lora_flags) return;
+  if (!o.lora_rank_given) throw UsageError{"--lora-alpha and --lora-targets need --lora-rank R"};
+  if (o.config.strategy != "single" && o.config.strategy != "lora")
+    throw UsageError{"--lora-rank trains adapters on one device or data parallel with --world N; --strategy " +
+                     o.config.strategy + " trains the whole model"};
+  if (!o.lora_alpha_given) o.lora.lora.alpha = 2.0 * o.lora.lora.rank;
+  o.lora.lora.seed = o.config.seed;
+  o.config.strategy = "lora";
+}
+
 // --precision bf16|fp16 makes the model 16-bit and the strategy "mixed".
 void resolve_precision(Options& o) {
   if (o.precision == "fp32") {
@@ -424,6 +446,26 @@ Options parse_arguments(int argc, char** argv) {
       {"--weight-decay", [&](auto& f, auto& v) { config.weight_decay = parse_real(f, v, 0, 100); }},
       {"--momentum", [&](auto& f, auto& v) { config.momentum = parse_real(f, v, 0, 1, true); }},
       {"--clip", [&](auto& f, auto& v) { config.grad_clip = parse_real(f, v, 0, 1e6); }},
+      {"--lora-rank",
+       [&](auto& f, auto& v) {
+         o.lora.lora.rank = as_int(parse_int(f, v, 1, 4096));
+         o.lora_flags = o.lora_rank_given = true;
+       }},
+      {"--lora-alpha",
+       [&](auto& f, auto& v) {
+         o.lora.lora.alpha = parse_real(f, v, 0, 1e6);
+         if (o.lora.lora.alpha == 0) throw UsageError{f + " expects a number above 0, got '" + v + "'"};
+         o.lora_flags = o.lora_alpha_given = true;
+       }},
+      {"--lora-targets",
+       [&](auto& f, auto& v) {
+         try {
+           o.lora.lora.targets = ch08::parse_lora_targets(v);
+         } catch (const dtp::Error& e) {
+           throw UsageError{f + ": " + e.what()};
+         }
+         o.lora_flags = true;
+       }},
       {"--precision",
        [&](auto& f, auto& v) {
          if (v != "fp32" && v != "bf16" && v != "fp16")
@@ -444,7 +486,7 @@ Options parse_arguments(int argc, char** argv) {
        }},
       {"--world",
        [&](auto& f, auto& v) {
-         ddp.world = o.zero.world = o.ep.world = o.mp.world = as_int(parse_int(f, v, 1, 1024));
+         ddp.world = o.zero.world = o.ep.world = o.mp.world = o.lora.world = as_int(parse_int(f, v, 1, 1024));
          o.world_given = true;
        }},
       {"--tp",
@@ -543,6 +585,7 @@ Options parse_arguments(int argc, char** argv) {
   }
   if (!app.remaining().empty()) throw UsageError{"unknown option '" + app.remaining().front() + "' (see --help)"};
   resolve_precision(o);
+  resolve_lora(o);
   return o;
 }
 
@@ -557,8 +600,9 @@ void check_options(const Options& o) {
   if (!known)
     throw UsageError{"--strategy: unknown strategy '" + config.strategy + "'; accepted: " + names};
   if (o.world_given && config.strategy != "ddp" && config.strategy != "zero" && config.strategy != "ep" &&
-      config.strategy != "mixed")
-    throw UsageError{"--world needs a data-parallel strategy: --strategy ddp, zero or ep, or --precision bf16|fp16"};
+      config.strategy != "mixed" && config.strategy != "lora")
+    throw UsageError{"--world needs a data-parallel strategy: --strategy ddp, zero or ep, --precision bf16|fp16, "
+                     "or --lora-rank"};
   if (o.sp_flags && config.strategy != "sp")
     throw UsageError{"--sp, --sp-kind and --sp-ulysses need --strategy sp"};
   if (o.ddp_flags && config.strategy != "ddp")
@@ -633,11 +677,19 @@ void check_options(const Options& o) {
     if (!config.trace_path.empty()) check_writable("--trace", config.trace_path);
     if (!config.json_path.empty()) check_writable("--json", config.json_path);
   }
-  const bool checkpoints = !config.save_path.empty() || !config.resume_path.empty() || !config.load_path.empty() ||
-                           config.stop_after != 0;
-  if (checkpoints && config.strategy != "single")
-    throw UsageError{"--save, --load, --resume and --stop-after work with --strategy single so far, not " +
+  if ((!config.resume_path.empty() || config.stop_after != 0) && config.strategy != "single")
+    throw UsageError{"--resume and --stop-after work with --strategy single so far, not " + config.strategy};
+  if ((!config.save_path.empty() || !config.load_path.empty()) && config.strategy != "single" &&
+      config.strategy != "lora")
+    throw UsageError{"--save and --load work with --strategy single and with --lora-rank so far, not " +
                      config.strategy};
+  if (config.strategy == "lora") {
+    try {
+      ch08::validate_lora(config, o.lora);
+    } catch (const dtp::Error& e) {
+      throw UsageError{e.what()};
+    }
+  }
   if (!config.resume_path.empty() && !config.load_path.empty())
     throw UsageError{"--resume continues a run and --load starts a new one from saved parameters: give one, not both"};
   if (config.stop_after > config.steps)

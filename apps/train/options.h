@@ -12,6 +12,7 @@
 #include "05_pipeline/pipeline.h"
 #include "06_sequence_expert/sequence_expert.h"
 #include "07_mixed_precision/mixed_precision.h"
+#include "08_lora/lora.h"
 #include "dtp/trainer.h"
 
 namespace dtp::train_app {
@@ -32,6 +33,10 @@ struct Options {
   ch06::ExpertParallelRunOptions ep;    ///< --world (with --strategy ep)
   ch07::MixedPrecisionRunOptions mp;    ///< --loss-scale, --reduce-dtype, --world (with --precision)
   std::string precision = "fp32";       ///< --precision: fp32, bf16 or fp16
+  ch08::LoraRunOptions lora;            ///< --lora-rank, --lora-alpha, --lora-targets, --world
+  bool lora_flags = false;              ///< --lora-rank, --lora-alpha or --lora-targets was given
+  bool lora_alpha_given = false;        ///< --lora-alpha was given (default: 2 x rank)
+  bool lora_rank_given = false;         ///< --lora-rank was given
   std::int64_t log_every = 0;  ///< 0: about ten lines per run
   std::string impl;            ///< "puzzles", "reference" or "" (this binary's)
   bool ddp_flags = false;      ///< a ddp-only flag was given (--bucket-mb, --accumulate, --ddp-mode)

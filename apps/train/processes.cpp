@@ -84,7 +84,7 @@ ProcessRole join_processes(Options& options) {
                      std::to_string(role.processes) + " processes; use --strategy ddp --world " +
                      std::to_string(role.processes)};
   if (!options.world_given)
-    options.ddp.world = options.zero.world = options.ep.world = options.mp.world = role.processes;
+    options.ddp.world = options.zero.world = options.ep.world = options.mp.world = options.lora.world = role.processes;
   if (options.config.strategy == "sp" && options.sp.sp != role.processes)
     throw UsageError{"--strategy sp runs --sp " + std::to_string(options.sp.sp) + " ranks, but mpiexec started " +
                      std::to_string(role.processes) + " processes"};

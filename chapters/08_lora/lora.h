@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "dtp/error.h"
 #include "dtp/nn.h"
 #include "dtp/optim.h"
+#include "dtp/trainer.h"
 
 /// Chapter 08: LoRA.
 namespace dtp::ch08 {
@@ -190,5 +192,29 @@ class LoraDataParallel {
   std::vector<Request> requests_;  // per block
   std::vector<bool> started_;      // per block
 };
+
+// --- provided (not a puzzle): drivers/08_lora/lora_strategy.cpp --------------------
+
+/// Settings of `dtp train --lora-rank R` (the "lora" strategy).
+struct LoraRunOptions {
+  LoraConfig lora;  ///< --lora-rank, --lora-alpha (default 2r), --lora-targets
+  int world = 1;    ///< data-parallel ranks (8.4); 1: one device
+  /// Called on rank 0 after each step with the bytes the step all-reduced
+  /// (0 on one device) and the trainable parameters.
+  std::function<void(std::int64_t step, std::int64_t all_reduced_bytes, std::int64_t trainable)> on_step;
+};
+
+/// Throws dtp::Error naming the setting that is wrong (rank, alpha, targets,
+/// world and batch).
+void validate_lora(const TrainConfig& config, const LoraRunOptions& options);
+
+/// Registers the "lora" strategy: every rank builds Trainer(config, rank,
+/// world), copies config.load_path's parameters into its model (the base;
+/// without one, the model's own initialization), attaches a LoraModel,
+/// trains its adapters with the configured optimizer (8.4 averaging them
+/// over the ranks), and, with config.save_path, rank 0 writes the merged
+/// model's parameters there at the end (a "model" checkpoint that --load
+/// reads).
+void register_lora_strategy(const LoraRunOptions& options);
 
 }  // namespace dtp::ch08

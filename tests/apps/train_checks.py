@@ -117,6 +117,9 @@ PUZZLES = [  # (dtp-train flags, the puzzles it needs in the order it runs them,
     (["--precision", "fp16"], [("7.4 ddp_mixed_precision_step", "Puzzle7_4_mixed_ddp"),
                                ("7.2 MasterWeights::grads_to_master", "Puzzle7_2_mixed_step"),
                                ("7.3 LossScaler::unscale", "Puzzle7_3_loss_scaler")]),
+    # LoRA on 2 ranks: the adapters are attached (8.3), their averaging hooked (8.4), then the forward runs 8.1.
+    (["--lora-rank", "4"], [("8.3 lora_model", "Puzzle8_3_lora_model"), ("8.4 lora_ddp", "Puzzle8_4_lora_ddp"),
+                            ("8.1 lora_linear", "Puzzle8_1_lora_linear")]),
 ]
 
 

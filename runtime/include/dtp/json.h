@@ -70,9 +70,10 @@ class JsonLine {
 /// A parsed JSON value. Numbers keep their text too, so integers read back
 /// exactly (as_int) beyond a double's 53 bits.
 struct JsonValue {
+  /// What the value is.
   enum class Kind { null, boolean, number, string, array, object };
-  Kind kind = Kind::null;
-  bool boolean = false;
+  Kind kind = Kind::null;  ///< what this value is
+  bool boolean = false;    ///< a boolean's value
   std::string text;                                        ///< a string's value, a number's digits
   std::vector<JsonValue> items;                            ///< an array's
   std::vector<std::pair<std::string, JsonValue>> members;  ///< an object's, in file order

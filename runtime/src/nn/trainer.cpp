@@ -87,9 +87,12 @@ void TrainConfig::validate() const {
             "train: weight_decay must be finite and >= 0, got ", weight_decay);
   DTP_CHECK(momentum >= 0 && momentum < 1, "train: momentum must be in [0, 1), got ", momentum);
   DTP_CHECK(std::isfinite(grad_clip), "train: grad_clip must be finite, got ", grad_clip);
-  const bool checkpoints = !save_path.empty() || !resume_path.empty() || !load_path.empty() || stop_after != 0;
-  DTP_CHECK(!checkpoints || strategy == "single", "train: --save, --load, --resume and --stop-after work with "
-            "--strategy single so far, not ", strategy);
+  const bool continues = !resume_path.empty() || stop_after != 0;
+  DTP_CHECK(!continues || strategy == "single", "train: --resume and --stop-after work with --strategy single "
+            "so far, not ", strategy);
+  const bool checkpoints = !save_path.empty() || !load_path.empty();
+  DTP_CHECK(!checkpoints || strategy == "single" || strategy == "lora", "train: --save and --load work with "
+            "--strategy single and with LoRA (--lora-rank) so far, not ", strategy);
   DTP_CHECK(resume_path.empty() || load_path.empty(), "train: --resume continues a run (its parameters and "
             "optimizer state) and --load starts a new one from saved parameters; give one, not both");
   DTP_CHECK(stop_after >= 0 && stop_after <= steps, "train: stop_after must be from 0 (run all steps) to steps (",

@@ -1,0 +1,112 @@
+// `dtp train --lora-rank R` (strategy "lora"): the chapter's puzzles wired
+// into the trainer. Provided code, not a puzzle (see drivers/README.md). Each
+// rank starts from the base (--load), attaches 8.3's adapters, trains them
+// alone, and with several ranks averages their gradients with 8.4.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "08_lora/lora.h"
+#include "dtp/agreement.h"
+#include "dtp/checkpoint.h"
+#include "dtp/launch.h"
+#include "dtp/memory.h"
+
+namespace dtp::ch08 {
+namespace {
+
+std::vector<RunSetting> lora_settings(const TrainConfig& config, const LoraRunOptions& options) {
+  std::vector<RunSetting> settings = run_settings(config);
+  std::string targets;
+  for (const std::string& t : options.lora.targets) targets += (targets.empty() ? "" : ",") + t;
+  settings.push_back({"--lora-rank", std::to_string(options.lora.rank)});
+  settings.push_back({"--lora-alpha", std::to_string(options.lora.alpha)});
+  settings.push_back({"--lora-targets", targets});
+  settings.push_back({"--load", config.load_path});
+  return settings;
+}
+
+TrainResult run_lora(const TrainConfig& config, const LoraRunOptions& options, const StepCallback& on_step) {
+  validate_lora(config, options);
+  const auto start = std::chrono::steady_clock::now();
+  TrainResult result;
+  result.peak_by_category.assign(kMemoryCategoryCount, 0);
+  // The base, read once: every rank copies the same parameters from it.
+  const Checkpoint base = config.load_path.empty() ? Checkpoint{} : read_checkpoint(config.load_path);
+  launch(World::from_env(options.world), [&](Comm& comm) {
+    Trainer trainer(config, comm.rank(), comm.size());
+    GPT& model = trainer.model();
+    if (!config.load_path.empty()) load_parameters(model, base, config.load_path);
+    check_ranks_agree(comm, lora_settings(config, options), model);
+    LoraModel lora(model, options.lora);
+    trainer.set_optimizer(make_optimizer(config, lora.buffers()));
+    trainer.on_zero_grad([&] { lora.zero_grad(); });
+    std::unique_ptr<LoraDataParallel> data_parallel;
+    if (comm.size() > 1) {
+      data_parallel = std::make_unique<LoraDataParallel>(comm, model, lora);
+      trainer.on_after_backward([&] { data_parallel->finish(); });
+    }
+    if (comm.rank() == 0) {
+      result.parameters = model.parameter_count();
+      result.data_name = trainer.sampler().data().name();
+    }
+    std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
+    for (std::int64_t s = 0; s < config.steps; ++s) {
+      const CommStats before = comm.stats();
+      StepRecord record = trainer.step();
+      const std::int64_t bytes = comm.stats().collective_bytes - before.collective_bytes;
+      const auto rows = gather_rows_to_rank0(comm, {record.loss, record.seconds, static_cast<double>(record.tokens)});
+      if (comm.rank() != 0) continue;
+      double loss = 0, slowest = 0, tokens = 0;
+      for (const auto& row : rows) {
+        loss += row[0];
+        slowest = std::max(slowest, row[1]);
+        tokens += row[2];
+      }
+      record.loss = loss / comm.size();  // equal slices: the mean of means
+      as_group_step(record, slowest, tokens);
+      result.add_step(record, *tracker);
+      if (on_step) on_step(record);
+      if (options.on_step) options.on_step(record.step, bytes, lora.trainable_parameters());
+    }
+    if (comm.rank() == 0 && !config.save_path.empty()) {
+      // The merged model: an ordinary set of parameters for --load or inference.
+      lora.merge_all();
+      Checkpoint merged;
+      merged.kind = "model";
+      merged.step = trainer.steps_done();
+      merged.config = parse_json(config_json(config));
+      for (Unit* unit : model.units())
+        for (const ParamView& p : unit->parameters())
+          merged.tensors.push_back({"params/" + unit->name() + "." + p.name, p.value});
+      write_checkpoint(config.save_path, merged);
+    }
+  });
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace
+
+void validate_lora(const TrainConfig& config, const LoraRunOptions& options) {
+  DTP_CHECK(options.lora.rank >= 1, "lora: --lora-rank must be at least 1, got ", options.lora.rank);
+  DTP_CHECK(std::isfinite(options.lora.alpha) && options.lora.alpha > 0, "lora: --lora-alpha must be positive, got ",
+            options.lora.alpha);
+  DTP_CHECK(!options.lora.targets.empty(), "lora: --lora-targets names none");
+  DTP_CHECK(options.world >= 1, "lora: --world must be at least 1, got ", options.world);
+  DTP_CHECK(config.batch % options.world == 0, "lora: the global batch (--batch ", config.batch,
+            ") must divide evenly by --world ", options.world);
+  DTP_CHECK(config.model.experts == 0 || (std::find(options.lora.targets.begin(), options.lora.targets.end(),
+                                                    "mlp.fc") == options.lora.targets.end() &&
+                                          std::find(options.lora.targets.begin(), options.lora.targets.end(),
+                                                    "mlp.proj") == options.lora.targets.end()),
+            "lora: a mixture-of-experts model takes adapters on attention only (attn.q, attn.k, attn.v, attn.proj)");
+}
+
+void register_lora_strategy(const LoraRunOptions& options) {
+  register_strategy("lora", [options](const TrainConfig& config, const StepCallback& on_step) {
+    return run_lora(config, options, on_step);
+  });
+}
+
+}  // namespace dtp::ch08
