@@ -9,26 +9,16 @@
 #include "dtp/error.h"
 #include "dtp/memory.h"
 #include "dtp/nn.h"
+#include "nn_test_helpers.h"
 
 namespace dtp {
 namespace {
 
-GPTConfig tiny_model() {
-  GPTConfig c;
-  c.vocab_size = 16;
-  c.context = 8;
-  c.d_model = 8;
-  c.heads = 2;
-  c.layers = 2;
-  c.mlp_ratio = 2;
-  c.init_std = 0.2;
-  c.dtype = DType::f64;
-  return c;
-}
+GPTConfig tiny_model() { return testing::tiny_f64_config(); }
 
 Tensor ids(std::uint64_t seed) {
-  Tensor t = Tensor::empty({2, 8}, DType::i32);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 7 + seed) % 16);
+  Tensor t = Tensor::empty({2, 6}, DType::i32);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 5 + seed) % 7);
   return t;
 }
 
