@@ -107,18 +107,13 @@ void print_header(const Options& o, const ProcessRole& role) {
     const dtp::ch08::LoraRunOptions& lora = o.lora;
     std::string targets;
     for (const std::string& t : lora.lora.targets) targets += (targets.empty() ? "" : ",") + t;
-    dtp::GPT probe(config.resolved_model());
-    std::int64_t trainable = 0;
-    for (int i = 0; i < probe.num_blocks(); ++i)
-      for (const std::string& t : lora.lora.targets) {
-        const dtp::Linear& linear = dtp::ch08::target_linear(probe.block(i), t);
-        trainable += lora.lora.rank * (linear.in_features + linear.out_features);
-      }
+    const dtp::GPTConfig model = config.resolved_model();
+    const std::int64_t trainable = dtp::ch08::lora_parameter_count(model, lora.lora);
     std::printf("lora: rank %d, alpha %g (scale %g) on %s of every block: %lld trainable parameters (%.2f%% of %lld), "
                 "the base frozen%s; %d rank(s) (%s backend)\n",
                 lora.lora.rank, lora.lora.alpha, lora.lora.scale(), targets.c_str(), static_cast<long long>(trainable),
-                100.0 * static_cast<double>(trainable) / static_cast<double>(probe.parameter_count()),
-                static_cast<long long>(probe.parameter_count()),
+                100.0 * static_cast<double>(trainable) / static_cast<double>(model.parameter_count()),
+                static_cast<long long>(model.parameter_count()),
                 config.load_path.empty() ? " (no --load: from the model's own initialization)"
                                          : (", from " + config.load_path).c_str(),
                 lora.world, role.mpi ? "mpi" : "thread");

@@ -13,6 +13,7 @@
 //   dtp-bench-lora-finetune [--pretrain-steps 600] [--finetune-steps 300] [--ranks 4,8,16]
 //                           [--targets attn.q,attn.v] [--world 2] [--json FILE]
 //                           [--layers 4] [--d-model 128] [--heads 4] [--batch 16] [--seq 64]
+//                           [--optimizer adamw|sgd] [--dtype f32|f64]
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -108,10 +109,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch", config.batch, "sequences per step")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->capture_default_str();
-  app.add_option("--seq", config.seq, "tokens per sequence")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
-      ->capture_default_str();
-  add_shape_options(app, config.model);
+  add_model_options(app, config);
   app.add_option("--json", json_path, "append one JSON object per method to FILE")->type_name("FILE");
   if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
   try {

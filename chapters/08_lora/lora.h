@@ -159,6 +159,11 @@ class LoraModel {
 /// the accepted names. Provided.
 Linear& target_linear(Block& block, const std::string& target);
 
+/// What LoraModel::trainable_parameters() will be for a model of @p model's
+/// shape, from the shapes alone: layers x sum over targets of r (in + out).
+/// Throws for an unknown target. Provided.
+std::int64_t lora_parameter_count(const GPTConfig& model, const LoraConfig& config);
+
 // --- 8.4 LoRA under data parallelism ---------------------------------------------------
 
 /// Puzzle 8.4. Averages the adapters' gradients over the ranks, overlapped

@@ -1,5 +1,6 @@
 // Provided: a LoraLinear is the LinearAdapter that runs puzzle 8.1 inside a
 // Linear, and the names of the Linears an adapter can go on.
+#include <algorithm>
 #include <sstream>
 
 #include "08_lora/lora.h"
@@ -55,6 +56,18 @@ Linear& target_linear(Block& block, const std::string& target) {
   if (target == "mlp.fc") return block.mlp.fc;
   if (target == "mlp.proj") return block.mlp.proj;
   throw Error("LoRA: unknown target '" + target + "'; accepted: " + accepted());
+}
+
+std::int64_t lora_parameter_count(const GPTConfig& model, const LoraConfig& config) {
+  const std::int64_t d = model.d_model, hidden = static_cast<std::int64_t>(model.mlp_ratio) * model.d_model;
+  std::int64_t per_block = 0;
+  for (const std::string& target : config.targets) {
+    DTP_CHECK(std::find(all_lora_targets().begin(), all_lora_targets().end(), target) != all_lora_targets().end(),
+              "LoRA: unknown target '", target, "'; accepted: ", accepted());
+    const std::int64_t in = target == "mlp.proj" ? hidden : d, out = target == "mlp.fc" ? hidden : d;
+    per_block += config.rank * (in + out);
+  }
+  return model.layers * per_block;
 }
 
 }  // namespace dtp::ch08

@@ -9,6 +9,7 @@
 #include "08_lora/lora.h"
 #include "dtp/agreement.h"
 #include "dtp/checkpoint.h"
+#include "dtp/trainer.h"
 #include "dtp/launch.h"
 #include "dtp/memory.h"
 
@@ -72,14 +73,7 @@ TrainResult run_lora(const TrainConfig& config, const LoraRunOptions& options, c
     if (comm.rank() == 0 && !config.save_path.empty()) {
       // The merged model: an ordinary set of parameters for --load or inference.
       lora.merge_all();
-      Checkpoint merged;
-      merged.kind = "model";
-      merged.step = trainer.steps_done();
-      merged.config = parse_json(config_json(config));
-      for (Unit* unit : model.units())
-        for (const ParamView& p : unit->parameters())
-          merged.tensors.push_back({"params/" + unit->name() + "." + p.name, p.value});
-      write_checkpoint(config.save_path, merged);
+      save_parameters(config.save_path, model, config);
     }
   });
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -61,6 +61,8 @@ TEST(Puzzle8_3_lora_model, LayoutCountsAndInitialization) {
   ch08::LoraModel lora(model, lora_config(targets));
   const std::int64_t c = config.d_model, hidden = config.mlp_ratio * c, r = 2;
   const std::int64_t per_block = r * (c + c) + r * (c + hidden);
+  ASSERT_EQ(ch08::lora_parameter_count(config, lora_config(targets)), config.layers * per_block)
+      << "the provided count from the shapes (drivers/08_lora) disagrees with the checker's formula";
   EXPECT_EQ(lora.trainable_parameters(), config.layers * per_block)
       << "blocks x sum over targets of r (in + out): " << config.layers << " x (2 (" << c << " + " << c << ") + 2 ("
       << c << " + " << hidden << "))";

@@ -205,8 +205,15 @@ class Trainer {
 /// and the model settings that differ.
 void load_parameters(GPT& model, const Checkpoint& checkpoint, const std::string& path);
 
+/// Writes a "model" checkpoint to @p path: @p model's parameters
+/// ("params/<unit>.<name>"), with @p config as its settings; what
+/// load_parameters() reads (a merged LoRA model, weights for inference).
+void save_parameters(const std::string& path, GPT& model, const TrainConfig& config);
+
 /// The run's settings as the log's config line writes them (a JSON object).
 std::string config_json(const TrainConfig& config);
+/// The model's settings as the config line's "model" object writes them.
+std::string model_json(const GPTConfig& model);
 
 /// Loads the dataset a config names (the file, or the synthetic stream).
 TokenDataset load_dataset(const TrainConfig& config);

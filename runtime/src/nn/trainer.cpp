@@ -39,10 +39,7 @@ std::string rate(double tokens_per_second) {
 
 }  // namespace
 
-// The config line of the log: every setting of the run, the model's whole
-// configuration, the command line and the revision.
-std::string config_json(const TrainConfig& config) {
-  const GPTConfig m = config.resolved_model();
+std::string model_json(const GPTConfig& m) {
   JsonLine model;
   model.add("vocab_size", m.vocab_size).add("context", m.context).add("d_model", m.d_model).add("heads", m.heads)
       .add("layers", m.layers).add("mlp_ratio", m.mlp_ratio).add("init_std", m.init_std)
@@ -50,6 +47,13 @@ std::string config_json(const TrainConfig& config) {
       .add("experts", m.experts).add("top_k", m.top_k).add("capacity_factor", m.capacity_factor)
       .add("aux_loss_coef", m.aux_loss_coef).add("moe_groups", m.moe_groups)
       .add("parameters", m.parameter_count());
+  return model.str();
+}
+
+// The config line of the log: every setting of the run, the model's whole
+// configuration, the command line and the revision.
+std::string config_json(const TrainConfig& config) {
+  const GPTConfig m = config.resolved_model();
   JsonLine line;
   line.add("kind", "config").add("strategy", config.strategy).add("steps", config.steps)
       .add("batch", config.batch).add("seq", config.seq).add("lr", config.lr).add("optimizer", config.optimizer)
@@ -57,7 +61,7 @@ std::string config_json(const TrainConfig& config) {
       .add("weight_decay", config.weight_decay).add("beta1", config.beta1).add("beta2", config.beta2)
       .add("momentum", config.momentum).add("grad_clip", config.grad_clip)
       .add("seed", config.seed).add("device", m.device.str()).add("dtype", dtype_name(m.dtype))
-      .add("data", config.data_path.empty() ? "synthetic" : config.data_path).raw("model", model.str())
+      .add("data", config.data_path.empty() ? "synthetic" : config.data_path).raw("model", model_json(m))
       .add("command_line", config.command_line)
       .add("git", config.git_revision.empty() ? "unknown" : config.git_revision);
   return line.str();

@@ -52,15 +52,30 @@ void restore(const Checkpoint& checkpoint, const std::string& name, Tensor& into
   into.copy_from(saved);
 }
 
+/// Every parameter of @p model under its checkpoint name, in unit order.
+std::vector<NamedTensor> parameter_tensors(GPT& model) {
+  std::vector<NamedTensor> named;
+  for (Unit* unit : model.units())
+    for (const ParamView& p : unit->parameters()) named.push_back({kParams + unit->name() + "." + p.name, p.value});
+  return named;
+}
+
 }  // namespace
+
+void save_parameters(const std::string& path, GPT& model, const TrainConfig& config) {
+  Checkpoint checkpoint;
+  checkpoint.kind = "model";
+  checkpoint.config = parse_json(config_json(config));
+  checkpoint.tensors = parameter_tensors(model);
+  write_checkpoint(path, checkpoint);
+}
 
 void Trainer::save(const std::string& path) {
   Checkpoint checkpoint;
   checkpoint.kind = "training";
   checkpoint.step = steps_done_;
   checkpoint.config = parse_json(config_json(config_));
-  for (Unit* unit : model_->units())
-    for (const ParamView& p : unit->parameters()) checkpoint.tensors.push_back({kParams + unit->name() + "." + p.name, p.value});
+  checkpoint.tensors = parameter_tensors(*model_);
   for (NamedTensor& state : optimizer().state()) checkpoint.tensors.push_back({kOptimizer + state.name, state.tensor});
   write_checkpoint(path, checkpoint);
 }
@@ -75,8 +90,7 @@ void Trainer::resume(const std::string& path) {
             "these differ:", listed(differ));
   DTP_CHECK(checkpoint.step < config_.steps, "--resume ", path, ": the saved run is at step ", checkpoint.step,
             ", so --steps ", config_.steps, " leaves nothing to train");
-  for (Unit* unit : model_->units())
-    for (ParamView& p : unit->parameters()) restore(checkpoint, kParams + unit->name() + "." + p.name, p.value, path);
+  for (NamedTensor& p : parameter_tensors(*model_)) restore(checkpoint, p.name, p.tensor, path);
   Optimizer& optim = optimizer();
   for (NamedTensor& state : optim.state()) restore(checkpoint, kOptimizer + state.name, state.tensor, path);
   optim.set_steps(checkpoint.step);
@@ -84,29 +98,23 @@ void Trainer::resume(const std::string& path) {
 }
 
 void load_parameters(GPT& model, const Checkpoint& checkpoint, const std::string& path) {
-  for (Unit* unit : model.units()) {
-    for (ParamView& p : unit->parameters()) {
-      const std::string name = kParams + unit->name() + "." + p.name;
-      const bool same = checkpoint.has(name) && checkpoint.tensor(name).shape() == p.value.shape() &&
-                        checkpoint.tensor(name).dtype() == p.value.dtype();
-      if (same) continue;
-      // Say which model settings differ: the usual cause.
-      std::vector<std::string> differ;
-      const JsonValue* saved_model = checkpoint.config.find("model");
-      TrainConfig here;
-      here.model = model.config();
-      here.seq = model.config().context;
-      if (saved_model) differences(*saved_model, parse_json(config_json(here)).at("model"), "model.", {"parameters"}, differ);
-      const std::string found = checkpoint.has(name) ? checkpoint.tensor(name).shape().str() + " " +
-                                                           dtype_name(checkpoint.tensor(name).dtype())
+  std::vector<NamedTensor> parameters = parameter_tensors(model);
+  for (const NamedTensor& p : parameters) {
+    const bool same = checkpoint.has(p.name) && checkpoint.tensor(p.name).shape() == p.tensor.shape() &&
+                      checkpoint.tensor(p.name).dtype() == p.tensor.dtype();
+    if (same) continue;
+    // Say which model settings differ: the usual cause.
+    std::vector<std::string> differ;
+    if (const JsonValue* saved_model = checkpoint.config.find("model"))
+      differences(*saved_model, parse_json(model_json(model.config())), "model.", {"parameters"}, differ);
+    const std::string found = checkpoint.has(p.name) ? checkpoint.tensor(p.name).shape().str() + " " +
+                                                           dtype_name(checkpoint.tensor(p.name).dtype())
                                                      : "nothing";
-      DTP_CHECK(false, "--load ", path, ": this model's ", name, " is ", p.value.shape().str(), " ",
-                dtype_name(p.value.dtype()), " but the checkpoint holds ", found,
-                differ.empty() ? std::string() : "; the model settings differ:" + listed(differ));
-    }
+    DTP_CHECK(false, "--load ", path, ": this model's ", p.name, " is ", p.tensor.shape().str(), " ",
+              dtype_name(p.tensor.dtype()), " but the checkpoint holds ", found,
+              differ.empty() ? std::string() : "; the model settings differ:" + listed(differ));
   }
-  for (Unit* unit : model.units())
-    for (ParamView& p : unit->parameters()) p.value.copy_from(checkpoint.tensor(kParams + unit->name() + "." + p.name));
+  for (NamedTensor& p : parameters) p.tensor.copy_from(checkpoint.tensor(p.name));
 }
 
 }  // namespace dtp
