@@ -8,6 +8,7 @@
 // One cuBLAS handle per thread and GPU, created on first use and pointed at
 // the rank's current stream before every call; destroyed before that stream
 // is (a handle may free its workspace on its stream), or when the thread ends.
+// cuBLAS itself is loaded on the first product (cublas_library.h says why).
 #include <cublas_v2.h>
 
 #include <atomic>
@@ -15,6 +16,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "cuda/cublas_library.h"
 #include "cuda/nn_kernels_common.cuh"
 
 namespace dtp::cuda {
@@ -63,7 +65,7 @@ struct Handles {
   };
   std::map<int, Bound> by_device;
   ~Handles() {
-    for (auto& entry : by_device) cublasDestroy(entry.second.handle);
+    for (auto& entry : by_device) cublas_library().destroy(entry.second.handle);
   }
 };
 thread_local Handles handles;
@@ -75,7 +77,7 @@ void release_handles_on(void* stream) {
       ++it;
       continue;
     }
-    cublasDestroy(it->second.handle);
+    cublas_library().destroy(it->second.handle);
     it = handles.by_device.erase(it);
   }
 }
@@ -85,11 +87,11 @@ cublasHandle_t handle_for_current_stream() {
   DTP_CUDA_CHECK(cudaGetDevice(&device));
   Handles::Bound& bound = handles.by_device[device];
   if (bound.handle == nullptr) {
-    DTP_CUBLAS_CHECK(cublasCreate(&bound.handle));
+    DTP_CUBLAS_CHECK(cublas_library().create(&bound.handle));
     on_stream_destroy(release_handles_on);
   }
   bound.stream = nn::stream();
-  DTP_CUBLAS_CHECK(cublasSetStream(bound.handle, bound.stream));
+  DTP_CUBLAS_CHECK(cublas_library().set_stream(bound.handle, bound.stream));
   return bound.handle;
 }
 
@@ -115,7 +117,7 @@ void gemm_strided_batched_f32(bool transpose_a, bool transpose_b, std::int64_t M
   if (M == 0 || N == 0 || batch == 0) return;
   cublasHandle_t handle = handle_for_current_stream();
   // Column-major: C^T [N, M] = op(B)^T [N, K] op(A)^T [K, M].
-  DTP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+  DTP_CUBLAS_CHECK(cublas_library().gemm_strided_batched_ex(
       handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
       as_int("N", N), as_int("M", M), as_int("K", K), &alpha, B, CUDA_R_32F, as_int("ldb", ldb),
       stride_b, A, CUDA_R_32F, as_int("lda", lda), stride_a, &beta, C, CUDA_R_32F,
