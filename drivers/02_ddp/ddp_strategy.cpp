@@ -66,9 +66,9 @@ std::vector<RunSetting> ddp_settings(const TrainConfig& config, const DdpOptions
   return settings;
 }
 
-// What rank 0 gathers from every rank after each step (reporting traffic,
-// taken after the step's own numbers were measured).
-enum Gathered { kLoss, kAllReduces, kBytes, kExposed, kSeconds, kTokens, kGatheredCount };
+// What rank 0 gathers from every rank after each step, beside its loss,
+// seconds and tokens (reporting traffic, taken after the step was measured).
+enum Gathered { kAllReduces, kBytes, kExposed };
 
 TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const StepCallback& on_step) {
   validate_ddp(config, options);
@@ -112,33 +112,17 @@ TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const 
         auto it = st.collective_calls.find("all_reduce");
         return it == st.collective_calls.end() ? std::int64_t{0} : it->second;
       };
-      std::vector<double> values(kGatheredCount);
-      values[kLoss] = record.loss;
-      values[kAllReduces] = static_cast<double>(calls(after) - calls(before));
-      values[kBytes] = static_cast<double>(after.collective_bytes - before.collective_bytes);
-      values[kExposed] = exposed;
-      values[kSeconds] = record.seconds;
-      values[kTokens] = static_cast<double>(record.tokens);
-      const auto rows = gather_rows_to_rank0(comm, values);
+      const std::vector<double> values = {static_cast<double>(calls(after) - calls(before)),
+                                          static_cast<double>(after.collective_bytes - before.collective_bytes),
+                                          exposed};
+      const std::vector<RankStepRow> rows = report_group_step(comm, record, values);
       if (comm.rank() != 0) continue;
-      std::vector<RankCommStep> ranks(static_cast<std::size_t>(comm.size()));
-      const auto at = [&](int rank, Gathered what) { return rows[static_cast<std::size_t>(rank)][what]; };
-      double loss_sum = 0, slowest = 0, tokens = 0;
+      std::vector<RankCommStep> ranks;
       for (int r = 0; r < comm.size(); ++r) {
-        RankCommStep& rc = ranks[static_cast<std::size_t>(r)];
-        rc.rank = r;
-        rc.loss = at(r, kLoss);
-        rc.all_reduces = static_cast<std::int64_t>(at(r, kAllReduces));
-        rc.bytes = static_cast<std::int64_t>(at(r, kBytes));
-        rc.exposed_seconds = at(r, kExposed);
-        loss_sum += rc.loss;
-        slowest = std::max(slowest, at(r, kSeconds));
-        tokens += at(r, kTokens);
+        const RankStepRow& row = rows[static_cast<std::size_t>(r)];
+        ranks.push_back({r, row.loss, static_cast<std::int64_t>(row.extra[kAllReduces]),
+                         static_cast<std::int64_t>(row.extra[kBytes]), row.extra[kExposed]});
       }
-      // Equal slices: the mean of the ranks' means is the global batch's mean.
-      record.loss = loss_sum / comm.size();
-      // The step is done when its slowest rank is; it processed every rank's tokens.
-      as_group_step(record, slowest, tokens);
       result.add_step(record, *tracker);
       if (on_step) on_step(record);
       if (options.on_comm) options.on_comm(record.step, ranks);

@@ -70,19 +70,9 @@ DdpFootprint ddp_footprint(const TrainConfig& config, const GPT& model) {
   return {bytes, bytes, optimizer_states(config) * bytes};
 }
 
-// What rank 0 gathers from every rank after each step (reporting traffic,
-// taken after the step's own numbers were measured).
-enum Gathered {
-  kLoss,
-  kParamsPeak,
-  kGradsPeak,
-  kOptimizerPeak,
-  kHostOptimizerPeak,
-  kBytesMoved,
-  kSeconds,
-  kTokens,
-  kGatheredCount
-};
+// What rank 0 gathers from every rank after each step, beside its loss,
+// seconds and tokens (reporting traffic, taken after the step was measured).
+enum Gathered { kParamsPeak, kGradsPeak, kOptimizerPeak, kHostOptimizerPeak, kBytesMoved, kGatheredCount };
 
 TrainResult run_zero(const TrainConfig& config, const ZeroOptions& options, const StepCallback& on_step) {
   validate_zero(config, options);
@@ -110,7 +100,6 @@ TrainResult run_zero(const TrainConfig& config, const ZeroOptions& options, cons
       const std::int64_t bytes_before = comm.stats().collective_bytes;
       StepRecord record = trainer.step();  // resets the tracker's peaks first
       std::vector<double> values(kGatheredCount);
-      values[kLoss] = record.loss;
       values[kParamsPeak] = static_cast<double>(tracker->peak(MemoryCategory::params, trains_on));
       values[kGradsPeak] = static_cast<double>(tracker->peak(MemoryCategory::grads, trains_on));
       values[kOptimizerPeak] = static_cast<double>(tracker->peak(MemoryCategory::optimizer, trains_on));
@@ -118,34 +107,24 @@ TrainResult run_zero(const TrainConfig& config, const ZeroOptions& options, cons
                                        ? 0.0
                                        : static_cast<double>(tracker->peak(MemoryCategory::optimizer, DeviceKind::cpu));
       values[kBytesMoved] = static_cast<double>(comm.stats().collective_bytes - bytes_before);
-      values[kSeconds] = record.seconds;
-      values[kTokens] = static_cast<double>(record.tokens);
-      const auto rows = gather_rows_to_rank0(comm, values);
+      const std::vector<RankStepRow> rows = report_group_step(comm, record, values);
       if (comm.rank() != 0) continue;
-      const auto at = [&](int rank, Gathered what) { return rows[static_cast<std::size_t>(rank)][what]; };
-      const auto bytes_at = [&](int rank, Gathered what) { return static_cast<std::int64_t>(at(rank, what)); };
       std::vector<RankMemoryStep> ranks(static_cast<std::size_t>(comm.size()));
-      double loss_sum = 0, slowest = 0, tokens = 0;
       for (int r = 0; r < comm.size(); ++r) {
+        const RankStepRow& row = rows[static_cast<std::size_t>(r)];
+        const auto bytes = [&](Gathered what) { return static_cast<std::int64_t>(row.extra[what]); };
         RankMemoryStep& rank = ranks[static_cast<std::size_t>(r)];
         rank.rank = r;
-        rank.loss = at(r, kLoss);
-        rank.params_peak = bytes_at(r, kParamsPeak);
-        rank.grads_peak = bytes_at(r, kGradsPeak);
-        rank.optimizer_peak = bytes_at(r, kOptimizerPeak);
-        rank.host_optimizer_peak = bytes_at(r, kHostOptimizerPeak);
+        rank.loss = row.loss;
+        rank.params_peak = bytes(kParamsPeak);
+        rank.grads_peak = bytes(kGradsPeak);
+        rank.optimizer_peak = bytes(kOptimizerPeak);
+        rank.host_optimizer_peak = bytes(kHostOptimizerPeak);
         rank.ddp_params = ddp.params;
         rank.ddp_grads = ddp.grads;
         rank.ddp_optimizer = ddp.optimizer;
-        rank.bytes_moved = bytes_at(r, kBytesMoved);
-        loss_sum += rank.loss;
-        slowest = std::max(slowest, at(r, kSeconds));
-        tokens += at(r, kTokens);
+        rank.bytes_moved = bytes(kBytesMoved);
       }
-      // Equal slices: the mean of the ranks' means is the global batch's mean.
-      record.loss = loss_sum / comm.size();
-      // The step is done when its slowest rank is; it processed every rank's tokens.
-      as_group_step(record, slowest, tokens);
       result.add_step(record, *tracker);
       if (on_step) on_step(record);
       if (options.on_memory) options.on_memory(record.step, ranks);

@@ -123,27 +123,26 @@ TrainResult run_tp(const TrainConfig& config, const TensorParallelRunOptions& op
       result.data_name = trainer.sampler().data().name();
     }
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    enum { kParams, kActivationPeak, kBytesMoved, kSeconds, kTokens };  // the columns of a gathered row
+    enum { kParams, kActivationPeak, kBytesMoved };  // what rank 0 gathers beside loss, seconds and tokens
+    // A TP group shares its slice of the batch: one rank of it counts its tokens,
+    // and the step already averaged the loss over the DP groups.
+    const GroupStepRule rule{[&](int rank) { return rank % options.tp == 0; }, false};
     for (std::int64_t s = 0; s < config.steps; ++s) {
       const std::int64_t before = mesh.tp.stats().collective_bytes + mesh.dp.stats().collective_bytes;
       StepRecord record = trainer.step();
       const std::int64_t moved = mesh.tp.stats().collective_bytes + mesh.dp.stats().collective_bytes - before;
-      const auto rows = gather_rows_to_rank0(
-          world, {static_cast<double>(tracker->live(MemoryCategory::params)),
-                  static_cast<double>(record.peak_activation_bytes), static_cast<double>(moved), record.seconds,
-                  static_cast<double>(record.tokens)});
+      const std::vector<RankStepRow> rows = report_group_step(
+          world, record,
+          {static_cast<double>(tracker->live(MemoryCategory::params)),
+           static_cast<double>(record.peak_activation_bytes), static_cast<double>(moved)},
+          rule);
       if (world.rank() != 0) continue;
       std::vector<RankTensorParallelStep> ranks;
-      double slowest = 0, tokens = 0;
       for (int r = 0; r < world.size(); ++r) {
-        const std::vector<double>& row = rows[static_cast<std::size_t>(r)];
-        const auto at = [&](int what) { return static_cast<std::int64_t>(row[static_cast<std::size_t>(what)]); };
+        const std::vector<double>& extra = rows[static_cast<std::size_t>(r)].extra;
+        const auto at = [&](int what) { return static_cast<std::int64_t>(extra[static_cast<std::size_t>(what)]); };
         ranks.push_back({r, r % options.tp, r / options.tp, at(kParams), at(kActivationPeak), at(kBytesMoved)});
-        slowest = std::max(slowest, row[kSeconds]);
-        // A TP group shares its tokens: count them once per DP group.
-        if (r % options.tp == 0) tokens += row[kTokens];
       }
-      as_group_step(record, slowest, tokens);
       result.add_step(record, *tracker);
       if (on_step) on_step(record);
       if (options.on_ranks) options.on_ranks(record.step, ranks);

@@ -178,24 +178,22 @@ TrainResult run_ep(const TrainConfig& config, const ExpertParallelRunOptions& op
       result.data_name = trainer.sampler().data().name();
     }
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    enum { kTokens, kDropped, kBytesMoved, kSeconds };  // the columns of a gathered row
+    enum { kDropped, kBytesMoved };  // what rank 0 gathers beside loss, seconds and tokens
     for (std::int64_t s = 0; s < config.steps; ++s) {
       const std::int64_t before = trainer.bytes_moved();
       StepRecord record = trainer.step();
-      const auto rows = gather_rows_to_rank0(
-          ep, {static_cast<double>(record.tokens), static_cast<double>(trainer.dropped()),
-               static_cast<double>(trainer.bytes_moved() - before), record.seconds});
+      // Each rank routed its own slice's tokens; the step already averaged the loss.
+      const std::vector<RankStepRow> rows = report_group_step(
+          ep, record, {static_cast<double>(trainer.dropped()), static_cast<double>(trainer.bytes_moved() - before)},
+          GroupStepRule{{}, false});
       if (ep.rank() != 0) continue;
       std::vector<RankExpertParallelStep> ranks;
-      double slowest = 0, tokens = 0;
       for (int r = 0; r < ep.size(); ++r) {
-        const auto at = [&](int what) { return rows[static_cast<std::size_t>(r)][static_cast<std::size_t>(what)]; };
-        ranks.push_back({r, r * trainer.local_experts(), trainer.local_experts(), static_cast<std::int64_t>(at(kTokens)),
-                         static_cast<std::int64_t>(at(kDropped)), static_cast<std::int64_t>(at(kBytesMoved))});
-        slowest = std::max(slowest, at(kSeconds));
-        tokens += at(kTokens);
+        const RankStepRow& row = rows[static_cast<std::size_t>(r)];
+        ranks.push_back({r, r * trainer.local_experts(), trainer.local_experts(), static_cast<std::int64_t>(row.tokens),
+                         static_cast<std::int64_t>(row.extra[kDropped]),
+                         static_cast<std::int64_t>(row.extra[kBytesMoved])});
       }
-      as_group_step(record, slowest, tokens);
       result.add_step(record, *tracker);
       if (on_step) on_step(record);
       if (options.on_ranks) options.on_ranks(record.step, ranks);

@@ -202,28 +202,27 @@ TrainResult run_sp(const TrainConfig& config, const SequenceParallelRunOptions& 
       result.data_name = trainer.sampler().data().name();
     }
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    enum { kActivationPeak, kBytesMoved, kBlocks, kSeconds };  // the columns of a gathered row
+    enum { kActivationPeak, kBytesMoved, kBlocks };  // what rank 0 gathers beside loss, seconds and tokens
     for (std::int64_t s = 0; s < config.steps; ++s) {
       const std::int64_t before = trainer.bytes_moved();
       reset_block_computations();
       StepRecord record = trainer.step();
-      const auto rows = gather_rows_to_rank0(
-          sp, {static_cast<double>(record.peak_activation_bytes), static_cast<double>(trainer.bytes_moved() - before),
-               static_cast<double>(block_computations()), record.seconds});
+      // Every rank held the same batch (its tokens count once) and computed the same loss.
+      const std::vector<RankStepRow> rows = report_group_step(
+          sp, record,
+          {static_cast<double>(record.peak_activation_bytes), static_cast<double>(trainer.bytes_moved() - before),
+           static_cast<double>(block_computations())},
+          GroupStepRule{[](int rank) { return rank == 0; }, false});
       if (sp.rank() != 0) continue;
       std::vector<RankSequenceParallelStep> ranks;
-      double slowest = 0;
       const SequenceLayout layout =
           options.kind == SequenceParallelKind::zigzag ? SequenceLayout::zigzag : SequenceLayout::contiguous;
       for (int r = 0; r < sp.size(); ++r) {
-        const auto at = [&](int what) { return rows[static_cast<std::size_t>(r)][static_cast<std::size_t>(what)]; };
-        ranks.push_back({r, positions_of(config.seq, sp.size(), r, layout),
-                         static_cast<std::int64_t>(at(kActivationPeak)), static_cast<std::int64_t>(at(kBytesMoved)),
-                         static_cast<std::int64_t>(at(kBlocks))});
-        slowest = std::max(slowest, at(kSeconds));
+        const std::vector<double>& extra = rows[static_cast<std::size_t>(r)].extra;
+        const auto at = [&](int what) { return static_cast<std::int64_t>(extra[static_cast<std::size_t>(what)]); };
+        ranks.push_back({r, positions_of(config.seq, sp.size(), r, layout), at(kActivationPeak), at(kBytesMoved),
+                         at(kBlocks)});
       }
-      // Every rank held the same batch: its tokens count once.
-      as_group_step(record, slowest, static_cast<double>(record.tokens));
       result.add_step(record, *tracker);
       if (on_step) on_step(record);
       if (options.on_ranks) options.on_ranks(record.step, ranks);

@@ -39,8 +39,6 @@ std::vector<RunSetting> mixed_settings(const TrainConfig& config, const MixedPre
   return settings;
 }
 
-enum Gathered { kLoss, kSeconds, kTokens, kGatheredCount };
-
 TrainResult run_mixed(const TrainConfig& config, const MixedPrecisionRunOptions& options,
                       const StepCallback& on_step) {
   validate_mixed_precision(config, options);
@@ -77,20 +75,8 @@ TrainResult run_mixed(const TrainConfig& config, const MixedPrecisionRunOptions&
       DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ", record.step,
                 " in ", dtype_name(config.model.dtype), "; try a lower --lr, a tighter --clip or --precision bf16");
       meter.finish(record, sampler.local_batch() * sampler.seq());
-      std::vector<double> values(kGatheredCount);
-      values[kLoss] = record.loss;
-      values[kSeconds] = record.seconds;
-      values[kTokens] = static_cast<double>(record.tokens);
-      const auto rows = gather_rows_to_rank0(comm, values);
+      report_group_step(comm, record);  // equal slices: rank 0's record gets the mean loss
       if (comm.rank() != 0) continue;
-      double loss_sum = 0, slowest = 0, tokens = 0;
-      for (const std::vector<double>& row : rows) {
-        loss_sum += row[kLoss];
-        slowest = std::max(slowest, row[kSeconds]);
-        tokens += row[kTokens];
-      }
-      record.loss = loss_sum / comm.size();  // equal slices: the global batch's mean
-      as_group_step(record, slowest, tokens);
       result.add_step(record, *tracker);
       if (on_step) on_step(record);
     }

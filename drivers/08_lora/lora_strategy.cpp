@@ -56,16 +56,8 @@ TrainResult run_lora(const TrainConfig& config, const LoraRunOptions& options, c
       const CommStats before = comm.stats();
       StepRecord record = trainer.step();
       const std::int64_t bytes = comm.stats().collective_bytes - before.collective_bytes;
-      const auto rows = gather_rows_to_rank0(comm, {record.loss, record.seconds, static_cast<double>(record.tokens)});
+      report_group_step(comm, record);  // equal slices: rank 0's record gets the mean loss
       if (comm.rank() != 0) continue;
-      double loss = 0, slowest = 0, tokens = 0;
-      for (const auto& row : rows) {
-        loss += row[0];
-        slowest = std::max(slowest, row[1]);
-        tokens += row[2];
-      }
-      record.loss = loss / comm.size();  // equal slices: the mean of means
-      as_group_step(record, slowest, tokens);
       result.add_step(record, *tracker);
       if (on_step) on_step(record);
       if (options.on_step) options.on_step(record.step, bytes, lora.trainable_parameters());

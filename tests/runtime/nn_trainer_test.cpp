@@ -9,7 +9,9 @@
 #include <iterator>
 #include <string>
 
+#include "dtp/comm.h"
 #include "dtp/error.h"
+#include "dtp/launch.h"
 #include "dtp/trace.h"
 #include "dtp/trainer.h"
 
@@ -176,3 +178,47 @@ TEST(NnTrainer, SgdAndTextDataTrainToo) {
 
 }  // namespace
 }  // namespace dtp
+
+// report_group_step: rank 0's record becomes the group's step. Four ranks
+// with distinct numbers, so a wrong rule shows which rank's value leaked in.
+TEST(NnTrainer, GroupStepTakesTheSlowestRankAndCountsOwnSlices) {
+  struct Case {
+    const char* name;
+    dtp::GroupStepRule rule;
+    double loss, tokens;  // expected on rank 0
+  };
+  // Rank r reports loss 1 + r, seconds 0.1 (rank 2: 0.5), tokens 10 (r + 1).
+  const Case cases[] = {
+      {"every rank its own slice (data parallel)", {}, (1 + 2 + 3 + 4) / 4.0, 100},
+      {"pairs share a slice (tensor parallel 2)", {[](int r) { return r % 2 == 0; }, true}, (1 + 3) / 2.0, 40},
+      {"the step reduced the loss itself", {{}, false}, 1, 100},
+  };
+  for (const Case& c : cases) {
+    dtp::World world;
+    world.size = 4;
+    dtp::launch(world, [&](dtp::Comm& comm) {
+      dtp::StepRecord record;
+      record.loss = 1 + comm.rank();
+      record.seconds = comm.rank() == 2 ? 0.5 : 0.1;
+      record.tokens = 10 * (comm.rank() + 1);
+      const std::vector<dtp::RankStepRow> rows =
+          dtp::report_group_step(comm, record, {100.0 + comm.rank(), -1.0}, c.rule);
+      if (comm.rank() != 0) {
+        EXPECT_TRUE(rows.empty()) << c.name << ": rank " << comm.rank() << " got rows";
+        EXPECT_EQ(record.loss, 1 + comm.rank()) << c.name << ": rank " << comm.rank() << "'s record changed";
+        return;
+      }
+      EXPECT_EQ(record.seconds, 0.5) << c.name << ": expected rank 2's seconds (the slowest)";
+      EXPECT_EQ(record.loss, c.loss) << c.name;
+      EXPECT_EQ(record.tokens, static_cast<std::int64_t>(c.tokens)) << c.name;
+      EXPECT_EQ(record.tokens_per_second, c.tokens / 0.5) << c.name;
+      ASSERT_EQ(rows.size(), 4u) << c.name;
+      for (int r = 0; r < 4; ++r) {
+        const dtp::RankStepRow& row = rows[static_cast<std::size_t>(r)];
+        EXPECT_EQ(row.loss, 1 + r) << c.name << ": rank " << r;
+        EXPECT_EQ(row.tokens, 10 * (r + 1)) << c.name << ": rank " << r;
+        EXPECT_EQ(row.extra, (std::vector<double>{100.0 + r, -1.0})) << c.name << ": rank " << r << "'s extra";
+      }
+    });
+  }
+}

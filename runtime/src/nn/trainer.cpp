@@ -220,10 +220,30 @@ std::vector<std::vector<double>> gather_rows_to_rank0(Comm& comm, const std::vec
   return rows;
 }
 
-void as_group_step(StepRecord& record, double slowest_seconds, double tokens) {
-  record.seconds = slowest_seconds;
+std::vector<RankStepRow> report_group_step(Comm& comm, StepRecord& record, const std::vector<double>& extra,
+                                           const GroupStepRule& rule) {
+  std::vector<double> mine = {record.loss, record.seconds, static_cast<double>(record.tokens)};
+  mine.insert(mine.end(), extra.begin(), extra.end());
+  const std::vector<std::vector<double>> gathered = gather_rows_to_rank0(comm, mine);
+  std::vector<RankStepRow> rows;
+  if (comm.rank() != 0) return rows;
+  double slowest = 0, tokens = 0, loss_sum = 0;
+  int slices = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    const std::vector<double>& row = gathered[static_cast<std::size_t>(r)];
+    rows.push_back({row[0], row[1], row[2], std::vector<double>(row.begin() + 3, row.end())});
+    slowest = std::max(slowest, row[1]);
+    if (rule.own_slice && !rule.own_slice(r)) continue;
+    loss_sum += row[0];
+    tokens += row[2];
+    ++slices;
+  }
+  DTP_CHECK(slices > 0, "report_group_step: the rule counts none of the ", comm.size(), " ranks");
+  if (rule.mean_loss) record.loss = loss_sum / slices;
+  record.seconds = slowest;
   record.tokens = static_cast<std::int64_t>(tokens);
-  record.tokens_per_second = slowest_seconds > 0 ? tokens / slowest_seconds : 0;
+  record.tokens_per_second = slowest > 0 ? tokens / slowest : 0;
+  return rows;
 }
 
 StepRecord Trainer::step() {
