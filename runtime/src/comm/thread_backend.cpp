@@ -15,6 +15,7 @@
 #include "cpu/reduce_into_all.h"
 #include "cuda/device_api.h"
 #include "dtp/error.h"
+#include "dtp/parallel.h"
 #include "dtp/trace.h"
 
 namespace dtp {
@@ -299,18 +300,26 @@ void ThreadComm::all_reduce_as(std::int64_t sequence, Tensor& x, ReduceOp op) {
   call.sequence = sequence;
   call.first = x.flatten();
   collective(std::move(call), [&](const std::vector<CollectiveCall>& calls) {
-    // This rank owns chunk rank_: reduce it from every rank into its own copy,
-    // then write the result back into everyone's copy. Chunks are disjoint.
+    // This rank owns a chunk: reduce it from every rank's copy and write the
+    // result back into everyone's copy. Chunks are disjoint.
     const int n = size();
     // One fused pass (a kernel on the GPU, cache tiles on the host): n reads
     // and n writes per element of this rank's chunk.
     std::vector<void*> buffers;
     for (const CollectiveCall& c : calls) buffers.push_back(Tensor(c.first).raw());  // a handle: writable view
-    ChunkRange mine = chunk_range(x.numel(), n, rank_);
     if (x.device().is_cuda()) {
+      ChunkRange mine = chunk_range(x.numel(), n, rank_);
       cuda::reduce_into_all(buffers.data(), n, mine.offset, mine.length, x.dtype(), op);
     } else {
-      cpu::reduce_into_all(buffers, mine.offset, mine.length, x.dtype(), op);
+      // With more rank threads than the process has cores (4 ranks on a
+      // 2-core laptop), the first `cores` ranks split the work and the rest
+      // only wait: n threads taking turns on fewer cores would evict each
+      // other's tiles. Every element is still summed in rank order.
+      const int workers = std::min(n, default_compute_threads());
+      if (rank_ < workers) {
+        ChunkRange mine = chunk_range(x.numel(), workers, rank_);
+        cpu::reduce_into_all(buffers, mine.offset, mine.length, x.dtype(), op);
+      }
     }
   });
 }
