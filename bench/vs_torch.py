@@ -13,11 +13,14 @@ prints min and median tokens/s of each, their ratio (DTP / PyTorch), and
 appends one JSON line per run and one per size to --json.
 
   python3 bench/vs_torch.py [--build-dir build] [--sizes default,3m] [--threads N] [--world W]
-      [--rounds 3] [--steps 60] [--warmup 10] [--json bench/results/vs-torch-cpu-DATE.jsonl]
+      [--attention naive|flash] [--rounds 3] [--steps 60] [--warmup 10]
+      [--json bench/results/vs-torch-cpu-DATE.jsonl]
 
 Sizes: default is dtp-train's default model (2 layers, d_model 64, 4 heads,
 vocab 64, batch 16 x seq 64, 0.11M parameters); 3m is 6 layers, d_model 192,
-6 heads, vocab 256, batch 8 x seq 128 (2.8M parameters).
+6 heads, vocab 256, batch 8 x seq 128 (2.8M parameters); 3m-seq512 is the
+same model on batch 2 x seq 512, where attention is a larger share.
+--attention picks DTP's kernel (PyTorch 1.13 on the CPU has only the math one).
 """
 import argparse
 import datetime
@@ -31,6 +34,7 @@ import tempfile
 SIZES = {
     "default": dict(layers=2, d_model=64, heads=4, vocab=64, batch=16, seq=64),
     "3m": dict(layers=6, d_model=192, heads=6, vocab=256, batch=8, seq=128),
+    "3m-seq512": dict(layers=6, d_model=192, heads=6, vocab=256, batch=2, seq=512),
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -46,7 +50,7 @@ def run_dtp(args, size):
         if args.world > 1:
             program, strategy = "dtp-train-reference", ["--strategy=ddp", f"--world={args.world}"]
         command = [os.path.join(args.build_dir, "bin", program), f"--steps={args.steps}",
-                   "--attention=naive", f"--json={log.name}"] + strategy + shape_flags(size)
+                   f"--attention={args.attention}", f"--json={log.name}"] + strategy + shape_flags(size)
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"vs_torch: {' '.join(command)} failed:\n{done.stdout}{done.stderr}")
@@ -77,6 +81,7 @@ def main():
     parser.add_argument("--sizes", default="default,3m")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--world", type=int, default=1, help="data-parallel ranks (default 1: one device)")
+    parser.add_argument("--attention", default="naive", choices=["naive", "flash"], help="DTP's attention kernel")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
@@ -99,7 +104,8 @@ def main():
     git = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True,
                          text=True).stdout.strip() or "unknown"
     host = os.uname().nodename
-    print(f"{'size':<8} {'world':>5} {'threads':>7} {'DTP tok/s min/median':>22} {'torch tok/s min/median':>24} {'DTP/torch':>9}"
+    print(f"DTP attention: {args.attention}")
+    print(f"{'size':<9} {'world':>5} {'threads':>7} {'DTP tok/s min/median':>22} {'torch tok/s min/median':>24} {'DTP/torch':>9}"
           f" {'faults/step':>11}")
     with open(args.json, "a") as out:
         for name in sizes:
@@ -110,7 +116,8 @@ def main():
                 dtp.append(rate)
                 rate, version = run_torch(args, size)
                 torch.append(rate)
-            common = dict(size=name, world=args.world, threads=args.threads, git=git, host=host, **size)
+            common = dict(size=name, world=args.world, threads=args.threads, attention=args.attention, git=git,
+                          host=host, **size)
             for impl, rates in (("dtp", dtp), ("torch", torch)):
                 for rate in rates:
                     out.write(json.dumps(dict(what="vs_torch_run", impl=impl, tokens_per_s=rate, **common)) + "\n")
@@ -118,7 +125,7 @@ def main():
             out.write(json.dumps(dict(what="vs_torch", torch=version, dtp_median=statistics.median(dtp),
                                       torch_median=statistics.median(torch), ratio=ratio,
                                       page_faults_last_step=faults, **common)) + "\n")
-            print(f"{name:<8} {args.world:>5} {args.threads:>7} {min(dtp):>10,.0f} {statistics.median(dtp):>11,.0f}"
+            print(f"{name:<9} {args.world:>5} {args.threads:>7} {min(dtp):>10,.0f} {statistics.median(dtp):>11,.0f}"
                   f" {min(torch):>12,.0f} {statistics.median(torch):>11,.0f} {ratio:>8.2f}x {faults:>11}")
     print(f"torch {version}; JSON lines appended to {args.json}")
     return 0

@@ -144,7 +144,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
 /// attention_merge can combine with another over disjoint keys.
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                              Tensor& row_max, Tensor& row_sum, const AttentionMask& mask = {},
-                             double scale = 0, std::int64_t block_size = 32);
+                             double scale = 0, std::int64_t block_size = 128);
 /// Gradients of attention given the final output and its row statistics:
 /// probabilities are recomputed as exp(score - row_max) / row_sum. The
 /// statistics may cover more keys than @p k holds (ring attention passes the

@@ -8,46 +8,21 @@
 // needs only the keys its last row sees, so about half of the products of
 // Q K^T, P V and their gradients are never computed.
 #include <algorithm>
-#include <limits>
 #include <tuple>
 #include <vector>
 
 #include "cpu/attention_common.h"
-#include "cpu/gemm.h"
 #include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
 #include "dtp/parallel.h"
 
 namespace dtp::ops {
 
-namespace {
-// Enough (batch, head) pairs per thread for about 256k multiply-adds.
-std::int64_t pairs_per_part(const detail::AttentionDims& d) {
-  return std::max<std::int64_t>(1, (std::int64_t{1} << 18) / std::max<std::int64_t>(1, d.Tq * d.Tk * d.D));
-}
-
-constexpr std::int64_t kQueryBlock = 32;
-
-// Query rows [i0, i1) of one head see keys [0, visible_keys(i1 - 1)) at most.
-struct QueryBlock {
-  std::int64_t i0, rows, keys;
-};
-
-template <typename Body>
-void for_each_query_block(const detail::AttentionDims& d, const AttentionMask& mask, Body body) {
-  for (std::int64_t i0 = 0; i0 < d.Tq; i0 += kQueryBlock) {
-    const std::int64_t rows = std::min(kQueryBlock, d.Tq - i0);
-    body(QueryBlock{i0, rows, d.visible_keys(mask, i0 + rows - 1)});
-  }
-}
-
-// op(A) @ op(B) into C, overwriting it or adding to it (cpu/gemm.h).
-template <typename T>
-void product(std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A, cpu::Strides a, const T* B,
-             cpu::Strides b, T* C, std::int64_t ldc, bool accumulate) {
-  cpu::gemm(M, N, K, alpha, A, a, B, b, cpu::Output<T>{C, ldc, accumulate});
-}
-}  // namespace
+using detail::for_each_query_block;
+using detail::pairs_per_part;
+using detail::product;
+using detail::QueryBlock;
+using detail::kQueryBlock;
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& probs, const AttentionMask& mask, double scale) {

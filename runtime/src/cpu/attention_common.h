@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cpu/gemm.h"
 #include "cpu/nn_ops_common.h"
 #include "dtp/nn_ops.h"
 
@@ -59,6 +60,37 @@ inline void check_attention_stat(const char* op, const char* name, const Tensor&
   check_float(op, name, t);
   check_dtype_is(op, name, t, dtype);
   check_shape(op, name, t, Shape{d.B, d.H, d.Tq});
+}
+
+/// Enough (batch, head) pairs per thread for about 256k multiply-adds. A
+/// pair's rows of every output are its own, so pairs go to the rank's
+/// threads whole and each element's arithmetic is the same at any thread count.
+inline std::int64_t pairs_per_part(const AttentionDims& d) {
+  return std::max<std::int64_t>(1, (std::int64_t{1} << 18) / std::max<std::int64_t>(1, d.Tq * d.Tk * d.D));
+}
+
+/// Query rows are taken kQueryBlock at a time, as matrix products.
+inline constexpr std::int64_t kQueryBlock = 32;
+
+/// Query rows [i0, i0 + rows) of one head see keys [0, keys) at most (the
+/// last row sees the most: visible_keys grows with the row).
+struct QueryBlock {
+  std::int64_t i0, rows, keys;
+};
+
+template <typename Body>
+void for_each_query_block(const AttentionDims& d, const ops::AttentionMask& mask, Body body) {
+  for (std::int64_t i0 = 0; i0 < d.Tq; i0 += kQueryBlock) {
+    const std::int64_t rows = std::min(kQueryBlock, d.Tq - i0);
+    body(QueryBlock{i0, rows, d.visible_keys(mask, i0 + rows - 1)});
+  }
+}
+
+/// op(A) @ op(B) into C, overwriting it or adding to it (cpu/gemm.h).
+template <typename T>
+void product(std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A, cpu::Strides a, const T* B,
+             cpu::Strides b, T* C, std::int64_t ldc, bool accumulate) {
+  cpu::gemm(M, N, K, alpha, A, a, B, b, cpu::Output<T>{C, ldc, accumulate});
 }
 
 template <typename T>

@@ -1,9 +1,13 @@
-// Flash-style attention on the CPU. For each query row, keys are visited in
-// blocks; each block gives a partial result (output normalized over the
-// block, the block's max score and its sum of exponentials) that is folded
-// into the running result with the same merge that attention_merge exposes
-// (and that ring attention uses across ranks). Only O(block) scores exist at
-// a time; the backward recomputes probabilities from the saved row max and sum.
+// Flash-style attention on the CPU. Query rows go kQueryBlock at a time and
+// keys in blocks; each key block gives every row a partial result (its output
+// normalized over the block, the block's max score and its sum of
+// exponentials), folded into the row's running result with the same merge
+// that attention_merge exposes (and that ring attention uses across ranks).
+// Only a query block's scores against one key block exist at a time; the
+// backward recomputes probabilities from the saved row max and sum. The
+// scores and the products with V, dO, K and Q are matrix products
+// (cpu/gemm.h) straight on the [B, T, H, D] layout, as in naive attention.
+#include <algorithm>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -11,8 +15,15 @@
 #include "cpu/attention_common.h"
 #include "cpu/widen.h"
 #include "cuda/nn_kernels.h"
+#include "dtp/parallel.h"
 
 namespace dtp::ops {
+
+namespace {
+// The backward's key blocks: a query block's P and dS against this many keys
+// at a time (its memory, and the size of the products).
+constexpr std::int64_t kBackwardKeyBlock = 128;
+}  // namespace
 
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                              Tensor& row_max, Tensor& row_sum, const AttentionMask& mask,
@@ -42,41 +53,59 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
     T* pl = row_sum.data<T>();
     const T sc = static_cast<T>(d.scale);
     const T neg_inf = -std::numeric_limits<T>::infinity();
-    std::vector<T> scores(static_cast<std::size_t>(block_size));
-    std::vector<T> block_out(static_cast<std::size_t>(d.D));
-    for (std::int64_t b = 0; b < d.B; ++b) {
-      for (std::int64_t h = 0; h < d.H; ++h) {
-        for (std::int64_t i = 0; i < d.Tq; ++i) {
-          const T* qi = pq + d.q_offset(b, i, h);
-          T* oi = po + d.q_offset(b, i, h);
-          T& m = pm[d.stat_offset(b, h, i)];
-          T& l = pl[d.stat_offset(b, h, i)];
-          std::fill(oi, oi + d.D, T(0));
-          m = neg_inf;
-          l = 0;
-          const std::int64_t nk = d.visible_keys(mask, i);
-          for (std::int64_t j0 = 0; j0 < nk; j0 += block_size) {
-            const std::int64_t j1 = std::min(nk, j0 + block_size);
-            // The block's own partial result: (block_out, block_max, block_sum).
-            T block_max = neg_inf;
-            for (std::int64_t j = j0; j < j1; ++j) {
-              scores[j - j0] = sc * detail::dot(qi, pk + d.k_offset(b, j, h), d.D);
-              block_max = std::max(block_max, scores[j - j0]);
-            }
-            T block_sum = 0;
-            std::fill(block_out.begin(), block_out.end(), T(0));
-            for (std::int64_t j = j0; j < j1; ++j) {
-              const T e = std::exp(scores[j - j0] - block_max);
-              block_sum += e;
-              detail::axpy_row(block_out.data(), e, pv + d.k_offset(b, j, h), d.D);
-            }
-            const T inv = T(1) / block_sum;
-            for (T& x : block_out) x *= inv;
-            detail::merge_attention_row(d.D, oi, m, l, block_out.data(), block_max, block_sum);
+    const std::int64_t ld = d.row_stride();
+    const std::int64_t key_block = std::min(block_size, std::max<std::int64_t>(1, d.Tk));
+    parallel_for(d.B * d.H, detail::pairs_per_part(d), [&](std::int64_t first, std::int64_t last) {
+      // One query block against one key block: scores, then exponentials.
+      std::vector<T> scores(static_cast<std::size_t>(detail::kQueryBlock * key_block));
+      std::vector<T> block_out(static_cast<std::size_t>(detail::kQueryBlock * d.D));
+      std::vector<T> block_max(detail::kQueryBlock), block_sum(detail::kQueryBlock);
+      for (std::int64_t bh = first; bh < last; ++bh) {
+        const std::int64_t b = bh / d.H, h = bh % d.H;
+        const T* k_head = pk + d.k_offset(b, 0, h);
+        const T* v_head = pv + d.k_offset(b, 0, h);
+        detail::for_each_query_block(d, mask, [&](const detail::QueryBlock& blk) {
+          const T* q_blk = pq + d.q_offset(b, blk.i0, h);
+          T* o_blk = po + d.q_offset(b, blk.i0, h);
+          T* m = pm + d.stat_offset(b, h, blk.i0);
+          T* l = pl + d.stat_offset(b, h, blk.i0);
+          for (std::int64_t r = 0; r < blk.rows; ++r) {
+            std::fill(o_blk + r * ld, o_blk + r * ld + d.D, T(0));
+            m[r] = neg_inf;
+            l[r] = 0;
           }
-        }
+          for (std::int64_t j0 = 0; j0 < blk.keys; j0 += key_block) {
+            const std::int64_t n = std::min(key_block, blk.keys - j0);
+            detail::product<T>(blk.rows, n, d.D, sc, q_blk, {ld, 1}, k_head + j0 * ld, {1, ld}, scores.data(), n,
+                               false);
+            // Each row's partial result over the keys of the block it sees
+            // (a row that sees none of them gets a zero row and is not merged).
+            for (std::int64_t r = 0; r < blk.rows; ++r) {
+              T* row = scores.data() + r * n;
+              const std::int64_t seen = std::clamp<std::int64_t>(d.visible_keys(mask, blk.i0 + r) - j0, 0, n);
+              T mx = neg_inf, sum = 0;
+              for (std::int64_t c = 0; c < seen; ++c) mx = std::max(mx, row[c]);
+              for (std::int64_t c = 0; c < seen; ++c) {
+                row[c] = std::exp(row[c] - mx);
+                sum += row[c];
+              }
+              std::fill(row + seen, row + n, T(0));
+              block_max[r] = mx;
+              block_sum[r] = sum;
+            }
+            detail::product<T>(blk.rows, d.D, n, T(1), scores.data(), {n, 1}, v_head + j0 * ld, {ld, 1},
+                               block_out.data(), d.D, false);
+            for (std::int64_t r = 0; r < blk.rows; ++r) {
+              if (block_sum[r] == T(0)) continue;
+              T* partial = block_out.data() + r * d.D;
+              const T inv = T(1) / block_sum[r];
+              for (std::int64_t c = 0; c < d.D; ++c) partial[c] *= inv;
+              detail::merge_attention_row(d.D, o_blk + r * ld, m[r], l[r], partial, block_max[r], block_sum[r]);
+            }
+          }
+        });
       }
-    }
+    });
   });
 }
 
@@ -118,35 +147,62 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
     T* pdq = dq.data<T>();
     T* pdk = dk.data<T>();
     T* pdv = dv.data<T>();
-    std::fill(pdq, pdq + dq.numel(), T(0));
+    std::fill(pdq, pdq + dq.numel(), T(0));  // every key block adds to dQ, dK and dV
     std::fill(pdk, pdk + dk.numel(), T(0));
     std::fill(pdv, pdv + dv.numel(), T(0));
     const T sc = static_cast<T>(d.scale);
-    for (std::int64_t b = 0; b < d.B; ++b) {
-      for (std::int64_t h = 0; h < d.H; ++h) {
-        for (std::int64_t i = 0; i < d.Tq; ++i) {
-          const T m = pm[d.stat_offset(b, h, i)];
-          const T l = pl[d.stat_offset(b, h, i)];
-          if (l == T(0)) continue;  // the row saw no key at all
-          const T inv_l = T(1) / l;
-          const T* qi = pq + d.q_offset(b, i, h);
-          const T* doi = pdo + d.q_offset(b, i, h);
-          T* dqi = pdq + d.q_offset(b, i, h);
-          // rowsum(P * dP) equals dO . O, so it needs no second pass over keys.
-          const T row_dot = detail::dot(doi, po + d.q_offset(b, i, h), d.D);
-          const std::int64_t nk = d.visible_keys(mask, i);
-          for (std::int64_t j = 0; j < nk; ++j) {
-            const T* kj = pk + d.k_offset(b, j, h);
-            const T p = std::exp(sc * detail::dot(qi, kj, d.D) - m) * inv_l;
-            const T dp = detail::dot(doi, pv + d.k_offset(b, j, h), d.D);
-            detail::axpy_row(pdv + d.k_offset(b, j, h), p, doi, d.D);
-            const T ds = sc * p * (dp - row_dot);
-            detail::axpy_row(dqi, ds, kj, d.D);
-            detail::axpy_row(pdk + d.k_offset(b, j, h), ds, qi, d.D);
+    const std::int64_t ld = d.row_stride();
+    const std::int64_t key_block = std::min(kBackwardKeyBlock, std::max<std::int64_t>(1, d.Tk));
+    parallel_for(d.B * d.H, detail::pairs_per_part(d), [&](std::int64_t first, std::int64_t last) {
+      const auto size = static_cast<std::size_t>(detail::kQueryBlock * key_block);
+      std::vector<T> p(size), ds(size), row_dot(detail::kQueryBlock);
+      for (std::int64_t bh = first; bh < last; ++bh) {
+        const std::int64_t b = bh / d.H, h = bh % d.H;
+        const T* k_head = pk + d.k_offset(b, 0, h);
+        const T* v_head = pv + d.k_offset(b, 0, h);
+        T* dk_head = pdk + d.k_offset(b, 0, h);
+        T* dv_head = pdv + d.k_offset(b, 0, h);
+        detail::for_each_query_block(d, mask, [&](const detail::QueryBlock& blk) {
+          const T* q_blk = pq + d.q_offset(b, blk.i0, h);
+          const T* do_blk = pdo + d.q_offset(b, blk.i0, h);
+          T* dq_blk = pdq + d.q_offset(b, blk.i0, h);
+          const T* m = pm + d.stat_offset(b, h, blk.i0);
+          const T* l = pl + d.stat_offset(b, h, blk.i0);
+          // rowsum(P * dP) equals dO . O, so it needs no pass over the keys.
+          for (std::int64_t r = 0; r < blk.rows; ++r)
+            row_dot[r] = detail::dot(do_blk + r * ld, po + d.q_offset(b, blk.i0 + r, h), d.D);
+          for (std::int64_t j0 = 0; j0 < blk.keys; j0 += key_block) {
+            const std::int64_t n = std::min(key_block, blk.keys - j0);
+            // P from the saved statistics (0 for keys a row does not see);
+            // dP = dO V^T.
+            detail::product<T>(blk.rows, n, d.D, sc, q_blk, {ld, 1}, k_head + j0 * ld, {1, ld}, p.data(), n, false);
+            detail::product<T>(blk.rows, n, d.D, T(1), do_blk, {ld, 1}, v_head + j0 * ld, {1, ld}, ds.data(), n,
+                               false);
+            for (std::int64_t r = 0; r < blk.rows; ++r) {
+              T* p_row = p.data() + r * n;
+              T* ds_row = ds.data() + r * n;
+              // A row that saw no key at all (l = 0) has no gradient.
+              const std::int64_t seen =
+                  l[r] == T(0) ? 0 : std::clamp<std::int64_t>(d.visible_keys(mask, blk.i0 + r) - j0, 0, n);
+              const T inv_l = l[r] == T(0) ? T(0) : T(1) / l[r];
+              for (std::int64_t c = 0; c < seen; ++c) {
+                p_row[c] = std::exp(p_row[c] - m[r]) * inv_l;
+                ds_row[c] = sc * p_row[c] * (ds_row[c] - row_dot[r]);  // dS
+              }
+              std::fill(p_row + seen, p_row + n, T(0));
+              std::fill(ds_row + seen, ds_row + n, T(0));
+            }
+            // dV += P^T dO; dQ += dS K; dK += dS^T Q.
+            detail::product<T>(n, d.D, blk.rows, T(1), p.data(), {1, n}, do_blk, {ld, 1}, dv_head + j0 * ld, ld,
+                               true);
+            detail::product<T>(blk.rows, d.D, n, T(1), ds.data(), {n, 1}, k_head + j0 * ld, {ld, 1}, dq_blk, ld,
+                               true);
+            detail::product<T>(n, d.D, blk.rows, T(1), ds.data(), {1, n}, q_blk, {ld, 1}, dk_head + j0 * ld, ld,
+                               true);
           }
-        }
+        });
       }
-    }
+    });
   });
 }
 
