@@ -24,19 +24,31 @@ class JsonLine {
  public:
   /// Numbers keep @p digits significant digits.
   explicit JsonLine(int digits = 9) : digits_(digits) {}
+  // Each add() appends "key": value and returns the line, so calls chain:
+  // JsonLine().add("step", 3).add("loss", 2.5).str().
+  /// A string, escaped.
   JsonLine& add(const std::string& key, const std::string& value) { return raw(key, json_string(value)); }
+  /// A string, escaped.
   JsonLine& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
+  /// A number with the line's significant digits (NaN and infinities: null).
   JsonLine& add(const std::string& key, double value) { return raw(key, json_number(value, digits_)); }
+  /// An integer, every digit.
   JsonLine& add(const std::string& key, std::int64_t value) { return raw(key, std::to_string(value)); }
+  /// An integer, every digit.
   JsonLine& add(const std::string& key, int value) { return raw(key, std::to_string(value)); }
+  /// An integer, every digit.
   JsonLine& add(const std::string& key, std::uint64_t value) { return raw(key, std::to_string(value)); }
+  /// true or false.
   JsonLine& add(const std::string& key, bool value) { return raw(key, value ? "true" : "false"); }
+  /// A list of numbers with the line's significant digits.
   JsonLine& add(const std::string& key, const std::vector<double>& values) {
     return list(key, values, [this](double v) { return json_number(v, digits_); });
   }
+  /// A list of integers.
   JsonLine& add(const std::string& key, const std::vector<std::int64_t>& values) {
     return list(key, values, [](std::int64_t v) { return std::to_string(v); });
   }
+  /// A list of strings, escaped.
   JsonLine& add(const std::string& key, const std::vector<std::string>& values) {
     return list(key, values, [](const std::string& v) { return json_string(v); });
   }

@@ -128,10 +128,10 @@ struct GroupStepRule {
 
 /// One rank's numbers of a group step, as rank 0 received them.
 struct RankStepRow {
-  double loss = 0;
-  double seconds = 0;
-  double tokens = 0;
-  std::vector<double> extra;  ///< the rank's @p extra of report_group_step
+  double loss = 0;             ///< the rank's own loss
+  double seconds = 0;          ///< the rank's own step time
+  double tokens = 0;           ///< the tokens of the rank's own record
+  std::vector<double> extra;   ///< the rank's @p extra of report_group_step
 };
 
 /// The step of a whole group, reported by rank 0. Collective over @p comm:
