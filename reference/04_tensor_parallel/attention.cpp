@@ -13,13 +13,6 @@ ColumnParallelLinear head_projection(Comm& tp, const GPTConfig& config, bool seq
   even_split("attention heads", config.heads, tp.size(), tp.rank());
   return ColumnParallelLinear(tp, config.d_model, config.d_model, true, sequence_parallel);
 }
-
-Tensor new_activation(const Shape& shape, const Tensor& like) {
-  return Tensor::empty(shape, like.dtype(), like.device(), MemoryCategory::activations);
-}
-Tensor new_gradient(const Shape& shape, const Tensor& like) {
-  return Tensor::empty(shape, like.dtype(), like.device(), MemoryCategory::other);
-}
 }  // namespace
 
 TensorParallelAttention::TensorParallelAttention(Comm& tp, const GPTConfig& config, bool sequence_parallel)

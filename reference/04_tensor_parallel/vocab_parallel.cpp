@@ -9,12 +9,6 @@
 
 namespace dtp::ch04 {
 
-namespace {
-Tensor new_activation(const Shape& shape, const Tensor& like) {
-  return Tensor::empty(shape, like.dtype(), like.device(), MemoryCategory::activations);
-}
-}  // namespace
-
 // --- 4.5 -------------------------------------------------------------------------------
 
 Tensor VocabParallelEmbedding::forward(const Tensor& ids, VocabParallelEmbeddingSaved& saved) const {

@@ -31,6 +31,14 @@
 
 namespace dtp {
 
+/// An uninitialized tensor of @p shape with @p like's dtype and device,
+/// charged to MemoryCategory::activations: how a layer's forward makes its
+/// output and what it saves.
+Tensor new_activation(const Shape& shape, const Tensor& like);
+/// The same, charged to MemoryCategory::other: how a backward makes the
+/// transient gradient of its input.
+Tensor new_gradient(const Shape& shape, const Tensor& like);
+
 /// How attention is computed: the naive form keeps the B*H*T*T probabilities
 /// for the backward; the flash form keeps only two numbers per query row.
 enum class AttentionKind { naive, flash };

@@ -8,7 +8,6 @@
 
 namespace dtp {
 
-namespace {
 Tensor new_activation(const Shape& shape, const Tensor& like) {
   return Tensor::empty(shape, like.dtype(), like.device(), MemoryCategory::activations);
 }
@@ -17,6 +16,7 @@ Tensor new_gradient(const Shape& shape, const Tensor& like) {
   return Tensor::empty(shape, like.dtype(), like.device(), MemoryCategory::other);
 }
 
+namespace {
 Shape with_last_dim(const Shape& shape, std::int64_t last) {
   std::vector<std::int64_t> dims;
   for (int d = 0; d < shape.ndim(); ++d) dims.push_back(shape[d]);

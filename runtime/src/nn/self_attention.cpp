@@ -7,12 +7,6 @@
 namespace dtp {
 
 namespace {
-Tensor new_activation(const Shape& shape, const Tensor& like) {
-  return Tensor::empty(shape, like.dtype(), like.device(), MemoryCategory::activations);
-}
-Tensor new_gradient(const Shape& shape, const Tensor& like) {
-  return Tensor::empty(shape, like.dtype(), like.device(), MemoryCategory::other);
-}
 double residual_std(const GPTConfig& config) {
   // GPT-2: residual projections start smaller so the stream's variance does
   // not grow with depth.

@@ -7,10 +7,6 @@
 namespace dtp {
 
 namespace {
-Tensor new_activation(const Shape& shape, const Tensor& like) {
-  return Tensor::empty(shape, like.dtype(), like.device(), MemoryCategory::activations);
-}
-
 void check_ids(const char* what, const Tensor& ids, const GPTConfig& config) {
   DTP_CHECK(ids.defined() && ids.dtype() == DType::i32 && ids.ndim() == 2, what,
             " must be i32 [B, T] token ids, got ", ids.describe());
