@@ -21,6 +21,10 @@
 
 namespace dtp::testing::ch01 {
 
+/// What an output buffer holds before the collective writes it: never a
+/// pattern value, so a chunk that never arrives shows.
+inline constexpr double kPoison = -1.0;
+
 /// The buffer lengths every exact-results test sweeps on N ranks: one element,
 /// fewer than N (N-1 is 0 elements when N = 1), exactly N, and a prime.
 inline std::vector<std::int64_t> exact_lengths(int n) {

@@ -7,8 +7,6 @@ using namespace dtp;
 using namespace dtp::testing;
 using namespace dtp::testing::ch01;
 
-constexpr double kPoison = -1.0;  // never a pattern value
-
 // Every rank's in is its pattern over N * chunk elements; out starts poisoned.
 std::vector<RankOutcome> run_all_to_all(int n, std::int64_t chunk, DType dtype = DType::f64,
                                         CostModel cost = {}) {

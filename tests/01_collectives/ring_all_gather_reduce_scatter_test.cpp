@@ -7,8 +7,6 @@ using namespace dtp;
 using namespace dtp::testing;
 using namespace dtp::testing::ch01;
 
-constexpr double kPoison = -1.0;  // never a pattern value
-
 // --- 1.4 ring_all_gather --------------------------------------------------------
 
 // Rank r's shard is its pattern over chunk r's length; full starts poisoned.

@@ -7,8 +7,6 @@ using namespace dtp;
 using namespace dtp::testing;
 using namespace dtp::testing::ch01;
 
-constexpr double kPoison = -1.0;  // never a pattern value
-
 // Root's full holds root's pattern; every other rank passes a full of the same
 // size holding its own pattern, which scatter must ignore. Each shard starts
 // poisoned so a chunk that never arrives shows.

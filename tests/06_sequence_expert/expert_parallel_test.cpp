@@ -45,11 +45,6 @@ std::vector<double> expected_gradients(const GPTConfig& config, int m, int r, in
 }
 
 // Which expert a parameter name belongs to, or -1.
-int expert_of(const std::string& name) {
-  const auto at = name.find(".expert.");
-  return at == std::string::npos ? -1 : std::stoi(name.substr(at + 8));
-}
-
 std::string run_rank(Comm& ep, int E, int k, double cf) {
   const int m = ep.size(), r = ep.rank();
   const GPTConfig config = moe_config(E, k, cf);

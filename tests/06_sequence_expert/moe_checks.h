@@ -35,6 +35,13 @@ inline GPTConfig moe_config(int experts, int top_k, double capacity_factor, doub
   return c;
 }
 
+/// The expert a parameter belongs to ("...expert.<e>...."), or -1 for one
+/// every rank holds (router, attention, norms).
+inline int expert_of(const std::string& name) {
+  const auto at = name.find(".expert.");
+  return at == std::string::npos ? -1 : std::stoi(name.substr(at + 8));
+}
+
 inline std::string case_name(int experts, int top_k, double capacity_factor) {
   return "E " + std::to_string(experts) + ", top-" + std::to_string(top_k) + ", capacity factor " +
          number(capacity_factor);

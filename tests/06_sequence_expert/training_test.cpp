@@ -147,11 +147,6 @@ std::vector<int> ep_worlds() {
 }
 
 // Which expert a parameter belongs to, or -1.
-int expert_of(const std::string& name) {
-  const auto at = name.find(".expert.");
-  return at == std::string::npos ? -1 : std::stoi(name.substr(at + 8));
-}
-
 // The single-device model's layout: where each named parameter sits in its
 // unit's flat vectors, and every expert's size. An ep rank's model holds
 // only its own experts, so its offsets differ from these after the prefix.

@@ -8,7 +8,7 @@ namespace {
 using namespace testing::ch08;
 using testing::tiny_config;
 
-ch08::LoraConfig lora_config() {
+ch08::LoraConfig ddp_lora_config() {
   ch08::LoraConfig c;
   c.rank = 2;
   c.alpha = 4;
@@ -21,7 +21,7 @@ struct LoraRun {
   Trainer trainer;
   ch08::LoraModel lora;
   LoraRun(const TrainConfig& config, int rank, int world)
-      : trainer(config, rank, world), lora(trainer.model(), lora_config()) {
+      : trainer(config, rank, world), lora(trainer.model(), ddp_lora_config()) {
     trainer.set_optimizer(make_optimizer(config, lora.buffers()));
     trainer.on_zero_grad([this] { lora.zero_grad(); });
   }

@@ -10,9 +10,12 @@
 #include "dtp/error.h"
 #include "dtp/memory.h"
 #include "dtp/trainer.h"
+#include "support/harness.h"
 
 namespace dtp {
 namespace {
+
+using testing::ScopedTracker;
 
 TrainConfig tiny_run() {
   TrainConfig config;
@@ -25,13 +28,6 @@ TrainConfig tiny_run() {
   config.synthetic.length = 1 << 12;
   return config;
 }
-
-class ScopedTracker {
- public:
-  ScopedTracker() { set_current_memory_tracker(tracker); }
-  ~ScopedTracker() { set_current_memory_tracker(nullptr); }
-  std::shared_ptr<MemoryTracker> tracker = std::make_shared<MemoryTracker>();
-};
 
 std::int64_t f32_bytes(std::int64_t elements) { return elements * 4; }
 

@@ -11,17 +11,12 @@
 #include "dtp/memory.h"
 #include "dtp/nn.h"
 #include "nn_test_helpers.h"
+#include "support/harness.h"
 
 namespace dtp {
 namespace {
 
-// Installs a tracker for one test's allocations, and removes it afterwards.
-class ScopedTracker {
- public:
-  ScopedTracker() { set_current_memory_tracker(tracker); }
-  ~ScopedTracker() { set_current_memory_tracker(nullptr); }
-  std::shared_ptr<MemoryTracker> tracker = std::make_shared<MemoryTracker>();
-};
+using testing::ScopedTracker;
 
 TEST(NnReleasedBuffers, ReleasingBetweenForwardAndBackwardFreesExactlyTheParameters) {
   ScopedTracker scope;

@@ -7,12 +7,24 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "dtp/dtp.h"
 
 namespace dtp::testing {
+
+/// Installs a fresh memory tracker on this thread for one test's allocations
+/// and removes it at the end of the scope.
+class ScopedTracker {
+ public:
+  ScopedTracker() { set_current_memory_tracker(tracker); }
+  ~ScopedTracker() { set_current_memory_tracker(nullptr); }
+  ScopedTracker(const ScopedTracker&) = delete;
+  ScopedTracker& operator=(const ScopedTracker&) = delete;
+  std::shared_ptr<MemoryTracker> tracker = std::make_shared<MemoryTracker>();
+};
 
 /// The message of what @p fn throws, or "(no error)" when it returns: for
 /// checking that bad input is refused with words a student can act on.
