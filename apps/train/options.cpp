@@ -1,6 +1,7 @@
 // dtp-train's flags: parsing with ranges, then the checks between flags.
 #include "train/options.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -52,7 +53,7 @@ Run:
   --log-every N           keep a line every N steps (default: about ten per run);
                           on a terminal a line updates in place in between
 
-Checkpoints (--strategy single; the format: runtime/include/dtp/checkpoint.h):
+Checkpoints (--strategy single and ddp; the format: runtime/include/dtp/checkpoint.h):
   --save FILE             at the end, write the parameters, the optimizer state,
                           the step and these settings to FILE (written to
                           FILE.tmp and renamed: an interrupted save leaves the
@@ -60,7 +61,8 @@ Checkpoints (--strategy single; the format: runtime/include/dtp/checkpoint.h):
   --resume FILE           continue the run that saved FILE, from its step to
                           --steps: the same result, bit for bit, as the run
                           that was never stopped. Every setting but --steps
-                          must be the saved run's (the error lists any that differ)
+                          must be the saved run's, --world and the ddp flags
+                          too (the error lists any that differ)
   --load FILE             start from FILE's parameters (a new run: fresh
                           optimizer, step 0): fine-tuning a pretrained model,
                           on other data with another --seed
@@ -677,11 +679,12 @@ void check_options(const Options& o) {
     if (!config.trace_path.empty()) check_writable("--trace", config.trace_path);
     if (!config.json_path.empty()) check_writable("--json", config.json_path);
   }
-  if ((!config.resume_path.empty() || config.stop_after != 0) && config.strategy != "single")
-    throw UsageError{"--resume and --stop-after work with --strategy single so far, not " + config.strategy};
-  if ((!config.save_path.empty() || !config.load_path.empty()) && config.strategy != "single" &&
-      config.strategy != "lora")
-    throw UsageError{"--save and --load work with --strategy single and with --lora-rank so far, not " +
+  const std::vector<std::string>& resumable = dtp::resumable_strategies();
+  const bool resumable_strategy = std::find(resumable.begin(), resumable.end(), config.strategy) != resumable.end();
+  if ((!config.resume_path.empty() || config.stop_after != 0) && !resumable_strategy)
+    throw UsageError{"--resume and --stop-after work with --strategy single and ddp so far, not " + config.strategy};
+  if ((!config.save_path.empty() || !config.load_path.empty()) && !resumable_strategy && config.strategy != "lora")
+    throw UsageError{"--save and --load work with --strategy single and ddp and with --lora-rank so far, not " +
                      config.strategy};
   if (config.strategy == "lora") {
     try {

@@ -7,6 +7,8 @@
 //          2.3 also hooks the model's grad-ready callbacks.
 //   K > 1: a step written out here around accumulation_step (2.4); the one
 //          synchronization per step is flat (2.2), or naive (2.1) in naive mode.
+// Checkpoints: the replicas are equal, so every rank starts from the same
+// --load or --resume file and rank 0 alone writes --save.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -52,17 +54,25 @@ StepRecord accumulated_step(Trainer& trainer, std::int64_t step, std::int64_t k,
     trainer.optimizer().step(record.lr);
   }
   meter.finish(record, sampler.local_batch() * sampler.seq());
+  trainer.count_step();
   return record;
 }
 
-// The settings every rank must share: the trainer's and the strategy's own.
-std::vector<RunSetting> ddp_settings(const TrainConfig& config, const DdpOptions& options) {
+// The strategy's own settings: what every rank must share beside the
+// trainer's, and what a resumed run must share with the saved one (they
+// decide the order gradients are summed in, so the bits).
+StrategySettings ddp_own_settings(const DdpOptions& options, int world) {
   const char* modes[] = {"naive", "flat", "bucketed"};
+  return {{"--world", std::to_string(world)},
+          {"--ddp-mode", modes[static_cast<int>(options.mode)]},
+          {"--bucket-mb", options.bucket_bytes == kAutoBucketBytes
+                              ? "auto" : std::to_string(options.bucket_bytes) + " bytes"},
+          {"--accumulate", std::to_string(options.accumulate)}};
+}
+
+std::vector<RunSetting> ddp_settings(const TrainConfig& config, const StrategySettings& own) {
   std::vector<RunSetting> settings = run_settings(config);
-  settings.push_back({"--ddp-mode", modes[static_cast<int>(options.mode)]});
-  settings.push_back({"--bucket-mb", options.bucket_bytes == kAutoBucketBytes
-                                         ? "auto" : std::to_string(options.bucket_bytes) + " bytes"});
-  settings.push_back({"--accumulate", std::to_string(options.accumulate)});
+  for (const auto& [flag, value] : own) settings.push_back({flag, value});
   return settings;
 }
 
@@ -78,7 +88,9 @@ TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const 
   launch(World::from_env(options.world), [&](Comm& comm) {
     Trainer trainer(config, comm.rank(), comm.size());
     GPT& model = trainer.model();
-    check_ranks_agree(comm, ddp_settings(config, options), model);
+    const StrategySettings own = ddp_own_settings(options, comm.size());
+    const std::int64_t last = start_from_checkpoints(trainer, own);
+    check_ranks_agree(comm, ddp_settings(config, own), model);
     double exposed = 0;  // seconds this rank's thread waited on communication this step
     auto timed = [&exposed](const std::function<void()>& fn) {
       const auto t0 = Clock::now();
@@ -101,7 +113,7 @@ TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const 
       result.data_name = trainer.sampler().data().name();
     }
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    for (std::int64_t s = 0; s < config.steps; ++s) {
+    for (std::int64_t s = trainer.steps_done(); s < last; ++s) {
       const CommStats before = comm.stats();
       exposed = 0;
       StepRecord record = options.accumulate == 1
@@ -127,6 +139,7 @@ TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const 
       if (on_step) on_step(record);
       if (options.on_comm) options.on_comm(record.step, ranks);
     }
+    if (comm.rank() == 0 && !config.save_path.empty()) trainer.save(config.save_path, own);
   });
   result.seconds = seconds_since(start);
   return result;

@@ -217,6 +217,7 @@ def check_outputs(args):
 
     check_zero_lines(args.reference, [], "zero on threads", {"DTP_BACKEND": "thread"}, "thread")
     check_slices(args.reference)
+    check_slices(args.reference, ["--strategy", "ddp", "--world", "2", "--accumulate", "2"])
 
     # A trace that cannot be written fails at once (not after the run, not exit 0).
     result = run([args.reference, "--steps", "200", "--trace", "/dev/full"])
@@ -246,16 +247,16 @@ def check_outputs(args):
            f"by more than 0.5 over 60 steps; got {show(result)}")
 
 
-def check_slices(program):
+def check_slices(program, strategy=(), launcher=(), env=None):
     """--stop-after and --save, then --resume: the losses of the run never stopped."""
     with tempfile.TemporaryDirectory() as folder:
         whole, first, second = (os.path.join(folder, name) for name in ("whole.jsonl", "a.jsonl", "b.jsonl"))
         checkpoint = os.path.join(folder, "run.ckpt")
-        common = [program, "--steps", "8", "--batch", "4", "--seq", "16"]
+        common = list(launcher) + [program, "--steps", "8", "--batch", "4", "--seq", "16"] + list(strategy)
         runs = [common + ["--json", whole], common + ["--stop-after", "3", "--save", checkpoint, "--json", first],
                 common + ["--resume", checkpoint, "--json", second]]
         for argv in runs:
-            result = run(argv)
+            result = run(argv, timeout=300, env=env)
             if not expect(result.returncode == 0, f"{' '.join(argv)} must train; got {show(result)}"):
                 return
         steps = lambda path: [(o["step"], o["loss"]) for o in read_log(path, path) if o.get("kind") == "step"]
@@ -331,6 +332,8 @@ def check_mpi_outputs(args):
         kinds = [o.get("kind") for o in read_log(log, "mpiexec -n 4")]
         expect(kinds == ["config", "step", "step", "step", "summary"],
                f"mpiexec -n 4: log kinds {kinds}, expected config, 3 steps, summary (one writer)")
+    # DDP in slices across processes: every rank resumes from rank 0's file.
+    check_slices(args.reference, ["--strategy", "ddp"], mpiexec(args) + ["-n", "2"], mpi_env())
     # The zero driver under mpiexec: one header, one line per rank, printed once.
     check_zero_lines(args.reference, mpiexec(args) + ["-n", "2"], "zero under mpiexec -n 2", mpi_env(), "mpi")
 

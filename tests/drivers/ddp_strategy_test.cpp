@@ -1,9 +1,11 @@
 // Checkers of the provided ddp driver (drivers/02_ddp/ddp_strategy.cpp),
 // linked with the reference: option checks, the default bucket plan, and
-// what `dtp train --strategy ddp` reports (loss, tokens, tokens/s).
+// what `dtp train --strategy ddp` reports (loss, tokens, tokens/s), and its
+// checkpoints (a run trained in slices equals the run never stopped).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -11,6 +13,7 @@
 
 #include "02_ddp/ddp.h"
 #include "02_ddp/ddp_checks.h"
+#include "dtp/checkpoint.h"
 #include "dtp/dtp.h"
 #include "support/harness.h"
 
@@ -182,6 +185,88 @@ TEST(DdpDriverReports, BadOptionsFailBeforeLaunching) {
   register_ddp_strategy(options);
   const std::string message = error_of([&] { train(config); });
   EXPECT_NE(message.find("--world (ranks) must be at least 1, got 0"), std::string::npos) << message;
+}
+
+// --- checkpoints: --save, --resume, --stop-after under ddp -------------------------------
+
+TrainConfig adamw_run(std::int64_t steps) {
+  TrainConfig config = tiny_config(8, steps);
+  config.optimizer = "adamw";  // state to carry over: m, v and the step count
+  config.warmup = 2;
+  return config;
+}
+
+// Every tensor of two checkpoints, bit for bit.
+void expect_same_tensors(const Checkpoint& a, const Checkpoint& b, const std::string& where) {
+  ASSERT_EQ(a.tensors.size(), b.tensors.size()) << where;
+  for (std::size_t i = 0; i < a.tensors.size(); ++i) {
+    const Tensor& x = a.tensors[i].tensor;
+    const Tensor& y = b.tensors[i].tensor;
+    ASSERT_EQ(a.tensors[i].name, b.tensors[i].name) << where;
+    ASSERT_EQ(x.nbytes(), y.nbytes()) << where << ": " << a.tensors[i].name;
+    EXPECT_EQ(std::memcmp(x.raw(), y.raw(), x.nbytes()), 0)
+        << where << ": " << a.tensors[i].name << " differs from the run that was never stopped";
+  }
+}
+
+TEST(DdpDriverCheckpoints, ThreeStepsThenResumingEqualsEightStepsBitForBit) {
+  testing::TempFolder folder;
+  for (const std::int64_t accumulate : {1, 2}) {
+    DdpOptions options;
+    options.world = 2;
+    options.accumulate = accumulate;
+    const std::string where = "world 2, accumulate " + std::to_string(accumulate);
+    TrainConfig whole = adamw_run(8);
+    whole.save_path = folder.file("whole.ckpt");
+    const Reported straight = run_strategy(whole, options);
+    TrainConfig first = adamw_run(8);
+    first.stop_after = 3;
+    first.save_path = folder.file("slice.ckpt");
+    const Reported a = run_strategy(first, options);
+    TrainConfig second = adamw_run(8);
+    second.resume_path = first.save_path;
+    second.save_path = folder.file("resumed.ckpt");
+    const Reported b = run_strategy(second, options);
+    ASSERT_EQ(a.steps.size(), 3u) << where << ": --stop-after 3";
+    ASSERT_EQ(a.steps.size() + b.steps.size(), straight.steps.size()) << where;
+    for (std::size_t s = 0; s < straight.steps.size(); ++s) {
+      const StepRecord& r = s < a.steps.size() ? a.steps[s] : b.steps[s - a.steps.size()];
+      EXPECT_EQ(r.step, straight.steps[s].step) << where;
+      EXPECT_EQ(r.loss, straight.steps[s].loss) << where << ", step " << s + 1 << " (3 steps, saved, resumed)";
+    }
+    const Checkpoint saved = read_checkpoint(first.save_path);
+    EXPECT_EQ(saved.step, 3) << where;
+    const Checkpoint resumed = read_checkpoint(second.save_path);
+    EXPECT_EQ(resumed.step, 8) << where;
+    expect_same_tensors(read_checkpoint(whole.save_path), resumed, where + ", parameters and AdamW state after 8");
+  }
+}
+
+TEST(DdpDriverCheckpoints, ResumingOnAnotherWorldOrModeNamesTheSetting) {
+  testing::TempFolder folder;
+  DdpOptions options;
+  options.world = 2;
+  TrainConfig first = adamw_run(4);
+  first.stop_after = 2;
+  first.save_path = folder.file("run.ckpt");
+  run_strategy(first, options);
+  TrainConfig second = adamw_run(4);
+  second.resume_path = first.save_path;
+  options.world = 4;
+  options.mode = DdpMode::flat;
+  register_ddp_strategy(options);
+  const std::string message = error_of([&] { train(second); });
+  EXPECT_NE(message.find("strategy_settings.--world \"2\" in the saved run, \"4\" in this one"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("strategy_settings.--ddp-mode \"bucketed\" in the saved run, \"flat\" in this one"),
+            std::string::npos)
+      << message;
+  TrainConfig single = adamw_run(4);
+  single.strategy = "single";
+  single.resume_path = first.save_path;
+  const std::string from_single = error_of([&] { train(single); });
+  EXPECT_NE(from_single.find("strategy \"ddp\" in the saved run, \"single\" in this one"), std::string::npos)
+      << from_single;
 }
 
 }  // namespace

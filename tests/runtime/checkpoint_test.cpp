@@ -14,6 +14,7 @@
 #include "dtp/error.h"
 #include "dtp/json.h"
 #include "dtp/trainer.h"
+#include "support/harness.h"
 
 namespace dtp {
 namespace {
@@ -30,18 +31,7 @@ void expect_error_containing(const std::function<void()>& fn, const std::string&
   }
 }
 
-/// A fresh folder for one test's files, removed afterwards.
-struct TempFolder {
-  fs::path path;
-  TempFolder() {
-    path = fs::temp_directory_path() /
-           ("dtp-checkpoint-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempFolder() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using testing::TempFolder;
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

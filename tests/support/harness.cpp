@@ -10,7 +10,22 @@
 #include <sstream>
 #include <string>
 
+#include <unistd.h>
+
 namespace dtp::testing {
+
+TempFolder::TempFolder() {
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string name = test ? std::string(test->test_suite_name()) + "." + test->name() : "no-test";
+  path = std::filesystem::temp_directory_path() / ("dtp-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(path);
+  std::filesystem::create_directories(path);
+}
+
+TempFolder::~TempFolder() {
+  std::error_code ignored;  // a destructor must not throw
+  std::filesystem::remove_all(path, ignored);
+}
 
 std::string error_of(const std::function<void()>& fn) {
   try {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -14,6 +15,18 @@
 #include "dtp/dtp.h"
 
 namespace dtp::testing {
+
+/// A fresh folder for one test's files (named after the test and the
+/// process, so parallel runs never share one), removed afterwards.
+struct TempFolder {
+  std::filesystem::path path;
+  TempFolder();
+  ~TempFolder();
+  TempFolder(const TempFolder&) = delete;
+  TempFolder& operator=(const TempFolder&) = delete;
+  /// The path of @p name inside the folder.
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
 
 /// Installs a fresh memory tracker on this thread for one test's allocations
 /// and removes it at the end of the scope.

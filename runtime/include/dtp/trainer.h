@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtp/data.h"
@@ -45,10 +46,11 @@ struct TrainConfig {
   std::uint64_t seed = 1234;        ///< seeds the weights, the synthetic data and the sampler
   std::string strategy = "single";  ///< a registered strategy (see strategy_names())
   std::string trace_path;           ///< Chrome trace JSON of the run (empty: none)
-  /// Checkpoints (dtp/checkpoint.h; the single-device strategy). save_path:
-  /// write one at the end of the run. resume_path: continue the run that
-  /// wrote it (parameters, optimizer state, steps done; every other setting
-  /// but steps must match). load_path: start from its parameters only
+  /// Checkpoints (dtp/checkpoint.h; strategies single and ddp, and save and
+  /// load under LoRA). save_path: write one at the end of the run.
+  /// resume_path: continue the run that wrote it (parameters, optimizer
+  /// state, steps done; every other setting but steps must match, the
+  /// strategy's own included). load_path: start from its parameters only
   /// (fine-tuning). stop_after: stop after this step (0: at steps), so a run
   /// of `steps` can be trained in slices with save and resume.
   std::string save_path;
@@ -169,6 +171,14 @@ struct TrainResult {
 /// strategy builds over its shards.
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& config, std::vector<ParamBuffer> buffers);
 
+/// A strategy's settings beyond TrainConfig that decide what a run computes
+/// (--world, --ddp-mode, ...), as flag and value: a checkpoint records them
+/// ("strategy_settings") and a resumed run must have the same.
+using StrategySettings = std::vector<std::pair<std::string, std::string>>;
+
+/// The strategies that can continue a run (--resume, --stop-after).
+const std::vector<std::string>& resumable_strategies();
+
 /// The model, optimizer and sampler of one (data-parallel) rank.
 class Trainer {
  public:
@@ -204,15 +214,20 @@ class Trainer {
   const TrainConfig& config() const { return config_; }
   /// Writes a training checkpoint to @p path: every parameter
   /// ("params/<unit>.<name>"), the optimizer's state ("optimizer/<buffer>.m",
-  /// ...), the steps done and config(). The data needs no state: batch s is
-  /// drawn from (seed, s) alone.
-  void save(const std::string& path);
+  /// ...), the steps done, config() and @p strategy. The data needs no state:
+  /// batch s is drawn from (seed, s) alone. A data-parallel run's replicas
+  /// are equal, so its rank 0 alone saves.
+  void save(const std::string& path, const StrategySettings& strategy = {});
   /// Continues the run that saved @p path: its parameters, optimizer state
   /// and steps done, so that training on equals the run that was never
   /// stopped, bit for bit. Throws dtp::Error naming every setting that
   /// differs from the saved run's (all must match but steps and the output
-  /// paths), or a tensor the file lacks.
-  void resume(const std::string& path);
+  /// paths; @p strategy's too), or a tensor the file lacks.
+  void resume(const std::string& path, const StrategySettings& strategy = {});
+  /// Counts one step done, for a strategy that writes its step out itself
+  /// instead of calling step() (gradient accumulation): what steps_done(),
+  /// the next batch and checkpoints go by.
+  void count_step() { ++steps_done_; }
 
  private:
   TrainConfig config_;
@@ -223,6 +238,12 @@ class Trainer {
   std::vector<std::function<void()>> zero_grad_;
   std::int64_t steps_done_ = 0;
 };
+
+/// What a strategy that checkpoints does before its first step: starts from
+/// config.load_path's parameters or continues config.resume_path's run (with
+/// @p strategy's settings), then returns the step the run stops after
+/// (stop_after, else steps). Throws dtp::Error when that leaves nothing to train.
+std::int64_t start_from_checkpoints(Trainer& trainer, const StrategySettings& strategy = {});
 
 /// Copies the parameters of a checkpoint into @p model ("params/<unit>.<name>"
 /// for each of the model's parameters): fine-tuning from pretrained weights,

@@ -77,6 +77,13 @@ std::map<std::string, StrategyFn>& registry() {
 
 // --- config ---------------------------------------------------------------------------------
 
+const std::vector<std::string>& resumable_strategies() {
+  // Strategies whose replicas hold the whole model and optimizer state, so
+  // one rank's Trainer::save is the run's checkpoint.
+  static const std::vector<std::string> names = {"single", "ddp"};
+  return names;
+}
+
 void TrainConfig::validate() const {
   DTP_CHECK(steps >= 1, "train: steps must be at least 1, got ", steps);
   DTP_CHECK(batch >= 1, "train: batch must be at least 1, got ", batch);
@@ -91,12 +98,15 @@ void TrainConfig::validate() const {
             "train: weight_decay must be finite and >= 0, got ", weight_decay);
   DTP_CHECK(momentum >= 0 && momentum < 1, "train: momentum must be in [0, 1), got ", momentum);
   DTP_CHECK(std::isfinite(grad_clip), "train: grad_clip must be finite, got ", grad_clip);
+  const std::vector<std::string>& resumable = resumable_strategies();
   const bool continues = !resume_path.empty() || stop_after != 0;
-  DTP_CHECK(!continues || strategy == "single", "train: --resume and --stop-after work with --strategy single "
-            "so far, not ", strategy);
+  DTP_CHECK(!continues || std::find(resumable.begin(), resumable.end(), strategy) != resumable.end(),
+            "train: --resume and --stop-after work with --strategy single and ddp so far, not ", strategy);
   const bool checkpoints = !save_path.empty() || !load_path.empty();
-  DTP_CHECK(!checkpoints || strategy == "single" || strategy == "lora", "train: --save and --load work with "
-            "--strategy single and with LoRA (--lora-rank) so far, not ", strategy);
+  DTP_CHECK(!checkpoints || std::find(resumable.begin(), resumable.end(), strategy) != resumable.end() ||
+                strategy == "lora",
+            "train: --save and --load work with --strategy single and ddp and with LoRA (--lora-rank) so far, not ",
+            strategy);
   DTP_CHECK(resume_path.empty() || load_path.empty(), "train: --resume continues a run (its parameters and "
             "optimizer state) and --load starts a new one from saved parameters; give one, not both");
   DTP_CHECK(stop_after >= 0 && stop_after <= steps, "train: stop_after must be from 0 (run all steps) to steps (",
@@ -296,17 +306,12 @@ void TrainResult::add_step(const StepRecord& record, const MemoryTracker& tracke
 TrainResult train_single(const TrainConfig& config, const StepCallback& on_step) {
   const auto start = std::chrono::steady_clock::now();
   Trainer trainer(config);
-  if (!config.load_path.empty())
-    load_parameters(trainer.model(), read_checkpoint(config.load_path), config.load_path);
-  if (!config.resume_path.empty()) trainer.resume(config.resume_path);
+  const std::int64_t last = start_from_checkpoints(trainer);
   TrainResult result;
   result.parameters = trainer.model().parameter_count();
   result.data_name = trainer.sampler().data().name();
   result.peak_by_category.assign(kMemoryCategoryCount, 0);
   std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-  const std::int64_t last = config.stop_after > 0 ? config.stop_after : config.steps;
-  DTP_CHECK(trainer.steps_done() < last, "train: --resume ", config.resume_path, " is at step ",
-            trainer.steps_done(), ", so --stop-after ", last, " leaves nothing to train");
   while (trainer.steps_done() < last) {
     StepRecord record = trainer.step();
     result.add_step(record, *tracker);

@@ -52,6 +52,17 @@ void restore(const Checkpoint& checkpoint, const std::string& name, Tensor& into
   into.copy_from(saved);
 }
 
+/// The run's settings as a checkpoint records them: the log's config line,
+/// with the strategy's own settings (if any) as one more object.
+JsonValue saved_settings(const TrainConfig& config, const StrategySettings& strategy) {
+  JsonValue settings = parse_json(config_json(config));
+  if (strategy.empty()) return settings;
+  JsonLine line;
+  for (const auto& [flag, value] : strategy) line.add(flag, value);
+  settings.members.push_back({"strategy_settings", parse_json(line.str())});
+  return settings;
+}
+
 /// Every parameter of @p model under its checkpoint name, in unit order.
 std::vector<NamedTensor> parameter_tensors(GPT& model) {
   std::vector<NamedTensor> named;
@@ -70,22 +81,22 @@ void save_parameters(const std::string& path, GPT& model, const TrainConfig& con
   write_checkpoint(path, checkpoint);
 }
 
-void Trainer::save(const std::string& path) {
+void Trainer::save(const std::string& path, const StrategySettings& strategy) {
   Checkpoint checkpoint;
   checkpoint.kind = "training";
   checkpoint.step = steps_done_;
-  checkpoint.config = parse_json(config_json(config_));
+  checkpoint.config = saved_settings(config_, strategy);
   checkpoint.tensors = parameter_tensors(*model_);
   for (NamedTensor& state : optimizer().state()) checkpoint.tensors.push_back({kOptimizer + state.name, state.tensor});
   write_checkpoint(path, checkpoint);
 }
 
-void Trainer::resume(const std::string& path) {
+void Trainer::resume(const std::string& path, const StrategySettings& strategy) {
   const Checkpoint checkpoint = read_checkpoint(path);
   DTP_CHECK(checkpoint.kind == "training", "--resume ", path, ": a '", checkpoint.kind,
             "' checkpoint has no optimizer state to resume from (start from its parameters with --load)");
   std::vector<std::string> differ;
-  differences(checkpoint.config, parse_json(config_json(config_)), "", kFreeOnResume, differ);
+  differences(checkpoint.config, saved_settings(config_, strategy), "", kFreeOnResume, differ);
   DTP_CHECK(differ.empty(), "--resume ", path, ": a resumed run must have the saved run's settings (all but --steps); ",
             "these differ:", listed(differ));
   DTP_CHECK(checkpoint.step < config_.steps, "--resume ", path, ": the saved run is at step ", checkpoint.step,
@@ -95,6 +106,17 @@ void Trainer::resume(const std::string& path) {
   for (NamedTensor& state : optim.state()) restore(checkpoint, kOptimizer + state.name, state.tensor, path);
   optim.set_steps(checkpoint.step);
   steps_done_ = checkpoint.step;
+}
+
+std::int64_t start_from_checkpoints(Trainer& trainer, const StrategySettings& strategy) {
+  const TrainConfig& config = trainer.config();
+  if (!config.load_path.empty())
+    load_parameters(trainer.model(), read_checkpoint(config.load_path), config.load_path);
+  if (!config.resume_path.empty()) trainer.resume(config.resume_path, strategy);
+  const std::int64_t last = config.stop_after > 0 ? config.stop_after : config.steps;
+  DTP_CHECK(trainer.steps_done() < last, "train: --resume ", config.resume_path, " is at step ",
+            trainer.steps_done(), ", so --stop-after ", last, " leaves nothing to train");
+  return last;
 }
 
 void load_parameters(GPT& model, const Checkpoint& checkpoint, const std::string& path) {
