@@ -53,8 +53,10 @@ Run:
   --log-every N           keep a line every N steps (default: about ten per run);
                           on a terminal a line updates in place in between
 
-Checkpoints (--strategy single and ddp; the format: runtime/include/dtp/checkpoint.h):
-  --save FILE             at the end, write the parameters, the optimizer state,
+Checkpoints (--strategy single and ddp, and LoRA; the format:
+runtime/include/dtp/checkpoint.h):
+  --save FILE             at the end, write what the run trains (the parameters;
+                          under LoRA the adapters alone), the optimizer state,
                           the step and these settings to FILE (written to
                           FILE.tmp and renamed: an interrupted save leaves the
                           old FILE as it was)
@@ -67,17 +69,20 @@ Checkpoints (--strategy single and ddp; the format: runtime/include/dtp/checkpoi
                           optimizer, step 0): fine-tuning a pretrained model,
                           on other data with another --seed
   --stop-after K          stop after step K, 1 to --steps: train a run of
-                          --steps in slices (--save, then --resume)
+                          --steps in slices (--save, then --resume; under LoRA
+                          --load BASE --resume FILE)
 
 LoRA (chapter 08):
   --lora-rank R           fine-tune low-rank adapters on a frozen model (rank R,
                           1 to 4096): start from --load FILE's parameters, train
                           only the adapters; with --world N data parallel (8.4);
-                          --save writes the merged model's parameters
+                          --save writes the adapters and their optimizer state
   --lora-alpha A          the adapters' scale is A / R (default 2R)
   --lora-targets LIST     the Linears of each block that get adapters: a comma
                           list of attn.q, attn.k, attn.v, attn.proj, mlp.fc,
                           mlp.proj, or all (default attn.q,attn.v)
+  --save-merged FILE      at the end, write the merged model (W + (A/R) B A in
+                          every adapted Linear): a whole model for --load
 
 Mixed precision (chapter 07):
   --precision fp32|bf16|fp16
@@ -261,15 +266,15 @@ void check_writable(const std::string& flag, const std::string& path) {
 
 // --save must not create FILE before the run (a failed run would leave an
 // empty "checkpoint"): check that its folder takes new files instead.
-void check_save_path(const std::string& path) {
+void check_save_path(const std::string& flag, const std::string& path) {
   namespace fs = std::filesystem;
   const fs::path target(path);
-  if (fs::is_directory(target)) throw UsageError{"--save expects a file path, got the directory '" + path + "'"};
+  if (fs::is_directory(target)) throw UsageError{flag + " expects a file path, got the directory '" + path + "'"};
   const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
   if (!fs::is_directory(folder))
-    throw UsageError{"--save: the folder '" + folder.string() + "' of '" + path + "' does not exist"};
+    throw UsageError{flag + ": the folder '" + folder.string() + "' of '" + path + "' does not exist"};
   if (::access(folder.c_str(), W_OK) != 0)
-    throw UsageError{"--save: cannot write in '" + folder.string() + "': " + std::strerror(errno)};
+    throw UsageError{flag + ": cannot write in '" + folder.string() + "': " + std::strerror(errno)};
 }
 
 void check_checkpoint_file(const std::string& flag, const std::string& path) {
@@ -317,7 +322,7 @@ namespace {
 // --lora-rank makes the strategy "lora"; --lora-alpha defaults to 2 x rank.
 void resolve_lora(Options& o) {
   if (!o.lora_flags) return;
-  if (!o.lora_rank_given) throw UsageError{"--lora-alpha and --lora-targets need --lora-rank R"};
+  if (!o.lora_rank_given) throw UsageError{"--lora-alpha, --lora-targets and --save-merged need --lora-rank R"};
   if (o.config.strategy != "single" && o.config.strategy != "lora")
     throw UsageError{"--lora-rank trains adapters on one device or data parallel with --world N; --strategy " +
                      o.config.strategy + " trains the whole model"};
@@ -458,6 +463,12 @@ Options parse_arguments(int argc, char** argv) {
          o.lora.lora.alpha = parse_real(f, v, 0, 1e6);
          if (o.lora.lora.alpha == 0) throw UsageError{f + " expects a number above 0, got '" + v + "'"};
          o.lora_flags = o.lora_alpha_given = true;
+       }},
+      {"--save-merged",
+       [&](auto& f, auto& v) {
+         if (v.empty()) throw UsageError{f + " expects a file path, got ''"};
+         o.lora.save_merged_path = v;
+         o.lora_flags = true;
        }},
       {"--lora-targets",
        [&](auto& f, auto& v) {
@@ -680,12 +691,11 @@ void check_options(const Options& o) {
     if (!config.json_path.empty()) check_writable("--json", config.json_path);
   }
   const std::vector<std::string>& resumable = dtp::resumable_strategies();
-  const bool resumable_strategy = std::find(resumable.begin(), resumable.end(), config.strategy) != resumable.end();
-  if ((!config.resume_path.empty() || config.stop_after != 0) && !resumable_strategy)
-    throw UsageError{"--resume and --stop-after work with --strategy single and ddp so far, not " + config.strategy};
-  if ((!config.save_path.empty() || !config.load_path.empty()) && !resumable_strategy && config.strategy != "lora")
-    throw UsageError{"--save and --load work with --strategy single and ddp and with --lora-rank so far, not " +
-                     config.strategy};
+  const bool checkpoints = !config.resume_path.empty() || config.stop_after != 0 || !config.save_path.empty() ||
+                           !config.load_path.empty();
+  if (checkpoints && std::find(resumable.begin(), resumable.end(), config.strategy) == resumable.end())
+    throw UsageError{"--save, --resume, --stop-after and --load work with --strategy single and ddp and with "
+                     "--lora-rank so far, not " + config.strategy};
   if (config.strategy == "lora") {
     try {
       ch08::validate_lora(config, o.lora);
@@ -693,12 +703,18 @@ void check_options(const Options& o) {
       throw UsageError{e.what()};
     }
   }
-  if (!config.resume_path.empty() && !config.load_path.empty())
-    throw UsageError{"--resume continues a run and --load starts a new one from saved parameters: give one, not both"};
+  if (!config.resume_path.empty() && !config.load_path.empty() && config.strategy != "lora")
+    throw UsageError{"--resume continues a run and --load starts a new one from saved parameters: give one, not both "
+                     "(under --lora-rank they go together: --load the base, --resume the adapters)"};
   if (config.stop_after > config.steps)
     throw UsageError{"--stop-after " + std::to_string(config.stop_after) + " is past --steps " +
                      std::to_string(config.steps)};
-  if (!config.save_path.empty()) check_save_path(config.save_path);
+  if (!config.save_path.empty()) check_save_path("--save", config.save_path);
+  if (!o.lora.save_merged_path.empty()) {
+    check_save_path("--save-merged", o.lora.save_merged_path);
+    if (o.lora.save_merged_path == config.save_path)
+      throw UsageError{"--save and --save-merged name the same file '" + config.save_path + "'"};
+  }
   if (!config.resume_path.empty()) check_checkpoint_file("--resume", config.resume_path);
   if (!config.load_path.empty()) check_checkpoint_file("--load", config.load_path);
   if (config.model.device.is_cuda() && dtp::cuda_device_count() == 0)

@@ -1,7 +1,9 @@
 // `dtp train --lora-rank R` (strategy "lora"): the chapter's puzzles wired
 // into the trainer. Provided code, not a puzzle (see drivers/README.md). Each
 // rank starts from the base (--load), attaches 8.3's adapters, trains them
-// alone, and with several ranks averages their gradients with 8.4.
+// alone, and with several ranks averages their gradients with 8.4. The
+// adapters are the run's checkpoint (--save, --resume): the base never
+// changes, so it is read from --load again rather than saved.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,15 +18,29 @@
 namespace dtp::ch08 {
 namespace {
 
-std::vector<RunSetting> lora_settings(const TrainConfig& config, const LoraRunOptions& options) {
-  std::vector<RunSetting> settings = run_settings(config);
+// The strategy's own settings: what every rank must share beside the
+// trainer's, and what a resumed run must share with the saved one.
+StrategySettings lora_own_settings(const TrainConfig& config, const LoraRunOptions& options, int world) {
   std::string targets;
   for (const std::string& t : options.lora.targets) targets += (targets.empty() ? "" : ",") + t;
-  settings.push_back({"--lora-rank", std::to_string(options.lora.rank)});
-  settings.push_back({"--lora-alpha", std::to_string(options.lora.alpha)});
-  settings.push_back({"--lora-targets", targets});
-  settings.push_back({"--load", config.load_path});
+  return {{"--world", std::to_string(world)},
+          {"--lora-rank", std::to_string(options.lora.rank)},
+          {"--lora-alpha", std::to_string(options.lora.alpha)},
+          {"--lora-targets", targets},
+          {"--load", config.load_path}};
+}
+
+std::vector<RunSetting> lora_settings(const TrainConfig& config, const StrategySettings& own) {
+  std::vector<RunSetting> settings = run_settings(config);
+  for (const auto& [flag, value] : own) settings.push_back({flag, value});
   return settings;
+}
+
+// The adapters under their checkpoint names: one flat buffer per block.
+std::vector<NamedTensor> adapter_tensors(const LoraModel& lora) {
+  std::vector<NamedTensor> named;
+  for (const ParamBuffer& b : lora.buffers()) named.push_back({b.name, b.params});
+  return named;
 }
 
 TrainResult run_lora(const TrainConfig& config, const LoraRunOptions& options, const StepCallback& on_step) {
@@ -38,10 +54,14 @@ TrainResult run_lora(const TrainConfig& config, const LoraRunOptions& options, c
     Trainer trainer(config, comm.rank(), comm.size());
     GPT& model = trainer.model();
     if (!config.load_path.empty()) load_parameters(model, base, config.load_path);
-    check_ranks_agree(comm, lora_settings(config, options), model);
+    const StrategySettings own = lora_own_settings(config, options, comm.size());
+    check_ranks_agree(comm, lora_settings(config, own), model);
     LoraModel lora(model, options.lora);
     trainer.set_optimizer(make_optimizer(config, lora.buffers()));
     trainer.on_zero_grad([&] { lora.zero_grad(); });
+    trainer.checkpoint_also(adapter_tensors(lora));
+    if (!config.resume_path.empty()) trainer.resume(config.resume_path, own);
+    const std::int64_t last = last_step(trainer);
     std::unique_ptr<LoraDataParallel> data_parallel;
     if (comm.size() > 1) {
       data_parallel = std::make_unique<LoraDataParallel>(comm, model, lora);
@@ -52,7 +72,7 @@ TrainResult run_lora(const TrainConfig& config, const LoraRunOptions& options, c
       result.data_name = trainer.sampler().data().name();
     }
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    for (std::int64_t s = 0; s < config.steps; ++s) {
+    while (trainer.steps_done() < last) {
       const CommStats before = comm.stats();
       StepRecord record = trainer.step();
       const std::int64_t bytes = comm.stats().collective_bytes - before.collective_bytes;
@@ -62,10 +82,11 @@ TrainResult run_lora(const TrainConfig& config, const LoraRunOptions& options, c
       if (on_step) on_step(record);
       if (options.on_step) options.on_step(record.step, bytes, lora.trainable_parameters());
     }
-    if (comm.rank() == 0 && !config.save_path.empty()) {
+    if (comm.rank() == 0 && !config.save_path.empty()) trainer.save(config.save_path, own);
+    if (comm.rank() == 0 && !options.save_merged_path.empty()) {
       // The merged model: an ordinary set of parameters for --load or inference.
       lora.merge_all();
-      save_parameters(config.save_path, model, config);
+      save_parameters(options.save_merged_path, model, config);
     }
   });
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

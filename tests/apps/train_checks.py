@@ -218,6 +218,12 @@ def check_outputs(args):
     check_zero_lines(args.reference, [], "zero on threads", {"DTP_BACKEND": "thread"}, "thread")
     check_slices(args.reference)
     check_slices(args.reference, ["--strategy", "ddp", "--world", "2", "--accumulate", "2"])
+    with tempfile.TemporaryDirectory() as folder:
+        base = os.path.join(folder, "base.ckpt")
+        result = run([args.reference, "--steps", "3", "--batch", "4", "--seq", "16", "--save", base])
+        if expect(result.returncode == 0, f"pretraining a base for LoRA must work; got {show(result)}"):
+            # LoRA in slices: --load gives the base again, --resume the adapters.
+            check_slices(args.reference, ["--load", base, "--lora-rank", "4", "--world", "2"])
 
     # A trace that cannot be written fails at once (not after the run, not exit 0).
     result = run([args.reference, "--steps", "200", "--trace", "/dev/full"])

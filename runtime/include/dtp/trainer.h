@@ -46,13 +46,14 @@ struct TrainConfig {
   std::uint64_t seed = 1234;        ///< seeds the weights, the synthetic data and the sampler
   std::string strategy = "single";  ///< a registered strategy (see strategy_names())
   std::string trace_path;           ///< Chrome trace JSON of the run (empty: none)
-  /// Checkpoints (dtp/checkpoint.h; strategies single and ddp, and save and
-  /// load under LoRA). save_path: write one at the end of the run.
-  /// resume_path: continue the run that wrote it (parameters, optimizer
-  /// state, steps done; every other setting but steps must match, the
-  /// strategy's own included). load_path: start from its parameters only
-  /// (fine-tuning). stop_after: stop after this step (0: at steps), so a run
-  /// of `steps` can be trained in slices with save and resume.
+  /// Checkpoints (dtp/checkpoint.h; the strategies resumable_strategies()
+  /// names). save_path: write one at the end of the run. resume_path:
+  /// continue the run that wrote it (what it trains, optimizer state, steps
+  /// done; every other setting but steps must match, the strategy's own
+  /// included). load_path: start from its parameters only (fine-tuning; under
+  /// LoRA the frozen base, which may come with resume_path's adapters).
+  /// stop_after: stop after this step (0: at steps), so a run of `steps` can
+  /// be trained in slices with save and resume.
   std::string save_path;
   std::string resume_path;   ///< see save_path
   std::string load_path;     ///< see save_path
@@ -176,7 +177,8 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& config, std::vector
 /// ("strategy_settings") and a resumed run must have the same.
 using StrategySettings = std::vector<std::pair<std::string, std::string>>;
 
-/// The strategies that can continue a run (--resume, --stop-after).
+/// The strategies that save and continue a run (--save, --resume,
+/// --stop-after, --load): single, ddp and lora.
 const std::vector<std::string>& resumable_strategies();
 
 /// The model, optimizer and sampler of one (data-parallel) rank.
@@ -212,11 +214,14 @@ class Trainer {
   const BatchSampler& sampler() const { return *sampler_; }
   /// The config as resolved (vocab and context filled in).
   const TrainConfig& config() const { return config_; }
-  /// Writes a training checkpoint to @p path: every parameter
-  /// ("params/<unit>.<name>"), the optimizer's state ("optimizer/<buffer>.m",
-  /// ...), the steps done, config() and @p strategy. The data needs no state:
-  /// batch s is drawn from (seed, s) alone. A data-parallel run's replicas
-  /// are equal, so its rank 0 alone saves.
+  /// Writes a training checkpoint to @p path: what the run trains (every
+  /// parameter of the units that are not frozen, "params/<unit>.<name>", and
+  /// the tensors given to checkpoint_also(), "extra/<name>"), the
+  /// optimizer's state ("optimizer/<buffer>.m", ...), the steps done,
+  /// config() and @p strategy. Frozen units are left out: they are what the
+  /// run started from (--load). The data needs no state: batch s is drawn
+  /// from (seed, s) alone. A data-parallel run's replicas are equal, so its
+  /// rank 0 alone saves.
   void save(const std::string& path, const StrategySettings& strategy = {});
   /// Continues the run that saved @p path: its parameters, optimizer state
   /// and steps done, so that training on equals the run that was never
@@ -224,6 +229,9 @@ class Trainer {
   /// differs from the saved run's (all must match but steps and the output
   /// paths; @p strategy's too), or a tensor the file lacks.
   void resume(const std::string& path, const StrategySettings& strategy = {});
+  /// Adds tensors that live outside the model's units (LoRA's adapters) to
+  /// what save() writes and resume() restores, under "extra/<name>".
+  void checkpoint_also(std::vector<NamedTensor> tensors);
   /// Counts one step done, for a strategy that writes its step out itself
   /// instead of calling step() (gradient accumulation): what steps_done(),
   /// the next batch and checkpoints go by.
@@ -236,14 +244,17 @@ class Trainer {
   std::unique_ptr<BatchSampler> sampler_;
   std::vector<std::function<void()>> after_backward_;
   std::vector<std::function<void()>> zero_grad_;
+  std::vector<NamedTensor> extra_;  // checkpoint_also()
   std::int64_t steps_done_ = 0;
 };
 
 /// What a strategy that checkpoints does before its first step: starts from
 /// config.load_path's parameters or continues config.resume_path's run (with
-/// @p strategy's settings), then returns the step the run stops after
-/// (stop_after, else steps). Throws dtp::Error when that leaves nothing to train.
+/// @p strategy's settings), then returns last_step().
 std::int64_t start_from_checkpoints(Trainer& trainer, const StrategySettings& strategy = {});
+/// The step @p trainer's run stops after (stop_after, else steps); throws
+/// dtp::Error when a resumed run is already there.
+std::int64_t last_step(const Trainer& trainer);
 
 /// Copies the parameters of a checkpoint into @p model ("params/<unit>.<name>"
 /// for each of the model's parameters): fine-tuning from pretrained weights,

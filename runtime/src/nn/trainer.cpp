@@ -78,9 +78,9 @@ std::map<std::string, StrategyFn>& registry() {
 // --- config ---------------------------------------------------------------------------------
 
 const std::vector<std::string>& resumable_strategies() {
-  // Strategies whose replicas hold the whole model and optimizer state, so
-  // one rank's Trainer::save is the run's checkpoint.
-  static const std::vector<std::string> names = {"single", "ddp"};
+  // Strategies whose replicas hold everything they train and its optimizer
+  // state, so one rank's Trainer::save is the run's checkpoint.
+  static const std::vector<std::string> names = {"single", "ddp", "lora"};
   return names;
 }
 
@@ -99,16 +99,13 @@ void TrainConfig::validate() const {
   DTP_CHECK(momentum >= 0 && momentum < 1, "train: momentum must be in [0, 1), got ", momentum);
   DTP_CHECK(std::isfinite(grad_clip), "train: grad_clip must be finite, got ", grad_clip);
   const std::vector<std::string>& resumable = resumable_strategies();
-  const bool continues = !resume_path.empty() || stop_after != 0;
-  DTP_CHECK(!continues || std::find(resumable.begin(), resumable.end(), strategy) != resumable.end(),
-            "train: --resume and --stop-after work with --strategy single and ddp so far, not ", strategy);
-  const bool checkpoints = !save_path.empty() || !load_path.empty();
-  DTP_CHECK(!checkpoints || std::find(resumable.begin(), resumable.end(), strategy) != resumable.end() ||
-                strategy == "lora",
-            "train: --save and --load work with --strategy single and ddp and with LoRA (--lora-rank) so far, not ",
-            strategy);
-  DTP_CHECK(resume_path.empty() || load_path.empty(), "train: --resume continues a run (its parameters and "
-            "optimizer state) and --load starts a new one from saved parameters; give one, not both");
+  const bool checkpoints = !resume_path.empty() || stop_after != 0 || !save_path.empty() || !load_path.empty();
+  DTP_CHECK(!checkpoints || std::find(resumable.begin(), resumable.end(), strategy) != resumable.end(),
+            "train: --save, --resume, --stop-after and --load work with --strategy single and ddp and with LoRA "
+            "(--lora-rank) so far, not ", strategy);
+  DTP_CHECK(resume_path.empty() || load_path.empty() || strategy == "lora", "train: --resume continues a run (its "
+            "parameters and optimizer state) and --load starts a new one from saved parameters; give one, not both "
+            "(only under LoRA do they go together: --load the base, --resume the adapters)");
   DTP_CHECK(stop_after >= 0 && stop_after <= steps, "train: stop_after must be from 0 (run all steps) to steps (",
             steps, "), got ", stop_after);
   // Tokens per step must be countable (batch x seq in an int64).

@@ -1,5 +1,6 @@
 // Saving a training run, resuming it, and starting a model from saved
 // parameters (see dtp/checkpoint.h for the file).
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -12,6 +13,7 @@ namespace dtp {
 namespace {
 
 const std::string kParams = "params/";
+const std::string kExtra = "extra/";
 const std::string kOptimizer = "optimizer/";
 
 // Settings a resumed run may change: how long it runs, where it runs, and
@@ -63,11 +65,21 @@ JsonValue saved_settings(const TrainConfig& config, const StrategySettings& stra
   return settings;
 }
 
-/// Every parameter of @p model under its checkpoint name, in unit order.
-std::vector<NamedTensor> parameter_tensors(GPT& model) {
+/// Every parameter of @p model under its checkpoint name, in unit order
+/// (those of frozen units too, unless @p trained_only).
+std::vector<NamedTensor> parameter_tensors(GPT& model, bool trained_only = false) {
   std::vector<NamedTensor> named;
   for (Unit* unit : model.units())
-    for (const ParamView& p : unit->parameters()) named.push_back({kParams + unit->name() + "." + p.name, p.value});
+    if (!(trained_only && unit->frozen()))
+      for (const ParamView& p : unit->parameters()) named.push_back({kParams + unit->name() + "." + p.name, p.value});
+  return named;
+}
+
+/// What a training checkpoint holds besides the optimizer state: the
+/// parameters of the units that train and the extra tensors.
+std::vector<NamedTensor> trained_tensors(GPT& model, const std::vector<NamedTensor>& extra) {
+  std::vector<NamedTensor> named = parameter_tensors(model, true);
+  for (const NamedTensor& t : extra) named.push_back({kExtra + t.name, t.tensor});
   return named;
 }
 
@@ -86,7 +98,7 @@ void Trainer::save(const std::string& path, const StrategySettings& strategy) {
   checkpoint.kind = "training";
   checkpoint.step = steps_done_;
   checkpoint.config = saved_settings(config_, strategy);
-  checkpoint.tensors = parameter_tensors(*model_);
+  checkpoint.tensors = trained_tensors(*model_, extra_);
   for (NamedTensor& state : optimizer().state()) checkpoint.tensors.push_back({kOptimizer + state.name, state.tensor});
   write_checkpoint(path, checkpoint);
 }
@@ -101,11 +113,15 @@ void Trainer::resume(const std::string& path, const StrategySettings& strategy) 
             "these differ:", listed(differ));
   DTP_CHECK(checkpoint.step < config_.steps, "--resume ", path, ": the saved run is at step ", checkpoint.step,
             ", so --steps ", config_.steps, " leaves nothing to train");
-  for (NamedTensor& p : parameter_tensors(*model_)) restore(checkpoint, p.name, p.tensor, path);
+  for (NamedTensor& t : trained_tensors(*model_, extra_)) restore(checkpoint, t.name, t.tensor, path);
   Optimizer& optim = optimizer();
   for (NamedTensor& state : optim.state()) restore(checkpoint, kOptimizer + state.name, state.tensor, path);
   optim.set_steps(checkpoint.step);
   steps_done_ = checkpoint.step;
+}
+
+void Trainer::checkpoint_also(std::vector<NamedTensor> tensors) {
+  for (NamedTensor& t : tensors) extra_.push_back(std::move(t));
 }
 
 std::int64_t start_from_checkpoints(Trainer& trainer, const StrategySettings& strategy) {
@@ -113,6 +129,11 @@ std::int64_t start_from_checkpoints(Trainer& trainer, const StrategySettings& st
   if (!config.load_path.empty())
     load_parameters(trainer.model(), read_checkpoint(config.load_path), config.load_path);
   if (!config.resume_path.empty()) trainer.resume(config.resume_path, strategy);
+  return last_step(trainer);
+}
+
+std::int64_t last_step(const Trainer& trainer) {
+  const TrainConfig& config = trainer.config();
   const std::int64_t last = config.stop_after > 0 ? config.stop_after : config.steps;
   DTP_CHECK(trainer.steps_done() < last, "train: --resume ", config.resume_path, " is at step ",
             trainer.steps_done(), ", so --stop-after ", last, " leaves nothing to train");
@@ -132,9 +153,14 @@ void load_parameters(GPT& model, const Checkpoint& checkpoint, const std::string
     const std::string found = checkpoint.has(p.name) ? checkpoint.tensor(p.name).shape().str() + " " +
                                                            dtype_name(checkpoint.tensor(p.name).dtype())
                                                      : "nothing";
+    const bool adapters = std::any_of(checkpoint.tensors.begin(), checkpoint.tensors.end(),
+                                      [](const NamedTensor& t) { return t.name.rfind(kExtra, 0) == 0; });
     DTP_CHECK(false, "--load ", path, ": this model's ", p.name, " is ", p.tensor.shape().str(), " ",
               dtype_name(p.tensor.dtype()), " but the checkpoint holds ", found,
-              differ.empty() ? std::string() : "; the model settings differ:" + listed(differ));
+              differ.empty() ? std::string() : "; the model settings differ:" + listed(differ),
+              adapters ? "; it is a LoRA run's checkpoint, which holds the adapters, not the frozen base: "
+                         "continue it with --load BASE --resume FILE, or write a whole model with --save-merged"
+                       : "");
   }
   for (NamedTensor& p : parameters) p.tensor.copy_from(checkpoint.tensor(p.name));
 }
