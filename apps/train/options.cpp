@@ -53,7 +53,7 @@ Run:
   --log-every N           keep a line every N steps (default: about ten per run);
                           on a terminal a line updates in place in between
 
-Checkpoints (--strategy single and ddp, and LoRA; the format:
+Checkpoints (--strategy single and ddp, mixed precision and LoRA; the format:
 runtime/include/dtp/checkpoint.h):
   --save FILE             at the end, write what the run trains (the parameters;
                           under LoRA the adapters alone), the optimizer state,
@@ -63,8 +63,9 @@ runtime/include/dtp/checkpoint.h):
   --resume FILE           continue the run that saved FILE, from its step to
                           --steps: the same result, bit for bit, as the run
                           that was never stopped. Every setting but --steps
-                          must be the saved run's, --world and the ddp flags
-                          too (the error lists any that differ)
+                          must be the saved run's, --world and the strategy's
+                          flags too (the error lists any that differ); under
+                          --precision the f32 masters and the loss scale go on
   --load FILE             start from FILE's parameters (a new run: fresh
                           optimizer, step 0): fine-tuning a pretrained model,
                           on other data with another --seed
@@ -694,8 +695,8 @@ void check_options(const Options& o) {
   const bool checkpoints = !config.resume_path.empty() || config.stop_after != 0 || !config.save_path.empty() ||
                            !config.load_path.empty();
   if (checkpoints && std::find(resumable.begin(), resumable.end(), config.strategy) == resumable.end())
-    throw UsageError{"--save, --resume, --stop-after and --load work with --strategy single and ddp and with "
-                     "--lora-rank so far, not " + config.strategy};
+    throw UsageError{"--save, --resume, --stop-after and --load work with --strategy single and ddp, with "
+                     "--precision bf16|fp16 and with --lora-rank so far, not " + config.strategy};
   if (config.strategy == "lora") {
     try {
       ch08::validate_lora(config, o.lora);

@@ -93,6 +93,10 @@ class LossScaler {
   std::int64_t good_steps() const { return good_steps_; }
   /// The settings.
   const ScalerConfig& config() const { return config_; }
+  /// Provided: continues a saved run's schedule (a checkpoint holds scale()
+  /// and good_steps()). Throws dtp::Error for a scale that is not finite and
+  /// positive or a count outside [0, growth_interval).
+  void restore(double scale, std::int64_t good_steps);
 
   /// 7.3 Divides every element of every gradient in @p grads by scale(), in
   /// place, and returns true when any element of any of them is an inf or a
@@ -221,6 +225,9 @@ LossScale parse_loss_scale(const std::string& text);
 struct MixedPrecisionRunOptions {
   /// --loss-scale; unset: loss_scale_for()'s default for the precision.
   std::optional<LossScale> loss_scale;
+  /// The dynamic scaler's settings (initial scale, growth, backoff, interval):
+  /// GradScaler's defaults unless a test or a benchmark sets them.
+  ScalerConfig dynamic_scaler;
   /// The dtype the gradients are averaged in on more than one rank: f32 or
   /// the model's.
   DType reduce_dtype = DType::f32;

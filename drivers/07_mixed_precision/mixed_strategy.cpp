@@ -3,7 +3,9 @@
 // drivers/README.md). Each rank builds Trainer(config, rank, world) for its
 // 16-bit model and its slice of the batch, keeps f32 master weights and an
 // optimizer over them, and runs 7.2's step (one rank) or 7.4's (several),
-// with 7.3's loss scaler when one is asked for.
+// with 7.3's loss scaler when one is asked for. A checkpoint holds the
+// 16-bit model, the f32 masters, their optimizer state and the scaler's scale
+// and count, so a resumed run goes on exactly where the saved one stopped.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +14,7 @@
 
 #include "07_mixed_precision/mixed_precision.h"
 #include "dtp/agreement.h"
+#include "dtp/checkpoint.h"
 #include "dtp/error.h"
 #include "dtp/launch.h"
 #include "dtp/memory.h"
@@ -22,20 +25,30 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // The scaler --loss-scale asks for; null for none.
-std::unique_ptr<LossScaler> make_scaler(const LossScale& scale) {
+std::unique_ptr<LossScaler> make_scaler(const LossScale& scale, const ScalerConfig& dynamic) {
   switch (scale.kind) {
     case LossScale::Kind::none: return nullptr;
-    case LossScale::Kind::dynamic: return std::make_unique<LossScaler>();
+    case LossScale::Kind::dynamic: return std::make_unique<LossScaler>(dynamic);
     case LossScale::Kind::fixed: return std::make_unique<LossScaler>(ScalerConfig{scale.value, 1.0, 1.0, 1});
   }
   return nullptr;
 }
 
-std::vector<RunSetting> mixed_settings(const TrainConfig& config, const MixedPrecisionRunOptions& options) {
+// The strategy's own settings: what every rank must share beside the
+// trainer's, and what a resumed run must share with the saved one.
+StrategySettings mixed_own_settings(const TrainConfig& config, const MixedPrecisionRunOptions& options, int world) {
+  const ScalerConfig& d = options.dynamic_scaler;
+  return {{"--world", std::to_string(world)},
+          {"--precision", dtype_name(config.model.dtype)},
+          {"--loss-scale", loss_scale_for(options, config.model.dtype).str()},
+          {"dynamic scaler", std::to_string(d.initial_scale) + " x" + std::to_string(d.growth_factor) + " x" +
+                                 std::to_string(d.backoff_factor) + " every " + std::to_string(d.growth_interval)},
+          {"--reduce-dtype", dtype_name(options.reduce_dtype)}};
+}
+
+std::vector<RunSetting> mixed_settings(const TrainConfig& config, const StrategySettings& own) {
   std::vector<RunSetting> settings = run_settings(config);
-  settings.push_back({"--precision", dtype_name(config.model.dtype)});
-  settings.push_back({"--loss-scale", loss_scale_for(options, config.model.dtype).str()});
-  settings.push_back({"--reduce-dtype", dtype_name(options.reduce_dtype)});
+  for (const auto& [flag, value] : own) settings.push_back({flag, value});
   return settings;
 }
 
@@ -47,17 +60,41 @@ TrainResult run_mixed(const TrainConfig& config, const MixedPrecisionRunOptions&
   result.peak_by_category.assign(kMemoryCategoryCount, 0);
   launch(World::from_env(options.world), [&](Comm& comm) {
     Trainer trainer(config, comm.rank(), comm.size());
-    check_ranks_agree(comm, mixed_settings(config, options), trainer.model());
+    if (!config.load_path.empty())
+      load_parameters(trainer.model(), read_checkpoint(config.load_path), config.load_path);
+    const StrategySettings own = mixed_own_settings(config, options, comm.size());
+    check_ranks_agree(comm, mixed_settings(config, own), trainer.model());
     MasterWeights masters(trainer.model());
-    std::unique_ptr<Optimizer> optimizer = make_optimizer(trainer.config(), masters.buffers());
-    std::unique_ptr<LossScaler> scaler = make_scaler(loss_scale_for(options, config.model.dtype));
+    trainer.set_optimizer(make_optimizer(trainer.config(), masters.buffers()));
+    Optimizer& optimizer = trainer.optimizer();
+    std::unique_ptr<LossScaler> scaler =
+        make_scaler(loss_scale_for(options, config.model.dtype), options.dynamic_scaler);
+    // What a checkpoint holds beside the model and the optimizer state: the
+    // masters, and the scaler's scale and count of good steps.
+    const bool checkpoints = !config.save_path.empty() || !config.resume_path.empty();
+    Tensor scaler_state;
+    if (checkpoints) {
+      std::vector<NamedTensor> extra;
+      for (const ParamBuffer& b : masters.buffers()) extra.push_back({"master/" + b.name, b.params});
+      if (scaler) {
+        scaler_state = Tensor::zeros(Shape{2}, DType::f64);
+        extra.push_back({"loss_scaler", scaler_state});
+      }
+      trainer.checkpoint_also(std::move(extra));
+    }
+    if (!config.resume_path.empty()) {
+      trainer.resume(config.resume_path, own);
+      if (scaler)
+        scaler->restore(scaler_state.data<double>()[0], static_cast<std::int64_t>(scaler_state.data<double>()[1]));
+    }
+    const std::int64_t last = last_step(trainer);
     if (comm.rank() == 0) {
       result.parameters = trainer.model().parameter_count();
       result.data_name = trainer.sampler().data().name();
     }
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
     const BatchSampler& sampler = trainer.sampler();
-    for (std::int64_t s = 0; s < config.steps; ++s) {
+    for (std::int64_t s = trainer.steps_done(); s < last; ++s) {
       const StepMeter meter;
       StepRecord record;
       record.step = s + 1;
@@ -66,9 +103,10 @@ TrainResult run_mixed(const TrainConfig& config, const MixedPrecisionRunOptions&
       const Batch batch = sampler.batch(s, config.model.device);
       const MixedStep step =
           comm.size() == 1
-              ? mixed_precision_step(masters, *optimizer, scaler.get(), batch, record.lr, config.grad_clip)
-              : ddp_mixed_precision_step(comm, masters, *optimizer, scaler.get(), batch, record.lr,
+              ? mixed_precision_step(masters, optimizer, scaler.get(), batch, record.lr, config.grad_clip)
+              : ddp_mixed_precision_step(comm, masters, optimizer, scaler.get(), batch, record.lr,
                                          config.grad_clip, options.reduce_dtype);
+      trainer.count_step();
       record.loss = step.loss;
       record.grad_norm = step.grad_norm;
       record.skipped = !step.stepped;
@@ -79,6 +117,13 @@ TrainResult run_mixed(const TrainConfig& config, const MixedPrecisionRunOptions&
       if (comm.rank() != 0) continue;
       result.add_step(record, *tracker);
       if (on_step) on_step(record);
+    }
+    if (comm.rank() == 0 && !config.save_path.empty()) {
+      if (scaler) {
+        scaler_state.data<double>()[0] = scaler->scale();
+        scaler_state.data<double>()[1] = static_cast<double>(scaler->good_steps());
+      }
+      trainer.save(config.save_path, own);
     }
   });
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();

@@ -218,6 +218,7 @@ def check_outputs(args):
     check_zero_lines(args.reference, [], "zero on threads", {"DTP_BACKEND": "thread"}, "thread")
     check_slices(args.reference)
     check_slices(args.reference, ["--strategy", "ddp", "--world", "2", "--accumulate", "2"])
+    check_slices(args.reference, ["--precision", "fp16", "--world", "2"])
     with tempfile.TemporaryDirectory() as folder:
         base = os.path.join(folder, "base.ckpt")
         result = run([args.reference, "--steps", "3", "--batch", "4", "--seq", "16", "--save", base])

@@ -178,7 +178,7 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& config, std::vector
 using StrategySettings = std::vector<std::pair<std::string, std::string>>;
 
 /// The strategies that save and continue a run (--save, --resume,
-/// --stop-after, --load): single, ddp and lora.
+/// --stop-after, --load): single, ddp, mixed and lora.
 const std::vector<std::string>& resumable_strategies();
 
 /// The model, optimizer and sampler of one (data-parallel) rank.
@@ -217,7 +217,9 @@ class Trainer {
   /// Writes a training checkpoint to @p path: what the run trains (every
   /// parameter of the units that are not frozen, "params/<unit>.<name>", and
   /// the tensors given to checkpoint_also(), "extra/<name>"), the
-  /// optimizer's state ("optimizer/<buffer>.m", ...), the steps done,
+  /// optimizer's state ("optimizer/<buffer>.m", ...) and update count
+  /// ("optimizer/steps": fewer than the steps when a loss scaler skipped
+  /// some), the steps done,
   /// config() and @p strategy. Frozen units are left out: they are what the
   /// run started from (--load). The data needs no state: batch s is drawn
   /// from (seed, s) alone. A data-parallel run's replicas are equal, so its

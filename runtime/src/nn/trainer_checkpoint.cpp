@@ -15,6 +15,9 @@ namespace {
 const std::string kParams = "params/";
 const std::string kExtra = "extra/";
 const std::string kOptimizer = "optimizer/";
+// The optimizer's update count, which AdamW's bias correction goes by: fewer
+// than the steps done when a loss scaler skipped some (chapter 07).
+const std::string kOptimizerSteps = "optimizer/steps";
 
 // Settings a resumed run may change: how long it runs, where it runs, and
 // what the log records about how it was started.
@@ -100,6 +103,9 @@ void Trainer::save(const std::string& path, const StrategySettings& strategy) {
   checkpoint.config = saved_settings(config_, strategy);
   checkpoint.tensors = trained_tensors(*model_, extra_);
   for (NamedTensor& state : optimizer().state()) checkpoint.tensors.push_back({kOptimizer + state.name, state.tensor});
+  // f64 holds every count below 2^53 exactly.
+  checkpoint.tensors.push_back(
+      {kOptimizerSteps, Tensor::from_values({static_cast<double>(optimizer().steps())}, DType::f64)});
   write_checkpoint(path, checkpoint);
 }
 
@@ -116,7 +122,14 @@ void Trainer::resume(const std::string& path, const StrategySettings& strategy) 
   for (NamedTensor& t : trained_tensors(*model_, extra_)) restore(checkpoint, t.name, t.tensor, path);
   Optimizer& optim = optimizer();
   for (NamedTensor& state : optim.state()) restore(checkpoint, kOptimizer + state.name, state.tensor, path);
-  optim.set_steps(checkpoint.step);
+  std::int64_t updates = checkpoint.step;
+  if (checkpoint.has(kOptimizerSteps)) {
+    const Tensor& saved = checkpoint.tensor(kOptimizerSteps);
+    DTP_CHECK(saved.numel() == 1 && saved.dtype() == DType::f64, "--resume ", path, ": ", kOptimizerSteps,
+              " must be one f64, got ", saved.shape().str(), " ", dtype_name(saved.dtype()));
+    updates = static_cast<std::int64_t>(saved.data<double>()[0]);
+  }
+  optim.set_steps(updates);
   steps_done_ = checkpoint.step;
 }
 
