@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -13,8 +12,8 @@
 
 #include "02_ddp/ddp.h"
 #include "02_ddp/ddp_checks.h"
-#include "dtp/checkpoint.h"
 #include "dtp/dtp.h"
+#include "support/checkpoints.h"
 #include "support/harness.h"
 
 namespace dtp::ch02 {
@@ -196,49 +195,15 @@ TrainConfig adamw_run(std::int64_t steps) {
   return config;
 }
 
-// Every tensor of two checkpoints, bit for bit.
-void expect_same_tensors(const Checkpoint& a, const Checkpoint& b, const std::string& where) {
-  ASSERT_EQ(a.tensors.size(), b.tensors.size()) << where;
-  for (std::size_t i = 0; i < a.tensors.size(); ++i) {
-    const Tensor& x = a.tensors[i].tensor;
-    const Tensor& y = b.tensors[i].tensor;
-    ASSERT_EQ(a.tensors[i].name, b.tensors[i].name) << where;
-    ASSERT_EQ(x.nbytes(), y.nbytes()) << where << ": " << a.tensors[i].name;
-    EXPECT_EQ(std::memcmp(x.raw(), y.raw(), x.nbytes()), 0)
-        << where << ": " << a.tensors[i].name << " differs from the run that was never stopped";
-  }
-}
-
 TEST(DdpDriverCheckpoints, ThreeStepsThenResumingEqualsEightStepsBitForBit) {
   testing::TempFolder folder;
   for (const std::int64_t accumulate : {1, 2}) {
     DdpOptions options;
     options.world = 2;
     options.accumulate = accumulate;
-    const std::string where = "world 2, accumulate " + std::to_string(accumulate);
-    TrainConfig whole = adamw_run(8);
-    whole.save_path = folder.file("whole.ckpt");
-    const Reported straight = run_strategy(whole, options);
-    TrainConfig first = adamw_run(8);
-    first.stop_after = 3;
-    first.save_path = folder.file("slice.ckpt");
-    const Reported a = run_strategy(first, options);
-    TrainConfig second = adamw_run(8);
-    second.resume_path = first.save_path;
-    second.save_path = folder.file("resumed.ckpt");
-    const Reported b = run_strategy(second, options);
-    ASSERT_EQ(a.steps.size(), 3u) << where << ": --stop-after 3";
-    ASSERT_EQ(a.steps.size() + b.steps.size(), straight.steps.size()) << where;
-    for (std::size_t s = 0; s < straight.steps.size(); ++s) {
-      const StepRecord& r = s < a.steps.size() ? a.steps[s] : b.steps[s - a.steps.size()];
-      EXPECT_EQ(r.step, straight.steps[s].step) << where;
-      EXPECT_EQ(r.loss, straight.steps[s].loss) << where << ", step " << s + 1 << " (3 steps, saved, resumed)";
-    }
-    const Checkpoint saved = read_checkpoint(first.save_path);
-    EXPECT_EQ(saved.step, 3) << where;
-    const Checkpoint resumed = read_checkpoint(second.save_path);
-    EXPECT_EQ(resumed.step, 8) << where;
-    expect_same_tensors(read_checkpoint(whole.save_path), resumed, where + ", parameters and AdamW state after 8");
+    register_ddp_strategy(options);
+    testing::expect_slices_equal_straight_run(adamw_run(8), 3, folder,
+                                              "world 2, accumulate " + std::to_string(accumulate));
   }
 }
 

@@ -13,6 +13,7 @@
 #include "08_lora/lora.h"
 #include "dtp/checkpoint.h"
 #include "dtp/dtp.h"
+#include "support/checkpoints.h"
 #include "support/harness.h"
 #include "support/training.h"
 
@@ -64,9 +65,7 @@ class LoraDriverCheckpoints : public ::testing::Test {
     config.load_path = base_path();
     return config;
   }
-
- private:
-  TempFolder folder_;
+  TempFolder folder_;  // the base and every run's files
 };
 
 TEST_F(LoraDriverCheckpoints, SaveHoldsTheAdaptersAndTheirOptimizerStateNotTheBase) {
@@ -100,30 +99,10 @@ TEST_F(LoraDriverCheckpoints, SaveHoldsTheAdaptersAndTheirOptimizerStateNotTheBa
 
 TEST_F(LoraDriverCheckpoints, ThreeStepsThenResumingEqualsSevenStepsBitForBit) {
   for (const int world : {1, 2}) {
-    const std::string where = "world " + std::to_string(world);
-    TrainConfig whole = from_base(7);
-    whole.save_path = file("whole.ckpt");
-    const std::vector<double> straight = train_lora(whole, lora_options(world));
-    TrainConfig first = from_base(7);
-    first.stop_after = 3;
-    first.save_path = file("slice.ckpt");
-    const std::vector<double> a = train_lora(first, lora_options(world));
-    TrainConfig second = from_base(7);
-    second.resume_path = first.save_path;
-    second.save_path = file("resumed.ckpt");
-    const std::vector<double> b = train_lora(second, lora_options(world));
-    ASSERT_EQ(a.size(), 3u) << where << ": --stop-after 3";
-    ASSERT_EQ(a.size() + b.size(), straight.size()) << where;
-    for (std::size_t s = 0; s < straight.size(); ++s)
-      EXPECT_EQ(s < a.size() ? a[s] : b[s - a.size()], straight[s])
-          << where << ", step " << s + 1 << " (3 steps, saved, resumed with the base from --load)";
-    const Checkpoint x = read_checkpoint(whole.save_path), y = read_checkpoint(second.save_path);
-    ASSERT_EQ(x.tensors.size(), y.tensors.size()) << where;
-    for (std::size_t i = 0; i < x.tensors.size(); ++i) {
-      ASSERT_EQ(x.tensors[i].name, y.tensors[i].name) << where;
-      EXPECT_EQ(std::memcmp(x.tensors[i].tensor.raw(), y.tensors[i].tensor.raw(), x.tensors[i].tensor.nbytes()), 0)
-          << where << ": " << x.tensors[i].name << " after 7 steps differs from the run never stopped";
-    }
+    register_lora_strategy(lora_options(world));
+    TrainConfig config = from_base(7);  // resumed with the base from --load again
+    config.strategy = "lora";
+    testing::expect_slices_equal_straight_run(config, 3, folder_, "LoRA, world " + std::to_string(world));
   }
 }
 

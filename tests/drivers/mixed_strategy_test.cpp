@@ -6,13 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "07_mixed_precision/mixed_precision.h"
-#include "dtp/checkpoint.h"
 #include "dtp/dtp.h"
+#include "support/checkpoints.h"
 #include "support/harness.h"
 
 namespace dtp::ch07 {
@@ -107,16 +106,6 @@ TEST(MixedDriverRun, TwoRanksReportTheMeanOfTheirLosses) {
 
 // --- checkpoints: the masters, their optimizer state and the scaler go on ----------------
 
-// Every tensor of two checkpoints, bit for bit.
-void expect_same_tensors(const Checkpoint& a, const Checkpoint& b, const std::string& where) {
-  ASSERT_EQ(a.tensors.size(), b.tensors.size()) << where;
-  for (std::size_t i = 0; i < a.tensors.size(); ++i) {
-    ASSERT_EQ(a.tensors[i].name, b.tensors[i].name) << where;
-    EXPECT_EQ(std::memcmp(a.tensors[i].tensor.raw(), b.tensors[i].tensor.raw(), a.tensors[i].tensor.nbytes()), 0)
-        << where << ": " << a.tensors[i].name << " differs from the run that was never stopped";
-  }
-}
-
 TEST(MixedDriverCheckpoints, ASlicedRunEqualsTheStraightOneThroughSkipsAndGrowth) {
   testing::TempFolder folder;
   MixedPrecisionRunOptions options;
@@ -125,36 +114,17 @@ TEST(MixedDriverCheckpoints, ASlicedRunEqualsTheStraightOneThroughSkipsAndGrowth
   // then it doubles after every 2 good steps and overflows again.
   options.dynamic_scaler = ScalerConfig{1048576.0, 2.0, 0.5, 2};
   register_mixed_precision_strategy(options);
-  TrainConfig whole = tiny_run(DType::f16, 10);
-  whole.optimizer = "adamw";
-  whole.save_path = folder.file("whole.ckpt");
-  const TrainResult straight = train(whole);
-  int skipped = 0, grown = 0;
-  for (std::size_t s = 0; s < straight.steps.size(); ++s) {
-    skipped += straight.steps[s].skipped;
-    grown += s > 0 && straight.steps[s].loss_scale > straight.steps[s - 1].loss_scale;
-  }
-  ASSERT_GT(skipped, 0) << "the case must skip a step (2^20 overflows f16's gradients)";
-  ASSERT_GT(grown, 0) << "the case must grow the scale (every 2 good steps)";
+  TrainConfig config = tiny_run(DType::f16, 10);
+  config.optimizer = "adamw";
   for (const std::int64_t split : {2, 5, 7}) {
-    const std::string where = "f16, split after step " + std::to_string(split);
-    TrainConfig first = whole;
-    first.stop_after = split;
-    first.save_path = folder.file("slice.ckpt");
-    const TrainResult a = train(first);
-    TrainConfig second = whole;
-    second.resume_path = first.save_path;
-    second.save_path = folder.file("resumed.ckpt");
-    const TrainResult b = train(second);
-    ASSERT_EQ(a.steps.size() + b.steps.size(), straight.steps.size()) << where;
-    for (std::size_t s = 0; s < straight.steps.size(); ++s) {
-      const StepRecord& r = s < a.steps.size() ? a.steps[s] : b.steps[s - a.steps.size()];
-      EXPECT_EQ(r.loss, straight.steps[s].loss) << where << ": step " << s + 1 << "'s loss";
-      EXPECT_EQ(r.loss_scale, straight.steps[s].loss_scale) << where << ": step " << s + 1 << "'s loss scale";
-      EXPECT_EQ(r.skipped, straight.steps[s].skipped) << where << ": step " << s + 1 << " skipped or not";
+    const std::vector<StepRecord> straight = testing::expect_slices_equal_straight_run(config, split, folder, "f16");
+    int skipped = 0, grown = 0;
+    for (std::size_t s = 0; s < straight.size(); ++s) {
+      skipped += straight[s].skipped;
+      grown += s > 0 && straight[s].loss_scale > straight[s - 1].loss_scale;
     }
-    expect_same_tensors(read_checkpoint(whole.save_path), read_checkpoint(second.save_path),
-                        where + ": model, masters, AdamW state, update count and scaler after 10 steps");
+    ASSERT_GT(skipped, 0) << "the case must skip a step (2^20 overflows f16's gradients)";
+    ASSERT_GT(grown, 0) << "the case must grow the scale (every 2 good steps)";
   }
 }
 
@@ -164,25 +134,12 @@ TEST(MixedDriverCheckpoints, Bf16OnTwoRanksResumesBitForBit) {
   MixedPrecisionRunOptions options;
   options.world = 2;
   register_mixed_precision_strategy(options);
-  TrainConfig whole = tiny_run(DType::bf16, 6);
-  whole.save_path = folder.file("whole.ckpt");
-  const TrainResult straight = train(whole);
-  TrainConfig first = whole;
-  first.stop_after = 4;
-  first.save_path = folder.file("slice.ckpt");
-  const TrainResult a = train(first);
-  TrainConfig second = whole;
-  second.resume_path = first.save_path;
-  second.save_path = folder.file("resumed.ckpt");
-  const TrainResult b = train(second);
-  ASSERT_EQ(a.steps.size() + b.steps.size(), straight.steps.size());
-  for (std::size_t s = 0; s < straight.steps.size(); ++s)
-    EXPECT_EQ((s < a.steps.size() ? a.steps[s] : b.steps[s - a.steps.size()]).loss, straight.steps[s].loss)
-        << "bf16 on 2 ranks: step " << s + 1;
-  expect_same_tensors(read_checkpoint(whole.save_path), read_checkpoint(second.save_path), "bf16 on 2 ranks");
+  testing::expect_slices_equal_straight_run(tiny_run(DType::bf16, 6), 4, folder, "bf16 on 2 ranks");
   options.reduce_dtype = DType::bf16;
   register_mixed_precision_strategy(options);
-  const std::string message = error_of([&] { train(second); });
+  TrainConfig other = tiny_run(DType::bf16, 6);
+  other.resume_path = folder.file("slice.ckpt");
+  const std::string message = error_of([&] { train(other); });
   EXPECT_NE(message.find("strategy_settings.--reduce-dtype \"f32\" in the saved run, \"bf16\" in this one"),
             std::string::npos)
       << message;
