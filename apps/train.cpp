@@ -182,6 +182,17 @@ void print_header(const Options& o, const ProcessRole& role) {
               config.optimizer.c_str(), config.lr, static_cast<long long>(config.warmup),
               config.lr * config.min_lr_ratio, config.grad_clip,
               static_cast<unsigned long long>(config.seed));
+  // What the run reads and writes beside the data: says which steps it trains.
+  std::string checkpoint;
+  if (!config.resume_path.empty())
+    checkpoint += "continuing " + config.resume_path + " from the step it saved (its settings checked)";
+  if (config.stop_after > 0)
+    checkpoint += (checkpoint.empty() ? "" : "; ") + std::string("stopping after step ") +
+                  std::to_string(config.stop_after) + " of " + std::to_string(config.steps);
+  if (!config.save_path.empty())
+    checkpoint += (checkpoint.empty() ? "" : "; ") + std::string("saving to ") + config.save_path + " at the end" +
+                  (config.strategy == "lora" ? " (the adapters and their optimizer state)" : "");
+  if (!checkpoint.empty()) std::printf("checkpoint: %s\n", checkpoint.c_str());
   std::fflush(stdout);
 }
 

@@ -266,6 +266,8 @@ def check_slices(program, strategy=(), launcher=(), env=None):
             result = run(argv, timeout=300, env=env)
             if not expect(result.returncode == 0, f"{' '.join(argv)} must train; got {show(result)}"):
                 return
+        expect(f"checkpoint: continuing {checkpoint} from the step it saved" in result.stdout,
+               f"the resumed run's header must say what it continues; got {show(result)}")
         steps = lambda path: [(o["step"], o["loss"]) for o in read_log(path, path) if o.get("kind") == "step"]
         expect(steps(first) + steps(second) == steps(whole),
                f"8 steps in slices of 3 and 5 (--stop-after 3 --save, then --resume) must give the losses of 8 "
