@@ -82,7 +82,7 @@ LoRA (chapter 08):
   --lora-targets LIST     the Linears of each block that get adapters: a comma
                           list of attn.q, attn.k, attn.v, attn.proj, mlp.fc,
                           mlp.proj, or all (default attn.q,attn.v)
-  --save-merged FILE      at the end, write the merged model (W + (A/R) B A in
+  --save-merged FILE      at the end, write the merged model (W + (alpha/R) B A in
                           every adapted Linear): a whole model for --load
 
 Mixed precision (chapter 07):
