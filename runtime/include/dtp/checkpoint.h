@@ -16,6 +16,21 @@
 ///                  "shape":[64,64],"offset":0,"bytes":16384}, ...],
 ///      "data_bytes":1234567,"checksum":"fnv1a64:89ab..."}
 ///
+/// The names say what a tensor is. A "model" checkpoint (save_parameters)
+/// holds `params/<unit>.<name>` for every parameter. A "training" checkpoint
+/// (Trainer::save) holds what the run trains and what it needs to go on:
+/// - `params/<unit>.<name>` for the units that train (frozen ones come from
+///   --load again);
+/// - `extra/<name>` for tensors outside the units: LoRA's adapters
+///   (`extra/block.<i>.lora`), mixed precision's f32 masters
+///   (`extra/master/<unit>`) and loss scaler (`extra/loss_scaler`: scale,
+///   good steps);
+/// - `optimizer/<buffer>.<state>` (AdamW's m and v, SGD's momentum) and
+///   `optimizer/steps`, the optimizer's own update count.
+///
+/// Its "config" also holds the strategy's own settings (`strategy_settings`:
+/// --world, the ddp flags, the LoRA rank, ...), which a resumed run must share.
+///
 /// Offsets count from the first data byte. The checksum is 64-bit FNV-1a over
 /// the data bytes. A reader refuses a file whose magic, version, header,
 /// sizes or checksum do not hold, naming what is wrong; it never returns
