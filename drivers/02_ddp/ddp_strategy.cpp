@@ -61,19 +61,13 @@ StepRecord accumulated_step(Trainer& trainer, std::int64_t step, std::int64_t k,
 // The strategy's own settings: what every rank must share beside the
 // trainer's, and what a resumed run must share with the saved one (they
 // decide the order gradients are summed in, so the bits).
-StrategySettings ddp_own_settings(const DdpOptions& options, int world) {
+std::vector<RunSetting> ddp_own_settings(const DdpOptions& options, int world) {
   const char* modes[] = {"naive", "flat", "bucketed"};
   return {{"--world", std::to_string(world)},
           {"--ddp-mode", modes[static_cast<int>(options.mode)]},
           {"--bucket-mb", options.bucket_bytes == kAutoBucketBytes
                               ? "auto" : std::to_string(options.bucket_bytes) + " bytes"},
           {"--accumulate", std::to_string(options.accumulate)}};
-}
-
-std::vector<RunSetting> ddp_settings(const TrainConfig& config, const StrategySettings& own) {
-  std::vector<RunSetting> settings = run_settings(config);
-  for (const auto& [flag, value] : own) settings.push_back({flag, value});
-  return settings;
 }
 
 // What rank 0 gathers from every rank after each step, beside its loss,
@@ -88,9 +82,9 @@ TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const 
   launch(World::from_env(options.world), [&](Comm& comm) {
     Trainer trainer(config, comm.rank(), comm.size());
     GPT& model = trainer.model();
-    const StrategySettings own = ddp_own_settings(options, comm.size());
+    const std::vector<RunSetting> own = ddp_own_settings(options, comm.size());
     const std::int64_t last = start_from_checkpoints(trainer, own);
-    check_ranks_agree(comm, ddp_settings(config, own), model);
+    check_ranks_agree(comm, run_settings(config, own), model);
     double exposed = 0;  // seconds this rank's thread waited on communication this step
     auto timed = [&exposed](const std::function<void()>& fn) {
       const auto t0 = Clock::now();

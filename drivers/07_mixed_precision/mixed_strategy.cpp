@@ -36,7 +36,7 @@ std::unique_ptr<LossScaler> make_scaler(const LossScale& scale, const ScalerConf
 
 // The strategy's own settings: what every rank must share beside the
 // trainer's, and what a resumed run must share with the saved one.
-StrategySettings mixed_own_settings(const TrainConfig& config, const MixedPrecisionRunOptions& options, int world) {
+std::vector<RunSetting> mixed_own_settings(const TrainConfig& config, const MixedPrecisionRunOptions& options, int world) {
   const ScalerConfig& d = options.dynamic_scaler;
   return {{"--world", std::to_string(world)},
           {"--precision", dtype_name(config.model.dtype)},
@@ -44,12 +44,6 @@ StrategySettings mixed_own_settings(const TrainConfig& config, const MixedPrecis
           {"dynamic scaler", std::to_string(d.initial_scale) + " x" + std::to_string(d.growth_factor) + " x" +
                                  std::to_string(d.backoff_factor) + " every " + std::to_string(d.growth_interval)},
           {"--reduce-dtype", dtype_name(options.reduce_dtype)}};
-}
-
-std::vector<RunSetting> mixed_settings(const TrainConfig& config, const StrategySettings& own) {
-  std::vector<RunSetting> settings = run_settings(config);
-  for (const auto& [flag, value] : own) settings.push_back({flag, value});
-  return settings;
 }
 
 TrainResult run_mixed(const TrainConfig& config, const MixedPrecisionRunOptions& options,
@@ -62,8 +56,8 @@ TrainResult run_mixed(const TrainConfig& config, const MixedPrecisionRunOptions&
     Trainer trainer(config, comm.rank(), comm.size());
     if (!config.load_path.empty())
       load_parameters(trainer.model(), read_checkpoint(config.load_path), config.load_path);
-    const StrategySettings own = mixed_own_settings(config, options, comm.size());
-    check_ranks_agree(comm, mixed_settings(config, own), trainer.model());
+    const std::vector<RunSetting> own = mixed_own_settings(config, options, comm.size());
+    check_ranks_agree(comm, run_settings(config, own), trainer.model());
     MasterWeights masters(trainer.model());
     trainer.set_optimizer(make_optimizer(trainer.config(), masters.buffers()));
     Optimizer& optimizer = trainer.optimizer();

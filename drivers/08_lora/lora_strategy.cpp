@@ -20,7 +20,7 @@ namespace {
 
 // The strategy's own settings: what every rank must share beside the
 // trainer's, and what a resumed run must share with the saved one.
-StrategySettings lora_own_settings(const TrainConfig& config, const LoraRunOptions& options, int world) {
+std::vector<RunSetting> lora_own_settings(const TrainConfig& config, const LoraRunOptions& options, int world) {
   std::string targets;
   for (const std::string& t : options.lora.targets) targets += (targets.empty() ? "" : ",") + t;
   return {{"--world", std::to_string(world)},
@@ -28,12 +28,6 @@ StrategySettings lora_own_settings(const TrainConfig& config, const LoraRunOptio
           {"--lora-alpha", std::to_string(options.lora.alpha)},
           {"--lora-targets", targets},
           {"--load", config.load_path}};
-}
-
-std::vector<RunSetting> lora_settings(const TrainConfig& config, const StrategySettings& own) {
-  std::vector<RunSetting> settings = run_settings(config);
-  for (const auto& [flag, value] : own) settings.push_back({flag, value});
-  return settings;
 }
 
 // The adapters under their checkpoint names: one flat buffer per block.
@@ -54,8 +48,8 @@ TrainResult run_lora(const TrainConfig& config, const LoraRunOptions& options, c
     Trainer trainer(config, comm.rank(), comm.size());
     GPT& model = trainer.model();
     if (!config.load_path.empty()) load_parameters(model, base, config.load_path);
-    const StrategySettings own = lora_own_settings(config, options, comm.size());
-    check_ranks_agree(comm, lora_settings(config, own), model);
+    const std::vector<RunSetting> own = lora_own_settings(config, options, comm.size());
+    check_ranks_agree(comm, run_settings(config, own), model);
     LoraModel lora(model, options.lora);
     trainer.set_optimizer(make_optimizer(config, lora.buffers()));
     trainer.on_zero_grad([&] { lora.zero_grad(); });

@@ -16,15 +16,11 @@
 
 namespace dtp {
 
-/// One setting every rank must share: the flag that sets it and its value.
-struct RunSetting {
-  std::string flag;   ///< e.g. "--seed"
-  std::string value;  ///< e.g. "1234"
-};
-
 /// The settings of @p config that decide what a replica computes (not where
 /// it logs: --json and --trace are written by rank 0 only).
 std::vector<RunSetting> run_settings(const TrainConfig& config);
+/// run_settings(@p config) followed by a strategy's @p own settings.
+std::vector<RunSetting> run_settings(const TrainConfig& config, const std::vector<RunSetting>& own);
 
 /// Gathers every rank's @p settings and a fingerprint of each unit of
 /// @p model's parameters (under expert parallelism, of what precedes the

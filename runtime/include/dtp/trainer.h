@@ -172,10 +172,14 @@ struct TrainResult {
 /// strategy builds over its shards.
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& config, std::vector<ParamBuffer> buffers);
 
-/// A strategy's settings beyond TrainConfig that decide what a run computes
-/// (--world, --ddp-mode, ...), as flag and value: a checkpoint records them
-/// ("strategy_settings") and a resumed run must have the same.
-using StrategySettings = std::vector<std::pair<std::string, std::string>>;
+/// One setting that decides what a run computes: the flag that sets it and
+/// its value. Every rank of a run must share them (check_ranks_agree), and a
+/// strategy's own ones (--world, --ddp-mode, ...) are recorded in a
+/// checkpoint ("strategy_settings") that a resumed run must match.
+struct RunSetting {
+  std::string flag;   ///< e.g. "--seed"
+  std::string value;  ///< e.g. "1234"
+};
 
 /// The strategies that save and continue a run (--save, --resume,
 /// --stop-after, --load): single, ddp, mixed and lora.
@@ -224,13 +228,13 @@ class Trainer {
   /// run started from (--load). The data needs no state: batch s is drawn
   /// from (seed, s) alone. A data-parallel run's replicas are equal, so its
   /// rank 0 alone saves.
-  void save(const std::string& path, const StrategySettings& strategy = {});
+  void save(const std::string& path, const std::vector<RunSetting>& strategy = {});
   /// Continues the run that saved @p path: its parameters, optimizer state
   /// and steps done, so that training on equals the run that was never
   /// stopped, bit for bit. Throws dtp::Error naming every setting that
   /// differs from the saved run's (all must match but steps and the output
   /// paths; @p strategy's too), or a tensor the file lacks.
-  void resume(const std::string& path, const StrategySettings& strategy = {});
+  void resume(const std::string& path, const std::vector<RunSetting>& strategy = {});
   /// Adds tensors that live outside the model's units (LoRA's adapters) to
   /// what save() writes and resume() restores, under "extra/<name>".
   void checkpoint_also(std::vector<NamedTensor> tensors);
@@ -253,7 +257,7 @@ class Trainer {
 /// What a strategy that checkpoints does before its first step: starts from
 /// config.load_path's parameters or continues config.resume_path's run (with
 /// @p strategy's settings), then returns last_step().
-std::int64_t start_from_checkpoints(Trainer& trainer, const StrategySettings& strategy = {});
+std::int64_t start_from_checkpoints(Trainer& trainer, const std::vector<RunSetting>& strategy = {});
 /// The step @p trainer's run stops after (stop_after, else steps); throws
 /// dtp::Error when a resumed run is already there.
 std::int64_t last_step(const Trainer& trainer);

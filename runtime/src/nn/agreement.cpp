@@ -90,6 +90,12 @@ std::vector<RunSetting> run_settings(const TrainConfig& c) {
   };
 }
 
+std::vector<RunSetting> run_settings(const TrainConfig& config, const std::vector<RunSetting>& own) {
+  std::vector<RunSetting> settings = run_settings(config);
+  settings.insert(settings.end(), own.begin(), own.end());
+  return settings;
+}
+
 void check_ranks_agree(Comm& comm, const std::vector<RunSetting>& settings, const GPT& model) {
   std::vector<RunSetting> mine = settings;
   for (const Unit* unit : model.units())

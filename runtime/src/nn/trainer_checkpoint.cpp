@@ -59,7 +59,7 @@ void restore(const Checkpoint& checkpoint, const std::string& name, Tensor& into
 
 /// The run's settings as a checkpoint records them: the log's config line,
 /// with the strategy's own settings (if any) as one more object.
-JsonValue saved_settings(const TrainConfig& config, const StrategySettings& strategy) {
+JsonValue saved_settings(const TrainConfig& config, const std::vector<RunSetting>& strategy) {
   JsonValue settings = parse_json(config_json(config));
   if (strategy.empty()) return settings;
   JsonLine line;
@@ -96,7 +96,7 @@ void save_parameters(const std::string& path, GPT& model, const TrainConfig& con
   write_checkpoint(path, checkpoint);
 }
 
-void Trainer::save(const std::string& path, const StrategySettings& strategy) {
+void Trainer::save(const std::string& path, const std::vector<RunSetting>& strategy) {
   Checkpoint checkpoint;
   checkpoint.kind = "training";
   checkpoint.step = steps_done_;
@@ -109,7 +109,7 @@ void Trainer::save(const std::string& path, const StrategySettings& strategy) {
   write_checkpoint(path, checkpoint);
 }
 
-void Trainer::resume(const std::string& path, const StrategySettings& strategy) {
+void Trainer::resume(const std::string& path, const std::vector<RunSetting>& strategy) {
   const Checkpoint checkpoint = read_checkpoint(path);
   DTP_CHECK(checkpoint.kind == "training", "--resume ", path, ": a '", checkpoint.kind,
             "' checkpoint has no optimizer state to resume from (start from its parameters with --load)");
@@ -137,7 +137,7 @@ void Trainer::checkpoint_also(std::vector<NamedTensor> tensors) {
   for (NamedTensor& t : tensors) extra_.push_back(std::move(t));
 }
 
-std::int64_t start_from_checkpoints(Trainer& trainer, const StrategySettings& strategy) {
+std::int64_t start_from_checkpoints(Trainer& trainer, const std::vector<RunSetting>& strategy) {
   const TrainConfig& config = trainer.config();
   if (!config.load_path.empty())
     load_parameters(trainer.model(), read_checkpoint(config.load_path), config.load_path);
