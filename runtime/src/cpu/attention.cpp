@@ -118,10 +118,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
       std::vector<T> ds(static_cast<std::size_t>(kQueryBlock * d.Tk));
       for (std::int64_t bh = first; bh < last; ++bh) {
         const std::int64_t b = bh / d.H, h = bh % d.H;
-        const T* k_head = pk + d.k_offset(b, 0, h);
-        const T* v_head = pv + d.k_offset(b, 0, h);
-        T* dk_head = pdk + d.k_offset(b, 0, h);
-        T* dv_head = pdv + d.k_offset(b, 0, h);
+        const auto [k_head, v_head, dk_head, dv_head] = key_heads(d, b, h, pk, pv, pdk, pdv);
         for_each_query_block(d, mask, [&](const QueryBlock& blk) {
           const T* p = pp + (bh * d.Tq + blk.i0) * d.Tk;
           const T* q_blk = pq + d.q_offset(b, blk.i0, h);

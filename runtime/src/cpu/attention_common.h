@@ -33,6 +33,22 @@ struct AttentionDims {
   }
 };
 
+/// Where one (batch, head) pair's keys start in K and V, which the backward
+/// pass reads, and in dK and dV, which it adds to.
+template <typename T>
+struct KeyHeads {
+  const T* k;
+  const T* v;
+  T* dk;
+  T* dv;
+};
+template <typename T>
+KeyHeads<T> key_heads(const AttentionDims& d, std::int64_t b, std::int64_t h, const T* k, const T* v,
+                      T* dk, T* dv) {
+  const std::int64_t start = d.k_offset(b, 0, h);
+  return {k + start, v + start, dk + start, dv + start};
+}
+
 /// Checks q [B, Tq, H, D], k and v [B, Tk, H, D] (same dtype, f32 or f64) and
 /// returns the dims with the default scale 1/sqrt(D) filled in.
 inline AttentionDims attention_dims(const char* op, const Tensor& q, const Tensor& k,

@@ -158,10 +158,7 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
       std::vector<T> p(size), ds(size), row_dot(detail::kQueryBlock);
       for (std::int64_t bh = first; bh < last; ++bh) {
         const std::int64_t b = bh / d.H, h = bh % d.H;
-        const T* k_head = pk + d.k_offset(b, 0, h);
-        const T* v_head = pv + d.k_offset(b, 0, h);
-        T* dk_head = pdk + d.k_offset(b, 0, h);
-        T* dv_head = pdv + d.k_offset(b, 0, h);
+        const auto [k_head, v_head, dk_head, dv_head] = detail::key_heads(d, b, h, pk, pv, pdk, pdv);
         detail::for_each_query_block(d, mask, [&](const detail::QueryBlock& blk) {
           const T* q_blk = pq + d.q_offset(b, blk.i0, h);
           const T* do_blk = pdo + d.q_offset(b, blk.i0, h);
