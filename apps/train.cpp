@@ -191,7 +191,9 @@ void print_header(const Options& o, const ProcessRole& role) {
                   std::to_string(config.stop_after) + " of " + std::to_string(config.steps);
   if (!config.save_path.empty())
     checkpoint += (checkpoint.empty() ? "" : "; ") + std::string("saving to ") + config.save_path + " at the end" +
-                  (config.strategy == "lora" ? " (the adapters and their optimizer state)" : "");
+                  (config.strategy == "lora"   ? " (the adapters and their optimizer state)"
+                   : config.strategy == "zero" ? " (rank 0 gathers every rank's shards into one file)"
+                                               : "");
   if (!checkpoint.empty()) std::printf("checkpoint: %s\n", checkpoint.c_str());
   std::fflush(stdout);
 }

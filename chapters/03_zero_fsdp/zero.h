@@ -90,6 +90,20 @@ class ShardedOptimizer : public Optimizer {
   Tensor& gradient_shard(int unit);
   /// The shard-sized optimizer (SGD or AdamW, as the config says).
   Optimizer& shard_optimizer() { return *optimizer_; }
+  /// Collective (provided): every unit's full parameters and optimizer
+  /// state, gathered from every rank's shards to rank 0 under the names a
+  /// single-device run's checkpoint gives them (dtp/checkpoint.h). So
+  /// `dtp train --strategy zero --save` writes one consolidated file, the
+  /// same layout whatever the stage and world, which --load reads under any
+  /// strategy. The other ranks get an empty list.
+  std::vector<NamedTensor> gather_checkpoint();
+  /// Copies this rank's shard of every unit's parameters and optimizer
+  /// state from a consolidated @p checkpoint (read from @p path), and each
+  /// unit's full parameters where the stage keeps them; then gives the
+  /// shard optimizer this optimizer's update count (steps(), which
+  /// Trainer::resume_gathered set). Throws dtp::Error naming @p path and a
+  /// tensor it lacks or whose size differs.
+  void restore_shards(const Checkpoint& checkpoint, const std::string& path);
 
  protected:
   /// @p parameter_shards holds one tensor per unit of @p model, in model

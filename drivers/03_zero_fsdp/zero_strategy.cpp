@@ -5,7 +5,8 @@
 // (set_optimizer, finish_backward after every backward) and steps. After each
 // step rank 0 gathers what every rank held (peaks per memory category) and
 // moved, and reports it next to what a DDP rank holds: the lesson's table,
-// measured.
+// measured. Its checkpoints (--save, --resume) are consolidated: one file in
+// a single-device run's layout (sharded_checkpoint.cpp).
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -13,6 +14,7 @@
 
 #include "03_zero_fsdp/zero.h"
 #include "dtp/agreement.h"
+#include "dtp/checkpoint.h"
 #include "dtp/error.h"
 #include "dtp/launch.h"
 #include "dtp/memory.h"
@@ -40,13 +42,13 @@ std::unique_ptr<ShardedOptimizer> make_stage(const ZeroOptions& options, Comm& c
   }
 }
 
-// The settings every rank must share: the trainer's and the strategy's own.
-std::vector<RunSetting> zero_settings(const TrainConfig& config, const ZeroOptions& options) {
-  std::vector<RunSetting> settings = run_settings(config);
-  settings.push_back({"--stage", std::to_string(options.stage)});
-  settings.push_back({"--prefetch", options.prefetch ? "on" : "off"});
-  settings.push_back({"--offload", options.offload ? "on" : "off"});
-  return settings;
+// The strategy's own settings: what every rank must share beside the
+// trainer's, and what a resumed run must share with the saved one.
+std::vector<RunSetting> zero_own_settings(const ZeroOptions& options, int world) {
+  return {{"--world", std::to_string(world)},
+          {"--stage", std::to_string(options.stage)},
+          {"--prefetch", options.prefetch ? "on" : "off"},
+          {"--offload", options.offload ? "on" : "off"}};
 }
 
 // Optimizer state elements per parameter element of the optimizer the
@@ -82,21 +84,29 @@ TrainResult run_zero(const TrainConfig& config, const ZeroOptions& options, cons
   launch(World::from_env(options.world), [&](Comm& comm) {
     Trainer trainer(config, comm.rank(), comm.size());
     GPT& model = trainer.model();
-    // Before the stage exists: ZeRO-3 releases the full parameters that the
-    // check fingerprints.
-    check_ranks_agree(comm, zero_settings(config, options), model);
+    // Before the stage exists: every stage takes its shards from the full
+    // parameters, and ZeRO-3 then releases them.
+    if (!config.load_path.empty()) load_parameters(model, read_checkpoint(config.load_path), config.load_path);
+    const std::vector<RunSetting> own = zero_own_settings(options, comm.size());
+    check_ranks_agree(comm, run_settings(config, own), model);
     const DdpFootprint ddp = ddp_footprint(trainer.config(), model);
     if (comm.rank() == 0) {
       result.parameters = model.parameter_count();
       result.data_name = trainer.sampler().data().name();
     }
     std::unique_ptr<ShardedOptimizer> zero = make_stage(options, comm, model, trainer.config());
-    trainer.on_after_backward([stage = zero.get()] { stage->finish_backward(); });
+    ShardedOptimizer& stage = *zero;
+    trainer.on_after_backward([&stage] { stage.finish_backward(); });
     trainer.set_optimizer(std::move(zero));
+    // Checkpoints are consolidated (sharded_checkpoint.cpp): each rank keeps
+    // its shards of the full tensors.
+    if (!config.resume_path.empty())
+      stage.restore_shards(trainer.resume_gathered(config.resume_path, own), config.resume_path);
+    const std::int64_t last = last_step(trainer);
 
     const DeviceKind trains_on = trainer.config().model.device.kind;
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    for (std::int64_t s = 0; s < config.steps; ++s) {
+    while (trainer.steps_done() < last) {
       const std::int64_t bytes_before = comm.stats().collective_bytes;
       StepRecord record = trainer.step();  // resets the tracker's peaks first
       std::vector<double> values(kGatheredCount);
@@ -128,6 +138,10 @@ TrainResult run_zero(const TrainConfig& config, const ZeroOptions& options, cons
       result.add_step(record, *tracker);
       if (on_step) on_step(record);
       if (options.on_memory) options.on_memory(record.step, ranks);
+    }
+    if (!config.save_path.empty()) {
+      std::vector<NamedTensor> gathered = stage.gather_checkpoint();  // collective: every rank
+      if (comm.rank() == 0) trainer.save_gathered(config.save_path, own, std::move(gathered));
     }
   });
   result.seconds = seconds_since(start);

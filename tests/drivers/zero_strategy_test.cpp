@@ -15,6 +15,7 @@
 
 #include "03_zero_fsdp/zero.h"
 #include "dtp/dtp.h"
+#include "support/checkpoints.h"
 #include "support/training.h"
 
 namespace dtp::ch03 {
@@ -245,6 +246,81 @@ TEST(ZeroDriverReports, MemoryPerRankAgainstTheFormulasAndDdp) {
       }
     }
   }
+}
+
+// --- checkpoints: --save, --resume, --stop-after under zero ------------------------------
+
+TrainConfig adamw_run(std::int64_t steps) {
+  TrainConfig config = tiny_config(6, steps);  // 6 sequences: equal slices on 3 ranks
+  config.strategy = "zero";
+  config.optimizer = "adamw";  // state to carry over, sharded: m, v and the step count
+  config.warmup = 2;
+  return config;
+}
+
+// On 3 ranks most units' shards differ in length (chunk_range), so a shard
+// gathered or restored at the wrong offset shows.
+TEST(ZeroDriverCheckpoints, EveryStageThreeStepsThenResumingEqualsEightStepsBitForBit) {
+  testing::TempFolder folder;
+  for (const Variant& v : kVariants) {
+    register_zero_strategy(zero_options(3, v.stage, v.prefetch, v.offload));
+    testing::expect_slices_equal_straight_run(adamw_run(8), 3, folder, describe(v, 3));
+  }
+}
+
+// The file is consolidated: a single-device run's tensors, names, shapes and
+// dtypes, whatever the stage; its values are what the single-device run
+// trains (to rounding: the ranks sum their gradients in another order).
+TEST(ZeroDriverCheckpoints, AConsolidatedCheckpointHasTheSingleDeviceLayoutAndValues) {
+  testing::TempFolder folder;
+  TrainConfig single = adamw_run(2);
+  single.strategy = "single";
+  single.save_path = folder.file("single.ckpt");
+  train(single);
+  const Checkpoint expected = read_checkpoint(single.save_path);
+  for (const Variant& v : kVariants) {
+    const std::string where = describe(v, 3);
+    TrainConfig config = adamw_run(2);
+    config.save_path = folder.file("zero.ckpt");
+    register_zero_strategy(zero_options(3, v.stage, v.prefetch, v.offload));
+    train(config);
+    const Checkpoint got = read_checkpoint(config.save_path);
+    EXPECT_EQ(got.step, 2) << where;
+    ASSERT_EQ(got.tensors.size(), expected.tensors.size()) << where << ": tensors in the checkpoint";
+    for (std::size_t i = 0; i < got.tensors.size(); ++i) {
+      const NamedTensor& e = expected.tensors[i];
+      const NamedTensor& g = got.tensors[i];
+      ASSERT_EQ(g.name, e.name) << where << ": tensor " << i;
+      ASSERT_EQ(g.tensor.shape(), e.tensor.shape()) << where << ": " << e.name << "'s shape";
+      ASSERT_EQ(g.tensor.dtype(), e.tensor.dtype()) << where << ": " << e.name << "'s dtype";
+      const std::vector<double> want = e.tensor.to_vector();
+      const std::vector<double> have = g.tensor.to_vector();
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        if (dtp::testing::close_enough(want[k], have[k])) continue;
+        ADD_FAILURE() << where << ": " << e.name << " element " << k << ": the single-device run has " << want[k]
+                      << ", the gathered checkpoint " << have[k]
+                      << " (a shard gathered to the wrong offset, or another rank's shard?)";
+        break;
+      }
+    }
+  }
+}
+
+TEST(ZeroDriverCheckpoints, ResumingUnderAnotherStageOrWorldNamesTheSetting) {
+  testing::TempFolder folder;
+  TrainConfig first = adamw_run(4);
+  first.stop_after = 2;
+  first.save_path = folder.file("run.ckpt");
+  register_zero_strategy(zero_options(3, 1));
+  train(first);
+  TrainConfig second = adamw_run(4);
+  second.resume_path = first.save_path;
+  register_zero_strategy(zero_options(2, 3));
+  const std::string message = error_of([&] { train(second); });
+  EXPECT_NE(message.find("strategy_settings.--world \"3\" in the saved run, \"2\" in this one"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("strategy_settings.--stage \"1\" in the saved run, \"3\" in this one"), std::string::npos)
+      << message;
 }
 
 }  // namespace

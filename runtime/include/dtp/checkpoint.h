@@ -28,6 +28,9 @@
 /// - `optimizer/<buffer>.<state>` (AdamW's m and v, SGD's momentum) and
 ///   `optimizer/steps`, the optimizer's own update count.
 ///
+/// A ZeRO run (chapter 03) writes the same layout: its rank 0 gathers every
+/// rank's shards into the full tensors (Trainer::save_gathered).
+///
 /// Its "config" also holds the strategy's own settings (`strategy_settings`:
 /// --world, the ddp flags, the LoRA rank, ...), which a resumed run must share.
 ///
@@ -65,6 +68,12 @@ struct Checkpoint {
   /// True when the file has a tensor called @p name.
   bool has(const std::string& name) const;
 };
+
+/// "params/<unit>.<parameter>": the name a checkpoint gives a parameter.
+std::string parameter_entry(const std::string& unit, const std::string& parameter);
+/// "optimizer/<state>": the name a checkpoint gives an optimizer state
+/// tensor (@p state as Optimizer::state() names it: "<buffer>.m", ...).
+std::string optimizer_entry(const std::string& state);
 
 /// Writes @p checkpoint to @p path: first to "<path>.tmp", flushed to disk,
 /// then renamed over @p path, so a reader sees the old file or the new one,

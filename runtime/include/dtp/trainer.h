@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtp/checkpoint.h"
 #include "dtp/data.h"
 #include "dtp/memory.h"
 #include "dtp/nn.h"
@@ -182,7 +183,7 @@ struct RunSetting {
 };
 
 /// The strategies that save and continue a run (--save, --resume,
-/// --stop-after, --load): single, ddp, mixed and lora.
+/// --stop-after, --load): single, ddp, zero, mixed and lora.
 const std::vector<std::string>& resumable_strategies();
 
 /// The model, optimizer and sampler of one (data-parallel) rank.
@@ -235,6 +236,18 @@ class Trainer {
   /// differs from the saved run's (all must match but steps and the output
   /// paths; @p strategy's too), or a tensor the file lacks.
   void resume(const std::string& path, const std::vector<RunSetting>& strategy = {});
+  /// save() for a strategy whose ranks hold shards (ZeRO): writes
+  /// @p tensors, the run's full parameters and optimizer state gathered from
+  /// every rank under the names save() gives them (parameter_entry,
+  /// optimizer_entry), with what save() adds to them: the optimizer's update
+  /// count, the steps done, config() and @p strategy.
+  void save_gathered(const std::string& path, const std::vector<RunSetting>& strategy,
+                     std::vector<NamedTensor> tensors);
+  /// resume() for a strategy whose ranks hold shards: reads @p path and
+  /// checks it as resume() does, sets the steps done and optimizer()'s
+  /// update count, and returns the checkpoint, from which the strategy
+  /// copies each rank's shards.
+  Checkpoint resume_gathered(const std::string& path, const std::vector<RunSetting>& strategy);
   /// Adds tensors that live outside the model's units (LoRA's adapters) to
   /// what save() writes and resume() restores, under "extra/<name>".
   void checkpoint_also(std::vector<NamedTensor> tensors);

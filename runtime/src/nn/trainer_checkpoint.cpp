@@ -74,7 +74,7 @@ std::vector<NamedTensor> parameter_tensors(GPT& model, bool trained_only = false
   std::vector<NamedTensor> named;
   for (Unit* unit : model.units())
     if (!(trained_only && unit->frozen()))
-      for (const ParamView& p : unit->parameters()) named.push_back({kParams + unit->name() + "." + p.name, p.value});
+      for (const ParamView& p : unit->parameters()) named.push_back({parameter_entry(unit->name(), p.name), p.value});
   return named;
 }
 
@@ -88,6 +88,12 @@ std::vector<NamedTensor> trained_tensors(GPT& model, const std::vector<NamedTens
 
 }  // namespace
 
+std::string parameter_entry(const std::string& unit, const std::string& parameter) {
+  return kParams + unit + "." + parameter;
+}
+
+std::string optimizer_entry(const std::string& state) { return kOptimizer + state; }
+
 void save_parameters(const std::string& path, GPT& model, const TrainConfig& config) {
   Checkpoint checkpoint;
   checkpoint.kind = "model";
@@ -97,12 +103,18 @@ void save_parameters(const std::string& path, GPT& model, const TrainConfig& con
 }
 
 void Trainer::save(const std::string& path, const std::vector<RunSetting>& strategy) {
+  std::vector<NamedTensor> tensors = trained_tensors(*model_, extra_);
+  for (NamedTensor& state : optimizer().state()) tensors.push_back({optimizer_entry(state.name), state.tensor});
+  save_gathered(path, strategy, std::move(tensors));
+}
+
+void Trainer::save_gathered(const std::string& path, const std::vector<RunSetting>& strategy,
+                            std::vector<NamedTensor> tensors) {
   Checkpoint checkpoint;
   checkpoint.kind = "training";
   checkpoint.step = steps_done_;
   checkpoint.config = saved_settings(config_, strategy);
-  checkpoint.tensors = trained_tensors(*model_, extra_);
-  for (NamedTensor& state : optimizer().state()) checkpoint.tensors.push_back({kOptimizer + state.name, state.tensor});
+  checkpoint.tensors = std::move(tensors);
   // f64 holds every count below 2^53 exactly.
   checkpoint.tensors.push_back(
       {kOptimizerSteps, Tensor::from_values({static_cast<double>(optimizer().steps())}, DType::f64)});
@@ -110,7 +122,14 @@ void Trainer::save(const std::string& path, const std::vector<RunSetting>& strat
 }
 
 void Trainer::resume(const std::string& path, const std::vector<RunSetting>& strategy) {
-  const Checkpoint checkpoint = read_checkpoint(path);
+  const Checkpoint checkpoint = resume_gathered(path, strategy);
+  for (NamedTensor& t : trained_tensors(*model_, extra_)) restore(checkpoint, t.name, t.tensor, path);
+  for (NamedTensor& state : optimizer().state())
+    restore(checkpoint, optimizer_entry(state.name), state.tensor, path);
+}
+
+Checkpoint Trainer::resume_gathered(const std::string& path, const std::vector<RunSetting>& strategy) {
+  Checkpoint checkpoint = read_checkpoint(path);
   DTP_CHECK(checkpoint.kind == "training", "--resume ", path, ": a '", checkpoint.kind,
             "' checkpoint has no optimizer state to resume from (start from its parameters with --load)");
   std::vector<std::string> differ;
@@ -119,9 +138,6 @@ void Trainer::resume(const std::string& path, const std::vector<RunSetting>& str
             "these differ:", listed(differ));
   DTP_CHECK(checkpoint.step < config_.steps, "--resume ", path, ": the saved run is at step ", checkpoint.step,
             ", so --steps ", config_.steps, " leaves nothing to train");
-  for (NamedTensor& t : trained_tensors(*model_, extra_)) restore(checkpoint, t.name, t.tensor, path);
-  Optimizer& optim = optimizer();
-  for (NamedTensor& state : optim.state()) restore(checkpoint, kOptimizer + state.name, state.tensor, path);
   std::int64_t updates = checkpoint.step;
   if (checkpoint.has(kOptimizerSteps)) {
     const Tensor& saved = checkpoint.tensor(kOptimizerSteps);
@@ -129,8 +145,9 @@ void Trainer::resume(const std::string& path, const std::vector<RunSetting>& str
               " must be one f64, got ", saved.shape().str(), " ", dtype_name(saved.dtype()));
     updates = static_cast<std::int64_t>(saved.data<double>()[0]);
   }
-  optim.set_steps(updates);
+  optimizer().set_steps(updates);
   steps_done_ = checkpoint.step;
+  return checkpoint;
 }
 
 void Trainer::checkpoint_also(std::vector<NamedTensor> tensors) {
