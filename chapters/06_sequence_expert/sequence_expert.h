@@ -413,6 +413,9 @@ class SequenceParallelTrainer {
   StepRecord step();
   /// The model (every parameter replicated over the group).
   GPT& model();
+  /// The Trainer under it: the model, the optimizer and the steps done,
+  /// which checkpoints save and resume (rank 0's, as under DDP).
+  Trainer& trainer() { return *trainer_; }
   /// The sampler (every rank's: the whole batch).
   const BatchSampler& sampler() const { return trainer_->sampler(); }
   /// The positions of every sequence this rank holds.
@@ -428,7 +431,6 @@ class SequenceParallelTrainer {
   std::unique_ptr<Trainer> trainer_;
   std::vector<std::unique_ptr<AttentionCore>> cores_;  // one per block
   std::vector<PositionRange> positions_;
-  std::int64_t steps_done_ = 0;
 };
 
 /// Registers the "sp" strategy with @p options (the last registration wins).
@@ -483,6 +485,17 @@ class ExpertParallelTrainer {
   /// The model. It holds only this rank's experts (GPTConfig::expert_shards):
   /// the others' parameters have no memory here.
   GPT& model();
+  /// The Trainer under it: the model, the optimizer over what this rank
+  /// updates, and the steps done.
+  Trainer& trainer() { return *trainer_; }
+  /// Collective: the whole model's parameters and optimizer state under a
+  /// single-device run's checkpoint names, every rank's experts gathered to
+  /// rank 0 (a consolidated checkpoint, as ZeRO's in chapter 03). The other
+  /// ranks get an empty list.
+  std::vector<NamedTensor> gather_checkpoint();
+  /// Continues the run that saved @p path (Trainer::resume_gathered): the
+  /// replicated parameters and state, and this rank's experts' own.
+  void resume(const std::string& path, const std::vector<RunSetting>& strategy);
   /// This rank's sampler (its slice of each global batch).
   const BatchSampler& sampler() const { return trainer_->sampler(); }
   /// The first expert this rank holds.
@@ -505,7 +518,6 @@ class ExpertParallelTrainer {
   std::vector<std::unique_ptr<MoeCore>> cores_;  // one per block
   std::vector<Chunk> replicated_, owned_;
   int first_ = 0, local_ = 0;
-  std::int64_t steps_done_ = 0;
 };
 
 /// Registers the "ep" strategy with @p options (the last registration wins).

@@ -14,6 +14,7 @@
 
 #include "06_sequence_expert/sequence_expert.h"
 #include "dtp/agreement.h"
+#include "dtp/checkpoint.h"
 #include "dtp/error.h"
 #include "dtp/launch.h"
 #include "dtp/memory.h"
@@ -112,7 +113,7 @@ std::int64_t ExpertParallelTrainer::dropped() const {
 std::int64_t ExpertParallelTrainer::bytes_moved() const { return ep_.stats().collective_bytes; }
 
 double ExpertParallelTrainer::forward_backward() {
-  Batch batch = trainer_->sampler().batch(steps_done_, config().model.device);
+  Batch batch = trainer_->sampler().batch(trainer_->steps_done(), config().model.device);
   GPT& model = trainer_->model();
   model.zero_grad();
   const double loss = model.forward(batch.inputs, batch.targets);
@@ -132,7 +133,7 @@ StepRecord ExpertParallelTrainer::step() {
   const StepMeter meter;
   const TrainConfig& c = config();
   StepRecord record;
-  record.step = steps_done_ + 1;
+  record.step = trainer_->steps_done() + 1;
   record.loss = forward_backward();
   DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ", record.step,
             "; try a lower --lr or a tighter --clip");
@@ -149,13 +150,13 @@ StepRecord ExpertParallelTrainer::step() {
     for (Tensor& g : replicated) ops::scale(g, factor);
     for (Tensor& g : owned) ops::scale(g, factor);
   }
-  record.lr = c.schedule().at(steps_done_);
+  record.lr = c.schedule().at(trainer_->steps_done());
   {
     trace::Scope span("optimizer step", "compute");
     trainer_->optimizer().step(record.lr);
   }
   meter.finish(record, trainer_->sampler().local_batch() * trainer_->sampler().seq());
-  ++steps_done_;
+  trainer_->count_step();
   return record;
 }
 
@@ -170,16 +171,21 @@ TrainResult run_ep(const TrainConfig& config, const ExpertParallelRunOptions& op
   result.peak_by_category.assign(kMemoryCategoryCount, 0);
   launch(World::from_env(options.world), [&](Comm& ep) {
     ExpertParallelTrainer trainer(config, ep);
-    std::vector<RunSetting> settings = run_settings(config);
-    settings.push_back({"--world", std::to_string(options.world)});
-    check_ranks_agree(ep, settings, trainer.model());
+    const std::vector<RunSetting> own = {{"--world", std::to_string(options.world)}};
+    // Every rank reads its own experts by their names; the replicated part is
+    // the same everywhere.
+    if (!config.load_path.empty())
+      load_parameters(trainer.model(), read_checkpoint(config.load_path), config.load_path);
+    check_ranks_agree(ep, run_settings(config, own), trainer.model());
+    if (!config.resume_path.empty()) trainer.resume(config.resume_path, own);
+    const std::int64_t last = last_step(trainer.trainer());
     if (ep.rank() == 0) {
       result.parameters = config.model.parameter_count();  // the whole model's; each rank holds a share
       result.data_name = trainer.sampler().data().name();
     }
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
     enum { kDropped, kBytesMoved };  // what rank 0 gathers beside loss, seconds and tokens
-    for (std::int64_t s = 0; s < config.steps; ++s) {
+    while (trainer.trainer().steps_done() < last) {
       const std::int64_t before = trainer.bytes_moved();
       StepRecord record = trainer.step();
       // Each rank routed its own slice's tokens; the step already averaged the loss.
@@ -197,6 +203,10 @@ TrainResult run_ep(const TrainConfig& config, const ExpertParallelRunOptions& op
       result.add_step(record, *tracker);
       if (on_step) on_step(record);
       if (options.on_ranks) options.on_ranks(record.step, ranks);
+    }
+    if (!config.save_path.empty()) {
+      std::vector<NamedTensor> gathered = trainer.gather_checkpoint();  // collective: every rank
+      if (ep.rank() == 0) trainer.trainer().save_gathered(config.save_path, own, std::move(gathered));
     }
   });
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();

@@ -134,7 +134,7 @@ std::int64_t SequenceParallelTrainer::bytes_moved() const {
 
 double SequenceParallelTrainer::forward_backward() {
   const TrainConfig& c = config();
-  Batch batch = trainer_->sampler().batch(steps_done_, c.model.device);
+  Batch batch = trainer_->sampler().batch(trainer_->steps_done(), c.model.device);
   GPT& model = trainer_->model();
   model.zero_grad();
   const Tensor tokens = take_positions(batch.inputs, positions_);
@@ -156,19 +156,19 @@ StepRecord SequenceParallelTrainer::step() {
   const StepMeter meter;
   const TrainConfig& c = config();
   StepRecord record;
-  record.step = steps_done_ + 1;
+  record.step = trainer_->steps_done() + 1;
   record.loss = forward_backward();
   DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ", record.step,
             "; try a lower --lr or a tighter --clip");
   // The gradients are replicated now: clipping and the update run alike everywhere.
   record.grad_norm = trainer_->optimizer().clip_gradients(c.grad_clip);
-  record.lr = c.schedule().at(steps_done_);
+  record.lr = c.schedule().at(trainer_->steps_done());
   {
     trace::Scope span("optimizer step", "compute");
     trainer_->optimizer().step(record.lr);
   }
   meter.finish(record, c.batch * c.seq);
-  ++steps_done_;
+  trainer_->count_step();
   return record;
 }
 
@@ -176,12 +176,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<RunSetting> sp_settings(const TrainConfig& config, const SequenceParallelRunOptions& options) {
-  std::vector<RunSetting> settings = run_settings(config);
-  settings.push_back({"--sp", std::to_string(options.sp)});
-  settings.push_back({"--sp-kind", sequence_parallel_kind_name(options.kind)});
-  settings.push_back({"--sp-ulysses", std::to_string(options.ulysses)});
-  return settings;
+// The strategy's own settings: what every rank must share beside the
+// trainer's, and what a resumed run must share with the saved one.
+std::vector<RunSetting> sp_own_settings(const SequenceParallelRunOptions& options) {
+  return {{"--sp", std::to_string(options.sp)},
+          {"--sp-kind", sequence_parallel_kind_name(options.kind)},
+          {"--sp-ulysses", std::to_string(options.ulysses)}};
 }
 
 TrainResult run_sp(const TrainConfig& config, const SequenceParallelRunOptions& options, const StepCallback& on_step) {
@@ -194,16 +194,19 @@ TrainResult run_sp(const TrainConfig& config, const SequenceParallelRunOptions& 
       // Before the trainer: the hybrid's cores split the group, which ranks
       // with different settings would enter differently.
       Trainer probe(config);
-      check_ranks_agree(sp, sp_settings(config, options), probe.model());
+      check_ranks_agree(sp, run_settings(config, sp_own_settings(options)), probe.model());
     }
     SequenceParallelTrainer trainer(config, sp, options);
+    // Every rank holds the whole model and optimizer state: rank 0's are the
+    // run's checkpoint, as under DDP.
+    const std::int64_t last = start_from_checkpoints(trainer.trainer(), sp_own_settings(options));
     if (sp.rank() == 0) {
       result.parameters = trainer.model().parameter_count();
       result.data_name = trainer.sampler().data().name();
     }
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
     enum { kActivationPeak, kBytesMoved, kBlocks };  // what rank 0 gathers beside loss, seconds and tokens
-    for (std::int64_t s = 0; s < config.steps; ++s) {
+    while (trainer.trainer().steps_done() < last) {
       const std::int64_t before = trainer.bytes_moved();
       reset_block_computations();
       StepRecord record = trainer.step();
@@ -227,6 +230,7 @@ TrainResult run_sp(const TrainConfig& config, const SequenceParallelRunOptions& 
       if (on_step) on_step(record);
       if (options.on_ranks) options.on_ranks(record.step, ranks);
     }
+    if (sp.rank() == 0 && !config.save_path.empty()) trainer.trainer().save(config.save_path, sp_own_settings(options));
   });
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;

@@ -10,6 +10,7 @@
 
 #include "06_sequence_expert/sequence_expert.h"
 #include "dtp/dtp.h"
+#include "support/checkpoints.h"
 #include "support/training.h"
 
 namespace dtp::ch06 {
@@ -116,6 +117,78 @@ TEST(ExpertParallelDriver, TrainReportsTheLossOfOneDeviceRoutingInGroupsAndEvery
     EXPECT_EQ(r.tokens, config.batch * config.seq / 2);
     EXPECT_GT(r.dropped, 0) << "rank " << r.rank << ": capacity factor 0.75 must drop choices";
     EXPECT_GT(r.bytes_moved, 0) << "rank " << r.rank;
+  }
+}
+
+// --- checkpoints: --save, --resume, --stop-after ----------------------------------------
+
+TrainConfig adamw_run(TrainConfig config) {
+  config.optimizer = "adamw";  // state to carry over: m, v and the step count
+  config.warmup = 2;
+  return config;
+}
+
+// Every rank holds the whole model: rank 0's trainer saves it, as under DDP.
+TEST(SequenceParallelDriverCheckpoints, ThreeStepsThenResumingEqualsEightStepsBitForBit) {
+  testing::TempFolder folder;
+  TrainConfig config = adamw_run(tiny_config(4, 8));
+  config.model.heads = 4;
+  config.strategy = "sp";
+  for (SequenceParallelKind kind : {SequenceParallelKind::ring, SequenceParallelKind::hybrid}) {
+    register_sequence_parallel_strategy({.sp = 4, .kind = kind, .ulysses = 2});
+    testing::expect_slices_equal_straight_run(config, 3, folder,
+                                              std::string("--sp 4 --sp-kind ") + sequence_parallel_kind_name(kind));
+  }
+}
+
+TrainConfig moe_run(std::int64_t steps) {
+  TrainConfig config = adamw_run(tiny_config(8, steps));
+  config.model.experts = 4;
+  config.model.top_k = 2;
+  config.model.capacity_factor = 0.75;  // drops choices
+  return config;
+}
+
+// Each rank holds two of the four experts: rank 0 gathers them, and on
+// --resume each rank takes its own back.
+TEST(ExpertParallelDriverCheckpoints, ThreeStepsThenResumingEqualsEightStepsBitForBit) {
+  testing::TempFolder folder;
+  TrainConfig config = moe_run(8);
+  config.strategy = "ep";
+  register_expert_parallel_strategy({.world = 2});
+  testing::expect_slices_equal_straight_run(config, 3, folder, "ep --world 2");
+}
+
+// The file is a single-device run's: every expert of every block, named and
+// laid out as one device names them, with the values the single-device run
+// (routing in 2 groups, as 2 ranks route) trains, to rounding.
+TEST(ExpertParallelDriverCheckpoints, AConsolidatedCheckpointHasTheSingleDeviceLayoutAndValues) {
+  testing::TempFolder folder;
+  TrainConfig single = moe_run(2);
+  single.model.moe_groups = 2;
+  single.save_path = folder.file("single.ckpt");
+  train_single(single);
+  TrainConfig config = moe_run(2);
+  config.strategy = "ep";
+  config.save_path = folder.file("ep.ckpt");
+  register_expert_parallel_strategy({.world = 2});
+  train(config);
+  const Checkpoint expected = read_checkpoint(single.save_path);
+  const Checkpoint got = read_checkpoint(config.save_path);
+  ASSERT_EQ(got.tensors.size(), expected.tensors.size()) << "tensors in the checkpoint";
+  for (std::size_t i = 0; i < got.tensors.size(); ++i) {
+    const NamedTensor& e = expected.tensors[i];
+    const NamedTensor& g = got.tensors[i];
+    ASSERT_EQ(g.name, e.name) << "tensor " << i;
+    ASSERT_EQ(g.tensor.shape(), e.tensor.shape()) << e.name << "'s shape";
+    const std::vector<double> want = e.tensor.to_vector();
+    const std::vector<double> have = g.tensor.to_vector();
+    for (std::size_t k = 0; k < want.size(); ++k) {
+      if (dtp::testing::close_enough(want[k], have[k])) continue;
+      ADD_FAILURE() << e.name << " element " << k << ": the single-device run has " << want[k]
+                    << ", the gathered checkpoint " << have[k] << " (another rank's expert, or the wrong region?)";
+      break;
+    }
   }
 }
 
