@@ -69,7 +69,9 @@ gathers the shards into one file of the single-device layout):
                           --precision the f32 masters and the loss scale go on
   --load FILE             start from FILE's parameters (a new run: fresh
                           optimizer, step 0): fine-tuning a pretrained model,
-                          on other data with another --seed
+                          on other data with another --seed. A file of another
+                          float dtype is cast; under --precision the f32
+                          masters start from its values, unrounded
   --stop-after K          stop after step K, 1 to --steps: train a run of
                           --steps in slices (--save, then --resume; under LoRA
                           --load BASE --resume FILE)

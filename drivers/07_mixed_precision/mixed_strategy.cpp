@@ -5,7 +5,8 @@
 // optimizer over them, and runs 7.2's step (one rank) or 7.4's (several),
 // with 7.3's loss scaler when one is asked for. A checkpoint holds the
 // 16-bit model, the f32 masters, their optimizer state and the scaler's scale
-// and count, so a resumed run goes on exactly where the saved one stopped.
+// and count, so a resumed run goes on exactly where the saved one stopped;
+// --load starts the masters from a file of any float dtype (start_from).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "dtp/error.h"
 #include "dtp/launch.h"
 #include "dtp/memory.h"
+#include "dtp/nn_ops.h"
 
 namespace dtp::ch07 {
 namespace {
@@ -46,6 +48,33 @@ std::vector<RunSetting> mixed_own_settings(const TrainConfig& config, const Mixe
           {"--reduce-dtype", dtype_name(options.reduce_dtype)}};
 }
 
+// --load under --precision: the f32 masters take the file's values (its own
+// masters when a mixed-precision run wrote it, else its parameters, cast to
+// f32 from any float dtype) and the 16-bit model takes them rounded from the
+// masters. So a model pretrained in f32 and fine-tuned in bf16 keeps every
+// bit of its weights in the masters, and only the copy that computes is
+// rounded.
+void start_from(MasterWeights& masters, const Checkpoint& checkpoint, const std::string& path) {
+  GPT& model = masters.model();
+  load_parameters(model, checkpoint, path);  // checks every shape, names what differs
+  std::vector<Unit*> units = model.units();
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    Unit& unit = *units[i];
+    Tensor master = masters.buffers()[i].params;
+    const std::string saved_master = "extra/master/" + unit.name();
+    if (checkpoint.has(saved_master) && checkpoint.tensor(saved_master).dtype() == DType::f32 &&
+        checkpoint.tensor(saved_master).numel() == master.numel()) {
+      master.copy_from(checkpoint.tensor(saved_master));
+    } else {
+      for (const ParamView& p : unit.parameters()) {
+        Tensor slot = master.slice(p.offset, p.shape.numel());
+        ops::cast(checkpoint.tensor(parameter_entry(unit.name(), p.name)).flatten().to(slot.device()), slot);
+      }
+    }
+    ops::cast(master, unit.params());
+  }
+}
+
 TrainResult run_mixed(const TrainConfig& config, const MixedPrecisionRunOptions& options,
                       const StepCallback& on_step) {
   validate_mixed_precision(config, options);
@@ -54,11 +83,10 @@ TrainResult run_mixed(const TrainConfig& config, const MixedPrecisionRunOptions&
   result.peak_by_category.assign(kMemoryCategoryCount, 0);
   launch(World::from_env(options.world), [&](Comm& comm) {
     Trainer trainer(config, comm.rank(), comm.size());
-    if (!config.load_path.empty())
-      load_parameters(trainer.model(), read_checkpoint(config.load_path), config.load_path);
+    MasterWeights masters(trainer.model());
+    if (!config.load_path.empty()) start_from(masters, read_checkpoint(config.load_path), config.load_path);
     const std::vector<RunSetting> own = mixed_own_settings(config, options, comm.size());
     check_ranks_agree(comm, run_settings(config, own), trainer.model());
-    MasterWeights masters(trainer.model());
     trainer.set_optimizer(make_optimizer(trainer.config(), masters.buffers()));
     Optimizer& optimizer = trainer.optimizer();
     std::unique_ptr<LossScaler> scaler =

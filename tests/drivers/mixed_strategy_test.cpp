@@ -145,5 +145,48 @@ TEST(MixedDriverCheckpoints, Bf16OnTwoRanksResumesBitForBit) {
       << message;
 }
 
+// --load of an f32 run's file under --precision bf16: the masters start from
+// the f32 values themselves, not from their bf16 rounding. With an update
+// of lr 1e-30 (SGD, no momentum) a master of magnitude above 1e-6 cannot
+// move, so after one step the saved masters must equal the file's values.
+TEST(MixedDriverCheckpoints, LoadingAnF32FileStartsTheMastersFromItsValues) {
+  testing::TempFolder folder;
+  TrainConfig pretrain = tiny_run(DType::f32, 2);
+  pretrain.strategy = "single";
+  pretrain.save_path = folder.file("f32.ckpt");
+  train(pretrain);
+  register_mixed_precision_strategy(MixedPrecisionRunOptions{});
+  TrainConfig tune = tiny_run(DType::bf16, 1);
+  tune.optimizer = "sgd";
+  tune.momentum = 0;
+  tune.lr = 1e-30;
+  tune.grad_clip = 0;
+  tune.load_path = pretrain.save_path;
+  tune.save_path = folder.file("bf16.ckpt");
+  train(tune);
+  const Checkpoint base = read_checkpoint(pretrain.save_path);
+  const Checkpoint tuned = read_checkpoint(tune.save_path);
+  GPT model(tune.model);
+  int compared = 0, rounded = 0;
+  for (Unit* unit : model.units()) {
+    const std::vector<double> master = tuned.tensor("extra/master/" + unit->name()).to_vector();
+    for (const ParamView& p : unit->parameters()) {
+      const std::vector<double> want = base.tensor("params/" + unit->name() + "." + p.name).to_vector();
+      const std::vector<double> model16 = tuned.tensor("params/" + unit->name() + "." + p.name).to_vector();
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        if (std::fabs(want[i]) < 1e-6) continue;
+        ++compared;
+        rounded += model16[i] != want[i];
+        ASSERT_EQ(master[static_cast<std::size_t>(p.offset) + i], want[i])
+            << unit->name() << "." << p.name << " element " << i << ": the f32 file holds " << want[i]
+            << "; the master started from " << master[static_cast<std::size_t>(p.offset) + i]
+            << (master[static_cast<std::size_t>(p.offset) + i] == model16[i] ? " (its bf16 rounding)" : "");
+      }
+    }
+  }
+  EXPECT_GT(compared, 1000);
+  EXPECT_GT(rounded, compared / 2) << "the case must hold values that bf16 rounds (else it shows nothing)";
+}
+
 }  // namespace
 }  // namespace dtp::ch07

@@ -265,5 +265,36 @@ TEST(CheckpointTraining, LoadingParametersStartsANewRunFromThem) {
       "settings differ:\n  model.d_model 32 in the saved run, 64 in this one");
 }
 
+// PyTorch's load_state_dict casts a tensor of another float dtype into the
+// parameter; --load does too. f32 widens to f64 exactly; to bf16 it rounds to
+// the nearest bf16 (within half a unit in the last of bf16's 8 bits).
+TEST(CheckpointTraining, LoadingCastsParametersOfAnotherFloatDtype) {
+  TempFolder folder;
+  const TrainConfig config = tiny_run("adamw");
+  Trainer pretrained(config);
+  pretrained.step();
+  pretrained.save(folder.file("f32.ckpt"));
+  const Checkpoint f32 = read_checkpoint(folder.file("f32.ckpt"));
+  for (const DType dtype : {DType::f64, DType::bf16}) {
+    TrainConfig other = config;
+    other.model.dtype = dtype;
+    Trainer tuned(other);
+    load_parameters(tuned.model(), f32, "f32.ckpt");
+    for (Unit* unit : tuned.model().units()) {
+      for (const ParamView& p : unit->parameters()) {
+        const std::vector<double> want = f32.tensor("params/" + unit->name() + "." + p.name).to_vector();
+        const std::vector<double> got = p.value.to_vector();
+        ASSERT_EQ(got.size(), want.size()) << p.name;
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          const double bound = dtype == DType::f64 ? 0.0 : std::ldexp(std::fabs(want[i]), -8);
+          ASSERT_LE(std::fabs(got[i] - want[i]), bound)
+              << dtype_name(dtype) << " model, " << unit->name() << "." << p.name << " element " << i
+              << ": the f32 file holds " << want[i] << ", the loaded parameter is " << got[i];
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dtp

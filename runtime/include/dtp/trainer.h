@@ -277,8 +277,10 @@ std::int64_t last_step(const Trainer& trainer);
 
 /// Copies the parameters of a checkpoint into @p model ("params/<unit>.<name>"
 /// for each of the model's parameters): fine-tuning from pretrained weights,
-/// with no optimizer state and no steps. Throws dtp::Error naming @p path,
-/// the first parameter the file lacks or holds with another shape or dtype,
+/// with no optimizer state and no steps. A file of another float dtype is
+/// cast to the model's (f32 to bf16 rounds to nearest even), as PyTorch's
+/// load_state_dict does. Throws dtp::Error naming @p path, the first
+/// parameter the file lacks or holds with another shape (or not as floats),
 /// and the model settings that differ.
 void load_parameters(GPT& model, const Checkpoint& checkpoint, const std::string& path);
 

@@ -6,6 +6,7 @@
 
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
+#include "dtp/nn_ops.h"
 #include "dtp/trainer.h"
 
 namespace dtp {
@@ -173,9 +174,9 @@ std::int64_t last_step(const Trainer& trainer) {
 void load_parameters(GPT& model, const Checkpoint& checkpoint, const std::string& path) {
   std::vector<NamedTensor> parameters = parameter_tensors(model);
   for (const NamedTensor& p : parameters) {
-    const bool same = checkpoint.has(p.name) && checkpoint.tensor(p.name).shape() == p.tensor.shape() &&
-                      checkpoint.tensor(p.name).dtype() == p.tensor.dtype();
-    if (same) continue;
+    const bool fits = checkpoint.has(p.name) && checkpoint.tensor(p.name).shape() == p.tensor.shape() &&
+                      is_floating(checkpoint.tensor(p.name).dtype()) && is_floating(p.tensor.dtype());
+    if (fits) continue;
     // Say which model settings differ: the usual cause.
     std::vector<std::string> differ;
     if (const JsonValue* saved_model = checkpoint.config.find("model"))
@@ -192,7 +193,13 @@ void load_parameters(GPT& model, const Checkpoint& checkpoint, const std::string
                          "continue it with --load BASE --resume FILE, or write a whole model with --save-merged"
                        : "");
   }
-  for (NamedTensor& p : parameters) p.tensor.copy_from(checkpoint.tensor(p.name));
+  for (NamedTensor& p : parameters) {
+    const Tensor& saved = checkpoint.tensor(p.name);
+    if (saved.dtype() == p.tensor.dtype())
+      p.tensor.copy_from(saved);
+    else
+      ops::cast(saved.to(p.tensor.device()), p.tensor);  // to the model's dtype
+  }
 }
 
 }  // namespace dtp
