@@ -500,8 +500,9 @@ void validate_pipeline(const TrainConfig& config, const PipelineOptions& options
 /// and the optimizer over what the rank holds.
 class PipelineTrainer {
  public:
-  /// Partitions the model, keeps this rank's chunks, builds the schedule and
-  /// the optimizer. @p mesh must outlive the trainer.
+  /// Partitions the model (starting from config.load_path's parameters when
+  /// set), keeps this rank's chunks, builds the schedule and the optimizer.
+  /// @p mesh must outlive the trainer.
   PipelineTrainer(const TrainConfig& config, PipelineMesh& mesh, const PipelineOptions& options);
   ~PipelineTrainer();
   /// One step; the record's loss is the step's mean loss, the same on every rank.
@@ -522,6 +523,17 @@ class PipelineTrainer {
   const TrainConfig& config() const;
   /// This DP rank's sampler.
   const BatchSampler& sampler() const { return serial_->sampler(); }
+  /// The serial Trainer under it: the steps done and the optimizer over this
+  /// rank's units (or FSDP shards).
+  Trainer& trainer() { return *serial_; }
+  /// Collective over the world: writes a consolidated checkpoint to @p path
+  /// (provided, pp_checkpoint.cpp). Every unit's parameters and optimizer
+  /// state travel to world rank 0 (first gathered over the stage's replicas
+  /// under FSDP), which writes them in a single-device run's layout.
+  void save(const std::string& path, const std::vector<RunSetting>& strategy);
+  /// Continues the run that saved @p path: each rank copies its own units'
+  /// parameters and optimizer state (or its FSDP shards of them).
+  void resume(const std::string& path, const std::vector<RunSetting>& strategy);
 
  private:
   void gather_timing(const MemoryTracker& tracker);
@@ -531,10 +543,8 @@ class PipelineTrainer {
   std::vector<UnitRange> partition_;
   std::vector<std::unique_ptr<StageModule>> chunks_;
   std::vector<std::unique_ptr<PipelineFsdp>> fsdp_;
-  std::unique_ptr<Optimizer> optimizer_;
   Schedule schedule_;
   PipelineStepTiming timing_;
-  std::int64_t steps_done_ = 0;
 };
 
 /// The ASCII Gantt chart (gantt_chart's) of pipeline 0's step as it ran on

@@ -14,6 +14,7 @@
 
 #include "05_pipeline/pipeline.h"
 #include "dtp/agreement.h"
+#include "dtp/checkpoint.h"
 #include "dtp/error.h"
 #include "dtp/launch.h"
 #include "dtp/memory.h"
@@ -76,6 +77,8 @@ PipelineTrainer::PipelineTrainer(const TrainConfig& config, PipelineMesh& mesh, 
             mesh.pp.size(), " stages x ", mesh.dp.size(), " replicas, the options say ", options.pp, " x ", options.dp);
   serial_ = std::make_unique<Trainer>(config, mesh.dp.rank(), mesh.dp.size());
   GPT& model = serial_->model();
+  // Before the model is cut: every rank reads the whole file and keeps its units.
+  if (!config.load_path.empty()) load_parameters(model, read_checkpoint(config.load_path), config.load_path);
   const int v = chunks_of(options);
   std::vector<double> costs = unit_costs_by_parameters(model);
   if (options.balance_by_time) {
@@ -110,7 +113,7 @@ PipelineTrainer::PipelineTrainer(const TrainConfig& config, PipelineMesh& mesh, 
       for (Unit* unit : chunk->units()) buffers.push_back({unit->name(), unit->params(), unit->grads()});
     }
   }
-  optimizer_ = make_optimizer(serial_->config(), std::move(buffers));
+  serial_->set_optimizer(make_optimizer(serial_->config(), std::move(buffers)));
 }
 
 PipelineTrainer::~PipelineTrainer() = default;
@@ -133,8 +136,8 @@ StepRecord PipelineTrainer::step() {
   const StepMeter meter;
   const TrainConfig& config = serial_->config();
   StepRecord record;
-  record.step = steps_done_ + 1;
-  const Batch batch = serial_->sampler().batch(steps_done_, config.model.device);
+  record.step = serial_->steps_done() + 1;
+  const Batch batch = serial_->sampler().batch(serial_->steps_done(), config.model.device);
   const std::vector<MicroBatch> microbatches = split_microbatches(batch, options_.microbatches);
   for (auto& chunk : chunks_) {
     chunk->zero_grad();
@@ -173,14 +176,14 @@ StepRecord PipelineTrainer::step() {
     const double factor = config.grad_clip / (record.grad_norm + 1e-6);
     for (Tensor& g : grads) ops::scale(g, factor);
   }
-  record.lr = config.schedule().at(steps_done_);
+  record.lr = config.schedule().at(serial_->steps_done());
   {
     trace::Scope span("optimizer step", "compute");
-    optimizer_->step(record.lr);
+    serial_->optimizer().step(record.lr);
   }
   meter.finish(record, batch.inputs.numel());
   gather_timing(*current_memory_tracker());
-  ++steps_done_;
+  serial_->count_step();
   return record;
 }
 
@@ -312,15 +315,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<RunSetting> pp_settings(const TrainConfig& config, const PipelineOptions& options) {
-  std::vector<RunSetting> settings = run_settings(config);
-  settings.push_back({"--pp", std::to_string(options.pp)});
-  settings.push_back({"--dp", std::to_string(options.dp)});
-  settings.push_back({"--microbatches", std::to_string(options.microbatches)});
-  settings.push_back({"--schedule", schedule_kind_name(options.schedule)});
-  settings.push_back({"--chunks", std::to_string(options.chunks)});
-  settings.push_back({"--fsdp", options.fsdp ? "on" : "off"});
-  return settings;
+// The strategy's own settings: what every rank must share beside the
+// trainer's, and what a resumed run must share with the saved one.
+std::vector<RunSetting> pp_own_settings(const PipelineOptions& options) {
+  return {{"--pp", std::to_string(options.pp)},
+          {"--dp", std::to_string(options.dp)},
+          {"--microbatches", std::to_string(options.microbatches)},
+          {"--schedule", schedule_kind_name(options.schedule)},
+          {"--chunks", std::to_string(options.chunks)},
+          {"--fsdp", options.fsdp ? "on" : "off"}};
 }
 
 TrainResult run_pp(const TrainConfig& config, const PipelineRunOptions& options, const StepCallback& on_step) {
@@ -332,16 +335,18 @@ TrainResult run_pp(const TrainConfig& config, const PipelineRunOptions& options,
   launch(World::from_env(pipeline.pp * pipeline.dp), [&](Comm& world) {
     {
       Trainer probe(config);
-      check_ranks_agree(world, pp_settings(config, pipeline), probe.model());
+      check_ranks_agree(world, run_settings(config, pp_own_settings(pipeline)), probe.model());
     }
     PipelineMesh mesh = make_pipeline_mesh(world, pipeline.pp);
-    PipelineTrainer trainer(config, mesh, pipeline);
+    PipelineTrainer trainer(config, mesh, pipeline);  // from --load's parameters, when given
+    if (!config.resume_path.empty()) trainer.resume(config.resume_path, pp_own_settings(pipeline));
+    const std::int64_t last = last_step(trainer.trainer());
     if (world.rank() == 0) {
       result.parameters = trainer.config().model.parameter_count();
       result.data_name = trainer.sampler().data().name();
     }
     std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    for (std::int64_t s = 0; s < config.steps; ++s) {
+    while (trainer.trainer().steps_done() < last) {
       StepRecord record = trainer.step();
       // The step's wall time is its slowest rank's.
       Tensor seconds = Tensor::from_values({record.seconds});
@@ -354,6 +359,7 @@ TrainResult run_pp(const TrainConfig& config, const PipelineRunOptions& options,
       if (on_step) on_step(record);
       if (options.on_step) options.on_step(record.step, trainer.timing());
     }
+    if (!config.save_path.empty()) trainer.save(config.save_path, pp_own_settings(pipeline));  // collective
   });
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;

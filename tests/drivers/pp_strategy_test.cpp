@@ -10,6 +10,7 @@
 
 #include "05_pipeline/pipeline.h"
 #include "dtp/dtp.h"
+#include "support/checkpoints.h"
 #include "support/training.h"
 
 namespace dtp::ch05 {
@@ -130,6 +131,86 @@ TEST(PipelineDriver, AnExecutedStepsClockBubbleEqualsTheVerifiers) {
     EXPECT_GT(timing.wall_makespan, 0.0);
     const std::string chart = executed_gantt_chart(o, timing);
     EXPECT_TRUE(says(chart, "rank 1 |")) << chart;
+  }
+}
+
+// --- checkpoints: --save, --resume, --stop-after under pp -------------------------------
+
+TrainConfig pp_run(std::int64_t steps) {
+  TrainConfig config = tiny_config(8, steps);
+  config.model.layers = 4;  // 6 units: the embedding, 4 blocks, the head
+  config.strategy = "pp";
+  config.optimizer = "adamw";  // state to carry over: m, v and the step count
+  config.warmup = 2;
+  return config;
+}
+
+struct PpVariant {
+  int pp, dp, chunks;
+  ScheduleKind schedule;
+  bool fsdp;
+  const char* flags;
+};
+const PpVariant kPpVariants[] = {
+    {2, 1, 1, ScheduleKind::one_f_one_b, false, "--pp 2 --schedule 1f1b"},
+    {3, 1, 1, ScheduleKind::afab, false, "--pp 3 --schedule afab"},
+    {2, 1, 2, ScheduleKind::interleaved, false, "--pp 2 --schedule interleaved --chunks 2"},
+    {2, 2, 1, ScheduleKind::one_f_one_b, true, "--pp 2 --dp 2 --fsdp"},
+};
+
+void register_variant(const PpVariant& v) {
+  PipelineRunOptions options;
+  options.pipeline.pp = v.pp;
+  options.pipeline.dp = v.dp;
+  options.pipeline.chunks = v.chunks;
+  options.pipeline.schedule = v.schedule;
+  options.pipeline.fsdp = v.fsdp;
+  options.pipeline.microbatches = 4;
+  register_pipeline_strategy(options);
+}
+
+// Each stage holds its units (under --fsdp, its shard of them): world rank 0
+// gathers them into one file, and on --resume each rank keeps its own.
+TEST(PipelineDriverCheckpoints, ThreeStepsThenResumingEqualsEightStepsBitForBit) {
+  testing::TempFolder folder;
+  for (const PpVariant& v : kPpVariants) {
+    register_variant(v);
+    testing::expect_slices_equal_straight_run(pp_run(8), 3, folder, v.flags);
+  }
+}
+
+// The file is a single-device run's: every unit's parameters and optimizer
+// state, in model order, with the values the single-device run trains (to
+// rounding: the micro-batches sum their gradients in another order).
+TEST(PipelineDriverCheckpoints, AConsolidatedCheckpointHasTheSingleDeviceLayoutAndValues) {
+  testing::TempFolder folder;
+  TrainConfig single = pp_run(2);
+  single.strategy = "single";
+  single.save_path = folder.file("single.ckpt");
+  train(single);
+  const Checkpoint expected = read_checkpoint(single.save_path);
+  for (const PpVariant& v : kPpVariants) {
+    TrainConfig config = pp_run(2);
+    config.save_path = folder.file("pp.ckpt");
+    register_variant(v);
+    train(config);
+    const Checkpoint got = read_checkpoint(config.save_path);
+    ASSERT_EQ(got.tensors.size(), expected.tensors.size()) << v.flags << ": tensors in the checkpoint";
+    for (std::size_t i = 0; i < got.tensors.size(); ++i) {
+      const NamedTensor& e = expected.tensors[i];
+      const NamedTensor& g = got.tensors[i];
+      ASSERT_EQ(g.name, e.name) << v.flags << ": tensor " << i;
+      ASSERT_EQ(g.tensor.shape(), e.tensor.shape()) << v.flags << ": " << e.name << "'s shape";
+      const std::vector<double> want = e.tensor.to_vector();
+      const std::vector<double> have = g.tensor.to_vector();
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        if (dtp::testing::close_enough(want[k], have[k])) continue;
+        ADD_FAILURE() << v.flags << ": " << e.name << " element " << k << ": the single-device run has " << want[k]
+                      << ", the gathered checkpoint " << have[k]
+                      << " (another stage's unit, or a shard at the wrong offset?)";
+        break;
+      }
+    }
   }
 }
 

@@ -183,7 +183,7 @@ struct RunSetting {
 };
 
 /// The strategies that save and continue a run (--save, --resume,
-/// --stop-after, --load): single, ddp, zero, sp, ep, mixed and lora.
+/// --stop-after, --load): single, ddp, zero, pp, sp, ep, mixed and lora.
 const std::vector<std::string>& resumable_strategies();
 
 /// The model, optimizer and sampler of one (data-parallel) rank.
