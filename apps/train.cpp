@@ -190,7 +190,8 @@ void print_header(const Options& o, const ProcessRole& role) {
     checkpoint += (checkpoint.empty() ? "" : "; ") + std::string("stopping after step ") +
                   std::to_string(config.stop_after) + " of " + std::to_string(config.steps);
   if (!config.save_path.empty()) {
-    const bool sharded = config.strategy == "zero" || config.strategy == "pp" || config.strategy == "ep";
+    const bool sharded = config.strategy == "zero" || config.strategy == "tp" || config.strategy == "pp" ||
+                         config.strategy == "ep";
     checkpoint += (checkpoint.empty() ? "" : "; ") + std::string("saving to ") + config.save_path + " at the end" +
                   (config.strategy == "lora" ? " (the adapters and their optimizer state)"
                    : sharded                 ? " (rank 0 gathers every rank's shards into one file)"

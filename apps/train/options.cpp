@@ -53,9 +53,9 @@ Run:
   --log-every N           keep a line every N steps (default: about ten per run);
                           on a terminal a line updates in place in between
 
-Checkpoints (every strategy but tp, mixed precision and LoRA; the format:
-runtime/include/dtp/checkpoint.h; under zero, pp and ep rank 0 gathers the
-shards into one file of the single-device layout):
+Checkpoints (every strategy; the format: runtime/include/dtp/checkpoint.h;
+under zero, tp, pp and ep rank 0 gathers the shards into one file of the
+single-device layout, which --load reads under any strategy):
   --save FILE             at the end, write what the run trains (the parameters;
                           under LoRA the adapters alone), the optimizer state,
                           the step and these settings to FILE (written to
@@ -694,12 +694,6 @@ void check_options(const Options& o) {
     if (!config.trace_path.empty()) check_writable("--trace", config.trace_path);
     if (!config.json_path.empty()) check_writable("--json", config.json_path);
   }
-  const std::vector<std::string>& resumable = dtp::resumable_strategies();
-  const bool checkpoints = !config.resume_path.empty() || config.stop_after != 0 || !config.save_path.empty() ||
-                           !config.load_path.empty();
-  if (checkpoints && std::find(resumable.begin(), resumable.end(), config.strategy) == resumable.end())
-    throw UsageError{"--save, --resume, --stop-after and --load work with --strategy single, ddp, zero, pp, "
-                     "sp and ep, with --precision bf16|fp16 and with --lora-rank so far, not " + config.strategy};
   if (config.strategy == "lora") {
     try {
       ch08::validate_lora(config, o.lora);

@@ -67,6 +67,19 @@ ChunkRange even_split(const std::string& what, std::int64_t size, int parts, int
 /// holds a slice of. By name, as the units below lay them out.
 bool is_replicated(const std::string& parameter_name);
 
+/// Provided: copies this rank's slice of parameter @p name (as the serial
+/// model names it) out of its full value @p full into @p slice: its rows or
+/// columns by the layer's split, all of it when replicated. How every TP
+/// unit gets its weights from the serial model, and a resumed run from a
+/// checkpoint.
+void copy_tensor_parallel_slice(const std::string& name, const Tensor& full, Tensor slice, int parts, int rank);
+
+/// Provided: the inverse, collective over @p tp: parameter @p name's full
+/// value, of shape @p full_shape, put together on @p tp's rank 0 from every
+/// rank's @p slice (undefined on the other ranks). How a checkpoint is
+/// consolidated.
+Tensor gather_tensor_parallel_slices(Comm& tp, const std::string& name, const Tensor& slice, const Shape& full_shape);
+
 // --- 4.1 and 4.2: the two linears --------------------------------------------------
 
 /// Puzzle 4.1. Column-parallel linear: W [out, in] split by output rows.
@@ -473,7 +486,8 @@ void validate_tensor_parallel(const TrainConfig& config, const TensorParallelRun
 class TensorParallelTrainer {
  public:
   /// Builds the serial model from @p config (through a Trainer of this DP
-  /// rank, which also gives the sampler of its slice), the TP model from it,
+  /// rank, which also gives the sampler of its slice; from
+  /// config.load_path's parameters when set), the TP model from it,
   /// releases the serial weights, and builds the optimizer over the slices.
   /// @p mesh must outlive the trainer.
   TensorParallelTrainer(const TrainConfig& config, Mesh& mesh, const TensorParallelOptions& options);
@@ -482,6 +496,17 @@ class TensorParallelTrainer {
   StepRecord step();
   /// The TP model.
   TensorParallelGPT& model() { return *model_; }
+  /// The serial Trainer under it (its model released): the steps done and
+  /// the optimizer over this rank's slices.
+  Trainer& trainer() { return *serial_; }
+  /// Collective over the world: writes a consolidated checkpoint to @p path
+  /// (provided, tp_checkpoint.cpp). DP group 0's TP ranks put every sliced
+  /// parameter and optimizer state tensor back together on world rank 0,
+  /// which writes a single-device run's layout.
+  void save(const std::string& path, const std::vector<RunSetting>& strategy);
+  /// Continues the run that saved @p path: each rank cuts its slices out of
+  /// the file's full tensors.
+  void resume(const std::string& path, const std::vector<RunSetting>& strategy);
   /// This DP rank's sampler.
   const BatchSampler& sampler() const;
   /// The config as resolved (vocabulary and context filled in).
@@ -492,8 +517,6 @@ class TensorParallelTrainer {
   Mesh& mesh_;
   std::unique_ptr<Trainer> serial_;  // its model's buffers are released
   std::unique_ptr<TensorParallelGPT> model_;
-  std::unique_ptr<Optimizer> optimizer_;
-  std::int64_t steps_done_ = 0;
 };
 
 /// Registers the "tp" strategy with @p options (the last registration wins).

@@ -1,5 +1,5 @@
 // Provided code, not a puzzle (see drivers/README.md): how a tensor-parallel
-// rank gets its slices. Every TP unit is built from the serial GPT's unit of
+// rank gets its slices, and how the slices become whole again (checkpoints). Every TP unit is built from the serial GPT's unit of
 // the same name, copying out this rank's rows or columns, so the TP model
 // starts from exactly the serial model's weights and the checkers can compare
 // the two. The forward and backward bodies are the puzzles.
@@ -123,6 +123,25 @@ void copy_slices(const Unit& full, Unit& shard, int parts, int rank) {
     copy_slice(from[i].value, to[i].value, split_of(from[i].name), parts, rank, full.name() + " " + from[i].name);
 }
 
+// Every rank's rows, gathered in rank order, are the full rows. Columns come
+// back as each rank's [R, K/n] block in turn: row i of the full tensor is row
+// i of every block, side by side.
+Tensor unslice(Comm& tp, const Tensor& slice, Split split, const Shape& full_shape) {
+  if (split == Split::whole) return tp.rank() == 0 ? slice : Tensor();
+  Tensor gathered;
+  if (tp.rank() == 0)
+    gathered = Tensor::empty(Shape{full_shape.numel()}, slice.dtype(), slice.device(), MemoryCategory::other);
+  tp.gather(slice.flatten(), gathered, 0);
+  if (tp.rank() != 0 || split == Split::rows) return tp.rank() == 0 ? gathered.view(full_shape) : Tensor();
+  const std::int64_t R = full_shape[0], K = full_shape[1], columns = K / tp.size();
+  Tensor full = Tensor::empty(full_shape, slice.dtype(), slice.device(), MemoryCategory::other);
+  Tensor flat = full.flatten();
+  for (int r = 0; r < tp.size(); ++r)
+    for (std::int64_t i = 0; i < R; ++i)
+      flat.slice(i * K + r * columns, columns).copy_from(gathered.slice((r * R + i) * columns, columns));
+  return full;
+}
+
 GPTConfig checked(const GPTConfig& config, const Comm& tp) {
   even_split("attention heads", config.heads, tp.size(), tp.rank());
   even_split("vocabulary", config.vocab_size, tp.size(), tp.rank());
@@ -132,6 +151,14 @@ GPTConfig checked(const GPTConfig& config, const Comm& tp) {
 }  // namespace
 
 bool is_replicated(const std::string& parameter_name) { return split_of(parameter_name) == Split::whole; }
+
+void copy_tensor_parallel_slice(const std::string& name, const Tensor& full, Tensor slice, int parts, int rank) {
+  copy_slice(full, std::move(slice), split_of(name), parts, rank, name);
+}
+
+Tensor gather_tensor_parallel_slices(Comm& tp, const std::string& name, const Tensor& slice, const Shape& full_shape) {
+  return unslice(tp, slice, split_of(name), full_shape);
+}
 
 // --- the units -----------------------------------------------------------------------
 

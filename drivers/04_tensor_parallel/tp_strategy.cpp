@@ -13,6 +13,7 @@
 
 #include "04_tensor_parallel/tensor_parallel.h"
 #include "dtp/agreement.h"
+#include "dtp/checkpoint.h"
 #include "dtp/error.h"
 #include "dtp/launch.h"
 #include "dtp/memory.h"
@@ -49,12 +50,14 @@ TensorParallelTrainer::TensorParallelTrainer(const TrainConfig& config, Mesh& me
   // The serial model of this DP rank's trainer is the source of the slices;
   // its weights are released as soon as they are copied.
   serial_ = std::make_unique<Trainer>(config, mesh.dp.rank(), mesh.dp.size());
+  if (!config.load_path.empty())
+    load_parameters(serial_->model(), read_checkpoint(config.load_path), config.load_path);
   config_ = serial_->config();
   model_ = std::make_unique<TensorParallelGPT>(mesh.tp, serial_->model(), options);
   for (Unit* unit : serial_->model().units()) unit->set_buffers(Tensor(), Tensor());
   std::vector<ParamBuffer> buffers;
   for (Unit* unit : model_->units()) buffers.push_back({unit->name(), unit->params(), unit->grads()});
-  optimizer_ = make_optimizer(config_, std::move(buffers));
+  serial_->set_optimizer(make_optimizer(config_, std::move(buffers)));
 }
 
 TensorParallelTrainer::~TensorParallelTrainer() = default;
@@ -64,8 +67,8 @@ const BatchSampler& TensorParallelTrainer::sampler() const { return serial_->sam
 StepRecord TensorParallelTrainer::step() {
   const StepMeter meter;
   StepRecord record;
-  record.step = steps_done_ + 1;
-  Batch batch = serial_->sampler().batch(steps_done_, config_.model.device);
+  record.step = serial_->steps_done() + 1;
+  Batch batch = serial_->sampler().batch(serial_->steps_done(), config_.model.device);
   model_->zero_grad();
   const double loss = model_->forward(batch.inputs, batch.targets);
   DTP_CHECK(std::isfinite(loss), "train: the loss is ", loss, " at step ", record.step,
@@ -78,17 +81,17 @@ StepRecord TensorParallelTrainer::step() {
     const double factor = config_.grad_clip / (record.grad_norm + 1e-6);
     for (Unit* unit : model_->units()) ops::scale(unit->grads(), factor);
   }
-  record.lr = config_.schedule().at(steps_done_);
+  record.lr = config_.schedule().at(serial_->steps_done());
   {
     trace::Scope span("optimizer step", "compute");
-    optimizer_->step(record.lr);
+    serial_->optimizer().step(record.lr);
   }
   // Every TP rank computed the same loss for its DP slice: the mean over DP.
   Tensor mean_loss = Tensor::from_values({loss});
   if (mesh_.dp.size() > 1) mesh_.dp.all_reduce(mean_loss, ReduceOp::avg);
   record.loss = mean_loss.item(0);
   meter.finish(record, batch.inputs.numel());
-  ++steps_done_;
+  serial_->count_step();
   return record;
 }
 
@@ -96,12 +99,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<RunSetting> tp_settings(const TrainConfig& config, const TensorParallelRunOptions& options) {
-  std::vector<RunSetting> settings = run_settings(config);
-  settings.push_back({"--tp", std::to_string(options.tp)});
-  settings.push_back({"--dp", std::to_string(options.dp)});
-  settings.push_back({"--sequence-parallel", options.sequence_parallel ? "on" : "off"});
-  return settings;
+// The strategy's own settings: what every rank must share beside the
+// trainer's, and what a resumed run must share with the saved one.
+std::vector<RunSetting> tp_own_settings(const TensorParallelRunOptions& options) {
+  return {{"--tp", std::to_string(options.tp)},
+          {"--dp", std::to_string(options.dp)},
+          {"--sequence-parallel", options.sequence_parallel ? "on" : "off"}};
 }
 
 TrainResult run_tp(const TrainConfig& config, const TensorParallelRunOptions& options, const StepCallback& on_step) {
@@ -114,10 +117,12 @@ TrainResult run_tp(const TrainConfig& config, const TensorParallelRunOptions& op
       // Every rank builds the same serial model first: check that they agree
       // on it and on the settings before anything is sliced.
       Trainer probe(config);
-      check_ranks_agree(world, tp_settings(config, options), probe.model());
+      check_ranks_agree(world, run_settings(config, tp_own_settings(options)), probe.model());
     }
     Mesh mesh = make_mesh(world, options.tp);
     TensorParallelTrainer trainer(config, mesh, TensorParallelOptions{options.sequence_parallel});
+    if (!config.resume_path.empty()) trainer.resume(config.resume_path, tp_own_settings(options));
+    const std::int64_t last = last_step(trainer.trainer());
     if (world.rank() == 0) {
       result.parameters = trainer.config().model.parameter_count();
       result.data_name = trainer.sampler().data().name();
@@ -127,7 +132,7 @@ TrainResult run_tp(const TrainConfig& config, const TensorParallelRunOptions& op
     // A TP group shares its slice of the batch: one rank of it counts its tokens,
     // and the step already averaged the loss over the DP groups.
     const GroupStepRule rule{[&](int rank) { return rank % options.tp == 0; }, false};
-    for (std::int64_t s = 0; s < config.steps; ++s) {
+    while (trainer.trainer().steps_done() < last) {
       const std::int64_t before = mesh.tp.stats().collective_bytes + mesh.dp.stats().collective_bytes;
       StepRecord record = trainer.step();
       const std::int64_t moved = mesh.tp.stats().collective_bytes + mesh.dp.stats().collective_bytes - before;
@@ -147,6 +152,7 @@ TrainResult run_tp(const TrainConfig& config, const TensorParallelRunOptions& op
       if (on_step) on_step(record);
       if (options.on_ranks) options.on_ranks(record.step, ranks);
     }
+    if (!config.save_path.empty()) trainer.save(config.save_path, tp_own_settings(options));  // collective
   });
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;

@@ -24,30 +24,12 @@ int owner_stage(const std::vector<UnitRange>& partition, int pp, int unit) {
   return -1;
 }
 
-// The kinds of state the optimizer keeps per buffer ("m" and "v" for AdamW,
-// "momentum" for SGD with momentum, none without), read off its first buffer.
-std::vector<std::string> state_kinds(const Optimizer& optimizer) {
-  const std::string first = optimizer.buffers().at(0).name + ".";
-  std::vector<std::string> kinds;
-  for (const NamedTensor& s : optimizer.state())
-    if (s.name.rfind(first, 0) == 0) kinds.push_back(s.name.substr(first.size()));
-  return kinds;
-}
-
-// The optimizer state tensor @p name of this rank's optimizer.
-Tensor state_tensor(const std::vector<NamedTensor>& state, const std::string& name) {
-  for (const NamedTensor& s : state)
-    if (s.name == name) return s.tensor;
-  DTP_CHECK(false, "pp checkpoint: the optimizer has no state '", name, "'");
-  return Tensor();
-}
-
 }  // namespace
 
 void PipelineTrainer::save(const std::string& path, const std::vector<RunSetting>& strategy) {
   GPT& model = serial_->model();
-  const std::vector<NamedTensor> state = serial_->optimizer().state();
-  const std::vector<std::string> kinds = state_kinds(serial_->optimizer());
+  const Optimizer& optimizer_state = serial_->optimizer();
+  const std::vector<std::string> kinds = state_kinds(optimizer_state);
   const bool fsdp = !fsdp_.empty();
   // This rank's FSDP shard of one of its units.
   auto fsdp_shard = [&](const Unit& unit) {
@@ -70,7 +52,7 @@ void PipelineTrainer::save(const std::string& path, const std::vector<RunSetting
     std::vector<Tensor> held;
     if (mine) {
       held.push_back(fsdp ? fsdp_shard(*unit) : unit->params());
-      for (const std::string& kind : kinds) held.push_back(state_tensor(state, buffer + "." + kind));
+      for (const std::string& kind : kinds) held.push_back(state_tensor(optimizer_state, buffer, kind));
     }
     auto new_whole = [&] {
       return Tensor::empty(Shape{unit->numel()}, model.config().dtype, model.config().device, MemoryCategory::other);
@@ -107,8 +89,8 @@ void PipelineTrainer::save(const std::string& path, const std::vector<RunSetting
 void PipelineTrainer::resume(const std::string& path, const std::vector<RunSetting>& strategy) {
   const Checkpoint checkpoint = serial_->resume_gathered(path, strategy);
   GPT& model = serial_->model();
-  const std::vector<NamedTensor> state = serial_->optimizer().state();
-  const std::vector<std::string> kinds = state_kinds(serial_->optimizer());
+  const Optimizer& optimizer_state = serial_->optimizer();
+  const std::vector<std::string> kinds = state_kinds(optimizer_state);
   const bool fsdp = !fsdp_.empty();
   auto saved = [&](const std::string& name, std::int64_t numel) {
     DTP_CHECK(checkpoint.has(name), "--resume ", path, ": the checkpoint has no ", name);
@@ -135,7 +117,7 @@ void PipelineTrainer::resume(const std::string& path, const std::vector<RunSetti
       }
       const std::string buffer = unit.name() + (fsdp ? " shard" : "");
       for (const std::string& kind : kinds) {
-        Tensor mine = state_tensor(state, buffer + "." + kind);
+        Tensor mine = state_tensor(optimizer_state, buffer, kind);
         mine.copy_from(saved(optimizer_entry(unit.name() + "." + kind), unit.numel()).slice(range.offset,
                                                                                           range.length));
       }

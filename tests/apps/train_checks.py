@@ -220,6 +220,7 @@ def check_outputs(args):
     check_slices(args.reference, ["--strategy", "ddp", "--world", "2", "--accumulate", "2"])
     check_slices(args.reference, ["--precision", "fp16", "--world", "2"])
     check_slices(args.reference, ["--strategy", "zero", "--stage", "3", "--world", "2"])
+    check_slices(args.reference, ["--strategy", "tp", "--tp", "2", "--dp", "2", "--sequence-parallel"])
     check_slices(args.reference, ["--strategy", "pp", "--pp", "2", "--dp", "2", "--fsdp", "--microbatches", "2"])
     check_slices(args.reference, ["--strategy", "sp", "--sp", "2", "--sp-kind", "zigzag"])
     check_slices(args.reference, ["--strategy", "ep", "--world", "2", "--moe-experts", "4", "--top-k", "2"])
@@ -352,6 +353,7 @@ def check_mpi_outputs(args):
     check_slices(args.reference, ["--strategy", "ep", "--moe-experts", "4"], mpiexec(args) + ["-n", "2"], mpi_env())
     check_slices(args.reference, ["--strategy", "pp", "--pp", "2", "--microbatches", "2"], mpiexec(args) + ["-n", "2"],
                  mpi_env())
+    check_slices(args.reference, ["--strategy", "tp", "--tp", "2"], mpiexec(args) + ["-n", "2"], mpi_env())
     # The zero driver under mpiexec: one header, one line per rank, printed once.
     check_zero_lines(args.reference, mpiexec(args) + ["-n", "2"], "zero under mpiexec -n 2", mpi_env(), "mpi")
 

@@ -11,6 +11,7 @@
 
 #include "04_tensor_parallel/tensor_parallel.h"
 #include "dtp/dtp.h"
+#include "support/checkpoints.h"
 #include "support/training.h"
 
 namespace dtp::ch04 {
@@ -72,6 +73,71 @@ TEST(TensorParallelDriver, TrainReportsTheSingleDeviceLossAndEveryRanksBytes) {
     EXPECT_GT(rank.params_bytes, 0) << "rank " << rank.rank;
     EXPECT_GT(rank.activation_peak, 0) << "rank " << rank.rank;
     EXPECT_GT(rank.bytes_moved, 0) << "rank " << rank.rank;
+  }
+}
+
+// --- checkpoints: --save, --resume, --stop-after under tp -------------------------------
+
+TrainConfig tp_run(std::int64_t steps) {
+  TrainConfig config = tiny_config(8, steps);
+  config.strategy = "tp";
+  config.optimizer = "adamw";  // state to carry over, sliced: m, v and the step count
+  config.warmup = 2;
+  return config;
+}
+
+const TensorParallelRunOptions kTpVariants[] = {
+    {.tp = 2, .dp = 1, .sequence_parallel = false},
+    {.tp = 2, .dp = 2, .sequence_parallel = true},
+};
+
+std::string flags(const TensorParallelRunOptions& o) {
+  return "--tp " + std::to_string(o.tp) + " --dp " + std::to_string(o.dp) +
+         (o.sequence_parallel ? " --sequence-parallel" : "");
+}
+
+// Each rank holds rows or columns of most weights: world rank 0 puts them
+// back together, and on --resume each rank cuts its own out again.
+TEST(TensorParallelDriverCheckpoints, ThreeStepsThenResumingEqualsEightStepsBitForBit) {
+  testing::TempFolder folder;
+  for (const TensorParallelRunOptions& o : kTpVariants) {
+    register_tensor_parallel_strategy(o);
+    testing::expect_slices_equal_straight_run(tp_run(8), 3, folder, flags(o));
+  }
+}
+
+// The file is a single-device run's: every parameter whole (rows
+// concatenated, columns interleaved back), the optimizer state in the serial
+// units' layout, with the values the single-device run trains (to rounding).
+TEST(TensorParallelDriverCheckpoints, AConsolidatedCheckpointHasTheSingleDeviceLayoutAndValues) {
+  testing::TempFolder folder;
+  TrainConfig single = tp_run(2);
+  single.strategy = "single";
+  single.save_path = folder.file("single.ckpt");
+  train(single);
+  const Checkpoint expected = read_checkpoint(single.save_path);
+  for (const TensorParallelRunOptions& o : kTpVariants) {
+    TrainConfig config = tp_run(2);
+    config.save_path = folder.file("tp.ckpt");
+    register_tensor_parallel_strategy(o);
+    train(config);
+    const Checkpoint got = read_checkpoint(config.save_path);
+    ASSERT_EQ(got.tensors.size(), expected.tensors.size()) << flags(o) << ": tensors in the checkpoint";
+    for (std::size_t i = 0; i < got.tensors.size(); ++i) {
+      const NamedTensor& e = expected.tensors[i];
+      const NamedTensor& g = got.tensors[i];
+      ASSERT_EQ(g.name, e.name) << flags(o) << ": tensor " << i;
+      ASSERT_EQ(g.tensor.shape(), e.tensor.shape()) << flags(o) << ": " << e.name << "'s shape";
+      const std::vector<double> want = e.tensor.to_vector();
+      const std::vector<double> have = g.tensor.to_vector();
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        if (dtp::testing::close_enough(want[k], have[k])) continue;
+        ADD_FAILURE() << flags(o) << ": " << e.name << " element " << k << ": the single-device run has " << want[k]
+                      << ", the gathered checkpoint " << have[k]
+                      << " (a slice put back in the wrong rows or columns?)";
+        break;
+      }
+    }
   }
 }
 

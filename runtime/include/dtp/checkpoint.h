@@ -28,8 +28,10 @@
 /// - `optimizer/<buffer>.<state>` (AdamW's m and v, SGD's momentum) and
 ///   `optimizer/steps`, the optimizer's own update count.
 ///
-/// A ZeRO run (chapter 03) writes the same layout: its rank 0 gathers every
-/// rank's shards into the full tensors (Trainer::save_gathered).
+/// The strategies whose ranks hold shards or slices (zero, tp, pp, ep) write
+/// the same layout: their rank 0 gathers every rank's part into the full
+/// tensors (Trainer::save_gathered), so --load reads any run's file under
+/// any strategy.
 ///
 /// Its "config" also holds the strategy's own settings (`strategy_settings`:
 /// --world, the ddp flags, the LoRA rank, ...), which a resumed run must share.

@@ -72,6 +72,15 @@ class Optimizer {
   std::int64_t steps_ = 0;            ///< updates applied so far
 };
 
+/// The kinds of state @p optimizer keeps per buffer, as Optimizer::state()
+/// suffixes them: {"m", "v"} for AdamW, {"momentum"} for SGD with momentum,
+/// none for plain SGD. What a strategy that moves state between ranks
+/// (a consolidated checkpoint) walks.
+std::vector<std::string> state_kinds(const Optimizer& optimizer);
+/// @p optimizer's state tensor "<buffer>.<kind>"; throws dtp::Error naming
+/// it when there is none.
+Tensor state_tensor(const Optimizer& optimizer, const std::string& buffer, const std::string& kind);
+
 /// Settings of SGD.
 struct SGDConfig {
   double momentum = 0.9;      ///< 0 disables momentum (and its state)

@@ -183,7 +183,7 @@ struct RunSetting {
 };
 
 /// The strategies that save and continue a run (--save, --resume,
-/// --stop-after, --load): single, ddp, zero, pp, sp, ep, mixed and lora.
+/// --stop-after, --load): every strategy DTP has.
 const std::vector<std::string>& resumable_strategies();
 
 /// The model, optimizer and sampler of one (data-parallel) rank.
@@ -236,7 +236,8 @@ class Trainer {
   /// differs from the saved run's (all must match but steps and the output
   /// paths; @p strategy's too), or a tensor the file lacks.
   void resume(const std::string& path, const std::vector<RunSetting>& strategy = {});
-  /// save() for a strategy whose ranks hold shards (ZeRO): writes
+  /// save() for a strategy whose ranks hold shards or slices (zero, tp, pp,
+  /// ep): writes
   /// @p tensors, the run's full parameters and optimizer state gathered from
   /// every rank under the names save() gives them (parameter_entry,
   /// optimizer_entry), with what save() adds to them: the optimizer's update

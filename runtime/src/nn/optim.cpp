@@ -80,6 +80,23 @@ void SGD::step(double lr) {
                     config_.weight_decay, config_.nesterov);
 }
 
+std::vector<std::string> state_kinds(const Optimizer& optimizer) {
+  DTP_CHECK(!optimizer.buffers().empty(), "state_kinds: the optimizer has no buffers");
+  const std::string first = optimizer.buffers().front().name + ".";
+  std::vector<std::string> kinds;
+  for (const NamedTensor& s : optimizer.state())
+    if (s.name.rfind(first, 0) == 0) kinds.push_back(s.name.substr(first.size()));
+  return kinds;
+}
+
+Tensor state_tensor(const Optimizer& optimizer, const std::string& buffer, const std::string& kind) {
+  const std::string name = buffer + "." + kind;
+  for (const NamedTensor& s : optimizer.state())
+    if (s.name == name) return s.tensor;
+  DTP_CHECK(false, "state_tensor: the ", optimizer.name(), " optimizer has no state '", name, "'");
+  return Tensor();
+}
+
 std::vector<NamedTensor> SGD::state() const {
   std::vector<NamedTensor> named;
   for (std::size_t i = 0; i < buffers_.size(); ++i)

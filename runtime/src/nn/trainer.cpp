@@ -80,9 +80,9 @@ std::map<std::string, StrategyFn>& registry() {
 const std::vector<std::string>& resumable_strategies() {
   // Strategies whose replicas hold everything they train and its optimizer
   // state, so one rank's Trainer::save is the run's checkpoint (sequence
-  // parallelism's too); and ZeRO, pipeline and expert parallelism, whose
-  // rank 0 gathers the shards into the same layout.
-  static const std::vector<std::string> names = {"single", "ddp", "zero", "pp", "sp", "ep", "mixed", "lora"};
+  // parallelism's too); and ZeRO, tensor, pipeline and expert parallelism,
+  // whose rank 0 gathers the shards into the same layout. Every strategy.
+  static const std::vector<std::string> names = {"single", "ddp", "zero", "tp", "pp", "sp", "ep", "mixed", "lora"};
   return names;
 }
 
@@ -103,8 +103,8 @@ void TrainConfig::validate() const {
   const std::vector<std::string>& resumable = resumable_strategies();
   const bool checkpoints = !resume_path.empty() || stop_after != 0 || !save_path.empty() || !load_path.empty();
   DTP_CHECK(!checkpoints || std::find(resumable.begin(), resumable.end(), strategy) != resumable.end(),
-            "train: --save, --resume, --stop-after and --load work with --strategy single, ddp, zero, pp, sp and "
-            "ep, mixed precision and LoRA so far, not ", strategy);
+            "train: --save, --resume, --stop-after and --load work with --strategy single, ddp, zero, tp, pp, sp "
+            "and ep, mixed precision and LoRA, not ", strategy);
   DTP_CHECK(resume_path.empty() || load_path.empty() || strategy == "lora", "train: --resume continues a run (its "
             "parameters and optimizer state) and --load starts a new one from saved parameters; give one, not both "
             "(only under LoRA do they go together: --load the base, --resume the adapters)");
