@@ -186,31 +186,11 @@ TEST(PipelineDriverCheckpoints, AConsolidatedCheckpointHasTheSingleDeviceLayoutA
   testing::TempFolder folder;
   TrainConfig single = pp_run(2);
   single.strategy = "single";
-  single.save_path = folder.file("single.ckpt");
-  train(single);
-  const Checkpoint expected = read_checkpoint(single.save_path);
+  const Checkpoint expected = testing::saved_checkpoint(single, folder);
   for (const PpVariant& v : kPpVariants) {
-    TrainConfig config = pp_run(2);
-    config.save_path = folder.file("pp.ckpt");
     register_variant(v);
-    train(config);
-    const Checkpoint got = read_checkpoint(config.save_path);
-    ASSERT_EQ(got.tensors.size(), expected.tensors.size()) << v.flags << ": tensors in the checkpoint";
-    for (std::size_t i = 0; i < got.tensors.size(); ++i) {
-      const NamedTensor& e = expected.tensors[i];
-      const NamedTensor& g = got.tensors[i];
-      ASSERT_EQ(g.name, e.name) << v.flags << ": tensor " << i;
-      ASSERT_EQ(g.tensor.shape(), e.tensor.shape()) << v.flags << ": " << e.name << "'s shape";
-      const std::vector<double> want = e.tensor.to_vector();
-      const std::vector<double> have = g.tensor.to_vector();
-      for (std::size_t k = 0; k < want.size(); ++k) {
-        if (dtp::testing::close_enough(want[k], have[k])) continue;
-        ADD_FAILURE() << v.flags << ": " << e.name << " element " << k << ": the single-device run has " << want[k]
-                      << ", the gathered checkpoint " << have[k]
-                      << " (another stage's unit, or a shard at the wrong offset?)";
-        break;
-      }
-    }
+    testing::expect_single_device_layout(expected, testing::saved_checkpoint(pp_run(2), folder), v.flags,
+                                         "another stage's unit, or a shard at the wrong offset?");
   }
 }
 

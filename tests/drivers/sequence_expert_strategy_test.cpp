@@ -166,30 +166,12 @@ TEST(ExpertParallelDriverCheckpoints, AConsolidatedCheckpointHasTheSingleDeviceL
   testing::TempFolder folder;
   TrainConfig single = moe_run(2);
   single.model.moe_groups = 2;
-  single.save_path = folder.file("single.ckpt");
-  train_single(single);
   TrainConfig config = moe_run(2);
   config.strategy = "ep";
-  config.save_path = folder.file("ep.ckpt");
   register_expert_parallel_strategy({.world = 2});
-  train(config);
-  const Checkpoint expected = read_checkpoint(single.save_path);
-  const Checkpoint got = read_checkpoint(config.save_path);
-  ASSERT_EQ(got.tensors.size(), expected.tensors.size()) << "tensors in the checkpoint";
-  for (std::size_t i = 0; i < got.tensors.size(); ++i) {
-    const NamedTensor& e = expected.tensors[i];
-    const NamedTensor& g = got.tensors[i];
-    ASSERT_EQ(g.name, e.name) << "tensor " << i;
-    ASSERT_EQ(g.tensor.shape(), e.tensor.shape()) << e.name << "'s shape";
-    const std::vector<double> want = e.tensor.to_vector();
-    const std::vector<double> have = g.tensor.to_vector();
-    for (std::size_t k = 0; k < want.size(); ++k) {
-      if (dtp::testing::close_enough(want[k], have[k])) continue;
-      ADD_FAILURE() << e.name << " element " << k << ": the single-device run has " << want[k]
-                    << ", the gathered checkpoint " << have[k] << " (another rank's expert, or the wrong region?)";
-      break;
-    }
-  }
+  testing::expect_single_device_layout(testing::saved_checkpoint(single, folder),
+                                       testing::saved_checkpoint(config, folder), "ep --world 2",
+                                       "another rank's expert, or the wrong region?");
 }
 
 }  // namespace

@@ -113,31 +113,11 @@ TEST(TensorParallelDriverCheckpoints, AConsolidatedCheckpointHasTheSingleDeviceL
   testing::TempFolder folder;
   TrainConfig single = tp_run(2);
   single.strategy = "single";
-  single.save_path = folder.file("single.ckpt");
-  train(single);
-  const Checkpoint expected = read_checkpoint(single.save_path);
+  const Checkpoint expected = testing::saved_checkpoint(single, folder);
   for (const TensorParallelRunOptions& o : kTpVariants) {
-    TrainConfig config = tp_run(2);
-    config.save_path = folder.file("tp.ckpt");
     register_tensor_parallel_strategy(o);
-    train(config);
-    const Checkpoint got = read_checkpoint(config.save_path);
-    ASSERT_EQ(got.tensors.size(), expected.tensors.size()) << flags(o) << ": tensors in the checkpoint";
-    for (std::size_t i = 0; i < got.tensors.size(); ++i) {
-      const NamedTensor& e = expected.tensors[i];
-      const NamedTensor& g = got.tensors[i];
-      ASSERT_EQ(g.name, e.name) << flags(o) << ": tensor " << i;
-      ASSERT_EQ(g.tensor.shape(), e.tensor.shape()) << flags(o) << ": " << e.name << "'s shape";
-      const std::vector<double> want = e.tensor.to_vector();
-      const std::vector<double> have = g.tensor.to_vector();
-      for (std::size_t k = 0; k < want.size(); ++k) {
-        if (dtp::testing::close_enough(want[k], have[k])) continue;
-        ADD_FAILURE() << flags(o) << ": " << e.name << " element " << k << ": the single-device run has " << want[k]
-                      << ", the gathered checkpoint " << have[k]
-                      << " (a slice put back in the wrong rows or columns?)";
-        break;
-      }
-    }
+    testing::expect_single_device_layout(expected, testing::saved_checkpoint(tp_run(2), folder), flags(o),
+                                         "a slice put back in the wrong rows or columns?");
   }
 }
 

@@ -275,34 +275,14 @@ TEST(ZeroDriverCheckpoints, AConsolidatedCheckpointHasTheSingleDeviceLayoutAndVa
   testing::TempFolder folder;
   TrainConfig single = adamw_run(2);
   single.strategy = "single";
-  single.save_path = folder.file("single.ckpt");
-  train(single);
-  const Checkpoint expected = read_checkpoint(single.save_path);
+  const Checkpoint expected = testing::saved_checkpoint(single, folder);
   for (const Variant& v : kVariants) {
     const std::string where = describe(v, 3);
-    TrainConfig config = adamw_run(2);
-    config.save_path = folder.file("zero.ckpt");
     register_zero_strategy(zero_options(3, v.stage, v.prefetch, v.offload));
-    train(config);
-    const Checkpoint got = read_checkpoint(config.save_path);
+    const Checkpoint got = testing::saved_checkpoint(adamw_run(2), folder);
     EXPECT_EQ(got.step, 2) << where;
-    ASSERT_EQ(got.tensors.size(), expected.tensors.size()) << where << ": tensors in the checkpoint";
-    for (std::size_t i = 0; i < got.tensors.size(); ++i) {
-      const NamedTensor& e = expected.tensors[i];
-      const NamedTensor& g = got.tensors[i];
-      ASSERT_EQ(g.name, e.name) << where << ": tensor " << i;
-      ASSERT_EQ(g.tensor.shape(), e.tensor.shape()) << where << ": " << e.name << "'s shape";
-      ASSERT_EQ(g.tensor.dtype(), e.tensor.dtype()) << where << ": " << e.name << "'s dtype";
-      const std::vector<double> want = e.tensor.to_vector();
-      const std::vector<double> have = g.tensor.to_vector();
-      for (std::size_t k = 0; k < want.size(); ++k) {
-        if (dtp::testing::close_enough(want[k], have[k])) continue;
-        ADD_FAILURE() << where << ": " << e.name << " element " << k << ": the single-device run has " << want[k]
-                      << ", the gathered checkpoint " << have[k]
-                      << " (a shard gathered to the wrong offset, or another rank's shard?)";
-        break;
-      }
-    }
+    testing::expect_single_device_layout(expected, got, where,
+                                         "a shard gathered to the wrong offset, or another rank's shard?");
   }
 }
 

@@ -12,6 +12,7 @@
 #include "dtp/checkpoint.h"
 #include "dtp/trainer.h"
 #include "support/harness.h"
+#include "support/training.h"
 
 namespace dtp::testing {
 
@@ -27,6 +28,39 @@ inline void expect_same_checkpoint_tensors(const Checkpoint& expected, const Che
     ASSERT_EQ(g.tensor.nbytes(), e.tensor.nbytes()) << where << ": " << e.name;
     EXPECT_EQ(std::memcmp(g.tensor.raw(), e.tensor.raw(), e.tensor.nbytes()), 0)
         << where << ": " << e.name << " differs from the run that was never stopped";
+  }
+}
+
+/// Trains @p config (its strategy registered by the caller), saving into
+/// @p folder, and returns the checkpoint it wrote.
+inline Checkpoint saved_checkpoint(TrainConfig config, const TempFolder& folder) {
+  config.save_path = folder.file(config.strategy + ".ckpt");
+  train(config);
+  return read_checkpoint(config.save_path);
+}
+
+/// Expects checkpoint @p got, which rank 0 gathered from ranks that held
+/// shards or slices, to be the file @p expected (a single-device run of the
+/// same model) is: the same names in the same order, the same shapes, and
+/// values equal to rounding (close_enough: the ranks summed their gradients
+/// in another order). @p hint says what a wrong value would mean.
+inline void expect_single_device_layout(const Checkpoint& expected, const Checkpoint& got, const std::string& where,
+                                        const std::string& hint) {
+  ASSERT_EQ(got.tensors.size(), expected.tensors.size()) << where << ": tensors in the checkpoint";
+  for (std::size_t i = 0; i < got.tensors.size(); ++i) {
+    const NamedTensor& e = expected.tensors[i];
+    const NamedTensor& g = got.tensors[i];
+    ASSERT_EQ(g.name, e.name) << where << ": tensor " << i;
+    ASSERT_EQ(g.tensor.shape(), e.tensor.shape()) << where << ": " << e.name << "'s shape";
+    ASSERT_EQ(g.tensor.dtype(), e.tensor.dtype()) << where << ": " << e.name << "'s dtype";
+    const std::vector<double> want = e.tensor.to_vector();
+    const std::vector<double> have = g.tensor.to_vector();
+    for (std::size_t k = 0; k < want.size(); ++k) {
+      if (close_enough(want[k], have[k])) continue;
+      ADD_FAILURE() << where << ": " << e.name << " element " << k << ": the single-device run has " << want[k]
+                    << ", the gathered checkpoint " << have[k] << " (" << hint << ")";
+      break;
+    }
   }
 }
 
