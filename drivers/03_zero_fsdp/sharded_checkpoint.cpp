@@ -20,25 +20,9 @@ Tensor gather_full(Comm& comm, const Tensor& shard, std::int64_t numel) {
   return full;
 }
 
-// A shard optimizer's state names its buffer "<unit> shard"; the checkpoint
-// names it as a single-device run does, "<unit>".
-std::string unsharded_name(const std::string& state, const std::string& buffer, const std::string& unit) {
-  DTP_CHECK(state.rfind(buffer + ".", 0) == 0, "ShardedOptimizer: state '", state, "' is not of buffer '", buffer,
-            "'");
-  return unit + state.substr(buffer.size());
-}
-
-// Which buffer (unit) each of the shard optimizer's state tensors belongs to.
-template <typename Fn>
-void for_each_state(Optimizer& shard_optimizer, const std::vector<Unit*>& units, Fn&& fn) {
-  const std::vector<ParamBuffer>& buffers = shard_optimizer.buffers();
-  for (NamedTensor& state : shard_optimizer.state()) {
-    std::size_t u = 0;
-    while (u < buffers.size() && state.name.rfind(buffers[u].name + ".", 0) != 0) ++u;
-    DTP_CHECK(u < buffers.size(), "ShardedOptimizer: state '", state.name, "' belongs to no buffer");
-    fn(*units[u], unsharded_name(state.name, buffers[u].name, units[u]->name()), state.tensor);
-  }
-}
+// The shard optimizer names each buffer "<unit> shard" (shard_buffers);
+// the checkpoint names the state as a single-device run does, "<unit>.m".
+std::string shard_buffer(const Unit& unit) { return unit.name() + " shard"; }
 
 // The checkpoint's tensor @p name, which must hold @p numel elements of @p dtype.
 const Tensor& saved_tensor(const Checkpoint& checkpoint, const std::string& name, std::int64_t numel, DType dtype,
@@ -62,10 +46,11 @@ std::vector<NamedTensor> ShardedOptimizer::gather_checkpoint() {
     for (const ParamView& p : unit->parameters())
       tensors.push_back({parameter_entry(unit->name(), p.name), full.slice(p.offset, p.shape.numel()).view(p.shape)});
   }
-  for_each_state(*optimizer_, units, [&](Unit& unit, const std::string& name, const Tensor& shard) {
-    const Tensor full = gather_full(comm_, shard, unit.numel());
-    if (comm_.rank() == 0) tensors.push_back({optimizer_entry(name), full});
-  });
+  for (Unit* unit : units)
+    for (const std::string& kind : state_kinds(*optimizer_)) {
+      const Tensor full = gather_full(comm_, state_tensor(*optimizer_, shard_buffer(*unit), kind), unit->numel());
+      if (comm_.rank() == 0) tensors.push_back({optimizer_entry(unit->name() + "." + kind), full});
+    }
   return tensors;
 }
 
@@ -77,17 +62,21 @@ void ShardedOptimizer::restore_shards(const Checkpoint& checkpoint, const std::s
                                 MemoryCategory::other);
     for (const ParamView& p : unit->parameters()) {
       const std::string name = parameter_entry(unit->name(), p.name);
-      full.slice(p.offset, p.shape.numel()).copy_from(saved_tensor(checkpoint, name, p.shape.numel(), full.dtype(), path).flatten());
+      const Tensor& saved = saved_tensor(checkpoint, name, p.shape.numel(), full.dtype(), path);
+      full.slice(p.offset, p.shape.numel()).copy_from(saved.flatten());
     }
     if (unit->params().defined()) unit->params().copy_from(full);  // ZeRO-1, ZeRO-2: full on every rank
     const ChunkRange range = shard(unit->index());
     parameter_shard(unit->index()).copy_from(full.slice(range.offset, range.length));
   }
-  for_each_state(*optimizer_, units, [&](Unit& unit, const std::string& name, Tensor& shard) {
-    const ChunkRange range = this->shard(unit.index());
-    const Tensor& saved = saved_tensor(checkpoint, optimizer_entry(name), unit.numel(), shard.dtype(), path);
-    shard.copy_from(saved.flatten().slice(range.offset, range.length));
-  });
+  for (Unit* unit : units)
+    for (const std::string& kind : state_kinds(*optimizer_)) {
+      Tensor mine = state_tensor(*optimizer_, shard_buffer(*unit), kind);
+      const ChunkRange range = shard(unit->index());
+      const std::string name = optimizer_entry(unit->name() + "." + kind);
+      const Tensor& saved = saved_tensor(checkpoint, name, unit->numel(), mine.dtype(), path);
+      mine.copy_from(saved.flatten().slice(range.offset, range.length));
+    }
   optimizer_->set_steps(steps_);
 }
 

@@ -1,8 +1,9 @@
 // Provided code, not a puzzle (see drivers/README.md): how a tensor-parallel
-// rank gets its slices, and how the slices become whole again (checkpoints). Every TP unit is built from the serial GPT's unit of
-// the same name, copying out this rank's rows or columns, so the TP model
-// starts from exactly the serial model's weights and the checkers can compare
-// the two. The forward and backward bodies are the puzzles.
+// rank gets its slices, and how the slices become whole again (checkpoints).
+// Every TP unit is built from the serial GPT's unit of the same name,
+// copying out this rank's rows or columns, so the TP model starts from
+// exactly the serial model's weights and the checkers can compare the two.
+// The forward and backward bodies are the puzzles.
 #include <cmath>
 #include <string>
 

@@ -65,9 +65,10 @@ void TensorParallelTrainer::resume(const std::string& path, const std::vector<Ru
     const auto& sliced = units[u]->parameters();
     const auto& whole = serial[u]->parameters();
     const std::string unit = units[u]->name();
-    for (std::size_t i = 0; i < sliced.size(); ++i)
-      copy_tensor_parallel_slice(sliced[i].name, saved(parameter_entry(unit, sliced[i].name), whole[i].shape).view(whole[i].shape),
-                                 sliced[i].value, mesh_.tp.size(), mesh_.tp.rank());
+    for (std::size_t i = 0; i < sliced.size(); ++i) {
+      const Tensor full = saved(parameter_entry(unit, sliced[i].name), whole[i].shape).view(whole[i].shape);
+      copy_tensor_parallel_slice(sliced[i].name, full, sliced[i].value, mesh_.tp.size(), mesh_.tp.rank());
+    }
     for (const std::string& kind : kinds) {
       const Tensor consolidated = saved(optimizer_entry(unit + "." + kind), Shape{serial[u]->numel()}).flatten();
       const Tensor mine = state_tensor(optimizer, unit, kind);

@@ -38,24 +38,6 @@ std::string renumbered(const std::string& name, int shift) {
   return name.substr(0, digits) + std::to_string(expert + shift) + name.substr(end);
 }
 
-// An optimizer state tensor's name, "<buffer>.<kind>" (kind m, v or
-// momentum), taken apart: the buffer is "<unit>" (its replicated part) or
-// "<unit> experts" (a block's experts on this rank).
-struct StateName {
-  std::string unit, kind;
-  bool experts = false;
-  std::string saved() const { return optimizer_entry(unit + "." + kind); }  // the single-device name
-};
-StateName split_state(const std::string& name) {
-  const std::size_t dot = name.rfind('.');
-  DTP_CHECK(dot != std::string::npos, "ep checkpoint: optimizer state '", name, "' is not <buffer>.<kind>");
-  std::string buffer = name.substr(0, dot);
-  const bool experts = buffer.size() > kExperts.size() &&
-                       buffer.compare(buffer.size() - kExperts.size(), kExperts.size(), kExperts) == 0;
-  if (experts) buffer.resize(buffer.size() - kExperts.size());
-  return {buffer, name.substr(dot + 1), experts};
-}
-
 }  // namespace
 
 std::vector<NamedTensor> ExpertParallelTrainer::gather_checkpoint() {
@@ -66,7 +48,8 @@ std::vector<NamedTensor> ExpertParallelTrainer::gather_checkpoint() {
   for (Unit* unit : model.units()) {
     if (dynamic_cast<Block*>(unit) == nullptr) {
       if (root)
-        for (const ParamView& p : unit->parameters()) tensors.push_back({parameter_entry(unit->name(), p.name), p.value});
+        for (const ParamView& p : unit->parameters())
+          tensors.push_back({parameter_entry(unit->name(), p.name), p.value});
       continue;
     }
     const Tensor& owned = owned_[block++].params;
@@ -81,26 +64,27 @@ std::vector<NamedTensor> ExpertParallelTrainer::gather_checkpoint() {
           tensors.push_back({parameter_entry(unit->name(), renumbered(p.name, r * local_)),
                              all.slice(r * owned.numel() + p.offset - start, p.shape.numel()).view(p.shape)});
   }
-  // Optimizer state: a block's replicated part and its experts make one
-  // tensor of the single-device layout, the experts gathered in rank order.
-  const std::vector<NamedTensor> state = trainer_->optimizer().state();
-  for (const NamedTensor& s : state) {
-    const StateName name = split_state(s.name);
-    if (name.experts) continue;  // joined to its block's replicated part below
-    const NamedTensor* experts = nullptr;
-    for (const NamedTensor& e : state)
-      if (e.name == name.unit + kExperts + "." + name.kind) experts = &e;
-    if (experts == nullptr) {
-      if (root) tensors.push_back({name.saved(), s.tensor});
-      continue;
+  // Optimizer state: a block's replicated part ("<unit>") and its experts
+  // ("<unit> experts") make one tensor of the single-device layout, the
+  // experts gathered in rank order.
+  const Optimizer& optimizer = trainer_->optimizer();
+  for (Unit* unit : model.units()) {
+    const bool block = dynamic_cast<Block*>(unit) != nullptr;
+    for (const std::string& kind : state_kinds(optimizer)) {
+      const std::string name = optimizer_entry(unit->name() + "." + kind);
+      const Tensor replicated = state_tensor(optimizer, unit->name(), kind);
+      if (!block) {
+        if (root) tensors.push_back({name, replicated});
+        continue;
+      }
+      const Tensor all = gather_regions(ep_, state_tensor(optimizer, unit->name() + kExperts, kind));
+      if (!root) continue;
+      Tensor full = Tensor::empty(Shape{replicated.numel() + all.numel()}, replicated.dtype(), replicated.device(),
+                                  MemoryCategory::other);
+      full.slice(0, replicated.numel()).copy_from(replicated);
+      full.slice(replicated.numel(), all.numel()).copy_from(all);
+      tensors.push_back({name, full});
     }
-    const Tensor all = gather_regions(ep_, experts->tensor);
-    if (!root) continue;
-    Tensor full = Tensor::empty(Shape{s.tensor.numel() + all.numel()}, s.tensor.dtype(), s.tensor.device(),
-                                MemoryCategory::other);
-    full.slice(0, s.tensor.numel()).copy_from(s.tensor);
-    full.slice(s.tensor.numel(), all.numel()).copy_from(all);
-    tensors.push_back({name.saved(), full});
   }
   return tensors;
 }
@@ -110,17 +94,24 @@ void ExpertParallelTrainer::resume(const std::string& path, const std::vector<Ru
   GPT& model = trainer_->model();
   // Parameters: this rank's model names its experts as the single-device one does.
   load_parameters(model, checkpoint, path);
-  for (NamedTensor& s : trainer_->optimizer().state()) {
-    const StateName name = split_state(s.name);
-    DTP_CHECK(checkpoint.has(name.saved()), "--resume ", path, ": the checkpoint has no ", name.saved());
-    const Tensor saved = checkpoint.tensor(name.saved()).flatten();
-    // The replicated part is the saved tensor's start; rank r's experts are
-    // the r-th of the equal regions after it.
-    std::int64_t start = 0;
-    if (name.experts) start = saved.numel() - (ep_.size() - ep_.rank()) * s.tensor.numel();
-    DTP_CHECK(start >= 0 && start + s.tensor.numel() <= saved.numel(), "--resume ", path, ": ", name.saved(),
-              " holds ", saved.numel(), " elements, too few for this rank's ", s.tensor.numel(), " (", s.name, ")");
-    s.tensor.copy_from(saved.slice(start, s.tensor.numel()));
+  const Optimizer& optimizer = trainer_->optimizer();
+  for (Unit* unit : model.units()) {
+    const bool block = dynamic_cast<Block*>(unit) != nullptr;
+    for (const std::string& kind : state_kinds(optimizer)) {
+      const std::string name = optimizer_entry(unit->name() + "." + kind);
+      DTP_CHECK(checkpoint.has(name), "--resume ", path, ": the checkpoint has no ", name);
+      const Tensor saved = checkpoint.tensor(name).flatten();
+      // The replicated part is the saved tensor's start; rank r's experts
+      // are the r-th of the equal regions after it.
+      Tensor replicated = state_tensor(optimizer, unit->name(), kind);
+      Tensor experts = block ? state_tensor(optimizer, unit->name() + kExperts, kind) : Tensor();
+      const std::int64_t whole = replicated.numel() + (block ? ep_.size() * experts.numel() : 0);
+      DTP_CHECK(saved.numel() == whole, "--resume ", path, ": ", name, " holds ", saved.numel(),
+                " elements, the whole ", unit->name(), " of this model ", whole);
+      replicated.copy_from(saved.slice(0, replicated.numel()));
+      if (block)
+        experts.copy_from(saved.slice(replicated.numel() + ep_.rank() * experts.numel(), experts.numel()));
+    }
   }
 }
 

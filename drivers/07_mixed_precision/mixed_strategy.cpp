@@ -38,7 +38,8 @@ std::unique_ptr<LossScaler> make_scaler(const LossScale& scale, const ScalerConf
 
 // The strategy's own settings: what every rank must share beside the
 // trainer's, and what a resumed run must share with the saved one.
-std::vector<RunSetting> mixed_own_settings(const TrainConfig& config, const MixedPrecisionRunOptions& options, int world) {
+std::vector<RunSetting> mixed_own_settings(const TrainConfig& config, const MixedPrecisionRunOptions& options,
+                                           int world) {
   const ScalerConfig& d = options.dynamic_scaler;
   return {{"--world", std::to_string(world)},
           {"--precision", dtype_name(config.model.dtype)},
