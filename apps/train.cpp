@@ -184,8 +184,15 @@ void print_header(const Options& o, const ProcessRole& role) {
               static_cast<unsigned long long>(config.seed));
   // What the run reads and writes beside the data: says which steps it trains.
   std::string checkpoint;
+  if (!config.load_path.empty())
+    checkpoint += "starting from " + config.load_path + "'s parameters" +
+                  (config.strategy == "lora" ? " (the frozen base)"
+                   : config.strategy == "mixed"
+                       ? " (the f32 masters take them as they are, the model their rounding)"
+                       : " (a new run: fresh optimizer, step 0)");
   if (!config.resume_path.empty())
-    checkpoint += "continuing " + config.resume_path + " from the step it saved (its settings checked)";
+    checkpoint += (checkpoint.empty() ? "" : "; ") + std::string("continuing ") + config.resume_path +
+                  " from the step it saved (its settings checked)";
   if (config.stop_after > 0)
     checkpoint += (checkpoint.empty() ? "" : "; ") + std::string("stopping after step ") +
                   std::to_string(config.stop_after) + " of " + std::to_string(config.steps);

@@ -228,6 +228,17 @@ def check_outputs(args):
         base = os.path.join(folder, "base.ckpt")
         result = run([args.reference, "--steps", "3", "--batch", "4", "--seq", "16", "--save", base])
         if expect(result.returncode == 0, f"pretraining a base for LoRA must work; got {show(result)}"):
+            # Full fine-tuning from it in bf16, and under tp: the header says what each starts from.
+            result = run([args.reference, "--steps", "2", "--batch", "4", "--seq", "16", "--load", base,
+                          "--precision", "bf16"])
+            expect(result.returncode == 0 and f"checkpoint: starting from {base}'s parameters (the f32 masters take "
+                   "them as they are" in result.stdout,
+                   f"--load of an f32 file under --precision bf16 must train and say what it starts from; "
+                   f"got {show(result)}")
+            result = run([args.reference, "--steps", "2", "--batch", "4", "--seq", "16", "--load", base,
+                          "--strategy", "tp", "--tp", "2"])
+            expect(result.returncode == 0 and f"checkpoint: starting from {base}'s parameters (a new run" in
+                   result.stdout, f"--load of a single-device file under --strategy tp must train; got {show(result)}")
             # LoRA in slices: --load gives the base again, --resume the adapters.
             check_slices(args.reference, ["--load", base, "--lora-rank", "4", "--world", "2"])
 
@@ -271,7 +282,8 @@ def check_slices(program, strategy=(), launcher=(), env=None):
             result = run(argv, timeout=300, env=env)
             if not expect(result.returncode == 0, f"{' '.join(argv)} must train; got {show(result)}"):
                 return
-        expect(f"checkpoint: continuing {checkpoint} from the step it saved" in result.stdout,
+        header = [line for line in result.stdout.splitlines() if line.startswith("checkpoint: ")]
+        expect(len(header) == 1 and f"continuing {checkpoint} from the step it saved" in header[0],
                f"the resumed run's header must say what it continues; got {show(result)}")
         steps = lambda path: [(o["step"], o["loss"]) for o in read_log(path, path) if o.get("kind") == "step"]
         expect(steps(first) + steps(second) == steps(whole),
