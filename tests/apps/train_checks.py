@@ -228,6 +228,22 @@ def check_outputs(args):
         base = os.path.join(folder, "base.ckpt")
         result = run([args.reference, "--steps", "3", "--batch", "4", "--seq", "16", "--save", base])
         if expect(result.returncode == 0, f"pretraining a base for LoRA must work; got {show(result)}"):
+            # dtp-checkpoint shows what the file holds, and refuses a damaged one.
+            inspector = os.path.join(os.path.dirname(args.reference), "dtp-checkpoint")
+            result = run([inspector, base, "--tensor", "optimizer/steps"])
+            expect(result.returncode == 0 and "a training checkpoint at step 3, checksum verified" in result.stdout
+                   and "params/embedding.tokens" in result.stdout and "first values: 3" in result.stdout,
+                   f"dtp-checkpoint {base} --tensor optimizer/steps must list the tensors and print the "
+                   f"optimizer's 3 updates; got {show(result)}")
+            damaged = os.path.join(folder, "damaged.ckpt")
+            with open(base, "rb") as f:
+                content = bytearray(f.read())
+            content[-1] ^= 0x01
+            with open(damaged, "wb") as f:
+                f.write(content)
+            result = run([inspector, damaged])
+            expect(result.returncode == 1 and "the file is corrupt" in result.stderr and damaged in result.stderr,
+                   f"dtp-checkpoint of a file with one bit flipped must fail naming it; got {show(result)}")
             # Full fine-tuning from it in bf16, and under tp: the header says what each starts from.
             result = run([args.reference, "--steps", "2", "--batch", "4", "--seq", "16", "--load", base,
                           "--precision", "bf16"])

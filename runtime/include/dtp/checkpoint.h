@@ -36,10 +36,13 @@
 /// Its "config" also holds the strategy's own settings (`strategy_settings`:
 /// --world, the ddp flags, the LoRA rank, ...), which a resumed run must share.
 ///
-/// Offsets count from the first data byte. The checksum is 64-bit FNV-1a over
-/// the data bytes. A reader refuses a file whose magic, version, header,
-/// sizes or checksum do not hold, naming what is wrong; it never returns
-/// part of a file.
+/// Offsets count from the first data byte; the tensors lie back to back in
+/// the order the header lists them. The checksum is 64-bit FNV-1a over the
+/// data bytes (the header is checked against itself: every tensor must start
+/// where the one before it ended, and be as long as its shape and dtype
+/// say). A reader refuses a file whose magic, version, header, sizes or
+/// checksum do not hold, naming what is wrong; it never returns part of a
+/// file.
 #pragma once
 
 #include <cstdint>

@@ -171,28 +171,54 @@ Checkpoint read_checkpoint(const std::string& path) {
     throw fail("the data's checksum is " + checksum.str() + " but the header says " + expected_checksum +
                ": the file is corrupt");
 
-  for (const JsonValue& entry : header.at("tensors").items) {
-    const std::string name = entry.at("name").as_string("tensor name");
-    const DType dtype = parse_dtype(entry.at("dtype").as_string(name + ".dtype"));
+  // Each tensor's entry. The checksum covers the data, not the header, so
+  // the entries are checked against each other: the writer lays the tensors
+  // out back to back in file order, so each must start where the one before
+  // it ended and the last must end where the data does.
+  struct Entry {
+    std::string name;
+    DType dtype;
     std::vector<std::int64_t> dims;
-    for (const JsonValue& d : entry.at("shape").items) dims.push_back(d.as_int(name + ".shape"));
-    std::int64_t needed = static_cast<std::int64_t>(dtype_size(dtype));
-    for (std::int64_t d : dims)
-      if (d < 0 || __builtin_mul_overflow(needed, d, &needed))
-        throw fail("tensor '" + name + "' has an impossible shape (a corrupt header)");
-    const Shape shape(dims);
-    const std::int64_t offset = entry.at("offset").as_int(name + ".offset");
-    const std::int64_t bytes = entry.at("bytes").as_int(name + ".bytes");
-    if (bytes != needed)
-      throw fail("tensor '" + name + "' is " + std::to_string(bytes) + " bytes, but " + shape.str() + " of " +
-                 dtype_name(dtype) + " needs " + std::to_string(needed));
-    if (offset < 0 || offset + bytes > data_bytes)
-      throw fail("tensor '" + name + "' lies outside the data (bytes " + std::to_string(offset) + " to " +
-                 std::to_string(offset + bytes) + " of " + std::to_string(data_bytes) + ")");
-    Tensor t = Tensor::empty(shape, dtype);
-    if (bytes > 0) std::memcpy(t.raw(), data.data() + offset, static_cast<std::size_t>(bytes));
-    checkpoint.tensors.push_back({name, t});
+    std::int64_t offset, bytes;
+  };
+  std::vector<Entry> entries;
+  try {
+    for (const JsonValue& entry : header.at("tensors").items) {
+      Entry e;
+      e.name = entry.at("name").as_string("tensor name");
+      e.dtype = parse_dtype(entry.at("dtype").as_string(e.name + ".dtype"));
+      for (const JsonValue& d : entry.at("shape").items) e.dims.push_back(d.as_int(e.name + ".shape"));
+      e.offset = entry.at("offset").as_int(e.name + ".offset");
+      e.bytes = entry.at("bytes").as_int(e.name + ".bytes");
+      entries.push_back(std::move(e));
+    }
+  } catch (const Error& e) {
+    throw fail(std::string("the header's list of tensors is damaged (a corrupt file): ") + e.what());
   }
+  std::int64_t end = 0;  // where the previous tensor's bytes ended
+  for (const Entry& e : entries) {
+    std::int64_t needed = static_cast<std::int64_t>(dtype_size(e.dtype));
+    for (std::int64_t d : e.dims)
+      if (d < 0 || __builtin_mul_overflow(needed, d, &needed))
+        throw fail("tensor '" + e.name + "' has an impossible shape (a corrupt header)");
+    const Shape shape(e.dims);
+    if (e.bytes != needed)
+      throw fail("tensor '" + e.name + "' is " + std::to_string(e.bytes) + " bytes, but " + shape.str() + " of " +
+                 dtype_name(e.dtype) + " needs " + std::to_string(needed));
+    if (e.offset != end)
+      throw fail("tensor '" + e.name + "' starts at data byte " + std::to_string(e.offset) +
+                 ", but the tensor before it ends at byte " + std::to_string(end) + " (a corrupt header)");
+    if (e.offset + e.bytes > data_bytes)
+      throw fail("tensor '" + e.name + "' lies outside the data (bytes " + std::to_string(e.offset) + " to " +
+                 std::to_string(e.offset + e.bytes) + " of " + std::to_string(data_bytes) + ")");
+    end = e.offset + e.bytes;
+    Tensor t = Tensor::empty(shape, e.dtype);
+    if (e.bytes > 0) std::memcpy(t.raw(), data.data() + e.offset, static_cast<std::size_t>(e.bytes));
+    checkpoint.tensors.push_back({e.name, t});
+  }
+  if (end != data_bytes)
+    throw fail("the tensors end at data byte " + std::to_string(end) + " but the data holds " +
+               std::to_string(data_bytes) + " (a corrupt header)");
   return checkpoint;
 }
 
