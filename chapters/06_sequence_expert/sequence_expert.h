@@ -488,11 +488,11 @@ class ExpertParallelTrainer {
   /// The Trainer under it: the model, the optimizer over what this rank
   /// updates, and the steps done.
   Trainer& trainer() { return *trainer_; }
-  /// Collective: the whole model's parameters and optimizer state under a
-  /// single-device run's checkpoint names, every rank's experts gathered to
-  /// rank 0 (a consolidated checkpoint, as ZeRO's in chapter 03). The other
-  /// ranks get an empty list.
-  std::vector<NamedTensor> gather_checkpoint();
+  /// Collective over the group: writes a consolidated checkpoint to @p path
+  /// (provided, ep_checkpoint.cpp). Rank 0 gathers every rank's experts and
+  /// their optimizer state and writes a single-device run's layout, as ZeRO
+  /// does in chapter 03.
+  void save(const std::string& path, const std::vector<RunSetting>& strategy);
   /// Continues the run that saved @p path (Trainer::resume_gathered): the
   /// replicated parameters and state, and this rank's experts' own.
   void resume(const std::string& path, const std::vector<RunSetting>& strategy);
@@ -510,6 +510,9 @@ class ExpertParallelTrainer {
   const TrainConfig& config() const;
 
  private:
+  // save()'s collective part: the whole model's tensors under their
+  // single-device names on rank 0, an empty list elsewhere.
+  std::vector<NamedTensor> gather_checkpoint();
   struct Chunk {
     Tensor params, grads;  // views into a unit's flat buffers
   };

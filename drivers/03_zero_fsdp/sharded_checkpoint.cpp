@@ -49,7 +49,7 @@ std::vector<NamedTensor> ShardedOptimizer::gather_checkpoint() {
   for (Unit* unit : units)
     for (const std::string& kind : state_kinds(*optimizer_)) {
       const Tensor full = gather_full(comm_, state_tensor(*optimizer_, shard_buffer(*unit), kind), unit->numel());
-      if (comm_.rank() == 0) tensors.push_back({optimizer_entry(unit->name() + "." + kind), full});
+      if (comm_.rank() == 0) tensors.push_back({optimizer_entry(unit->name(), kind), full});
     }
   return tensors;
 }
@@ -73,7 +73,7 @@ void ShardedOptimizer::restore_shards(const Checkpoint& checkpoint, const std::s
     for (const std::string& kind : state_kinds(*optimizer_)) {
       Tensor mine = state_tensor(*optimizer_, shard_buffer(*unit), kind);
       const ChunkRange range = shard(unit->index());
-      const std::string name = optimizer_entry(unit->name() + "." + kind);
+      const std::string name = optimizer_entry(unit->name(), kind);
       const Tensor& saved = saved_tensor(checkpoint, name, unit->numel(), mine.dtype(), path);
       mine.copy_from(saved.flatten().slice(range.offset, range.length));
     }

@@ -86,7 +86,7 @@ TrainResult run_zero(const TrainConfig& config, const ZeroOptions& options, cons
     GPT& model = trainer.model();
     // Before the stage exists: every stage takes its shards from the full
     // parameters, and ZeRO-3 then releases them.
-    if (!config.load_path.empty()) load_parameters(model, read_checkpoint(config.load_path), config.load_path);
+    load_parameters(model, config);
     const std::vector<RunSetting> own = zero_own_settings(options, comm.size());
     check_ranks_agree(comm, run_settings(config, own), model);
     const DdpFootprint ddp = ddp_footprint(trainer.config(), model);

@@ -40,7 +40,7 @@ void TensorParallelTrainer::save(const std::string& path, const std::vector<RunS
         const Tensor full = gather_tensor_parallel_slices(mesh_.tp, sliced[i].name, region, whole[i].shape);
         if (root) consolidated.slice(whole[i].offset, whole[i].shape.numel()).copy_from(full.flatten());
       }
-      if (root) state.push_back({optimizer_entry(units[u]->name() + "." + kind), consolidated});
+      if (root) state.push_back({optimizer_entry(units[u]->name(), kind), consolidated});
     }
   }
   if (!root) return;
@@ -70,7 +70,7 @@ void TensorParallelTrainer::resume(const std::string& path, const std::vector<Ru
       copy_tensor_parallel_slice(sliced[i].name, full, sliced[i].value, mesh_.tp.size(), mesh_.tp.rank());
     }
     for (const std::string& kind : kinds) {
-      const Tensor consolidated = saved(optimizer_entry(unit + "." + kind), Shape{serial[u]->numel()}).flatten();
+      const Tensor consolidated = saved(optimizer_entry(unit, kind), Shape{serial[u]->numel()}).flatten();
       const Tensor mine = state_tensor(optimizer, unit, kind);
       for (std::size_t i = 0; i < sliced.size(); ++i)
         copy_tensor_parallel_slice(

@@ -50,8 +50,7 @@ TensorParallelTrainer::TensorParallelTrainer(const TrainConfig& config, Mesh& me
   // The serial model of this DP rank's trainer is the source of the slices;
   // its weights are released as soon as they are copied.
   serial_ = std::make_unique<Trainer>(config, mesh.dp.rank(), mesh.dp.size());
-  if (!config.load_path.empty())
-    load_parameters(serial_->model(), read_checkpoint(config.load_path), config.load_path);
+  load_parameters(serial_->model(), config);  // --load, before the slices are cut
   config_ = serial_->config();
   model_ = std::make_unique<TensorParallelGPT>(mesh.tp, serial_->model(), options);
   for (Unit* unit : serial_->model().units()) unit->set_buffers(Tensor(), Tensor());

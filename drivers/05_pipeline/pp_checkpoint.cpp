@@ -77,7 +77,7 @@ void PipelineTrainer::save(const std::string& path, const std::vector<RunSetting
           params.push_back({parameter_entry(unit->name(), p.name),
                             whole.flatten().slice(p.offset, p.shape.numel()).view(p.shape)});
       } else {
-        optimizer.push_back({optimizer_entry(unit->name() + "." + kinds[k - 1]), whole.flatten()});
+        optimizer.push_back({optimizer_entry(unit->name(), kinds[k - 1]), whole.flatten()});
       }
     }
   }
@@ -118,7 +118,7 @@ void PipelineTrainer::resume(const std::string& path, const std::vector<RunSetti
       const std::string buffer = unit.name() + (fsdp ? " shard" : "");
       for (const std::string& kind : kinds) {
         Tensor mine = state_tensor(optimizer_state, buffer, kind);
-        mine.copy_from(saved(optimizer_entry(unit.name() + "." + kind), unit.numel()).slice(range.offset,
+        mine.copy_from(saved(optimizer_entry(unit.name(), kind), unit.numel()).slice(range.offset,
                                                                                           range.length));
       }
     }

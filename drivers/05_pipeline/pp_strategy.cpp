@@ -78,7 +78,7 @@ PipelineTrainer::PipelineTrainer(const TrainConfig& config, PipelineMesh& mesh, 
   serial_ = std::make_unique<Trainer>(config, mesh.dp.rank(), mesh.dp.size());
   GPT& model = serial_->model();
   // Before the model is cut: every rank reads the whole file and keeps its units.
-  if (!config.load_path.empty()) load_parameters(model, read_checkpoint(config.load_path), config.load_path);
+  load_parameters(model, config);
   const int v = chunks_of(options);
   std::vector<double> costs = unit_costs_by_parameters(model);
   if (options.balance_by_time) {

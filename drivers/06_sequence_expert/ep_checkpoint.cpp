@@ -71,7 +71,7 @@ std::vector<NamedTensor> ExpertParallelTrainer::gather_checkpoint() {
   for (Unit* unit : model.units()) {
     const bool block = dynamic_cast<Block*>(unit) != nullptr;
     for (const std::string& kind : state_kinds(optimizer)) {
-      const std::string name = optimizer_entry(unit->name() + "." + kind);
+      const std::string name = optimizer_entry(unit->name(), kind);
       const Tensor replicated = state_tensor(optimizer, unit->name(), kind);
       if (!block) {
         if (root) tensors.push_back({name, replicated});
@@ -89,6 +89,11 @@ std::vector<NamedTensor> ExpertParallelTrainer::gather_checkpoint() {
   return tensors;
 }
 
+void ExpertParallelTrainer::save(const std::string& path, const std::vector<RunSetting>& strategy) {
+  std::vector<NamedTensor> gathered = gather_checkpoint();  // every rank takes part
+  if (ep_.rank() == 0) trainer_->save_gathered(path, strategy, std::move(gathered));
+}
+
 void ExpertParallelTrainer::resume(const std::string& path, const std::vector<RunSetting>& strategy) {
   const Checkpoint checkpoint = trainer_->resume_gathered(path, strategy);
   GPT& model = trainer_->model();
@@ -98,7 +103,7 @@ void ExpertParallelTrainer::resume(const std::string& path, const std::vector<Ru
   for (Unit* unit : model.units()) {
     const bool block = dynamic_cast<Block*>(unit) != nullptr;
     for (const std::string& kind : state_kinds(optimizer)) {
-      const std::string name = optimizer_entry(unit->name() + "." + kind);
+      const std::string name = optimizer_entry(unit->name(), kind);
       DTP_CHECK(checkpoint.has(name), "--resume ", path, ": the checkpoint has no ", name);
       const Tensor saved = checkpoint.tensor(name).flatten();
       // The replicated part is the saved tensor's start; rank r's experts

@@ -174,8 +174,7 @@ TrainResult run_ep(const TrainConfig& config, const ExpertParallelRunOptions& op
     const std::vector<RunSetting> own = {{"--world", std::to_string(options.world)}};
     // Every rank reads its own experts by their names; the replicated part is
     // the same everywhere.
-    if (!config.load_path.empty())
-      load_parameters(trainer.model(), read_checkpoint(config.load_path), config.load_path);
+    load_parameters(trainer.model(), config);
     check_ranks_agree(ep, run_settings(config, own), trainer.model());
     if (!config.resume_path.empty()) trainer.resume(config.resume_path, own);
     const std::int64_t last = last_step(trainer.trainer());
@@ -204,10 +203,7 @@ TrainResult run_ep(const TrainConfig& config, const ExpertParallelRunOptions& op
       if (on_step) on_step(record);
       if (options.on_ranks) options.on_ranks(record.step, ranks);
     }
-    if (!config.save_path.empty()) {
-      std::vector<NamedTensor> gathered = trainer.gather_checkpoint();  // collective: every rank
-      if (ep.rank() == 0) trainer.trainer().save_gathered(config.save_path, own, std::move(gathered));
-    }
+    if (!config.save_path.empty()) trainer.save(config.save_path, own);  // collective
   });
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;

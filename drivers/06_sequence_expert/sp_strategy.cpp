@@ -230,7 +230,8 @@ TrainResult run_sp(const TrainConfig& config, const SequenceParallelRunOptions& 
       if (on_step) on_step(record);
       if (options.on_ranks) options.on_ranks(record.step, ranks);
     }
-    if (sp.rank() == 0 && !config.save_path.empty()) trainer.trainer().save(config.save_path, sp_own_settings(options));
+    if (sp.rank() == 0 && !config.save_path.empty())
+      trainer.trainer().save(config.save_path, sp_own_settings(options));
   });
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;

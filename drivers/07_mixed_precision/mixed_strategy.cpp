@@ -49,6 +49,9 @@ std::vector<RunSetting> mixed_own_settings(const TrainConfig& config, const Mixe
           {"--reduce-dtype", dtype_name(options.reduce_dtype)}};
 }
 
+// The masters' name in a checkpoint: "extra/master/<unit>" (checkpoint_also).
+std::string master_name(const std::string& unit) { return "master/" + unit; }
+
 // --load under --precision: the f32 masters take the file's values (its own
 // masters when a mixed-precision run wrote it, else its parameters, cast to
 // f32 from any float dtype) and the 16-bit model takes them rounded from the
@@ -62,7 +65,7 @@ void start_from(MasterWeights& masters, const Checkpoint& checkpoint, const std:
   for (std::size_t i = 0; i < units.size(); ++i) {
     Unit& unit = *units[i];
     Tensor master = masters.buffers()[i].params;
-    const std::string saved_master = "extra/master/" + unit.name();
+    const std::string saved_master = extra_entry(master_name(unit.name()));
     if (checkpoint.has(saved_master) && checkpoint.tensor(saved_master).dtype() == DType::f32 &&
         checkpoint.tensor(saved_master).numel() == master.numel()) {
       master.copy_from(checkpoint.tensor(saved_master));
@@ -98,7 +101,7 @@ TrainResult run_mixed(const TrainConfig& config, const MixedPrecisionRunOptions&
     Tensor scaler_state;
     if (checkpoints) {
       std::vector<NamedTensor> extra;
-      for (const ParamBuffer& b : masters.buffers()) extra.push_back({"master/" + b.name, b.params});
+      for (const ParamBuffer& b : masters.buffers()) extra.push_back({master_name(b.name), b.params});
       if (scaler) {
         scaler_state = Tensor::zeros(Shape{2}, DType::f64);
         extra.push_back({"loss_scaler", scaler_state});

@@ -79,6 +79,12 @@ std::string parameter_entry(const std::string& unit, const std::string& paramete
 /// "optimizer/<state>": the name a checkpoint gives an optimizer state
 /// tensor (@p state as Optimizer::state() names it: "<buffer>.m", ...).
 std::string optimizer_entry(const std::string& state);
+/// "optimizer/<buffer>.<kind>": optimizer_entry() of buffer @p buffer's
+/// state @p kind ("m", "v", "momentum"; see state_kinds()).
+std::string optimizer_entry(const std::string& buffer, const std::string& kind);
+/// "extra/<name>": the name a checkpoint gives a tensor outside the units
+/// (Trainer::checkpoint_also).
+std::string extra_entry(const std::string& name);
 
 /// Writes @p checkpoint to @p path: first to "<path>.tmp", flushed to disk,
 /// then renamed over @p path, so a reader sees the old file or the new one,

@@ -284,6 +284,10 @@ std::int64_t last_step(const Trainer& trainer);
 /// parameter the file lacks or holds with another shape (or not as floats),
 /// and the model settings that differ.
 void load_parameters(GPT& model, const Checkpoint& checkpoint, const std::string& path);
+/// --load: load_parameters() from config.load_path when it is set, nothing
+/// otherwise. A strategy that cuts or shards the model calls it before it
+/// does: every rank reads the whole file and keeps its part.
+void load_parameters(GPT& model, const TrainConfig& config);
 
 /// Writes a "model" checkpoint to @p path: @p model's parameters
 /// ("params/<unit>.<name>"), with @p config as its settings; what

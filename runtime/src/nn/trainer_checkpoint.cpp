@@ -83,7 +83,7 @@ std::vector<NamedTensor> parameter_tensors(GPT& model, bool trained_only = false
 /// parameters of the units that train and the extra tensors.
 std::vector<NamedTensor> trained_tensors(GPT& model, const std::vector<NamedTensor>& extra) {
   std::vector<NamedTensor> named = parameter_tensors(model, true);
-  for (const NamedTensor& t : extra) named.push_back({kExtra + t.name, t.tensor});
+  for (const NamedTensor& t : extra) named.push_back({extra_entry(t.name), t.tensor});
   return named;
 }
 
@@ -94,6 +94,12 @@ std::string parameter_entry(const std::string& unit, const std::string& paramete
 }
 
 std::string optimizer_entry(const std::string& state) { return kOptimizer + state; }
+
+std::string optimizer_entry(const std::string& buffer, const std::string& kind) {
+  return optimizer_entry(buffer + "." + kind);
+}
+
+std::string extra_entry(const std::string& name) { return kExtra + name; }
 
 void save_parameters(const std::string& path, GPT& model, const TrainConfig& config) {
   Checkpoint checkpoint;
@@ -157,8 +163,7 @@ void Trainer::checkpoint_also(std::vector<NamedTensor> tensors) {
 
 std::int64_t start_from_checkpoints(Trainer& trainer, const std::vector<RunSetting>& strategy) {
   const TrainConfig& config = trainer.config();
-  if (!config.load_path.empty())
-    load_parameters(trainer.model(), read_checkpoint(config.load_path), config.load_path);
+  load_parameters(trainer.model(), config);
   if (!config.resume_path.empty()) trainer.resume(config.resume_path, strategy);
   return last_step(trainer);
 }
@@ -200,6 +205,10 @@ void load_parameters(GPT& model, const Checkpoint& checkpoint, const std::string
     else
       ops::cast(saved.to(p.tensor.device()), p.tensor);  // to the model's dtype
   }
+}
+
+void load_parameters(GPT& model, const TrainConfig& config) {
+  if (!config.load_path.empty()) load_parameters(model, read_checkpoint(config.load_path), config.load_path);
 }
 
 }  // namespace dtp
