@@ -145,19 +145,18 @@ TEST(CheckpointFile, EveryKindOfDamageIsAClearError) {
   std::string broken_header = bytes;
   broken_header[header_start] = '[';
   damaged(broken_header, "the header is not valid JSON");
-  std::string lying_size = bytes;
-  lying_size.replace(lying_size.find("\"bytes\":16"), 10, "\"bytes\":17");
-  damaged(lying_size, "tensor 'params/a' is 17 bytes, but [2, 2] of f32 needs 16");
+  // The file with the first @p from of its header written as @p to.
+  auto edited = [&](const std::string& from, const std::string& to) {
+    std::string copy = bytes;
+    copy.replace(copy.find(from), from.size(), to);
+    return copy;
+  };
+  damaged(edited("\"bytes\":16", "\"bytes\":17"), "tensor 'params/a' is 17 bytes, but [2, 2] of f32 needs 16");
   // The checksum covers the data; a damaged header is caught by its own checks.
-  std::string moved = bytes;
-  moved.replace(moved.find("\"offset\":16"), 11, "\"offset\":12");
-  damaged(moved, "tensor 'params/b' starts at data byte 12, but the tensor before it ends at byte 16");
-  std::string renamed = bytes;
-  renamed.replace(renamed.find("\"bytes\":16"), 7, "\"bytXs\"");
-  damaged(renamed, "the header's list of tensors is damaged (a corrupt file)");
-  std::string misnamed = bytes;
-  misnamed.replace(misnamed.find("\"dtype\":\"f64\""), 13, "\"dtype\":\"f65\"");
-  damaged(misnamed, "the header's list of tensors is damaged");
+  damaged(edited("\"offset\":16", "\"offset\":12"),
+          "tensor 'params/b' starts at data byte 12, but the tensor before it ends at byte 16");
+  damaged(edited("\"bytes\"", "\"bytXs\""), "the header's list of tensors is damaged (a corrupt file)");
+  damaged(edited("\"dtype\":\"f64\"", "\"dtype\":\"f65\""), "the header's list of tensors is damaged");
   expect_error_containing([&] { read_checkpoint(folder.file("missing.ckpt")); }, "cannot open");
 }
 
