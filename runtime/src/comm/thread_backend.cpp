@@ -22,8 +22,9 @@ namespace dtp {
 
 ThreadComm::ThreadComm(std::shared_ptr<ThreadGroup> group, int rank)
     : group_(std::move(group)), rank_(rank) {
+  // Made here, on the rank's thread, so that they belong to its device.
   if (device().is_cuda())
-    for (StreamEvents& events : events_) events = {cuda::create_event(), cuda::create_event()};
+    for (int slot : {0, 1}) (void)group_->stream_events(rank_, slot);
 }
 
 ThreadComm::~ThreadComm() {
@@ -36,10 +37,6 @@ ThreadComm::~ThreadComm() {
     group_->world().abort(global_rank(), "it failed with non-blocking collectives pending");
   }
   stop_worker();
-  for (StreamEvents& events : events_) {
-    cuda::destroy_event(events.ready);
-    cuda::destroy_event(events.done);
-  }
 }
 
 int ThreadComm::size() const { return group_->size(); }
@@ -220,8 +217,9 @@ void ThreadComm::collective(CollectiveCall call, Work&& work) {
   if (call.sequence < 0) call.sequence = next_collective_++;
   const std::int64_t sequence = call.sequence;
   const bool gpu = device().is_cuda();
-  const StreamEvents& events = events_[detail::is_comm_worker() ? 1 : 0];
+  ThreadGroup::StreamEvents events;
   if (gpu) {
+    events = group_->stream_events(rank_, detail::is_comm_worker() ? 1 : 0);
     cuda::record(events.ready);
     call.ready_event = events.ready;
     call.done_event = events.done;

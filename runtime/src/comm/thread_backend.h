@@ -78,14 +78,6 @@ class ThreadComm : public CommBackend {
   // This rank's communication thread for this communicator in the world's
   // deadlock bookkeeping; -1 until the first non-blocking collective.
   int communication_thread_ = -1;
-  // GPU only: ranks' streams meet through events instead of host waits. One
-  // pair for the rank's thread, one for its communication thread, which may
-  // be inside a collective at the same time.
-  struct StreamEvents {
-    void* ready = nullptr;
-    void* done = nullptr;
-  };
-  StreamEvents events_[2];
 };
 
 }  // namespace dtp

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "comm/backend.h"
+#include "cuda/device_api.h"
 #include "dtp/error.h"
 
 namespace dtp {
@@ -22,11 +23,23 @@ std::string CollectiveCall::signature() const {
 ThreadGroup::ThreadGroup(std::shared_ptr<ThreadWorld> world, std::vector<int> members)
     : world_(std::move(world)), members_(std::move(members)) {
   mailbox_.resize(members_.size());
+  stream_events_.resize(members_.size());
 }
 
 ThreadGroup::~ThreadGroup() {
   const std::string leftovers = describe_undelivered();
   if (!leftovers.empty()) world_->note_left_behind(leftovers);
+  for (auto& slots : stream_events_)
+    for (StreamEvents& events : slots) {
+      cuda::destroy_event(events.ready);
+      cuda::destroy_event(events.done);
+    }
+}
+
+const ThreadGroup::StreamEvents& ThreadGroup::stream_events(int rank, int slot) {
+  StreamEvents& events = stream_events_[static_cast<std::size_t>(rank)][static_cast<std::size_t>(slot)];
+  if (events.ready == nullptr) events = {cuda::create_event(), cuda::create_event()};
+  return events;
 }
 
 std::shared_ptr<ThreadGroup> ThreadGroup::create(std::shared_ptr<ThreadWorld> world,

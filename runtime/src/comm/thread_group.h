@@ -9,6 +9,7 @@
 // in two collectives of one communicator at once without mixing them up.
 #pragma once
 
+#include <array>
 #include <deque>
 #include <map>
 #include <memory>
@@ -91,6 +92,21 @@ class ThreadGroup {
   /// After a split's arrive(): this rank's new group and rank in it.
   std::pair<std::shared_ptr<ThreadGroup>, int> split_result(int rank, std::int64_t sequence) const;
 
+  // --- GPU ---
+  /// The events through which rank @p rank's stream meets its peers' in a
+  /// collective: recorded when its inputs are ready and when its reads are
+  /// queued. Slot 0 is the rank's own thread, slot 1 its communication
+  /// thread (both may be inside a collective at once). Created by the rank on
+  /// its own thread (its device current); they belong to the group, not to
+  /// the rank's Comm, because a peer still waits on them after the
+  /// collective's last rendezvous, when this rank may already have destroyed
+  /// its Comm.
+  struct StreamEvents {
+    void* ready = nullptr;
+    void* done = nullptr;
+  };
+  const StreamEvents& stream_events(int rank, int slot);
+
  private:
   /// Where the ranks meet for one collective.
   struct Rendezvous {
@@ -111,6 +127,8 @@ class ThreadGroup {
 
   // Collectives some rank has reached and not every rank has left, by sequence.
   std::map<std::int64_t, Rendezvous> rendezvous_;
+  // GPU only: [rank][slot]; each rank fills its own entries.
+  std::vector<std::array<StreamEvents, 2>> stream_events_;
 };
 
 }  // namespace dtp
