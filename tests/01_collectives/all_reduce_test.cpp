@@ -110,7 +110,13 @@ TEST(Puzzle1_7_parameter_server_all_reduce, AnyRoot) {
   }
 }
 
-TEST(Puzzle1_7_parameter_server_all_reduce, LargeBuffer) { large_buffer(kParameterServer, parameter_server(1)); }
+TEST(Puzzle1_7_parameter_server_all_reduce, LargeBuffer) {
+  for (int n : large_world_sizes()) {
+    expect_all_reduce(kParameterServer, parameter_server(root_in(n, 1)), n, kLargeLength, DType::f64, {},
+                      cat(", root ", root_in(n, 1)));
+    if (stop_sweep()) return;
+  }
+}
 TEST(Puzzle1_7_parameter_server_all_reduce, Dtypes) { dtypes(kParameterServer, parameter_server(fit_world(5) - 1)); }
 TEST(Puzzle1_7_parameter_server_all_reduce, UsesOnlySendRecv) {
   uses_only_send_recv(kParameterServer, parameter_server(0));

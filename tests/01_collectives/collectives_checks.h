@@ -41,6 +41,10 @@ inline constexpr std::int64_t kLargeLength = (std::int64_t{1} << 20) + 7;
 inline int largest_world() { return all_world_sizes().back(); }
 /// @p n, or the largest world that can be started when that is smaller.
 inline int fit_world(int n) { return std::min(n, largest_world()); }
+/// The root @p wanted, moved into the ranks of a world of @p n: a fitted
+/// world may be smaller than the root a test names (one GPU gives NCCL a
+/// world of one).
+inline int root_in(int n, int wanted) { return std::clamp(wanted, 0, n - 1); }
 /// The world sizes the large-buffer tests use (keeps the suite fast).
 inline std::vector<int> large_world_sizes() {
   std::vector<int> sizes;

@@ -68,14 +68,15 @@ TEST(Puzzle1_6_pairwise_all_to_all, Dtypes) {
 // in is [N, 2, 3] and out [2*N, 3]: chunks are taken from the flattened elements.
 TEST(Puzzle1_6_pairwise_all_to_all, TwoDimensionalShape) {
   const int n = fit_world(3);
-  const std::vector<RankOutcome> outcomes = run_puzzle(n, "pairwise_all_to_all on N=3 with shapes [3, 2, 3] -> [6, 3]", [&](Comm& comm) {
-    const Tensor in = pattern_tensor(comm.rank(), 18, DType::f64, comm.device()).view(Shape{3, 2, 3});
-    Tensor out = Tensor::full(Shape{6, 3}, kPoison, DType::f64, comm.device());
+  const std::string context = cat("pairwise_all_to_all on N=", n, " with shapes [", n, ", 2, 3] -> [", 2 * n, ", 3]");
+  const std::vector<RankOutcome> outcomes = run_puzzle(n, context, [&](Comm& comm) {
+    const Tensor in = pattern_tensor(comm.rank(), 6 * n, DType::f64, comm.device()).view(Shape{n, 2, 3});
+    Tensor out = Tensor::full(Shape{2 * n, 3}, kPoison, DType::f64, comm.device());
     comm.reset_stats();
     dtp::ch01::pairwise_all_to_all(comm, in, out);
     return out.to_vector();
   });
-  EXPECT_TRUE(ranks_hold("pairwise_all_to_all on N=3 with shapes [3, 2, 3] -> [6, 3]", outcomes,
+  EXPECT_TRUE(ranks_hold(context, outcomes,
                          [&](int rank) { return expected_out(n, 6, rank, DType::f64); }, n,
                          copies_of(n, DType::f64)));
 }

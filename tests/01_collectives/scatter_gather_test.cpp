@@ -115,7 +115,7 @@ TEST(Puzzle1_3_scatter_gather, LargeBuffer) {
 
 TEST(Puzzle1_3_scatter_gather, Dtypes) {
   for (DType dtype : other_dtypes()) {
-    expect_scatter(fit_world(5), 5003, 1, dtype);
+    expect_scatter(fit_world(5), 5003, root_in(fit_world(5), 1), dtype);
     expect_gather(fit_world(5), 5003, fit_world(5) - 1, dtype);
     if (stop_sweep()) return;
   }

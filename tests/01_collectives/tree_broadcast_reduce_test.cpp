@@ -68,7 +68,7 @@ TEST(Puzzle1_1_tree_broadcast, Dtypes) {
 }
 
 TEST(Puzzle1_1_tree_broadcast, TwoDimensionalShape) {
-  expect_broadcast(fit_world(3), 77, 1, DType::f64, Shape{7, 11});
+  expect_broadcast(fit_world(3), 77, root_in(fit_world(3), 1), DType::f64, Shape{7, 11});
 }
 
 TEST(Puzzle1_1_tree_broadcast, UsesOnlySendRecv) {
@@ -156,7 +156,7 @@ TEST(Puzzle1_2_tree_reduce, LargeBuffer) {
 
 TEST(Puzzle1_2_tree_reduce, Dtypes) {
   for (DType dtype : other_dtypes()) {
-    expect_reduce(fit_world(5), 5003, fit_world(5) - 2, dtype);
+    expect_reduce(fit_world(5), 5003, root_in(fit_world(5), fit_world(5) - 2), dtype);
     if (stop_sweep()) return;
   }
 }
