@@ -373,11 +373,19 @@ void check_training_step(AttentionKind kind) {
   const auto cpu_units = cpu_model.units();
   const auto gpu_units = gpu_model.units();
   ASSERT_EQ(cpu_units.size(), gpu_units.size());
+  // Each gradient within 2% of its own largest element, but never tighter
+  // than 2% of 1e-4 of the unit's largest gradient: attn.k.bias's gradient
+  // is zero in exact arithmetic (softmax ignores a constant added to every
+  // key's score of a query), so both devices hold rounding noise there, and
+  // TF32's noise (about 1e-8 on the H200, against 1e-11 on the CPU) is no
+  // error. A wrong k.bias gradient would be of the size of q.bias's (1e-4).
   for (std::size_t u = 0; u < cpu_units.size(); ++u) {
+    double unit_scale = 0;
+    for (const ParamView& c : cpu_units[u]->parameters()) unit_scale = std::max(unit_scale, max_abs(c.grad.to_vector()));
     for (std::size_t i = 0; i < cpu_units[u]->parameters().size(); ++i) {
       const ParamView& c = cpu_units[u]->parameters()[i];
       const ParamView& g = gpu_units[u]->parameters()[i];
-      const double scale = std::max(1e-12, max_abs(c.grad.to_vector()));
+      const double scale = std::max({1e-12, max_abs(c.grad.to_vector()), 1e-4 * unit_scale});
       expect_close(g.grad, c.grad, 0, 2e-2 * scale, cpu_units[u]->name() + "." + c.name + " grad");
     }
   }
