@@ -107,7 +107,13 @@ do_run() {
     ((dry_run)) || echo "exit $status" >> "$work/torch-crosscheck-$mode.txt"
   done
   if ((dry_run)) || [[ -x "$build/bin/dtp-bench-train-step" ]]; then
-    step "train step" bench-train-step.txt "$build/bin/dtp-bench-train-step" \
+    # HBM bandwidth for the per-op roofline: the H200's is 4.8 TB/s, the H100 SXM's 3.35 (the default).
+    local bandwidth=()
+    [[ $gpu == *H200* ]] && bandwidth=(--bandwidth-tbs 4.8)
+    step "train step" bench-train-step.txt "$build/bin/dtp-bench-train-step" "${bandwidth[@]}" \
+      --json "$work/train-step-$gpu-$stamp.jsonl"
+    # bf16 with f32 master weights (chapter 07's step), the peer of PyTorch's bf16 autocast below.
+    step "train step bf16" bench-train-step-bf16.txt "$build/bin/dtp-bench-train-step" --precision bf16 \
       --json "$work/train-step-$gpu-$stamp.jsonl"
     # Its peer in the same run: PyTorch eager, the same model and shapes, TF32 (what DTP runs) and bf16.
     for precision in tf32 bf16; do
@@ -135,10 +141,13 @@ summary() {
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 dtp = [r for r in rows if r.get("what") == "train_step"]
+# Each DTP precision against PyTorch's: fp32 (TF32 matmuls) with tf32, bf16 with bf16 autocast.
+peer_of = {"fp32": "tf32", "bf16": "bf16"}
 for peer in (r for r in rows if r.get("what") == "torch_train_step"):
-    for mine in dtp:
-        print(f"== train step: DTP {mine.get('attention', '')} {mine['tokens_per_s']:,.0f} tokens/s vs PyTorch eager "
-              f"{peer['precision']} {peer['tokens_per_s']:,.0f}: DTP at {mine['tokens_per_s'] / peer['tokens_per_s']:.2f}x")
+    for mine in (r for r in dtp if peer_of.get(r.get("precision", "fp32")) == peer["precision"]):
+        print(f"== train step: DTP {mine.get('precision', 'fp32')} {mine.get('attention', '')} "
+              f"{mine['tokens_per_s']:,.0f} tokens/s vs PyTorch eager {peer['precision']} "
+              f"{peer['tokens_per_s']:,.0f}: DTP at {mine['tokens_per_s'] / peer['tokens_per_s']:.2f}x")
 PY
   for table in "$work"/bench-*.txt; do
     [[ -f "$table" ]] || continue
