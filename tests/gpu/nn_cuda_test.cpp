@@ -23,54 +23,13 @@
 #include "dtp/nn.h"
 #include "dtp/nn_ops.h"
 #include "dtp/optim.h"
+#include "gpu/cpu_gpu_pairs.h"
 #include "support/harness.h"
 
 namespace dtp {
 namespace {
 
-const Device kGpu = Device::cuda(0);
-
-Tensor rand_on(Device device, const Shape& shape, std::uint64_t seed, double low = -1, double high = 1,
-               DType dtype = DType::f32) {
-  return Tensor::random_uniform(shape, seed, low, high, dtype, device);
-}
-
-// A CPU tensor and its GPU twin with the same values.
-struct Pair {
-  Tensor cpu, gpu;
-};
-Pair rand_pair(const Shape& shape, std::uint64_t seed, double low = -1, double high = 1,
-               DType dtype = DType::f32) {
-  return {rand_on(Device::cpu(), shape, seed, low, high, dtype), rand_on(kGpu, shape, seed, low, high, dtype)};
-}
-Pair zeros_pair(const Shape& shape, DType dtype = DType::f32) {
-  return {Tensor::zeros(shape, dtype), Tensor::zeros(shape, dtype, kGpu)};
-}
-
-double max_abs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) m = std::max(m, std::abs(x));
-  return m;
-}
-
-// Element-wise |gpu - cpu| <= atol + rtol |cpu|; reports the worst element.
-void expect_close(const Tensor& gpu, const Tensor& cpu, double rtol, double atol, const std::string& what) {
-  ASSERT_EQ(gpu.numel(), cpu.numel()) << what;
-  ASSERT_TRUE(gpu.device().is_cuda()) << what;
-  const std::vector<double> g = gpu.to_vector(), c = cpu.to_vector();
-  std::int64_t worst = -1;
-  double worst_excess = 0;
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    const double err = std::abs(g[i] - c[i]), allowed = atol + rtol * std::abs(c[i]);
-    if (!(err <= allowed) && (worst < 0 || err - allowed > worst_excess)) {
-      worst = static_cast<std::int64_t>(i);
-      worst_excess = err - allowed;
-    }
-  }
-  EXPECT_LT(worst, 0) << what << ": element " << worst << " is " << (worst >= 0 ? g[worst] : 0)
-                      << " on the GPU and " << (worst >= 0 ? c[worst] : 0) << " on the CPU (rtol " << rtol
-                      << ", atol " << atol << ")";
-}
+using namespace testing;
 
 constexpr double kTight = 1e-5;
 constexpr double kTf32 = 1e-2;
@@ -176,7 +135,7 @@ TEST(CudaNnOps, UnsupportedDtypesFailClearly) {
     ops::gelu_forward(a, out);
     FAIL() << "f64 gelu on CUDA should fail";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("support f32"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("support f32, bf16 and f16"), std::string::npos) << e.what();
   }
 }
 

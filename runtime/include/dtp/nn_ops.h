@@ -13,8 +13,9 @@
 /// - Floating ops run on f64 (computing in f64), f32, bf16 and f16 (computing
 ///   in f32). A bf16 or f16 op reads its inputs as f32 and rounds each value
 ///   it stores to nearest even, once: nothing is rounded in between. That is
-///   the contract of tensor-core kernels, which the CUDA ops will follow;
-///   today they run f32 only. All floating operands of an op share one dtype.
+///   the contract of tensor-core kernels, and the CUDA ops keep it (f32, bf16
+///   and f16 there; f64 only on the CPU). All floating operands of an op
+///   share one dtype.
 /// - Matrices are row-major; a tensor of shape [..., C] is read as a matrix of
 ///   numel / C rows and C columns.
 #pragma once

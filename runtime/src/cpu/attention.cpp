@@ -26,13 +26,13 @@ using detail::kQueryBlock;
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& probs, const AttentionMask& mask, double scale) {
-  if (q.device().is_cuda()) return cuda::attention_forward(q, k, v, out, probs, mask, scale);
   if (detail::is_half(q.dtype())) {
     detail::Widened f32("attention_forward", q.dtype());
     attention_forward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.out("out", out),
                       f32.out("probs", probs), mask, scale);
     return f32.store();
   }
+  if (q.device().is_cuda()) return cuda::attention_forward(q, k, v, out, probs, mask, scale);
   const char* op = "attention_forward";
   const detail::AttentionDims d = detail::attention_dims(op, q, k, v, scale);
   detail::check_float(op, "out", out);
@@ -81,13 +81,13 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs,
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionMask& mask, double scale) {
-  if (q.device().is_cuda()) return cuda::attention_backward(q, k, v, probs, dout, dq, dk, dv, mask, scale);
   if (detail::is_half(q.dtype())) {
     detail::Widened f32("attention_backward", q.dtype());
     attention_backward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.in("probs", probs),
                        f32.in("dout", dout), f32.out("dq", dq), f32.out("dk", dk), f32.out("dv", dv), mask, scale);
     return f32.store();
   }
+  if (q.device().is_cuda()) return cuda::attention_backward(q, k, v, probs, dout, dq, dk, dv, mask, scale);
   const char* op = "attention_backward";
   const detail::AttentionDims d = detail::attention_dims(op, q, k, v, scale);
   for (auto [name, t, shape] :

@@ -28,13 +28,13 @@ constexpr std::int64_t kBackwardKeyBlock = 128;
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                              Tensor& row_max, Tensor& row_sum, const AttentionMask& mask,
                              double scale, std::int64_t block_size) {
-  if (q.device().is_cuda()) return cuda::flash_attention_forward(q, k, v, out, row_max, row_sum, mask, scale, block_size);
   if (detail::is_half(q.dtype())) {
     detail::Widened f32("flash_attention_forward", q.dtype());
     flash_attention_forward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.out("out", out),
                             f32.out("row_max", row_max), f32.out("row_sum", row_sum), mask, scale, block_size);
     return f32.store();
   }
+  if (q.device().is_cuda()) return cuda::flash_attention_forward(q, k, v, out, row_max, row_sum, mask, scale, block_size);
   const char* op = "flash_attention_forward";
   const detail::AttentionDims d = detail::attention_dims(op, q, k, v, scale);
   DTP_CHECK(block_size >= 1, op, ": block_size must be at least 1, got ", block_size);
@@ -113,7 +113,6 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& row_max, const Tensor& row_sum, const Tensor& dout,
                               Tensor& dq, Tensor& dk, Tensor& dv, const AttentionMask& mask,
                               double scale) {
-  if (q.device().is_cuda()) return cuda::flash_attention_backward(q, k, v, out, row_max, row_sum, dout, dq, dk, dv, mask, scale);
   if (detail::is_half(q.dtype())) {
     detail::Widened f32("flash_attention_backward", q.dtype());
     flash_attention_backward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.in("out", out),
@@ -121,6 +120,7 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                              f32.out("dq", dq), f32.out("dk", dk), f32.out("dv", dv), mask, scale);
     return f32.store();
   }
+  if (q.device().is_cuda()) return cuda::flash_attention_backward(q, k, v, out, row_max, row_sum, dout, dq, dk, dv, mask, scale);
   const char* op = "flash_attention_backward";
   const detail::AttentionDims d = detail::attention_dims(op, q, k, v, scale);
   for (auto [name, t, shape] :
@@ -205,13 +205,13 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
 
 void attention_merge(Tensor& out, Tensor& row_max, Tensor& row_sum, const Tensor& other_out,
                      const Tensor& other_max, const Tensor& other_sum) {
-  if (out.device().is_cuda()) return cuda::attention_merge(out, row_max, row_sum, other_out, other_max, other_sum);
   if (detail::is_half(out.dtype())) {
     detail::Widened f32("attention_merge", out.dtype());
     attention_merge(f32.out("out", out), f32.out("row_max", row_max), f32.out("row_sum", row_sum),
                     f32.in("other_out", other_out), f32.in("other_max", other_max), f32.in("other_sum", other_sum));
     return f32.store();
   }
+  if (out.device().is_cuda()) return cuda::attention_merge(out, row_max, row_sum, other_out, other_max, other_sum);
   const char* op = "attention_merge";
   detail::check_float(op, "out", out);
   DTP_CHECK(out.ndim() == 4, op, ": out must be [B, Tq, H, D], got ", out.describe());

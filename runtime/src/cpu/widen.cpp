@@ -7,9 +7,8 @@ namespace dtp::detail {
 
 Tensor& Widened::widen(const char* name, const Tensor& t) {
   if (!t.defined() || t.dtype() == DType::i32) return const_cast<Tensor&>(t);
-  check_cpu(op_, name, t);
   check_dtype_is(op_, name, t, dtype_);
-  Tensor& copy = copies_.emplace_back(Tensor::empty(t.shape(), DType::f32));
+  Tensor& copy = copies_.emplace_back(Tensor::empty(t.shape(), DType::f32, t.device()));
   ops::cast(t, copy);  // exact
   return copy;
 }

@@ -1,12 +1,15 @@
 // Internal: how the CPU nn ops run on bf16 and f16 tensors.
 //
 // The contract is that of tensor-core kernels (cuBLAS with f32 accumulation,
-// PyTorch's on a GPU; DTP's CUDA ops are f32-only so far): read the 16-bit
-// inputs as f32, compute in f32, and round each output to its 16-bit type
-// with round-to-nearest-even once, when it is stored. On the CPU that is
-// done literally: an op called with 16-bit tensors runs its f32 kernel on
-// exact f32 copies of them, and rounds the outputs back at the end: every
-// value an op writes is rounded, nothing in between.
+// PyTorch's on a GPU, DTP's CUDA kernels): read the 16-bit inputs as f32,
+// compute in f32, and round each output to its 16-bit type with
+// round-to-nearest-even once, when it is stored. On the CPU that is done
+// literally: an op called with 16-bit tensors runs its f32 kernel on exact
+// f32 copies of them, and rounds the outputs back at the end: every value an
+// op writes is rounded, nothing in between. The attention ops do the same on
+// a GPU (the copies are made on the tensors' device): their CUDA kernels are
+// f32 kernels; the other CUDA kernels read and write 16-bit elements
+// themselves.
 //
 //   if (detail::is_half(x.dtype())) {
 //     detail::Widened f32("gelu_forward", x.dtype());
@@ -37,8 +40,9 @@ class Widened {
   /// For op @p op whose floating tensors are all @p dtype (bf16 or f16).
   Widened(const char* op, DType dtype) : op_(op), dtype_(dtype) {}
 
-  /// An exact f32 copy of input @p t; @p t itself when it is undefined or
-  /// i32 (token ids, targets). Any other dtype is an error naming @p name.
+  /// An exact f32 copy of input @p t, on its device; @p t itself when it is
+  /// undefined or i32 (token ids, targets). Any other dtype is an error
+  /// naming @p name.
   const Tensor& in(const char* name, const Tensor& t) { return widen(name, t); }
 
   /// As in(), and store() rounds the copy back into @p t.

@@ -16,6 +16,8 @@
 // atomics.
 // These kernels use CUDA cores (FFMA), not tensor cores: correct and
 // memory-frugal first; an mma/wgmma version is the next step for speed.
+// They are f32 kernels: ops:: widens bf16/f16 attention to f32 copies on the
+// GPU and rounds the outputs back (cpu/widen.h), the contract of the CPU ops.
 #include <cmath>
 #include <limits>
 #include <type_traits>

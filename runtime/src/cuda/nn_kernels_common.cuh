@@ -32,14 +32,19 @@ inline void check_same_gpu(const char* op, const char* name, const Tensor& t, De
             device.str(), " like the other inputs");
 }
 
-/// The floating dtypes the CUDA nn kernels accept today.
-inline bool cuda_float_supported(DType dtype) { return dtype == DType::f32; }
+/// The floating dtypes the CUDA nn kernels accept: f32, and bf16 and f16
+/// under the CPU ops' contract (read as f32, compute in f32, round each
+/// stored output to nearest even). f64 stays on the CPU: the GPU's f64 rate
+/// is a fraction of its f32 rate, and the f64 checks are the CPU's job.
+inline bool cuda_float_supported(DType dtype) {
+  return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16;
+}
 
 /// Fails unless @p t is a floating GPU tensor of a supported dtype on @p device.
 inline void check_float(const char* op, const char* name, const Tensor& t, Device device) {
   check_same_gpu(op, name, t, device);
   DTP_CHECK(cuda_float_supported(t.dtype()), op, ": ", name, " is ", t.describe(),
-            "; the CUDA kernels support f32 so far (bf16/f16 come later; cast first)");
+            "; the CUDA kernels support f32, bf16 and f16 (f64 runs on the CPU; cast first)");
 }
 
 /// Fails unless @p t is a supported floating GPU tensor on @p like's device
@@ -53,11 +58,16 @@ inline void check_same(const char* op, const char* name, const Tensor& t, const 
 inline void use_device(Device device) { DTP_CUDA_CHECK(cudaSetDevice(device.index)); }
 
 /// Calls fn(T{}) with T the device storage type of @p dtype (checked by
-/// check_float). Adding bf16/f16 here instantiates every kernel for them.
+/// check_float): every kernel is instantiated for f32, bf16 and f16, and
+/// reads and writes its elements through load() and store() (Compute<T>).
 template <typename Fn>
 void with_float(DType dtype, Fn&& fn) {
-  if (dtype == DType::f32) fn(float{});
-  else throw Error(std::string("CUDA nn kernels: unsupported dtype ") + dtype_name(dtype));
+  switch (dtype) {
+    case DType::f32: fn(float{}); break;
+    case DType::bf16: fn(__nv_bfloat16{}); break;
+    case DType::f16: fn(__half{}); break;
+    default: throw Error(std::string("CUDA nn kernels: unsupported dtype ") + dtype_name(dtype));
+  }
 }
 
 /// Raises the error of the last launch, if any.
@@ -71,6 +81,30 @@ template <typename T>
 inline const T* ptr(const Tensor& t) {
   return static_cast<const T*>(t.raw());
 }
+
+/// Where a kernel adds many terms into a gradient with atomics: @p target
+/// itself when it is f32, else an f32 copy of it, rounded back into it once
+/// by finish(). A 16-bit gradient summed in 16 bits would be rounded at every
+/// addition; the CPU ops sum in f32 and round once.
+class SumsInF32 {
+ public:
+  explicit SumsInF32(Tensor& target)
+      : target_(target),
+        sums_(target.dtype() == DType::f32
+                  ? target
+                  : Tensor::empty(target.shape(), DType::f32, target.device(), MemoryCategory::other)) {
+    if (!sums_.shares_storage_with(target_)) cast(target_, sums_);
+  }
+  float* data() { return ptr<float>(sums_); }
+  /// Rounds the sums into the 16-bit target (to nearest even); nothing for f32.
+  void finish() {
+    if (!sums_.shares_storage_with(target_)) cast(sums_, target_);
+  }
+
+ private:
+  Tensor& target_;
+  Tensor sums_;
+};
 
 /// Rows of the matrix view of @p t with @p cols columns.
 inline std::int64_t rows_of(const Tensor& t, std::int64_t cols) { return cols == 0 ? 0 : t.numel() / cols; }

@@ -1,7 +1,9 @@
 // Embedding lookup and learned positions. The backward of the lookup
 // scatters rows into the table; several tokens may share an id, so it adds
-// with atomicAdd. The positions' backward sums over the batch in a fixed
-// order instead (one thread per (position, channel)), so it is deterministic.
+// with atomicAdd, always into f32: a bf16/f16 table's gradient is summed in
+// an f32 copy and rounded once at the end, as on the CPU. The positions'
+// backward sums over the batch in a fixed order instead (one thread per
+// (position, channel)), so it is deterministic.
 #include <climits>
 
 #include "cuda/nn_kernels_common.cuh"
@@ -33,13 +35,13 @@ __global__ void gather_kernel(const std::int32_t* ids, const T* table, T* out, s
 }
 
 template <typename T>
-__global__ void scatter_add_kernel(const std::int32_t* ids, const T* dout, T* dtable, std::int64_t n,
+__global__ void scatter_add_kernel(const std::int32_t* ids, const T* dout, float* dtable, std::int64_t n,
                                    std::int64_t C, std::int64_t V) {
   DTP_GRID_STRIDE(i, n * C) {
     const std::int64_t row = i / C, c = i - row * C;
     const std::int32_t id = ids[row];
     if (id < 0 || id >= V) continue;  // the forward rejected these already
-    atomicAdd(dtable + static_cast<std::int64_t>(id) * C + c, dout[i]);
+    atomicAdd(dtable + static_cast<std::int64_t>(id) * C + c, static_cast<float>(load(dout, i)));
   }
 }
 
@@ -120,13 +122,14 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
             ": dout must be [..., ", C, "] with ", N, " rows (one per id), got ", dout.describe());
   if (N == 0 || C == 0) return;
   nn::use_device(dtable.device());
+  nn::SumsInF32 sums(dtable);
   nn::with_float(dtable.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    static_assert(std::is_same_v<T, float>, "atomicAdd on float");
-    scatter_add_kernel<<<grid_for(N * C), 256, 0, stream()>>>(ptr<std::int32_t>(ids), ptr<T>(dout),
-                                                              ptr<T>(dtable), N, C, V);
+    scatter_add_kernel<<<grid_for(N * C), 256, 0, stream()>>>(ptr<std::int32_t>(ids), ptr<T>(dout), sums.data(),
+                                                              N, C, V);
   });
   check_launch();
+  sums.finish();
 }
 
 void add_positions(Tensor& x, const Tensor& positions, std::int64_t start) {

@@ -2,7 +2,9 @@
 // LayerNorm (the GPT's rows are a few hundred to a few thousand wide): the
 // statistics are warp shuffles, no shared memory, no block barrier. The
 // weight/bias gradients are sums over rows: each block accumulates its rows
-// in shared memory and adds its partial into the global gradient once.
+// in shared memory and adds its partial into the global gradient once,
+// always in f32: a bf16/f16 weight's gradient is summed in an f32 copy and
+// rounded once at the end, as on the CPU.
 #include <cmath>
 #include <limits>
 
@@ -44,7 +46,7 @@ __global__ void layernorm_forward_kernel(const T* x, const T* w, const T* b, T* 
 // dx = rstd * (dy w - mean(dy w) - xhat * mean(dy w xhat)); dw += dy xhat; db += dy.
 template <typename T>
 __global__ void layernorm_backward_kernel(const T* dy, const T* x, const T* w, const T* mean,
-                                          const T* rstd, T* dx, T* dw, T* db, std::int64_t rows,
+                                          const T* rstd, T* dx, float* dw, float* db, std::int64_t rows,
                                           int C, bool shared_partials) {
   extern __shared__ float partial[];  // [2 C]: dw then db, when shared_partials
   float* pdw = partial;
@@ -71,8 +73,8 @@ __global__ void layernorm_backward_kernel(const T* dy, const T* x, const T* w, c
         atomicAdd(&pdw[c], gc * xhat);  // shared-memory atomics: cheap, 8 warps contend
         atomicAdd(&pdb[c], gc);
       } else {
-        atomicAdd(reinterpret_cast<float*>(dw) + c, gc * xhat);
-        atomicAdd(reinterpret_cast<float*>(db) + c, gc);
+        atomicAdd(dw + c, gc * xhat);
+        atomicAdd(db + c, gc);
       }
     }
     mean_dxhat = nn::warp_sum(mean_dxhat) / C;
@@ -86,8 +88,8 @@ __global__ void layernorm_backward_kernel(const T* dy, const T* x, const T* w, c
   if (shared_partials) {
     __syncthreads();
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
-      atomicAdd(reinterpret_cast<float*>(dw) + c, pdw[c]);
-      atomicAdd(reinterpret_cast<float*>(db) + c, pdb[c]);
+      atomicAdd(dw + c, pdw[c]);
+      atomicAdd(db + c, pdb[c]);
     }
   }
 }
@@ -173,14 +175,16 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   const auto blocks = static_cast<unsigned>(wanted < 264 ? wanted : 264);
   const std::size_t shared_bytes = 2 * static_cast<std::size_t>(C) * sizeof(float);
   const bool shared_partials = shared_bytes <= 48 * 1024;
+  nn::SumsInF32 dw(dweight), db(dbias);
   nn::with_float(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    static_assert(std::is_same_v<T, float>, "the global atomics below add floats");
     layernorm_backward_kernel<<<blocks, 32 * kWarpsPerBlock, shared_partials ? shared_bytes : 0, stream()>>>(
-        ptr<T>(dy), ptr<T>(x), ptr<T>(weight), ptr<T>(mean), ptr<T>(rstd), ptr<T>(dx),
-        ptr<T>(dweight), ptr<T>(dbias), rows, static_cast<int>(C), shared_partials);
+        ptr<T>(dy), ptr<T>(x), ptr<T>(weight), ptr<T>(mean), ptr<T>(rstd), ptr<T>(dx), dw.data(), db.data(), rows,
+        static_cast<int>(C), shared_partials);
   });
   check_launch();
+  dw.finish();
+  db.finish();
 }
 
 void softmax_forward(const Tensor& x, Tensor& y) {

@@ -4,7 +4,10 @@
 // the operands swap places and keep their own transpose flags.
 //
 // f32 uses TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to
-// 10 mantissa bits, products accumulated in f32), unless DTP_TF32=0.
+// 10 mantissa bits, products accumulated in f32), unless DTP_TF32=0. bf16 and
+// f16 use their tensor cores with f32 accumulation (CUBLAS_COMPUTE_32F), and
+// cuBLAS rounds each output once when it stores it: the contract of the CPU
+// ops on 16-bit tensors.
 // One cuBLAS handle per thread and GPU, created on first use and pointed at
 // the rank's current stream before every call; destroyed before that stream
 // is (a handle may free its workspace on its stream), or when the thread ends.
@@ -109,19 +112,34 @@ int as_int(const char* what, std::int64_t v) {
 bool tf32_enabled() { return tf32_flag().load(); }
 void set_tf32_enabled(bool enabled) { tf32_flag().store(enabled); }
 
-void gemm_strided_batched_f32(bool transpose_a, bool transpose_b, std::int64_t M, std::int64_t N,
-                              std::int64_t K, float alpha, const float* A, std::int64_t lda,
-                              std::int64_t stride_a, const float* B, std::int64_t ldb,
-                              std::int64_t stride_b, float beta, float* C, std::int64_t ldc,
-                              std::int64_t stride_c, std::int64_t batch) {
+namespace {
+
+// The row-major C = alpha op(A) op(B) + beta C of @p batch matrices of one
+// element type, through cuBLAS.
+void gemm_strided_batched(cudaDataType_t type, cublasComputeType_t compute, bool transpose_a, bool transpose_b,
+                          std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const void* A,
+                          std::int64_t lda, std::int64_t stride_a, const void* B, std::int64_t ldb,
+                          std::int64_t stride_b, float beta, void* C, std::int64_t ldc, std::int64_t stride_c,
+                          std::int64_t batch) {
   if (M == 0 || N == 0 || batch == 0) return;
   cublasHandle_t handle = handle_for_current_stream();
   // Column-major: C^T [N, M] = op(B)^T [N, K] op(A)^T [K, M].
   DTP_CUBLAS_CHECK(cublas_library().gemm_strided_batched_ex(
       handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-      as_int("N", N), as_int("M", M), as_int("K", K), &alpha, B, CUDA_R_32F, as_int("ldb", ldb),
-      stride_b, A, CUDA_R_32F, as_int("lda", lda), stride_a, &beta, C, CUDA_R_32F,
-      as_int("ldc", ldc), stride_c, as_int("batch", batch), compute_type_f32(), CUBLAS_GEMM_DEFAULT));
+      as_int("N", N), as_int("M", M), as_int("K", K), &alpha, B, type, as_int("ldb", ldb), stride_b, A, type,
+      as_int("lda", lda), stride_a, &beta, C, type, as_int("ldc", ldc), stride_c, as_int("batch", batch),
+      compute, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace
+
+void gemm_strided_batched_f32(bool transpose_a, bool transpose_b, std::int64_t M, std::int64_t N,
+                              std::int64_t K, float alpha, const float* A, std::int64_t lda,
+                              std::int64_t stride_a, const float* B, std::int64_t ldb,
+                              std::int64_t stride_b, float beta, float* C, std::int64_t ldc,
+                              std::int64_t stride_c, std::int64_t batch) {
+  gemm_strided_batched(CUDA_R_32F, compute_type_f32(), transpose_a, transpose_b, M, N, K, alpha, A, lda, stride_a,
+                       B, ldb, stride_b, beta, C, ldc, stride_c, batch);
 }
 
 void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, bool transpose_b,
@@ -152,15 +170,12 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, boo
     else if (beta != 1.0) scale(out.raw(), out.dtype(), out.numel(), beta);
     return;
   }
-  nn::with_float(a.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    static_assert(std::is_same_v<T, float>, "only f32 goes through cuBLAS so far");
-    // beta = 0: cuBLAS does not read C, so NaNs in out are ignored as promised.
-    gemm_strided_batched_f32(transpose_a, transpose_b, M, N, K, static_cast<float>(alpha),
-                             nn::ptr<float>(a), transpose_a ? M : K, 0, nn::ptr<float>(b),
-                             transpose_b ? K : N, 0, static_cast<float>(beta),
-                             nn::ptr<float>(out), N, 0, 1);
-  });
+  const bool wide = a.dtype() == DType::f32;
+  const cudaDataType_t type = wide ? CUDA_R_32F : a.dtype() == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  // beta = 0: cuBLAS does not read C, so NaNs in out are ignored as promised.
+  gemm_strided_batched(type, wide ? compute_type_f32() : CUBLAS_COMPUTE_32F, transpose_a, transpose_b, M, N, K,
+                       static_cast<float>(alpha), a.raw(), transpose_a ? M : K, 0, b.raw(), transpose_b ? K : N, 0,
+                       static_cast<float>(beta), out.raw(), N, 0, 1);
 }
 
 }  // namespace dtp::cuda
