@@ -162,9 +162,6 @@ void validate_mixed_precision(const TrainConfig& config, const MixedPrecisionRun
   const DType precision = config.model.dtype;
   DTP_CHECK(precision == DType::bf16 || precision == DType::f16,
             "mixed precision: the model must be bf16 or f16 (--precision bf16|fp16), got ", dtype_name(precision));
-  DTP_CHECK(!config.model.device.is_cuda(), "mixed precision: --precision ", dtype_name(precision), " on ",
-            config.model.device.str(), ": the bf16/f16 CUDA kernels are not written yet (the CPU ops compute in "
-            "f32 and round like they will); train on the CPU, or in fp32 on the GPU");
   DTP_CHECK(options.world >= 1, "mixed precision: --world (ranks) must be at least 1, got ", options.world);
   DTP_CHECK(config.batch % options.world == 0, "mixed precision: the global batch (--batch ", config.batch,
             ") must divide evenly by --world ", options.world);
