@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -82,29 +83,10 @@ inline const T* ptr(const Tensor& t) {
   return static_cast<const T*>(t.raw());
 }
 
-/// Where a kernel adds many terms into a gradient with atomics: @p target
-/// itself when it is f32, else an f32 copy of it, rounded back into it once
-/// by finish(). A 16-bit gradient summed in 16 bits would be rounded at every
-/// addition; the CPU ops sum in f32 and round once.
-class SumsInF32 {
- public:
-  explicit SumsInF32(Tensor& target)
-      : target_(target),
-        sums_(target.dtype() == DType::f32
-                  ? target
-                  : Tensor::empty(target.shape(), DType::f32, target.device(), MemoryCategory::other)) {
-    if (!sums_.shares_storage_with(target_)) cast(target_, sums_);
-  }
-  float* data() { return ptr<float>(sums_); }
-  /// Rounds the sums into the 16-bit target (to nearest even); nothing for f32.
-  void finish() {
-    if (!sums_.shares_storage_with(target_)) cast(sums_, target_);
-  }
-
- private:
-  Tensor& target_;
-  Tensor sums_;
-};
+/// table[id - first_id] += the rows of @p dout (one per id of @p ids) with
+/// that id, added in position order in f32 and stored once; ids outside the
+/// table's rows are skipped. The same bits on every run (nn_kernels_embedding.cu).
+void add_rows_by_id(const Tensor& ids, const Tensor& dout, std::int64_t first_id, Tensor& table);
 
 /// Rows of the matrix view of @p t with @p cols columns.
 inline std::int64_t rows_of(const Tensor& t, std::int64_t cols) { return cols == 0 ? 0 : t.numel() / cols; }
@@ -155,6 +137,91 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
   __syncthreads();
   v = lane < warps ? shared[lane] : -INFINITY;
   return warp_max(v);
+}
+
+/// *total = the sum of parts[0, count), in an order fixed by count alone
+/// (one block: each thread its strided share, then a fixed reduction tree).
+/// Partial sums that many blocks added with atomics would come out in the
+/// order the blocks finish, and differ in their last bits from run to run.
+/// (A template, so that every file including this one may launch it.)
+template <int Threads>
+__global__ void sum_in_order_kernel(const double* parts, std::int64_t count, double* total) {
+  __shared__ double shared[32];
+  double acc = 0;
+  for (std::int64_t i = threadIdx.x; i < count; i += Threads) acc += parts[i];
+  acc = block_sum(acc, shared);
+  if (threadIdx.x == 0) *total = acc;
+}
+
+/// The sum of the f64 tensor @p parts, in a fixed order (waits for the stream).
+inline double sum_in_order(const Tensor& parts) {
+  Tensor total = Tensor::zeros({1}, DType::f64, parts.device());
+  if (parts.numel() > 0) {
+    sum_in_order_kernel<256><<<1, 256, 0, stream()>>>(ptr<double>(parts), parts.numel(), ptr<double>(total));
+    check_launch();
+  }
+  return total.item(0);
+}
+
+// --- sums over rows, column by column, in a fixed order ------------------------
+//
+// A parameter gradient that sums over the rows of an activation (a bias, a
+// LayerNorm weight) is made in two passes with a fixed order of additions,
+// no atomics: the same bits on every run. Pass 1: block (x, y) sums the rows
+// of slice y for kColumnBlock columns; its kColumnBlock x kRowThreads threads
+// read consecutive columns of a row (one coalesced line per warp) and their
+// row-partials meet in shared memory in a fixed order. Pass 2
+// (add_column_partials_kernel): per column, the slices' partials in slice
+// order, added into the gradient.
+constexpr int kColumnBlock = 32, kRowThreads = 8;
+
+struct RowSlices {
+  std::int64_t column_blocks = 0, slices = 0, rows_per_slice = 0;
+  dim3 grid() const { return dim3(static_cast<unsigned>(column_blocks), static_cast<unsigned>(slices)); }
+  static dim3 block() { return dim3(kColumnBlock, kRowThreads); }
+};
+
+/// Enough slices for about four blocks per SM, each at least kRowThreads rows.
+inline RowSlices row_slices(std::int64_t rows, std::int64_t C) {
+  RowSlices s;
+  s.column_blocks = (C + kColumnBlock - 1) / kColumnBlock;
+  const std::int64_t wanted = (4 * multiprocessor_count() + s.column_blocks - 1) / s.column_blocks;
+  const std::int64_t most = std::max<std::int64_t>(1, (rows + kRowThreads - 1) / kRowThreads);
+  s.slices = std::min<std::int64_t>({wanted, most, 65535});  // >= 1
+  s.rows_per_slice = (rows + s.slices - 1) / s.slices;
+  return s;
+}
+
+/// The row range [first, end) of this block's slice.
+__device__ __forceinline__ void slice_rows(std::int64_t rows, std::int64_t rows_per_slice, std::int64_t& first,
+                                           std::int64_t& end) {
+  first = static_cast<std::int64_t>(blockIdx.y) * rows_per_slice;
+  end = first + rows_per_slice < rows ? first + rows_per_slice : rows;
+}
+
+/// Adds the kRowThreads partials of column threadIdx.x in @p tile (a
+/// [kRowThreads][kColumnBlock + 1] shared array) in row-thread order and
+/// writes the slice's partial for column @p c.
+__device__ __forceinline__ void write_slice_partial(float (*tile)[kColumnBlock + 1], float* partial, std::int64_t c,
+                                                    std::int64_t C) {
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float sum = 0;
+    for (int k = 0; k < kRowThreads; ++k) sum += tile[k][threadIdx.x];
+    partial[blockIdx.y * C + c] = sum;
+  }
+}
+
+/// Pass 2: out[c] += the slices' partials of column c, in slice order
+/// (computed in f32, rounded once when stored).
+template <typename T>
+__global__ void add_column_partials_kernel(const float* partial, T* out, std::int64_t slices, std::int64_t C) {
+  for (std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; c < C;
+       c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float sum = 0;
+    for (std::int64_t s = 0; s < slices; ++s) sum += partial[s * C + c];
+    store(out, c, load(out, c) + sum);
+  }
 }
 
 /// Online-softmax pair (running max m, sum of exp(x - m)) and its merge.

@@ -26,16 +26,18 @@ __device__ float row_logsumexp(const T* row, std::int64_t V, nn::MaxSum* shared)
   return ms.m + logf(ms.s);
 }
 
+// Each row's loss goes to row_loss (f32 values in f64: the mean is summed in
+// f64 like the CPU's, in a fixed order by sum_in_order) and, rounded, to losses.
 template <typename T>
 __global__ void cross_entropy_forward_kernel(const T* logits, const std::int32_t* targets, T* losses,
-                                             double* total, std::int64_t V) {
+                                             double* row_loss, std::int64_t V) {
   __shared__ nn::MaxSum shared[32];
   const T* row = logits + blockIdx.x * V;
   const float lse = row_logsumexp(row, V, shared);
   if (threadIdx.x == 0) {
     const float loss = lse - load(row, targets[blockIdx.x]);
     if (losses != nullptr) store(losses, blockIdx.x, loss);
-    atomicAdd(total, static_cast<double>(loss));
+    row_loss[blockIdx.x] = static_cast<double>(loss);
   }
 }
 
@@ -72,15 +74,15 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor
   if (r.N == 0) return 0.0;
   nn::use_device(logits.device());
   check_token_ids(op, "target", targets, r.V);
-  Tensor total = Tensor::zeros({1}, DType::f64, logits.device());
+  Tensor row_loss = Tensor::empty({r.N}, DType::f64, logits.device(), MemoryCategory::other);
   nn::with_float(logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     cross_entropy_forward_kernel<<<static_cast<unsigned>(r.N), kThreads, 0, stream()>>>(
         ptr<T>(logits), ptr<std::int32_t>(targets), losses.defined() ? ptr<T>(losses) : nullptr,
-        ptr<double>(total), r.V);
+        ptr<double>(row_loss), r.V);
   });
   check_launch();
-  return total.item(0) / static_cast<double>(r.N);
+  return nn::sum_in_order(row_loss) / static_cast<double>(r.N);
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double loss_scale,

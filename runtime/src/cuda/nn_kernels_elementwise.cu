@@ -29,9 +29,10 @@ __global__ void axpy_kernel(T* y, float alpha, const T* x, std::int64_t n) {
   DTP_GRID_STRIDE(i, n) store(y, i, load(y, i) + alpha * load(x, i));
 }
 
-// Each block adds its partial sum (in double, like the CPU) into *total.
+// Each block writes its partial sum (in double, like the CPU) to
+// partial[blockIdx.x]; sum_in_order adds them (the same bits on every run).
 template <typename T>
-__global__ void sum_squares_kernel(const T* x, std::int64_t n, double* total) {
+__global__ void sum_squares_kernel(const T* x, std::int64_t n, double* partial) {
   __shared__ double shared[32];
   double acc = 0;
   DTP_GRID_STRIDE(i, n) {
@@ -39,7 +40,7 @@ __global__ void sum_squares_kernel(const T* x, std::int64_t n, double* total) {
     acc += v * v;
   }
   acc = nn::block_sum(acc, shared);
-  if (threadIdx.x == 0) atomicAdd(total, acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
 template <typename T>
@@ -74,40 +75,20 @@ __global__ void add_bias_kernel(T* x, const T* bias, std::int64_t n, std::int64_
 }
 
 // dbias[c] += sum over rows of dy[r, c], in two passes with a fixed order of
-// additions (no atomics: the same bits on every run).
-// Pass 1: block (x, y) sums the rows of slice y for 32 columns; its 32 x 8
-// threads read 32 consecutive columns per row (one coalesced line per warp)
-// and the 8 row-partials meet in shared memory. Enough slices are made to
+// additions (nn_kernels_common.cuh: row_slices). Enough slices are made to
 // fill the GPU: C = 768 with one thread per column gave 6 blocks.
-constexpr int kBiasColumns = 32, kBiasRowThreads = 8;
-
-template <typename T, typename A>
-__global__ void bias_partial_kernel(const T* dy, A* partial, std::int64_t rows, std::int64_t C,
+template <typename T>
+__global__ void bias_partial_kernel(const T* dy, float* partial, std::int64_t rows, std::int64_t C,
                                     std::int64_t rows_per_slice) {
-  __shared__ A tile[kBiasRowThreads][kBiasColumns + 1];
-  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kBiasColumns + threadIdx.x;
-  const std::int64_t first = static_cast<std::int64_t>(blockIdx.y) * rows_per_slice;
-  const std::int64_t end = first + rows_per_slice < rows ? first + rows_per_slice : rows;
-  A acc = 0;
+  __shared__ float tile[nn::kRowThreads][nn::kColumnBlock + 1];
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * nn::kColumnBlock + threadIdx.x;
+  std::int64_t first, end;
+  nn::slice_rows(rows, rows_per_slice, first, end);
+  float acc = 0;
   if (c < C)
-    for (std::int64_t r = first + threadIdx.y; r < end; r += kBiasRowThreads) acc += load(dy, r * C + c);
+    for (std::int64_t r = first + threadIdx.y; r < end; r += nn::kRowThreads) acc += load(dy, r * C + c);
   tile[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    A sum = 0;
-    for (int k = 0; k < kBiasRowThreads; ++k) sum += tile[k][threadIdx.x];
-    partial[blockIdx.y * C + c] = sum;
-  }
-}
-
-// Pass 2: per column, the slices' partials in slice order, added into dbias.
-template <typename T, typename A>
-__global__ void bias_finish_kernel(const A* partial, T* dbias, std::int64_t slices, std::int64_t C) {
-  DTP_GRID_STRIDE(c, C) {
-    A sum = 0;
-    for (std::int64_t s = 0; s < slices; ++s) sum += partial[s * C + c];
-    store(dbias, c, load(dbias, c) + sum);
-  }
+  nn::write_slice_partial(tile, partial, c, C);
 }
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -210,13 +191,14 @@ double sum_squares(const Tensor& x) {
   const std::int64_t n = x.numel();
   if (n == 0) return 0;
   nn::use_device(x.device());
-  Tensor total = Tensor::zeros({1}, DType::f64, x.device());
+  const unsigned blocks = grid_for(n, 512);
+  Tensor partial = Tensor::empty({blocks}, DType::f64, x.device(), MemoryCategory::other);
   nn::with_float(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    sum_squares_kernel<<<grid_for(n, 512), 512, 0, stream()>>>(ptr<T>(x), n, ptr<double>(total));
+    sum_squares_kernel<<<blocks, 512, 0, stream()>>>(ptr<T>(x), n, ptr<double>(partial));
   });
   check_launch();
-  return total.item(0);  // copies to the host after the kernel (stream-ordered)
+  return nn::sum_in_order(partial);  // copies to the host after the kernels (stream-ordered)
 }
 
 bool all_finite(const Tensor& x) {
@@ -280,20 +262,14 @@ void bias_backward(const Tensor& dy, Tensor& dbias) {
   if (C == 0) return;
   nn::use_device(dy.device());
   const std::int64_t rows = nn::rows_of(dy, C);
-  // About four blocks per SM, each slice at least 8 rows (one per row thread).
-  const std::int64_t column_blocks = (C + kBiasColumns - 1) / kBiasColumns;
-  const std::int64_t wanted = (4 * nn::multiprocessor_count() + column_blocks - 1) / column_blocks;
-  const std::int64_t most = std::max<std::int64_t>(1, (rows + kBiasRowThreads - 1) / kBiasRowThreads);
-  const std::int64_t slices = std::min<std::int64_t>({wanted, most, 65535});  // >= 1
-  const std::int64_t rows_per_slice = (rows + slices - 1) / slices;
+  const nn::RowSlices s = nn::row_slices(rows, C);
+  Tensor partial = Tensor::empty({s.slices * C}, DType::f32, dy.device(), MemoryCategory::activations);
   nn::with_float(dy.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    using A = typename Compute<T>::type;  // partial sums in the compute type
-    Tensor partial = Tensor::empty({slices * C}, dtype_of<A>(), dy.device(), MemoryCategory::activations);
-    bias_partial_kernel<<<dim3(static_cast<unsigned>(column_blocks), static_cast<unsigned>(slices)),
-                          dim3(kBiasColumns, kBiasRowThreads), 0, stream()>>>(ptr<T>(dy), ptr<A>(partial), rows, C,
-                                                                              rows_per_slice);
-    bias_finish_kernel<<<grid_for(C), 256, 0, stream()>>>(ptr<A>(partial), ptr<T>(dbias), slices, C);
+    bias_partial_kernel<<<s.grid(), s.block(), 0, stream()>>>(ptr<T>(dy), ptr<float>(partial), rows, C,
+                                                              s.rows_per_slice);
+    nn::add_column_partials_kernel<<<grid_for(C), 256, 0, stream()>>>(ptr<float>(partial), ptr<T>(dbias), s.slices,
+                                                                      C);
   });
   check_launch();
 }

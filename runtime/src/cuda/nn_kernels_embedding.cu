@@ -1,9 +1,13 @@
-// Embedding lookup and learned positions. The backward of the lookup
-// scatters rows into the table; several tokens may share an id, so it adds
-// with atomicAdd, always into f32: a bf16/f16 table's gradient is summed in
-// an f32 copy and rounded once at the end, as on the CPU. The positions'
-// backward sums over the batch in a fixed order instead (one thread per
-// (position, channel)), so it is deterministic.
+// Embedding lookup and learned positions. The backward of the lookup adds
+// rows of dout into the table; several tokens may share an id. Atomics would
+// add them in whatever order the threads run, different in the last bits
+// from run to run, so the positions are first sorted by id (a stable radix
+// sort: equal ids keep their position order) and one thread per (id,
+// column) sums its rows in position order, in f32, and stores once. The
+// positions' backward sums over the batch in a fixed order too (one thread
+// per (position, channel)). Both give the same bits on every run.
+#include <cub/device/device_radix_sort.cuh>
+
 #include <climits>
 
 #include "cuda/nn_kernels_common.cuh"
@@ -34,14 +38,26 @@ __global__ void gather_kernel(const std::int32_t* ids, const T* table, T* out, s
   }
 }
 
+__global__ void iota_kernel(std::int32_t* out, std::int64_t n) {
+  DTP_GRID_STRIDE(i, n) out[i] = static_cast<std::int32_t>(i);
+}
+
+// Thread (k, c) for the first of a run of equal sorted ids: table row
+// id - first_id gets the run's rows of dout (their positions in order) added
+// in column c. Ids outside [first_id, first_id + rows) are another table's.
 template <typename T>
-__global__ void scatter_add_kernel(const std::int32_t* ids, const T* dout, float* dtable, std::int64_t n,
-                                   std::int64_t C, std::int64_t V) {
+__global__ void add_runs_kernel(const std::int32_t* sorted_ids, const std::int32_t* positions, const T* dout,
+                                T* table, std::int64_t n, std::int64_t C, std::int64_t first_id, std::int64_t rows) {
   DTP_GRID_STRIDE(i, n * C) {
-    const std::int64_t row = i / C, c = i - row * C;
-    const std::int32_t id = ids[row];
-    if (id < 0 || id >= V) continue;  // the forward rejected these already
-    atomicAdd(dtable + static_cast<std::int64_t>(id) * C + c, static_cast<float>(load(dout, i)));
+    const std::int64_t k = i / C, c = i - k * C;
+    const std::int32_t id = sorted_ids[k];
+    if (k > 0 && sorted_ids[k - 1] == id) continue;  // not the first of its run
+    const std::int64_t local = static_cast<std::int64_t>(id) - first_id;
+    if (local < 0 || local >= rows) continue;
+    float sum = 0;
+    for (std::int64_t j = k; j < n && sorted_ids[j] == id; ++j)
+      sum += load(dout, static_cast<std::int64_t>(positions[j]) * C + c);
+    store(table, local * C + c, load(table, local * C + c) + sum);
   }
 }
 
@@ -77,6 +93,32 @@ void check_positions(const char* op, const Tensor& x, const char* table_name, co
             " positions (the model's context length)");
 }
 }  // namespace
+
+void nn::add_rows_by_id(const Tensor& ids, const Tensor& dout, std::int64_t first_id, Tensor& table) {
+  const std::int64_t n = ids.numel(), C = table.size(1);
+  if (n == 0 || C == 0) return;
+  DTP_CHECK(n <= INT32_MAX, "embedding backward: ", n, " ids do not fit the sort's 32-bit positions");
+  const Device device = table.device();
+  auto i32 = [&](std::int64_t count) { return Tensor::empty({count}, DType::i32, device, MemoryCategory::other); };
+  Tensor positions = i32(n), sorted_ids = i32(n), sorted_positions = i32(n);
+  iota_kernel<<<grid_for(n), 256, 0, stream()>>>(ptr<std::int32_t>(positions), n);
+  check_launch();
+  std::size_t scratch_bytes = 0;
+  DTP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, scratch_bytes, ptr<std::int32_t>(ids),
+                                                 ptr<std::int32_t>(sorted_ids), ptr<std::int32_t>(positions),
+                                                 ptr<std::int32_t>(sorted_positions), n, 0, 32, stream()));
+  Tensor scratch = i32(static_cast<std::int64_t>((scratch_bytes + 3) / 4) + 1);
+  DTP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch.raw(), scratch_bytes, ptr<std::int32_t>(ids),
+                                                 ptr<std::int32_t>(sorted_ids), ptr<std::int32_t>(positions),
+                                                 ptr<std::int32_t>(sorted_positions), n, 0, 32, stream()));
+  nn::with_float(table.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    add_runs_kernel<<<grid_for(n * C), 256, 0, stream()>>>(ptr<std::int32_t>(sorted_ids),
+                                                           ptr<std::int32_t>(sorted_positions), ptr<T>(dout),
+                                                           ptr<T>(table), n, C, first_id, table.size(0));
+  });
+  check_launch();
+}
 
 /// Fails naming the first id outside [0, V) (waits for the stream).
 void check_token_ids(const char* op, const char* what, const Tensor& ids, std::int64_t V) {
@@ -122,14 +164,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
             ": dout must be [..., ", C, "] with ", N, " rows (one per id), got ", dout.describe());
   if (N == 0 || C == 0) return;
   nn::use_device(dtable.device());
-  nn::SumsInF32 sums(dtable);
-  nn::with_float(dtable.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    scatter_add_kernel<<<grid_for(N * C), 256, 0, stream()>>>(ptr<std::int32_t>(ids), ptr<T>(dout), sums.data(),
-                                                              N, C, V);
-  });
-  check_launch();
-  sums.finish();
+  nn::add_rows_by_id(ids, dout, 0, dtable);  // ids outside [0, V) were rejected by the forward, and are skipped
 }
 
 void add_positions(Tensor& x, const Tensor& positions, std::int64_t start) {

@@ -1,10 +1,9 @@
 // LayerNorm forward/backward and row softmax. One warp owns one row of
 // LayerNorm (the GPT's rows are a few hundred to a few thousand wide): the
 // statistics are warp shuffles, no shared memory, no block barrier. The
-// weight/bias gradients are sums over rows: each block accumulates its rows
-// in shared memory and adds its partial into the global gradient once,
-// always in f32: a bf16/f16 weight's gradient is summed in an f32 copy and
-// rounded once at the end, as on the CPU.
+// weight/bias gradients are sums over rows, made column by column in a fixed
+// order (like bias_backward's), in f32 and rounded once when stored: the same
+// bits on every run.
 #include <cmath>
 #include <limits>
 
@@ -43,55 +42,54 @@ __global__ void layernorm_forward_kernel(const T* x, const T* w, const T* b, T* 
   }
 }
 
-// dx = rstd * (dy w - mean(dy w) - xhat * mean(dy w xhat)); dw += dy xhat; db += dy.
+// dx = rstd * (dy w - mean(dy w) - xhat * mean(dy w xhat)): one warp per row.
 template <typename T>
-__global__ void layernorm_backward_kernel(const T* dy, const T* x, const T* w, const T* mean,
-                                          const T* rstd, T* dx, float* dw, float* db, std::int64_t rows,
-                                          int C, bool shared_partials) {
-  extern __shared__ float partial[];  // [2 C]: dw then db, when shared_partials
-  float* pdw = partial;
-  float* pdb = partial + C;
-  if (shared_partials) {
-    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) partial[c] = 0;
-    __syncthreads();
-  }
+__global__ void layernorm_backward_kernel(const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
+                                          T* dx, std::int64_t rows, int C) {
+  const std::int64_t row = blockIdx.x * static_cast<std::int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (std::int64_t row = blockIdx.x * static_cast<std::int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
-       row < rows; row += warps) {
-    const T* in = x + row * C;
-    const T* g = dy + row * C;
-    const float m = load(mean, row), r = load(rstd, row);
-    float mean_dxhat = 0, mean_dxhat_xhat = 0;
-    for (int c = lane; c < C; c += 32) {
-      const float xhat = (load(in, c) - m) * r;
-      const float gc = load(g, c);
-      const float dxhat = gc * load(w, c);
-      mean_dxhat += dxhat;
-      mean_dxhat_xhat += dxhat * xhat;
-      if (shared_partials) {
-        atomicAdd(&pdw[c], gc * xhat);  // shared-memory atomics: cheap, 8 warps contend
-        atomicAdd(&pdb[c], gc);
-      } else {
-        atomicAdd(dw + c, gc * xhat);
-        atomicAdd(db + c, gc);
-      }
-    }
-    mean_dxhat = nn::warp_sum(mean_dxhat) / C;
-    mean_dxhat_xhat = nn::warp_sum(mean_dxhat_xhat) / C;
-    T* out = dx + row * C;
-    for (int c = lane; c < C; c += 32) {
-      const float xhat = (load(in, c) - m) * r;
-      store(out, c, r * (load(g, c) * load(w, c) - mean_dxhat - xhat * mean_dxhat_xhat));
-    }
+  if (row >= rows) return;
+  const T* in = x + row * C;
+  const T* g = dy + row * C;
+  const float m = load(mean, row), r = load(rstd, row);
+  float mean_dxhat = 0, mean_dxhat_xhat = 0;
+  for (int c = lane; c < C; c += 32) {
+    const float xhat = (load(in, c) - m) * r;
+    const float dxhat = load(g, c) * load(w, c);
+    mean_dxhat += dxhat;
+    mean_dxhat_xhat += dxhat * xhat;
   }
-  if (shared_partials) {
-    __syncthreads();
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-      atomicAdd(dw + c, pdw[c]);
-      atomicAdd(db + c, pdb[c]);
-    }
+  mean_dxhat = nn::warp_sum(mean_dxhat) / C;
+  mean_dxhat_xhat = nn::warp_sum(mean_dxhat_xhat) / C;
+  T* out = dx + row * C;
+  for (int c = lane; c < C; c += 32) {
+    const float xhat = (load(in, c) - m) * r;
+    store(out, c, r * (load(g, c) * load(w, c) - mean_dxhat - xhat * mean_dxhat_xhat));
   }
+}
+
+// dw += sum over rows of dy xhat, db += sum over rows of dy: pass 1 of the
+// fixed-order column sums (nn_kernels_common.cuh: row_slices), both at once.
+template <typename T>
+__global__ void layernorm_param_partial_kernel(const T* dy, const T* x, const T* mean, const T* rstd,
+                                               float* partial_dw, float* partial_db, std::int64_t rows,
+                                               std::int64_t C, std::int64_t rows_per_slice) {
+  __shared__ float tile_dw[nn::kRowThreads][nn::kColumnBlock + 1];
+  __shared__ float tile_db[nn::kRowThreads][nn::kColumnBlock + 1];
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * nn::kColumnBlock + threadIdx.x;
+  std::int64_t first, end;
+  nn::slice_rows(rows, rows_per_slice, first, end);
+  float acc_dw = 0, acc_db = 0;
+  if (c < C)
+    for (std::int64_t r = first + threadIdx.y; r < end; r += nn::kRowThreads) {
+      const float g = load(dy, r * C + c);
+      acc_dw += g * (load(x, r * C + c) - load(mean, r)) * load(rstd, r);
+      acc_db += g;
+    }
+  tile_dw[threadIdx.y][threadIdx.x] = acc_dw;
+  tile_db[threadIdx.y][threadIdx.x] = acc_db;
+  nn::write_slice_partial(tile_dw, partial_dw, c, C);
+  nn::write_slice_partial(tile_db, partial_db, c, C);
 }
 
 template <typename T>
@@ -170,21 +168,23 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   detail::check_numel(op, "rstd", rstd, rows, "one per row of x");
   if (rows == 0) return;
   nn::use_device(x.device());
-  // Enough blocks to fill the GPU, few enough that the partial sums stay cheap.
-  const std::int64_t wanted = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  const auto blocks = static_cast<unsigned>(wanted < 264 ? wanted : 264);
-  const std::size_t shared_bytes = 2 * static_cast<std::size_t>(C) * sizeof(float);
-  const bool shared_partials = shared_bytes <= 48 * 1024;
-  nn::SumsInF32 dw(dweight), db(dbias);
+  const nn::RowSlices s = nn::row_slices(rows, C);
+  Tensor partial_dw = Tensor::empty({s.slices * C}, DType::f32, x.device(), MemoryCategory::activations);
+  Tensor partial_db = Tensor::empty({s.slices * C}, DType::f32, x.device(), MemoryCategory::activations);
   nn::with_float(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    layernorm_backward_kernel<<<blocks, 32 * kWarpsPerBlock, shared_partials ? shared_bytes : 0, stream()>>>(
-        ptr<T>(dy), ptr<T>(x), ptr<T>(weight), ptr<T>(mean), ptr<T>(rstd), ptr<T>(dx), dw.data(), db.data(), rows,
-        static_cast<int>(C), shared_partials);
+    const auto blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+    layernorm_backward_kernel<<<blocks, 32 * kWarpsPerBlock, 0, stream()>>>(
+        ptr<T>(dy), ptr<T>(x), ptr<T>(weight), ptr<T>(mean), ptr<T>(rstd), ptr<T>(dx), rows, static_cast<int>(C));
+    layernorm_param_partial_kernel<<<s.grid(), s.block(), 0, stream()>>>(
+        ptr<T>(dy), ptr<T>(x), ptr<T>(mean), ptr<T>(rstd), ptr<float>(partial_dw), ptr<float>(partial_db), rows, C,
+        s.rows_per_slice);
+    nn::add_column_partials_kernel<<<nn::grid_for(C), 256, 0, stream()>>>(ptr<float>(partial_dw),
+                                                                          ptr<T>(dweight), s.slices, C);
+    nn::add_column_partials_kernel<<<nn::grid_for(C), 256, 0, stream()>>>(ptr<float>(partial_db), ptr<T>(dbias),
+                                                                          s.slices, C);
   });
   check_launch();
-  dw.finish();
-  db.finish();
 }
 
 void softmax_forward(const Tensor& x, Tensor& y) {

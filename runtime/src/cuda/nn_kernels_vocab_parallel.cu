@@ -31,16 +31,6 @@ __global__ void shard_gather_kernel(const std::int32_t* ids, const T* table, T* 
 }
 
 template <typename T>
-__global__ void shard_scatter_add_kernel(const std::int32_t* ids, const T* dout, float* dtable, std::int64_t n,
-                                         std::int64_t C, std::int64_t vocab_start, std::int64_t rows) {
-  DTP_GRID_STRIDE(i, n * C) {
-    const std::int64_t row = i / C, c = i - row * C;
-    const std::int64_t local = static_cast<std::int64_t>(ids[row]) - vocab_start;
-    if (local >= 0 && local < rows) atomicAdd(dtable + local * C + c, static_cast<float>(load(dout, i)));
-  }
-}
-
-template <typename T>
 __global__ void row_max_kernel(const T* x, T* out, std::int64_t V) {
   __shared__ float shared[32];
   const T* row = x + blockIdx.x * V;
@@ -132,14 +122,7 @@ void embedding_shard_backward(const Tensor& ids, const Tensor& dout, std::int64_
   const Rows r = check_shard_lookup("embedding_shard_backward", ids, dtable_shard, "dtable_shard", dout, "dout");
   if (r.N == 0 || r.C == 0) return;
   nn::use_device(dtable_shard.device());
-  nn::SumsInF32 sums(dtable_shard);
-  nn::with_float(dtable_shard.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    shard_scatter_add_kernel<<<grid_for(r.N * r.C), kThreads, 0, stream()>>>(
-        ptr<std::int32_t>(ids), ptr<T>(dout), sums.data(), r.N, r.C, vocab_start, dtable_shard.size(0));
-  });
-  check_launch();
-  sums.finish();
+  nn::add_rows_by_id(ids, dout, vocab_start, dtable_shard);  // ids of other ranks' shards are skipped
 }
 
 void row_max(const Tensor& x, Tensor& out) {
