@@ -4,7 +4,8 @@
 // GradScaler; the expected step from the runtime's optimizer run on copies
 // (unscale, clip, step, in that order). Scales are powers of two, so
 // dividing by the scale and multiplying by its inverse are both exact and
-// every comparison is bitwise.
+// every comparison is bitwise. The gradients live on the checker's device
+// (the GPU in the gpu flavour).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "07_mixed_precision/mixed_precision.h"
 #include "dtp/dtp.h"
 #include "dtp/optim.h"
+#include "support/harness.h"
 
 namespace dtp::ch07 {
 namespace {
@@ -92,7 +94,8 @@ Grads scaled_grads(double scale) {
   Grads g;
   const std::vector<std::pair<Shape, DType>> specs = {{{5}, DType::f32}, {{7}, DType::f64}, {{3, 4}, DType::f32}};
   for (std::size_t t = 0; t < specs.size(); ++t) {
-    Tensor values = Tensor::random_uniform(specs[t].first, 40 + t, -2.0, 2.0, specs[t].second);
+    Tensor values = Tensor::random_uniform(specs[t].first, 40 + t, -2.0, 2.0, specs[t].second,
+                                           dtp::testing::checker_device());
     g.values.push_back(values.to_vector());
     Tensor scaled = values.clone();
     ops::scale(scaled, scale);
@@ -155,8 +158,8 @@ struct Model {
 Model make_model(double scale) {
   Model m;
   for (int b = 0; b < 2; ++b) {
-    Tensor params = Tensor::random_uniform({16 + 8 * b}, 50 + b, -1.0, 1.0, DType::f32);
-    Tensor grads = Tensor::random_uniform({16 + 8 * b}, 60 + b, -0.5, 0.5, DType::f32);
+    Tensor params = Tensor::random_uniform({16 + 8 * b}, 50 + b, -1.0, 1.0, DType::f32, dtp::testing::checker_device());
+    Tensor grads = Tensor::random_uniform({16 + 8 * b}, 60 + b, -0.5, 0.5, DType::f32, dtp::testing::checker_device());
     ops::scale(grads, scale);
     m.buffers.push_back({"unit" + std::to_string(b), params, grads});
   }
@@ -239,7 +242,7 @@ TEST(Puzzle7_3_loss_scaler, ANonFiniteGradientSkipsTheStepAndLeavesEverythingAsI
   ASSERT_TRUE(scaler.step(adam, 0.01, 0.0)) << "a first, good step was skipped";
   // Scaled gradients again for the second step, one of them NaN.
   for (ParamBuffer& b : mine.buffers) {
-    b.grads.copy_from(Tensor::random_uniform(b.grads.shape(), 70, -0.5, 0.5, DType::f32));
+    b.grads.copy_from(Tensor::random_uniform(b.grads.shape(), 70, -0.5, 0.5, DType::f32, b.grads.device()));
     ops::scale(b.grads, scaler.scale());
   }
   mine.buffers[1].grads.set_item(3, std::numeric_limits<double>::quiet_NaN());
@@ -274,7 +277,7 @@ TEST(Puzzle7_3_loss_scaler, StepGrowsTheScaleAfterTheInterval) {
   LossScaler scaler({256.0, 2.0, 0.5, 2});
   for (int s = 1; s <= 2; ++s) {
     for (ParamBuffer& b : mine.buffers) {
-      b.grads.copy_from(Tensor::random_uniform(b.grads.shape(), 80 + s, -0.5, 0.5, DType::f32));
+      b.grads.copy_from(Tensor::random_uniform(b.grads.shape(), 80 + s, -0.5, 0.5, DType::f32, b.grads.device()));
       ops::scale(b.grads, scaler.scale());
     }
     ASSERT_TRUE(scaler.step(sgd, 0.1, 0.0)) << "good step " << s << " was skipped";

@@ -5,7 +5,8 @@
 // model), with the gradients averaged through the same communicator in the
 // dtype asked for. World sizes are powers of two, so dividing by the world
 // is exact in any format and the comparisons are bitwise. After every step
-// the masters and the 16-bit model must be bitwise equal on all ranks.
+// the masters and the 16-bit model must be bitwise equal on all ranks. Each
+// rank's model lives on its device (comm.device(): the GPU in the gpu flavour).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -33,7 +34,8 @@ void require(bool ok, const std::string& message) {
 
 // "" when @p t is bitwise the same on every rank, else where it differs.
 std::string differs_across_ranks(Comm& comm, const Tensor& t) {
-  Tensor low = Tensor::empty({t.numel()}, DType::f64), high = Tensor::empty({t.numel()}, DType::f64);
+  Tensor low = Tensor::empty({t.numel()}, DType::f64, t.device()),
+         high = Tensor::empty({t.numel()}, DType::f64, t.device());
   ops::cast(t, low);
   ops::cast(t, high);
   comm.all_reduce(low, ReduceOp::min);
@@ -69,8 +71,8 @@ TEST(Puzzle7_4_mixed_ddp, FoundOnAnyRankIsTrueEverywhereWhenOneRankFoundOne) {
 
 // One step on each rank of @p world in @p reduce_dtype, against the checker.
 void expect_step_matches(int world, DType model_dtype, DType reduce_dtype) {
-  const GPTConfig config = small_config(model_dtype);
   dtp::testing::run_ranks(world, [&](Comm& comm) {
+    const GPTConfig config = small_config(model_dtype, comm.device());
     const std::string label = std::string(dtype_name(model_dtype)) + " model, reduce in " +
                               dtype_name(reduce_dtype) + ", world " + std::to_string(world);
     GPT model(config);
@@ -146,8 +148,8 @@ TEST(Puzzle7_4_mixed_ddp, AnOverflowOnOneRankIsASkipOnEveryRank) {
   for (int world : {2, 4}) {
     if (!dtp::testing::world_fits(world)) continue;
     for (DType reduce : {DType::f16, DType::f32}) {
-      const GPTConfig config = small_config(DType::f16);
       dtp::testing::run_ranks(world, [&](Comm& comm) {
+        const GPTConfig config = small_config(DType::f16, comm.device());
         const std::string label = "world " + std::to_string(world) + ", reduce in " + dtype_name(reduce);
         GPT model(config);
         MasterWeights masters(model);
@@ -181,7 +183,7 @@ TEST(Puzzle7_4_mixed_ddp, AnOverflowOnOneRankIsASkipOnEveryRank) {
 
 TEST(Puzzle7_4_mixed_ddp, AReduceDtypeOtherThanTheModelsOrF32IsRefused) {
   dtp::testing::run_ranks(1, [&](Comm& comm) {
-    const GPTConfig config = small_config(DType::bf16);
+    const GPTConfig config = small_config(DType::bf16, comm.device());
     GPT model(config);
     MasterWeights masters(model);
     AdamW adam(masters.buffers());

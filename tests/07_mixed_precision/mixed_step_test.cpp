@@ -1,4 +1,5 @@
-// Checkers for 7.2: the mixed-precision step with f32 master weights.
+// Checkers for 7.2: the mixed-precision step with f32 master weights, on
+// the checker's device (the CPU, or the GPU in the gpu flavour).
 //
 // The expected values come from the checker's own step, written out with
 // the runtime's ops on a second copy of the same model: cast the 16-bit
@@ -65,15 +66,15 @@ TEST(Puzzle7_2_mixed_step, MasterToModelRoundsEachMasterToNearestEven) {
   for (std::int64_t i = 0; i < master.numel(); ++i) master.set_item(i, values[i % 5] * (1 + i % 3));
   const std::vector<double> before = master.to_vector();
   masters.master_to_model();
-  const Tensor& params = model.units()[0]->params();
-  for (std::int64_t i = 0; i < master.numel(); ++i) {
-    const float m = static_cast<float>(before[static_cast<std::size_t>(i)]);
+  const std::vector<double> params = model.units()[0]->params().to_vector();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const float m = static_cast<float>(before[i]);
     const double expected = bf16_to_float(float_to_bf16(m));
-    if (params.item(i) != expected) {
+    if (params[i] != expected) {
       const double truncated = bf16_to_float(bf16{static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(m) >> 16)});
       FAIL() << "unit " << model.units()[0]->name() << " element " << i << ": master " << m
-             << " must become the bf16 " << expected << " (nearest, ties to even), got " << params.item(i)
-             << (params.item(i) == truncated ? ": truncated instead of rounded (use ops::cast)" : "");
+             << " must become the bf16 " << expected << " (nearest, ties to even), got " << params[i]
+             << (params[i] == truncated ? ": truncated instead of rounded (use ops::cast)" : "");
     }
   }
   EXPECT_EQ(master.to_vector(), before) << "master_to_model must not change the masters: they keep every bit";
@@ -185,12 +186,13 @@ double fraction_lost(LossScaler* scaler) {
   reference.backward();
   std::int64_t moved = 0, lost = 0;
   for (std::size_t u = 0; u < before.size(); ++u) {
-    const Tensor& g = reference.units()[u]->grads();
-    for (std::int64_t i = 0; i < g.numel(); ++i) {
-      const float master_before = static_cast<float>(before[u][static_cast<std::size_t>(i)]);
-      if (master_before - static_cast<float>(g.item(i)) == master_before) continue;  // f32 loses it too
+    const std::vector<double> g = reference.units()[u]->grads().to_vector();
+    const std::vector<double> after = masters.buffers()[u].params.to_vector();
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const float master_before = static_cast<float>(before[u][i]);
+      if (master_before - static_cast<float>(g[i]) == master_before) continue;  // f32 loses it too
       ++moved;
-      if (masters.buffers()[u].params.item(i) == master_before) ++lost;
+      if (after[i] == master_before) ++lost;
     }
   }
   return static_cast<double>(lost) / static_cast<double>(moved);
@@ -241,6 +243,7 @@ TEST(Puzzle7_2_mixed_step, Bf16LossCurveFollowsF32OverTwoHundredFortySteps) {
   config.steps = 240;
   config.batch = 8;
   config.seq = 16;
+  config.model.device = dtp::testing::checker_device();
   Trainer f32_trainer(config);
   TrainConfig bf16_config = config;
   bf16_config.model.dtype = DType::bf16;
@@ -251,7 +254,7 @@ TEST(Puzzle7_2_mixed_step, Bf16LossCurveFollowsF32OverTwoHundredFortySteps) {
   double f32_sum = 0, bf16_sum = 0, first_f32 = 0, last_f32 = 0;
   for (std::int64_t step = 0; step < config.steps; ++step) {
     f32_sum += f32_trainer.step().loss;
-    const Batch batch = bf16_trainer.sampler().batch(step);
+    const Batch batch = bf16_trainer.sampler().batch(step, config.model.device);
     bf16_sum += mixed_precision_step(masters, *optimizer, nullptr, batch, config.schedule().at(step),
                                      config.grad_clip)
                     .loss;

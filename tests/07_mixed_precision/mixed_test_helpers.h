@@ -1,6 +1,9 @@
 // Helpers for the 7.2 and 7.4 checkers: a small GPT, seeded batches, a
 // bitwise comparison that names the first differing element, and the
 // checker's own mixed-precision step (written out with the runtime's ops).
+// Models live on the checker's device (the GPU in the gpu flavour), where
+// the runtime's kernels are deterministic: the same ops in the same order
+// give the same bits there too.
 #pragma once
 
 #include <memory>
@@ -10,11 +13,12 @@
 
 #include "dtp/dtp.h"
 #include "dtp/optim.h"
+#include "support/harness.h"
 
 namespace dtp::ch07::testing {
 
-/// A small GPT: vocabulary 32, context 8, C = 16 with 2 heads, 2 blocks.
-inline GPTConfig small_config(DType dtype) {
+/// A small GPT on @p device: vocabulary 32, context 8, C = 16 with 2 heads, 2 blocks.
+inline GPTConfig small_config(DType dtype, Device device = dtp::testing::checker_device()) {
   GPTConfig c;
   c.vocab_size = 32;
   c.context = 8;
@@ -24,10 +28,11 @@ inline GPTConfig small_config(DType dtype) {
   c.mlp_ratio = 2;
   c.init_std = 0.1;
   c.dtype = dtype;
+  c.device = device;
   return c;
 }
 
-/// @p rows sequences of the full context, token ids drawn from @p seed.
+/// @p rows sequences of the full context, token ids drawn from @p seed, on the model's device.
 inline Batch batch_of(const GPTConfig& config, std::int64_t rows, std::uint64_t seed) {
   Rng rng(seed);
   Batch b{Tensor::empty({rows, config.context}, DType::i32), Tensor::empty({rows, config.context}, DType::i32)};
@@ -35,7 +40,7 @@ inline Batch batch_of(const GPTConfig& config, std::int64_t rows, std::uint64_t 
     b.inputs.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng.below(config.vocab_size));
     b.targets.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng.below(config.vocab_size));
   }
-  return b;
+  return {b.inputs.to(config.device), b.targets.to(config.device)};
 }
 
 /// "" when @p got equals @p expected element for element (any dtypes),
@@ -64,10 +69,11 @@ struct CheckerRun {
   explicit CheckerRun(const GPTConfig& config) : model(config) {
     std::vector<ParamBuffer> buffers;
     for (Unit* unit : model.units()) {
-      Tensor master = Tensor::empty(unit->params().shape(), DType::f32);
+      const Device device = unit->params().device();
+      Tensor master = Tensor::empty(unit->params().shape(), DType::f32, device);
       ops::cast(unit->params(), master);
       masters.push_back(master);
-      grads.push_back(Tensor::zeros(unit->params().shape(), DType::f32));
+      grads.push_back(Tensor::zeros(unit->params().shape(), DType::f32, device));
       buffers.push_back({unit->name(), master, grads.back()});
     }
     adam = std::make_unique<AdamW>(buffers);

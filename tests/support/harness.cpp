@@ -47,6 +47,8 @@ std::vector<int> all_world_sizes() {
   return sizes;
 }
 
+Device checker_device() { return World::from_env(1).device; }
+
 void run_ranks(int world_size, const std::function<void(Comm&)>& body, CostModel cost) {
   World world = World::from_env(world_size);
   world.cost = cost;

@@ -52,6 +52,11 @@ std::vector<int> all_world_sizes();
 /// ranks as mpiexec started processes.
 bool world_fits(int world_size);
 
+/// The device named by DTP_DEVICE (the GPU flavours set it to cuda), else
+/// the CPU: where a checker that runs without ranks makes its model and
+/// tensors. Inside run_ranks, a rank's device is comm.device().
+Device checker_device();
+
 /// Runs body(comm) on @p world_size ranks of the backend and device named by
 /// DTP_BACKEND / DTP_DEVICE, with @p cost as the alpha-beta model. A rank's
 /// failure is rethrown as dtp::RankFailure naming the rank.
