@@ -1,5 +1,6 @@
 // Shared by the GPU checkers: a CPU tensor and its GPU twin made from the
-// same seed, and an element-wise comparison that names the worst element.
+// same seed, an element-wise comparison that names the worst element, and
+// the small GPT they train.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dtp/nn.h"
 #include "dtp/tensor.h"
 
 namespace dtp::testing {
@@ -55,6 +57,20 @@ inline void expect_close(const Tensor& gpu, const Tensor& cpu, double rtol, doub
   EXPECT_LT(worst, 0) << what << ": element " << worst << " is " << (worst >= 0 ? g[worst] : 0)
                       << " on the GPU and " << (worst >= 0 ? c[worst] : 0) << " on the CPU (rtol " << rtol
                       << ", atol " << atol << ")";
+}
+
+/// The GPT the GPU checkers train: vocabulary 96, context 48, C = 64 with 4
+/// heads, 2 blocks, on the CPU (set .device for its GPU twin).
+inline GPTConfig small_gpt(AttentionKind kind, DType dtype = DType::f32) {
+  GPTConfig config;
+  config.vocab_size = 96;
+  config.context = 48;
+  config.d_model = 64;
+  config.heads = 4;
+  config.layers = 2;
+  config.attention = kind;
+  config.dtype = dtype;
+  return config;
 }
 
 }  // namespace dtp::testing

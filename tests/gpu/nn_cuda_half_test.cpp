@@ -218,14 +218,7 @@ TEST_P(CudaHalfOps, GptForwardAndBackwardMatchTheCpu) {
   DTP_REQUIRE_GPU();
   for (AttentionKind kind : {AttentionKind::naive, AttentionKind::flash}) {
     SCOPED_TRACE(attention_kind_name(kind));
-    GPTConfig config;
-    config.vocab_size = 96;
-    config.context = 48;
-    config.d_model = 64;
-    config.heads = 4;
-    config.layers = 2;
-    config.attention = kind;
-    config.dtype = dtype();
+    const GPTConfig config = small_gpt(kind, dtype());
     GPTConfig gpu_config = config;
     gpu_config.device = kGpu;
     GPT cpu_model(config), gpu_model(gpu_config);

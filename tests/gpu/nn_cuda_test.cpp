@@ -311,13 +311,7 @@ TEST(CudaNnOps, OptimizersMatchTheCpu) {
 // One whole training step (forward, backward, AdamW) of a small GPT on both
 // devices from the same seed.
 void check_training_step(AttentionKind kind) {
-  GPTConfig config;
-  config.vocab_size = 96;
-  config.context = 48;
-  config.d_model = 64;
-  config.heads = 4;
-  config.layers = 2;
-  config.attention = kind;
+  const GPTConfig config = small_gpt(kind);
   GPTConfig gpu_config = config;
   gpu_config.device = kGpu;
   GPT cpu_model(config), gpu_model(gpu_config);
@@ -386,14 +380,7 @@ TEST(CudaNnTraining, TwoGptStepsOnTheGpuAgreeBitForBit) {
   for (DType dtype : {DType::f32, DType::bf16})
     for (AttentionKind kind : {AttentionKind::naive, AttentionKind::flash}) {
       SCOPED_TRACE(std::string(dtype_name(dtype)) + ", " + attention_kind_name(kind));
-      GPTConfig config;
-      config.vocab_size = 96;
-      config.context = 48;
-      config.d_model = 64;
-      config.heads = 4;
-      config.layers = 2;
-      config.attention = kind;
-      config.dtype = dtype;
+      GPTConfig config = small_gpt(kind, dtype);
       config.device = kGpu;
       // 120 tokens over 96 ids: many ids repeat, so the embedding's rows meet.
       Tensor tokens = rand_on(kGpu, {3, 40}, 70, 0, config.vocab_size, DType::i32);
