@@ -1,6 +1,16 @@
 // The chapter 08 checkers' own pieces: seeded tensors, the checker's own
-// full-rank LoRA arithmetic (written out with loops, not with the code under
-// test), and comparisons that say what a wrong value looks like.
+// full-rank LoRA arithmetic (written out with loops in f64, not with the code
+// under test), and comparisons that say what a wrong value looks like.
+//
+// Where they run: the checker's device (DTP_DEVICE; the GPU in the gpu
+// flavour). On the CPU the tensors are f64 and each check keeps the tolerance
+// it names (1e-13 of the largest value, say). A GPU has no f64 kernels: there
+// the tensors are f32 and the matrix products use TF32 tensor cores, which
+// round their inputs to 10 mantissa bits (2^-11 relative, about 5e-4), so a
+// product of a few terms agrees with the checker's f64 loops to about 1e-3 of
+// its largest value. The GPU tolerances below say so; every mistake the
+// messages decode (a missing part, a flipped sign, s applied twice) is off by
+// far more. Comparisons that hold bit for bit hold on both.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -16,12 +26,55 @@
 
 namespace dtp::testing::ch08 {
 
-/// A tensor of @p shape with values from normal-ish draws of @p seed (f64).
+/// The checkers' device and dtype: f64 on the CPU, f32 on a GPU.
+inline Device device() { return checker_device(); }
+inline DType dtype() { return device().is_cuda() ? DType::f32 : DType::f64; }
+inline bool on_gpu() { return device().is_cuda(); }
+
+/// A check's tolerance: @p f64 on the CPU; on a GPU, @p gpu (TF32 products
+/// agree with f64 loops to about 1e-3 of the largest value; longer chains,
+/// a whole model's backward, need more).
+inline double tolerance(double f64, double gpu = 5e-3) { return on_gpu() ? gpu : f64; }
+
+/// The relative rounding of one stored value of dtype(): 2^-53 or 2^-24.
+inline double unit_roundoff() { return on_gpu() ? 0x1p-24 : 0x1p-53; }
+
+/// The tiny training config of every training chapter (f64 on the CPU), in
+/// dtype() on device(), or on @p on when given (a rank's comm.device()).
+inline TrainConfig lora_tiny_config(std::int64_t global_batch = 12, std::int64_t steps = 3,
+                                    Device on = checker_device()) {
+  TrainConfig config = tiny_config(global_batch, steps);
+  config.model.device = on;
+  config.model.dtype = on.is_cuda() ? DType::f32 : DType::f64;
+  return config;
+}
+
+/// @p values as a tensor of @p shape in dtype() on device().
+inline Tensor on_device(const std::vector<double>& values, const Shape& shape) {
+  return Tensor::from_values(values, dtype()).view(shape).to(device());
+}
+
+/// A tensor of @p shape with values from normal-ish draws of @p seed, in
+/// dtype() on device(): on a GPU, the f64 draws rounded to f32.
 inline Tensor seeded(Shape shape, std::uint64_t seed, double scale = 1.0) {
   Rng rng(seed);
   std::vector<double> values(static_cast<std::size_t>(shape.numel()));
   for (double& v : values) v = scale * (2.0 * rng.uniform() - 1.0);
-  return Tensor::from_values(values, DType::f64).view(shape);
+  return on_device(values, shape);
+}
+
+/// "" when @p got holds exactly @p expected's values, else the first element that differs.
+inline std::string bitwise(const std::string& what, const Tensor& expected, const Tensor& got) {
+  const std::vector<double> e = expected.to_vector(), g = got.to_vector();
+  if (e.size() != g.size()) return what + ": " + std::to_string(g.size()) + " elements, expected " + std::to_string(e.size());
+  for (std::size_t i = 0; i < e.size(); ++i)
+    if (!(e[i] == g[i])) {
+      std::ostringstream m;
+      m.precision(17);
+      m << what << ": element " << i << " is " << g[i] << ", expected exactly " << e[i];
+      return m.str();
+    }
+  return "";
 }
 
 /// A row-major matrix of doubles read from a [rows, cols] (or [..., cols]) tensor.

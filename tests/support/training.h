@@ -353,7 +353,7 @@ inline std::string check_first_step_gradient_shards(const UnitGradients& expecte
 // The mean over ranks of each rank's per-step losses (one all-reduce; call it
 // after the communication counts were taken).
 inline std::vector<double> mean_over_ranks(Comm& comm, const std::vector<double>& losses) {
-  Tensor t = Tensor::from_values(losses, DType::f64);
+  Tensor t = Tensor::from_values(losses, DType::f64).to(comm.device());
   comm.all_reduce(t, ReduceOp::avg);
   return t.to_vector();
 }
