@@ -1,7 +1,7 @@
 // Puzzle 8.4: LoRA under data parallelism. Only the adapters' gradients
 // travel, one all-reduce per block, and the run equals single-device LoRA.
 // The models are f64 on the CPU, f32 on a GPU (lora_checks.h), where the
-// distributed run matches the single-device one to ddp_tolerance().
+// distributed run matches the single-device one within ddp_close().
 #include "lora_checks.h"
 
 namespace dtp {
