@@ -3,10 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <numbers>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "dtp/error.h"
 #include "dtp/memory.h"
+#include "dtp/nn_ops.h"
 #include "dtp/optim.h"
 
 namespace dtp {
@@ -135,6 +140,28 @@ TEST(NnOptim, MismatchedBuffersAreRejected) {
   }
   auto ok = one_buffer({1.0}, {1.0});
   EXPECT_THROW(SGD(ok, {1.5, 0, false}), Error);
+}
+
+// A 16-bit parameter would lose every update smaller than its spacing: the
+// update kernels refuse it, on every device, and say what to do instead.
+TEST(NnOptim, SixteenBitParametersAreRefusedNamingMasterWeights) {
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    Tensor p = Tensor::from_values({1.0, 2.0}, dtype), g = Tensor::from_values({0.5, 0.5}, dtype);
+    Tensor m = Tensor::zeros({2}, dtype), v = Tensor::zeros({2}, dtype), none;
+    for (const auto& [what, update] : std::vector<std::pair<const char*, std::function<void()>>>{
+             {"adamw_update", [&] { ops::adamw_update(p, g, m, v, 1e-3, 0.9, 0.95, 1e-8, 0.0, 1); }},
+             {"sgd_update", [&] { ops::sgd_update(p, g, none, 0.1, 0.0); }}}) {
+      try {
+        update();
+        ADD_FAILURE() << what << " on " << dtype_name(dtype) << " parameters must be refused";
+      } catch (const Error& e) {
+        const std::string message = e.what();
+        EXPECT_NE(message.find(std::string(what) + ": params is " + dtype_name(dtype)), std::string::npos) << message;
+        EXPECT_NE(message.find("f32 master weights"), std::string::npos) << message;
+      }
+    }
+    EXPECT_EQ(p.to_vector(), (std::vector<double>{1.0, 2.0})) << "a refused update changes nothing";
+  }
 }
 
 }  // namespace

@@ -13,10 +13,21 @@ namespace dtp::ops {
 
 namespace {
 constexpr std::int64_t kElementsPerPart = 16384;  // a part's work well above a wake-up's cost
+
+// On every device: an optimizer updates f32 or f64 parameters. A 16-bit
+// parameter would lose every update smaller than its spacing (chapter 07,
+// section 4): mixed precision steps f32 master weights instead.
+void check_optimizer_params(const char* op, const Tensor& params) {
+  DTP_CHECK(params.defined(), op, ": params is an undefined tensor");
+  DTP_CHECK(params.dtype() == DType::f32 || params.dtype() == DType::f64, op, ": params is ", params.describe(),
+            "; optimizers update f32 or f64 parameters (a 16-bit weight loses the updates smaller than its "
+            "spacing: keep f32 master weights and cast them down after the step, as chapter 07 does)");
+}
 }  // namespace
 
 void adamw_update(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, double lr,
                   double beta1, double beta2, double eps, double weight_decay, std::int64_t step) {
+  check_optimizer_params("adamw_update", params);
   if (params.device().is_cuda()) return cuda::adamw_update(params, grads, m, v, lr, beta1, beta2, eps, weight_decay, step);
   const char* op = "adamw_update";
   detail::check_float(op, "params", params);
@@ -52,6 +63,7 @@ void adamw_update(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, dou
 
 void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, double lr,
                 double momentum, double weight_decay, bool nesterov) {
+  check_optimizer_params("sgd_update", params);
   if (params.device().is_cuda()) return cuda::sgd_update(params, grads, momentum_buffer, lr, momentum, weight_decay, nesterov);
   const char* op = "sgd_update";
   detail::check_float(op, "params", params);
