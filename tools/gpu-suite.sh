@@ -143,7 +143,7 @@ do_run() {
     step "train step" bench-train-step.txt 90 "$build/bin/dtp-bench-train-step" "${bandwidth[@]}" \
       --json "$work/train-step-$gpu-$stamp.jsonl"
     # bf16 with f32 master weights (chapter 07's step), the peer of PyTorch's bf16 autocast below.
-    step "train step bf16" bench-train-step-bf16.txt 90 "$build/bin/dtp-bench-train-step" --precision bf16 \
+    step "train step bf16" bench-train-step-bf16.txt 90 "$build/bin/dtp-bench-train-step" "${bandwidth[@]}" --precision bf16 \
       --json "$work/train-step-$gpu-$stamp.jsonl"
     # Its peer in the same run: PyTorch eager, the same model and shapes, TF32 (what DTP runs) and bf16.
     for precision in tf32 bf16; do
