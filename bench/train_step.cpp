@@ -63,6 +63,66 @@ struct OpRow {
   double flops;  // useful flops
 };
 
+// The step's big ops alone, in f32 at the model's shapes (@p batch x @p seq
+// tokens, @p N parameters), each the mean of 20 runs, with the bytes and flops
+// their roofline counts.
+std::vector<OpRow> time_f32_ops(const dtp::GPTConfig& config, std::int64_t batch, std::int64_t seq, double N,
+                                const std::function<void()>& sync) {
+  const std::int64_t BT = batch * seq, H = config.heads, D = config.head_dim(), V = config.vocab_size;
+  const double C = config.d_model, T = static_cast<double>(seq);
+  const dtp::Device gpu = config.device;
+  auto rnd = [&](const dtp::Shape& shape, std::uint64_t seed) {
+    return dtp::Tensor::random_uniform(shape, seed, -1, 1, dtp::DType::f32, gpu);
+  };
+  std::vector<OpRow> rows;
+  const int reps = 20;
+  {
+    dtp::Tensor x = rnd({BT, static_cast<std::int64_t>(C)}, 3), w = rnd({static_cast<std::int64_t>(C)}, 4),
+                b = rnd({static_cast<std::int64_t>(C)}, 5), y = rnd(x.shape(), 6), mean = rnd({BT}, 7),
+                rstd = rnd({BT}, 8), dx = rnd(x.shape(), 9), dw = rnd(w.shape(), 10), db = rnd(b.shape(), 11);
+    const double xb = 4.0 * BT * C;
+    rows.push_back({"layernorm fwd", time_op(reps, [&] { dtp::ops::layernorm_forward(x, w, b, y, mean, rstd); }, sync),
+                    2 * xb, 0});
+    rows.push_back({"layernorm bwd",
+                    time_op(reps, [&] { dtp::ops::layernorm_backward(y, x, w, mean, rstd, dx, dw, db); }, sync),
+                    3 * xb, 0});
+  }
+  {
+    const dtp::Shape qs{batch, seq, H, D}, stat{batch, H, seq};
+    dtp::Tensor q = rnd(qs, 12), k = rnd(qs, 13), v = rnd(qs, 14), out = rnd(qs, 15), m = rnd(stat, 16),
+                l = rnd(stat, 17), dout = rnd(qs, 18), dq = rnd(qs, 19), dk = rnd(qs, 20), dv = rnd(qs, 21);
+    const double fwd_flops = 2.0 * batch * H * T * T * D;  // QK^T and PV, causal half
+    const double io = 4.0 * 4 * BT * C;
+    rows.push_back({"flash attention fwd",
+                    time_op(reps, [&] { dtp::ops::flash_attention_forward(q, k, v, out, m, l); }, sync), io,
+                    fwd_flops});
+    rows.push_back({"flash attention bwd",
+                    time_op(reps, [&] { dtp::ops::flash_attention_backward(q, k, v, out, m, l, dout, dq, dk, dv); },
+                            sync),
+                    2 * io, 2.5 * fwd_flops});
+  }
+  {
+    dtp::Tensor logits = rnd({BT, V}, 22), dlogits = rnd({BT, V}, 23);
+    dtp::Tensor tg = dtp::Tensor::random_uniform({BT}, 24, 0, static_cast<double>(V), dtp::DType::i32, gpu), none;
+    const double lb = 4.0 * BT * V;
+    rows.push_back({"cross-entropy fwd", time_op(reps, [&] { dtp::ops::cross_entropy_forward(logits, tg, none); }, sync),
+                    lb, 0});
+    rows.push_back({"cross-entropy bwd",
+                    time_op(reps, [&] { dtp::ops::cross_entropy_backward(logits, tg, 1.0 / BT, dlogits); }, sync),
+                    2 * lb, 0});
+  }
+  {
+    const auto n = static_cast<std::int64_t>(N);
+    dtp::Tensor p = rnd({n}, 25), g = rnd({n}, 26), m = dtp::Tensor::zeros({n}, dtp::DType::f32, gpu),
+                v = dtp::Tensor::zeros({n}, dtp::DType::f32, gpu);
+    std::int64_t t = 0;
+    rows.push_back({"adamw (all params)",
+                    time_op(reps, [&] { dtp::ops::adamw_update(p, g, m, v, 1e-4, 0.9, 0.95, 1e-8, 0.1, ++t); }, sync),
+                    7.0 * 4 * N, 0});
+  }
+  return rows;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -165,62 +225,9 @@ int main(int argc, char** argv) {
     const double tokens_per_s = tokens_per_step / step_s;
     const double mfu = flops_per_token * tokens_per_s / (peak_tflops * 1e12);
 
-    // Per-op timings at the model's shapes.
-    const std::int64_t BT = batch * seq, H = config.heads, D = config.head_dim(), V = config.vocab_size;
+    // The big ops alone, timed by the fp32 run only (the bf16/fp16 runs time whole steps).
     const dtp::Device gpu = config.device;
-    auto rnd = [&](const dtp::Shape& shape, std::uint64_t seed) {
-      return dtp::Tensor::random_uniform(shape, seed, -1, 1, dtp::DType::f32, gpu);
-    };
-    std::vector<OpRow> rows;
-    const int reps = 20;
-    // The ops in f32 at the model's shapes: measured by the fp32 run only (the
-    // bf16/fp16 runs time whole steps).
-    if (!mixed) {
-      {
-        dtp::Tensor x = rnd({BT, static_cast<std::int64_t>(C)}, 3), w = rnd({static_cast<std::int64_t>(C)}, 4),
-                    b = rnd({static_cast<std::int64_t>(C)}, 5), y = rnd(x.shape(), 6), mean = rnd({BT}, 7),
-                    rstd = rnd({BT}, 8), dx = rnd(x.shape(), 9), dw = rnd(w.shape(), 10), db = rnd(b.shape(), 11);
-        const double xb = 4.0 * BT * C;
-        rows.push_back({"layernorm fwd", time_op(reps, [&] { dtp::ops::layernorm_forward(x, w, b, y, mean, rstd); }, sync),
-                        2 * xb, 0});
-        rows.push_back({"layernorm bwd",
-                        time_op(reps, [&] { dtp::ops::layernorm_backward(y, x, w, mean, rstd, dx, dw, db); }, sync),
-                        3 * xb, 0});
-      }
-      {
-        const dtp::Shape qs{batch, seq, H, D}, stat{batch, H, seq};
-        dtp::Tensor q = rnd(qs, 12), k = rnd(qs, 13), v = rnd(qs, 14), out = rnd(qs, 15), m = rnd(stat, 16),
-                    l = rnd(stat, 17), dout = rnd(qs, 18), dq = rnd(qs, 19), dk = rnd(qs, 20), dv = rnd(qs, 21);
-        const double fwd_flops = 2.0 * batch * H * T * T * D;  // QK^T and PV, causal half
-        const double io = 4.0 * 4 * BT * C;
-        rows.push_back({"flash attention fwd",
-                        time_op(reps, [&] { dtp::ops::flash_attention_forward(q, k, v, out, m, l); }, sync), io,
-                        fwd_flops});
-        rows.push_back({"flash attention bwd",
-                        time_op(reps, [&] { dtp::ops::flash_attention_backward(q, k, v, out, m, l, dout, dq, dk, dv); },
-                                sync),
-                        2 * io, 2.5 * fwd_flops});
-      }
-      {
-        dtp::Tensor logits = rnd({BT, V}, 22), dlogits = rnd({BT, V}, 23);
-        dtp::Tensor tg = dtp::Tensor::random_uniform({BT}, 24, 0, static_cast<double>(V), dtp::DType::i32, gpu), none;
-        const double lb = 4.0 * BT * V;
-        rows.push_back({"cross-entropy fwd", time_op(reps, [&] { dtp::ops::cross_entropy_forward(logits, tg, none); }, sync),
-                        lb, 0});
-        rows.push_back({"cross-entropy bwd",
-                        time_op(reps, [&] { dtp::ops::cross_entropy_backward(logits, tg, 1.0 / BT, dlogits); }, sync),
-                        2 * lb, 0});
-      }
-      {
-        const auto n = static_cast<std::int64_t>(N);
-        dtp::Tensor p = rnd({n}, 25), g = rnd({n}, 26), m = dtp::Tensor::zeros({n}, dtp::DType::f32, gpu),
-                    v = dtp::Tensor::zeros({n}, dtp::DType::f32, gpu);
-        std::int64_t t = 0;
-        rows.push_back({"adamw (all params)",
-                        time_op(reps, [&] { dtp::ops::adamw_update(p, g, m, v, 1e-4, 0.9, 0.95, 1e-8, 0.1, ++t); }, sync),
-                        7.0 * 4 * N, 0});
-      }
-    }
+    const std::vector<OpRow> rows = mixed ? std::vector<OpRow>{} : time_f32_ops(config, batch, seq, N, sync);
 
     std::printf("# train step on %s: %s, batch %lld x seq %lld, %s\n", gpu.str().c_str(), config.describe().c_str(),
                 static_cast<long long>(batch), static_cast<long long>(seq),
