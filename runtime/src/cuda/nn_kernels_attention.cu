@@ -6,22 +6,18 @@
 // applies the mask and the softmax in place, and P V is another batched
 // GEMM; the backward is four batched GEMMs and one row kernel.
 //
-// Flash: a tiled online-softmax kernel. A block of kTile threads owns kTile
-// query rows (one per thread) of one (batch, head); key and value tiles of
-// kTile rows are staged in shared memory and every thread folds a tile into
-// its running (max, sum, output) exactly like ops::attention_merge. The
-// backward recomputes the probabilities from the saved row max and sum: one
-// kernel for dQ (a query row per 1-4 lanes, looping over key tiles) and one
-// for dK and dV (a key row per 1-4 lanes, looping over query tiles), so no
-// atomics.
-// These kernels use CUDA cores (FFMA), not tensor cores: correct and
-// memory-frugal first; an mma/wgmma version is the next step for speed.
+// Flash: FlashAttention-2 on tensor cores (flash_attention_tc.cuh): blocks
+// of 64 query rows (forward, dQ) or 64 key rows (dK, dV) walk the other side
+// 64 rows at a time through shared memory, with TF32 WMMA products and an
+// online softmax, and the backward recomputes the probabilities from the
+// saved row max and sum. No atomics: every output row has one writer.
 // They are f32 kernels: ops:: widens bf16/f16 attention to f32 copies on the
 // GPU and rounds the outputs back (cpu/widen.h), the contract of the CPU ops.
 #include <cmath>
 #include <limits>
 #include <type_traits>
 
+#include "cuda/flash_attention_tc.cuh"
 #include "cuda/nn_kernels_common.cuh"
 
 namespace dtp::cuda {
@@ -31,24 +27,9 @@ using nn::check_launch;
 using nn::ptr;
 using nn::stream;
 
-constexpr int kTile = 32;  // query rows per block and key rows per tile
-constexpr float kNegInf = -INFINITY;
-
-struct Dims {
-  std::int64_t B, Tq, Tk, H, D;
-  float scale;
-};
-
-struct Mask {
-  bool causal;
-  std::int64_t q_start, k_start;
-  // Keys [0, visible(i)) are visible to query row i.
-  __host__ __device__ std::int64_t visible(std::int64_t i, std::int64_t Tk) const {
-    if (!causal) return Tk;
-    const std::int64_t n = q_start + i - k_start + 1;
-    return n < 0 ? 0 : (n > Tk ? Tk : n);
-  }
-};
+using flash::Dims;
+using flash::Mask;
+using flash::kNegInf;
 
 Mask to_mask(const ops::AttentionMask& m) { return {m.causal, m.q_start, m.k_start}; }
 
@@ -102,89 +83,6 @@ __global__ void softmax_grad_kernel(const float* p, float* dp, std::int64_t Tk, 
 
 // --- flash ----------------------------------------------------------------------
 
-// Copies rows [r0, r0 + kTile) of a head (rows `stride` apart, D wide) into
-// shared memory rows `pitch` apart, MAXD wide, zero-filling past D and past
-// the last row.
-template <int MAXD>
-__device__ __forceinline__ void load_tile(float* dst, int pitch, const float* src, std::int64_t stride,
-                                          std::int64_t r0, std::int64_t rows, int D) {
-  for (int idx = threadIdx.x; idx < kTile * MAXD; idx += blockDim.x) {
-    const int r = idx / MAXD, c = idx % MAXD;
-    dst[r * pitch + c] = (r0 + r < rows && c < D) ? src[(r0 + r) * stride + c] : 0.f;
-  }
-}
-
-template <int MAXD>
-__device__ __forceinline__ float dot_row(const float* a, const float* b) {
-  float s = 0;
-#pragma unroll
-  for (int c = 0; c < MAXD; ++c) s += a[c] * b[c];
-  return s;
-}
-
-template <int MAXD>
-__global__ void __launch_bounds__(kTile) flash_forward_kernel(const float* q, const float* k, const float* v,
-                                                              float* out, float* row_max, float* row_sum,
-                                                              Dims d, Mask mask) {
-  extern __shared__ float smem[];
-  float* qs = smem;                    // [kTile][MAXD + 1]: each thread's own query row
-  float* ks = qs + kTile * (MAXD + 1);  // [kTile][MAXD]: the key tile
-  float* vs = ks + kTile * MAXD;        // [kTile][MAXD]: the value tile
-  const std::int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
-  const int t = threadIdx.x;
-  const std::int64_t i = i0 + t, stride = d.H * d.D;
-  const int D = static_cast<int>(d.D);
-  const float* qb = q + (b * d.Tq * d.H + h) * d.D;
-  const float* kb = k + (b * d.Tk * d.H + h) * d.D;
-  const float* vb = v + (b * d.Tk * d.H + h) * d.D;
-  load_tile<MAXD>(qs, MAXD + 1, qb, stride, i0, d.Tq, D);
-  const std::int64_t nk = i < d.Tq ? mask.visible(i, d.Tk) : 0;
-  const std::int64_t last_row = (i0 + kTile < d.Tq ? i0 + kTile : d.Tq) - 1;
-  const std::int64_t block_nk = mask.visible(last_row, d.Tk);  // visibility grows with i
-  const float* my_q = qs + t * (MAXD + 1);
-
-  float acc[MAXD];
-#pragma unroll
-  for (int c = 0; c < MAXD; ++c) acc[c] = 0.f;
-  float m = kNegInf, l = 0.f;
-  for (std::int64_t j0 = 0; j0 < block_nk; j0 += kTile) {
-    __syncthreads();  // the previous tile is consumed (and qs is loaded)
-    load_tile<MAXD>(ks, MAXD, kb, stride, j0, d.Tk, D);
-    load_tile<MAXD>(vs, MAXD, vb, stride, j0, d.Tk, D);
-    __syncthreads();
-    float s[kTile];
-    float tile_max = kNegInf;
-#pragma unroll
-    for (int jj = 0; jj < kTile; ++jj) {
-      s[jj] = j0 + jj < nk ? d.scale * dot_row<MAXD>(my_q, ks + jj * MAXD) : kNegInf;
-      tile_max = fmaxf(tile_max, s[jj]);
-    }
-    if (tile_max == kNegInf) continue;  // this row sees no key of the tile
-    const float m_new = fmaxf(m, tile_max);
-    const float correction = expf(m - m_new);  // 0 while m is -inf
-    l *= correction;
-#pragma unroll
-    for (int c = 0; c < MAXD; ++c) acc[c] *= correction;
-#pragma unroll
-    for (int jj = 0; jj < kTile; ++jj) {
-      const float p = expf(s[jj] - m_new);  // 0 for hidden keys
-      l += p;
-#pragma unroll
-      for (int c = 0; c < MAXD; ++c) acc[c] += p * vs[jj * MAXD + c];
-    }
-    m = m_new;
-  }
-  if (i >= d.Tq) return;
-  const std::int64_t stat = (b * d.H + h) * d.Tq + i;
-  row_max[stat] = m;
-  row_sum[stat] = l;
-  const float inv = l > 0.f ? 1.f / l : 0.f;
-  float* o = out + ((b * d.Tq + i) * d.H + h) * d.D;
-#pragma unroll
-  for (int c = 0; c < MAXD; ++c)
-    if (c < D) o[c] = acc[c] * inv;
-}
-
 // delta[b, h, i] = dO_i . O_i (= rowsum(P * dP)).
 __global__ void row_dot_kernel(const float* dout, const float* out, float* delta, Dims d) {
   const std::int64_t rows = d.B * d.H * d.Tq;
@@ -196,151 +94,6 @@ __global__ void row_dot_kernel(const float* dout, const float* out, float* delta
     for (std::int64_t c = 0; c < d.D; ++c) s += dout[o + c] * out[o + c];
     delta[r] = s;
   }
-}
-
-// The backward kernels split the head dimension over lanes: kLanes<MAXD>
-// consecutive threads share a row, each holding MAXD / lanes of its
-// accumulators (dQ, or dK and dV), and their partial dot products meet by
-// warp shuffles. One thread per row held all MAXD (2 x 128 floats in dK/dV)
-// and spilled to local memory.
-template <int MAXD>
-constexpr int kLanes = MAXD > 32 ? MAXD / 32 : 1;
-template <int MAXD>
-constexpr int kColumnsPerLane = MAXD / kLanes<MAXD>;
-
-// The dot product of a row's two MAXD-vectors, from each lane's share of
-// columns [first, first + kColumnsPerLane): every lane of the row gets the sum.
-// The shuffles name only the row's own lanes: rows of one warp leave their
-// loops at different points (causal rows see different numbers of keys).
-template <int MAXD>
-__device__ __forceinline__ float lane_dot(const float* a, const float* b, int first) {
-  float s = 0;
-#pragma unroll
-  for (int c = 0; c < kColumnsPerLane<MAXD>; ++c) s += a[first + c] * b[first + c];
-  if constexpr (kLanes<MAXD> > 1) {
-    const unsigned row_lanes = ((1u << kLanes<MAXD>) - 1u) << ((threadIdx.x % 32) / kLanes<MAXD> * kLanes<MAXD>);
-#pragma unroll
-    for (int offset = kLanes<MAXD> / 2; offset > 0; offset /= 2) s += __shfl_xor_sync(row_lanes, s, offset);
-  }
-  return s;
-}
-
-template <int MAXD>
-__global__ void __launch_bounds__(kTile * kLanes<MAXD>) flash_backward_dq_kernel(
-    const float* q, const float* k, const float* v, const float* dout, const float* row_max, const float* row_sum,
-    const float* delta, float* dq, Dims d, Mask mask) {
-  constexpr int W = kColumnsPerLane<MAXD>;
-  extern __shared__ float smem[];
-  float* qs = smem;                       // own query rows [kTile][MAXD + 1]
-  float* dos = qs + kTile * (MAXD + 1);   // own dO rows    [kTile][MAXD + 1]
-  float* ks = dos + kTile * (MAXD + 1);   // key tile       [kTile][MAXD]
-  float* vs = ks + kTile * MAXD;          // value tile     [kTile][MAXD]
-  const std::int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
-  const int t = threadIdx.x / kLanes<MAXD>, first = (threadIdx.x % kLanes<MAXD>) * W, D = static_cast<int>(d.D);
-  const std::int64_t i = i0 + t, stride = d.H * d.D;
-  const std::int64_t qoff = (b * d.Tq * d.H + h) * d.D, koff = (b * d.Tk * d.H + h) * d.D;
-  load_tile<MAXD>(qs, MAXD + 1, q + qoff, stride, i0, d.Tq, D);
-  load_tile<MAXD>(dos, MAXD + 1, dout + qoff, stride, i0, d.Tq, D);
-  const std::int64_t stat = (b * d.H + h) * d.Tq + i;
-  const bool live = i < d.Tq && row_sum[i < d.Tq ? stat : 0] > 0.f;
-  const float m = live ? row_max[stat] : 0.f, inv_l = live ? 1.f / row_sum[stat] : 0.f;
-  const float dl = live ? delta[stat] : 0.f;
-  const std::int64_t nk = live ? mask.visible(i, d.Tk) : 0;
-  const std::int64_t last_row = (i0 + kTile < d.Tq ? i0 + kTile : d.Tq) - 1;
-  const std::int64_t block_nk = mask.visible(last_row, d.Tk);
-  const float* my_q = qs + t * (MAXD + 1);
-  const float* my_do = dos + t * (MAXD + 1);
-  float acc[W];
-#pragma unroll
-  for (int c = 0; c < W; ++c) acc[c] = 0.f;
-  for (std::int64_t j0 = 0; j0 < block_nk; j0 += kTile) {
-    __syncthreads();
-    load_tile<MAXD>(ks, MAXD, k + koff, stride, j0, d.Tk, D);
-    load_tile<MAXD>(vs, MAXD, v + koff, stride, j0, d.Tk, D);
-    __syncthreads();
-    // The lanes of a row share nk, so they leave the loop together (the shuffles need every lane).
-    for (int jj = 0; jj < kTile && j0 + jj < nk; ++jj) {
-      const float* kj = ks + jj * MAXD;
-      const float p = expf(d.scale * lane_dot<MAXD>(my_q, kj, first) - m) * inv_l;
-      const float dp = lane_dot<MAXD>(my_do, vs + jj * MAXD, first);
-      const float ds = d.scale * p * (dp - dl);
-#pragma unroll
-      for (int c = 0; c < W; ++c) acc[c] += ds * kj[first + c];
-    }
-  }
-  if (i >= d.Tq) return;
-  float* o = dq + ((b * d.Tq + i) * d.H + h) * d.D;
-#pragma unroll
-  for (int c = 0; c < W; ++c)
-    if (first + c < D) o[first + c] = acc[c];
-}
-
-template <int MAXD>
-__global__ void __launch_bounds__(kTile * kLanes<MAXD>) flash_backward_dkv_kernel(
-    const float* q, const float* k, const float* v, const float* dout, const float* row_max, const float* row_sum,
-    const float* delta, float* dk, float* dv, Dims d, Mask mask) {
-  constexpr int W = kColumnsPerLane<MAXD>;
-  extern __shared__ float smem[];
-  float* ks = smem;                       // own key rows   [kTile][MAXD + 1]
-  float* vs = ks + kTile * (MAXD + 1);    // own value rows [kTile][MAXD + 1]
-  float* qs = vs + kTile * (MAXD + 1);    // query tile     [kTile][MAXD]
-  float* dos = qs + kTile * MAXD;         // dO tile        [kTile][MAXD]
-  float* stats = dos + kTile * MAXD;      // [3][kTile]: row max, 1 / row sum, delta
-  const std::int64_t b = blockIdx.z, h = blockIdx.y, j0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
-  const int t = threadIdx.x / kLanes<MAXD>, first = (threadIdx.x % kLanes<MAXD>) * W, D = static_cast<int>(d.D);
-  const std::int64_t j = j0 + t, stride = d.H * d.D;
-  const std::int64_t qoff = (b * d.Tq * d.H + h) * d.D, koff = (b * d.Tk * d.H + h) * d.D;
-  load_tile<MAXD>(ks, MAXD + 1, k + koff, stride, j0, d.Tk, D);
-  load_tile<MAXD>(vs, MAXD + 1, v + koff, stride, j0, d.Tk, D);
-  // The first query row that sees key j0 (visibility only grows with i).
-  std::int64_t i_first = 0;
-  if (mask.causal) {
-    i_first = j0 + mask.k_start - mask.q_start;
-    if (i_first < 0) i_first = 0;
-  }
-  const float* my_k = ks + t * (MAXD + 1);
-  const float* my_v = vs + t * (MAXD + 1);
-  float gk[W], gv[W];
-#pragma unroll
-  for (int c = 0; c < W; ++c) gk[c] = gv[c] = 0.f;
-  for (std::int64_t i0 = i_first; i0 < d.Tq; i0 += kTile) {
-    __syncthreads();
-    load_tile<MAXD>(qs, MAXD, q + qoff, stride, i0, d.Tq, D);
-    load_tile<MAXD>(dos, MAXD, dout + qoff, stride, i0, d.Tq, D);
-    if (threadIdx.x < kTile) {
-      const std::int64_t i = i0 + threadIdx.x, stat = (b * d.H + h) * d.Tq + i;
-      const bool live = i < d.Tq && row_sum[i < d.Tq ? stat : 0] > 0.f;
-      stats[threadIdx.x] = live ? row_max[stat] : 0.f;
-      stats[kTile + threadIdx.x] = live ? 1.f / row_sum[stat] : 0.f;  // 0: the row saw no key
-      stats[2 * kTile + threadIdx.x] = live ? delta[stat] : 0.f;
-    }
-    __syncthreads();
-    if (j >= d.Tk) continue;  // every lane of the row: the shuffles below stay among live rows' lanes
-    for (int ii = 0; ii < kTile; ++ii) {
-      const std::int64_t i = i0 + ii;
-      if (i >= d.Tq) break;
-      const float inv_l = stats[kTile + ii];
-      if (inv_l == 0.f || j >= mask.visible(i, d.Tk)) continue;
-      const float* qi = qs + ii * MAXD;
-      const float* doi = dos + ii * MAXD;
-      const float p = expf(d.scale * lane_dot<MAXD>(qi, my_k, first) - stats[ii]) * inv_l;
-      const float dp = lane_dot<MAXD>(doi, my_v, first);
-      const float ds = d.scale * p * (dp - stats[2 * kTile + ii]);
-#pragma unroll
-      for (int c = 0; c < W; ++c) {
-        gv[c] += p * doi[first + c];
-        gk[c] += ds * qi[first + c];
-      }
-    }
-  }
-  if (j >= d.Tk) return;
-  const std::int64_t o = ((b * d.Tk + j) * d.H + h) * d.D;
-#pragma unroll
-  for (int c = 0; c < W; ++c)
-    if (first + c < D) {
-      dk[o + first + c] = gk[c];
-      dv[o + first + c] = gv[c];
-    }
 }
 
 __global__ void merge_kernel(float* out, float* row_max, float* row_sum, const float* other_out,
@@ -384,8 +137,10 @@ void allow_shared(Kernel kernel, std::size_t bytes) {
   DTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-dim3 query_grid(const Dims& d, std::int64_t T) {
-  return dim3(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(d.H), static_cast<unsigned>(d.B));
+// One block per 64 rows (flash::kRows) of one (batch, head).
+dim3 row_grid(const Dims& d, std::int64_t T) {
+  return dim3(static_cast<unsigned>((T + flash::kRows - 1) / flash::kRows), static_cast<unsigned>(d.H),
+              static_cast<unsigned>(d.B));
 }
 
 void check_grid(const char* op, const Dims& d) {
@@ -474,8 +229,8 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   const char* op = "flash_attention_forward";
   const Dims d = check_qkv(op, q, k, v, scale);
   DTP_CHECK(block_size >= 1, op, ": block_size must be at least 1, got ", block_size);
-  // block_size shapes the CPU loop; the GPU kernel uses its own tile (kTile):
-  // the result is the same up to rounding.
+  // block_size shapes the CPU loop; the GPU kernels use their own tiles
+  // (flash::kRows, flash::kCols): the result is the same up to rounding.
   check_like(op, "out", out, q, q.shape());
   check_like(op, "row_max", row_max, q, Shape{d.B, d.H, d.Tq});
   check_like(op, "row_sum", row_sum, q, Shape{d.B, d.H, d.Tq});
@@ -484,9 +239,9 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   nn::use_device(q.device());
   with_head_dim(op, d.D, [&](auto maxd) {
     constexpr int MAXD = decltype(maxd)::value;
-    const std::size_t bytes = sizeof(float) * (kTile * (MAXD + 1) + 2 * kTile * MAXD);
-    allow_shared(flash_forward_kernel<MAXD>, bytes);
-    flash_forward_kernel<MAXD><<<query_grid(d, d.Tq), kTile, bytes, stream()>>>(
+    constexpr std::size_t bytes = flash::forward_shared_bytes<MAXD>();
+    allow_shared(flash::forward_kernel<MAXD>, bytes);
+    flash::forward_kernel<MAXD><<<row_grid(d, d.Tq), flash::kThreads, bytes, stream()>>>(
         ptr<float>(q), ptr<float>(k), ptr<float>(v), ptr<float>(out), ptr<float>(row_max), ptr<float>(row_sum), d,
         to_mask(mask));
   });
@@ -519,18 +274,21 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   check_launch();
   with_head_dim(op, d.D, [&](auto maxd) {
     constexpr int MAXD = decltype(maxd)::value;
-    const std::size_t dq_bytes = sizeof(float) * (2 * kTile * (MAXD + 1) + 2 * kTile * MAXD);
-    allow_shared(flash_backward_dq_kernel<MAXD>, dq_bytes);
-    flash_backward_dq_kernel<MAXD><<<query_grid(d, d.Tq), kTile * kLanes<MAXD>, dq_bytes, stream()>>>(
+    constexpr std::size_t dq_bytes = flash::dq_shared_bytes<MAXD>();
+    allow_shared(flash::dq_kernel<MAXD>, dq_bytes);
+    flash::dq_kernel<MAXD><<<row_grid(d, d.Tq), flash::kThreads, dq_bytes, stream()>>>(
         ptr<float>(q), ptr<float>(k), ptr<float>(v), ptr<float>(dout), ptr<float>(row_max), ptr<float>(row_sum),
         ptr<float>(delta), ptr<float>(dq), d, to_mask(mask));
     check_launch();
-    const std::size_t dkv_bytes = sizeof(float) * (2 * kTile * (MAXD + 1) + 2 * kTile * MAXD + 3 * kTile);
-    allow_shared(flash_backward_dkv_kernel<MAXD>, dkv_bytes);
-    flash_backward_dkv_kernel<MAXD><<<query_grid(d, d.Tk), kTile * kLanes<MAXD>, dkv_bytes, stream()>>>(
-        ptr<float>(q), ptr<float>(k), ptr<float>(v), ptr<float>(dout), ptr<float>(row_max), ptr<float>(row_sum),
-        ptr<float>(delta), ptr<float>(dk), ptr<float>(dv), d, to_mask(mask));
-    check_launch();
+    flash::for_each_key_grads_launch<MAXD>([&](auto which) {
+      constexpr flash::KeyGrads G = decltype(which)::value;
+      constexpr std::size_t bytes = flash::dkv_shared_bytes<MAXD>();
+      allow_shared(flash::dkv_kernel<MAXD, G>, bytes);
+      flash::dkv_kernel<MAXD, G><<<row_grid(d, d.Tk), flash::kThreads, bytes, stream()>>>(
+          ptr<float>(q), ptr<float>(k), ptr<float>(v), ptr<float>(dout), ptr<float>(row_max), ptr<float>(row_sum),
+          ptr<float>(delta), ptr<float>(dk), ptr<float>(dv), d, to_mask(mask));
+      check_launch();
+    });
   });
 }
 

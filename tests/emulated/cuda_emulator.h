@@ -1,0 +1,252 @@
+// Runs CUDA kernels on the CPU, so their index arithmetic, masking and
+// synchronization are tested on machines without a GPU.
+//
+// The emulation: a launch runs its blocks one after another; a block's
+// threads are real threads (std::thread), __syncthreads() is a barrier of the
+// block, __syncwarp() a barrier of the warp, __shfl_xor_sync an exchange
+// through the warp, and dynamic shared memory a buffer per block filled with
+// NaNs, so a read of shared memory nobody wrote shows up in the results.
+//
+// WMMA (nvcuda::wmma) is emulated without the hardware's per-lane layout,
+// which NVIDIA leaves unspecified: here every lane's fragment holds the whole
+// tile. Kernels that use fragments only through load/store/fill/mma and
+// uniform element-wise loops (what the API promises) behave the same. A
+// store is written by lane 0 alone, so a lane that reads another lane's
+// stored values without a __syncwarp() first reads stale data, as on a GPU.
+// Alignment rules of load/store (32-byte pointers, ldm a multiple of 4
+// floats) are checked; a violation fails the launch.
+//
+// What this does not check: speed, register pressure, the shared-memory
+// limit of a real GPU, and races between warps that a barrier hides here
+// but not there. tools/gpu-suite.sh runs the same kernels on a GPU.
+#pragma once
+
+#define DTP_CUDA_EMULATION 1
+
+#include <array>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  dim3() = default;
+  dim3(unsigned x_, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+inline thread_local dim3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+
+namespace dtp::emu {
+
+/// The state one running block shares among its threads.
+struct Block {
+  explicit Block(unsigned threads, std::size_t shared_bytes)
+      : barrier(threads), storage(shared_bytes / sizeof(float) + 64, std::nanf("")), shared_bytes(shared_bytes) {
+    // 128-byte alignment, like extern __shared__ __align__(128) on a GPU.
+    const auto addr = reinterpret_cast<std::uintptr_t>(storage.data());
+    shared = storage.data() + (128 - addr % 128) % 128 / sizeof(float);
+    const unsigned warps = (threads + 31) / 32;
+    for (unsigned w = 0; w < warps; ++w) {
+      const unsigned lanes = w + 1 < warps ? 32 : threads - 32 * w;
+      warp_barriers.push_back(std::make_unique<std::barrier<>>(lanes));
+      exchange.emplace_back();
+    }
+  }
+  std::barrier<> barrier;
+  std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
+  std::vector<std::array<std::uint64_t, 32>> exchange;  // one slot per lane, for shuffles
+  std::vector<float> storage;  // dynamic shared memory, NaN until written
+  std::size_t shared_bytes;
+  float* shared;  // its 128-byte aligned start
+  std::mutex error_mutex;
+  std::string error;
+};
+
+inline thread_local Block* current = nullptr;
+
+inline unsigned warp_of_thread() { return threadIdx.x / 32; }
+inline unsigned lane() { return threadIdx.x % 32; }
+
+/// Records the first rule a kernel broke; launch() throws it.
+inline void fail(const std::string& what) {
+  std::lock_guard<std::mutex> lock(current->error_mutex);
+  if (current->error.empty()) current->error = what;
+}
+
+inline void* dynamic_shared() { return current->shared; }
+
+inline void sync_warp() { current->warp_barriers[warp_of_thread()]->arrive_and_wait(); }
+
+template <typename T>
+T shfl_xor(T value, int lane_mask) {
+  static_assert(sizeof(T) <= sizeof(std::uint64_t));
+  auto& slots = current->exchange[warp_of_thread()];
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(T));
+  slots[lane()] = bits;
+  sync_warp();
+  const std::uint64_t other = slots[lane() ^ static_cast<unsigned>(lane_mask)];
+  sync_warp();  // nobody overwrites a slot before every lane read it
+  T out;
+  std::memcpy(&out, &other, sizeof(T));
+  return out;
+}
+
+/// Runs kernel() as a 1-D block of block.x threads for every block of grid.
+inline void launch(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<void()>& kernel) {
+  if (block.y != 1 || block.z != 1) throw std::invalid_argument("the emulator runs 1-D blocks only");
+  gridDim = grid;
+  blockDim = block;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        Block state(block.x, shared_bytes);
+        std::vector<std::thread> threads;
+        threads.reserve(block.x);
+        for (unsigned t = 0; t < block.x; ++t)
+          threads.emplace_back([&, t] {
+            threadIdx = dim3(t);
+            blockIdx = dim3(x, y, z);
+            current = &state;
+            kernel();
+            // A thread that exits no longer holds up the barriers (as on a GPU).
+            state.warp_barriers[warp_of_thread()]->arrive_and_drop();
+            state.barrier.arrive_and_drop();
+          });
+        for (std::thread& t : threads) t.join();
+        if (!state.error.empty())
+          throw std::runtime_error("block (" + std::to_string(x) + ", " + std::to_string(y) + ", " +
+                                   std::to_string(z) + "): " + state.error);
+      }
+}
+
+/// Fails unless [p, p + bytes) lies inside the block's shared memory.
+inline void check_in_shared(const void* p, std::size_t bytes, const char* what) {
+  const auto* base = reinterpret_cast<const char*>(current->shared);
+  const auto* c = static_cast<const char*>(p);
+  const std::size_t size = current->shared_bytes;
+  if (c < base || c + bytes > base + size)
+    fail(std::string(what) + " reaches outside the block's " + std::to_string(size) + " bytes of shared memory");
+}
+
+}  // namespace dtp::emu
+
+inline void __syncthreads() { dtp::emu::current->barrier.arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { dtp::emu::sync_warp(); }
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
+  if (mask != 0xffffffffu) dtp::emu::fail("__shfl_xor_sync: the emulator supports full-warp masks only");
+  return dtp::emu::shfl_xor(value, lane_mask);
+}
+
+#define DTP_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::dtp::emu::dynamic_shared())
+
+// --- nvcuda::wmma, the subset the kernels use -----------------------------------
+namespace nvcuda::wmma {
+
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+namespace precision {
+struct tf32 {};
+}  // namespace precision
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  static constexpr int rows = std::is_same_v<Use, matrix_b> ? K : M;
+  static constexpr int cols = std::is_same_v<Use, matrix_a> ? K : N;
+  static constexpr int num_elements = rows * cols;  // the whole tile in every lane (see the top)
+  float x[rows * cols];
+};
+
+/// Rounds to TF32 (10 mantissa bits), to nearest with ties away from zero.
+inline float __float_to_tf32(float in) {
+  if (!std::isfinite(in)) return in;
+  std::uint32_t bits;
+  std::memcpy(&bits, &in, 4);
+  bits = (bits + 0x1000u) & ~0x1fffu;
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
+namespace detail {
+inline void check_pointer(const void* p, unsigned ldm, std::size_t bytes, const char* op) {
+  if (reinterpret_cast<std::uintptr_t>(p) % 32 != 0) dtp::emu::fail(std::string(op) + ": pointer not 32-byte aligned");
+  if (ldm % 4 != 0) dtp::emu::fail(std::string(op) + ": ldm " + std::to_string(ldm) + " is not a multiple of 4");
+  dtp::emu::check_in_shared(p, bytes, op);
+}
+template <typename Frag>
+std::size_t span_bytes(unsigned ldm, bool row_major) {
+  const int major = row_major ? Frag::rows : Frag::cols, minor = row_major ? Frag::cols : Frag::rows;
+  return sizeof(float) * ((major - 1) * static_cast<std::size_t>(ldm) + minor);
+}
+template <typename Frag>
+void load(Frag& f, const float* p, unsigned ldm, bool row_major) {
+  check_pointer(p, ldm, span_bytes<Frag>(ldm, row_major), "load_matrix_sync");
+  for (int r = 0; r < Frag::rows; ++r)
+    for (int c = 0; c < Frag::cols; ++c)
+      f.x[r * Frag::cols + c] = row_major ? p[r * ldm + c] : p[c * ldm + r];
+}
+}  // namespace detail
+
+template <typename Use, int M, int N, int K, typename T>
+void load_matrix_sync(fragment<Use, M, N, K, T, row_major>& f, const float* p, unsigned ldm) {
+  detail::load(f, p, ldm, true);
+}
+template <typename Use, int M, int N, int K, typename T>
+void load_matrix_sync(fragment<Use, M, N, K, T, col_major>& f, const float* p, unsigned ldm) {
+  detail::load(f, p, ldm, false);
+}
+template <int M, int N, int K>
+void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* p, unsigned ldm, layout_t layout) {
+  detail::load(f, p, ldm, layout == mem_row_major);
+}
+template <int M, int N, int K>
+void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm, layout_t layout) {
+  using Frag = fragment<accumulator, M, N, K, float>;
+  const bool row = layout == mem_row_major;
+  detail::check_pointer(p, ldm, detail::span_bytes<Frag>(ldm, row), "store_matrix_sync");
+  if (dtp::emu::lane() != 0) return;  // one writer: readers in other lanes need a __syncwarp()
+  for (int r = 0; r < M; ++r)
+    for (int c = 0; c < N; ++c) (row ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * N + c];
+}
+template <typename Use, int M, int N, int K, typename T, typename L>
+void fill_fragment(fragment<Use, M, N, K, T, L>& f, float value) {
+  for (float& e : f.x) e = value;
+}
+/// d = a b + c with f32 accumulation in k order (the hardware's order is unspecified).
+template <int M, int N, int K, typename T, typename LA, typename LB>
+void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, T, LA>& a,
+              const fragment<matrix_b, M, N, K, T, LB>& b, const fragment<accumulator, M, N, K, float>& c) {
+  float out[M * N];
+  for (int r = 0; r < M; ++r)
+    for (int n = 0; n < N; ++n) {
+      float s = c.x[r * N + n];
+      for (int k = 0; k < K; ++k) s += a.x[r * K + k] * b.x[k * N + n];
+      out[r * N + n] = s;
+    }
+  std::memcpy(d.x, out, sizeof out);
+}
+
+}  // namespace nvcuda::wmma
