@@ -7,14 +7,18 @@
 // through the warp, and dynamic shared memory a buffer per block filled with
 // NaNs, so a read of shared memory nobody wrote shows up in the results.
 //
+// bf16 and f16 values are 16-bit structs that round to nearest even (the
+// CPU ops' rounding, dtype.h), like cuda_bf16.h's and cuda_fp16.h's _rn.
+//
 // WMMA (nvcuda::wmma) is emulated without the hardware's per-lane layout,
 // which NVIDIA leaves unspecified: here every lane's fragment holds the whole
 // tile. Kernels that use fragments only through load/store/fill/mma and
 // uniform element-wise loops (what the API promises) behave the same. A
 // store is written by lane 0 alone, so a lane that reads another lane's
 // stored values without a __syncwarp() first reads stale data, as on a GPU.
-// Alignment rules of load/store (32-byte pointers, ldm a multiple of 4
-// floats) are checked; a violation fails the launch.
+// Alignment rules of load/store (32-byte pointers, ldm a multiple of 16
+// bytes), the element type of each load, and that every fragment access
+// stays in shared memory are checked; a violation fails the launch.
 //
 // What this does not check: speed, register pressure, the shared-memory
 // limit of a real GPU, and races between warps that a barrier hides here
@@ -36,6 +40,8 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#include "dtp/dtype.h"  // the CPU's bf16 and f16 rounding (nearest even)
 
 #define __global__
 #define __device__
@@ -148,6 +154,19 @@ inline void check_in_shared(const void* p, std::size_t bytes, const char* what) 
 
 }  // namespace dtp::emu
 
+// cuda_bf16.h and cuda_fp16.h, the subset the kernels use: 16-bit storage
+// that converts to float, and rounding to nearest even from float.
+struct __nv_bfloat16 {
+  std::uint16_t bits;
+  operator float() const { return dtp::bf16_to_float(dtp::bf16{bits}); }
+};
+struct __half {
+  std::uint16_t bits;
+  operator float() const { return dtp::f16_to_float(dtp::f16{bits}); }
+};
+inline __nv_bfloat16 __float2bfloat16_rn(float x) { return {dtp::float_to_bf16(x).bits}; }
+inline __half __float2half_rn(float x) { return {dtp::float_to_f16(x).bits}; }
+
 inline void __syncthreads() { dtp::emu::current->barrier.arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { dtp::emu::sync_warp(); }
 template <typename T>
@@ -191,31 +210,40 @@ inline float __float_to_tf32(float in) {
 }
 
 namespace detail {
-inline void check_pointer(const void* p, unsigned ldm, std::size_t bytes, const char* op) {
+// The alignment rules of load/store_matrix_sync: a 32-byte aligned pointer,
+// ldm a multiple of 16 bytes; and here, the whole span inside shared memory.
+template <typename E>
+void check_pointer(const E* p, unsigned ldm, std::size_t bytes, const char* op) {
   if (reinterpret_cast<std::uintptr_t>(p) % 32 != 0) dtp::emu::fail(std::string(op) + ": pointer not 32-byte aligned");
-  if (ldm % 4 != 0) dtp::emu::fail(std::string(op) + ": ldm " + std::to_string(ldm) + " is not a multiple of 4");
+  if (ldm * sizeof(E) % 16 != 0)
+    dtp::emu::fail(std::string(op) + ": ldm " + std::to_string(ldm) + " is not a multiple of 16 bytes");
   dtp::emu::check_in_shared(p, bytes, op);
 }
-template <typename Frag>
+template <typename Frag, typename E>
 std::size_t span_bytes(unsigned ldm, bool row_major) {
   const int major = row_major ? Frag::rows : Frag::cols, minor = row_major ? Frag::cols : Frag::rows;
-  return sizeof(float) * ((major - 1) * static_cast<std::size_t>(ldm) + minor);
+  return sizeof(E) * ((major - 1) * static_cast<std::size_t>(ldm) + minor);
 }
-template <typename Frag>
-void load(Frag& f, const float* p, unsigned ldm, bool row_major) {
-  check_pointer(p, ldm, span_bytes<Frag>(ldm, row_major), "load_matrix_sync");
+template <typename Frag, typename E>
+void load(Frag& f, const E* p, unsigned ldm, bool row_major) {
+  check_pointer(p, ldm, span_bytes<Frag, E>(ldm, row_major), "load_matrix_sync");
   for (int r = 0; r < Frag::rows; ++r)
     for (int c = 0; c < Frag::cols; ++c)
-      f.x[r * Frag::cols + c] = row_major ? p[r * ldm + c] : p[c * ldm + r];
+      f.x[r * Frag::cols + c] = static_cast<float>(row_major ? p[r * ldm + c] : p[c * ldm + r]);
 }
+// The element type a fragment of precision T loads: float for tf32, T otherwise.
+template <typename T>
+using Element = std::conditional_t<std::is_same_v<T, precision::tf32>, float, T>;
 }  // namespace detail
 
-template <typename Use, int M, int N, int K, typename T>
-void load_matrix_sync(fragment<Use, M, N, K, T, row_major>& f, const float* p, unsigned ldm) {
+template <typename Use, int M, int N, int K, typename T, typename E>
+void load_matrix_sync(fragment<Use, M, N, K, T, row_major>& f, const E* p, unsigned ldm) {
+  static_assert(std::is_same_v<E, detail::Element<T>>, "the pointer's type must be the fragment's element type");
   detail::load(f, p, ldm, true);
 }
-template <typename Use, int M, int N, int K, typename T>
-void load_matrix_sync(fragment<Use, M, N, K, T, col_major>& f, const float* p, unsigned ldm) {
+template <typename Use, int M, int N, int K, typename T, typename E>
+void load_matrix_sync(fragment<Use, M, N, K, T, col_major>& f, const E* p, unsigned ldm) {
+  static_assert(std::is_same_v<E, detail::Element<T>>, "the pointer's type must be the fragment's element type");
   detail::load(f, p, ldm, false);
 }
 template <int M, int N, int K>
@@ -226,7 +254,7 @@ template <int M, int N, int K>
 void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm, layout_t layout) {
   using Frag = fragment<accumulator, M, N, K, float>;
   const bool row = layout == mem_row_major;
-  detail::check_pointer(p, ldm, detail::span_bytes<Frag>(ldm, row), "store_matrix_sync");
+  detail::check_pointer(p, ldm, detail::span_bytes<Frag, float>(ldm, row), "store_matrix_sync");
   if (dtp::emu::lane() != 0) return;  // one writer: readers in other lanes need a __syncwarp()
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < N; ++c) (row ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * N + c];

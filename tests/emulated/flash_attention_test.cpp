@@ -3,10 +3,16 @@
 // This checks their tiling, masking, online softmax and synchronization on
 // every machine; tests/gpu/nn_cuda_test.cpp checks the same kernels on a GPU.
 //
-// Tolerance: |kernel - cpu| <= 2e-3 (|cpu| + max |cpu|), element-wise. The
+// Every case runs in f32, bf16 and f16 against the CPU's op in the same
+// dtype (which computes in f32 and rounds what it stores).
+//
+// Tolerance: |kernel - cpu| <= tol (|cpu| + max |cpu|), element-wise, with
+// tol = 2e-3 for f32 and 2 epsilons for bf16 (2^-6) and f16 (2^-9). The f32
 // kernels round their inputs and the probabilities to TF32 (2^-11 relative),
-// which stays below 1e-3 on these shapes; losing one key of 64, or one
-// column of a row, moves an output by about 1e-2.
+// which stays below 1e-3 on these shapes, and losing one key of 64 or one
+// column of a row moves an output by about 1e-2. In 16 bits the kernels round
+// P and dS to the 16-bit type before their products, the CPU does not: the
+// 16-bit runs check the types and layouts, the f32 runs the arithmetic.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,7 +31,11 @@ namespace {
 
 namespace flash = cuda::flash;
 
-constexpr double kTolerance = 2e-3;
+double tolerance(DType dtype) {
+  if (dtype == DType::bf16) return std::ldexp(1.0, -6);
+  if (dtype == DType::f16) return std::ldexp(1.0, -9);
+  return 2e-3;
+}
 
 struct Case {
   std::int64_t B, Tq, Tk, H, D;
@@ -38,17 +48,18 @@ std::string describe(const Case& c) {
          " q_start " + std::to_string(c.mask.q_start) + " k_start " + std::to_string(c.mask.k_start);
 }
 
-void PrintTo(const Case& c, std::ostream* os) { *os << describe(c); }
+
 
 // Element-wise comparison that names the worst element by (b, t, h, d) or (b, h, t).
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  const double tol = tolerance(want.dtype());
   const std::vector<double> g = got.to_vector(), w = want.to_vector();
   double scale = 0;
   for (double x : w) scale = std::max(scale, std::abs(x));
   std::int64_t worst = -1;
   double worst_excess = 0;
   for (std::size_t i = 0; i < g.size(); ++i) {
-    const double allowed = kTolerance * (std::abs(w[i]) + scale), err = std::abs(g[i] - w[i]);
+    const double allowed = tol * (std::abs(w[i]) + scale), err = std::abs(g[i] - w[i]);
     if (!(err <= allowed) && (worst < 0 || err - allowed > worst_excess)) {
       worst = static_cast<std::int64_t>(i);
       worst_excess = err - allowed;
@@ -62,7 +73,7 @@ void expect_close(const Tensor& got, const Tensor& want, const std::string& what
     rest /= got.size(dim);
   }
   ADD_FAILURE() << what << ": element [" << where << "] is " << g[worst] << " from the kernel and " << w[worst]
-                << " from the CPU (allowed " << kTolerance << " x (|cpu| + max |cpu| " << scale << "))";
+                << " from the CPU (allowed " << tol << " x (|cpu| + max |cpu| " << scale << "))";
 }
 
 // Calls fn(std::integral_constant<int, MAXD>{}) with the kernels' head-dim bucket for D.
@@ -89,51 +100,83 @@ std::vector<Case> cases() {
           {1, 70, 100, 1, 32, {false, 0, 0}}};    // no mask, several key tiles
 }
 
-class EmulatedFlashAttention : public ::testing::TestWithParam<Case> {};
+// The kernels' element type for a dtype: float, or the emulator's 16-bit structs.
+template <typename Fn>
+void with_element(DType dtype, Fn&& fn) {
+  if (dtype == DType::bf16) fn(__nv_bfloat16{});
+  else if (dtype == DType::f16) fn(__half{});
+  else fn(float{});
+}
+template <typename T>
+T* ptr(Tensor& t) {
+  return static_cast<T*>(t.raw());
+}
+template <typename T>
+const T* ptr(const Tensor& t) {
+  return static_cast<const T*>(t.raw());
+}
+
+struct Param {
+  Case c;
+  DType dtype;
+};
+void PrintTo(const Param& p, std::ostream* os) { *os << describe(p.c) << " " << dtype_name(p.dtype); }
+
+std::vector<Param> params() {
+  std::vector<Param> out;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+    for (const Case& c : cases()) out.push_back({c, dtype});
+  return out;
+}
+
+class EmulatedFlashAttention : public ::testing::TestWithParam<Param> {};
 
 TEST_P(EmulatedFlashAttention, ForwardAndBackwardMatchTheCpu) {
-  const Case& c = GetParam();
+  const auto& [c, dtype] = GetParam();
+  SCOPED_TRACE(describe(c) + " " + dtype_name(dtype));
   const Shape qs{c.B, c.Tq, c.H, c.D}, ks{c.B, c.Tk, c.H, c.D}, stat{c.B, c.H, c.Tq};
-  const Tensor q = Tensor::random_uniform(qs, 30), k = Tensor::random_uniform(ks, 31),
-               v = Tensor::random_uniform(ks, 32), dout = Tensor::random_uniform(qs, 33);
-  Tensor out = Tensor::zeros(qs), m = Tensor::zeros(stat), l = Tensor::zeros(stat);
+  const Tensor q = Tensor::random_uniform(qs, 30, -1, 1, dtype), k = Tensor::random_uniform(ks, 31, -1, 1, dtype),
+               v = Tensor::random_uniform(ks, 32, -1, 1, dtype), dout = Tensor::random_uniform(qs, 33, -1, 1, dtype);
+  Tensor out = Tensor::zeros(qs, dtype), m = Tensor::zeros(stat, dtype), l = Tensor::zeros(stat, dtype);
   ops::flash_attention_forward(q, k, v, out, m, l, c.mask);
-  Tensor dq = Tensor::zeros(qs), dk = Tensor::zeros(ks), dv = Tensor::zeros(ks);
+  Tensor dq = Tensor::zeros(qs, dtype), dk = Tensor::zeros(ks, dtype), dv = Tensor::zeros(ks, dtype);
   ops::flash_attention_backward(q, k, v, out, m, l, dout, dq, dk, dv, c.mask);
 
   const flash::Dims d{c.B, c.Tq, c.Tk, c.H, c.D, static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.D)))};
   const flash::Mask mask{c.mask.causal, c.mask.q_start, c.mask.k_start};
-  Tensor e_out = Tensor::full(qs, -7.0), e_m = Tensor::full(stat, -7.0), e_l = Tensor::full(stat, -7.0);
-  Tensor e_dq = Tensor::full(qs, -7.0), e_dk = Tensor::full(ks, -7.0), e_dv = Tensor::full(ks, -7.0);
-  // delta = rowsum(dO * O), from the CPU's output (the GPU computes it in row_dot_kernel).
-  Tensor delta = Tensor::zeros(stat);
-  for (std::int64_t b = 0; b < c.B; ++b)
-    for (std::int64_t i = 0; i < c.Tq; ++i)
-      for (std::int64_t h = 0; h < c.H; ++h) {
-        double s = 0;
-        for (std::int64_t x = 0; x < c.D; ++x)
-          s += static_cast<double>(dout.data<float>()[((b * c.Tq + i) * c.H + h) * c.D + x]) *
-               out.data<float>()[((b * c.Tq + i) * c.H + h) * c.D + x];
-        delta.data<float>()[(b * c.H + h) * c.Tq + i] = static_cast<float>(s);
-      }
+  Tensor e_out = Tensor::full(qs, -7.0, dtype), e_m = Tensor::full(stat, -7.0, dtype),
+         e_l = Tensor::full(stat, -7.0, dtype);
+  Tensor e_dq = Tensor::full(qs, -7.0, dtype), e_dk = Tensor::full(ks, -7.0, dtype),
+         e_dv = Tensor::full(ks, -7.0, dtype);
+  Tensor delta = Tensor::zeros(stat);  // f32, as on the GPU
 
-  with_head_dim(c.D, [&](auto maxd) {
-    constexpr int MAXD = decltype(maxd)::value;
-    emu::launch(dim3(tiles(c.Tq), c.H, c.B), dim3(flash::kThreads), flash::forward_shared_bytes<MAXD>(), [&] {
-      flash::forward_kernel<MAXD>(q.data<float>(), k.data<float>(), v.data<float>(), e_out.data<float>(),
-                                  e_m.data<float>(), e_l.data<float>(), d, mask);
+  with_element(dtype, [&](auto element) {
+    using T = decltype(element);
+    const flash::Dims rows{c.B, c.Tq, 0, c.H, c.D, 1.f};
+    emu::launch(dim3(1), dim3(64), 0, [&] {  // delta = rowsum(dO * O) from the CPU's output, by 64 threads
+      flash::row_dot_kernel<T>(ptr<T>(dout), ptr<T>(out), delta.data<float>(), rows);
     });
-    // The backward from the CPU's forward, so each half is checked on its own.
-    emu::launch(dim3(tiles(c.Tq), c.H, c.B), dim3(flash::kThreads), flash::dq_shared_bytes<MAXD>(), [&] {
-      flash::dq_kernel<MAXD>(q.data<float>(), k.data<float>(), v.data<float>(), dout.data<float>(),
-                             m.data<float>(), l.data<float>(), delta.data<float>(), e_dq.data<float>(), d, mask);
-    });
-    flash::for_each_key_grads_launch<MAXD>([&](auto which) {
-      constexpr flash::KeyGrads G = decltype(which)::value;
-      emu::launch(dim3(tiles(c.Tk), c.H, c.B), dim3(flash::kThreads), flash::dkv_shared_bytes<MAXD>(), [&] {
-        flash::dkv_kernel<MAXD, G>(q.data<float>(), k.data<float>(), v.data<float>(), dout.data<float>(),
-                                   m.data<float>(), l.data<float>(), delta.data<float>(), e_dk.data<float>(),
-                                   e_dv.data<float>(), d, mask);
+    with_head_dim(c.D, [&](auto maxd) {
+      constexpr int MAXD = decltype(maxd)::value;
+      emu::launch(dim3(tiles(c.Tq), c.H, c.B), dim3(flash::kThreads),
+                  flash::shared_bytes<flash::ForwardShared<T, MAXD>>(), [&] {
+                    flash::forward_kernel<T, MAXD>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(e_out), ptr<T>(e_m),
+                                                   ptr<T>(e_l), d, mask);
+                  });
+      // The backward from the CPU's forward, so each half is checked on its own.
+      emu::launch(dim3(tiles(c.Tq), c.H, c.B), dim3(flash::kThreads),
+                  flash::shared_bytes<flash::DqShared<T, MAXD>>(), [&] {
+                    flash::dq_kernel<T, MAXD>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(m), ptr<T>(l),
+                                              delta.data<float>(), ptr<T>(e_dq), d, mask);
+                  });
+      flash::for_each_key_grads_launch<MAXD>([&](auto which) {
+        constexpr flash::KeyGrads G = decltype(which)::value;
+        emu::launch(dim3(tiles(c.Tk), c.H, c.B), dim3(flash::kThreads),
+                    flash::shared_bytes<flash::DkvShared<T, MAXD>>(), [&] {
+                      flash::dkv_kernel<T, MAXD, G>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(m),
+                                                    ptr<T>(l), delta.data<float>(), ptr<T>(e_dk), ptr<T>(e_dv), d,
+                                                    mask);
+                    });
       });
     });
   });
@@ -141,20 +184,24 @@ TEST_P(EmulatedFlashAttention, ForwardAndBackwardMatchTheCpu) {
   expect_close(e_out, out, "out");
   expect_close(e_l, l, "row_sum");
   // row_max is -inf for a row that sees no key: it must be -inf there, and close elsewhere.
-  for (std::int64_t r = 0; r < m.numel(); ++r) {
-    const float want = m.data<float>()[r], got = e_m.data<float>()[r];
-    if (std::isinf(want)) EXPECT_TRUE(std::isinf(got) && got < 0) << "row_max of row " << r << ": got " << got;
-    else EXPECT_NEAR(got, want, kTolerance * (1 + std::abs(want))) << "row_max of row " << r;
+  const std::vector<double> want_m = m.to_vector(), got_m = e_m.to_vector();
+  for (std::size_t r = 0; r < want_m.size(); ++r) {
+    if (std::isinf(want_m[r]))
+      EXPECT_TRUE(std::isinf(got_m[r]) && got_m[r] < 0) << "row_max of row " << r << ": got " << got_m[r];
+    else
+      EXPECT_NEAR(got_m[r], want_m[r], tolerance(dtype) * (1 + std::abs(want_m[r]))) << "row_max of row " << r;
   }
   expect_close(e_dq, dq, "dq");
   expect_close(e_dk, dk, "dk");
   expect_close(e_dv, dv, "dv");
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, EmulatedFlashAttention, ::testing::ValuesIn(cases()),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return "case" + std::to_string(info.index) + "_D" + std::to_string(info.param.D) +
-                                  (info.param.mask.causal ? "_causal" : "_nomask");
+INSTANTIATE_TEST_SUITE_P(Shapes, EmulatedFlashAttention, ::testing::ValuesIn(params()),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           const Case& c = info.param.c;
+                           return std::string(dtype_name(info.param.dtype)) + "_case" +
+                                  std::to_string(info.index % cases().size()) + "_D" + std::to_string(c.D) +
+                                  (c.mask.causal ? "_causal" : "_nomask");
                          });
 
 // The emulator itself: a kernel that reads another lane's shared-memory
@@ -164,7 +211,7 @@ TEST(CudaEmulator, AMisalignedFragmentLoadFailsTheLaunch) {
   EXPECT_THROW(emu::launch(dim3(1), dim3(32), 4096,
                            [] {
                              DTP_DYNAMIC_SHARED(float, smem);
-                             flash::FragA a;
+                             flash::FragA<float> a;
                              nvcuda::wmma::load_matrix_sync(a, smem + 1, 16);  // 4 bytes past a 32-byte boundary
                            }),
                std::runtime_error);
@@ -174,7 +221,7 @@ TEST(CudaEmulator, ALoadPastTheSharedMemoryFailsTheLaunch) {
   EXPECT_THROW(emu::launch(dim3(1), dim3(32), 256,
                            [] {
                              DTP_DYNAMIC_SHARED(float, smem);
-                             flash::FragA a;
+                             flash::FragA<float> a;
                              nvcuda::wmma::load_matrix_sync(a, smem, 16);  // 16 rows of 16 floats: 1 KiB
                            }),
                std::runtime_error);

@@ -28,7 +28,8 @@ constexpr std::int64_t kBackwardKeyBlock = 128;
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                              Tensor& row_max, Tensor& row_sum, const AttentionMask& mask,
                              double scale, std::int64_t block_size) {
-  if (detail::is_half(q.dtype())) {
+  // The CUDA kernels take bf16 and f16 as they are (tensor cores in the 16-bit type).
+  if (detail::is_half(q.dtype()) && !q.device().is_cuda()) {
     detail::Widened f32("flash_attention_forward", q.dtype());
     flash_attention_forward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.out("out", out),
                             f32.out("row_max", row_max), f32.out("row_sum", row_sum), mask, scale, block_size);
@@ -113,7 +114,7 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& row_max, const Tensor& row_sum, const Tensor& dout,
                               Tensor& dq, Tensor& dk, Tensor& dv, const AttentionMask& mask,
                               double scale) {
-  if (detail::is_half(q.dtype())) {
+  if (detail::is_half(q.dtype()) && !q.device().is_cuda()) {
     detail::Widened f32("flash_attention_backward", q.dtype());
     flash_attention_backward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.in("out", out),
                              f32.in("row_max", row_max), f32.in("row_sum", row_sum), f32.in("dout", dout),

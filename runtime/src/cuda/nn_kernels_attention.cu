@@ -11,8 +11,10 @@
 // 64 rows at a time through shared memory, with TF32 WMMA products and an
 // online softmax, and the backward recomputes the probabilities from the
 // saved row max and sum. No atomics: every output row has one writer.
-// They are f32 kernels: ops:: widens bf16/f16 attention to f32 copies on the
-// GPU and rounds the outputs back (cpu/widen.h), the contract of the CPU ops.
+// They take f32, bf16 and f16 tensors as they are (bf16 and f16 multiply in
+// their own type on tensor cores, with f32 scores, softmax and accumulators).
+// The naive path and the merge are f32 kernels: ops:: widens bf16/f16 to f32
+// copies for them and rounds the outputs back (cpu/widen.h).
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -82,19 +84,6 @@ __global__ void softmax_grad_kernel(const float* p, float* dp, std::int64_t Tk, 
 }
 
 // --- flash ----------------------------------------------------------------------
-
-// delta[b, h, i] = dO_i . O_i (= rowsum(P * dP)).
-__global__ void row_dot_kernel(const float* dout, const float* out, float* delta, Dims d) {
-  const std::int64_t rows = d.B * d.H * d.Tq;
-  for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; r < rows;
-       r += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t i = r % d.Tq, bh = r / d.Tq, h = bh % d.H, b = bh / d.H;
-    const std::int64_t o = ((b * d.Tq + i) * d.H + h) * d.D;
-    float s = 0;
-    for (std::int64_t c = 0; c < d.D; ++c) s += dout[o + c] * out[o + c];
-    delta[r] = s;
-  }
-}
 
 __global__ void merge_kernel(float* out, float* row_max, float* row_sum, const float* other_out,
                              const float* other_max, const float* other_sum, Dims d) {
@@ -237,13 +226,15 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   check_grid(op, d);
   if (d.B * d.H * d.Tq == 0) return;
   nn::use_device(q.device());
-  with_head_dim(op, d.D, [&](auto maxd) {
-    constexpr int MAXD = decltype(maxd)::value;
-    constexpr std::size_t bytes = flash::forward_shared_bytes<MAXD>();
-    allow_shared(flash::forward_kernel<MAXD>, bytes);
-    flash::forward_kernel<MAXD><<<row_grid(d, d.Tq), flash::kThreads, bytes, stream()>>>(
-        ptr<float>(q), ptr<float>(k), ptr<float>(v), ptr<float>(out), ptr<float>(row_max), ptr<float>(row_sum), d,
-        to_mask(mask));
+  nn::with_float(q.dtype(), [&](auto element) {
+    using T = decltype(element);
+    with_head_dim(op, d.D, [&](auto maxd) {
+      constexpr int MAXD = decltype(maxd)::value;
+      const std::size_t bytes = flash::shared_bytes<flash::ForwardShared<T, MAXD>>();
+      allow_shared(flash::forward_kernel<T, MAXD>, bytes);
+      flash::forward_kernel<T, MAXD><<<row_grid(d, d.Tq), flash::kThreads, bytes, stream()>>>(
+          ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(out), ptr<T>(row_max), ptr<T>(row_sum), d, to_mask(mask));
+    });
   });
   check_launch();
 }
@@ -269,25 +260,28 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
     return;
   }
   Tensor delta = Tensor::empty({d.B, d.H, d.Tq}, DType::f32, q.device(), MemoryCategory::activations);
-  row_dot_kernel<<<nn::grid_for(d.B * d.H * d.Tq), 256, 0, stream()>>>(ptr<float>(dout), ptr<float>(out),
-                                                                      ptr<float>(delta), d);
-  check_launch();
-  with_head_dim(op, d.D, [&](auto maxd) {
-    constexpr int MAXD = decltype(maxd)::value;
-    constexpr std::size_t dq_bytes = flash::dq_shared_bytes<MAXD>();
-    allow_shared(flash::dq_kernel<MAXD>, dq_bytes);
-    flash::dq_kernel<MAXD><<<row_grid(d, d.Tq), flash::kThreads, dq_bytes, stream()>>>(
-        ptr<float>(q), ptr<float>(k), ptr<float>(v), ptr<float>(dout), ptr<float>(row_max), ptr<float>(row_sum),
-        ptr<float>(delta), ptr<float>(dq), d, to_mask(mask));
+  nn::with_float(q.dtype(), [&](auto element) {
+    using T = decltype(element);
+    flash::row_dot_kernel<T><<<nn::grid_for(d.B * d.H * d.Tq), 256, 0, stream()>>>(ptr<T>(dout), ptr<T>(out),
+                                                                                  ptr<float>(delta), d);
     check_launch();
-    flash::for_each_key_grads_launch<MAXD>([&](auto which) {
-      constexpr flash::KeyGrads G = decltype(which)::value;
-      constexpr std::size_t bytes = flash::dkv_shared_bytes<MAXD>();
-      allow_shared(flash::dkv_kernel<MAXD, G>, bytes);
-      flash::dkv_kernel<MAXD, G><<<row_grid(d, d.Tk), flash::kThreads, bytes, stream()>>>(
-          ptr<float>(q), ptr<float>(k), ptr<float>(v), ptr<float>(dout), ptr<float>(row_max), ptr<float>(row_sum),
-          ptr<float>(delta), ptr<float>(dk), ptr<float>(dv), d, to_mask(mask));
+    with_head_dim(op, d.D, [&](auto maxd) {
+      constexpr int MAXD = decltype(maxd)::value;
+      const std::size_t dq_bytes = flash::shared_bytes<flash::DqShared<T, MAXD>>();
+      allow_shared(flash::dq_kernel<T, MAXD>, dq_bytes);
+      flash::dq_kernel<T, MAXD><<<row_grid(d, d.Tq), flash::kThreads, dq_bytes, stream()>>>(
+          ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(row_max), ptr<T>(row_sum), ptr<float>(delta),
+          ptr<T>(dq), d, to_mask(mask));
       check_launch();
+      const std::size_t dkv_bytes = flash::shared_bytes<flash::DkvShared<T, MAXD>>();
+      flash::for_each_key_grads_launch<MAXD>([&](auto which) {
+        constexpr flash::KeyGrads G = decltype(which)::value;
+        allow_shared(flash::dkv_kernel<T, MAXD, G>, dkv_bytes);
+        flash::dkv_kernel<T, MAXD, G><<<row_grid(d, d.Tk), flash::kThreads, dkv_bytes, stream()>>>(
+            ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(row_max), ptr<T>(row_sum), ptr<float>(delta),
+            ptr<T>(dk), ptr<T>(dv), d, to_mask(mask));
+        check_launch();
+      });
     });
   });
 }
