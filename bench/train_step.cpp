@@ -1,7 +1,9 @@
 // dtp-bench-train-step: one GPU, a GPT-2-small-shaped model (12 layers,
 // d_model 768, 12 heads, context 1024, vocab 50304); prints tokens/s and MFU
-// of whole training steps (forward, backward, AdamW), then per-op timings
-// (f32) against their roofline. --precision fp32 keeps f32 storage with TF32
+// of whole training steps (forward, backward, AdamW), then every kind of op
+// the step runs, alone and in the step's dtype: its time, how often a step
+// calls it, its share of the step and its roofline, and what is left of the
+// step once they are added up. --precision fp32 keeps f32 storage with TF32
 // matmuls; bf16 and fp16 run chapter 07's mixed-precision step (a 16-bit
 // model, f32 master weights and AdamW state; fp16 with the dynamic loss
 // scale), the peer of PyTorch autocast.
@@ -9,7 +11,7 @@
 //                        [--heads 12] [--vocab 50304] [--context 1024] [--steps 10] [--warmup 2]
 //                        [--attention flash|naive] [--precision fp32|bf16|fp16]
 //                        [--peak-tflops 494.7 (fp32) | 989.4 (bf16, fp16)]
-//                        [--bandwidth-tbs 3.35] [--json FILE]
+//                        [--bandwidth-tbs 3.35] [--device cuda|cpu] [--json FILE]
 // MFU = model flops per token x tokens/s / peak, with model flops per token
 // = 6 N (N = parameters) + 12 L T C (attention scores and values, forward and
 // backward, T = sequence length). Peak: 494.7 TFLOP/s, H100 SXM dense TF32
@@ -18,7 +20,8 @@
 // overridden for other GPUs (H200: 4.8 TB/s).
 // GPU time is measured on the host around many queued launches that end in
 // a blocking copy (Tensor::item), so launch overhead is amortized, not hidden.
-// Without a usable GPU it says so and exits 0.
+// Without a usable GPU it says so and exits 0. --device cpu runs the same
+// program on the CPU (for small shapes: it checks the program, not a speed).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -58,67 +61,106 @@ double time_op(int reps, const std::function<void()>& fn, const std::function<vo
 
 struct OpRow {
   std::string name;
-  double seconds;
-  double bytes;  // minimal HBM traffic
-  double flops;  // useful flops
+  double calls;    // per training step
+  double seconds;  // per call
+  double bytes;    // minimal memory traffic per call
+  double flops;    // useful flops per call
 };
 
-// The step's big ops alone, in f32 at the model's shapes (@p batch x @p seq
-// tokens, @p N parameters), each the mean of 20 runs, with the bytes and flops
-// their roofline counts.
-std::vector<OpRow> time_f32_ops(const dtp::GPTConfig& config, std::int64_t batch, std::int64_t seq, double N,
-                                const std::function<void()>& sync) {
+// Every kind of op a training step runs, alone, at the model's shapes
+// (@p batch x @p seq tokens, @p N parameters) and in its dtype, each the mean
+// of @p reps runs, with how often one step calls it and the bytes and flops
+// its roofline counts. The mixed-precision rows (casts, AdamW) are f32 where
+// chapter 07's step keeps them in f32.
+std::vector<OpRow> time_step_ops(const dtp::GPTConfig& config, std::int64_t batch, std::int64_t seq, double N,
+                                 bool mixed, int reps, const std::function<void()>& sync) {
   const std::int64_t BT = batch * seq, H = config.heads, D = config.head_dim(), V = config.vocab_size;
-  const double C = config.d_model, T = static_cast<double>(seq);
-  const dtp::Device gpu = config.device;
-  auto rnd = [&](const dtp::Shape& shape, std::uint64_t seed) {
-    return dtp::Tensor::random_uniform(shape, seed, -1, 1, dtp::DType::f32, gpu);
+  const std::int64_t C = config.d_model, L = config.layers;
+  const double T = static_cast<double>(seq), e = static_cast<double>(dtp::dtype_size(config.dtype));
+  const dtp::Device dev = config.device;
+  auto rnd = [&](const dtp::Shape& shape, std::uint64_t seed, dtp::DType dtype) {
+    return dtp::Tensor::random_uniform(shape, seed, -1, 1, dtype, dev);
   };
+  auto act = [&](const dtp::Shape& shape, std::uint64_t seed) { return rnd(shape, seed, config.dtype); };
   std::vector<OpRow> rows;
-  const int reps = 20;
+  auto time = [&](const std::string& name, double calls, double bytes, double flops, const std::function<void()>& fn) {
+    rows.push_back({name, calls, time_op(reps, fn, sync), bytes, flops});
+  };
+  const double x_bytes = e * static_cast<double>(BT * C);
   {
-    dtp::Tensor x = rnd({BT, static_cast<std::int64_t>(C)}, 3), w = rnd({static_cast<std::int64_t>(C)}, 4),
-                b = rnd({static_cast<std::int64_t>(C)}, 5), y = rnd(x.shape(), 6), mean = rnd({BT}, 7),
-                rstd = rnd({BT}, 8), dx = rnd(x.shape(), 9), dw = rnd(w.shape(), 10), db = rnd(b.shape(), 11);
-    const double xb = 4.0 * BT * C;
-    rows.push_back({"layernorm fwd", time_op(reps, [&] { dtp::ops::layernorm_forward(x, w, b, y, mean, rstd); }, sync),
-                    2 * xb, 0});
-    rows.push_back({"layernorm bwd",
-                    time_op(reps, [&] { dtp::ops::layernorm_backward(y, x, w, mean, rstd, dx, dw, db); }, sync),
-                    3 * xb, 0});
+    dtp::Tensor x = act({BT, C}, 3), w = act({C}, 4), b = act({C}, 5), y = act({BT, C}, 6), dx = act({BT, C}, 9),
+                dw = act({C}, 10), db = act({C}, 11);
+    dtp::Tensor mean = act({BT}, 7), rstd = act({BT}, 8);
+    const double ln_calls = 2.0 * static_cast<double>(L) + 1;  // two per block and the final one
+    time("layernorm fwd", ln_calls, 2 * x_bytes, 0, [&] { dtp::ops::layernorm_forward(x, w, b, y, mean, rstd); });
+    time("layernorm bwd", ln_calls, 3 * x_bytes, 0,
+         [&] { dtp::ops::layernorm_backward(y, x, w, mean, rstd, dx, dw, db); });
+    // Residuals: two per block forward; backward two residual paths and the
+    // q/k/v input gradients summed into one.
+    time("residual add (axpy)", 6.0 * static_cast<double>(L), 3 * x_bytes, 0, [&] { dtp::ops::axpy(y, 1.0, x); });
+  }
+  // A Linear layer [in -> out] over the BT rows: forward x W^T + b, backward
+  // dx = dy W, dW += dy^T x and db += the column sums of dy.
+  auto linear = [&](const std::string& name, std::int64_t in, std::int64_t out, double calls, bool bias) {
+    dtp::Tensor x = act({BT, in}, 30), w = act({out, in}, 31), y = act({BT, out}, 32), dy = act({BT, out}, 33),
+                dx = act({BT, in}, 34), dw = act({out, in}, 35), b = act({out}, 36), db = act({out}, 37);
+    const double M = static_cast<double>(BT), K = static_cast<double>(in), Nn = static_cast<double>(out);
+    const double flops = 2 * M * K * Nn;
+    time(name + " fwd", calls, e * (M * K + K * Nn + M * Nn * (bias ? 3 : 1)), flops, [&] {
+      dtp::ops::matmul(x, w, y, false, true);
+      if (bias) dtp::ops::add_bias(y, b);
+    });
+    time(name + " bwd dx", calls, e * (M * Nn + K * Nn + M * K), flops, [&] { dtp::ops::matmul(dy, w, dx); });
+    time(name + " bwd dW", calls, e * (M * Nn + M * K + 2 * K * Nn + (bias ? M * Nn : 0)), flops, [&] {
+      dtp::ops::matmul(dy, x, dw, true, false, 1.0, 1.0);
+      if (bias) dtp::ops::bias_backward(dy, db);
+    });
+  };
+  linear("linear C->C (q, k, v, proj)", C, C, 4.0 * static_cast<double>(L), true);
+  linear("linear C->4C (fc)", C, 4 * C, static_cast<double>(L), true);
+  linear("linear 4C->C (fc2)", 4 * C, C, static_cast<double>(L), true);
+  linear("lm head C->V", C, V, 1, false);
+  {
+    dtp::Tensor x = act({BT, 4 * C}, 40), y = act({BT, 4 * C}, 41), dy = act({BT, 4 * C}, 42);
+    time("gelu fwd", static_cast<double>(L), 8 * x_bytes, 0, [&] { dtp::ops::gelu_forward(x, y); });
+    time("gelu bwd", static_cast<double>(L), 12 * x_bytes, 0, [&] { dtp::ops::gelu_backward(x, dy, y); });
   }
   {
     const dtp::Shape qs{batch, seq, H, D}, stat{batch, H, seq};
-    dtp::Tensor q = rnd(qs, 12), k = rnd(qs, 13), v = rnd(qs, 14), out = rnd(qs, 15), m = rnd(stat, 16),
-                l = rnd(stat, 17), dout = rnd(qs, 18), dq = rnd(qs, 19), dk = rnd(qs, 20), dv = rnd(qs, 21);
-    const double fwd_flops = 2.0 * batch * H * T * T * D;  // QK^T and PV, causal half
-    const double io = 4.0 * 4 * BT * C;
-    rows.push_back({"flash attention fwd",
-                    time_op(reps, [&] { dtp::ops::flash_attention_forward(q, k, v, out, m, l); }, sync), io,
-                    fwd_flops});
-    rows.push_back({"flash attention bwd",
-                    time_op(reps, [&] { dtp::ops::flash_attention_backward(q, k, v, out, m, l, dout, dq, dk, dv); },
-                            sync),
-                    2 * io, 2.5 * fwd_flops});
+    dtp::Tensor q = act(qs, 12), k = act(qs, 13), v = act(qs, 14), out = act(qs, 15), m = act(stat, 16),
+                l = act(stat, 17), dout = act(qs, 18), dq = act(qs, 19), dk = act(qs, 20), dv = act(qs, 21);
+    const double fwd_flops = 2.0 * static_cast<double>(batch * H) * T * T * static_cast<double>(D);  // causal half
+    dtp::ops::flash_attention_forward(q, k, v, out, m, l);  // real statistics for the backward
+    time("flash attention fwd", static_cast<double>(L), 4 * x_bytes, fwd_flops,
+         [&] { dtp::ops::flash_attention_forward(q, k, v, out, m, l); });
+    time("flash attention bwd", static_cast<double>(L), 8 * x_bytes, 2.5 * fwd_flops,
+         [&] { dtp::ops::flash_attention_backward(q, k, v, out, m, l, dout, dq, dk, dv); });
   }
   {
-    dtp::Tensor logits = rnd({BT, V}, 22), dlogits = rnd({BT, V}, 23);
-    dtp::Tensor tg = dtp::Tensor::random_uniform({BT}, 24, 0, static_cast<double>(V), dtp::DType::i32, gpu), none;
-    const double lb = 4.0 * BT * V;
-    rows.push_back({"cross-entropy fwd", time_op(reps, [&] { dtp::ops::cross_entropy_forward(logits, tg, none); }, sync),
-                    lb, 0});
-    rows.push_back({"cross-entropy bwd",
-                    time_op(reps, [&] { dtp::ops::cross_entropy_backward(logits, tg, 1.0 / BT, dlogits); }, sync),
-                    2 * lb, 0});
+    dtp::Tensor logits = act({BT, V}, 22), dlogits = act({BT, V}, 23), none;
+    dtp::Tensor tg = dtp::Tensor::random_uniform({BT}, 24, 0, static_cast<double>(V), dtp::DType::i32, dev);
+    const double lb = e * static_cast<double>(BT * V);
+    time("cross-entropy fwd", 1, lb, 0, [&] { dtp::ops::cross_entropy_forward(logits, tg, none); });
+    time("cross-entropy bwd", 1, 2 * lb, 0, [&] { dtp::ops::cross_entropy_backward(logits, tg, 1.0 / BT, dlogits); });
+    dtp::Tensor table = act({V, C}, 25), x = act({BT, C}, 26), dtable = act({V, C}, 27);
+    time("embedding fwd", 1, 2 * x_bytes, 0, [&] { dtp::ops::embedding_forward(tg, table, x); });
+    time("embedding bwd", 1, 2 * x_bytes + e * static_cast<double>(V * C), 0,
+         [&] { dtp::ops::embedding_backward(tg, x, dtable); });
   }
   {
     const auto n = static_cast<std::int64_t>(N);
-    dtp::Tensor p = rnd({n}, 25), g = rnd({n}, 26), m = dtp::Tensor::zeros({n}, dtp::DType::f32, gpu),
-                v = dtp::Tensor::zeros({n}, dtp::DType::f32, gpu);
+    dtp::Tensor p = rnd({n}, 25, dtp::DType::f32), g = rnd({n}, 26, dtp::DType::f32),
+                m = dtp::Tensor::zeros({n}, dtp::DType::f32, dev), v = dtp::Tensor::zeros({n}, dtp::DType::f32, dev);
     std::int64_t t = 0;
-    rows.push_back({"adamw (all params)",
-                    time_op(reps, [&] { dtp::ops::adamw_update(p, g, m, v, 1e-4, 0.9, 0.95, 1e-8, 0.1, ++t); }, sync),
-                    7.0 * 4 * N, 0});
+    time("adamw (all params, f32)", 1, 7.0 * 4 * N, 0,
+         [&] { dtp::ops::adamw_update(p, g, m, v, 1e-4, 0.9, 0.95, 1e-8, 0.1, ++t); });
+    dtp::Tensor grads = rnd({n}, 27, config.dtype);
+    time("zero the gradients", 1, e * N, 0, [&] { grads.fill(0); });
+    if (mixed) {
+      // Chapter 07's step: gradients up to f32 for the update, masters down after it.
+      time("cast grads up to f32", 1, (e + 4) * N, 0, [&] { dtp::ops::cast(grads, g); });
+      time("cast masters down", 1, (e + 4) * N, 0, [&] { dtp::ops::cast(p, grads); });
+    }
   }
   return rows;
 }
@@ -134,11 +176,12 @@ int main(int argc, char** argv) {
   config.vocab_size = 50304;
   std::int64_t batch = 8, seq = -1, steps = 10, warmup = 2;
   double peak_tflops = 494.7, bandwidth_tbs = 3.35;
-  std::string json_path, attention = "flash", precision = "fp32";
+  std::string json_path, attention = "flash", precision = "fp32", device = "cuda";
   CLI::App app{
       "Whole training steps (forward, backward, AdamW) of a GPT-2-small-shaped model on one GPU, in f32 "
       "with TF32 matmuls or in bf16/fp16 with f32 master weights (--precision): tokens/s and MFU, then "
-      "(fp32) per-op timings against their roofline. Without a usable GPU it says so and exits 0.",
+      "every kind of op the step runs, against its roofline and as a share of the step. Without a usable GPU "
+      "it says so and exits 0.",
       "dtp-bench-train-step"};
   app.add_option("--batch", batch, "sequences per step")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
@@ -166,6 +209,11 @@ int main(int argc, char** argv) {
   app.add_option("--bandwidth-tbs", bandwidth_tbs, "the GPU's memory bandwidth in TB/s (H100 SXM 3.35, H200 4.8)")
       ->check(CLI::Range(1e-3, 1e3))
       ->capture_default_str();
+  app.add_option("--device", device,
+                 "cuda, or cpu to check the program on a machine without a GPU (small shapes; the MFU is then "
+                 "against --peak-tflops, a GPU's)")
+      ->check(CLI::IsMember({"cuda", "cpu"}))
+      ->capture_default_str();
   app.add_option("--json", json_path, "append one JSON object per measurement to FILE")->type_name("FILE");
   app.footer(
       "MFU = model flops per token x tokens/s / peak, model flops per token = 6 N (N = parameters) + "
@@ -177,13 +225,14 @@ int main(int argc, char** argv) {
     config.attention = dtp::parse_attention_kind(attention);
     const bool mixed = precision != "fp32";
     if (mixed && peak_option->count() == 0) peak_tflops = 989.4;  // H100 SXM dense bf16/fp16
-    if (dtp::cuda_device_count() == 0) {
+    const bool on_gpu = device == "cuda";
+    if (on_gpu && dtp::cuda_device_count() == 0) {
       std::printf("no usable CUDA device: this benchmark needs a GPU\n");
       return 0;
     }
     if (seq < 0) seq = config.context;
     config.context = std::max<int>(config.context, static_cast<int>(seq));
-    config.device = dtp::Device::cuda(0);
+    config.device = on_gpu ? dtp::Device::cuda(0) : dtp::Device::cpu();
     if (mixed) config.dtype = precision == "bf16" ? dtp::DType::bf16 : dtp::DType::f16;
     config.validate();
 
@@ -225,9 +274,9 @@ int main(int argc, char** argv) {
     const double tokens_per_s = tokens_per_step / step_s;
     const double mfu = flops_per_token * tokens_per_s / (peak_tflops * 1e12);
 
-    // The big ops alone, timed by the fp32 run only (the bf16/fp16 runs time whole steps).
+    // Every kind of op alone, in the step's dtype, and how much of the step they add up to.
     const dtp::Device gpu = config.device;
-    const std::vector<OpRow> rows = mixed ? std::vector<OpRow>{} : time_f32_ops(config, batch, seq, N, sync);
+    const std::vector<OpRow> rows = time_step_ops(config, batch, seq, N, mixed, on_gpu ? 20 : 1, sync);
 
     std::printf("# train step on %s: %s, batch %lld x seq %lld, %s\n", gpu.str().c_str(), config.describe().c_str(),
                 static_cast<long long>(batch), static_cast<long long>(seq),
@@ -235,13 +284,16 @@ int main(int argc, char** argv) {
                       : "f32 storage, TF32 matmuls");
     std::printf("# peak %.1f TFLOP/s (dense %s), %.2f TB/s HBM; model flops/token %.4g (6N + 12 L T C, N = %.0f)\n",
                 peak_tflops, mixed ? "bf16/fp16" : "TF32", bandwidth_tbs, flops_per_token, N);
+    if (!on_gpu) std::printf("# on the CPU (--device cpu): this checks the program; its speeds are not a GPU's\n");
     std::printf("step %.2f ms (median of %lld), loss %.4f, %.0f tokens/s, MFU %.1f%%\n\n", step_s * 1e3,
                 static_cast<long long>(steps), loss, tokens_per_s, 100 * mfu);
-    if (!rows.empty()) std::printf("%-22s %10s %12s %12s %10s\n", "op", "ms", "roofline ms", "bound", "of roof");
+    if (!rows.empty())
+      std::printf("%-36s %9s %7s %10s %8s %12s %8s %8s\n", "op", "ms/call", "calls", "ms/step", "of step",
+                  "roofline ms", "bound", "of roof");
     FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
     DTP_CHECK(json_path.empty() || json != nullptr, "dtp-bench-train-step: cannot append to --json ", json_path);
     dtp::bench::RunContext context = dtp::bench::make_context();
-    context.device = "cuda";  // this benchmark's device, whatever DTP_DEVICE says
+    context.device = device;  // this benchmark's device, whatever DTP_DEVICE says
     dtp::bench::JsonLine step_line;
     step_line.add("what", "train_step").add("gpu", gpu.str()).add("layers", config.layers)
         .add("d_model", config.d_model).add("heads", config.heads).add("vocab", config.vocab_size)
@@ -249,17 +301,33 @@ int main(int argc, char** argv) {
         .add("precision", precision).add("params", N).add("step_s", step_s).add("loss", loss).add("tokens_per_s", tokens_per_s)
         .add("flops_per_token", flops_per_token).add("peak_tflops", peak_tflops).add("mfu", mfu);
     dtp::bench::write_line(json, dtp::bench::add_context(step_line, context));
+    double ops_per_step = 0;
     for (const OpRow& r : rows) {
       const double mem_s = r.bytes / (bandwidth_tbs * 1e12), flop_s = r.flops / (peak_tflops * 1e12);
       const double roof = std::max(mem_s, flop_s);
       const char* bound = flop_s > mem_s ? "compute" : "memory";
-      std::printf("%-22s %10.3f %12.3f %12s %9.0f%%\n", r.name.c_str(), r.seconds * 1e3, roof * 1e3, bound,
-                  100 * roof / r.seconds);
+      const double per_step = r.calls * r.seconds;
+      ops_per_step += per_step;
+      std::printf("%-36s %9.3f %7.0f %10.3f %7.1f%% %12.3f %8s %7.0f%%\n", r.name.c_str(), r.seconds * 1e3, r.calls,
+                  per_step * 1e3, 100 * per_step / step_s, roof * 1e3, bound, 100 * roof / r.seconds);
       dtp::bench::JsonLine op_line;
-      op_line.add("what", "train_step_op").add("op", r.name).add("gpu", gpu.str()).add("batch", batch)
-          .add("seq", seq).add("seconds", r.seconds).add("bytes", r.bytes).add("flops", r.flops)
-          .add("roofline_s", roof).add("bound", bound).add("fraction_of_roofline", roof / r.seconds);
+      op_line.add("what", "train_step_op").add("op", r.name).add("gpu", gpu.str()).add("precision", precision)
+          .add("batch", batch).add("seq", seq).add("seconds", r.seconds).add("calls_per_step", r.calls)
+          .add("seconds_per_step", per_step).add("fraction_of_step", per_step / step_s).add("bytes", r.bytes)
+          .add("flops", r.flops).add("roofline_s", roof).add("bound", bound)
+          .add("fraction_of_roofline", roof / r.seconds);
       dtp::bench::write_line(json, dtp::bench::add_context(op_line, context));
+    }
+    if (!rows.empty()) {
+      // What the table does not explain: launch gaps, allocation, and small ops it does not time.
+      std::printf("%-36s %9s %7s %10.3f %7.1f%%\n", "sum of the ops above", "", "", ops_per_step * 1e3,
+                  100 * ops_per_step / step_s);
+      std::printf("%-36s %9s %7s %10.3f %7.1f%%\n", "rest of the step", "", "", (step_s - ops_per_step) * 1e3,
+                  100 * (step_s - ops_per_step) / step_s);
+      dtp::bench::JsonLine rest;
+      rest.add("what", "train_step_rest").add("gpu", gpu.str()).add("precision", precision).add("step_s", step_s)
+          .add("ops_s", ops_per_step).add("rest_s", step_s - ops_per_step);
+      dtp::bench::write_line(json, dtp::bench::add_context(rest, context));
     }
     if (json) std::fclose(json);
     return 0;

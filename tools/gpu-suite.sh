@@ -192,7 +192,8 @@ PY
   for table in "$work"/bench-*.txt; do
     [[ -f "$table" ]] || continue
     echo "== $(basename "$table" .txt)"
-    tail -12 "$table"
+    # The train step's op table is the point of its run: all of it (about 35 lines).
+    if [[ $table == *train-step* ]]; then cat "$table"; else tail -12 "$table"; fi
   done
 }
 
