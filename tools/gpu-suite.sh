@@ -121,7 +121,9 @@ do_run() {
   local bench=$build/bin/dtp-bench-collectives
   if ((dry_run)) || [[ -x "$bench" ]]; then
     # thread/cuda, 8 ranks on one GPU, up to 64 MiB per rank; then NCCL on the GPUs there are.
-    step "collectives thread" bench-thread-cuda.txt 45 env DTP_DEVICE=cuda "$bench" -g 8 -b 1M -e 64M -f 4 --collective all_reduce \
+    # sendrecv times one bare Comm::send/recv per rank: the chapter-01 algorithms' building block.
+    step "collectives thread" bench-thread-cuda.txt 60 env DTP_DEVICE=cuda "$bench" -g 8 -b 1M -e 64M -f 4 \
+      --collective all_reduce,sendrecv \
       --json "$work/collectives-thread-cuda-$gpu-$stamp.jsonl"
     step "collectives nccl" bench-nccl.txt 30 env DTP_BACKEND=nccl DTP_DEVICE=cuda "$bench" \
       -g "$(nvidia-smi -L 2>/dev/null | wc -l)" -b 1M -e 64M -f 4 --collective all_reduce \
