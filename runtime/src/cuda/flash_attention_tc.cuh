@@ -299,6 +299,20 @@ __device__ __forceinline__ void write_rows(T* dst, std::int64_t stride, std::int
   }
 }
 
+/// Where a block works: batch b, head h, its first row (a multiple of
+/// kRows: query rows in the forward and dQ, key rows in dK/dV), the distance
+/// between consecutive rows of a head, and where the head's rows start in
+/// the query-side and key-side tensors.
+struct BlockPlace {
+  std::int64_t b, h, row0, stride, qoff, koff;
+  int D;
+};
+__device__ __forceinline__ BlockPlace block_place(const Dims& d) {
+  const std::int64_t b = blockIdx.z, h = blockIdx.y;
+  return {b, h, static_cast<std::int64_t>(blockIdx.x) * kRows, d.H * d.D, (b * d.Tq * d.H + h) * d.D,
+          (b * d.Tk * d.H + h) * d.D, static_cast<int>(d.D)};
+}
+
 // Lanes 2r and 2r + 1 of a warp handle its row r in the element-wise steps,
 // each half of the kCols columns.
 __device__ __forceinline__ int my_row() { return (threadIdx.x % 32) / 2; }
@@ -312,9 +326,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) forward_kernel(cons
   DTP_DYNAMIC_SHARED(float, smem);
   const ForwardShared<T, MAXD> sh(smem);
   const int warp = threadIdx.x / 32, r = my_row(), half = my_half();
-  const std::int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<std::int64_t>(blockIdx.x) * kRows;
-  const std::int64_t stride = d.H * d.D, qoff = (b * d.Tq * d.H + h) * d.D, koff = (b * d.Tk * d.H + h) * d.D;
-  const int D = static_cast<int>(d.D);
+  const auto [b, h, i0, stride, qoff, koff, D] = block_place(d);
   const Operand<T>* my_q = sh.q + warp * 16 * P;
   float* my_o = sh.o + warp * 16 * P;
   float* my_s = sh.s + warp * 16 * kScorePitch;
@@ -411,9 +423,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dq_kernel(const T* 
   DTP_DYNAMIC_SHARED(float, smem);
   const DqShared<T, MAXD> sh(smem);
   const int warp = threadIdx.x / 32, r = my_row(), half = my_half();
-  const std::int64_t b = blockIdx.z, h = blockIdx.y, i0 = static_cast<std::int64_t>(blockIdx.x) * kRows;
-  const std::int64_t stride = d.H * d.D, qoff = (b * d.Tq * d.H + h) * d.D, koff = (b * d.Tk * d.H + h) * d.D;
-  const int D = static_cast<int>(d.D);
+  const auto [b, h, i0, stride, qoff, koff, D] = block_place(d);
   float* my_s = sh.s + warp * 16 * kScorePitch;
   float* my_dp = sh.dp + warp * 16 * kScorePitch;
 
@@ -478,9 +488,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dkv_kernel(const T*
   DTP_DYNAMIC_SHARED(float, smem);
   const DkvShared<T, MAXD> sh(smem);
   const int warp = threadIdx.x / 32, r = my_row(), half = my_half();
-  const std::int64_t b = blockIdx.z, h = blockIdx.y, j0 = static_cast<std::int64_t>(blockIdx.x) * kRows;
-  const std::int64_t stride = d.H * d.D, qoff = (b * d.Tq * d.H + h) * d.D, koff = (b * d.Tk * d.H + h) * d.D;
-  const int D = static_cast<int>(d.D);
+  const auto [b, h, j0, stride, qoff, koff, D] = block_place(d);
   float* my_st = sh.st + warp * 16 * kScorePitch;
   float* my_dpt = sh.dpt + warp * 16 * kScorePitch;
 
@@ -518,7 +526,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dkv_kernel(const T*
       // Rows past Tq have inv_sum 0; hidden keys and keys past Tk fail the mask.
       const bool live = st.inv_sum > 0.f && j < mask.visible(i, d.Tk);
       const float p = live ? probability(strow[c], st, d.scale) : 0.f;
-      if constexpr (G != KeyGrads::values) dsrow[c] = Mma<T>::operand(live ? score_grad(p, dptrow[c], st, d.scale) : 0.f);
+      if constexpr (G != KeyGrads::values)
+        dsrow[c] = Mma<T>::operand(live ? score_grad(p, dptrow[c], st, d.scale) : 0.f);
       prow[c] = Mma<T>::operand(p);  // in place over strow for f32
     }
     __syncwarp();
