@@ -43,7 +43,7 @@ run_job() {
     -DDTP_ENABLE_CUDA=OFF -DDTP_ENABLE_MPI=OFF -DDTP_EXPECT_STUBS_FAIL=OFF -DDTP_BUILD_DOCS=OFF \
     -DDTP_COMM_TIMEOUT_S=60 -DDTP_TEST_TIMEOUT_S=600 "${LAUNCHER[@]}" >/dev/null
   # shellcheck disable=SC2046
-  cmake --build "$dir" -j "$JOBS" --target runtime_tests $(reference_targets)
+  cmake --build "$dir" -j "$JOBS" --target runtime_tests emulated_tests $(reference_targets)
   echo "=== $sanitizer sanitizer: run ($((SECONDS - start)) s so far)"
   # ThreadSanitizer checks every memory access, which turns the LargeBuffer
   # checkers (a million elements on every world size, the same code paths as

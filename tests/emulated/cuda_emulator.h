@@ -14,8 +14,9 @@
 // which NVIDIA leaves unspecified: here every lane's fragment holds the whole
 // tile. Kernels that use fragments only through load/store/fill/mma and
 // uniform element-wise loops (what the API promises) behave the same. A
-// store is written by lane 0 alone, so a lane that reads another lane's
-// stored values without a __syncwarp() first reads stale data, as on a GPU.
+// store waits for the whole warp (the lanes execute it together) and is then
+// written by lane 0 alone, so a lane that reads another lane's stored values
+// without a __syncwarp() first reads stale data, as on a GPU.
 // Alignment rules of load/store (32-byte pointers, ldm a multiple of 16
 // bytes), the element type of each load, and that every fragment access
 // stays in shared memory are checked; a violation fails the launch.
@@ -143,13 +144,13 @@ inline void launch(dim3 grid, dim3 block, std::size_t shared_bytes, const std::f
       }
 }
 
-/// Fails unless [p, p + bytes) lies inside the block's shared memory.
-inline void check_in_shared(const void* p, std::size_t bytes, const char* what) {
-  const auto* base = reinterpret_cast<const char*>(current->shared);
-  const auto* c = static_cast<const char*>(p);
+/// Fails (and returns false) unless [p, p + bytes) lies inside the block's shared memory.
+inline bool check_in_shared(const void* p, std::size_t bytes, const char* what) {
+  const auto base = reinterpret_cast<std::uintptr_t>(current->shared), c = reinterpret_cast<std::uintptr_t>(p);
   const std::size_t size = current->shared_bytes;
-  if (c < base || c + bytes > base + size)
-    fail(std::string(what) + " reaches outside the block's " + std::to_string(size) + " bytes of shared memory");
+  if (c >= base && c + bytes <= base + size) return true;
+  fail(std::string(what) + " reaches outside the block's " + std::to_string(size) + " bytes of shared memory");
+  return false;
 }
 
 }  // namespace dtp::emu
@@ -212,12 +213,13 @@ inline float __float_to_tf32(float in) {
 namespace detail {
 // The alignment rules of load/store_matrix_sync: a 32-byte aligned pointer,
 // ldm a multiple of 16 bytes; and here, the whole span inside shared memory.
+// Returns false for a span outside shared memory: the access must not happen.
 template <typename E>
-void check_pointer(const E* p, unsigned ldm, std::size_t bytes, const char* op) {
+bool check_pointer(const E* p, unsigned ldm, std::size_t bytes, const char* op) {
   if (reinterpret_cast<std::uintptr_t>(p) % 32 != 0) dtp::emu::fail(std::string(op) + ": pointer not 32-byte aligned");
   if (ldm * sizeof(E) % 16 != 0)
     dtp::emu::fail(std::string(op) + ": ldm " + std::to_string(ldm) + " is not a multiple of 16 bytes");
-  dtp::emu::check_in_shared(p, bytes, op);
+  return dtp::emu::check_in_shared(p, bytes, op);
 }
 template <typename Frag, typename E>
 std::size_t span_bytes(unsigned ldm, bool row_major) {
@@ -226,7 +228,10 @@ std::size_t span_bytes(unsigned ldm, bool row_major) {
 }
 template <typename Frag, typename E>
 void load(Frag& f, const E* p, unsigned ldm, bool row_major) {
-  check_pointer(p, ldm, span_bytes<Frag, E>(ldm, row_major), "load_matrix_sync");
+  if (!check_pointer(p, ldm, span_bytes<Frag, E>(ldm, row_major), "load_matrix_sync")) {
+    for (float& e : f.x) e = std::nanf("");
+    return;
+  }
   for (int r = 0; r < Frag::rows; ++r)
     for (int c = 0; c < Frag::cols; ++c)
       f.x[r * Frag::cols + c] = static_cast<float>(row_major ? p[r * ldm + c] : p[c * ldm + r]);
@@ -254,8 +259,13 @@ template <int M, int N, int K>
 void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm, layout_t layout) {
   using Frag = fragment<accumulator, M, N, K, float>;
   const bool row = layout == mem_row_major;
-  detail::check_pointer(p, ldm, detail::span_bytes<Frag, float>(ldm, row), "store_matrix_sync");
-  if (dtp::emu::lane() != 0) return;  // one writer: readers in other lanes need a __syncwarp()
+  const bool inside = detail::check_pointer(p, ldm, detail::span_bytes<Frag, float>(ldm, row), "store_matrix_sync");
+  // The warp executes a store together, as on a GPU: no lane is still loading
+  // the tile (an accumulator's load and store give each lane the same
+  // elements there). Then lane 0 alone writes: readers in other lanes still
+  // need a __syncwarp().
+  dtp::emu::sync_warp();
+  if (dtp::emu::lane() != 0 || !inside) return;
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < N; ++c) (row ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * N + c];
 }
