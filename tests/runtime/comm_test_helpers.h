@@ -11,6 +11,7 @@
 #include <string>
 
 #include "dtp/dtp.h"
+#include "support/scoped_env.h"  // ScopedEnv, used with these helpers
 
 namespace dtp::testing {
 
@@ -50,26 +51,5 @@ inline ::testing::AssertionResult contains(const std::string& text, const std::s
   if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "expected to find\n  " << part << "\nin\n" << text;
 }
-
-/// Sets an environment variable for one scope and restores it afterwards.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 }  // namespace dtp::testing
