@@ -7,6 +7,11 @@
 // backward recomputes probabilities from the saved row max and sum. The
 // scores and the products with V, dO, K and Q are matrix products
 // (cpu/gemm.h) straight on the [B, T, H, D] layout, as in naive attention.
+//
+// bf16 and f16 run in f32 on exact widened copies, but round P and dS to the
+// 16-bit type before the products that use them: naive attention stores P
+// in that type, and the GPU's flash kernels multiply P and dS on tensor
+// cores in it, so every attention rounds at the same places.
 #include <algorithm>
 #include <limits>
 #include <tuple>
@@ -23,19 +28,20 @@ namespace {
 // The backward's key blocks: a query block's P and dS against this many keys
 // at a time (its memory, and the size of the products).
 constexpr std::int64_t kBackwardKeyBlock = 128;
-}  // namespace
 
-void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
-                             Tensor& row_max, Tensor& row_sum, const AttentionMask& mask,
-                             double scale, std::int64_t block_size) {
-  // The CUDA kernels take bf16 and f16 as they are (tensor cores in the 16-bit type).
-  if (detail::is_half(q.dtype()) && !q.device().is_cuda()) {
-    detail::Widened f32("flash_attention_forward", q.dtype());
-    flash_attention_forward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.out("out", out),
-                            f32.out("row_max", row_max), f32.out("row_sum", row_sum), mask, scale, block_size);
-    return f32.store();
-  }
-  if (q.device().is_cuda()) return cuda::flash_attention_forward(q, k, v, out, row_max, row_sum, mask, scale, block_size);
+// Rounds the values of P and dS that enter a product to @p operands (bf16 or
+// f16); f32 and f64 keep theirs.
+template <typename T>
+void round_operands(T* values, std::int64_t count, DType operands) {
+  if (operands == DType::bf16)
+    for (std::int64_t i = 0; i < count; ++i) values[i] = bf16_to_float(float_to_bf16(static_cast<float>(values[i])));
+  else if (operands == DType::f16)
+    for (std::int64_t i = 0; i < count; ++i) values[i] = f16_to_float(float_to_f16(static_cast<float>(values[i])));
+}
+
+
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& row_max, Tensor& row_sum,
+             const AttentionMask& mask, double scale, std::int64_t block_size, DType operands) {
   const char* op = "flash_attention_forward";
   const detail::AttentionDims d = detail::attention_dims(op, q, k, v, scale);
   DTP_CHECK(block_size >= 1, op, ": block_size must be at least 1, got ", block_size);
@@ -91,6 +97,7 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
                 sum += row[c];
               }
               std::fill(row + seen, row + n, T(0));
+              round_operands(row, seen, operands);  // the sum above stays unrounded
               block_max[r] = mx;
               block_sum[r] = sum;
             }
@@ -110,18 +117,9 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   });
 }
 
-void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                              const Tensor& row_max, const Tensor& row_sum, const Tensor& dout,
-                              Tensor& dq, Tensor& dk, Tensor& dv, const AttentionMask& mask,
-                              double scale) {
-  if (detail::is_half(q.dtype()) && !q.device().is_cuda()) {
-    detail::Widened f32("flash_attention_backward", q.dtype());
-    flash_attention_backward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.in("out", out),
-                             f32.in("row_max", row_max), f32.in("row_sum", row_sum), f32.in("dout", dout),
-                             f32.out("dq", dq), f32.out("dk", dk), f32.out("dv", dv), mask, scale);
-    return f32.store();
-  }
-  if (q.device().is_cuda()) return cuda::flash_attention_backward(q, k, v, out, row_max, row_sum, dout, dq, dk, dv, mask, scale);
+void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& row_max,
+              const Tensor& row_sum, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+              const AttentionMask& mask, double scale, DType operands) {
   const char* op = "flash_attention_backward";
   const detail::AttentionDims d = detail::attention_dims(op, q, k, v, scale);
   for (auto [name, t, shape] :
@@ -189,6 +187,8 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
               }
               std::fill(p_row + seen, p_row + n, T(0));
               std::fill(ds_row + seen, ds_row + n, T(0));
+              round_operands(p_row, seen, operands);  // after dS used the unrounded P
+              round_operands(ds_row, seen, operands);
             }
             // dV += P^T dO; dQ += dS K; dK += dS^T Q.
             detail::product<T>(n, d.D, blk.rows, T(1), p.data(), {1, n}, do_blk, {ld, 1}, dv_head + j0 * ld, ld,
@@ -202,6 +202,39 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
       }
     });
   });
+}
+
+}  // namespace
+
+void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                             Tensor& row_max, Tensor& row_sum, const AttentionMask& mask,
+                             double scale, std::int64_t block_size) {
+  // The CUDA kernels take bf16 and f16 as they are (tensor cores in the 16-bit type).
+  if (q.device().is_cuda())
+    return cuda::flash_attention_forward(q, k, v, out, row_max, row_sum, mask, scale, block_size);
+  if (detail::is_half(q.dtype())) {
+    detail::Widened f32("flash_attention_forward", q.dtype());
+    forward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.out("out", out), f32.out("row_max", row_max),
+            f32.out("row_sum", row_sum), mask, scale, block_size, q.dtype());
+    return f32.store();
+  }
+  forward(q, k, v, out, row_max, row_sum, mask, scale, block_size, q.dtype());
+}
+
+void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                              const Tensor& row_max, const Tensor& row_sum, const Tensor& dout,
+                              Tensor& dq, Tensor& dk, Tensor& dv, const AttentionMask& mask,
+                              double scale) {
+  if (q.device().is_cuda())
+    return cuda::flash_attention_backward(q, k, v, out, row_max, row_sum, dout, dq, dk, dv, mask, scale);
+  if (detail::is_half(q.dtype())) {
+    detail::Widened f32("flash_attention_backward", q.dtype());
+    backward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.in("out", out), f32.in("row_max", row_max),
+             f32.in("row_sum", row_sum), f32.in("dout", dout), f32.out("dq", dq), f32.out("dk", dk),
+             f32.out("dv", dv), mask, scale, q.dtype());
+    return f32.store();
+  }
+  backward(q, k, v, out, row_max, row_sum, dout, dq, dk, dv, mask, scale, q.dtype());
 }
 
 void attention_merge(Tensor& out, Tensor& row_max, Tensor& row_sum, const Tensor& other_out,
