@@ -10,6 +10,10 @@
 // bf16 and f16 values are 16-bit structs that round to nearest even (the
 // CPU ops' rounding, dtype.h), like cuda_bf16.h's and cuda_fp16.h's _rn.
 //
+// mma.sync (m16n8k16, bf16/f16 into f32) is emulated with the per-lane
+// fragment layout the PTX ISA documents: the lanes' registers are gathered
+// into whole matrices, multiplied, and scattered back the same way.
+//
 // WMMA (nvcuda::wmma) is emulated without the hardware's per-lane layout,
 // which NVIDIA leaves unspecified: here every lane's fragment holds the whole
 // tile. Kernels that use fragments only through load/store/fill/mma and
@@ -74,11 +78,17 @@ struct Block {
       const unsigned lanes = w + 1 < warps ? 32 : threads - 32 * w;
       warp_barriers.push_back(std::make_unique<std::barrier<>>(lanes));
       exchange.emplace_back();
+      mma.emplace_back();
     }
   }
   std::barrier<> barrier;
   std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
   std::vector<std::array<std::uint64_t, 32>> exchange;  // one slot per lane, for shuffles
+  struct MmaRegisters {
+    std::uint32_t a[32][4], b[32][2];
+    float c[32][4];
+  };
+  std::vector<MmaRegisters> mma;  // one set per warp, for mma.sync
   std::vector<float> storage;  // dynamic shared memory, NaN until written
   std::size_t shared_bytes;
   float* shared;  // its 128-byte aligned start
@@ -167,6 +177,54 @@ struct __half {
 };
 inline __nv_bfloat16 __float2bfloat16_rn(float x) { return {dtp::float_to_bf16(x).bits}; }
 inline __half __float2half_rn(float x) { return {dtp::float_to_f16(x).bits}; }
+inline std::uint16_t __bfloat16_as_ushort(__nv_bfloat16 x) { return x.bits; }
+inline std::uint16_t __half_as_ushort(__half x) { return x.bits; }
+
+namespace dtp::emu {
+
+/// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: d += a b for the warp.
+/// Every lane deposits its registers; each rebuilds the whole A (16 x 16),
+/// B (16 x 8) and C (16 x 8) by the PTX ISA's fragment layout (lane L: row
+/// g = L / 4 and g + 8, columns 2t and 2t + 1 with t = L % 4, low half first)
+/// and keeps its own elements of D.
+template <typename T>
+void mma_m16n8k16(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
+  Block::MmaRegisters& x = current->mma[warp_of_thread()];
+  const unsigned me = lane();
+  std::memcpy(x.a[me], a, sizeof a);
+  std::memcpy(x.b[me], b, sizeof b);
+  std::memcpy(x.c[me], d, sizeof d);
+  sync_warp();
+  auto value = [](std::uint32_t reg, int j) {
+    const T half{static_cast<std::uint16_t>(j == 0 ? reg & 0xffffu : reg >> 16)};
+    return static_cast<float>(half);
+  };
+  float A[16][16], B[16][8], C[16][8];
+  for (int L = 0; L < 32; ++L) {
+    const int g = L / 4, t = L % 4;
+    for (int j = 0; j < 2; ++j) {
+      A[g][2 * t + j] = value(x.a[L][0], j);
+      A[g + 8][2 * t + j] = value(x.a[L][1], j);
+      A[g][8 + 2 * t + j] = value(x.a[L][2], j);
+      A[g + 8][8 + 2 * t + j] = value(x.a[L][3], j);
+      B[2 * t + j][g] = value(x.b[L][0], j);
+      B[8 + 2 * t + j][g] = value(x.b[L][1], j);
+      C[g][2 * t + j] = x.c[L][j];
+      C[g + 8][2 * t + j] = x.c[L][2 + j];
+    }
+  }
+  sync_warp();  // every lane has read the deposits before any lane's next mma overwrites them
+  const int g = static_cast<int>(me) / 4, t = static_cast<int>(me) % 4;
+  for (int h = 0; h < 2; ++h)
+    for (int j = 0; j < 2; ++j) {
+      const int row = g + 8 * h, col = 2 * t + j;
+      float sum = C[row][col];
+      for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
+      d[2 * h + j] = sum;
+    }
+}
+
+}  // namespace dtp::emu
 
 inline void __syncthreads() { dtp::emu::current->barrier.arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { dtp::emu::sync_warp(); }

@@ -1,5 +1,7 @@
-// The tensor-core flash attention kernels (runtime/src/cuda/flash_attention_tc.cuh),
-// run on the CPU under the CUDA emulator, against the CPU's flash attention.
+// The tensor-core flash attention kernels, run on the CPU under the CUDA
+// emulator, against the CPU's flash attention: the WMMA kernels
+// (runtime/src/cuda/flash_attention_tc.cuh) in f32, bf16 and f16, and the
+// mma.sync kernels (flash_attention_mma.cuh) in bf16 and f16.
 // This checks their tiling, masking, online softmax and synchronization on
 // every machine; tests/gpu/nn_cuda_test.cpp checks the same kernels on a GPU.
 //
@@ -22,6 +24,7 @@
 
 #include "emulated/cuda_emulator.h"  // first: it defines the CUDA keywords for the kernels
 
+#include "cuda/flash_attention_mma.cuh"
 #include "cuda/flash_attention_tc.cuh"
 #include "dtp/nn_ops.h"
 #include "dtp/tensor.h"
@@ -119,21 +122,27 @@ const T* ptr(const Tensor& t) {
 struct Param {
   Case c;
   DType dtype;
+  bool mma;  // the mma.sync kernels (16-bit only), else the WMMA ones
 };
-void PrintTo(const Param& p, std::ostream* os) { *os << describe(p.c) << " " << dtype_name(p.dtype); }
+std::string kernels(const Param& p) { return p.mma ? "mma" : "wmma"; }
+void PrintTo(const Param& p, std::ostream* os) {
+  *os << describe(p.c) << " " << dtype_name(p.dtype) << " " << kernels(p);
+}
 
 std::vector<Param> params() {
   std::vector<Param> out;
-  for (DType dtype : {DType::f32, DType::bf16, DType::f16})
-    for (const Case& c : cases()) out.push_back({c, dtype});
+  for (const Case& c : cases()) out.push_back({c, DType::f32, false});
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (bool mma : {false, true})
+      for (const Case& c : cases()) out.push_back({c, dtype, mma});
   return out;
 }
 
 class EmulatedFlashAttention : public ::testing::TestWithParam<Param> {};
 
 TEST_P(EmulatedFlashAttention, ForwardAndBackwardMatchTheCpu) {
-  const auto& [c, dtype] = GetParam();
-  SCOPED_TRACE(describe(c) + " " + dtype_name(dtype));
+  const auto& [c, dtype, mma] = GetParam();
+  SCOPED_TRACE(describe(c) + " " + dtype_name(dtype) + " " + kernels(GetParam()));
   const Shape qs{c.B, c.Tq, c.H, c.D}, ks{c.B, c.Tk, c.H, c.D}, stat{c.B, c.H, c.Tq};
   const Tensor q = Tensor::random_uniform(qs, 30, -1, 1, dtype), k = Tensor::random_uniform(ks, 31, -1, 1, dtype),
                v = Tensor::random_uniform(ks, 32, -1, 1, dtype), dout = Tensor::random_uniform(qs, 33, -1, 1, dtype);
@@ -158,25 +167,43 @@ TEST_P(EmulatedFlashAttention, ForwardAndBackwardMatchTheCpu) {
     });
     with_head_dim(c.D, [&](auto maxd) {
       constexpr int MAXD = decltype(maxd)::value;
-      emu::launch(dim3(tiles(c.Tq), c.H, c.B), dim3(flash::kThreads),
-                  flash::shared_bytes<flash::ForwardShared<T, MAXD>>(), [&] {
-                    flash::forward_kernel<T, MAXD>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(e_out), ptr<T>(e_m),
-                                                   ptr<T>(e_l), d, mask);
-                  });
-      // The backward from the CPU's forward, so each half is checked on its own.
-      emu::launch(dim3(tiles(c.Tq), c.H, c.B), dim3(flash::kThreads),
-                  flash::shared_bytes<flash::DqShared<T, MAXD>>(), [&] {
-                    flash::dq_kernel<T, MAXD>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(m), ptr<T>(l),
-                                              delta.data<float>(), ptr<T>(e_dq), d, mask);
-                  });
-      flash::for_each_key_grads_launch<MAXD>([&](auto which) {
-        constexpr flash::KeyGrads G = decltype(which)::value;
-        emu::launch(dim3(tiles(c.Tk), c.H, c.B), dim3(flash::kThreads),
-                    flash::shared_bytes<flash::DkvShared<T, MAXD>>(), [&] {
-                      flash::dkv_kernel<T, MAXD, G>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(m),
-                                                    ptr<T>(l), delta.data<float>(), ptr<T>(e_dk), ptr<T>(e_dv), d,
-                                                    mask);
-                    });
+      const dim3 query_blocks(tiles(c.Tq), c.H, c.B), key_blocks(tiles(c.Tk), c.H, c.B), threads(flash::kThreads);
+      // The backward runs from the CPU's forward, so each half is checked on its own.
+      if constexpr (!std::is_same_v<T, float> && flash::kMmaHeadDim<MAXD>) {
+        if (mma) {
+          const std::size_t bytes = flash::shared_bytes<flash::MmaShared<T, MAXD>>();
+          emu::launch(query_blocks, threads, bytes, [&] {
+            flash::forward_kernel_mma<T, MAXD>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(e_out), ptr<T>(e_m),
+                                               ptr<T>(e_l), d, mask);
+          });
+          emu::launch(query_blocks, threads, bytes, [&] {
+            flash::dq_kernel_mma<T, MAXD>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(m), ptr<T>(l),
+                                          delta.data<float>(), ptr<T>(e_dq), d, mask);
+          });
+          flash::for_each_key_grads_launch<flash::kSplitKeyGradsMma<MAXD>>([&](auto which) {
+            emu::launch(key_blocks, threads, bytes, [&] {
+              flash::dkv_kernel_mma<T, MAXD, decltype(which)::value>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout),
+                                                                     ptr<T>(m), ptr<T>(l), delta.data<float>(),
+                                                                     ptr<T>(e_dk), ptr<T>(e_dv), d, mask);
+            });
+          });
+          return;
+        }
+      }
+      emu::launch(query_blocks, threads, flash::shared_bytes<flash::ForwardShared<T, MAXD>>(), [&] {
+        flash::forward_kernel<T, MAXD>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(e_out), ptr<T>(e_m), ptr<T>(e_l), d,
+                                       mask);
+      });
+      emu::launch(query_blocks, threads, flash::shared_bytes<flash::DqShared<T, MAXD>>(), [&] {
+        flash::dq_kernel<T, MAXD>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(m), ptr<T>(l),
+                                  delta.data<float>(), ptr<T>(e_dq), d, mask);
+      });
+      flash::for_each_key_grads_launch<flash::kSplitKeyGrads<MAXD>>([&](auto which) {
+        emu::launch(key_blocks, threads, flash::shared_bytes<flash::DkvShared<T, MAXD>>(), [&] {
+          flash::dkv_kernel<T, MAXD, decltype(which)::value>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(m),
+                                                             ptr<T>(l), delta.data<float>(), ptr<T>(e_dk),
+                                                             ptr<T>(e_dv), d, mask);
+        });
       });
     });
   });
@@ -199,7 +226,7 @@ TEST_P(EmulatedFlashAttention, ForwardAndBackwardMatchTheCpu) {
 INSTANTIATE_TEST_SUITE_P(Shapes, EmulatedFlashAttention, ::testing::ValuesIn(params()),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            const Case& c = info.param.c;
-                           return std::string(dtype_name(info.param.dtype)) + "_case" +
+                           return std::string(dtype_name(info.param.dtype)) + "_" + kernels(info.param) + "_case" +
                                   std::to_string(info.index % cases().size()) + "_D" + std::to_string(c.D) +
                                   (c.mask.causal ? "_causal" : "_nomask");
                          });

@@ -1,6 +1,9 @@
 // The CUDA nn ops on bf16 and f16 tensors against the CPU ops on the same
 // tensors. Both devices keep one contract: read the 16-bit inputs as f32,
-// compute in f32, round each stored output to nearest even. So their outputs
+// compute in f32, round each stored output to nearest even (attention also
+// rounds P and dS to the 16-bit type before the products that use them:
+// naive attention stores P, and flash attention multiplies them on tensor
+// cores in that type, on both devices). So their outputs
 // differ only where the two devices' f32 results (sums in another order,
 // expf against std::exp, cuBLAS's tensor cores) fall on opposite sides of a
 // 16-bit rounding boundary: by one unit in the last place.
@@ -26,6 +29,7 @@
 #include "dtp/nn_ops.h"
 #include "gpu/cpu_gpu_pairs.h"
 #include "support/harness.h"
+#include "support/scoped_env.h"
 
 namespace dtp {
 namespace {
@@ -163,7 +167,7 @@ TEST_P(CudaHalfOps, LayerNormSoftmaxAndCrossEntropyMatchTheCpu) {
 
 TEST_P(CudaHalfOps, AttentionBothKernelsMatchTheCpu) {
   DTP_REQUIRE_GPU();
-  const std::int64_t B = 2, T = 40, H = 3, D = 16;
+  const std::int64_t B = 2, T = 70, H = 3, D = 32;  // two 64-row tiles each way
   const Shape qs{B, T, H, D}, stat{B, H, T};
   Pair q = rand(qs, 20), k = rand(qs, 21), v = rand(qs, 22), dout = rand(qs, 23);
   {
@@ -180,24 +184,37 @@ TEST_P(CudaHalfOps, AttentionBothKernelsMatchTheCpu) {
     expect_near_ulps(dk.gpu, dk.cpu, "naive dk");
     expect_near_ulps(dv.gpu, dv.cpu, "naive dv");
   }
+  // Both 16-bit flash kernels: mma.sync (the default) and WMMA.
+  for (const char* kernels : {"mma", "wmma"}) {
+    const ScopedEnv choice("DTP_FLASH_KERNEL", kernels);
+    const std::string flash = std::string("flash (") + kernels + ") ";
+    Pair out = zeros(qs), m = zeros(stat), l = zeros(stat);
+    ops::flash_attention_forward(q.cpu, k.cpu, v.cpu, out.cpu, m.cpu, l.cpu);
+    ops::flash_attention_forward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu);
+    expect_near_ulps(out.gpu, out.cpu, flash + "out");
+    expect_near_ulps(m.gpu, m.cpu, flash + "row_max");
+    expect_near_ulps(l.gpu, l.cpu, flash + "row_sum");
+    for (Pair* saved : {&out, &m, &l}) saved->gpu.copy_from(saved->cpu);
+    Pair dq = zeros(qs), dk = zeros(qs), dv = zeros(qs);
+    ops::flash_attention_backward(q.cpu, k.cpu, v.cpu, out.cpu, m.cpu, l.cpu, dout.cpu, dq.cpu, dk.cpu, dv.cpu);
+    ops::flash_attention_backward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu, dout.gpu, dq.gpu, dk.gpu, dv.gpu);
+    expect_near_ulps(dq.gpu, dq.cpu, flash + "dq");
+    expect_near_ulps(dk.gpu, dk.cpu, flash + "dk");
+    expect_near_ulps(dv.gpu, dv.cpu, flash + "dv");
+  }
   Pair out = zeros(qs), m = zeros(stat), l = zeros(stat);
   ops::flash_attention_forward(q.cpu, k.cpu, v.cpu, out.cpu, m.cpu, l.cpu);
-  ops::flash_attention_forward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu);
-  expect_near_ulps(out.gpu, out.cpu, "flash out");
-  expect_near_ulps(m.gpu, m.cpu, "flash row_max");
-  expect_near_ulps(l.gpu, l.cpu, "flash row_sum");
   for (Pair* saved : {&out, &m, &l}) saved->gpu.copy_from(saved->cpu);
-  Pair dq = zeros(qs), dk = zeros(qs), dv = zeros(qs);
-  ops::flash_attention_backward(q.cpu, k.cpu, v.cpu, out.cpu, m.cpu, l.cpu, dout.cpu, dq.cpu, dk.cpu, dv.cpu);
-  ops::flash_attention_backward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu, dout.gpu, dq.gpu, dk.gpu, dv.gpu);
-  expect_near_ulps(dq.gpu, dq.cpu, "flash dq");
-  expect_near_ulps(dk.gpu, dk.cpu, "flash dk");
-  expect_near_ulps(dv.gpu, dv.cpu, "flash dv");
   Pair out2 = rand(qs, 34), m2 = rand(stat, 35), l2 = rand(stat, 36, 0, 3);
   ops::attention_merge(out.cpu, m.cpu, l.cpu, out2.cpu, m2.cpu, l2.cpu);
   ops::attention_merge(out.gpu, m.gpu, l.gpu, out2.gpu, m2.gpu, l2.gpu);
   expect_near_ulps(out.gpu, out.cpu, "merged out");
   expect_near_ulps(l.gpu, l.cpu, "merged row_sum");
+  const ScopedEnv bad("DTP_FLASH_KERNEL", "tensor");
+  const std::string message =
+      error_of([&] { ops::flash_attention_forward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu); });
+  EXPECT_NE(message.find("DTP_FLASH_KERNEL must be mma or wmma"), std::string::npos) << message;
+  EXPECT_NE(message.find("got 'tensor'"), std::string::npos) << message;
 }
 
 TEST_P(CudaHalfOps, EmbeddingMatchesTheCpu) {

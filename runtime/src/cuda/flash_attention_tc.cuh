@@ -467,11 +467,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dq_kernel(const T* 
 enum class KeyGrads { both, values, keys };
 template <int MAXD>
 constexpr bool kSplitKeyGrads = MAXD > 64;
-/// Calls launch(std::integral_constant<KeyGrads, G>{}) for each launch of
-/// dkv_kernel<T, MAXD, G> that the key gradients take.
-template <int MAXD, typename Launch>
+/// Calls launch(std::integral_constant<KeyGrads, G>{}) for each launch of a
+/// dK/dV kernel that the key gradients take: one (both), or two when split.
+template <bool Split, typename Launch>
 void for_each_key_grads_launch(Launch&& launch) {
-  if constexpr (kSplitKeyGrads<MAXD>) {
+  if constexpr (Split) {
     launch(std::integral_constant<KeyGrads, KeyGrads::values>{});
     launch(std::integral_constant<KeyGrads, KeyGrads::keys>{});
   } else {

@@ -6,19 +6,24 @@
 // applies the mask and the softmax in place, and P V is another batched
 // GEMM; the backward is four batched GEMMs and one row kernel.
 //
-// Flash: FlashAttention-2 on tensor cores (flash_attention_tc.cuh): blocks
-// of 64 query rows (forward, dQ) or 64 key rows (dK, dV) walk the other side
-// 64 rows at a time through shared memory, with TF32 WMMA products and an
-// online softmax, and the backward recomputes the probabilities from the
-// saved row max and sum. No atomics: every output row has one writer.
+// Flash: FlashAttention-2 on tensor cores. Blocks of 64 query rows (forward,
+// dQ) or 64 key rows (dK, dV) walk the other side 64 rows at a time through
+// shared memory with an online softmax, and the backward recomputes the
+// probabilities from the saved row max and sum. No atomics: every output row
+// has one writer. f32 runs the WMMA kernels in TF32 (flash_attention_tc.cuh);
+// bf16 and f16 with heads up to 64 wide run the mma.sync kernels, whose
+// scores stay in registers (flash_attention_mma.cuh), or the WMMA ones with
+// DTP_FLASH_KERNEL=wmma; wider 16-bit heads run WMMA.
 // They take f32, bf16 and f16 tensors as they are (bf16 and f16 multiply in
 // their own type on tensor cores, with f32 scores, softmax and accumulators).
 // The naive path and the merge are f32 kernels: ops:: widens bf16/f16 to f32
 // copies for them and rounds the outputs back (cpu/widen.h).
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <type_traits>
 
+#include "cuda/flash_attention_mma.cuh"
 #include "cuda/flash_attention_tc.cuh"
 #include "cuda/nn_kernels_common.cuh"
 
@@ -126,6 +131,25 @@ void allow_shared(Kernel kernel, std::size_t bytes) {
   DTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
+/// Launches a flash kernel on @p grid blocks of flash::kThreads with @p bytes of shared memory.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, std::size_t bytes, Args... args) {
+  allow_shared(kernel, bytes);
+  kernel<<<grid, flash::kThreads, bytes, stream()>>>(args...);
+  check_launch();
+}
+
+/// Whether 16-bit attention runs the mma.sync kernels (the default) or the
+/// WMMA ones: DTP_FLASH_KERNEL=mma|wmma. Both are kept so that a GPU run can
+/// time one against the other, and fall back to the simpler one.
+bool sixteen_bit_on_mma() {
+  const char* env = std::getenv("DTP_FLASH_KERNEL");
+  const std::string name = env == nullptr ? "" : env;
+  if (name.empty() || name == "mma") return true;
+  if (name == "wmma") return false;
+  throw Error("DTP_FLASH_KERNEL must be mma or wmma (the bf16/f16 flash attention kernels), got '" + name + "'");
+}
+
 // One block per 64 rows (flash::kRows) of one (batch, head).
 dim3 row_grid(const Dims& d, std::int64_t T) {
   return dim3(static_cast<unsigned>((T + flash::kRows - 1) / flash::kRows), static_cast<unsigned>(d.H),
@@ -226,17 +250,21 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   check_grid(op, d);
   if (d.B * d.H * d.Tq == 0) return;
   nn::use_device(q.device());
+  const bool mma = sixteen_bit_on_mma();
   nn::with_float(q.dtype(), [&](auto element) {
     using T = decltype(element);
     with_head_dim(op, d.D, [&](auto maxd) {
       constexpr int MAXD = decltype(maxd)::value;
-      const std::size_t bytes = flash::shared_bytes<flash::ForwardShared<T, MAXD>>();
-      allow_shared(flash::forward_kernel<T, MAXD>, bytes);
-      flash::forward_kernel<T, MAXD><<<row_grid(d, d.Tq), flash::kThreads, bytes, stream()>>>(
-          ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(out), ptr<T>(row_max), ptr<T>(row_sum), d, to_mask(mask));
+      auto run = [&](auto kernel, std::size_t bytes) {
+        launch(kernel, row_grid(d, d.Tq), bytes, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(out), ptr<T>(row_max),
+               ptr<T>(row_sum), d, to_mask(mask));
+      };
+      if constexpr (!std::is_same_v<T, float> && flash::kMmaHeadDim<MAXD>) {
+        if (mma) return run(flash::forward_kernel_mma<T, MAXD>, flash::shared_bytes<flash::MmaShared<T, MAXD>>());
+      }
+      run(flash::forward_kernel<T, MAXD>, flash::shared_bytes<flash::ForwardShared<T, MAXD>>());
     });
   });
-  check_launch();
 }
 
 void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -260,6 +288,7 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
     return;
   }
   Tensor delta = Tensor::empty({d.B, d.H, d.Tq}, DType::f32, q.device(), MemoryCategory::activations);
+  const bool mma = sixteen_bit_on_mma();
   nn::with_float(q.dtype(), [&](auto element) {
     using T = decltype(element);
     flash::row_dot_kernel<T><<<nn::grid_for(d.B * d.H * d.Tq), 256, 0, stream()>>>(ptr<T>(dout), ptr<T>(out),
@@ -267,20 +296,25 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
     check_launch();
     with_head_dim(op, d.D, [&](auto maxd) {
       constexpr int MAXD = decltype(maxd)::value;
-      const std::size_t dq_bytes = flash::shared_bytes<flash::DqShared<T, MAXD>>();
-      allow_shared(flash::dq_kernel<T, MAXD>, dq_bytes);
-      flash::dq_kernel<T, MAXD><<<row_grid(d, d.Tq), flash::kThreads, dq_bytes, stream()>>>(
-          ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(row_max), ptr<T>(row_sum), ptr<float>(delta),
-          ptr<T>(dq), d, to_mask(mask));
-      check_launch();
-      const std::size_t dkv_bytes = flash::shared_bytes<flash::DkvShared<T, MAXD>>();
-      flash::for_each_key_grads_launch<MAXD>([&](auto which) {
-        constexpr flash::KeyGrads G = decltype(which)::value;
-        allow_shared(flash::dkv_kernel<T, MAXD, G>, dkv_bytes);
-        flash::dkv_kernel<T, MAXD, G><<<row_grid(d, d.Tk), flash::kThreads, dkv_bytes, stream()>>>(
-            ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(row_max), ptr<T>(row_sum), ptr<float>(delta),
-            ptr<T>(dk), ptr<T>(dv), d, to_mask(mask));
-        check_launch();
+      // dQ: one block per 64 query rows; dK and dV: one per 64 key rows.
+      auto run = [&](auto kernel, std::size_t bytes, std::int64_t rows, auto... outputs) {
+        launch(kernel, row_grid(d, rows), bytes, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(row_max),
+               ptr<T>(row_sum), ptr<float>(delta), outputs..., d, to_mask(mask));
+      };
+      if constexpr (!std::is_same_v<T, float> && flash::kMmaHeadDim<MAXD>) {
+        if (mma) {
+          const std::size_t bytes = flash::shared_bytes<flash::MmaShared<T, MAXD>>();
+          run(flash::dq_kernel_mma<T, MAXD>, bytes, d.Tq, ptr<T>(dq));
+          flash::for_each_key_grads_launch<flash::kSplitKeyGradsMma<MAXD>>([&](auto which) {
+            run(flash::dkv_kernel_mma<T, MAXD, decltype(which)::value>, bytes, d.Tk, ptr<T>(dk), ptr<T>(dv));
+          });
+          return;
+        }
+      }
+      run(flash::dq_kernel<T, MAXD>, flash::shared_bytes<flash::DqShared<T, MAXD>>(), d.Tq, ptr<T>(dq));
+      flash::for_each_key_grads_launch<flash::kSplitKeyGrads<MAXD>>([&](auto which) {
+        run(flash::dkv_kernel<T, MAXD, decltype(which)::value>, flash::shared_bytes<flash::DkvShared<T, MAXD>>(),
+            d.Tk, ptr<T>(dk), ptr<T>(dv));
       });
     });
   });
