@@ -135,6 +135,19 @@ std::vector<OpRow> time_step_ops(const dtp::GPTConfig& config, std::int64_t batc
          [&] { dtp::ops::flash_attention_forward(q, k, v, out, m, l); });
     time("flash attention bwd", static_cast<double>(L), 8 * x_bytes, 2.5 * fwd_flops,
          [&] { dtp::ops::flash_attention_backward(q, k, v, out, m, l, dout, dq, dk, dv); });
+    if (config.dtype != dtp::DType::f32 && dev.is_cuda()) {
+      // The 16-bit WMMA kernels, the step's alternative (DTP_FLASH_KERNEL=wmma):
+      // timed for comparison, not counted in the step (0 calls).
+      const char* chosen = std::getenv("DTP_FLASH_KERNEL");
+      const std::string before = chosen == nullptr ? "" : chosen;
+      setenv("DTP_FLASH_KERNEL", "wmma", 1);
+      time("flash attention fwd (WMMA)", 0, 4 * x_bytes, fwd_flops,
+           [&] { dtp::ops::flash_attention_forward(q, k, v, out, m, l); });
+      time("flash attention bwd (WMMA)", 0, 8 * x_bytes, 2.5 * fwd_flops,
+           [&] { dtp::ops::flash_attention_backward(q, k, v, out, m, l, dout, dq, dk, dv); });
+      if (before.empty()) unsetenv("DTP_FLASH_KERNEL");
+      else setenv("DTP_FLASH_KERNEL", before.c_str(), 1);
+    }
   }
   {
     dtp::Tensor logits = act({BT, V}, 22), dlogits = act({BT, V}, 23), none;
