@@ -352,7 +352,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dkv_kernel_mma(cons
   const MmaShared<T, MAXD> sh(smem);
   const Lane l = this_lane();
   const int warp = static_cast<int>(threadIdx.x / 32);
-  const auto [b, h, j0, stride, qoff, koff, D] = block_place(d);
+  const BlockPlace at = block_place(d);
+  const auto [b, h, j0, stride, qoff, koff, D] = at;
   const T* my_k = sh.own0 + warp * 16 * kPitch<MAXD>;
   const T* my_v = sh.own1 + warp * 16 * kPitch<MAXD>;
   stage_rows<T, MAXD>(sh.own0, k + koff, stride, j0, d.Tk, D, kRows);
@@ -364,14 +365,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dkv_kernel_mma(cons
   zero(gv);
   for (std::int64_t i0 = mask.first_row_seeing(j0); i0 < d.Tq; i0 += kCols) {
     __syncthreads();  // every warp is done with the previous Q, dO and statistics (and K, V are staged)
-    stage_rows<T, MAXD>(sh.other0, q + qoff, stride, i0, d.Tq, D, kCols);
-    stage_rows<T, MAXD>(sh.other1, dout + qoff, stride, i0, d.Tq, D, kCols);
-    for (int c = threadIdx.x; c < kCols; c += kThreads) {
-      const RowStats st = row_stats(row_max, row_sum, delta, (b * d.H + h) * d.Tq + i0 + c, i0 + c < d.Tq);
-      sh.stats[c] = st.max;
-      sh.stats[kCols + c] = st.inv_sum;
-      sh.stats[2 * kCols + c] = st.delta;
-    }
+    stage_query_tile<T, MAXD>(sh.other0, sh.other1, sh.stats, q, dout, row_max, row_sum, delta, d, at, i0);
     __syncthreads();
     float pt[kCols / 8][4], dst[kCols / 8][4];  // S^T then P^T; dP^T then dS^T (rows: keys, columns: queries)
     warp_scores<T, MAXD>(pt, my_k, sh.other0, l);

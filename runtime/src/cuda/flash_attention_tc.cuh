@@ -414,6 +414,24 @@ __device__ __forceinline__ float score_grad(float p, float dp, const RowStats& s
   return scale * p * (dp - st.delta);
 }
 
+/// What a dK/dV kernel reads for one tile of query rows [i0, i0 + kCols):
+/// the rows and their output gradients as operands, and their statistics
+/// in stats[3][kCols] (max, 1 / sum, delta). All threads of the block take part.
+template <typename T, int MAXD>
+__device__ __forceinline__ void stage_query_tile(Operand<T>* q_tile, Operand<T>* dout_tile, float* stats,
+                                                 const T* q, const T* dout, const T* row_max, const T* row_sum,
+                                                 const float* delta, const Dims& d, const BlockPlace& at,
+                                                 std::int64_t i0) {
+  stage_rows<T, MAXD>(q_tile, q + at.qoff, at.stride, i0, d.Tq, at.D, kCols);
+  stage_rows<T, MAXD>(dout_tile, dout + at.qoff, at.stride, i0, d.Tq, at.D, kCols);
+  for (int c = threadIdx.x; c < kCols; c += kThreads) {
+    const RowStats st = row_stats(row_max, row_sum, delta, (at.b * d.H + at.h) * d.Tq + i0 + c, i0 + c < d.Tq);
+    stats[c] = st.max;
+    stats[kCols + c] = st.inv_sum;
+    stats[2 * kCols + c] = st.delta;
+  }
+}
+
 template <typename T, int MAXD>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dq_kernel(const T* q, const T* k, const T* v,
                                                                        const T* dout, const T* row_max,
@@ -488,7 +506,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dkv_kernel(const T*
   DTP_DYNAMIC_SHARED(float, smem);
   const DkvShared<T, MAXD> sh(smem);
   const int warp = threadIdx.x / 32, r = my_row(), half = my_half();
-  const auto [b, h, j0, stride, qoff, koff, D] = block_place(d);
+  const BlockPlace at = block_place(d);
+  const auto [b, h, j0, stride, qoff, koff, D] = at;
   float* my_st = sh.st + warp * 16 * kScorePitch;
   float* my_dpt = sh.dpt + warp * 16 * kScorePitch;
 
@@ -505,14 +524,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dkv_kernel(const T*
   Operand<T>* dsrow = sh.dst + (warp * 16 + r) * kScorePitch + half * (kCols / 2);
   for (std::int64_t i0 = mask.first_row_seeing(j0); i0 < d.Tq; i0 += kCols) {
     __syncthreads();  // every warp is done with the previous Q, dO and statistics (and K, V are staged)
-    stage_rows<T, MAXD>(sh.q, q + qoff, stride, i0, d.Tq, D, kCols);
-    stage_rows<T, MAXD>(sh.dout, dout + qoff, stride, i0, d.Tq, D, kCols);
-    for (int t = threadIdx.x; t < kCols; t += kThreads) {
-      const RowStats st = row_stats(row_max, row_sum, delta, (b * d.H + h) * d.Tq + i0 + t, i0 + t < d.Tq);
-      sh.stats[t] = st.max;
-      sh.stats[kCols + t] = st.inv_sum;
-      sh.stats[2 * kCols + t] = st.delta;
-    }
+    stage_query_tile<T, MAXD>(sh.q, sh.dout, sh.stats, q, dout, row_max, row_sum, delta, d, at, i0);
     __syncthreads();
     warp_scores<T, MAXD>(my_st, sh.k + warp * 16 * P, sh.q);  // S^T = K Q^T
     if constexpr (G != KeyGrads::values)
