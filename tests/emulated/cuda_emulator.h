@@ -5,7 +5,8 @@
 // threads are real threads (std::thread), __syncthreads() is a barrier of the
 // block, __syncwarp() a barrier of the warp, __shfl_xor_sync an exchange
 // through the warp, and dynamic shared memory a buffer per block filled with
-// NaNs, so a read of shared memory nobody wrote shows up in the results.
+// NaNs (as f32 and as 16-bit values), so a read of shared memory nobody
+// wrote shows up in the results.
 //
 // bf16 and f16 values are 16-bit structs that round to nearest even (the
 // CPU ops' rounding, dtype.h), like cuda_bf16.h's and cuda_fp16.h's _rn.
@@ -66,10 +67,19 @@ inline dim3 blockDim, gridDim;
 
 namespace dtp::emu {
 
+/// What unwritten shared memory holds: a NaN read as an f32 and as each of
+/// its 16-bit halves (bf16 0x7fc0 and f16 0x7fc0 are NaNs too).
+inline float unwritten() {
+  const std::uint32_t bits = 0x7fc07fc0u;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 /// The state one running block shares among its threads.
 struct Block {
   explicit Block(unsigned threads, std::size_t shared_bytes)
-      : barrier(threads), storage(shared_bytes / sizeof(float) + 64, std::nanf("")), shared_bytes(shared_bytes) {
+      : barrier(threads), storage(shared_bytes / sizeof(float) + 64, unwritten()), shared_bytes(shared_bytes) {
     // 128-byte alignment, like extern __shared__ __align__(128) on a GPU.
     const auto addr = reinterpret_cast<std::uintptr_t>(storage.data());
     shared = storage.data() + (128 - addr % 128) % 128 / sizeof(float);

@@ -1,20 +1,21 @@
 // The tensor-core flash attention kernels, run on the CPU under the CUDA
 // emulator, against the CPU's flash attention: the WMMA kernels
 // (runtime/src/cuda/flash_attention_tc.cuh) in f32, bf16 and f16, and the
-// mma.sync kernels (flash_attention_mma.cuh) in bf16 and f16.
-// This checks their tiling, masking, online softmax and synchronization on
-// every machine; tests/gpu/nn_cuda_test.cpp checks the same kernels on a GPU.
+// mma.sync kernels (flash_attention_mma.cuh) in bf16 and f16 (heads up to
+// 64 wide; wider ones run WMMA there too, as on a GPU). This checks their
+// tiling, masking, online softmax, fragment layouts and synchronization on
+// every machine; tests/gpu/ checks the same kernels on a GPU.
 //
-// Every case runs in f32, bf16 and f16 against the CPU's op in the same
-// dtype (which computes in f32 and rounds what it stores).
+// Every case runs against the CPU's op in the same dtype, which computes in
+// f32, rounds P and dS to a 16-bit type before their products (as the
+// kernels do), and rounds what it stores.
 //
 // Tolerance: |kernel - cpu| <= tol (|cpu| + max |cpu|), element-wise, with
 // tol = 2e-3 for f32 and 2 epsilons for bf16 (2^-6) and f16 (2^-9). The f32
 // kernels round their inputs and the probabilities to TF32 (2^-11 relative),
 // which stays below 1e-3 on these shapes, and losing one key of 64 or one
-// column of a row moves an output by about 1e-2. In 16 bits the kernels round
-// P and dS to the 16-bit type before their products, the CPU does not: the
-// 16-bit runs check the types and layouts, the f32 runs the arithmetic.
+// column of a row moves an output by about 1e-2. The 16-bit tolerance is the
+// GPU checkers' (tests/gpu/nn_cuda_half_test.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -50,8 +51,6 @@ std::string describe(const Case& c) {
          std::to_string(c.H) + " D " + std::to_string(c.D) + (c.mask.causal ? " causal" : " no mask") +
          " q_start " + std::to_string(c.mask.q_start) + " k_start " + std::to_string(c.mask.k_start);
 }
-
-
 
 // Element-wise comparison that names the worst element by (b, t, h, d) or (b, h, t).
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {

@@ -24,6 +24,8 @@
 // rescaled whenever the running max grows, and WMMA does not say which lane
 // holds which accumulator element.
 //
+// The mma.sync kernels for bf16 and f16 (flash_attention_mma.cuh) share
+// this file's blocks, masks, shared-memory staging and row statistics.
 // The same source runs on the CPU under tests/emulated/cuda_emulator.h.
 #pragma once
 

@@ -13,9 +13,8 @@
 // has one writer. f32 runs the WMMA kernels in TF32 (flash_attention_tc.cuh);
 // bf16 and f16 with heads up to 64 wide run the mma.sync kernels, whose
 // scores stay in registers (flash_attention_mma.cuh), or the WMMA ones with
-// DTP_FLASH_KERNEL=wmma; wider 16-bit heads run WMMA.
-// They take f32, bf16 and f16 tensors as they are (bf16 and f16 multiply in
-// their own type on tensor cores, with f32 scores, softmax and accumulators).
+// DTP_FLASH_KERNEL=wmma; wider 16-bit heads run WMMA. The 16-bit tensors
+// are read as they are, with f32 scores, softmax and accumulators.
 // The naive path and the merge are f32 kernels: ops:: widens bf16/f16 to f32
 // copies for them and rounds the outputs back (cpu/widen.h).
 #include <cmath>
