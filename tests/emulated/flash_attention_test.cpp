@@ -26,8 +26,7 @@
 
 #include "emulated/cuda_emulator.h"  // first: it defines the CUDA keywords for the kernels
 
-#include "cuda/flash_attention_mma.cuh"
-#include "cuda/flash_attention_tc.cuh"
+#include "cuda/flash_attention_launches.cuh"
 #include "dtp/nn_ops.h"
 #include "dtp/tensor.h"
 
@@ -178,43 +177,22 @@ TEST_P(EmulatedFlashAttention, ForwardAndBackwardMatchTheCpu) {
     });
     with_head_dim(c.D, [&](auto maxd) {
       constexpr int MAXD = decltype(maxd)::value;
-      const dim3 query_blocks(tiles(c.Tq), c.H, c.B), key_blocks(tiles(c.Tk), c.H, c.B), threads(flash::kThreads);
+      const dim3 threads(flash::kThreads);
+      flash::forward_launches<T, MAXD>(mma, [&](auto kernel, std::size_t bytes) {
+        emu::launch(dim3(tiles(c.Tq), c.H, c.B), threads, bytes,
+                    [&] { kernel(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(e_out), ptr<T>(e_m), ptr<T>(e_l), d, mask); });
+      });
       // The backward runs from the CPU's forward, so each half is checked on its own.
-      if constexpr (!std::is_same_v<T, float> && flash::kMmaHeadDim<MAXD>) {
-        if (mma) {
-          const std::size_t bytes = flash::shared_bytes<flash::MmaShared<T, MAXD>>();
-          emu::launch(query_blocks, threads, bytes, [&] {
-            flash::forward_kernel_mma<T, MAXD>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(e_out), ptr<T>(e_m),
-                                               ptr<T>(e_l), d, mask);
+      flash::backward_launches<T, MAXD>(mma, [&](auto kernel, std::size_t bytes, auto blocks) {
+        const T* in[] = {ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(m), ptr<T>(l)};
+        if constexpr (std::is_same_v<decltype(blocks), flash::KeyBlocks>)
+          emu::launch(dim3(tiles(c.Tk), c.H, c.B), threads, bytes, [&] {
+            kernel(in[0], in[1], in[2], in[3], in[4], in[5], delta.data<float>(), ptr<T>(e_dk), ptr<T>(e_dv), d, mask);
           });
-          emu::launch(query_blocks, threads, bytes, [&] {
-            flash::dq_kernel_mma<T, MAXD>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(m), ptr<T>(l),
-                                          delta.data<float>(), ptr<T>(e_dq), d, mask);
+        else
+          emu::launch(dim3(tiles(c.Tq), c.H, c.B), threads, bytes, [&] {
+            kernel(in[0], in[1], in[2], in[3], in[4], in[5], delta.data<float>(), ptr<T>(e_dq), d, mask);
           });
-          flash::for_each_key_grads_launch<flash::kSplitKeyGradsMma<MAXD>>([&](auto which) {
-            emu::launch(key_blocks, threads, bytes, [&] {
-              flash::dkv_kernel_mma<T, MAXD, decltype(which)::value>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout),
-                                                                     ptr<T>(m), ptr<T>(l), delta.data<float>(),
-                                                                     ptr<T>(e_dk), ptr<T>(e_dv), d, mask);
-            });
-          });
-          return;
-        }
-      }
-      emu::launch(query_blocks, threads, flash::shared_bytes<flash::ForwardShared<T, MAXD>>(), [&] {
-        flash::forward_kernel<T, MAXD>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(e_out), ptr<T>(e_m), ptr<T>(e_l), d,
-                                       mask);
-      });
-      emu::launch(query_blocks, threads, flash::shared_bytes<flash::DqShared<T, MAXD>>(), [&] {
-        flash::dq_kernel<T, MAXD>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(m), ptr<T>(l),
-                                  delta.data<float>(), ptr<T>(e_dq), d, mask);
-      });
-      flash::for_each_key_grads_launch<flash::kSplitKeyGrads<MAXD>>([&](auto which) {
-        emu::launch(key_blocks, threads, flash::shared_bytes<flash::DkvShared<T, MAXD>>(), [&] {
-          flash::dkv_kernel<T, MAXD, decltype(which)::value>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(m),
-                                                             ptr<T>(l), delta.data<float>(), ptr<T>(e_dk),
-                                                             ptr<T>(e_dv), d, mask);
-        });
       });
     });
   });

@@ -22,8 +22,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "cuda/flash_attention_mma.cuh"
-#include "cuda/flash_attention_tc.cuh"
+#include "cuda/flash_attention_launches.cuh"
 #include "cuda/nn_kernels_common.cuh"
 
 namespace dtp::cuda {
@@ -254,14 +253,10 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
     using T = decltype(element);
     with_head_dim(op, d.D, [&](auto maxd) {
       constexpr int MAXD = decltype(maxd)::value;
-      auto run = [&](auto kernel, std::size_t bytes) {
+      flash::forward_launches<T, MAXD>(mma, [&](auto kernel, std::size_t bytes) {
         launch(kernel, row_grid(d, d.Tq), bytes, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(out), ptr<T>(row_max),
                ptr<T>(row_sum), d, to_mask(mask));
-      };
-      if constexpr (!std::is_same_v<T, float> && flash::kMmaHeadDim<MAXD>) {
-        if (mma) return run(flash::forward_kernel_mma<T, MAXD>, flash::shared_bytes<flash::MmaShared<T, MAXD>>());
-      }
-      run(flash::forward_kernel<T, MAXD>, flash::shared_bytes<flash::ForwardShared<T, MAXD>>());
+      });
     });
   });
 }
@@ -296,24 +291,13 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
     with_head_dim(op, d.D, [&](auto maxd) {
       constexpr int MAXD = decltype(maxd)::value;
       // dQ: one block per 64 query rows; dK and dV: one per 64 key rows.
-      auto run = [&](auto kernel, std::size_t bytes, std::int64_t rows, auto... outputs) {
-        launch(kernel, row_grid(d, rows), bytes, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(row_max),
-               ptr<T>(row_sum), ptr<float>(delta), outputs..., d, to_mask(mask));
-      };
-      if constexpr (!std::is_same_v<T, float> && flash::kMmaHeadDim<MAXD>) {
-        if (mma) {
-          const std::size_t bytes = flash::shared_bytes<flash::MmaShared<T, MAXD>>();
-          run(flash::dq_kernel_mma<T, MAXD>, bytes, d.Tq, ptr<T>(dq));
-          flash::for_each_key_grads_launch<flash::kSplitKeyGradsMma<MAXD>>([&](auto which) {
-            run(flash::dkv_kernel_mma<T, MAXD, decltype(which)::value>, bytes, d.Tk, ptr<T>(dk), ptr<T>(dv));
-          });
-          return;
-        }
-      }
-      run(flash::dq_kernel<T, MAXD>, flash::shared_bytes<flash::DqShared<T, MAXD>>(), d.Tq, ptr<T>(dq));
-      flash::for_each_key_grads_launch<flash::kSplitKeyGrads<MAXD>>([&](auto which) {
-        run(flash::dkv_kernel<T, MAXD, decltype(which)::value>, flash::shared_bytes<flash::DkvShared<T, MAXD>>(),
-            d.Tk, ptr<T>(dk), ptr<T>(dv));
+      flash::backward_launches<T, MAXD>(mma, [&](auto kernel, std::size_t bytes, auto blocks) {
+        auto run = [&](std::int64_t rows, auto... outputs) {
+          launch(kernel, row_grid(d, rows), bytes, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(row_max),
+                 ptr<T>(row_sum), ptr<float>(delta), outputs..., d, to_mask(mask));
+        };
+        if constexpr (std::is_same_v<decltype(blocks), flash::KeyBlocks>) run(d.Tk, ptr<T>(dk), ptr<T>(dv));
+        else run(d.Tq, ptr<T>(dq));
       });
     });
   });
