@@ -12,10 +12,12 @@
 ///   micro-batches until someone zeroes them.
 /// - Floating ops run on f64 (computing in f64), f32, bf16 and f16 (computing
 ///   in f32). A bf16 or f16 op reads its inputs as f32 and rounds each value
-///   it stores to nearest even, once: nothing is rounded in between. That is
-///   the contract of tensor-core kernels, and the CUDA ops keep it (f32, bf16
-///   and f16 there; f64 only on the CPU). All floating operands of an op
-///   share one dtype.
+///   it stores to nearest even, once: nothing is rounded in between, except
+///   in flash attention, which rounds P and dS to the 16-bit type before the
+///   products that use them, as its tensor-core kernels must (naive attention
+///   stores P in that type anyway). That is the contract of tensor-core
+///   kernels, and the CUDA ops keep it (f32, bf16 and f16 there; f64 only on
+///   the CPU). All floating operands of an op share one dtype.
 /// - Matrices are row-major; a tensor of shape [..., C] is read as a matrix of
 ///   numel / C rows and C columns.
 #pragma once

@@ -6,10 +6,10 @@
 // round-to-nearest-even once, when it is stored. On the CPU that is done
 // literally: an op called with 16-bit tensors runs its f32 kernel on exact
 // f32 copies of them, and rounds the outputs back at the end: every value an
-// op writes is rounded, nothing in between. The attention ops do the same on
-// a GPU (the copies are made on the tensors' device): their CUDA kernels are
-// f32 kernels; the other CUDA kernels read and write 16-bit elements
-// themselves.
+// op writes is rounded, nothing in between. Naive attention and the
+// attention merge do the same on a GPU (the copies are made on the tensors'
+// device): their CUDA kernels are f32 kernels; the other CUDA kernels, flash
+// attention's included, read and write 16-bit elements themselves.
 //
 //   if (detail::is_half(x.dtype())) {
 //     detail::Widened f32("gelu_forward", x.dtype());
