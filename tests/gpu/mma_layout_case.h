@@ -11,11 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "gpu/mma_layout_shape.h"
+
 namespace dtp::testing {
 
 struct MmaLayoutCase {
-  std::vector<float> a, keys, values;  // 16 x 64, 64 x 64, 64 x 64, row-major
-  std::vector<float> scores, out;      // expected: A K^T (16 x 64), then (A K^T) V (16 x 64)
+  std::vector<float> a, keys, values;  // kLayoutRows x kLayoutWidth, then two kLayoutWidth squares; row-major
+  std::vector<float> scores, out;      // expected: A K^T, then (A K^T) V, kLayoutRows x kLayoutWidth each
 };
 
 /// Integers in [-2, 2] with no symmetry a transposed or shifted load could hide behind.
@@ -24,7 +26,7 @@ inline float layout_value(int which, int row, int col) {
 }
 
 inline MmaLayoutCase mma_layout_case() {
-  constexpr int R = 16, W = 64;
+  constexpr int R = kLayoutRows, W = kLayoutWidth;
   MmaLayoutCase c;
   c.a.resize(R * W);
   c.keys.resize(W * W);
@@ -53,7 +55,7 @@ inline void expect_layout_result(const std::vector<float>& got, const std::vecto
   ASSERT_EQ(got.size(), want.size()) << what;
   for (std::size_t i = 0; i < want.size(); ++i)
     if (got[i] != want[i]) {
-      ADD_FAILURE() << what << ": row " << i / 64 << ", column " << i % 64 << " is " << got[i] << ", expected "
+      ADD_FAILURE() << what << ": row " << i / kLayoutWidth << ", column " << i % kLayoutWidth << " is " << got[i] << ", expected "
                     << want[i] << " (exact: the inputs are small integers). Rows 8 apart or columns 8 apart "
                     << "swapped point at the g / g + 8 halves or the second register of a fragment.";
       return;

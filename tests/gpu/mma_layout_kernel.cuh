@@ -9,10 +9,9 @@
 #pragma once
 
 #include "cuda/flash_attention_mma.cuh"
+#include "gpu/mma_layout_shape.h"
 
 namespace dtp::testing {
-
-constexpr int kLayoutRows = 16, kLayoutWidth = 64;  // A's rows; K's and V's rows and columns
 
 template <typename T>
 __global__ void mma_layout_kernel(const T* a, const T* keys, const T* values, float* scores, float* out) {
