@@ -26,6 +26,10 @@
 // bytes), the element type of each load, and that every fragment access
 // stays in shared memory are checked; a violation fails the launch.
 //
+// A block in which no barrier completes for 60 s (threads waiting at
+// different kinds of barrier) ends the test with a diagnosis naming each
+// waiting thread and its barrier, instead of hanging it.
+//
 // What this does not check: speed, register pressure, the shared-memory
 // limit of a real GPU, and races between warps that a barrier hides here
 // but not there. tools/gpu-suite.sh runs the same kernels on a GPU.
@@ -34,9 +38,14 @@
 #define DTP_CUDA_EMULATION 1
 
 #include <array>
+#include <atomic>
 #include <barrier>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -67,6 +76,20 @@ inline dim3 blockDim, gridDim;
 
 namespace dtp::emu {
 
+/// How long a block may go without any barrier completing before its launch
+/// ends the process with a diagnosis instead of hanging the test. Threads
+/// that exit leave the barriers (as on a GPU); what hangs is threads waiting
+/// at different kinds of barrier, e.g. some lanes of a warp at a warp-wide
+/// step while the others are at __syncthreads. A test may shorten it.
+inline std::chrono::milliseconds barrier_timeout{60000};
+
+/// Counts completed barrier phases: the watchdog's sign of progress.
+struct PhaseTick {
+  std::atomic<std::uint64_t>* phases;
+  void operator()() noexcept { phases->fetch_add(1, std::memory_order_relaxed); }
+};
+using Barrier = std::barrier<PhaseTick>;
+
 /// What unwritten shared memory holds: a NaN read as an f32 and as each of
 /// its 16-bit halves (bf16 0x7fc0 and f16 0x7fc0 are NaNs too).
 inline float unwritten() {
@@ -79,20 +102,28 @@ inline float unwritten() {
 /// The state one running block shares among its threads.
 struct Block {
   explicit Block(unsigned threads, std::size_t shared_bytes)
-      : barrier(threads), storage(shared_bytes / sizeof(float) + 64, unwritten()), shared_bytes(shared_bytes) {
+      : barrier(threads, PhaseTick{&phases}),
+        waiting_at(threads),
+        storage(shared_bytes / sizeof(float) + 64, unwritten()),
+        shared_bytes(shared_bytes) {
     // 128-byte alignment, like extern __shared__ __align__(128) on a GPU.
     const auto addr = reinterpret_cast<std::uintptr_t>(storage.data());
     shared = storage.data() + (128 - addr % 128) % 128 / sizeof(float);
     const unsigned warps = (threads + 31) / 32;
     for (unsigned w = 0; w < warps; ++w) {
       const unsigned lanes = w + 1 < warps ? 32 : threads - 32 * w;
-      warp_barriers.push_back(std::make_unique<std::barrier<>>(lanes));
+      warp_barriers.push_back(std::make_unique<Barrier>(lanes, PhaseTick{&phases}));
       exchange.emplace_back();
       mma.emplace_back();
     }
   }
-  std::barrier<> barrier;
-  std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
+  std::atomic<std::uint64_t> phases{0};  // before the barriers, which count into it
+  Barrier barrier;
+  std::vector<std::unique_ptr<Barrier>> warp_barriers;
+  std::vector<std::atomic<const char*>> waiting_at;  // per thread: the barrier it waits at, or null
+  std::atomic<unsigned> finished{0};
+  std::mutex finished_mutex;
+  std::condition_variable finished_changed;
   std::vector<std::array<std::uint64_t, 32>> exchange;  // one slot per lane, for shuffles
   struct MmaRegisters {
     std::uint32_t a[32][4], b[32][2];
@@ -119,7 +150,39 @@ inline void fail(const std::string& what) {
 
 inline void* dynamic_shared() { return current->shared; }
 
-inline void sync_warp() { current->warp_barriers[warp_of_thread()]->arrive_and_wait(); }
+/// Waits at @p barrier, noting where for the watchdog's diagnosis.
+inline void wait_at(Barrier& barrier, const char* where) {
+  current->waiting_at[threadIdx.x].store(where, std::memory_order_relaxed);
+  barrier.arrive_and_wait();
+  current->waiting_at[threadIdx.x].store(nullptr, std::memory_order_relaxed);
+}
+
+/// __syncwarp(), and the warp-wide steps of shuffles and mma.sync.
+inline void sync_warp() { wait_at(*current->warp_barriers[warp_of_thread()], "a warp-wide step"); }
+
+/// Waits for the block's threads; ends the process with what each thread
+/// waits at if no barrier completes for barrier_timeout (a hang otherwise).
+inline void watch(Block& state, unsigned threads, dim3 block_index) {
+  std::unique_lock<std::mutex> lock(state.finished_mutex);
+  std::uint64_t seen = state.phases.load();
+  auto last_progress = std::chrono::steady_clock::now();
+  while (state.finished.load() < threads) {
+    state.finished_changed.wait_for(lock, std::chrono::milliseconds(50));
+    if (state.phases.load() != seen) {
+      seen = state.phases.load();
+      last_progress = std::chrono::steady_clock::now();
+    } else if (state.finished.load() < threads && std::chrono::steady_clock::now() - last_progress > barrier_timeout) {
+      std::fprintf(stderr,
+                   "CUDA emulator: block (%u, %u, %u): no barrier completed for %lld ms; threads wait at different "
+                   "kinds of barrier (a __syncwarp, shuffle or mma.sync that only some lanes of a warp reach, while "
+                   "the others are at __syncthreads):\n",
+                   block_index.x, block_index.y, block_index.z, static_cast<long long>(barrier_timeout.count()));
+      for (unsigned t = 0; t < threads; ++t)
+        if (const char* where = state.waiting_at[t].load()) std::fprintf(stderr, "  thread %u waits at %s\n", t, where);
+      std::abort();
+    }
+  }
+}
 
 template <typename T>
 T shfl_xor(T value, int lane_mask) {
@@ -156,7 +219,11 @@ inline void launch(dim3 grid, dim3 block, std::size_t shared_bytes, const std::f
             // A thread that exits no longer holds up the barriers (as on a GPU).
             state.warp_barriers[warp_of_thread()]->arrive_and_drop();
             state.barrier.arrive_and_drop();
+            std::lock_guard<std::mutex> lock(state.finished_mutex);
+            state.finished.fetch_add(1);
+            state.finished_changed.notify_one();
           });
+        watch(state, block.x, dim3(x, y, z));
         for (std::thread& t : threads) t.join();
         if (!state.error.empty())
           throw std::runtime_error("block (" + std::to_string(x) + ", " + std::to_string(y) + ", " +
@@ -236,7 +303,7 @@ void mma_m16n8k16(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_
 
 }  // namespace dtp::emu
 
-inline void __syncthreads() { dtp::emu::current->barrier.arrive_and_wait(); }
+inline void __syncthreads() { dtp::emu::wait_at(dtp::emu::current->barrier, "__syncthreads()"); }
 inline void __syncwarp(unsigned = 0xffffffffu) { dtp::emu::sync_warp(); }
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {

@@ -244,6 +244,22 @@ TEST(CudaEmulator, ALoadPastTheSharedMemoryFailsTheLaunch) {
                std::runtime_error);
 }
 
+// Lanes 0-15 at a warp-wide step, lanes 16-31 at __syncthreads: on a GPU a
+// hang; here a diagnosis after the (shortened) barrier timeout.
+TEST(CudaEmulatorDeathTest, ThreadsAtDifferentBarriersEndWithADiagnosisNotAHang) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        emu::barrier_timeout = std::chrono::milliseconds(200);
+        emu::launch(dim3(1), dim3(32), 0, [] {
+          if (threadIdx.x < 16) __syncwarp();
+          else __syncthreads();
+        });
+      },
+      "no barrier completed for 200 ms(.|\n)*thread 0 waits at a warp-wide step(.|\n)*thread 16 waits at "
+      "__syncthreads");
+}
+
 TEST(CudaEmulator, ShufflesAndBarriersBehaveLikeAWarp) {
   std::vector<float> got(64, -1.f);
   emu::launch(dim3(2), dim3(32), 128, [&] {
