@@ -78,6 +78,48 @@ TEST(CudaNnOps, ElementwiseMatchTheCpu) {
   expect_close(dx.gpu, dx.cpu, kTight, kTight, "gelu_backward");
 }
 
+// Views one element past an aligned start take the kernels' scalar path
+// (16-byte accesses need aligned pointers); odd row widths take it for
+// LayerNorm and the bias. Both paths must give the CPU's results.
+TEST(CudaNnOps, ElementwiseOnUnalignedViewsMatchTheCpu) {
+  DTP_REQUIRE_GPU();
+  Pair a = rand_pair({3001}, 21), b = rand_pair({3001}, 22);
+  Tensor a_cpu = a.cpu.slice(1, 3000), a_gpu = a.gpu.slice(1, 3000);
+  Tensor b_cpu = b.cpu.slice(1, 3000), b_gpu = b.gpu.slice(1, 3000);
+  ops::axpy(a_cpu, 0.5, b_cpu);
+  ops::axpy(a_gpu, 0.5, b_gpu);
+  expect_close(a.gpu, a.cpu, kTight, kTight, "axpy on views at element 1 (and element 0 untouched)");
+  ops::gelu_forward(b_cpu, a_cpu);
+  ops::gelu_forward(b_gpu, a_gpu);
+  expect_close(a.gpu, a.cpu, kTight, kTight, "gelu_forward on views at element 1");
+  for (std::int64_t cols : {771, 768}) {
+    SCOPED_TRACE("rows of " + std::to_string(cols));
+    Pair x = rand_pair({9, cols}, 23), w = rand_pair({cols}, 24, 0.5, 1.5), bias = rand_pair({cols}, 25);
+    Pair y = zeros_pair({9, cols}), mean = zeros_pair({9}), rstd = zeros_pair({9});
+    ops::layernorm_forward(x.cpu, w.cpu, bias.cpu, y.cpu, mean.cpu, rstd.cpu);
+    ops::layernorm_forward(x.gpu, w.gpu, bias.gpu, y.gpu, mean.gpu, rstd.gpu);
+    expect_close(y.gpu, y.cpu, kTight, kTight, "layernorm_forward");
+    ops::add_bias(x.cpu, bias.cpu);
+    ops::add_bias(x.gpu, bias.gpu);
+    expect_close(x.gpu, x.cpu, kTight, kTight, "add_bias");
+  }
+}
+
+// The batched forms wait once for many tensors; each result is the one-tensor op's.
+TEST(CudaNnOps, SumSquaresAndFiniteCheckOfManyTensorsMatchOneByOne) {
+  DTP_REQUIRE_GPU();
+  std::vector<Tensor> xs = {rand_on(kGpu, {1000}, 31), rand_on(kGpu, {1}, 32), rand_on(kGpu, {0}, 33),
+                            rand_on(kGpu, {70001}, 34)};
+  const std::vector<double> sums = ops::sum_squares(xs);
+  ASSERT_EQ(sums.size(), xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    EXPECT_EQ(sums[i], ops::sum_squares(xs[i])) << "tensor " << i << ": the batched sum must be the same bits";
+  EXPECT_TRUE(ops::all_finite(xs));
+  xs[3].set_item(70000, std::nan(""));
+  EXPECT_FALSE(ops::all_finite(xs)) << "a NaN in the last element of the last tensor";
+  EXPECT_TRUE(std::isnan(ops::sum_squares(xs)[3]));
+}
+
 TEST(CudaNnOps, BiasBackwardOverManyRowsMatchesTheCpuAndRepeatsBitForBit) {
   DTP_REQUIRE_GPU();
   // 8195 rows x 771 columns: many row slices, a last slice and a last column

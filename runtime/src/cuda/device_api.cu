@@ -2,13 +2,14 @@
 #include "cuda/device_api.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <vector>
 
 #include "core/random.h"
 #include "cuda/cuda_check.h"
-#include "cuda/element_types.cuh"
+#include "cuda/elementwise_kernels.cuh"
 
 namespace dtp::cuda {
 
@@ -33,21 +34,20 @@ __global__ void random_kernel(T* data, std::int64_t count, std::uint64_t seed, s
     data[i] = from_double<T>(detail::random_uniform_value(seed, offset + i, low, high));
 }
 
-template <typename T>
+// dst op= src element-wise (op 0 sum, 1 max, 2 min): the reduction step of
+// the thread backend's collectives on a GPU.
+template <typename T, int W>
 __global__ void accumulate_kernel(T* dst, const T* src, std::int64_t count, int op) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    auto a = load(dst, i), b = load(src, i);
-    store(dst, i, op == 0 ? a + b : op == 1 ? (a > b ? a : b) : (a < b ? a : b));
-  }
-}
-
-template <typename T>
-__global__ void scale_kernel(T* data, std::int64_t count, double factor) {
-  using C = typename Compute<T>::type;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    store(data, i, load(data, i) * static_cast<C>(factor));
+  vec::for_each_chunk<W>(count, [&](auto width, std::int64_t i) {
+    constexpr int V = decltype(width)::value;
+    typename Compute<T>::type a[V], b[V];
+    vec::load<V>(dst + i, a);
+    vec::load<V>(src + i, b);
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      a[k] = op == 0 ? a[k] + b[k] : op == 1 ? (a[k] > b[k] ? a[k] : b[k]) : (a[k] < b[k] ? a[k] : b[k]);
+    vec::store<V>(dst + i, a);
+  });
 }
 
 // Device @p index's memory pool, told once to keep what is freed. With the
@@ -107,6 +107,10 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
 
 void fill(void* data, DType dtype, std::int64_t count, double value) {
   if (count == 0) return;
+  if (value == 0.0 && !std::signbit(value)) {  // +0 is all zero bits in every dtype: one memset
+    DTP_CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<std::size_t>(count) * dtype_size(dtype), stream()));
+    return;
+  }
   with_device_element(dtype, [&](auto zero) {
     using T = decltype(zero);
     fill_kernel<<<blocks_for(count), 256, 0, stream()>>>(static_cast<T*>(data), count, value);
@@ -129,8 +133,13 @@ void accumulate(void* dst, const void* src, DType dtype, std::int64_t count, Red
   const int code = op == ReduceOp::max ? 1 : op == ReduceOp::min ? 2 : 0;
   with_device_element(dtype, [&](auto zero) {
     using T = decltype(zero);
-    accumulate_kernel<<<blocks_for(count), 256, 0, stream()>>>(static_cast<T*>(dst), static_cast<const T*>(src),
-                                                               count, code);
+    launch_elementwise<T>(
+        count,
+        [&](auto w, unsigned grid) {
+          accumulate_kernel<T, decltype(w)::value>
+              <<<grid, 256, 0, stream()>>>(static_cast<T*>(dst), static_cast<const T*>(src), count, code);
+        },
+        static_cast<const T*>(dst), static_cast<const T*>(src));
   });
   DTP_CUDA_CHECK(cudaGetLastError());
 }
@@ -139,7 +148,13 @@ void scale(void* data, DType dtype, std::int64_t count, double factor) {
   if (count == 0) return;
   with_device_element(dtype, [&](auto zero) {
     using T = decltype(zero);
-    scale_kernel<<<blocks_for(count), 256, 0, stream()>>>(static_cast<T*>(data), count, factor);
+    launch_elementwise<T>(
+        count,
+        [&](auto w, unsigned grid) {
+          elementwise::scale_kernel<T, decltype(w)::value>
+              <<<grid, 256, 0, stream()>>>(static_cast<T*>(data), count, factor);
+        },
+        static_cast<const T*>(data));
   });
   DTP_CUDA_CHECK(cudaGetLastError());
 }

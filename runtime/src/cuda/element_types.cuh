@@ -1,11 +1,15 @@
 // Internal: the device-side element type of each DType and a dispatcher.
-// bf16 and f16 compute in float.
+// bf16 and f16 compute in float. Device helpers here also compile under
+// tests/emulated/cuda_emulator.h, which provides its own 16-bit types.
 #pragma once
 
+#ifndef DTP_CUDA_EMULATION
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#endif
 
 #include <cstdint>
+#include <type_traits>
 
 #include "dtp/dtype.h"
 
@@ -19,14 +23,21 @@ template <typename T>
 __device__ __forceinline__ typename Compute<T>::type load(const T* p, std::int64_t i) {
   return static_cast<typename Compute<T>::type>(p[i]);
 }
+/// @p v rounded to the storage type T (to nearest even for bf16 and f16).
+template <typename T>
+__device__ __forceinline__ T to_storage(typename Compute<T>::type v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(v);
+  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(v);
+  else return v;
+}
 template <typename T>
 __device__ __forceinline__ void store(T* p, std::int64_t i, typename Compute<T>::type v) {
-  p[i] = static_cast<T>(v);
+  p[i] = to_storage<T>(v);
 }
 template <typename T>
 __device__ __forceinline__ T from_double(double v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, __half>) return __float2half(static_cast<float>(v));
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(static_cast<float>(v));
   else return static_cast<T>(v);
 }
 

@@ -19,6 +19,7 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "dtp/nn_ops.h"
 #include "dtp/tensor.h"
@@ -31,6 +32,9 @@ void add(const Tensor& a, const Tensor& b, Tensor& out);
 void axpy(Tensor& y, double alpha, const Tensor& x);
 double sum_squares(const Tensor& x);
 bool all_finite(const Tensor& x);
+/// Of every tensor (all on one GPU), with one wait for the stream.
+std::vector<double> sum_squares(const std::vector<Tensor>& xs);
+bool all_finite(const std::vector<Tensor>& xs);
 void cast(const Tensor& src, Tensor& dst);
 void add_bias(Tensor& x, const Tensor& bias);
 void bias_backward(const Tensor& dy, Tensor& dbias);

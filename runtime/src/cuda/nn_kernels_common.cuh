@@ -15,6 +15,7 @@
 #include "cuda/device_api.h"
 #include "cuda/element_types.cuh"
 #include "cuda/nn_kernels.h"
+#include "cuda/reductions.cuh"
 
 namespace dtp::cuda::nn {
 
@@ -101,44 +102,6 @@ inline int multiprocessor_count() {
   return count;
 }
 
-// --- reductions ---------------------------------------------------------------
-
-template <typename A>
-__device__ __forceinline__ A warp_sum(A v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
-/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every
-/// thread gets the result. @p shared holds 32 elements.
-template <typename A>
-__device__ __forceinline__ A block_sum(A v, A* shared) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_sum(v);
-  __syncthreads();  // shared may still be read by a previous call
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < warps ? shared[lane] : A(0);
-  return warp_sum(v);
-}
-
-__device__ __forceinline__ float block_max(float v, float* shared) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < warps ? shared[lane] : -INFINITY;
-  return warp_max(v);
-}
-
 /// *total = the sum of parts[0, count), in an order fixed by count alone
 /// (one block: each thread its strided share, then a fixed reduction tree).
 /// Partial sums that many blocks added with atomics would come out in the
@@ -163,95 +126,18 @@ inline double sum_in_order(const Tensor& parts) {
   return total.item(0);
 }
 
-// --- sums over rows, column by column, in a fixed order ------------------------
-//
-// A parameter gradient that sums over the rows of an activation (a bias, a
-// LayerNorm weight) is made in two passes with a fixed order of additions,
-// no atomics: the same bits on every run. Pass 1: block (x, y) sums the rows
-// of slice y for kColumnBlock columns; its kColumnBlock x kRowThreads threads
-// read consecutive columns of a row (one coalesced line per warp) and their
-// row-partials meet in shared memory in a fixed order. Pass 2
-// (add_column_partials_kernel): per column, the slices' partials in slice
-// order, added into the gradient.
-constexpr int kColumnBlock = 32, kRowThreads = 8;
+// --- sums over rows (reductions.cuh has the idea and the device side) ---
 
-struct RowSlices {
-  std::int64_t column_blocks = 0, slices = 0, rows_per_slice = 0;
-  dim3 grid() const { return dim3(static_cast<unsigned>(column_blocks), static_cast<unsigned>(slices)); }
-  static dim3 block() { return dim3(kColumnBlock, kRowThreads); }
-};
-
-/// Enough slices for about four blocks per SM, each at least kRowThreads rows.
-inline RowSlices row_slices(std::int64_t rows, std::int64_t C) {
+/// Enough slices for about four blocks per SM, each at least kRowThreads
+/// rows; blocks of kColumnBlock x @p width columns.
+inline RowSlices row_slices(std::int64_t rows, std::int64_t C, int width = 1) {
   RowSlices s;
-  s.column_blocks = (C + kColumnBlock - 1) / kColumnBlock;
+  s.column_blocks = (C + kColumnBlock * width - 1) / (kColumnBlock * width);
   const std::int64_t wanted = (4 * multiprocessor_count() + s.column_blocks - 1) / s.column_blocks;
   const std::int64_t most = std::max<std::int64_t>(1, (rows + kRowThreads - 1) / kRowThreads);
   s.slices = std::min<std::int64_t>({wanted, most, 65535});  // >= 1
   s.rows_per_slice = (rows + s.slices - 1) / s.slices;
   return s;
-}
-
-/// The row range [first, end) of this block's slice.
-__device__ __forceinline__ void slice_rows(std::int64_t rows, std::int64_t rows_per_slice, std::int64_t& first,
-                                           std::int64_t& end) {
-  first = static_cast<std::int64_t>(blockIdx.y) * rows_per_slice;
-  end = first + rows_per_slice < rows ? first + rows_per_slice : rows;
-}
-
-/// Adds the kRowThreads partials of column threadIdx.x in @p tile (a
-/// [kRowThreads][kColumnBlock + 1] shared array) in row-thread order and
-/// writes the slice's partial for column @p c.
-__device__ __forceinline__ void write_slice_partial(float (*tile)[kColumnBlock + 1], float* partial, std::int64_t c,
-                                                    std::int64_t C) {
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float sum = 0;
-    for (int k = 0; k < kRowThreads; ++k) sum += tile[k][threadIdx.x];
-    partial[blockIdx.y * C + c] = sum;
-  }
-}
-
-/// Pass 2: out[c] += the slices' partials of column c, in slice order
-/// (computed in f32, rounded once when stored).
-template <typename T>
-__global__ void add_column_partials_kernel(const float* partial, T* out, std::int64_t slices, std::int64_t C) {
-  for (std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; c < C;
-       c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    float sum = 0;
-    for (std::int64_t s = 0; s < slices; ++s) sum += partial[s * C + c];
-    store(out, c, load(out, c) + sum);
-  }
-}
-
-/// Online-softmax pair (running max m, sum of exp(x - m)) and its merge.
-struct MaxSum {
-  float m;
-  float s;
-};
-__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
-  const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return {m, 0.f};
-  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
-}
-__device__ __forceinline__ MaxSum warp_merge(MaxSum v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    MaxSum o{__shfl_xor_sync(0xffffffffu, v.m, offset), __shfl_xor_sync(0xffffffffu, v.s, offset)};
-    v = merge(v, o);
-  }
-  return v;
-}
-/// Block-wide online-softmax merge; every thread gets the result. @p shared
-/// holds 32 pairs.
-__device__ __forceinline__ MaxSum block_merge(MaxSum v, MaxSum* shared) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_merge(v);
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < warps ? shared[lane] : MaxSum{-INFINITY, 0.f};
-  return warp_merge(v);
 }
 
 }  // namespace dtp::cuda::nn

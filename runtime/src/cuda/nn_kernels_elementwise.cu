@@ -1,9 +1,11 @@
-// Element-wise nn kernels: add/axpy, sum of squares, finite check, casts,
-// bias, GELU, and the optimizer updates on flat buffers. All are memory
-// bound: one grid-stride pass, coalesced, nothing kept between elements.
+// Element-wise nn ops: add/axpy, sum of squares, finite check, casts, bias,
+// GELU, and the optimizer updates on flat buffers. The kernels are in
+// elementwise_kernels.cuh (16-byte accesses where the pointers allow); this
+// file checks arguments and launches them.
 #include <algorithm>
 #include <cmath>
 
+#include "cuda/elementwise_kernels.cuh"
 #include "cuda/nn_kernels_common.cuh"
 
 namespace dtp::cuda {
@@ -15,132 +17,21 @@ using nn::grid_for;
 using nn::ptr;
 using nn::stream;
 
-#define DTP_GRID_STRIDE(i, n)                                                                  \
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-
-template <typename T>
-__global__ void add_kernel(const T* a, const T* b, T* out, std::int64_t n) {
-  DTP_GRID_STRIDE(i, n) store(out, i, load(a, i) + load(b, i));
-}
-
-template <typename T>
-__global__ void axpy_kernel(T* y, float alpha, const T* x, std::int64_t n) {
-  DTP_GRID_STRIDE(i, n) store(y, i, load(y, i) + alpha * load(x, i));
-}
-
 // Each block writes its partial sum (in double, like the CPU) to
 // partial[blockIdx.x]; sum_in_order adds them (the same bits on every run).
-template <typename T>
+template <typename T, int W>
 __global__ void sum_squares_kernel(const T* x, std::int64_t n, double* partial) {
   __shared__ double shared[32];
   double acc = 0;
-  DTP_GRID_STRIDE(i, n) {
-    const double v = static_cast<double>(load(x, i));
-    acc += v * v;
-  }
+  vec::for_each_chunk<W>(n, [&](auto width, std::int64_t i) {
+    constexpr int V = decltype(width)::value;
+    float v[V];
+    vec::load<V>(x + i, v);
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc += static_cast<double>(v[k]) * static_cast<double>(v[k]);
+  });
   acc = nn::block_sum(acc, shared);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
-}
-
-template <typename T>
-__device__ __forceinline__ double to_double(T v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return static_cast<double>(__bfloat162float(v));
-  else if constexpr (std::is_same_v<T, __half>) return static_cast<double>(__half2float(v));
-  else return static_cast<double>(v);
-}
-
-template <typename T>
-__global__ void nonfinite_kernel(const T* x, std::int64_t n, int* found) {
-  DTP_GRID_STRIDE(i, n) {
-    if (!isfinite(to_double(x[i]))) {
-      *found = 1;  // benign race: every writer writes 1
-      return;
-    }
-  }
-}
-
-template <typename S, typename D>
-__global__ void cast_kernel(const S* src, D* dst, std::int64_t n) {
-  DTP_GRID_STRIDE(i, n) {
-    const double v = to_double(src[i]);
-    if constexpr (std::is_same_v<D, std::int32_t>) dst[i] = static_cast<std::int32_t>(v);  // truncates
-    else dst[i] = from_double<D>(v);
-  }
-}
-
-template <typename T>
-__global__ void add_bias_kernel(T* x, const T* bias, std::int64_t n, std::int64_t C) {
-  DTP_GRID_STRIDE(i, n) store(x, i, load(x, i) + load(bias, i % C));
-}
-
-// dbias[c] += sum over rows of dy[r, c], in two passes with a fixed order of
-// additions (nn_kernels_common.cuh: row_slices). Enough slices are made to
-// fill the GPU: C = 768 with one thread per column gave 6 blocks.
-template <typename T>
-__global__ void bias_partial_kernel(const T* dy, float* partial, std::int64_t rows, std::int64_t C,
-                                    std::int64_t rows_per_slice) {
-  __shared__ float tile[nn::kRowThreads][nn::kColumnBlock + 1];
-  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * nn::kColumnBlock + threadIdx.x;
-  std::int64_t first, end;
-  nn::slice_rows(rows, rows_per_slice, first, end);
-  float acc = 0;
-  if (c < C)
-    for (std::int64_t r = first + threadIdx.y; r < end; r += nn::kRowThreads) acc += load(dy, r * C + c);
-  tile[threadIdx.y][threadIdx.x] = acc;
-  nn::write_slice_partial(tile, partial, c, C);
-}
-
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluCubic = 0.044715f;
-
-template <typename T>
-__global__ void gelu_forward_kernel(const T* x, T* y, std::int64_t n) {
-  DTP_GRID_STRIDE(i, n) {
-    const float v = load(x, i);
-    store(y, i, 0.5f * v * (1.f + tanhf(kGeluScale * (v + kGeluCubic * v * v * v))));
-  }
-}
-
-template <typename T>
-__global__ void gelu_backward_kernel(const T* x, const T* dy, T* dx, std::int64_t n) {
-  DTP_GRID_STRIDE(i, n) {
-    const float v = load(x, i);
-    const float t = tanhf(kGeluScale * (v + kGeluCubic * v * v * v));
-    const float dt = (1.f - t * t) * kGeluScale * (1.f + 3.f * kGeluCubic * v * v);
-    store(dx, i, load(dy, i) * (0.5f * (1.f + t) + 0.5f * v * dt));
-  }
-}
-
-template <typename T>
-__global__ void adamw_kernel(T* p, const T* g, T* m, T* v, std::int64_t n, float b1, float b2,
-                             float step_size, float inv_sqrt_bias2, float eps, float decay) {
-  DTP_GRID_STRIDE(i, n) {
-    const float grad = load(g, i);
-    const float mi = b1 * load(m, i) + (1.f - b1) * grad;
-    const float vi = b2 * load(v, i) + (1.f - b2) * grad * grad;
-    store(m, i, mi);
-    store(v, i, vi);
-    const float pi = load(p, i);
-    const float denom = sqrtf(vi) * inv_sqrt_bias2 + eps;
-    store(p, i, pi - (step_size * mi / denom + decay * pi));
-  }
-}
-
-template <typename T>
-__global__ void sgd_kernel(T* p, const T* g, T* buf, std::int64_t n, float lr, float mu, float wd,
-                           bool nesterov) {
-  DTP_GRID_STRIDE(i, n) {
-    const float pi = load(p, i);
-    const float grad = load(g, i) + wd * pi;
-    if (buf == nullptr) {
-      store(p, i, pi - lr * grad);
-      continue;
-    }
-    const float b = mu * load(buf, i) + grad;
-    store(buf, i, b);
-    store(p, i, pi - lr * (nesterov ? grad + mu * b : b));
-  }
 }
 
 }  // namespace
@@ -166,7 +57,13 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
   nn::use_device(a.device());
   nn::with_float(a.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    add_kernel<<<grid_for(n), 256, 0, stream()>>>(ptr<T>(a), ptr<T>(b), ptr<T>(out), n);
+    launch_elementwise<T>(
+        n,
+        [&](auto w, unsigned grid) {
+          elementwise::add_kernel<T, decltype(w)::value>
+              <<<grid, 256, 0, stream()>>>(ptr<T>(a), ptr<T>(b), ptr<T>(out), n);
+        },
+        ptr<T>(a), ptr<T>(b), ptr<T>(out));
   });
   check_launch();
 }
@@ -181,40 +78,89 @@ void axpy(Tensor& y, double alpha, const Tensor& x) {
   nn::use_device(y.device());
   nn::with_float(y.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    axpy_kernel<<<grid_for(n), 256, 0, stream()>>>(ptr<T>(y), static_cast<float>(alpha), ptr<T>(x), n);
+    launch_elementwise<T>(
+        n,
+        [&](auto w, unsigned grid) {
+          elementwise::axpy_kernel<T, decltype(w)::value>
+              <<<grid, 256, 0, stream()>>>(ptr<T>(y), static_cast<float>(alpha), ptr<T>(x), n);
+        },
+        ptr<T>(y), ptr<T>(x));
   });
   check_launch();
 }
 
-double sum_squares(const Tensor& x) {
+namespace {
+
+// Queues the sum of squares of x into *total (device memory, f64): per-block
+// partials (W elements per access), then their sum in a fixed order. Returns
+// the partials, which must live until the stream has run both kernels.
+Tensor queue_sum_squares(const Tensor& x, double* total) {
   nn::check_float("sum_squares", "x", x, x.device());
-  const std::int64_t n = x.numel();
-  if (n == 0) return 0;
   nn::use_device(x.device());
-  const unsigned blocks = grid_for(n, 512);
-  Tensor partial = Tensor::empty({blocks}, DType::f64, x.device(), MemoryCategory::other);
+  Tensor partial;
   nn::with_float(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    sum_squares_kernel<<<blocks, 512, 0, stream()>>>(ptr<T>(x), n, ptr<double>(partial));
+    with_width<T>(
+        [&](auto w) {
+          constexpr int W = decltype(w)::value;
+          const unsigned blocks = grid_for((x.numel() + W - 1) / W, 512);  // at least 1
+          // Every block writes its partial, an empty x included (its one block adds nothing).
+          partial = Tensor::empty({blocks}, DType::f64, x.device(), MemoryCategory::other);
+          sum_squares_kernel<T, W><<<blocks, 512, 0, stream()>>>(ptr<T>(x), x.numel(), ptr<double>(partial));
+          nn::sum_in_order_kernel<256><<<1, 256, 0, stream()>>>(ptr<double>(partial), blocks, total);
+        },
+        ptr<T>(x));
   });
   check_launch();
-  return nn::sum_in_order(partial);  // copies to the host after the kernels (stream-ordered)
+  return partial;
 }
 
-bool all_finite(const Tensor& x) {
+// Queues the search for an inf or NaN in x: *found becomes 1 if there is one.
+void queue_nonfinite(const Tensor& x, int* found) {
   nn::check_gpu("all_finite", "x", x);
   const std::int64_t n = x.numel();
-  if (n == 0 || x.dtype() == DType::i32) return true;
+  if (n == 0 || x.dtype() == DType::i32) return;
   nn::use_device(x.device());
-  Tensor found = Tensor::zeros({1}, DType::i32, x.device());
   with_device_element(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     if constexpr (!std::is_same_v<T, std::int32_t>)
-      nonfinite_kernel<<<grid_for(n), 256, 0, stream()>>>(ptr<T>(x), n, ptr<int>(found));
+      launch_elementwise<T>(
+          n,
+          [&](auto w, unsigned grid) {
+            elementwise::nonfinite_kernel<T, decltype(w)::value><<<grid, 256, 0, stream()>>>(ptr<T>(x), n, found);
+          },
+          ptr<T>(x));
   });
   check_launch();
+}
+
+}  // namespace
+
+std::vector<double> sum_squares(const std::vector<Tensor>& xs) {
+  if (xs.empty()) return {};
+  Tensor totals = Tensor::zeros({static_cast<std::int64_t>(xs.size())}, DType::f64, xs[0].device(),
+                                MemoryCategory::other);
+  std::vector<Tensor> partials;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    nn::check_same_gpu("sum_squares", "every tensor", xs[i], xs[0].device());
+    partials.push_back(queue_sum_squares(xs[i], ptr<double>(totals) + i));
+  }
+  return totals.to_vector();  // one wait: the copy to the host follows the kernels on the stream
+}
+
+double sum_squares(const Tensor& x) { return sum_squares(std::vector<Tensor>{x})[0]; }
+
+bool all_finite(const std::vector<Tensor>& xs) {
+  if (xs.empty()) return true;
+  Tensor found = Tensor::zeros({1}, DType::i32, xs[0].device());
+  for (const Tensor& x : xs) {
+    nn::check_same_gpu("all_finite", "every tensor", x, xs[0].device());
+    queue_nonfinite(x, ptr<int>(found));
+  }
   return found.item(0) == 0;
 }
+
+bool all_finite(const Tensor& x) { return all_finite(std::vector<Tensor>{x}); }
 
 void cast(const Tensor& src, Tensor& dst) {
   nn::check_gpu("cast", "src", src);
@@ -231,7 +177,12 @@ void cast(const Tensor& src, Tensor& dst) {
     using S = decltype(src_zero);
     with_device_element(dst.dtype(), [&](auto dst_zero) {
       using D = decltype(dst_zero);
-      cast_kernel<<<grid_for(n), 256, 0, stream()>>>(ptr<S>(src), ptr<D>(dst), n);
+      // 16 bytes of the wider type per access, when both pointers allow it.
+      constexpr int W = vec::kWidth<std::conditional_t<(sizeof(S) > sizeof(D)), S, D>>;
+      if (all_aligned(W, ptr<S>(src), ptr<D>(dst)))
+        elementwise::cast_kernel<S, D, W><<<grid_for((n + W - 1) / W), 256, 0, stream()>>>(ptr<S>(src), ptr<D>(dst), n);
+      else
+        elementwise::cast_kernel<S, D, 1><<<grid_for(n), 256, 0, stream()>>>(ptr<S>(src), ptr<D>(dst), n);
     });
   });
   check_launch();
@@ -248,7 +199,13 @@ void add_bias(Tensor& x, const Tensor& bias) {
   nn::use_device(x.device());
   nn::with_float(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    add_bias_kernel<<<grid_for(n), 256, 0, stream()>>>(ptr<T>(x), ptr<T>(bias), n, C);
+    with_row_width<T>(
+        C,
+        [&](auto w) {
+          constexpr int W = decltype(w)::value;
+          elementwise::add_bias_kernel<T, W><<<grid_for(n / W), 256, 0, stream()>>>(ptr<T>(x), ptr<T>(bias), n, C);
+        },
+        ptr<T>(x), ptr<T>(bias));
   });
   check_launch();
 }
@@ -262,14 +219,20 @@ void bias_backward(const Tensor& dy, Tensor& dbias) {
   if (C == 0) return;
   nn::use_device(dy.device());
   const std::int64_t rows = nn::rows_of(dy, C);
-  const nn::RowSlices s = nn::row_slices(rows, C);
-  Tensor partial = Tensor::empty({s.slices * C}, DType::f32, dy.device(), MemoryCategory::activations);
   nn::with_float(dy.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    bias_partial_kernel<<<s.grid(), s.block(), 0, stream()>>>(ptr<T>(dy), ptr<float>(partial), rows, C,
-                                                              s.rows_per_slice);
-    nn::add_column_partials_kernel<<<grid_for(C), 256, 0, stream()>>>(ptr<float>(partial), ptr<T>(dbias), s.slices,
-                                                                      C);
+    with_row_width<T>(
+        C,
+        [&](auto w) {
+          constexpr int W = decltype(w)::value;
+          const nn::RowSlices s = nn::row_slices(rows, C, W);
+          Tensor partial = Tensor::empty({s.slices * C}, DType::f32, dy.device(), MemoryCategory::activations);
+          elementwise::bias_partial_kernel<T, W>
+              <<<s.grid(), s.block(), 0, stream()>>>(ptr<T>(dy), ptr<float>(partial), rows, C, s.rows_per_slice);
+          nn::add_column_partials_kernel<<<grid_for(C), 256, 0, stream()>>>(ptr<float>(partial), ptr<T>(dbias),
+                                                                            s.slices, C);
+        },
+        ptr<T>(dy));
   });
   check_launch();
 }
@@ -284,7 +247,12 @@ void gelu_forward(const Tensor& x, Tensor& y) {
   nn::use_device(x.device());
   nn::with_float(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    gelu_forward_kernel<<<grid_for(n), 256, 0, stream()>>>(ptr<T>(x), ptr<T>(y), n);
+    launch_elementwise<T>(
+        n,
+        [&](auto w, unsigned grid) {
+          elementwise::gelu_forward_kernel<T, decltype(w)::value><<<grid, 256, 0, stream()>>>(ptr<T>(x), ptr<T>(y), n);
+        },
+        ptr<T>(x), ptr<T>(y));
   });
   check_launch();
 }
@@ -301,7 +269,13 @@ void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   nn::use_device(x.device());
   nn::with_float(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    gelu_backward_kernel<<<grid_for(n), 256, 0, stream()>>>(ptr<T>(x), ptr<T>(dy), ptr<T>(dx), n);
+    launch_elementwise<T>(
+        n,
+        [&](auto w, unsigned grid) {
+          elementwise::gelu_backward_kernel<T, decltype(w)::value>
+              <<<grid, 256, 0, stream()>>>(ptr<T>(x), ptr<T>(dy), ptr<T>(dx), n);
+        },
+        ptr<T>(x), ptr<T>(dy), ptr<T>(dx));
   });
   check_launch();
 }
@@ -323,11 +297,19 @@ void adamw_update(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, dou
   nn::use_device(params.device());
   nn::with_float(params.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    adamw_kernel<<<grid_for(n), 256, 0, stream()>>>(
-        ptr<T>(params), ptr<T>(grads), ptr<T>(m), ptr<T>(v), n, static_cast<float>(beta1),
-        static_cast<float>(beta2), static_cast<float>(lr / bias1),
-        static_cast<float>(1.0 / std::sqrt(bias2)), static_cast<float>(eps),
-        static_cast<float>(lr * weight_decay));
+    const elementwise::AdamWScalars scalars{static_cast<float>(beta1),
+                                            static_cast<float>(beta2),
+                                            static_cast<float>(lr / bias1),
+                                            static_cast<float>(1.0 / std::sqrt(bias2)),
+                                            static_cast<float>(eps),
+                                            static_cast<float>(lr * weight_decay)};
+    launch_elementwise<T>(
+        n,
+        [&](auto w, unsigned grid) {
+          elementwise::adamw_kernel<T, decltype(w)::value>
+              <<<grid, 256, 0, stream()>>>(ptr<T>(params), ptr<T>(grads), ptr<T>(m), ptr<T>(v), n, scalars);
+        },
+        ptr<T>(params), ptr<T>(grads), ptr<T>(m), ptr<T>(v));
   });
   check_launch();
 }
@@ -348,10 +330,15 @@ void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, do
   nn::use_device(params.device());
   nn::with_float(params.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    sgd_kernel<<<grid_for(n), 256, 0, stream()>>>(
-        ptr<T>(params), ptr<T>(grads), use_momentum ? ptr<T>(momentum_buffer) : nullptr, n,
-        static_cast<float>(lr), static_cast<float>(momentum), static_cast<float>(weight_decay),
-        nesterov);
+    T* buffer = use_momentum ? ptr<T>(momentum_buffer) : nullptr;
+    launch_elementwise<T>(
+        n,
+        [&](auto w, unsigned grid) {
+          elementwise::sgd_kernel<T, decltype(w)::value><<<grid, 256, 0, stream()>>>(
+              ptr<T>(params), ptr<T>(grads), buffer, n, static_cast<float>(lr), static_cast<float>(momentum),
+              static_cast<float>(weight_decay), nesterov);
+        },
+        ptr<T>(params), ptr<T>(grads), static_cast<const T*>(buffer));
   });
   check_launch();
 }
