@@ -31,11 +31,12 @@ MixedStep mixed_precision_step(MasterWeights& masters, Optimizer& optimizer, Los
   const double scale = scaler ? scaler->scale() : 1.0;
   model.backward(scale);
   masters.grads_to_master(optimizer);
-  result.grad_norm = global_grad_norm(grad_tensors(optimizer.buffers())) / scale;
   if (scaler) {
+    result.grad_norm = global_grad_norm(grad_tensors(optimizer.buffers())) / scale;
     result.stepped = scaler->step(optimizer, lr, max_norm);
   } else {
-    optimizer.clip_gradients(max_norm);
+    // Unscaled gradients: clipping measures the same norm, so it is read once.
+    result.grad_norm = optimizer.clip_gradients(max_norm);
     optimizer.step(lr);
     result.stepped = true;
   }

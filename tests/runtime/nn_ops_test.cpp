@@ -213,6 +213,20 @@ TEST(NnOps, AddAxpySumSquaresCastAndFiniteCheck) {
   }
 }
 
+// The list forms (one wait on a GPU): each tensor's sum in order, and a
+// non-finite element of any tensor found.
+TEST(NnOps, SumSquaresAndFiniteCheckOfSeveralTensors) {
+  const std::vector<Tensor> xs = {Tensor::from_values({1, 2, 3}), Tensor::zeros({0}),
+                                  Tensor::from_values({0.5, -4}, DType::f32)};
+  EXPECT_EQ(ops::sum_squares(xs), (std::vector<double>{14.0, 0.0, 16.25}));
+  EXPECT_TRUE(ops::sum_squares(std::vector<Tensor>{}).empty());
+  EXPECT_TRUE(ops::all_finite(xs));
+  EXPECT_TRUE(ops::all_finite(std::vector<Tensor>{}));
+  std::vector<Tensor> with_nan = xs;
+  with_nan[2] = Tensor::from_values({1, std::nan("")}, DType::bf16);
+  EXPECT_FALSE(ops::all_finite(with_nan)) << "a NaN in the last tensor of three";
+}
+
 // --- LayerNorm and softmax -------------------------------------------------------------------
 
 TEST(NnOps, LayerNormGradientsByFiniteDifferences) {

@@ -24,6 +24,7 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "dtp/ops.h"  // accumulate, scale, equal: the element-wise basics
 #include "dtp/tensor.h"
@@ -69,6 +70,12 @@ void axpy(Tensor& y, double alpha, const Tensor& x);
 double sum_squares(const Tensor& x);
 /// True when no element is NaN or infinite (integer tensors: always true).
 bool all_finite(const Tensor& x);
+/// sum_squares of each tensor, in order. On a GPU the host waits once for
+/// all of them, not once per tensor (global gradient norms over many units).
+std::vector<double> sum_squares(const std::vector<Tensor>& xs);
+/// True when no element of any of the tensors is NaN or infinite; on a GPU
+/// the host waits once for all of them.
+bool all_finite(const std::vector<Tensor>& xs);
 /// dst = src converted to dst's dtype (any dtype to any; float to i32 truncates).
 /// Same element count.
 void cast(const Tensor& src, Tensor& dst);

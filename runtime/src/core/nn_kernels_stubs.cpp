@@ -23,6 +23,8 @@ void scale_rows(Tensor&, const Tensor&) { no_cuda("scale_rows"); }
 void row_dot(const Tensor&, const Tensor&, Tensor&) { no_cuda("row_dot"); }
 double sum_squares(const Tensor&) { no_cuda("sum_squares"); }
 bool all_finite(const Tensor&) { no_cuda("all_finite"); }
+std::vector<double> sum_squares(const std::vector<Tensor>&) { no_cuda("sum_squares"); }
+bool all_finite(const std::vector<Tensor>&) { no_cuda("all_finite"); }
 void cast(const Tensor&, Tensor&) { no_cuda("cast"); }
 void add_bias(Tensor&, const Tensor&) { no_cuda("add_bias"); }
 void bias_backward(const Tensor&, Tensor&) { no_cuda("bias_backward"); }

@@ -126,6 +126,29 @@ double sum_squares(const Tensor& x) {
   return total;
 }
 
+namespace {
+// True when every tensor is on the first one's GPU: one batched call serves them.
+bool on_one_gpu(const std::vector<Tensor>& xs) {
+  for (const Tensor& x : xs)
+    if (!x.defined() || !x.device().is_cuda() || x.device() != xs[0].device()) return false;
+  return !xs.empty();
+}
+}  // namespace
+
+std::vector<double> sum_squares(const std::vector<Tensor>& xs) {
+  if (on_one_gpu(xs)) return cuda::sum_squares(xs);
+  std::vector<double> sums;
+  for (const Tensor& x : xs) sums.push_back(sum_squares(x));
+  return sums;
+}
+
+bool all_finite(const std::vector<Tensor>& xs) {
+  if (on_one_gpu(xs)) return cuda::all_finite(xs);
+  bool finite = true;
+  for (const Tensor& x : xs) finite &= all_finite(x);  // every tensor is checked, as on a GPU
+  return finite;
+}
+
 bool all_finite(const Tensor& x) {
   if (x.device().is_cuda()) return cuda::all_finite(x);
   detail::check_cpu("all_finite", "x", x);
