@@ -25,6 +25,7 @@
 #include "dtp/nn_ops.h"
 #include "dtp/ops.h"
 #include "dtp/tensor.h"
+#include "emulated/kernel_elements.h"
 
 namespace dtp {
 namespace {
@@ -32,19 +33,8 @@ namespace {
 namespace ew = cuda::elementwise;
 using cuda::vec::kWidth;
 
-template <typename Fn>
-void with_element(DType dtype, Fn&& fn) {
-  if (dtype == DType::bf16)
-    fn(__nv_bfloat16{});
-  else if (dtype == DType::f16)
-    fn(__half{});
-  else
-    fn(float{});
-}
-template <typename T>
-T* ptr(Tensor& t) {
-  return static_cast<T*>(t.raw());
-}
+using emulated::ptr;
+using emulated::with_element;
 
 // A small grid: 2 blocks of one warp, so every thread strides over several
 // chunks (the emulator starts a thread per GPU thread: few keep it fast).

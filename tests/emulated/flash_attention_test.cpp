@@ -29,6 +29,7 @@
 #include "cuda/flash_attention_launches.cuh"
 #include "dtp/nn_ops.h"
 #include "dtp/tensor.h"
+#include "emulated/kernel_elements.h"
 
 namespace dtp {
 namespace {
@@ -113,21 +114,8 @@ std::vector<Case> cases() {
           {3, 5, 9, 2, 40, {true, 4, 0}}};        // odd head width, more keys than queries
 }
 
-// The kernels' element type for a dtype: float, or the emulator's 16-bit structs.
-template <typename Fn>
-void with_element(DType dtype, Fn&& fn) {
-  if (dtype == DType::bf16) fn(__nv_bfloat16{});
-  else if (dtype == DType::f16) fn(__half{});
-  else fn(float{});
-}
-template <typename T>
-T* ptr(Tensor& t) {
-  return static_cast<T*>(t.raw());
-}
-template <typename T>
-const T* ptr(const Tensor& t) {
-  return static_cast<const T*>(t.raw());
-}
+using emulated::ptr;
+using emulated::with_element;
 
 struct Param {
   Case c;

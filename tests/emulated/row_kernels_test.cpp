@@ -26,29 +26,15 @@
 #include "cuda/layernorm_kernels.cuh"
 #include "dtp/nn_ops.h"
 #include "dtp/tensor.h"
+#include "emulated/kernel_elements.h"
 
 namespace dtp {
 namespace {
 
 using cuda::vec::kWidth;
 
-template <typename Fn>
-void with_element(DType dtype, Fn&& fn) {
-  if (dtype == DType::bf16)
-    fn(__nv_bfloat16{});
-  else if (dtype == DType::f16)
-    fn(__half{});
-  else
-    fn(float{});
-}
-template <typename T>
-T* ptr(Tensor& t) {
-  return static_cast<T*>(t.raw());
-}
-template <typename T>
-const T* ptr(const Tensor& t) {
-  return static_cast<const T*>(t.raw());
-}
+using emulated::ptr;
+using emulated::with_element;
 
 const DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
 

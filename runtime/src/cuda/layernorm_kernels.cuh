@@ -74,37 +74,34 @@ __global__ void backward_kernel(const T* dy, const T* x, const T* w, const T* me
   const std::int64_t row = warp_row(rows);
   if (row < 0) return;
   const int lane = threadIdx.x % 32;
-  const T* in = x + row * C;
-  const T* g = dy + row * C;
   const float m = load(mean, row), r = load(rstd, row);
-  float mean_dxhat = 0, mean_dxhat_xhat = 0;
-  for (int c = lane * W; c < C; c += 32 * W) {
-    float xv[W], gv[W], wv[W];
-    vec::load<W>(in + c, xv);
-    vec::load<W>(g + c, gv);
+  // Chunk c of the row: x, dy and w, with x as xhat.
+  auto load_chunk = [&](int c, float (&xhat)[W], float (&g)[W], float (&wv)[W]) {
+    vec::load<W>(x + row * C + c, xhat);
+    vec::load<W>(dy + row * C + c, g);
     vec::load<W>(w + c, wv);
 #pragma unroll
+    for (int k = 0; k < W; ++k) xhat[k] = (xhat[k] - m) * r;
+  };
+  float mean_dxhat = 0, mean_dxhat_xhat = 0;
+  for (int c = lane * W; c < C; c += 32 * W) {
+    float xhat[W], g[W], wv[W];
+    load_chunk(c, xhat, g, wv);
+#pragma unroll
     for (int k = 0; k < W; ++k) {
-      const float xhat = (xv[k] - m) * r;
-      const float dxhat = gv[k] * wv[k];
+      const float dxhat = g[k] * wv[k];
       mean_dxhat += dxhat;
-      mean_dxhat_xhat += dxhat * xhat;
+      mean_dxhat_xhat += dxhat * xhat[k];
     }
   }
   mean_dxhat = nn::warp_sum(mean_dxhat) / C;
   mean_dxhat_xhat = nn::warp_sum(mean_dxhat_xhat) / C;
-  T* out = dx + row * C;
   for (int c = lane * W; c < C; c += 32 * W) {
-    float xv[W], gv[W], wv[W];
-    vec::load<W>(in + c, xv);
-    vec::load<W>(g + c, gv);
-    vec::load<W>(w + c, wv);
+    float xhat[W], g[W], wv[W];
+    load_chunk(c, xhat, g, wv);
 #pragma unroll
-    for (int k = 0; k < W; ++k) {
-      const float xhat = (xv[k] - m) * r;
-      xv[k] = r * (gv[k] * wv[k] - mean_dxhat - xhat * mean_dxhat_xhat);
-    }
-    vec::store<W>(out + c, xv);
+    for (int k = 0; k < W; ++k) xhat[k] = r * (g[k] * wv[k] - mean_dxhat - xhat[k] * mean_dxhat_xhat);
+    vec::store<W>(dx + row * C + c, xhat);
   }
 }
 
