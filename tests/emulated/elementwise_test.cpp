@@ -48,20 +48,25 @@ Tensor random(std::int64_t n, std::uint64_t seed, DType dtype, double low = -3, 
 // shortest and the longest tail, and more chunks than threads with a tail.
 std::vector<std::int64_t> lengths(int W) { return {1, 3 * W, 5 * W + 1, 5 * W + W - 1, 64 * 3 * W + 5}; }
 
-// Elements equal bit for bit (the vector instance against the scalar one).
-void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& what) {
+// Elements equal bit for bit (the vector instance, W elements per access,
+// against the scalar one). A difference names its chunk, or the tail.
+void expect_same_bits(const Tensor& got, const Tensor& want, int W, const std::string& what) {
   ASSERT_EQ(got.numel(), want.numel());
-  const std::size_t bytes = static_cast<std::size_t>(got.numel()) * dtype_size(got.dtype());
-  if (std::memcmp(got.raw(), want.raw(), bytes) == 0) return;
+  const std::size_t size = dtype_size(got.dtype());
+  const std::int64_t n = got.numel(), whole = n / W * W;
   const std::vector<double> g = got.to_vector(), w = want.to_vector();
-  for (std::size_t i = 0; i < g.size(); ++i)
-    if (std::memcmp(static_cast<const char*>(got.raw()) + i * dtype_size(got.dtype()),
-                    static_cast<const char*>(want.raw()) + i * dtype_size(got.dtype()), dtype_size(got.dtype())) != 0) {
-      ADD_FAILURE() << what << ": element " << i << " of " << g.size() << " is " << g[i]
-                    << " from the vector kernel and " << w[i] << " from the scalar one (chunk "
-                    << i / kWidth<float> << " of 4 f32, " << i / 8 << " of 8 16-bit values)";
-      return;
-    }
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (std::memcmp(static_cast<const char*>(got.raw()) + i * size, static_cast<const char*>(want.raw()) + i * size,
+                    size) == 0)
+      continue;
+    ADD_FAILURE() << what << ": element " << i << " of " << n << " is " << g[i] << " from the vector kernel and "
+                  << w[i] << " from the scalar one" << (W == 1 ? "" : "; it is ")
+                  << (W == 1 ? "" : i < whole ? "element " + std::to_string(i % W) + " of chunk " + std::to_string(i / W) +
+                                      " (" + std::to_string(W) + " elements per access)"
+                                : "in the tail, the " + std::to_string(n - whole) +
+                                      " elements after the last whole chunk (one thread each)");
+    return;
+  }
 }
 
 // The scalar kernel against the CPU op: |kernel - cpu| <= tol (|cpu| + 1),
@@ -103,7 +108,7 @@ void check_kernel(const std::string& name, std::int64_t n, const std::vector<Ten
   for (int w : written) {
     const std::string what =
         name + " " + dtype_name(inputs[0].dtype()) + " n " + std::to_string(n) + ", output " + std::to_string(w);
-    expect_same_bits(vector[w], scalar[w], what);
+    expect_same_bits(vector[w], scalar[w], kWidth<T>, what);
     expect_close(scalar[w], on_cpu[w], what);
   }
 }
@@ -251,8 +256,8 @@ TEST(EmulatedElementwise, CastsMatchScalarAndCpu) {
           launch([&] { ew::cast_kernel<S, D, W>(ptr<S>(src), ptr<D>(vector), n); });
           launch([&] { ew::cast_kernel<S, D, 1>(ptr<S>(src), ptr<D>(scalar), n); });
           ops::cast(src, on_cpu);
-          expect_same_bits(vector, scalar, what);
-          expect_same_bits(scalar, on_cpu, what + " (against the CPU's cast)");
+          expect_same_bits(vector, scalar, W, what);
+          expect_same_bits(scalar, on_cpu, 1, what + " (the scalar kernel against the CPU's cast)");
         }
       });
     });

@@ -184,8 +184,11 @@ TEST(EmulatedRowKernels, CrossEntropyForwardAndBackwardMatchTheCpu) {
   for (DType dtype : kDtypes)
     with_element(dtype, [&](auto zero) {
       using T = decltype(zero);
-      // A vocabulary shorter than the block's threads, and one past 512 chunks of 8.
-      for (std::int64_t V : {std::int64_t{40}, std::int64_t{4104}}) {
+      // Blocks of 64 threads, not the GPU launch's 512 (the kernels stride by
+      // blockDim; fewer emulated threads keep the test fast): a vocabulary
+      // shorter than the block, and one a chunk of 8 past 64 chunks of 8.
+      const unsigned threads = 64;
+      for (std::int64_t V : {std::int64_t{40}, std::int64_t{64 * 8 + 8}}) {
         const std::int64_t N = 2;
         const Tensor logits = Tensor::random_uniform({N, V}, 7, -4, 4, dtype);
         const Tensor targets =
@@ -199,20 +202,20 @@ TEST(EmulatedRowKernels, CrossEntropyForwardAndBackwardMatchTheCpu) {
           const std::string what =
               std::string(dtype_name(dtype)) + " V " + std::to_string(V) + " W " + std::to_string(W);
           Tensor klosses = Tensor::zeros({N}, dtype), row_loss = Tensor::zeros({N}, DType::f64);
-          emu::launch(dim3(static_cast<unsigned>(N)), dim3(cuda::cross_entropy::kThreads), 0, [&] {
+          emu::launch(dim3(static_cast<unsigned>(N)), dim3(threads), 0, [&] {
             cuda::cross_entropy::forward_kernel<T, W>(ptr<T>(logits), ptr<std::int32_t>(targets), ptr<T>(klosses),
                                                       ptr<double>(row_loss), V);
           });
           expect_close(klosses, losses, "cross-entropy losses " + what, 1);
           Tensor kd = Tensor::zeros({N, V}, dtype);
-          emu::launch(dim3(static_cast<unsigned>(N)), dim3(cuda::cross_entropy::kThreads), 0, [&] {
+          emu::launch(dim3(static_cast<unsigned>(N)), dim3(threads), 0, [&] {
             cuda::cross_entropy::backward_kernel<T, W>(ptr<T>(logits), ptr<std::int32_t>(targets), 4.f, ptr<T>(kd), V);
           });
           expect_close(kd, dlogits, "cross-entropy dlogits " + what, V);
           if (!in_place) return;
           // In place, as the head's backward runs it: the gradient overwrites the logits.
           Tensor in_place_grad = logits.clone();
-          emu::launch(dim3(static_cast<unsigned>(N)), dim3(cuda::cross_entropy::kThreads), 0, [&] {
+          emu::launch(dim3(static_cast<unsigned>(N)), dim3(threads), 0, [&] {
             cuda::cross_entropy::backward_kernel<T, W>(ptr<T>(in_place_grad), ptr<std::int32_t>(targets), 4.f,
                                                        ptr<T>(in_place_grad), V);
           });
