@@ -1,5 +1,6 @@
-// Internal: argument checks, dtype dispatch and block reductions shared by the
-// nn kernels (nn_kernels_*.cu).
+// Internal: argument checks, dtype dispatch and the host side of the
+// reductions shared by the nn kernels (nn_kernels_*.cu); the device side of
+// the reductions is in reductions.cuh, which the CPU emulator also runs.
 #pragma once
 
 #include <cuda_runtime.h>
