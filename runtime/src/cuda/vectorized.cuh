@@ -9,9 +9,11 @@
 // How: a kernel is written once over "chunks" of W consecutive elements
 // (W = 16 / sizeof(T), or 1). The host picks W: the vector width when every
 // pointer the kernel touches is aligned to W elements (views into a flat
-// parameter buffer may start anywhere), else 1, the scalar path, which does
-// exactly the same arithmetic per element. So a vectorized kernel and its
-// scalar twin store the same bits, which the emulated tests check.
+// parameter buffer may start anywhere), else 1, the scalar path. An
+// element-wise kernel does exactly the same arithmetic per element at either
+// width, so its two instances store the same bits (the emulated tests check
+// it); a kernel that sums along a row adds in another order at the vector
+// width, within rounding.
 // for_each_chunk runs the n / W whole chunks over a grid-stride loop and the
 // n % W elements left at the end one per thread, with W = 1.
 //
