@@ -144,9 +144,9 @@ std::vector<double> sum_squares(const std::vector<Tensor>& xs) {
 
 bool all_finite(const std::vector<Tensor>& xs) {
   if (on_one_gpu(xs)) return cuda::all_finite(xs);
-  bool finite = true;
-  for (const Tensor& x : xs) finite &= all_finite(x);  // every tensor is checked, as on a GPU
-  return finite;
+  for (const Tensor& x : xs)
+    if (!all_finite(x)) return false;
+  return true;
 }
 
 bool all_finite(const Tensor& x) {

@@ -2,7 +2,6 @@
 // GELU, and the optimizer updates on flat buffers. The kernels are in
 // elementwise_kernels.cuh (16-byte accesses where the pointers allow); this
 // file checks arguments and launches them.
-#include <algorithm>
 #include <cmath>
 
 #include "cuda/elementwise_kernels.cuh"
@@ -16,24 +15,6 @@ using nn::check_same;
 using nn::grid_for;
 using nn::ptr;
 using nn::stream;
-
-// Each block writes its partial sum (in double, like the CPU) to
-// partial[blockIdx.x]; sum_in_order adds them (the same bits on every run).
-template <typename T, int W>
-__global__ void sum_squares_kernel(const T* x, std::int64_t n, double* partial) {
-  __shared__ double shared[32];
-  double acc = 0;
-  vec::for_each_chunk<W>(n, [&](auto width, std::int64_t i) {
-    constexpr int V = decltype(width)::value;
-    float v[V];
-    vec::load<V>(x + i, v);
-#pragma unroll
-    for (int k = 0; k < V; ++k) acc += static_cast<double>(v[k]) * static_cast<double>(v[k]);
-  });
-  acc = nn::block_sum(acc, shared);
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
-}
-
 }  // namespace
 
 void fill_normal(Tensor& x, double mean, double std, Rng& rng) {
@@ -90,6 +71,23 @@ void axpy(Tensor& y, double alpha, const Tensor& x) {
 }
 
 namespace {
+
+// Each block writes its partial sum (in double, like the CPU) to
+// partial[blockIdx.x]; sum_in_order adds them (the same bits on every run).
+template <typename T, int W>
+__global__ void sum_squares_kernel(const T* x, std::int64_t n, double* partial) {
+  __shared__ double shared[32];
+  double acc = 0;
+  vec::for_each_chunk<W>(n, [&](auto width, std::int64_t i) {
+    constexpr int V = decltype(width)::value;
+    float v[V];
+    vec::load<V>(x + i, v);
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc += static_cast<double>(v[k]) * static_cast<double>(v[k]);
+  });
+  acc = nn::block_sum(acc, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
 
 // Queues the sum of squares of x into *total (device memory, f64): per-block
 // partials (W elements per access), then their sum in a fixed order. Returns
