@@ -178,6 +178,37 @@ TEST(NnOps, GeluGradientByFiniteDifferences) {
   EXPECT_NEAR(out.item(3), 2.996362607918227, 1e-12);
 }
 
+// f32 GELU runs eight floats at a time, with a padded copy for the last
+// partial vector: every length from 1 to 17 and one past many vectors, every
+// element against the f64 op on the same inputs. (A unity build once made
+// the tail's call cross an ABI boundary and write zeros: elements 8k+.)
+TEST(NnOps, F32GeluMatchesF64AtEveryTailLength) {
+  std::vector<std::int64_t> lengths;
+  for (std::int64_t n = 1; n <= 17; ++n) lengths.push_back(n);
+  lengths.push_back(8 * 64 + 5);
+  for (std::int64_t n : lengths) {
+    const Tensor x = Tensor::random_uniform({n}, 11, -4, 4, DType::f32);
+    const Tensor dy = Tensor::random_uniform({n}, 12, -1, 1, DType::f32);
+    Tensor y = Tensor::full({n}, 99.0, DType::f32), dx = Tensor::full({n}, 99.0, DType::f32);
+    ops::gelu_forward(x, y);
+    ops::gelu_backward(x, dy, dx);
+    Tensor x64 = Tensor::empty({n}, DType::f64), dy64 = Tensor::empty({n}, DType::f64);
+    ops::cast(x, x64);
+    ops::cast(dy, dy64);
+    Tensor y64 = Tensor::empty({n}, DType::f64), dx64 = Tensor::empty({n}, DType::f64);
+    ops::gelu_forward(x64, y64);
+    ops::gelu_backward(x64, dy64, dx64);
+    // f32 rounding of a fast tanh: a few 1e-7 absolute (GELU is near 0 where tanh's error is).
+    for (std::int64_t i = 0; i < n; ++i) {
+      const char* part = i < n / 8 * 8 ? "a whole vector" : "the padded last vector";
+      ASSERT_NEAR(y.item(i), y64.item(i), 1e-5 * (1 + std::abs(y64.item(i))))
+          << "gelu_forward f32, n " << n << ": element " << i << " (in " << part << ") of x " << x.item(i);
+      ASSERT_NEAR(dx.item(i), dx64.item(i), 1e-5 * (1 + std::abs(dx64.item(i))))
+          << "gelu_backward f32, n " << n << ": element " << i << " (in " << part << ") of x " << x.item(i);
+    }
+  }
+}
+
 TEST(NnOps, AddAxpySumSquaresCastAndFiniteCheck) {
   Tensor a = Tensor::from_values({1, 2, 3});
   Tensor b = Tensor::from_values({10, 20, 30});

@@ -233,12 +233,18 @@ T scalar_exp(T x) {
 
 // f32 GELU, forward (dy null: out = gelu(x)) or backward (out = dy * gelu'(x)),
 // eight elements at a time.
+// The lambdas are always inlined too: one compiled out of line would be
+// built for the SSE2 baseline, and gelu_f32_avx2 would pass it its 32-byte
+// vectors in AVX registers where it reads them from memory (GCC's -Wpsabi
+// note). A unity build did exactly that to the tail's call in map8.
 [[gnu::always_inline]] inline void gelu_f32(const float* x, const float* dy, float* out, std::int64_t n) {
   using detail::Float8;
-  auto exp8 = [](Float8 u) { return detail::exp8(u); };
+  auto exp8 = [](Float8 u) __attribute__((always_inline)) { return detail::exp8(u); };
   if (dy == nullptr)
-    return detail::map8(x, nullptr, out, n, [&](Float8 v, Float8) { return gelu_value<float>(v, exp8); });
-  detail::map8(x, dy, out, n, [&](Float8 v, Float8 g) { return gelu_gradient<float>(v, g, exp8); });
+    return detail::map8(x, nullptr, out, n,
+                        [&](Float8 v, Float8) __attribute__((always_inline)) { return gelu_value<float>(v, exp8); });
+  detail::map8(x, dy, out, n,
+               [&](Float8 v, Float8 g) __attribute__((always_inline)) { return gelu_gradient<float>(v, g, exp8); });
 }
 
 // Built for AVX2 where the CPU has it: eight floats are one register there
