@@ -34,4 +34,8 @@ int default_compute_threads();
 void parallel_for(std::int64_t n, std::int64_t min_part,
                   const std::function<void(std::int64_t begin, std::int64_t end)>& body);
 
+/// A min_part for cheap element-wise loops (a few operations per element):
+/// 16k elements are work well above the cost of waking a helper thread.
+inline constexpr std::int64_t kElementsPerPart = 16384;
+
 }  // namespace dtp

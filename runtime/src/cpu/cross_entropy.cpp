@@ -17,7 +17,6 @@
 namespace dtp::ops {
 
 namespace {
-constexpr std::int64_t kElementsPerPart = 16384;  // a part's work well above a wake-up's cost
 std::int64_t rows_per_part(std::int64_t V) { return std::max<std::int64_t>(1, kElementsPerPart / V); }
 
 detail::LogitRows check_logits(const char* op, const Tensor& logits, const Tensor& targets) {

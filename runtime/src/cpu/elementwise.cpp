@@ -196,9 +196,6 @@ void cast(const Tensor& src, Tensor& dst) {
 namespace {
 constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
 constexpr double kGeluCubic = 0.044715;
-// GELU costs tens of cycles per element (a tanh): 16k elements are a part
-// worth waking a helper thread for.
-constexpr std::int64_t kElementsPerPart = 16384;
 
 // GELU and its derivative for one value (V = T, with std::exp) or eight floats
 // (V = Float8, with the vector exp of cpu/exp.h): one formula for both, so

@@ -16,7 +16,6 @@
 namespace dtp::ops {
 
 namespace {
-constexpr std::int64_t kElementsPerPart = 16384;  // a part's work well above a wake-up's cost
 /// At least one row per part, and about kElementsPerPart elements.
 std::int64_t rows_per_part(std::int64_t C) { return std::max<std::int64_t>(1, kElementsPerPart / C); }
 }  // namespace

@@ -12,7 +12,6 @@
 namespace dtp::ops {
 
 namespace {
-constexpr std::int64_t kElementsPerPart = 16384;  // a part's work well above a wake-up's cost
 
 // On every device: an optimizer updates f32 or f64 parameters. A 16-bit
 // parameter would lose every update smaller than its spacing (chapter 07,
