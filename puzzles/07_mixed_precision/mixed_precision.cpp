@@ -84,7 +84,9 @@ bool LossScaler::unscale(const std::vector<Tensor>& grads) {
   // About 6 lines.
   // Multiply each gradient by 1 / scale_ (exact when the scale is a power of
   // two) and remember whether any of them is not all finite. Do not stop at
-  // the first bad one: every gradient must be unscaled.
+  // the first bad one: every gradient must be unscaled. grads holds handles:
+  // `Tensor g = grads[i];` views the same storage, so ops::scale(g, ...)
+  // scales the gradient itself (ops::scale takes a non-const Tensor&).
   (void)grads;
   throw dtp::NotSolved("7.3 LossScaler::unscale");
 }
