@@ -4,7 +4,9 @@
 // by the checker; a GPT in bf16/f16 against the same GPT in f64.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -47,6 +49,54 @@ void expect_rounded_once(const std::string& what, const Tensor& f32_result, cons
         << (std::abs(got.item(i) - f32_result.item(i)) > std::abs(expected - f32_result.item(i))
                 ? ": further from the f32 result than one rounding allows (computed in 16 bits?)"
                 : "");
+  }
+}
+
+// ops::cast between f32 and the 16-bit types converts arrays 8 values at a
+// time where the CPU can (cpu/convert.cpp); each element must have the bits
+// of the scalar casts in dtp/dtype.h. Every f16 and bf16 pattern going up;
+// going down, every f32 exponent with the mantissas at the rounding
+// boundaries of both formats, NaNs with payloads and random patterns, in a
+// length that leaves a tail.
+TEST(NnHalfOps, CastsToAndFromF32HaveTheScalarCastsBits) {
+  std::vector<std::uint16_t> every16(65536);
+  for (std::uint32_t b = 0; b < 65536; ++b) every16[b] = static_cast<std::uint16_t>(b);
+  for (DType half : kHalfTypes) {
+    Tensor t = Tensor::empty({65536}, half), up = Tensor::empty({65536}, DType::f32);
+    std::memcpy(t.raw(), every16.data(), 65536 * 2);
+    ops::cast(t, up);
+    const std::uint32_t* got = static_cast<const std::uint32_t*>(up.raw());
+    for (std::uint32_t b = 0; b < 65536; ++b) {
+      const std::uint16_t bits = static_cast<std::uint16_t>(b);
+      const float want = half == DType::bf16 ? bf16_to_float(bf16{bits}) : f16_to_float(f16{bits});
+      ASSERT_EQ(got[b], std::bit_cast<std::uint32_t>(want))
+          << dtype_name(half) << " 0x" << std::hex << b << " cast to f32";
+    }
+  }
+  std::vector<std::uint32_t> patterns;
+  const std::uint32_t mantissas[] = {0,      1,      0xFFF,  0x1000, 0x1001, 0x1FFF, 0x2000,   0x2001,
+                                     0x3000, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x10000, 0x18000, 0x7FFFFF,
+                                     0x400000, 0x400001, 0x7FE000, 0x7FF000, 0x7FEFFF};
+  for (std::uint32_t sign : {0u, 0x80000000u})
+    for (std::uint32_t exponent = 0; exponent < 256; ++exponent)
+      for (std::uint32_t m : mantissas) patterns.push_back(sign | exponent << 23 | m);
+  std::uint64_t state = 12345;
+  for (int i = 0; i < 200003; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    patterns.push_back(static_cast<std::uint32_t>(state >> 32));
+  }
+  const auto n = static_cast<std::int64_t>(patterns.size());
+  Tensor f32 = Tensor::empty({n}, DType::f32);
+  std::memcpy(f32.raw(), patterns.data(), patterns.size() * 4);
+  for (DType half : kHalfTypes) {
+    const Tensor down = cast_to(f32, half);
+    const std::uint16_t* got = static_cast<const std::uint16_t*>(down.raw());
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float x = std::bit_cast<float>(patterns[i]);
+      const std::uint16_t want = half == DType::bf16 ? float_to_bf16(x).bits : float_to_f16(x).bits;
+      ASSERT_EQ(got[i], want) << "f32 0x" << std::hex << patterns[i] << " (" << x << ") cast to "
+                              << dtype_name(half) << std::dec << ", element " << i << " of " << n;
+    }
   }
 }
 

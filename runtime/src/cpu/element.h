@@ -35,6 +35,10 @@ double to_double(T v) {
   else return static_cast<double>(v);
 }
 
+/// True for the 16-bit storage types, bf16 and f16.
+template <typename T>
+inline constexpr bool is_half_type = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+
 /// The type arithmetic happens in: float for the 16-bit storage types.
 template <typename T>
 using compute_t = std::conditional_t<std::is_same_v<T, bf16> || std::is_same_v<T, f16>, float, T>;
