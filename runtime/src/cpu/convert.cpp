@@ -22,14 +22,6 @@ namespace dtp::detail {
 namespace {
 
 #ifdef DTP_CPU_DISPATCH
-bool cpu_has_f16c() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
-  }();
-  return has;
-}
-
 [[gnu::target("avx,f16c")]] void to_f16_f16c(const float* src, f16* dst, std::int64_t n) {
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -57,14 +49,14 @@ bool cpu_has_f16c() {
 
 void convert(const float* src, f16* dst, std::int64_t n) {
 #ifdef DTP_CPU_DISPATCH
-  if (cpu_has_f16c()) return to_f16_f16c(src, dst, n);
+  if (cpu::cpu_has_f16c()) return to_f16_f16c(src, dst, n);
 #endif
   for (std::int64_t i = 0; i < n; ++i) dst[i] = float_to_f16(src[i]);
 }
 
 void convert(const f16* src, float* dst, std::int64_t n) {
 #ifdef DTP_CPU_DISPATCH
-  if (cpu_has_f16c()) return to_f32_f16c(src, dst, n);
+  if (cpu::cpu_has_f16c()) return to_f32_f16c(src, dst, n);
 #endif
   for (std::int64_t i = 0; i < n; ++i) dst[i] = f16_to_float(src[i]);
 }

@@ -41,6 +41,6 @@ inline constexpr bool is_half_type = std::is_same_v<T, bf16> || std::is_same_v<T
 
 /// The type arithmetic happens in: float for the 16-bit storage types.
 template <typename T>
-using compute_t = std::conditional_t<std::is_same_v<T, bf16> || std::is_same_v<T, f16>, float, T>;
+using compute_t = std::conditional_t<is_half_type<T>, float, T>;
 
 }  // namespace dtp::detail

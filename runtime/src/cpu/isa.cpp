@@ -32,6 +32,18 @@ std::vector<VectorIsa> supported_isas() {
   return isas;
 }
 
+bool cpu_has_f16c() {
+#ifdef DTP_CPU_DISPATCH
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 VectorIsa fastest_isa() {
   static const VectorIsa fastest = supported_isas().back();
   return fastest;

@@ -26,5 +26,8 @@ bool cpu_runs(VectorIsa isa);
 VectorIsa fastest_isa();
 /// Every set this CPU runs, baseline first (the tests try each).
 std::vector<VectorIsa> supported_isas();
+/// Whether this CPU converts between f32 and f16 in hardware (AVX with F16C,
+/// x86-64 only); decided once.
+bool cpu_has_f16c();
 
 }  // namespace dtp::cpu
