@@ -73,7 +73,8 @@ struct LoraConfig {
   double scale() const { return alpha / rank; }
 };
 
-/// Every target name lora_targets() accepts, in block order.
+/// Every target name parse_lora_targets() accepts, in block order: what
+/// "all" stands for.
 const std::vector<std::string>& all_lora_targets();
 
 /// Parses a --lora-targets value: a comma list of target names, or "all".
