@@ -26,7 +26,8 @@ scores add up to the top-level score, the number of puzzles solved.
 Exit status: 0 when every binary ran to the end (even if puzzles fail: this is
 a report), 1 when a chapter did not compile, a binary crashed or timed out
 (or, with --expect-unsolved, a puzzle passed on its stub), 2 when there was
-nothing to grade or the arguments were wrong.
+nothing to grade, the arguments were wrong or a --junit/--gradescope FILE
+cannot be written (checked before anything is built or graded).
 
 Standard library only, so any python3 runs it.
 """
@@ -34,6 +35,7 @@ Standard library only, so any python3 runs it.
 import argparse
 import fnmatch
 import json
+import math
 import os
 import re
 import signal
@@ -724,6 +726,81 @@ def compile_failure_output(target, log_path, errors):
                      + [f"(whole build log: {log_path})"])
 
 
+def positive_seconds(text):
+    """argparse type= for --timeout and --test-timeout: a finite number of
+    seconds above zero (nan, inf, 0 or a negative number would make every
+    test "time out" or crash the timer). argparse prefixes its message with
+    "argument --flag: " and exits with status 2."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expects a positive number of seconds, got {text!r}")
+    return value
+
+
+def positive_jobs(text):
+    """argparse type= for --jobs: a whole number of at least 1."""
+    try:
+        value = int(text.strip(), 10)
+    except ValueError:
+        value = None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expects a whole number of compile jobs, at least 1, got {text!r}")
+    return value
+
+
+def output_problem(path):
+    """Why FILE cannot be written (None when it can): tries it now, before any
+    building or grading, and leaves no trace (a folder it had to create is
+    removed again, an existing file is opened for appending, not truncated;
+    the writers create the folder again at the end)."""
+    target = Path(path)
+    if target.is_dir():
+        return "it is a folder"
+    created = []
+    try:
+        missing = [folder for folder in [target.parent, *target.parent.parents]
+                   if not folder.exists()]
+        for folder in reversed(missing):
+            try:
+                folder.mkdir()
+            except OSError as e:
+                return f"cannot create the folder {folder} ({e.strerror or e})"
+            created.append(folder)
+        existed = target.exists()
+        try:
+            with open(target, "a", encoding="utf-8"):
+                pass
+        except OSError as e:
+            return e.strerror or str(e)
+        if not existed:
+            try:
+                target.unlink()
+            except OSError:
+                pass
+        return None
+    finally:
+        for folder in reversed(created):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+
+
+def write_output(flag, path, writer):
+    """Runs writer(); on an OSError says which file could not be written and
+    returns False instead of a traceback."""
+    try:
+        writer()
+        return True
+    except OSError as e:
+        print(f"grade: error: cannot write {flag} {path}: {e.strerror or e}", file=sys.stderr)
+        return False
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="dtp grade",
@@ -731,7 +808,8 @@ def main(argv=None):
         epilog="Exit status: 0 when every checker binary ran (even with unsolved puzzles), "
                "1 when a chapter did not compile, a binary crashed or timed out (or, with "
                "--expect-unsolved, a puzzle passed on its stub), 2 when there was nothing to "
-               "grade. Autograder setups (GitHub Actions, GitLab CI, Gradescope): "
+               "grade, the arguments were wrong or a --junit/--gradescope FILE cannot be "
+               "written. Autograder setups (GitHub Actions, GitLab CI, Gradescope): "
                "docs/instructors.md.")
     parser.add_argument("chapter", nargs="?", help="only this chapter, e.g. 01 or 1")
     parser.add_argument("--puzzle", metavar="N.k",
@@ -751,19 +829,29 @@ def main(argv=None):
                         help="grade the reference solution instead of the puzzles (instructors)")
     parser.add_argument("--build", action="store_true",
                         help="build each chapter's checkers first, one chapter at a time")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, metavar="N",
+    parser.add_argument("--jobs", type=positive_jobs,
+                        default=os.cpu_count() or 2, metavar="N",
                         help="parallel compile jobs with --build (default: all cores)")
     parser.add_argument("--build-dir", metavar="DIR",
                         default=os.environ.get("DTP_BUILD_DIR", str(ROOT / "build")),
                         help="build folder (default: $DTP_BUILD_DIR or build/)")
-    parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
+    parser.add_argument("--timeout", type=positive_seconds, default=300.0, metavar="S",
                         help="seconds one checker binary may run in all (default 300)")
-    parser.add_argument("--test-timeout", type=float, default=60.0, metavar="S",
+    parser.add_argument("--test-timeout", type=positive_seconds, default=60.0, metavar="S",
                         help="seconds one test may run before it counts as hung (default 60)")
     parser.add_argument("--expect-unsolved", action="store_true",
                         help="CI: exit 1 if any puzzle passes (checkers must fail on stubs)")
     args = parser.parse_args(argv)
     started = time.monotonic()
+
+    # The exports are checked before anything is built or graded: a path that
+    # cannot be written is said now, not as a traceback after the whole run.
+    for flag, path in (("--junit", args.junit), ("--gradescope", args.gradescope)):
+        if path:
+            why = output_problem(path)
+            if why:
+                print(f"grade: error: cannot write {flag} {path}: {why}", file=sys.stderr)
+                return 2
 
     def usage_error(message):
         print(f"grade: {message}", file=sys.stderr)
@@ -771,7 +859,8 @@ def main(argv=None):
             # An autograder shows this instead of "results.json not found".
             document = gradescope_results([], seconds=time.monotonic() - started)
             document["output"] = f"Grading failed before any checker ran: {message}"
-            write_gradescope(args.gradescope, document)
+            write_output("--gradescope", args.gradescope,
+                         lambda: write_gradescope(args.gradescope, document))
         return 2
 
     puzzle_chapter = puzzle_number = None
@@ -872,22 +961,28 @@ def main(argv=None):
     print()
     for line in summaries:
         print(line)
-    if args.junit:
-        write_junit(args.junit, graded)
-        print(f"JUnit XML written to {args.junit}")
-    if args.gradescope:
-        write_gradescope(args.gradescope, gradescope_results(
-            graded, not_graded, problems, summaries, time.monotonic() - started))
-        print(f"Gradescope results written to {args.gradescope}")
-    sys.stdout.flush()
     status = 0
+    if args.junit:
+        if write_output("--junit", args.junit, lambda: write_junit(args.junit, graded)):
+            print(f"JUnit XML written to {args.junit}")
+        else:
+            status = 2
+    if args.gradescope:
+        document = gradescope_results(graded, not_graded, problems, summaries,
+                                      time.monotonic() - started)
+        if write_output("--gradescope", args.gradescope,
+                        lambda: write_gradescope(args.gradescope, document)):
+            print(f"Gradescope results written to {args.gradescope}")
+        else:
+            status = 2
+    sys.stdout.flush()
     for problem in problems:
         print(f"grade: error: {problem}", file=sys.stderr)
-        status = 1
+        status = max(status, 1)
     if args.expect_unsolved and unexpected:
         print("grade: error: these checkers pass on their stubs (a checker must fail on a stub): "
               + ", ".join(unexpected), file=sys.stderr)
-        status = 1
+        status = max(status, 1)
     sys.stdout.flush()
     return status
 

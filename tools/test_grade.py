@@ -5,7 +5,9 @@ wrapped, never cut, so "expected ... got ..." always reaches the student;
 And the autograder exports: JUnit XML carries each checker's file and line and
 its whole failure in <system-out>; --gradescope writes a results.json that
 validate_gradescope() below accepts (Gradescope's documented format), whose
-scores add up and whose failing checkers carry their messages.
+scores add up and whose failing checkers carry their messages. Bad values of
+--timeout, --test-timeout and --jobs, and --junit/--gradescope files that
+cannot be written, are argument errors (exit status 2, no traceback).
 
 Run: python3 tools/test_grade.py, or python3 -m unittest tools/test_grade.py
 (CTest runs it as tools.grade_text).
@@ -15,6 +17,7 @@ import io
 import json
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -107,6 +110,130 @@ class Arguments(unittest.TestCase):
                                              "Puzzle1_4_*.*:*/Puzzle1_4_*.*"))
         self.assertFalse(grade.matches_filter(("Puzzle1_10_halving_doubling_all_reduce", "X"),
                                               "Puzzle1_1_*.*:*/Puzzle1_1_*.*"))
+
+
+GRADE_PY = Path(grade.__file__).resolve()
+
+
+def run_grade(*argv, env=None):
+    """tools/grade.py as ./dtp grade runs it, in a process of its own: argparse's
+    errors exit, and a traceback would show on stderr."""
+    return subprocess.run([sys.executable, str(GRADE_PY), *argv], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+class BadFlagValues(unittest.TestCase):
+    """--timeout, --test-timeout and --jobs refuse values that would make every
+    test "time out", crash the timer (nan) or reach the build (negative jobs):
+    argparse's error, exit status 2, the flag and what it expects, no traceback."""
+
+    CASES = [
+        ("--timeout", "nan", "a positive number of seconds"),
+        ("--timeout", "inf", "a positive number of seconds"),
+        ("--timeout", "-1", "a positive number of seconds"),
+        ("--timeout", "0", "a positive number of seconds"),
+        ("--timeout", "soon", "a positive number of seconds"),
+        ("--test-timeout", "0", "a positive number of seconds"),
+        ("--test-timeout", "NaN", "a positive number of seconds"),
+        ("--test-timeout", "-inf", "a positive number of seconds"),
+        ("--jobs", "-3", "a whole number of compile jobs, at least 1"),
+        ("--jobs", "0", "a whole number of compile jobs, at least 1"),
+        ("--jobs", "2.5", "a whole number of compile jobs, at least 1"),
+        ("--jobs", "many", "a whole number of compile jobs, at least 1"),
+    ]
+
+    def test_refused_with_the_flag_named(self):
+        for flag, value, expects in self.CASES:
+            with self.subTest(flag=flag, value=value):
+                run = run_grade("--build-dir", "/nonexistent-dtp-build", f"{flag}={value}", "01")
+                self.assertEqual(run.returncode, 2, run.stderr)
+                self.assertNotIn("Traceback", run.stderr)
+                self.assertIn(f"argument {flag}: expects {expects}, got '{value}'", run.stderr)
+
+    def test_good_values_still_accepted(self):
+        self.assertEqual((grade.positive_seconds("0.5"), grade.positive_seconds("1e3"),
+                          grade.positive_jobs("4")), (0.5, 1000.0, 4))
+        run = run_grade("--build-dir", "/nonexistent-dtp-build", "--timeout", "0.5",
+                        "--test-timeout", "1e3", "--jobs", "4", "01")
+        self.assertEqual(run.returncode, 2, run.stderr)  # nothing built there, but parsed
+        self.assertIn("ch01_puzzles_tests", run.stderr)
+        self.assertNotIn("argument", run.stderr)
+
+
+class UnwritableExports(unittest.TestCase):
+    """--junit FILE and --gradescope FILE that cannot be written are said before
+    anything is built or graded: "grade: error: cannot write --junit FILE:
+    REASON", exit status 2, no traceback; a writable path behaves as before."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = Path(self.tmp.name)
+        self.a_file = self.dir / "plain.txt"
+        self.a_file.write_text("keep me\n")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def bad_paths(self):
+        paths = [(self.a_file / "sub" / "out.xml", "cannot create the folder"),
+                 (self.dir, "it is a folder")]
+        if Path("/proc/self").is_dir():  # Linux: no folder can be made in /proc
+            paths.append((Path("/proc/x/y"), "cannot create the folder /proc/x"))
+        return paths
+
+    def test_refused_before_anything_is_built(self):
+        # A cmake that leaves a mark: --build must not reach it.
+        bin_dir = self.dir / "bin"
+        bin_dir.mkdir()
+        marker = self.dir / "cmake-ran"
+        fake = bin_dir / "cmake"
+        fake.write_text(f"#!/bin/sh\ntouch '{marker}'\nexit 97\n")
+        fake.chmod(0o755)
+        env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+        for flag in ("--junit", "--gradescope"):
+            for path, reason in self.bad_paths():
+                with self.subTest(flag=flag, path=str(path)):
+                    run = run_grade("--build", "--build-dir", str(self.dir / "build"),
+                                    flag, str(path), "01", env=env)
+                    self.assertEqual(run.returncode, 2, run.stderr)
+                    self.assertNotIn("Traceback", run.stderr)
+                    self.assertIn(f"grade: error: cannot write {flag} {path}: ", run.stderr)
+                    self.assertIn(reason, run.stderr)
+                    self.assertFalse(marker.exists(), "grade.py built before checking " + flag)
+        self.assertEqual(self.a_file.read_text(), "keep me\n")
+
+    def test_checking_leaves_no_trace(self):
+        existing = self.dir / "junit.xml"
+        existing.write_text("an older report\n")
+        nested = self.dir / "new" / "deeper" / "junit.xml"
+        for path in (existing, nested):
+            self.assertIsNone(grade.output_problem(path))
+        self.assertEqual(existing.read_text(), "an older report\n")  # not truncated
+        self.assertFalse((self.dir / "new").exists())  # the writers make it at the end
+
+    def test_writable_paths_as_before(self):
+        results = self.dir / "results" / "results.json"
+        junit = self.dir / "junit" / "junit.xml"
+        run = run_grade("01", "--build-dir", "/nonexistent-dtp-build",
+                        "--gradescope", str(results), "--junit", str(junit))
+        self.assertEqual(run.returncode, 2, run.stderr)  # nothing to grade
+        self.assertNotIn("Traceback", run.stderr)
+        self.assertEqual(json.loads(results.read_text())["tests"], [])  # still written
+        self.assertFalse(junit.parent.exists())  # as before: no JUnit without grading
+
+    def test_late_write_failure_is_reported(self):
+        err, old = io.StringIO(), sys.stderr
+        sys.stderr = err
+
+        def writer():
+            raise OSError(28, "No space left on device")
+
+        try:
+            ok = grade.write_output("--junit", "j.xml", writer)
+        finally:
+            sys.stderr = old
+        self.assertFalse(ok)
+        self.assertIn("grade: error: cannot write --junit j.xml: No space left on device", err.getvalue())
 
 
 # --- Gradescope's results.json, as documented at
