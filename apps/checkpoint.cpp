@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   app.add_option("--tensor", tensor, "also print this tensor's first values, min, max and RMS")
       ->type_name("NAME");
   app.add_option("--values", values, "how many of its values --tensor prints")
-      ->check(CLI::Range(1, 1000000))
+      ->check(dtp::cli::Range(1, 1000000))
       ->capture_default_str();
   app.footer("The format is documented in runtime/include/dtp/checkpoint.h.");
   if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     for (const auto& [part, bytes] : bytes_by_part) std::printf("  %s %s", part.c_str(), megabytes(bytes).c_str());
     std::printf("\n");
     if (!tensor.empty()) print_tensor_values(checkpoint, tensor, values);
-  } catch (const dtp::Error& e) {
+  } catch (const std::exception& e) {  // dtp::Error, and out of memory or a file-system error
     std::fprintf(stderr, "dtp-checkpoint: error: %s\n", e.what());
     return 1;
   }

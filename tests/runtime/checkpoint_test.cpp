@@ -157,7 +157,17 @@ TEST(CheckpointFile, EveryKindOfDamageIsAClearError) {
           "tensor 'params/b' starts at data byte 12, but the tensor before it ends at byte 16");
   damaged(edited("\"bytes\"", "\"bytXs\""), "the header's list of tensors is damaged (a corrupt file)");
   damaged(edited("\"dtype\":\"f64\"", "\"dtype\":\"f65\""), "the header's list of tensors is damaged");
-  expect_error_containing([&] { read_checkpoint(folder.file("missing.ckpt")); }, "cannot open");
+  // Fields that parse but cannot be: a negative step would resume with
+  // negative learning rates; an unknown kind; two tensors of one name.
+  // (Each edit keeps the header's length, which its first line states.)
+  damaged(edited("\"step\":12", "\"step\":-5"), "the header says step -5; a step count is 0 or more");
+  damaged(edited("\"kind\":\"training\"", "\"kind\":\"kindless\""), "the header's kind is 'kindless'");
+  damaged(edited("\"name\":\"params/b\"", "\"name\":\"params/a\""), "two tensors are called 'params/a'");
+  // A header length that overflows when added to the first line's length.
+  damaged("DTPCKPT 1 9223372036854775807\n{}\n", "too short for its 9223372036854775807-byte header");
+  expect_error_containing([&] { read_checkpoint(folder.file("missing.ckpt")); }, "no such file");
+  expect_error_containing([&] { read_checkpoint("/dev/null"); }, "/dev/null is not a regular file");
+  expect_error_containing([&] { read_checkpoint(folder.path.string()); }, "is not a regular file");
 }
 
 // --- training runs ----------------------------------------------------------------------

@@ -1,14 +1,15 @@
 // Checkpoint files (see dtp/checkpoint.h for the format).
 #include "dtp/checkpoint.h"
 
+#include <unistd.h>
+
 #include <bit>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
-
-#include <unistd.h>
 
 #include "dtp/error.h"
 
@@ -115,6 +116,13 @@ void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
 }
 
 Checkpoint read_checkpoint(const std::string& path) {
+  // A regular file only: opening a FIFO would wait for a writer, and a
+  // device has no size.
+  std::error_code status_error;
+  const std::filesystem::file_status status = std::filesystem::status(path, status_error);
+  DTP_CHECK(std::filesystem::exists(status), "read_checkpoint: no such file ", path);
+  DTP_CHECK(std::filesystem::is_regular_file(status), "read_checkpoint: ", path,
+            " is not a regular file (a checkpoint is a file that dtp train --save wrote)");
   std::ifstream in(path, std::ios::binary);
   DTP_CHECK(in.good(), "read_checkpoint: cannot open ", path, ": ", std::strerror(errno));
   const auto file_bytes = static_cast<std::int64_t>(std::filesystem::file_size(path));
@@ -130,8 +138,12 @@ Checkpoint read_checkpoint(const std::string& path) {
     throw fail("not a DTP checkpoint (it does not start with \"DTPCKPT <version> <header bytes>\")");
   if (version != kVersion)
     throw fail("format version " + std::to_string(version) + "; this build reads version " + std::to_string(kVersion));
+  // Compared with the file's size before any sum: a huge count must not overflow.
+  if (header_bytes < 2 || header_bytes > file_bytes)
+    throw fail("the file is " + std::to_string(file_bytes) + " bytes, too short for its " +
+               std::to_string(header_bytes) + "-byte header: truncated");
   const std::int64_t data_start = static_cast<std::int64_t>(first.size()) + 1 + header_bytes + 1;
-  if (header_bytes < 2 || data_start > file_bytes)
+  if (data_start > file_bytes)
     throw fail("the file is " + std::to_string(file_bytes) + " bytes, too short for its " +
                std::to_string(header_bytes) + "-byte header: truncated");
 
@@ -157,6 +169,13 @@ Checkpoint read_checkpoint(const std::string& path) {
   } catch (const Error& e) {
     throw fail(std::string("the header lacks a field (a corrupt file): ") + e.what());
   }
+  if (checkpoint.kind != "training" && checkpoint.kind != "model")
+    throw fail("the header's kind is '" + checkpoint.kind + "'; a checkpoint is a 'training' or a 'model' one");
+  if (checkpoint.step < 0)
+    throw fail("the header says step " + std::to_string(checkpoint.step) + "; a step count is 0 or more");
+  if (data_bytes < 0 || data_bytes > file_bytes)
+    throw fail("the header says " + std::to_string(data_bytes) + " bytes of data follow it, but the file is " +
+               std::to_string(file_bytes) + " bytes (a corrupt header)");
   if (data_start + data_bytes != file_bytes)
     throw fail("the header says " + std::to_string(data_bytes) + " bytes of data follow it, but " +
                std::to_string(file_bytes - data_start) + " do: " +
@@ -196,7 +215,9 @@ Checkpoint read_checkpoint(const std::string& path) {
     throw fail(std::string("the header's list of tensors is damaged (a corrupt file): ") + e.what());
   }
   std::int64_t end = 0;  // where the previous tensor's bytes ended
+  std::set<std::string> names;
   for (const Entry& e : entries) {
+    if (!names.insert(e.name).second) throw fail("two tensors are called '" + e.name + "' (a corrupt header)");
     std::int64_t needed = static_cast<std::int64_t>(dtype_size(e.dtype));
     for (std::int64_t d : e.dims)
       if (d < 0 || __builtin_mul_overflow(needed, d, &needed))
