@@ -11,8 +11,10 @@
 // 17 for f64 (exact either way). Parameter names are "<unit>.<parameter>".
 // The logits come from GPT::logits on the same tokens and weights (the math
 // of forward(), which keeps its own logits only as the loss gradient).
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -72,22 +74,24 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--dtype", dtype, "weights and math")->check(CLI::IsMember({"f32", "f64"}))->capture_default_str();
   app.add_option("--seed", config.seed, "seeds the weights; the tokens and targets use seed + 1 and seed + 2")
-      ->check(CLI::Range(std::uint64_t{0}, static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())))
+      ->check(dtp::cli::Range(std::uint64_t{0}, static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())))
       ->capture_default_str();
-  app.add_option("--layers", config.layers, "transformer blocks")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--layers", config.layers, "transformer blocks")->check(dtp::cli::Range(1, 64))->capture_default_str();
   app.add_option("--d-model", config.d_model, "width C (must divide by --heads)")
-      ->check(CLI::Range(1, 4096))
+      ->check(dtp::cli::Range(1, 4096))
       ->capture_default_str();
-  app.add_option("--heads", config.heads, "attention heads")->check(CLI::Range(1, 256))->capture_default_str();
-  app.add_option("--vocab", config.vocab_size, "vocabulary size")->check(CLI::Range(2, 1 << 20))->capture_default_str();
+  app.add_option("--heads", config.heads, "attention heads")->check(dtp::cli::Range(1, 256))->capture_default_str();
+  app.add_option("--vocab", config.vocab_size, "vocabulary size")
+      ->check(dtp::cli::Range(2, 1 << 20))
+      ->capture_default_str();
   app.add_option("--context", config.context, "learned positions (at least --seq)")
-      ->check(CLI::Range(1, 1 << 16))
+      ->check(dtp::cli::Range(1, 1 << 16))
       ->capture_default_str();
   app.add_option("--batch", batch, "sequences")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1024}))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1024}))
       ->capture_default_str();
   app.add_option("--seq", seq, "tokens per sequence")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 16))
       ->capture_default_str();
   app.footer(
       "Floats are printed with 9 significant digits for f32 and 17 for f64 (exact either way); parameter "
@@ -102,10 +106,18 @@ int main(int argc, char** argv) {
     config.attention = dtp::parse_attention_kind(attention);
     config.dtype = dtp::parse_dtype(dtype);
     if (config.device.is_cuda() && dtp::cuda_device_count() == 0) {
-      std::fprintf(stderr, "dtp-export-step: no usable CUDA device\n");
-      return 1;
+      std::fprintf(stderr, "dtp-export-step: error: --device %s: no usable CUDA device here\n",
+                   config.device.str().c_str());
+      return 2;
     }
     config.validate();
+    // Opened before the work, so that a path that cannot be written is said at once.
+    std::FILE* f = std::fopen(out_path.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "dtp-export-step: error: cannot write --out '%s': %s\n", out_path.c_str(),
+                   std::strerror(errno));
+      return 2;
+    }
     g_digits = config.dtype == dtp::DType::f64 ? 17 : 9;
     dtp::GPT model(config);
     const dtp::Tensor tokens = dtp::Tensor::random_uniform({batch, seq}, config.seed + 1, 0, config.vocab_size,
@@ -119,8 +131,6 @@ int main(int argc, char** argv) {
     const double loss = model.forward(tokens, targets);
     model.backward();
 
-    std::FILE* f = std::fopen(out_path.c_str(), "w");
-    DTP_CHECK(f != nullptr, "dtp-export-step: cannot write ", out_path);
     std::fprintf(f,
                  "{\"config\":{\"vocab_size\":%d,\"context\":%d,\"d_model\":%d,\"heads\":%d,\"layers\":%d,"
                  "\"mlp_ratio\":%d,\"layernorm_eps\":%.9g,\"attention\":\"%s\",\"dtype\":\"%s\",\"device\":\"%s\","
@@ -153,11 +163,15 @@ int main(int argc, char** argv) {
       }
     }
     std::fprintf(f, "\n]}\n");
-    std::fclose(f);
+    const bool failed = std::ferror(f) != 0;
+    if (std::fclose(f) != 0 || failed) {
+      std::fprintf(stderr, "dtp-export-step: error: writing '%s' failed: %s\n", out_path.c_str(), std::strerror(errno));
+      return 1;
+    }
     std::printf("wrote %s: %s, loss %.6f\n", out_path.c_str(), config.describe().c_str(), loss);
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
+    std::fprintf(stderr, "dtp-export-step: error: %s\n", e.what());
     return 1;
   }
 }

@@ -8,9 +8,11 @@
 // with its problem (exit 1).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "05_pipeline/pipeline.h"
@@ -21,13 +23,42 @@ namespace {
 constexpr int kExitFailed = 1, kExitUsage = 2, kExitUnsolved = 3;
 
 // "F,B,W" into @p costs: F > 0, W > 0 and B > W (B is the whole backward).
+// Each cost is in [0.01, 100] and at most 100 times the smallest (F, W and
+// B - W): the chart's column is the smallest cost, so this bounds its width.
 void parse_costs(const std::string& text, dtp::ch05::ActionCosts& costs) {
-  double f = 0, b = 0, w = 0;
-  char extra = 0;
-  if (std::sscanf(text.c_str(), "%lf,%lf,%lf%c", &f, &b, &w, &extra) != 3 || !(f > 0) || !(w > 0) || !(b > w))
-    throw CLI::ValidationError(
-        "--costs", "expects F,B,W with F > 0, W > 0 and B > W (B is the whole backward), got '" + text + "'");
+  auto bad = [&text](const std::string& why) {
+    return CLI::ValidationError("--costs", "expects F,B,W, three decimal numbers in [0.01, 100] with W < B " +
+                                               std::string("(B is the whole backward)") + why + ", got '" + text + "'");
+  };
+  double value[3];
+  std::size_t from = 0;
+  for (int i = 0; i < 3; ++i) {
+    const std::size_t comma = i < 2 ? text.find(',', from) : text.size();
+    if (comma == std::string::npos) throw bad("");
+    const std::optional<double> number = dtp::cli::parse_real_text(text.substr(from, comma - from));
+    if (!number || *number < 0.01 || *number > 100) throw bad("");
+    value[i] = *number;
+    from = comma + 1;
+  }
+  const double f = value[0], b = value[1], w = value[2];
+  if (!(b > w)) throw bad("");
+  const double smallest = std::min({f, w, b - w}), largest = std::max({f, b, w});
+  if (largest > 100 * smallest) throw bad(" and the largest of F, B, W at most 100 times the smallest of F, W, B - W");
   costs = {f, b, b - w, w};
+}
+
+// The chart's time unit: one column per unit cost, or per the smallest
+// action where that is shorter (so that no action is narrower than a column).
+double chart_unit(const dtp::ch05::ActionCosts& costs) {
+  return std::min({1.0, costs.forward, costs.backward_input, costs.backward_weight});
+}
+
+// This program's own path (not argv[0], which holds no folder when it was
+// found through PATH).
+std::string own_path() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  return n > 0 ? std::string(path, static_cast<std::size_t>(n)) : std::string();
 }
 
 }  // namespace
@@ -46,10 +77,12 @@ int main(int argc, char** argv) {
   app.add_option("--kind", kind_name, "the schedule")
       ->check(CLI::IsMember({"afab", "1f1b", "interleaved", "zb-h1"}))
       ->type_name("KIND");
-  app.add_option("--stages", stages, "pipeline ranks p")->check(CLI::Range(1, 64))->type_name("P");
-  app.add_option("--microbatches", microbatches, "micro-batches per step m")->check(CLI::Range(1, 512))->type_name("M");
+  app.add_option("--stages", stages, "pipeline ranks p")->check(dtp::cli::Range(1, 64))->type_name("P");
+  app.add_option("--microbatches", microbatches, "micro-batches per step m")
+      ->check(dtp::cli::Range(1, 512))
+      ->type_name("M");
   app.add_option("--chunks", chunks, "model chunks per rank v (interleaved)")
-      ->check(CLI::Range(2, 16))
+      ->check(dtp::cli::Range(2, 16))
       ->type_name("V")
       ->capture_default_str();
   app.add_option_function<std::string>(
@@ -71,9 +104,14 @@ int main(int argc, char** argv) {
                    name.c_str(), flag);
       return kExitUsage;
     }
+  if (impl == "puzzles" && app.count("--impl") > 0 && std::string(DTP_SCHEDULE_IMPL) == "reference") {
+    std::fprintf(stderr, "%s: error: --impl puzzles: this program draws the reference; dtp-schedule draws yours\n",
+                 name.c_str());
+    return kExitUsage;
+  }
   if (impl == "reference" && std::string(DTP_SCHEDULE_IMPL) != "reference") {
     // The other library's schedules live in the sibling binary.
-    const std::string self = argv[0];
+    const std::string self = own_path();
     const std::string sibling = self.substr(0, self.rfind('/') + 1) + "dtp-schedule-reference";
     execv(sibling.c_str(), argv);
     std::fprintf(stderr, "%s: error: cannot start %s: %s\n", name.c_str(), sibling.c_str(), std::strerror(errno));
@@ -93,7 +131,7 @@ int main(int argc, char** argv) {
       std::printf("the verifier rejects it: %s\n", report.problem.c_str());
       return kExitFailed;
     }
-    std::printf("%s", dtp::ch05::gantt_chart(schedule, report).c_str());
+    std::printf("%s", dtp::ch05::gantt_chart(schedule, report, chart_unit(costs)).c_str());
     const bool unit_costs = costs.forward == 1 && costs.backward == 2 && costs.backward_input == 1 &&
                             costs.backward_weight == 1;
     const char* formula = kind == dtp::ch05::ScheduleKind::interleaved ? "(p-1)/(v m+p-1)"
@@ -107,10 +145,10 @@ int main(int argc, char** argv) {
                   "run with yours\n",
                   formula);
   } catch (const dtp::NotSolved& e) {
-    std::fprintf(stderr, "dtp-schedule: %s; `--impl reference` draws the reference\n", e.what());
+    std::fprintf(stderr, "%s: %s; `--impl reference` draws the reference\n", name.c_str(), e.what());
     return kExitUnsolved;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dtp-schedule: error: %s\n", e.what());
+    std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());
     return kExitFailed;
   }
   return 0;

@@ -5,20 +5,24 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "dtp/error.h"
 #include "dtp/json.h"
-#include "dtp_cli.h"
 #include "dtp/launch.h"
 #include "dtp/trainer.h"
+#include "dtp_cli.h"
 
 namespace dtp::bench {
 
@@ -125,33 +129,54 @@ inline JsonLine& add_context(JsonLine& line, const RunContext& c) {
 }
 
 /// Writes @p line and a newline to @p json (nothing when null), flushed so a
-/// run that stops early keeps what it measured.
+/// run that stops early keeps what it measured. Throws dtp::Error when the
+/// line could not be written (a full disk): a result is never lost quietly.
 inline void write_line(FILE* json, const JsonLine& line) {
   if (json == nullptr) return;
   std::fprintf(json, "%s\n", line.str().c_str());
-  std::fflush(json);
+  if (std::fflush(json) != 0 || std::ferror(json))
+    throw dtp::Error(std::string("cannot write the --json file: ") + std::strerror(errno));
+}
+
+/// Closes a --json file (nothing when null). Returns @p status, or 1 after
+/// saying so on stderr when the file's last lines could not be written.
+inline int close_json(FILE* json, const char* program, int status) {
+  if (json == nullptr) return status;
+  const bool failed = std::ferror(json) != 0;
+  if (std::fclose(json) != 0 || failed) {
+    std::fprintf(stderr, "%s: error: cannot write the --json file: %s\n", program, std::strerror(errno));
+    return 1;
+  }
+  return status;
+}
+
+/// make_context(), or std::nullopt after printing "PROGRAM: error: ..." when
+/// DTP_BACKEND, DTP_DEVICE or DTP_TIMEOUT is not one the runtime accepts.
+inline std::optional<RunContext> context_from_env(const char* program) {
+  try {
+    return make_context();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+    return std::nullopt;
+  }
 }
 
 /// The model's shape: --layers, --d-model and --heads, read into @p model.
 inline void add_shape_options(CLI::App& app, dtp::GPTConfig& model) {
-  app.add_option("--layers", model.layers, "transformer blocks")
-      ->check(CLI::Range(1, 256))
-      ->capture_default_str();
+  app.add_option("--layers", model.layers, "transformer blocks")->check(dtp::cli::Range(1, 256))->capture_default_str();
   app.add_option("--d-model", model.d_model, "width C (must divide by --heads)")
-      ->check(CLI::Range(1, 1 << 16))
+      ->check(dtp::cli::Range(1, 1 << 16))
       ->capture_default_str();
-  app.add_option("--heads", model.heads, "attention heads")
-      ->check(CLI::Range(1, 1 << 16))
-      ->capture_default_str();
+  app.add_option("--heads", model.heads, "attention heads")->check(dtp::cli::Range(1, 1 << 16))->capture_default_str();
 }
 
 /// The timed and untimed steps of a measurement: --steps and --warmup.
 inline void add_step_options(CLI::App& app, std::int64_t& steps, std::int64_t& warmup) {
   app.add_option("--steps", steps, "timed steps per run")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1000000}))
       ->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps before them")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000}))
+      ->check(dtp::cli::Range(std::int64_t{0}, std::int64_t{1000000}))
       ->capture_default_str();
 }
 
@@ -160,7 +185,7 @@ inline void add_step_options(CLI::App& app, std::int64_t& steps, std::int64_t& w
 inline void add_model_options(CLI::App& app, dtp::TrainConfig& config) {
   add_shape_options(app, config.model);
   app.add_option("--seq", config.seq, "tokens per sequence")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 16))
       ->capture_default_str();
   app.add_option("--optimizer", config.optimizer, "adamw (2 states per parameter) or sgd (momentum: 1 state)")
       ->check(CLI::IsMember({"adamw", "sgd"}))

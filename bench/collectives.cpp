@@ -147,19 +147,24 @@ std::vector<std::string> impls_for(const std::string& op) {
 
 /// "32M" -> 33554432: K, M, G are powers of 1024 (nccl-tests' convention).
 std::int64_t parse_bytes(const std::string& text) {
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || !std::isfinite(value) || value < 0)
+  // The number is the text before the suffix, in decimal ("1.5K" is 1536).
+  const std::size_t number_end = text.find_first_not_of("0123456789.eE+-");
+  const std::string number = text.substr(0, number_end);
+  const std::optional<double> value = dtp::cli::parse_real_text(number);
+  if (!value || *value < 0)
     throw CLI::ValidationError("expected a size in bytes such as 4096, 64K, 32M or 1G, got '" + text + "'");
-  const std::string suffix(end);
+  const std::string suffix = number_end == std::string::npos ? "" : text.substr(number_end);
   double scale = 1;
   if (suffix == "K" || suffix == "k" || suffix == "KB" || suffix == "KiB") scale = 1024.0;
   else if (suffix == "M" || suffix == "m" || suffix == "MB" || suffix == "MiB") scale = 1024.0 * 1024;
   else if (suffix == "G" || suffix == "g" || suffix == "GB" || suffix == "GiB") scale = 1024.0 * 1024 * 1024;
   else if (!suffix.empty() && suffix != "B")
     throw CLI::ValidationError("unknown size suffix in '" + text + "': use K, M or G (powers of 1024)");
-  const double bytes = value * scale;
+  const double bytes = *value * scale;
   if (bytes > 1e15) throw CLI::ValidationError("'" + text + "' is more than a petabyte");
+  if (bytes != std::floor(bytes))
+    throw CLI::ValidationError("'" + text + "' is " + std::to_string(bytes) +
+                               " bytes: a size is a whole number of bytes");
   return static_cast<std::int64_t>(bytes);
 }
 
@@ -212,17 +217,21 @@ std::optional<int> parse_options(Options& o, int argc, char** argv) {
       ->type_name("SIZE");
   app.add_option_function<std::string>("-e,--maxbytes", bytes("-e", o.max_bytes), "largest size S [32M]")
       ->type_name("SIZE");
-  app.add_option("-f,--stepfactor", o.factor, "next size = size x F")->check(CLI::Range(1.0, 1024.0))
+  app.add_option("-f,--stepfactor", o.factor, "next size = size x F")
+      ->check(dtp::cli::Range(1.0, 1024.0))
       ->capture_default_str();
   app.add_option_function<std::string>("-i,--stepbytes", bytes("-i", o.step_bytes),
                                        "next size = size + N bytes (instead of -f)")->type_name("SIZE");
-  app.add_option("-n,--iters", o.iters, "timed calls per measurement")->check(CLI::Range(1, 1000000))
+  app.add_option("-n,--iters", o.iters, "timed calls per measurement")
+      ->check(dtp::cli::Range(1, 1000000))
       ->capture_default_str();
   app.add_option("-w,--warmup_iters,--warmup", o.warmup, "untimed calls before them")
-      ->check(CLI::Range(0, 1000000))->capture_default_str();
+      ->check(dtp::cli::Range(0, 1000000))
+      ->capture_default_str();
   app.add_option("-c,--check", o.check_iters,
                  "checked calls after the timed ones, on values that make every mistake visible (#wrong); 0: none")
-      ->check(CLI::Range(0, 1000))->capture_default_str();
+      ->check(dtp::cli::Range(0, 1000))
+      ->capture_default_str();
   app.add_option_function<std::string>(
          "-d,--datatype,--dtype",
          named("-d",
@@ -262,19 +271,21 @@ std::optional<int> parse_options(Options& o, int argc, char** argv) {
          },
          "ranks in this process: the thread backend's world [4]; under mpi and nccl the first N ranks of the "
          "launcher's (nccl-tests: GPUs per thread)")
-      ->check(CLI::Range(1, 1024));
-  app.add_option("-r,--root", o.root, "root of broadcast and reduce")->check(CLI::Range(0, 1023))
+      ->check(dtp::cli::Range(1, 1024));
+  app.add_option("-r,--root", o.root, "root of broadcast and reduce")
+      ->check(dtp::cli::Range(0, 1023))
       ->capture_default_str();
   app.add_option_function<int>(
          "-a,--average", [&o](int mode) { o.average = static_cast<Average>(mode); },
          "the time of a measurement from the ranks' times: 0 rank 0's, 1 the mean, 2 the fastest, 3 the slowest [1]")
-      ->check(CLI::Range(0, 3));
+      ->check(dtp::cli::Range(0, 3));
   app.add_option("--json", o.json_path, "append one JSON object per measurement to FILE")->type_name("FILE");
   app.add_option("--alpha-us", o.alpha_us, "alpha-beta model: the cost of one message, microseconds")
-      ->check(CLI::Range(0.0, 1e6))->capture_default_str();
+      ->check(dtp::cli::Range(0.0, 1e6))
+      ->capture_default_str();
   app.add_option("--beta-GBps", o.beta_GBps,
                  "alpha-beta model: per-rank bandwidth in GB/s [0: the per-rank copy rate measured at each size]")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(dtp::cli::Range(0.0, 1e6));
   app.footer("Sizes: K, M and G are powers of 1024. GB/s are 10^9 bytes per second, as in nccl-tests.\n"
              "Exit status: 0 measured, 1 a check found a wrong element or the run failed, 2 a bad command line.");
   if (auto status = dtp::cli::parse(app, argc, argv)) return status;

@@ -26,7 +26,13 @@
 
 namespace {
 
+using dtp::bench::close_json;
+using dtp::bench::context_from_env;
 using dtp::bench::git_revision;
+using dtp::bench::RunContext;
+
+// Runs the four configurations and prints (and appends to @p json) the table.
+void measure(int world, std::int64_t steps, dtp::Device device, FILE* json);
 
 double median_step_seconds(const dtp::TrainResult& result) {
   std::vector<double> t;
@@ -45,9 +51,11 @@ int main(int argc, char** argv) {
   CLI::App app{"The step time of data-parallel training (chapter 02): naive, flat and bucketed DDP against N "
                "times the single-rank step, for one small model and the same per-rank batch.",
                "dtp-bench-ddp-step"};
-  app.add_option("--world", world, "data-parallel ranks (threads)")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--world", world, "data-parallel ranks (threads)")
+      ->check(dtp::cli::Range(1, 1024))
+      ->capture_default_str();
   app.add_option("--steps", steps, "steps per run; the median of those after two warm-up steps")
-      ->check(CLI::Range(std::int64_t{3}, std::int64_t{1000000}))
+      ->check(dtp::cli::Range(std::int64_t{3}, std::int64_t{1000000}))
       ->capture_default_str();
   dtp::cli::add_device_option(app, device);
   app.add_option("--json", json_path, "append one JSON object per measurement to FILE");
@@ -56,6 +64,28 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtp-bench-ddp-step: --device %s: no usable CUDA device here\n", device.str().c_str());
     return 2;
   }
+  const std::optional<RunContext> context = context_from_env("dtp-bench-ddp-step");
+  if (!context) return 2;
+  // Opened before minutes of measuring, so that a path that cannot be written is said at once.
+  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
+  if (!json_path.empty() && json == nullptr) {
+    std::fprintf(stderr, "dtp-bench-ddp-step: error: cannot append to --json %s: %s\n", json_path.c_str(),
+                 std::strerror(errno));
+    return 2;
+  }
+  try {
+    measure(world, steps, device, json);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dtp-bench-ddp-step: error: %s\n", e.what());
+    close_json(json, "dtp-bench-ddp-step", 1);
+    return 1;
+  }
+  return close_json(json, "dtp-bench-ddp-step", 0);
+}
+
+namespace {
+
+void measure(int world, std::int64_t steps, dtp::Device device, FILE* json) {
   const std::int64_t per_rank_batch = 4;
   dtp::TrainConfig config;
   config.model.d_model = 64;
@@ -113,9 +143,8 @@ int main(int argc, char** argv) {
   std::printf("# model: d_model %d, %d layers, %d heads (%s), bucket %lld KiB, median of %lld steps\n",
               config.model.d_model, config.model.layers, config.model.heads, "f32",
               static_cast<long long>(bucket_bytes / 1024), static_cast<long long>(steps - 2));
-  std::printf("%-12s %12s %12s %14s %18s %10s\n", "what", "step ms", "all-reduces", "bytes/rank",
-              "exposed comm ms", "vs bound");
-  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
+  std::printf("%-12s %12s %12s %14s %18s %10s\n", "what", "step ms", "all-reduces", "bytes/rank", "exposed comm ms",
+              "vs bound");
   for (const Row& r : rows) {
     std::printf("%-12s %12.2f %12lld %14lld %18.2f %9.2fx\n", r.what.c_str(), r.seconds * 1e3,
                 static_cast<long long>(r.all_reduces), static_cast<long long>(r.bytes), r.exposed * 1e3,
@@ -131,6 +160,6 @@ int main(int argc, char** argv) {
                    static_cast<long long>(bucket_bytes), r.seconds, static_cast<long long>(r.all_reduces),
                    static_cast<long long>(r.bytes), r.exposed, r.seconds / rows[0].seconds, date, rev.c_str());
   }
-  if (json) std::fclose(json);
-  return 0;
 }
+
+}  // namespace

@@ -83,13 +83,13 @@ int main(int argc, char** argv) {
       "the bytes a data-parallel step all-reduces, and the final loss against full fine-tuning's.",
       "dtp-bench-lora-finetune"};
   app.add_option("--pretrain-steps", pretrain_steps, "steps on the first task")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1000000}))
       ->capture_default_str();
   app.add_option("--finetune-steps", finetune_steps, "steps on the second task, for every method")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1000000}))
       ->capture_default_str();
   dtp::cli::add_list_option(app, "--ranks", ranks, "LoRA ranks to measure", "R,...")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{4096}))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{4096}))
       ->capture_default_str();
   app.add_option("--targets", targets_text, "the Linears of each block that get adapters (or all)")
       ->capture_default_str();
@@ -99,15 +99,19 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"subset", "new"}))
       ->capture_default_str();
   app.add_option("--subset-patterns", subset_patterns, "phrases of the subset task (pretraining has 32)")
-      ->check(CLI::Range(1, 32))
+      ->check(dtp::cli::Range(1, 32))
       ->capture_default_str();
-  app.add_option("--lr", config.lr, "peak learning rate of pretraining and full fine-tuning")->capture_default_str();
-  app.add_option("--lora-lr", lora_lr, "peak learning rate of LoRA fine-tuning")->capture_default_str();
+  app.add_option("--lr", config.lr, "peak learning rate of pretraining and full fine-tuning")
+      ->check(dtp::cli::Range(1e-12, 1000.0))
+      ->capture_default_str();
+  app.add_option("--lora-lr", lora_lr, "peak learning rate of LoRA fine-tuning")
+      ->check(dtp::cli::Range(1e-12, 1000.0))
+      ->capture_default_str();
   app.add_option("--world", world, "ranks of the data-parallel step whose all-reduced bytes are counted")
-      ->check(CLI::Range(2, 64))
+      ->check(dtp::cli::Range(2, 64))
       ->capture_default_str();
   app.add_option("--batch", config.batch, "sequences per step")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->capture_default_str();
   add_model_options(app, config);
   app.add_option("--json", json_path, "append one JSON object per method to FILE")->type_name("FILE");
@@ -120,6 +124,14 @@ int main(int argc, char** argv) {
     const RunContext context = make_context();
     const std::string checkpoint =
         (std::filesystem::temp_directory_path() / ("dtp-lora-base-" + std::to_string(::getpid()) + ".ckpt")).string();
+    // Removed however this block ends (an error in fine-tuning too).
+    struct RemoveAtExit {
+      std::string path;
+      ~RemoveAtExit() {
+        std::error_code ignored;
+        std::filesystem::remove(path, ignored);
+      }
+    } remove_checkpoint{checkpoint};
 
     // 1. Pretraining on task 1 (data seed 1), saved.
     TrainConfig pretrain = config;
@@ -226,7 +238,7 @@ int main(int argc, char** argv) {
           .add("batch", config.batch).add("seq", config.seq);
       write_line(json, add_context(line, context));
     }
-    if (json) std::fclose(json);
+    if (close_json(json, "dtp-bench-lora-finetune", 0) != 0) return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtp-bench-lora-finetune: error: %s\n", e.what());
     return 1;

@@ -62,17 +62,17 @@ int main(int argc, char** argv) {
       "exponent floor(log2 |g|): where f16 would flush them to zero.",
       "dtp-bench-mixed-precision"};
   app.add_option("--steps", config.steps, "optimizer steps of each run")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1000000}))
       ->capture_default_str();
   app.add_option("--batch", config.batch, "sequences per step")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->capture_default_str();
   app.add_option("--seq", config.seq, "tokens per sequence")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 16))
       ->capture_default_str();
   dtp::cli::add_list_option(app, "--histogram-steps", histogram_list,
                             "the fp32 run's steps whose gradient exponents are recorded", "STEP,...")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1000000}))
       ->capture_default_str();
   dtp::bench::add_shape_options(app, config.model);
   app.add_option("--optimizer", config.optimizer, "the optimizer")
@@ -163,8 +163,7 @@ int main(int argc, char** argv) {
                   run.result.last_loss(), 100 * (run.result.last_loss() / f32_last - 1),
                   static_cast<long long>(skipped), rate, rate / f32_rate);
     }
-    if (json) std::fclose(json);
-    return 0;
+    return close_json(json, "dtp-bench-mixed-precision", 0);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtp-bench-mixed-precision: %s\n", e.what());
     return 1;

@@ -371,25 +371,25 @@ int main(int argc, char** argv) {
       "the lesson's formula, and what each stage keeps (activation peak, micro-batches alive).",
       "dtp-bench-pp-step"};
   app.add_option("--pp", o.stages, "p, pipeline stages, one rank thread each")
-      ->check(CLI::Range(1, 64))
+      ->check(dtp::cli::Range(1, 64))
       ->capture_default_str();
   dtp::cli::add_list_option(app, "--microbatches", o.microbatches, "m per step, a comma list", "M,...")
-      ->check(CLI::Range(1, 512))
+      ->check(dtp::cli::Range(1, 512))
       ->capture_default_str();
   dtp::cli::add_list_option(app, "--schedules", schedules, "a comma list of afab, 1f1b, interleaved, zb-h1", "KIND,...")
       ->check(CLI::IsMember({"afab", "1f1b", "interleaved", "zb-h1"}))
       ->capture_default_str();
   dtp::bench::add_step_options(app, o.steps, o.warmup);
   app.add_option("--chunks", o.chunks, "v, model chunks per rank of the interleaved schedule")
-      ->check(CLI::Range(2, 16))
+      ->check(dtp::cli::Range(2, 16))
       ->capture_default_str();
   app.add_option("--mb-size", o.mb_size, "sequences per micro-batch: the batch is mb-size x m")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 16))
       ->capture_default_str();
   dtp::bench::add_model_options(app, config);
   app.add_flag("--balance-by-time", o.balance_by_time, "partition the units by measured time, not by parameters");
   app.add_option("--gantt-m", o.gantt_m, "the m whose executed actions go to the JSON file (and are traced)")
-      ->check(CLI::Range(1, 512))
+      ->check(dtp::cli::Range(1, 512))
       ->capture_default_str();
   app.add_option("--trace-dir", o.trace_dir,
                  "trace one step per schedule at m = --gantt-m into DIR/pp-trace-<schedule>.json (Perfetto)")
@@ -430,7 +430,9 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  const RunContext ctx = make_context();
+  const std::optional<RunContext> context = context_from_env("dtp-bench-pp-step");
+  if (!context) return 2;
+  const RunContext& ctx = *context;
   FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
   if (!json_path.empty() && json == nullptr) {
     std::fprintf(stderr, "dtp-bench-pp-step: cannot append to %s\n", json_path.c_str());
@@ -453,6 +455,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtp-bench-pp-step: %s\n", error.what());
     status = 1;
   }
-  if (json) std::fclose(json);
-  return status;
+  return close_json(json, "dtp-bench-pp-step", status);
 }

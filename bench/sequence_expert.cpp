@@ -98,6 +98,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -293,15 +294,9 @@ void set_tier(Tier& tier, const std::string& flag, const std::string& text) {
   const std::size_t comma = text.find(',');
   if (comma == std::string::npos) throw bad();
   auto number = [&](const std::string& part) {
-    std::size_t used = 0;
-    double value = NAN;
-    try {
-      value = std::stod(part, &used);
-    } catch (const std::exception&) {
-      throw bad();
-    }
-    if (used == 0 || used != part.size() || !std::isfinite(value)) throw bad();
-    return value;
+    const std::optional<double> value = dtp::cli::parse_real_text(part);  // decimal and finite
+    if (!value) throw bad();
+    return *value;
   };
   const double alpha_us = number(text.substr(0, comma)), gbps = number(text.substr(comma + 1));
   if (alpha_us < 0 || gbps <= 0) throw bad();
@@ -720,31 +715,35 @@ int main(int argc, char** argv) {
                  "and ep training steps against one device); default all four")
       ->check(CLI::IsMember({"attention", "tiers", "moe", "train"}));
   dtp::cli::add_list_option(app, "--seqs", seqs, "sequence lengths T, a comma list", "T,...")
-      ->check(CLI::Range(std::int64_t{1}, kMaxSize))
+      ->check(dtp::cli::Range(std::int64_t{1}, kMaxSize))
       ->capture_default_str();
-  dtp::cli::add_list_option(app, "--degrees", degrees,
-                 "sequence-parallel degrees n, a comma list (the tiers use those >= 2, train those >= 2 with its "
-                 "own default 2,4)", "N,...")
-      ->check(CLI::Range(1, 64))
+  dtp::cli::add_list_option(
+      app, "--degrees", degrees,
+      "sequence-parallel degrees n, a comma list (the tiers use those >= 2, train those >= 2 with its "
+      "own default 2,4)",
+      "N,...")
+      ->check(dtp::cli::Range(1, 64))
       ->capture_default_str();
   dtp::cli::add_list_option(app, "--methods", methods,
                  "which to run, a comma list; flash is the one-rank peer the others are checked against", "METHOD,...")
       ->check(CLI::IsMember({"flash", "ulysses", "ring", "zigzag", "hybrid"}))
       ->capture_default_str();
   app.add_option("--batch", attention.dims.B, "B of q, k, v [B, T/n, H, D]")
-      ->check(CLI::Range(std::int64_t{1}, kMaxSize))
+      ->check(dtp::cli::Range(std::int64_t{1}, kMaxSize))
       ->capture_default_str();
   app.add_option("--heads", attention.dims.H, "H of q, k, v")
-      ->check(CLI::Range(std::int64_t{1}, kMaxSize))
+      ->check(dtp::cli::Range(std::int64_t{1}, kMaxSize))
       ->capture_default_str();
   app.add_option("--head-dim", attention.dims.D, "D of q, k, v")
-      ->check(CLI::Range(std::int64_t{1}, kMaxSize))
+      ->check(dtp::cli::Range(std::int64_t{1}, kMaxSize))
       ->capture_default_str();
   app.add_option("--dtype", dtype, "of q, k, v (and of the trained GPT)")
       ->check(CLI::IsMember({"f32", "f64"}))
       ->capture_default_str();
-  app.add_option("--warmup", warmup, "untimed passes (train: steps) per run; default 1")->check(CLI::Range(0, 1000));
-  app.add_option("--repeats", repeats, "runs per case, round-robin; default 3, train 6")->check(CLI::Range(1, 1000));
+  app.add_option("--warmup", warmup, "untimed passes (train: steps) per run; default 1")
+      ->check(dtp::cli::Range(0, 1000));
+  app.add_option("--repeats", repeats, "runs per case, round-robin; default 3, train 6")
+      ->check(dtp::cli::Range(1, 1000));
   app.add_option_function<std::string>(
          "--nvlink", [&tiers](const std::string& text) { set_tier(tiers.tiers[0], "--nvlink", text); },
          "the NVLink tier's alpha (us) and bandwidth (GB/s)")
@@ -758,34 +757,35 @@ int main(int argc, char** argv) {
   dtp::cli::add_list_option(app, "--tier-shape", tier_shape,
                             "B,T,H,D of the tiers part (default 1,16,32,8192: one q is 16 MiB in f32)", "B,T,H,D")
       ->expected(4)
-      ->check(CLI::Range(std::int64_t{1}, kMaxSize));
-  dtp::cli::add_list_option(app, "--moe-experts", moe.experts,
-                            "the MoE models' numbers of experts E, a comma list", "E,...")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1024}))
+      ->check(dtp::cli::Range(std::int64_t{1}, kMaxSize));
+  dtp::cli::add_list_option(app, "--moe-experts", moe.experts, "the MoE models' numbers of experts E, a comma list",
+                            "E,...")
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1024}))
       ->capture_default_str();
   dtp::cli::add_list_option(app, "--moe-top-k", moe.top_k, "their experts per token k, a comma list", "K,...")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1024}))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1024}))
       ->capture_default_str();
   dtp::cli::add_list_option(app, "--moe-coefs", moe.coefs,
                             "their load-balancing loss weights aux_loss_coef, a comma list", "C,...")
-      ->check(CLI::Range(0.0, 100.0))
+      ->check(dtp::cli::Range(0.0, 100.0))
       ->capture_default_str();
   app.add_option("--moe-steps", moe_steps, "training steps before the second look at the router")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1000000}))
       ->capture_default_str();
   app.add_option("--moe-trials", moe_trials, "random routings behind the uniform router's load balance")
-      ->check(CLI::Range(1, 1000000))
+      ->check(dtp::cli::Range(1, 1000000))
       ->capture_default_str();
   dtp::cli::add_list_option(app, "--train-shape", train_shape,
-                 "layers, d_model, heads, seq, batch of the trained GPT (default 2,128,8,256,4)", "L,C,H,T,B")
+                            "layers, d_model, heads, seq, batch of the trained GPT (default 2,128,8,256,4)",
+                            "L,C,H,T,B")
       ->expected(5)
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
-  dtp::cli::add_list_option(app, "--train-moe", train_moe,
-                            "experts and top_k of its MoE variant, for ep (default 4,2)", "E,K")
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 16));
+  dtp::cli::add_list_option(app, "--train-moe", train_moe, "experts and top_k of its MoE variant, for ep (default 4,2)",
+                            "E,K")
       ->expected(2)
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1024}));
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1024}));
   app.add_option("--train-steps", train_steps, "timed optimizer steps per run")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000000}))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1000000}))
       ->capture_default_str();
   app.add_flag("--quick", quick,
                "a smoke test: T 256,512; n 1,2,4; no warm-up, 1 repeat; tiers at D = 2048 on n 2,4; MoE 20 steps, "
@@ -848,7 +848,9 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  const RunContext ctx = make_context();
+  const std::optional<RunContext> context = context_from_env("dtp-bench-sequence-expert");
+  if (!context) return 2;
+  const RunContext& ctx = *context;
   if (ctx.backend != "thread" || ctx.device != "cpu") {
     std::fprintf(stderr,
                  "dtp-bench-sequence-expert: runs on the thread backend on the CPU; got DTP_BACKEND=%s, "
@@ -871,6 +873,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtp-bench-sequence-expert: %s\n", error.what());
     status = 1;
   }
-  if (json) std::fclose(json);
-  return status;
+  return close_json(json, "dtp-bench-sequence-expert", status);
 }

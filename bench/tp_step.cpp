@@ -33,19 +33,20 @@
 // H100 (72 N C^2 / t flops at 400 TFLOP/s).
 //
 // Prints two tables and appends one JSON object per measurement to --json FILE.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <unistd.h>
 
 #include "04_tensor_parallel/tensor_parallel.h"
 #include "bench_common.h"
@@ -403,15 +404,9 @@ void set_tier(Tier& tier, const std::string& flag, const std::string& text) {
   const std::size_t comma = text.find(',');
   if (comma == std::string::npos) throw bad();
   auto number = [&](const std::string& part) {
-    std::size_t used = 0;
-    double value = 0;
-    try {
-      value = std::stod(part, &used);
-    } catch (const std::exception&) {
-      throw bad();
-    }
-    if (used != part.size() || !std::isfinite(value)) throw bad();
-    return value;
+    const std::optional<double> value = dtp::cli::parse_real_text(part);  // decimal and finite
+    if (!value) throw bad();
+    return *value;
   };
   const double alpha_us = number(text.substr(0, comma)), gbps = number(text.substr(comma + 1));
   if (alpha_us < 0 || gbps <= 0) throw bad();
@@ -562,17 +557,17 @@ int main(int argc, char** argv) {
       "Part 2, tp_comm_tiers: the alpha-beta clock of one GPT-2-XL block's TP collectives on NVLink and "
       "InfiniBand.",
       "dtp-bench-tp-step"};
-  dtp::cli::add_list_option(app, "--tps", o.tps,
-                            "tensor-parallel sizes t, a comma list; each runs with SP off and on", "T,...")
-      ->check(CLI::Range(1, 64))
+  dtp::cli::add_list_option(app, "--tps", o.tps, "tensor-parallel sizes t, a comma list; each runs with SP off and on",
+                            "T,...")
+      ->check(dtp::cli::Range(1, 64))
       ->capture_default_str();
   dtp::bench::add_step_options(app, o.steps, o.warmup);
   app.add_option("--repeats", o.repeats, "runs of every configuration, in turn: times pooled over them")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000}))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1000}))
       ->capture_default_str();
   dtp::bench::add_model_options(app, config);
   app.add_option("--batch", config.batch, "sequences per step, the same on every rank of the TP group")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->capture_default_str();
   app.add_option("--only", only,
                  "run one part: step (the measured TP step) or tiers (the predicted communication of a GPT-2-XL "
@@ -601,7 +596,9 @@ int main(int argc, char** argv) {
     if (app.count("--repeats") == 0) o.repeats = 1;
   }
 
-  const RunContext ctx = make_context();
+  const std::optional<RunContext> context = context_from_env("dtp-bench-tp-step");
+  if (!context) return 2;
+  const RunContext& ctx = *context;
   FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
   if (!json_path.empty() && json == nullptr) {
     std::fprintf(stderr, "dtp-bench-tp-step: cannot append to %s\n", json_path.c_str());
@@ -615,6 +612,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtp-bench-tp-step: %s\n", error.what());
     status = 1;
   }
-  if (json) std::fclose(json);
-  return status;
+  return close_json(json, "dtp-bench-tp-step", status);
 }

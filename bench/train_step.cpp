@@ -197,14 +197,16 @@ int main(int argc, char** argv) {
       "it says so and exits 0.",
       "dtp-bench-train-step"};
   app.add_option("--batch", batch, "sequences per step")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 16))
       ->capture_default_str();
   app.add_option("--seq", seq, "tokens per sequence (default: --context)")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 20));
   dtp::bench::add_shape_options(app, config);
-  app.add_option("--vocab", config.vocab_size, "vocabulary size")->check(CLI::Range(2, 1 << 24))->capture_default_str();
+  app.add_option("--vocab", config.vocab_size, "vocabulary size")
+      ->check(dtp::cli::Range(2, 1 << 24))
+      ->capture_default_str();
   app.add_option("--context", config.context, "learned positions (raised to --seq if smaller)")
-      ->check(CLI::Range(1, 1 << 20))
+      ->check(dtp::cli::Range(1, 1 << 20))
       ->capture_default_str();
   dtp::bench::add_step_options(app, steps, warmup);
   app.add_option("--attention", attention, "the attention kernel")
@@ -218,9 +220,9 @@ int main(int argc, char** argv) {
   CLI::Option* peak_option =
       app.add_option("--peak-tflops", peak_tflops,
                      "the GPU's dense peak in TFLOP/s at --precision (default: H100 SXM, 494.7 TF32, 989.4 bf16/fp16)")
-          ->check(CLI::Range(1e-3, 1e6));
+          ->check(dtp::cli::Range(1e-3, 1e6));
   app.add_option("--bandwidth-tbs", bandwidth_tbs, "the GPU's memory bandwidth in TB/s (H100 SXM 3.35, H200 4.8)")
-      ->check(CLI::Range(1e-3, 1e3))
+      ->check(dtp::cli::Range(1e-3, 1e3))
       ->capture_default_str();
   app.add_option("--device", device,
                  "cuda, or cpu to check the program on a machine without a GPU (small shapes; the MFU is then "
@@ -248,6 +250,17 @@ int main(int argc, char** argv) {
     config.device = on_gpu ? dtp::Device::cuda(0) : dtp::Device::cpu();
     if (mixed) config.dtype = precision == "bf16" ? dtp::DType::bf16 : dtp::DType::f16;
     config.validate();
+    // The output and the environment are checked before minutes of measuring.
+    std::optional<dtp::bench::RunContext> found = dtp::bench::context_from_env("dtp-bench-train-step");
+    if (!found) return 2;
+    dtp::bench::RunContext context = *found;
+    context.device = device;  // this benchmark's device, whatever DTP_DEVICE says
+    FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
+    if (!json_path.empty() && json == nullptr) {
+      std::fprintf(stderr, "dtp-bench-train-step: error: cannot append to --json %s: %s\n", json_path.c_str(),
+                   std::strerror(errno));
+      return 2;
+    }
 
     dtp::GPT model(config);
     // fp32: AdamW over the model's own buffers. bf16/fp16: over the f32 masters.
@@ -303,10 +316,6 @@ int main(int argc, char** argv) {
     if (!rows.empty())
       std::printf("%-36s %9s %7s %10s %8s %12s %8s %8s\n", "op", "ms/call", "calls", "ms/step", "of step",
                   "roofline ms", "bound", "of roof");
-    FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
-    DTP_CHECK(json_path.empty() || json != nullptr, "dtp-bench-train-step: cannot append to --json ", json_path);
-    dtp::bench::RunContext context = dtp::bench::make_context();
-    context.device = device;  // this benchmark's device, whatever DTP_DEVICE says
     dtp::bench::JsonLine step_line;
     step_line.add("what", "train_step").add("gpu", gpu.str()).add("layers", config.layers)
         .add("d_model", config.d_model).add("heads", config.heads).add("vocab", config.vocab_size)
@@ -342,10 +351,9 @@ int main(int argc, char** argv) {
           .add("ops_s", ops_per_step).add("rest_s", step_s - ops_per_step);
       dtp::bench::write_line(json, dtp::bench::add_context(rest, context));
     }
-    if (json) std::fclose(json);
-    return 0;
+    return dtp::bench::close_json(json, "dtp-bench-train-step", 0);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
+    std::fprintf(stderr, "dtp-bench-train-step: error: %s\n", e.what());
     return 1;
   }
 }

@@ -244,7 +244,7 @@ int main(int argc, char** argv) {
       "optimizer in host memory).",
       "dtp-bench-zero-memory"};
   dtp::cli::add_list_option(app, "--worlds", worlds, "world sizes, a comma list", "N,...")
-      ->check(CLI::Range(1, 1024))
+      ->check(dtp::cli::Range(1, 1024))
       ->capture_default_str();
   dtp::cli::add_list_option(app, "--stages", stages,
                             "a comma list of stages; ddp is always run too, as the baseline of the time ratio",
@@ -252,14 +252,14 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(std::vector<std::string>(std::begin(kStages), std::end(kStages))))
       ->capture_default_str();
   app.add_option("--steps", steps, "steps per run: peaks from step 2 on, times after 2 warm-up steps")
-      ->check(CLI::Range(std::int64_t{3}, std::int64_t{1000000}))
+      ->check(dtp::cli::Range(std::int64_t{3}, std::int64_t{1000000}))
       ->capture_default_str();
   dtp::bench::add_model_options(app, config);
   app.add_option("--batch", per_rank_batch, "sequences per rank per step (the global batch is B x world)")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->capture_default_str();
   app.add_option("--repeats", repeats, "runs of every stage per world, in turn: times pooled over them")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1000}))
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1000}))
       ->capture_default_str();
   app.add_option("--json", json_path, "append one JSON object per (stage, world) to FILE")->type_name("FILE");
   app.footer("Backend and device from DTP_BACKEND and DTP_DEVICE (default thread, cpu).");
@@ -276,9 +276,10 @@ int main(int argc, char** argv) {
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
   const std::string rev = git_revision();
-  const dtp::World env = dtp::World::from_env(1);
-  const std::string backend = dtp::backend_name(env.backend);
-  const std::string device = env.device.is_cuda() ? "cuda" : "cpu";
+  const std::optional<RunContext> context = context_from_env("dtp-bench-zero-memory");
+  if (!context) return 2;
+  const std::string backend = context->backend;
+  const std::string device = context->device;
   FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
   if (!json_path.empty() && json == nullptr) {
     std::fprintf(stderr, "dtp-bench-zero-memory: cannot append to %s\n", json_path.c_str());
@@ -412,12 +413,13 @@ int main(int argc, char** argv) {
             .add("repeats", repeats)
             .add("date", date)
             .add("git", rev);
+        // A failed write is reported when the file is closed (close_json).
         std::fprintf(json, "%s\n", line.str().c_str());
         std::fflush(json);
       }
     }
   }
-  if (json) std::fclose(json);
+  if (close_json(json, "dtp-bench-zero-memory", 0) != 0) return 1;
   if (printed_header && mismatches > 0)
     std::printf(
         "# %d row(s) differ from the formulas: the 'formula' column shows the worst ratio of any rank and "

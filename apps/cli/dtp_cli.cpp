@@ -1,22 +1,122 @@
 #include "dtp_cli.h"
 
+#include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <sstream>
 
 #include "dtp/error.h"
 
 namespace dtp::cli {
 
+std::optional<long double> parse_integer_text(const std::string& text) {
+  const bool negative = !text.empty() && text[0] == '-';
+  const char* first = text.data() + (negative ? 1 : 0);
+  const char* last = text.data() + text.size();
+  if (first == last || *first < '0' || *first > '9') return std::nullopt;  // from_chars would take a second '-'
+  unsigned long long magnitude = 0;
+  const auto [end, error] = std::from_chars(first, last, magnitude, 10);
+  if (error != std::errc{} || end != last) return std::nullopt;
+  const long double value = static_cast<long double>(magnitude);  // exact: 64 mantissa bits
+  return negative ? -value : value;
+}
+
+std::optional<double> parse_real_text(const std::string& text) {
+  double value = 0;
+  const char* last = text.data() + text.size();
+  // chars_format::general: decimal with an optional exponent; no hex, no
+  // leading space or '+'. It does take "inf" and "nan", refused below.
+  const auto [end, error] = std::from_chars(text.data(), last, value, std::chars_format::general);
+  if (text.empty() || error != std::errc{} || end != last || !std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
+namespace {
+
+std::string number_text(long double value) {
+  std::ostringstream out;
+  out.precision(19);
+  out << value;
+  return out.str();
+}
+
+// The strict syntax alone, for INT, UINT and FLOAT options without a Range.
+CLI::Validator syntax_check(bool integer) {
+  return CLI::Validator(
+      [integer](std::string& text) -> std::string {
+        const bool ok = integer ? parse_integer_text(text).has_value() : parse_real_text(text).has_value();
+        if (ok) return {};
+        return std::string("expects ") + (integer ? "a decimal integer" : "a finite decimal number") + ", got '" +
+               text + "'";
+      },
+      "");
+}
+
+bool starts_with(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
+
+// An option's value as given, or its shown default; std::nullopt when the
+// program has no such option or it is not an integer.
+std::optional<long double> integer_value(CLI::App& app, const std::string& name) {
+  const CLI::Option* option = nullptr;
+  try {
+    option = app.get_option(name);
+  } catch (const CLI::OptionNotFound&) {
+    return std::nullopt;
+  }
+  const std::string text = option->count() > 0 ? option->results().back() : option->get_default_str();
+  return parse_integer_text(text);
+}
+
+// Every program with a model shape takes --d-model and --heads: each head
+// is d_model / heads wide, so a pair that does not divide is a bad command
+// line, said here rather than by the model minutes later.
+void check_heads_divide_width(CLI::App& app) {
+  const std::optional<long double> width = integer_value(app, "--d-model"), heads = integer_value(app, "--heads");
+  if (!width || !heads || *heads <= 0) return;
+  const auto w = static_cast<long long>(*width), h = static_cast<long long>(*heads);
+  if (w % h != 0)
+    throw CLI::ValidationError("--d-model " + std::to_string(w) + " must divide by --heads " + std::to_string(h) +
+                               " (each head is d_model / heads wide)");
+}
+
+}  // namespace
+
+Range::Range(long double low, long double high, bool integer) {
+  const std::string range = "[" + number_text(low) + ", " + number_text(high) + "]";
+  description(std::string(integer ? "INT" : "FLOAT") + " in " + range);
+  func_ = [low, high, integer, range](std::string& text) -> std::string {
+    const std::optional<long double> value =
+        integer ? parse_integer_text(text) : std::optional<long double>(parse_real_text(text));
+    if (value && *value >= low && *value <= high) return {};
+    return std::string("expects ") + (integer ? "an integer" : "a number") + " in " + range + ", got '" + text + "'";
+  };
+}
+
 std::optional<int> parse(CLI::App& app, int argc, char** argv) {
+  for (CLI::Option* option : app.get_options()) {
+    const std::string type = option->get_type_name();
+    if (starts_with(type, "INT") || starts_with(type, "UINT")) option->check(syntax_check(true));
+    if (starts_with(type, "FLOAT")) option->check(syntax_check(false));
+  }
   try {
     app.parse(argc, argv);
+    check_heads_divide_width(app);
     return std::nullopt;
   } catch (const CLI::CallForHelp&) {
     std::fputs(app.help().c_str(), stdout);
     return 0;
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "%s: error: %s (see --help)\n", app.get_name().c_str(), e.what());
+    std::fprintf(stderr, "%s: error: %s (see --help)\n", app.get_name().c_str(), error_text(e).c_str());
     return 2;
   }
+}
+
+std::string error_text(const CLI::ParseError& error) {
+  std::string message = error.what();
+  // CLI11 says "--batch: At Most 1 required but received 2" for a flag given twice.
+  const std::string::size_type at = message.find(": At Most 1 required but received");
+  if (at != std::string::npos) message = message.substr(0, at) + " was given more than once: give it once";
+  return message;
 }
 
 CLI::Option* add_device_option(CLI::App& app, Device& device, const std::string& help) {

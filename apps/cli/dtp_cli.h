@@ -1,29 +1,57 @@
 // One command-line parser for every DTP program (apps/ and bench/): CLI11,
 // used the same way everywhere. -h/--help prints the usage and exits 0
-// before anything runs; an unknown flag, a stray argument or a value that
-// does not convert or is out of range is an error that names the flag and
-// exits 2.
+// before anything runs; an unknown flag, a stray argument, a flag given
+// twice or a value that does not convert or is out of range is an error that
+// names the flag and exits 2.
 //
 //   CLI::App app{"what the program does", "dtp-bench-ddp-step"};
-//   app.add_option("--world", world, "ranks")->check(CLI::Range(1, 1024));
+//   app.add_option("--world", world, "ranks")->check(dtp::cli::Range(1, 1024));
 //   if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
 #pragma once
 
 #include <CLI/CLI.hpp>
-
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dtp/device.h"
 
 namespace dtp::cli {
 
+/// The whole text as a decimal integer ("-12"; not "12x", " 12", "0x10",
+/// "1e3" or "4.0"), or std::nullopt.
+std::optional<long double> parse_integer_text(const std::string& text);
+
+/// The whole text as a finite decimal number ("0.5", "1e-3"; not "nan",
+/// "inf", "0x1p3" or " 1"), or std::nullopt.
+std::optional<double> parse_real_text(const std::string& text);
+
+/// CLI::Range made strict: the value must be all of its text, in decimal,
+/// and finite (CLI11's own conversion takes "0x10" and " 4" as integers and
+/// "nan" as a number, and nan passes CLI::Range because every comparison
+/// with it is false). Integer bounds make an integer option ("expects an
+/// integer in [1, 64], got '4abc'"); floating-point bounds a number one.
+class Range : public CLI::Validator {
+ public:
+  template <typename T>
+  Range(T low, T high) : Range(static_cast<long double>(low), static_cast<long double>(high), std::is_integral_v<T>) {}
+
+ private:
+  Range(long double low, long double high, bool integer);
+};
+
 /// Parses @p argv into @p app. Returns the exit status when the program must
 /// stop now: 0 after --help (the usage is on stdout), 2 after a bad command
 /// line ("PROGRAM: error: MESSAGE (see --help)" on stderr). std::nullopt:
-/// the options are set, go on.
+/// the options are set, go on. Every INT, UINT or FLOAT option gets the
+/// strict syntax of Range (whole text, decimal, finite) if it has no Range.
 std::optional<int> parse(CLI::App& app, int argc, char** argv);
+
+/// CLI11's message for @p error, in DTP's words where CLI11's mislead ("At
+/// Most 1 required but received 2" for a flag given twice).
+std::string error_text(const CLI::ParseError& error);
 
 /// A --device option ("cpu", "cuda" or "cuda:k") read by dtp::parse_device,
 /// whose error it reports.

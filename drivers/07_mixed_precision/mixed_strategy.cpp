@@ -7,6 +7,7 @@
 // 16-bit model, the f32 masters, their optimizer state and the scaler's scale
 // and count, so a resumed run goes on exactly where the saved one stopped;
 // --load starts the masters from a file of any float dtype (start_from).
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -186,7 +187,10 @@ LossScale parse_loss_scale(const std::string& text) {
   if (text == "none") return {LossScale::Kind::none};
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);
-  DTP_CHECK(end != text.c_str() && *end == '\0' && std::isfinite(value) && value > 0,
+  // Decimal only: strtod also takes " 8" and hexadecimal ("0x10" is 16).
+  const bool decimal = !text.empty() && !std::isspace(static_cast<unsigned char>(text[0])) &&
+                       text.find_first_of("xX") == std::string::npos;
+  DTP_CHECK(decimal && end != text.c_str() && *end == '\0' && std::isfinite(value) && value > 0,
             "expected dynamic, none or a number > 0, got '", text, "'");
   return {LossScale::Kind::fixed, value};
 }
