@@ -1,6 +1,8 @@
 // dtp-train's flags: parsing with ranges, then the checks between flags.
 #include "train/options.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -12,12 +14,11 @@
 #include <functional>
 #include <limits>
 #include <map>
-
-#include <unistd.h>
+#include <vector>
 
 #include "dtp/device.h"
-#include "dtp_cli.h"
 #include "dtp/error.h"
+#include "dtp_cli.h"
 
 namespace dtp::train_app {
 
@@ -235,14 +236,10 @@ double parse_real(const std::string& flag, const std::string& text, double low, 
   std::string range = range_text(low, high);
   if (below_high) range.back() = ')';
   const std::string expected = flag + " expects a number in " + range + ", got '" + text + "'";
-  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])))
-    throw UsageError{expected};
-  errno = 0;
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  const bool in_range = std::isfinite(value) && value >= low && (below_high ? value < high : value <= high);
-  if (end != text.c_str() + text.size() || errno == ERANGE || !in_range) throw UsageError{expected};
-  return value;
+  // Decimal only: strtod would also take " 1", "0x10" (16) and "0x1p-3".
+  const std::optional<double> value = cli::parse_real_text(text);
+  if (!value || *value < low || (below_high ? *value >= high : *value > high)) throw UsageError{expected};
+  return *value;
 }
 
 template <typename Fn>
@@ -279,6 +276,80 @@ void check_save_path(const std::string& flag, const std::string& path) {
     throw UsageError{flag + ": the folder '" + folder.string() + "' of '" + path + "' does not exist"};
   if (::access(folder.c_str(), W_OK) != 0)
     throw UsageError{flag + ": cannot write in '" + folder.string() + "': " + std::strerror(errno)};
+  // The save writes FILE.tmp first: a folder there would fail it after the run.
+  const std::string temporary = path + ".tmp";
+  std::error_code error;
+  if (fs::exists(temporary, error) && !fs::is_regular_file(temporary, error))
+    throw UsageError{flag + " '" + path + "' is written through '" + temporary +
+                     "', which exists and is not a file: remove it or save elsewhere"};
+}
+
+// Two flags name one file when their paths lead to the same place: "t.json"
+// and "./t.json", a link and its target, or two hard links.
+bool same_file(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (fs::exists(a, error) && fs::exists(b, error)) return fs::equivalent(a, b, error);
+  const fs::path x = fs::weakly_canonical(fs::absolute(a, error), error);
+  const fs::path y = fs::weakly_canonical(fs::absolute(b, error), error);
+  return x == y;
+}
+
+// No file is both read and written, and no two outputs share a file: the
+// run would overwrite its data or checkpoint, or one output the other.
+// --save writes FILE.tmp and renames it over FILE at the end, so --save may
+// name the --resume or --load file (read first, replaced whole), but its
+// FILE.tmp may name nothing else.
+void check_files_apart(const Options& o) {
+  const TrainConfig& c = o.config;
+  struct File {
+    std::string flag, path;
+    bool output;
+  };
+  std::vector<File> files;
+  auto add = [&files](const std::string& flag, const std::string& path, bool output) {
+    if (!path.empty()) files.push_back({flag, path, output});
+  };
+  add("--data", c.data_path, false);
+  add("--resume", c.resume_path, false);
+  add("--load", c.load_path, false);
+  add("--trace", c.trace_path, true);
+  add("--json", c.json_path, true);
+  add("--save", c.save_path, true);
+  if (!c.save_path.empty()) add("--save's temporary file", c.save_path + ".tmp", true);
+  add("--save-merged", o.lora.save_merged_path, true);
+  if (!o.lora.save_merged_path.empty()) add("--save-merged's temporary file", o.lora.save_merged_path + ".tmp", true);
+  for (std::size_t i = 0; i < files.size(); ++i)
+    for (std::size_t j = i + 1; j < files.size(); ++j) {
+      const File &a = files[i], &b = files[j];
+      if (!a.output && !b.output) continue;  // two inputs may be one file
+      const bool save_replaces_input = (!a.output && (b.flag == "--save" || b.flag == "--save-merged")) ||
+                                       (!b.output && (a.flag == "--save" || a.flag == "--save-merged"));
+      if (a.flag != "--data" && b.flag != "--data" && save_replaces_input) continue;
+      if (!same_file(a.path, b.path)) continue;
+      const char* why =
+          a.output && b.output ? "one output would overwrite the other" : "the run would overwrite a file it reads";
+      throw UsageError{a.flag + " '" + a.path + "' and " + b.flag + " '" + b.path + "' are the same file: " + why +
+                       "; give each its own file"};
+    }
+}
+
+// A flag that the run would not use is a mistake in the command line, not
+// something to drop without a word.
+void check_no_ignored_flags(const Options& o) {
+  const TrainConfig& c = o.config;
+  auto given = [&o](const char* flag) { return o.given.count(flag) > 0; };
+  if (given("--chunks") && o.pp.pipeline.schedule != ch05::ScheduleKind::interleaved)
+    throw UsageError{"--chunks sets v of --schedule interleaved; this run's schedule is not interleaved"};
+  if (given("--sp-ulysses") && o.sp.kind != ch06::SequenceParallelKind::hybrid)
+    throw UsageError{"--sp-ulysses sets the Ulysses group of --sp-kind hybrid; this run's --sp-kind is not hybrid"};
+  for (const char* flag : {"--top-k", "--capacity-factor", "--aux-loss-coef"})
+    if (given(flag) && c.model.experts == 0)
+      throw UsageError{std::string(flag) + " sets the mixture of experts: it needs --moe-experts E"};
+  if (given("--momentum") && c.optimizer != "sgd")
+    throw UsageError{"--momentum is SGD's; this run's --optimizer is " + c.optimizer};
+  if (given("--vocab") && !c.data_path.empty())
+    throw UsageError{"--vocab is 256 (one id per byte) with --data: drop --vocab"};
 }
 
 void check_checkpoint_file(const std::string& flag, const std::string& path) {
@@ -580,7 +651,10 @@ Options parse_arguments(int argc, char** argv) {
   app.formatter_fn([](const CLI::App*, std::string, CLI::AppFormatMode) { return std::string(kUsage); });
   app.allow_extras();  // reported below in DTP's words
   for (const auto& [flag, set] : options)
-    app.add_option_function<std::string>(flag, [flag = flag, &set = set](const std::string& value) { set(flag, value); });
+    app.add_option_function<std::string>(flag, [flag = flag, &set = set, &o](const std::string& value) {
+      o.given.insert(flag);
+      set(flag, value);
+    });
   for (const auto& [flag, on] : switches) {
     app.add_flag_callback(flag, on);
     // CLI11 would read "--prefetch=yes" as a switch turned on by a value.
@@ -598,7 +672,7 @@ Options parse_arguments(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     std::exit(0);
   } catch (const CLI::ParseError& e) {
-    throw UsageError{std::string(e.what()) + " (see --help)"};
+    throw UsageError{cli::error_text(e) + " (see --help)"};
   }
   if (!app.remaining().empty()) throw UsageError{"unknown option '" + app.remaining().front() + "' (see --help)"};
   resolve_precision(o);
@@ -635,6 +709,7 @@ void check_options(const Options& o) {
   if (config.model.d_model % config.model.heads != 0)
     throw UsageError{"--heads " + std::to_string(config.model.heads) + " must divide --d-model " +
                      std::to_string(config.model.d_model)};
+  check_no_ignored_flags(o);
   if (config.model.top_k > std::max(config.model.experts, 1))
     throw UsageError{"--top-k " + std::to_string(config.model.top_k) + " needs at least as many experts (--moe-experts " +
                      std::to_string(config.model.experts) + ")"};
@@ -688,12 +763,8 @@ void check_options(const Options& o) {
     }
   }
   if (!config.data_path.empty()) check_data_file(config.data_path, config.seq);
-  if (!config.trace_path.empty() || !config.json_path.empty()) {
-    if (config.trace_path == config.json_path)
-      throw UsageError{"--trace and --json name the same file '" + config.json_path + "'"};
-    if (!config.trace_path.empty()) check_writable("--trace", config.trace_path);
-    if (!config.json_path.empty()) check_writable("--json", config.json_path);
-  }
+  if (!config.trace_path.empty() && config.trace_path == config.json_path)
+    throw UsageError{"--trace and --json name the same file '" + config.json_path + "'"};
   if (config.strategy == "lora") {
     try {
       ch08::validate_lora(config, o.lora);
@@ -718,6 +789,10 @@ void check_options(const Options& o) {
   if (config.model.device.is_cuda() && dtp::cuda_device_count() == 0)
     throw UsageError{"--device " + config.model.device.str() +
                      ": no usable CUDA device here (none found, or DTP was built without CUDA)"};
+  check_files_apart(o);
+  // Last: these create the files, which a later usage error would leave behind.
+  if (!config.trace_path.empty()) check_writable("--trace", config.trace_path);
+  if (!config.json_path.empty()) check_writable("--json", config.json_path);
 }
 
 }  // namespace dtp::train_app

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include "02_ddp/ddp.h"
@@ -48,6 +49,7 @@ struct Options {
   bool world_given = false;    ///< --world was given (under mpiexec it defaults to the processes)
   bool mp_flags = false;       ///< --loss-scale or --reduce-dtype was given (they need --precision)
   bool dtype_given = false;    ///< --dtype was given (--precision bf16|fp16 sets the dtype itself)
+  std::set<std::string> given;  ///< every flag that takes a value and was given
 };
 
 /// The --help text.

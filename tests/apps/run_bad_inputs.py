@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Runs dtp-train on every row of bad_inputs.txt and checks that each is a
 clear usage error: exit status 2, quickly, with the expected text (which
-names the flag) in stderr and no training. Prints every row that failed."""
+names the flag) in stderr, no training, and nothing lost or left behind (the
+folder's files keep their bytes, and the run creates none). Prints every
+row that failed."""
 import argparse
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,6 +22,29 @@ def rows(table):
         yield number, expected.strip(), arguments.strip()
 
 
+def snapshot(folder):
+    """Every entry of the folder: a file's bytes, or None for a folder."""
+    entries = {}
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        entries[name] = None if os.path.isdir(path) else open(path, "rb").read()
+    return entries
+
+
+def restore(folder, entries):
+    """Puts the folder back as @p entries had it, so one row's damage does not fail the next."""
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if name not in entries:
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    for name, content in entries.items():
+        path = os.path.join(folder, name)
+        if content is None:
+            os.makedirs(path, exist_ok=True)
+        else:
+            open(path, "wb").write(content)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--program", required=True)
@@ -29,11 +55,14 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         open(os.path.join(folder, "three.txt"), "w").write("abc")
         open(os.path.join(folder, "empty.txt"), "w").close()
+        os.mkdir(os.path.join(folder, "busy.ckpt.tmp"))  # --save busy.ckpt cannot write its temporary file
+        before = snapshot(folder)
         missing = os.path.join(folder, "no-such-folder")
         env = dict(os.environ, DTP_BACKEND="thread")
         for number, expected, arguments in rows(args.table):
             count += 1
-            fill = lambda text: text.replace("{dir}", folder).replace("{missing}", missing)
+            fill = lambda text: (text.replace("{dir}", folder).replace("{missing}", missing)
+                                 .replace("{dirname}", os.path.basename(folder)))
             argv = [args.program] + [fill(a) for a in shlex.split(arguments)]
             want = fill(expected)
             try:
@@ -50,6 +79,13 @@ def main():
                 problems.append(f"stderr without '{want}'")
             if "trained" in run.stdout or "step " in run.stdout:
                 problems.append("it trained")
+            after = snapshot(folder)
+            if after != before:
+                changed = sorted(set(before) ^ set(after)) + sorted(n for n in before if n in after and
+                                                                    before[n] != after[n])
+                problems.append(f"the folder's files changed: {', '.join(changed)} (a usage error must "
+                                f"write nothing)")
+                restore(folder, before)
             if problems:
                 failures.append(f"line {number}: `{arguments}`: " + "; ".join(problems) +
                                 f"\n    stderr: {run.stderr.strip()[:400]!r}")
