@@ -18,6 +18,7 @@
 
 #include "dtp/device.h"
 #include "dtp/error.h"
+#include "dtp/launch.h"
 #include "dtp_cli.h"
 
 namespace dtp::train_app {
@@ -433,6 +434,9 @@ Options parse_arguments(int argc, char** argv) {
       {"--strategy",
        [&](auto& f, auto& v) {
          if (v.empty()) throw UsageError{f + " expects a strategy name, got ''"};
+         // Two strategies are chosen by their own flags, which carry their settings.
+         if (v == "lora") throw UsageError{"--strategy lora is chosen by --lora-rank R: give that instead"};
+         if (v == "mixed") throw UsageError{"--strategy mixed is chosen by --precision bf16|fp16: give that instead"};
          config.strategy = v;
        }},
       {"--impl",
@@ -686,7 +690,7 @@ void check_options(const Options& o) {
   bool known = false;
   for (const std::string& name : strategy_names()) {
     known = known || name == config.strategy;
-    names += (names.empty() ? "" : ", ") + name;
+    if (name != "lora" && name != "mixed") names += (names.empty() ? "" : ", ") + name;  // set by their flags
   }
   if (!known)
     throw UsageError{"--strategy: unknown strategy '" + config.strategy + "'; accepted: " + names};
@@ -790,6 +794,13 @@ void check_options(const Options& o) {
     throw UsageError{"--device " + config.model.device.str() +
                      ": no usable CUDA device here (none found, or DTP was built without CUDA)"};
   check_files_apart(o);
+  // The environment the runtime reads, before the run prints its header.
+  try {
+    (void)World::from_env(1);
+    (void)default_timeout_seconds();
+  } catch (const dtp::Error& e) {
+    throw UsageError{std::string("the environment: ") + e.what()};
+  }
   // Last: these create the files, which a later usage error would leave behind.
   if (!config.trace_path.empty()) check_writable("--trace", config.trace_path);
   if (!config.json_path.empty()) check_writable("--json", config.json_path);

@@ -6,6 +6,7 @@ folder's files keep their bytes, and the run creates none). Prints every
 row that failed."""
 import argparse
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -63,10 +64,16 @@ def main():
             count += 1
             fill = lambda text: (text.replace("{dir}", folder).replace("{missing}", missing)
                                  .replace("{dirname}", os.path.basename(folder)))
-            argv = [args.program] + [fill(a) for a in shlex.split(arguments)]
+            words = [fill(a) for a in shlex.split(arguments)]
+            # Leading NAME=VALUE words set the environment, as in a shell.
+            row_env = dict(env)
+            while words and re.match(r"^[A-Z_]+=", words[0]):
+                name, _, value = words.pop(0).partition("=")
+                row_env[name] = value
+            argv = [args.program] + words
             want = fill(expected)
             try:
-                run = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env,
+                run = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=row_env,
                                      stdin=subprocess.DEVNULL)
             except subprocess.TimeoutExpired:
                 failures.append(f"line {number}: `{arguments}`: expected exit 2 at once, "
