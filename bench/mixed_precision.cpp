@@ -84,6 +84,11 @@ int main(int argc, char** argv) {
       "cost of that rounding, not a GPU's speed-up.");
   if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
   const std::set<std::int64_t> histogram_steps(histogram_list.begin(), histogram_list.end());
+  if (app.count("--histogram-steps") > 0 && !histogram_steps.empty() && *histogram_steps.rbegin() > config.steps) {
+    std::fprintf(stderr, "dtp-bench-mixed-precision: error: --histogram-steps %lld is past --steps %lld (see --help)\n",
+                 static_cast<long long>(*histogram_steps.rbegin()), static_cast<long long>(config.steps));
+    return 2;
+  }
   try {
     FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
     DTP_CHECK(json_path.empty() || json != nullptr, "cannot write ", json_path);

@@ -413,6 +413,10 @@ int main(int argc, char** argv) {
     for (const std::string& name : schedules) o.schedules.push_back(pp::parse_schedule_kind(name));
     if (o.microbatches.empty() || o.schedules.empty())
       throw std::invalid_argument("--microbatches and --schedules need at least one value");
+    const bool keeps_actions = app.count("--gantt-m") > 0 || !o.trace_dir.empty();
+    if (keeps_actions && std::find(o.microbatches.begin(), o.microbatches.end(), o.gantt_m) == o.microbatches.end())
+      throw std::invalid_argument("--gantt-m " + std::to_string(o.gantt_m) +
+                                  " is not one of --microbatches, so no run would keep its actions or trace");
     // Every combination is checked before the first run, with validate_pipeline's messages.
     for (pp::ScheduleKind kind : o.schedules)
       for (int m : o.microbatches) {

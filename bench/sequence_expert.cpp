@@ -842,6 +842,11 @@ int main(int argc, char** argv) {
       throw std::invalid_argument(
           "--seqs, --degrees, --methods, --moe-experts, --moe-top-k and --moe-coefs need "
           "at least one value");
+    // A (E, k) pair with k > E is skipped; a list of only such pairs would measure nothing.
+    const std::int64_t most_experts = *std::max_element(moe.experts.begin(), moe.experts.end());
+    const std::int64_t fewest_k = *std::min_element(moe.top_k.begin(), moe.top_k.end());
+    if ((only.empty() || only == "moe") && fewest_k > most_experts)
+      throw std::invalid_argument("every --moe-top-k is above every --moe-experts (k of E experts needs k <= E)");
     if (only.empty() || only == "train") train_setups(training);  // a shape the strategies refuse, named now
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtp-bench-sequence-expert: error: %s (see --help)\n", e.what());

@@ -595,6 +595,15 @@ int main(int argc, char** argv) {
     if (app.count("--steps") == 0) o.steps = 2;
     if (app.count("--repeats") == 0) o.repeats = 1;
   }
+  // Every t against the model before anything runs or a --json file is made.
+  for (int t : o.tps) {
+    try {
+      dtp::ch04::validate_tensor_parallel(o.config, dtp::ch04::TensorParallelRunOptions{t, 1, false, {}});
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dtp-bench-tp-step: error: --tps %d: %s (see --help)\n", t, e.what());
+      return 2;
+    }
+  }
 
   const std::optional<RunContext> context = context_from_env("dtp-bench-tp-step");
   if (!context) return 2;

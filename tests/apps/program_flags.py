@@ -55,6 +55,13 @@ BAD_INPUTS = [
      "--d-model 10 must divide by --heads 3"),
     ("dtp-bench-train-step", ["--device", "cpu", "--d-model", "10", "--heads", "3"], {}, 2,
      "--d-model 10 must divide by --heads 3"),
+    # Settings that would measure nothing of what was asked.
+    ("dtp-bench-pp-step", ["--microbatches", "2", "--gantt-m", "3"], {}, 2, "--gantt-m 3 is not one of --microbatches"),
+    ("dtp-bench-mixed-precision", ["--steps", "2", "--histogram-steps", "5"], {}, 2,
+     "--histogram-steps 5 is past --steps 2"),
+    ("dtp-bench-sequence-expert", ["--only", "moe", "--moe-experts", "2", "--moe-top-k", "3"], {}, 2,
+     "every --moe-top-k is above every --moe-experts"),
+    ("dtp-bench-tp-step", ["--tps", "3", "--heads", "2", "--json", "x.jsonl"], {}, 2, "--tps 3:"),
     # Pipeline costs are bounded (an unbounded chart took gigabytes and hung).
     ("dtp-schedule-reference", SCHEDULE + ["--costs", "0.001,1e9,1e-9"], {}, 2, "--costs: expects F,B,W"),
     ("dtp-schedule-reference", SCHEDULE + ["--costs", "1,inf,1"], {}, 2, "--costs: expects F,B,W"),
