@@ -104,6 +104,11 @@ int main(int argc, char** argv) {
                    name.c_str(), flag);
       return kExitUsage;
     }
+  if (app.count("--chunks") > 0 && kind_name != "interleaved") {
+    std::fprintf(stderr, "%s: error: --chunks sets v of --kind interleaved; --kind %s has one chunk per rank\n",
+                 name.c_str(), kind_name.c_str());
+    return kExitUsage;
+  }
   if (impl == "puzzles" && app.count("--impl") > 0 && std::string(DTP_SCHEDULE_IMPL) == "reference") {
     std::fprintf(stderr, "%s: error: --impl puzzles: this program draws the reference; dtp-schedule draws yours\n",
                  name.c_str());

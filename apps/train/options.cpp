@@ -231,15 +231,22 @@ std::int64_t parse_int(const std::string& flag, const std::string& text, std::in
   return value;
 }
 
-// A finite number in [low, high]; `below_high` makes the upper end open.
+// Which ends of a range belong to it: [low, high], (low, high] or [low, high).
+enum class Ends { closed, open_low, open_high };
+
+// A finite number in the range from low to high, its ends as @p ends says.
 double parse_real(const std::string& flag, const std::string& text, double low, double high,
-                  bool below_high = false) {
+                  Ends ends = Ends::closed) {
   std::string range = range_text(low, high);
-  if (below_high) range.back() = ')';
+  if (ends == Ends::open_low) range.front() = '(';
+  if (ends == Ends::open_high) range.back() = ')';
   const std::string expected = flag + " expects a number in " + range + ", got '" + text + "'";
   // Decimal only: strtod would also take " 1", "0x10" (16) and "0x1p-3".
   const std::optional<double> value = cli::parse_real_text(text);
-  if (!value || *value < low || (below_high ? *value >= high : *value > high)) throw UsageError{expected};
+  if (!value) throw UsageError{expected};
+  const bool above_low = ends == Ends::open_low ? *value > low : *value >= low;
+  const bool below_high = ends == Ends::open_high ? *value < high : *value <= high;
+  if (!above_low || !below_high) throw UsageError{expected};
   return *value;
 }
 
@@ -500,9 +507,7 @@ Options parse_arguments(int argc, char** argv) {
       {"--top-k", [&](auto& f, auto& v) { config.model.top_k = as_int(parse_int(f, v, 1, 1024)); }},
       {"--capacity-factor",
        [&](auto& f, auto& v) {
-         config.model.capacity_factor = parse_real(f, v, 0, 1024);
-         if (config.model.capacity_factor == 0)
-           throw UsageError{f + " expects a number above 0 (0 would give every expert no room), got '" + v + "'"};
+         config.model.capacity_factor = parse_real(f, v, 0, 1024, Ends::open_low);  // 0: no expert has room
        }},
       {"--aux-loss-coef", [&](auto& f, auto& v) { config.model.aux_loss_coef = parse_real(f, v, 0, 100); }},
       {"--moe-groups", [&](auto& f, auto& v) { config.model.moe_groups = as_int(parse_int(f, v, 1, 1024)); }},
@@ -530,7 +535,7 @@ Options parse_arguments(int argc, char** argv) {
       {"--warmup", [&](auto& f, auto& v) { config.warmup = parse_int(f, v, 0, kMaxSteps); }},
       {"--min-lr-ratio", [&](auto& f, auto& v) { config.min_lr_ratio = parse_real(f, v, 0, 1); }},
       {"--weight-decay", [&](auto& f, auto& v) { config.weight_decay = parse_real(f, v, 0, 100); }},
-      {"--momentum", [&](auto& f, auto& v) { config.momentum = parse_real(f, v, 0, 1, true); }},
+      {"--momentum", [&](auto& f, auto& v) { config.momentum = parse_real(f, v, 0, 1, Ends::open_high); }},
       {"--clip", [&](auto& f, auto& v) { config.grad_clip = parse_real(f, v, 0, 1e6); }},
       {"--lora-rank",
        [&](auto& f, auto& v) {
@@ -539,8 +544,7 @@ Options parse_arguments(int argc, char** argv) {
        }},
       {"--lora-alpha",
        [&](auto& f, auto& v) {
-         o.lora.lora.alpha = parse_real(f, v, 0, 1e6);
-         if (o.lora.lora.alpha == 0) throw UsageError{f + " expects a number above 0, got '" + v + "'"};
+         o.lora.lora.alpha = parse_real(f, v, 0, 1e6, Ends::open_low);
          o.lora_flags = o.lora_alpha_given = true;
        }},
       {"--save-merged",

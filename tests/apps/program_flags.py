@@ -67,6 +67,7 @@ BAD_INPUTS = [
     ("dtp-schedule-reference", SCHEDULE + ["--costs", "1,inf,1"], {}, 2, "--costs: expects F,B,W"),
     ("dtp-schedule-reference", SCHEDULE + ["--costs", "1,50,0.1"], {}, 2, "at most 100 times the smallest"),
     ("dtp-schedule-reference", SCHEDULE + ["--impl", "puzzles"], {}, 2, "this program draws the reference"),
+    ("dtp-schedule-reference", SCHEDULE + ["--chunks", "4"], {}, 2, "--chunks sets v of --kind interleaved"),
     # Files: not a checkpoint, outputs that cannot be written (said before the work, or as an error after it).
     ("dtp-checkpoint", ["/dev/null"], {}, 1, "/dev/null is not a regular file"),
     ("dtp-export-step", ["--out", "/dev/full", "--layers", "1", "--d-model", "8", "--heads", "2", "--vocab", "8",
