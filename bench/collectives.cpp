@@ -881,6 +881,7 @@ void write_json(Context& ctx, const Row& row, const std::string& what, int world
       .add("hostname", ctx.host).add("cpu", ctx.cpu);
   ctx.json << line.str() << '\n';
   ctx.json.flush();
+  DTP_CHECK(ctx.json.good(), "cannot write the --json file ", ctx.options.json_path, " (a full disk?)");
 }
 
 // --- one rank's run ---------------------------------------------------------------------
@@ -1062,6 +1063,7 @@ int main(int argc, char** argv) {
     });
     if (ctx.json.is_open()) {
       ctx.json.close();
+      DTP_CHECK(!ctx.json.fail(), "cannot write the --json file ", ctx.options.json_path);
       std::printf("# JSON lines appended to %s\n", ctx.options.json_path.c_str());
     }
     if (ctx.wrong_rows > 0) {

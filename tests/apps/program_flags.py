@@ -74,6 +74,8 @@ BAD_INPUTS = [
                          "--context", "4", "--batch", "1", "--seq", "4"], {}, 1, "writing '/dev/full' failed"),
     ("dtp-export-step", ["--out", "no/such/folder/e.json"], {}, 2, "cannot write --out 'no/such/folder/e.json'"),
     ("dtp-bench-ddp-step", ["--json", "no/such/folder/x.jsonl"], {}, 2, "cannot append to --json"),
+    ("dtp-bench-collectives", ["-g", "2", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--json", "/dev/full"], {}, 1,
+     "cannot write the --json file /dev/full"),
     ("dtp-bench-train-step", ["--device", "cpu", "--json", "no/such/folder/x.jsonl"], {}, 2,
      "cannot append to --json"),
     # The environment the runtime reads: an error, not an abort.
