@@ -79,6 +79,30 @@ void check_heads_divide_width(CLI::App& app) {
                                " (each head is d_model / heads wide)");
 }
 
+// CLI11 appends a list flag given twice ("--ranks 2 --ranks 4" is 2,4) and
+// drops an empty item ("2,,4" is 2,4). Both are mistakes to name, not to
+// absorb: each list flag is given once, and every item has a value.
+void check_list_options(CLI::App& app, int argc, char** argv) {
+  for (const CLI::Option* option : app.get_options()) {
+    if (option->get_items_expected_max() <= 1) continue;
+    for (const std::string& long_name : option->get_lnames()) {
+      const std::string flag = "--" + long_name;
+      int given = 0;
+      for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        std::string value;
+        if (arg == flag && i + 1 < argc) value = argv[i + 1];
+        else if (arg.rfind(flag + "=", 0) == 0) value = arg.substr(flag.size() + 1);
+        else if (arg != flag) continue;
+        ++given;
+        if (value.empty() || value.front() == ',' || value.back() == ',' || value.find(",,") != std::string::npos)
+          throw CLI::ValidationError(flag, "expects a comma list without empty items, got '" + value + "'");
+      }
+      if (given > 1) throw CLI::ValidationError(flag + " was given more than once: give one comma list");
+    }
+  }
+}
+
 }  // namespace
 
 Range::Range(long double low, long double high, bool integer) {
@@ -99,6 +123,7 @@ std::optional<int> parse(CLI::App& app, int argc, char** argv) {
     if (starts_with(type, "FLOAT")) option->check(syntax_check(false));
   }
   try {
+    check_list_options(app, argc, argv);
     app.parse(argc, argv);
     check_heads_divide_width(app);
     return std::nullopt;

@@ -49,6 +49,9 @@ BAD_INPUTS = [
     ("dtp-bench-tp-step", ["--nvlink", "0x3,450"], {}, 2, "takes ALPHA_US,GBPS"),
     ("dtp-bench-lora-finetune", ["--lora-lr", "inf"], {}, 2, "--lora-lr: expects a number in"),
     ("dtp-bench-train-step", ["--device", "cpu", "--peak-tflops", "nan"], {}, 2, "--peak-tflops: expects a number"),
+    ("dtp-bench-lora-finetune", ["--ranks", "2", "--ranks", "4"], {}, 2, "--ranks was given more than once"),
+    ("dtp-bench-lora-finetune", ["--ranks", "2,,4"], {}, 2, "--ranks: expects a comma list without empty items"),
+    ("dtp-bench-zero-memory", ["--worlds=1,"], {}, 2, "--worlds: expects a comma list without empty items"),
     # A flag given twice; heads that do not divide the width, said before any work.
     ("dtp-schedule-reference", SCHEDULE + ["--stages", "3"], {}, 2, "--stages was given more than once"),
     ("dtp-export-step", ["--out", "e.json", "--d-model", "10", "--heads", "3"], {}, 2,
