@@ -298,6 +298,9 @@ std::optional<int> parse_options(Options& o, int argc, char** argv) {
                   std::to_string(o.max_bytes));
   if (o.step_bytes == 0 && o.factor <= 1 && o.min_bytes != o.max_bytes)
     return refuse("sizes: -f must be above 1 (or give -i) to go from -b to -e");
+  if (o.world_given && o.root >= o.world)  // -g is the world, or the most ranks it uses
+    return refuse("-r " + std::to_string(o.root) + " is outside the world of -g " + std::to_string(o.world) +
+                  " ranks");
   return std::nullopt;
 }
 

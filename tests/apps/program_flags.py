@@ -45,6 +45,7 @@ BAD_INPUTS = [
     ("dtp-bench-collectives", ["--alpha-us", "nan"], {}, 2, "--alpha-us: expects a number in [0, 1000000], got 'nan'"),
     ("dtp-bench-collectives", ["-f", "nan"], {}, 2, "expects a number in [1, 1024], got 'nan'"),
     ("dtp-bench-collectives", ["-b", "1.5"], {}, 2, "a size is a whole number of bytes"),
+    ("dtp-bench-collectives", ["-g", "2", "-r", "5"], {}, 2, "-r 5 is outside the world of -g 2 ranks"),
     ("dtp-bench-collectives", ["-b", "0x10"], {}, 2, "-b: unknown size suffix in '0x10'"),
     ("dtp-bench-tp-step", ["--nvlink", "0x3,450"], {}, 2, "takes ALPHA_US,GBPS"),
     ("dtp-bench-lora-finetune", ["--lora-lr", "inf"], {}, 2, "--lora-lr: expects a number in"),
