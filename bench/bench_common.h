@@ -138,6 +138,17 @@ inline void write_line(FILE* json, const JsonLine& line) {
     throw dtp::Error(std::string("cannot write the --json file: ") + std::strerror(errno));
 }
 
+/// Opens @p path (the --json flag) for appending into @p json, or leaves it
+/// null when the path is empty. False, after "PROGRAM: error: cannot append
+/// to --json PATH: REASON" on stderr, when it cannot be opened: the caller
+/// exits 2 before measuring anything.
+inline bool open_json(const char* program, const std::string& path, FILE*& json) {
+  json = path.empty() ? nullptr : std::fopen(path.c_str(), "a");
+  if (path.empty() || json != nullptr) return true;
+  std::fprintf(stderr, "%s: error: cannot append to --json %s: %s\n", program, path.c_str(), std::strerror(errno));
+  return false;
+}
+
 /// Closes a --json file (nothing when null). Returns @p status, or 1 after
 /// saying so on stderr when the file's last lines could not be written.
 inline int close_json(FILE* json, const char* program, int status) {
@@ -168,6 +179,7 @@ inline void add_shape_options(CLI::App& app, dtp::GPTConfig& model) {
       ->check(dtp::cli::Range(1, 1 << 16))
       ->capture_default_str();
   app.add_option("--heads", model.heads, "attention heads")->check(dtp::cli::Range(1, 1 << 16))->capture_default_str();
+  dtp::cli::require_heads_divide_width(app, model.d_model, model.heads);
 }
 
 /// The timed and untimed steps of a measurement: --steps and --warmup.

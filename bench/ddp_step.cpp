@@ -29,6 +29,7 @@ namespace {
 using dtp::bench::close_json;
 using dtp::bench::context_from_env;
 using dtp::bench::git_revision;
+using dtp::bench::open_json;
 using dtp::bench::RunContext;
 
 // Runs the four configurations and prints (and appends to @p json) the table.
@@ -67,12 +68,8 @@ int main(int argc, char** argv) {
   const std::optional<RunContext> context = context_from_env("dtp-bench-ddp-step");
   if (!context) return 2;
   // Opened before minutes of measuring, so that a path that cannot be written is said at once.
-  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
-  if (!json_path.empty() && json == nullptr) {
-    std::fprintf(stderr, "dtp-bench-ddp-step: error: cannot append to --json %s: %s\n", json_path.c_str(),
-                 std::strerror(errno));
-    return 2;
-  }
+  FILE* json = nullptr;
+  if (!open_json("dtp-bench-ddp-step", json_path, json)) return 2;
   try {
     measure(world, steps, device, json);
   } catch (const std::exception& e) {

@@ -119,8 +119,8 @@ int main(int argc, char** argv) {
   try {
     const std::vector<std::string> targets = ch08::parse_lora_targets(targets_text);
     DTP_CHECK(config.batch % world == 0, "--batch ", config.batch, " must divide by --world ", world);
-    FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
-    DTP_CHECK(json_path.empty() || json != nullptr, "cannot write ", json_path);
+    FILE* json = nullptr;
+    if (!open_json("dtp-bench-lora-finetune", json_path, json)) return 2;
     const RunContext context = make_context();
     const std::string checkpoint =
         (std::filesystem::temp_directory_path() / ("dtp-lora-base-" + std::to_string(::getpid()) + ".ckpt")).string();

@@ -90,8 +90,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
-    DTP_CHECK(json_path.empty() || json != nullptr, "cannot write ", json_path);
+    FILE* json = nullptr;
+    if (!open_json("dtp-bench-mixed-precision", json_path, json)) return 2;
     const RunContext context = make_context();
     auto base_line = [&](const char* kind, const char* precision) {
       JsonLine line;

@@ -863,11 +863,8 @@ int main(int argc, char** argv) {
                  ctx.backend.c_str(), ctx.device.c_str());
     return 2;
   }
-  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
-  if (!json_path.empty() && json == nullptr) {
-    std::fprintf(stderr, "dtp-bench-sequence-expert: cannot append to %s\n", json_path.c_str());
-    return 2;
-  }
+  FILE* json = nullptr;
+  if (!open_json("dtp-bench-sequence-expert", json_path, json)) return 2;
   int status = 0;
   try {
     if (only.empty() || only == "attention") status = run_attention_part(attention, ctx, json);

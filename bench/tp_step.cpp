@@ -608,11 +608,8 @@ int main(int argc, char** argv) {
   const std::optional<RunContext> context = context_from_env("dtp-bench-tp-step");
   if (!context) return 2;
   const RunContext& ctx = *context;
-  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
-  if (!json_path.empty() && json == nullptr) {
-    std::fprintf(stderr, "dtp-bench-tp-step: cannot append to %s\n", json_path.c_str());
-    return 2;
-  }
+  FILE* json = nullptr;
+  if (!open_json("dtp-bench-tp-step", json_path, json)) return 2;
   int status = 0;
   try {
     if (only.empty() || only == "step") status = run_step_part(o, ctx, json);

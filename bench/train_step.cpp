@@ -255,12 +255,8 @@ int main(int argc, char** argv) {
     if (!found) return 2;
     dtp::bench::RunContext context = *found;
     context.device = device;  // this benchmark's device, whatever DTP_DEVICE says
-    FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
-    if (!json_path.empty() && json == nullptr) {
-      std::fprintf(stderr, "dtp-bench-train-step: error: cannot append to --json %s: %s\n", json_path.c_str(),
-                   std::strerror(errno));
-      return 2;
-    }
+    FILE* json = nullptr;
+    if (!dtp::bench::open_json("dtp-bench-train-step", json_path, json)) return 2;
 
     dtp::GPT model(config);
     // fp32: AdamW over the model's own buffers. bf16/fp16: over the f32 masters.

@@ -280,11 +280,8 @@ int main(int argc, char** argv) {
   if (!context) return 2;
   const std::string backend = context->backend;
   const std::string device = context->device;
-  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "a");
-  if (!json_path.empty() && json == nullptr) {
-    std::fprintf(stderr, "dtp-bench-zero-memory: cannot append to %s\n", json_path.c_str());
-    return 2;
-  }
+  FILE* json = nullptr;
+  if (!open_json("dtp-bench-zero-memory", json_path, json)) return 2;
 
   bool printed_header = false;
   int mismatches = 0;
