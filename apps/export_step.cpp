@@ -96,6 +96,7 @@ int main(int argc, char** argv) {
   app.footer(
       "Floats are printed with 9 significant digits for f32 and 17 for f64 (exact either way); parameter "
       "names are \"<unit>.<parameter>\".");
+  dtp::cli::require_heads_divide_width(app, config.d_model, config.heads);
   if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
   if (seq > config.context) {
     std::fprintf(stderr, "dtp-export-step: error: --seq %lld is longer than --context %d (see --help)\n",

@@ -54,31 +54,6 @@ CLI::Validator syntax_check(bool integer) {
 
 bool starts_with(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
 
-// An option's value as given, or its shown default; std::nullopt when the
-// program has no such option or it is not an integer.
-std::optional<long double> integer_value(CLI::App& app, const std::string& name) {
-  const CLI::Option* option = nullptr;
-  try {
-    option = app.get_option(name);
-  } catch (const CLI::OptionNotFound&) {
-    return std::nullopt;
-  }
-  const std::string text = option->count() > 0 ? option->results().back() : option->get_default_str();
-  return parse_integer_text(text);
-}
-
-// Every program with a model shape takes --d-model and --heads: each head
-// is d_model / heads wide, so a pair that does not divide is a bad command
-// line, said here rather than by the model minutes later.
-void check_heads_divide_width(CLI::App& app) {
-  const std::optional<long double> width = integer_value(app, "--d-model"), heads = integer_value(app, "--heads");
-  if (!width || !heads || *heads <= 0) return;
-  const auto w = static_cast<long long>(*width), h = static_cast<long long>(*heads);
-  if (w % h != 0)
-    throw CLI::ValidationError("--d-model " + std::to_string(w) + " must divide by --heads " + std::to_string(h) +
-                               " (each head is d_model / heads wide)");
-}
-
 // CLI11 appends a list flag given twice ("--ranks 2 --ranks 4" is 2,4) and
 // drops an empty item ("2,,4" is 2,4). Both are mistakes to name, not to
 // absorb: each list flag is given once, and every item has a value.
@@ -125,7 +100,6 @@ std::optional<int> parse(CLI::App& app, int argc, char** argv) {
   try {
     check_list_options(app, argc, argv);
     app.parse(argc, argv);
-    check_heads_divide_width(app);
     return std::nullopt;
   } catch (const CLI::CallForHelp&) {
     std::fputs(app.help().c_str(), stdout);
@@ -134,6 +108,14 @@ std::optional<int> parse(CLI::App& app, int argc, char** argv) {
     std::fprintf(stderr, "%s: error: %s (see --help)\n", app.get_name().c_str(), error_text(e).c_str());
     return 2;
   }
+}
+
+void require_heads_divide_width(CLI::App& app, const int& d_model, const int& heads) {
+  app.callback([&d_model, &heads] {
+    if (heads > 0 && d_model % heads != 0)
+      throw CLI::ValidationError("--d-model " + std::to_string(d_model) + " must divide by --heads " +
+                                 std::to_string(heads) + " (each head is d_model / heads wide)");
+  });
 }
 
 std::string error_text(const CLI::ParseError& error) {

@@ -49,6 +49,11 @@ class Range : public CLI::Validator {
 /// strict syntax of Range (whole text, decimal, finite) if it has no Range.
 std::optional<int> parse(CLI::App& app, int argc, char** argv);
 
+/// A model's --d-model and --heads (the variables they set): after parsing,
+/// a width that the heads do not divide is a bad command line, said before
+/// the model is built. Takes the app's one final callback.
+void require_heads_divide_width(CLI::App& app, const int& d_model, const int& heads);
+
 /// CLI11's message for @p error, in DTP's words where CLI11's mislead ("At
 /// Most 1 required but received 2" for a flag given twice).
 std::string error_text(const CLI::ParseError& error);
