@@ -221,14 +221,9 @@ std::int64_t parse_int(const std::string& flag, const std::string& text, std::in
                        std::int64_t high) {
   const std::string expected = flag + " expects an integer in [" + std::to_string(low) + ", " +
                                std::to_string(high) + "], got '" + text + "'";
-  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])))
-    throw UsageError{expected};
-  errno = 0;
-  char* end = nullptr;
-  const long long value = std::strtoll(text.c_str(), &end, 10);
-  if (end != text.c_str() + text.size() || errno == ERANGE || value < low || value > high)
-    throw UsageError{expected};
-  return value;
+  const std::optional<long double> value = cli::parse_integer_text(text);  // the parser every program uses
+  if (!value || *value < low || *value > high) throw UsageError{expected};
+  return static_cast<std::int64_t>(*value);
 }
 
 // Which ends of a range belong to it: [low, high], (low, high] or [low, high).
