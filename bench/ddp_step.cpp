@@ -19,9 +19,11 @@
 
 #include "02_ddp/ddp.h"
 #include "bench_common.h"
+#include "drivers/02_ddp/ddp_strategy.h"
 #include "dtp_cli.h"
 #include "dtp/device.h"
 #include "dtp/error.h"
+#include "dtp/train_run.h"
 #include "dtp/trainer.h"
 
 namespace {
@@ -104,7 +106,7 @@ void measure(int world, std::int64_t steps, dtp::Device device, FILE* json) {
 
   dtp::TrainConfig single = config;
   single.batch = per_rank_batch;
-  const double single_s = median_step_seconds(dtp::train_single(single));
+  const double single_s = median_step_seconds(dtp::train(single));
   rows.push_back({"single x " + std::to_string(world), single_s * world, 0, 0, 0});
 
   const std::int64_t bucket_bytes = 256 * 1024;
@@ -115,17 +117,15 @@ void measure(int world, std::int64_t steps, dtp::Device device, FILE* json) {
     options.bucket_bytes = bucket_bytes;
     std::vector<double> exposed;
     std::int64_t calls = 0, bytes = 0;
-    options.on_comm = [&](std::int64_t step, const std::vector<dtp::ch02::RankCommStep>& ranks) {
-      if (step <= 2) return;
-      exposed.push_back(ranks[0].exposed_seconds);
-      calls = ranks[0].all_reduces;
-      bytes = ranks[0].bytes;
-    };
-    dtp::ch02::register_ddp_strategy(options);
     dtp::TrainConfig ddp = config;
     ddp.batch = per_rank_batch * world;
-    ddp.strategy = "ddp";
-    const double s = median_step_seconds(dtp::train(ddp));
+    const double s = median_step_seconds(dtp::drivers::run_strategy(
+        ddp, dtp::ch02::DdpStrategy(options), [&](const dtp::drivers::StepReport& report) {
+          if (report.record.step <= 2) return;
+          exposed.push_back(report.ranks.at(0, "exposed"));
+          calls = static_cast<std::int64_t>(report.ranks.at(0, "all-reduces"));
+          bytes = static_cast<std::int64_t>(report.ranks.at(0, "all-reduced"));
+        }));
     std::sort(exposed.begin(), exposed.end());
     const char* names[] = {"naive", "flat", "bucketed"};
     rows.push_back({names[static_cast<int>(mode)], s, calls, bytes, exposed.empty() ? 0 : exposed[exposed.size() / 2]});

@@ -25,6 +25,8 @@
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
 #include "dtp/memory.h"
+#include "dtp/train_checkpoint.h"
+#include "dtp/train_run.h"
 #include "dtp/trainer.h"
 #include "dtp_cli.h"
 

@@ -21,8 +21,10 @@
 
 #include "07_mixed_precision/mixed_precision.h"
 #include "bench_common.h"
+#include "drivers/07_mixed_precision/mixed_strategy.h"
 #include "dtp/error.h"
 #include "dtp/memory.h"
+#include "dtp/train_run.h"
 #include "dtp/trainer.h"
 #include "dtp_cli.h"
 
@@ -101,7 +103,7 @@ int main(int argc, char** argv) {
       return line;
     };
 
-    ch07::register_mixed_precision_strategy({});
+    const ch07::MixedPrecisionStrategy mixed;
     struct Run {
       const char* name;
       DType dtype;
@@ -135,7 +137,7 @@ int main(int argc, char** argv) {
         for (std::int64_t s = 0; s < c.steps; ++s) run.result.add_step(trainer.step(), *current_memory_tracker());
         run.result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       } else {
-        run.result = train(c);
+        run.result = drivers::run_strategy(c, mixed);
       }
       for (const StepRecord& r : run.result.steps) {
         JsonLine line = base_line("step", run.name);

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "06_sequence_expert/sequence_expert.h"
+#include "drivers/06_sequence_expert/ep_strategy.h"
+#include "drivers/06_sequence_expert/sp_strategy.h"
 #include "dtp/launch.h"
 #include "dtp/memory.h"
 #include "dtp/trainer.h"
@@ -83,7 +85,7 @@ struct Model {
 inline void validate(const Model& m, const Setup& s) {
   const dtp::TrainConfig c = m.for_setup(s);
   if (s.kind == Setup::sp) dtp::ch06::validate_sequence_parallel(c, m.sp_options(s));
-  if (s.kind == Setup::ep) dtp::ch06::validate_expert_parallel(c, dtp::ch06::ExpertParallelRunOptions{s.n, {}});
+  if (s.kind == Setup::ep) dtp::ch06::validate_expert_parallel(c, dtp::ch06::ExpertParallelRunOptions{s.n});
   if (s.kind != Setup::sp && s.kind != Setup::ep) c.validate();
 }
 

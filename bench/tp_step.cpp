@@ -50,6 +50,7 @@
 
 #include "04_tensor_parallel/tensor_parallel.h"
 #include "bench_common.h"
+#include "drivers/04_tensor_parallel/tp_strategy.h"
 #include "dtp/json.h"
 #include "dtp/launch.h"
 #include "dtp/memory.h"
@@ -352,7 +353,7 @@ int run_step_part(const StepOptions& o, const RunContext& ctx, FILE* json) {
   std::vector<Setup> setups = {Setup{0, false}};
   for (int t : o.tps)
     for (bool sp : {false, true}) {
-      dtp::ch04::validate_tensor_parallel(o.config, dtp::ch04::TensorParallelRunOptions{t, 1, sp, {}});
+      dtp::ch04::validate_tensor_parallel(o.config, dtp::ch04::TensorParallelRunOptions{t, 1, sp});
       setups.push_back(Setup{t, sp});
     }
   const Census census = census_of(o.config);
@@ -598,7 +599,7 @@ int main(int argc, char** argv) {
   // Every t against the model before anything runs or a --json file is made.
   for (int t : o.tps) {
     try {
-      dtp::ch04::validate_tensor_parallel(o.config, dtp::ch04::TensorParallelRunOptions{t, 1, false, {}});
+      dtp::ch04::validate_tensor_parallel(o.config, dtp::ch04::TensorParallelRunOptions{t, 1, false});
     } catch (const std::exception& e) {
       std::fprintf(stderr, "dtp-bench-tp-step: error: --tps %d: %s (see --help)\n", t, e.what());
       return 2;

@@ -60,8 +60,8 @@ void run_impl(const std::string& impl, char** argv) {
   argv[0] = const_cast<char*>(path.c_str());
   ::execv(path.c_str(), argv);
   // execv returns only on failure.
-  throw UsageError{"--impl " + impl + ": cannot start '" + path + "': " + std::strerror(errno) +
-                   " (build it: cmake --build build --target " + sibling + ")"};
+  throw UsageError("--impl " + impl + ": cannot start '" + path + "': " + std::strerror(errno) +
+                   " (build it: cmake --build build --target " + sibling + ")");
 }
 
 ProcessRole join_processes(Options& options) {
@@ -69,34 +69,22 @@ ProcessRole join_processes(Options& options) {
   const char* backend = std::getenv("DTP_BACKEND");
   role.mpi = backend != nullptr && std::string(backend) == "mpi";
   const int started = launcher_process_count();
-  if (!role.mpi) {
-    if (started > 1)
-      throw UsageError{"dtp-train runs as one of " + std::to_string(started) +
-                       " mpiexec processes, but DTP_BACKEND is not mpi: each would train alone "
-                       "and write the same files; set DTP_BACKEND=mpi"};
-    return role;
+  if (!role.mpi && started > 1)
+    throw UsageError("dtp-train runs as one of " + std::to_string(started) +
+                     " mpiexec processes, but DTP_BACKEND is not mpi: each would train alone "
+                     "and write the same files; set DTP_BACKEND=mpi");
+  if (role.mpi) {
+    role.processes = max_world_size(Backend::mpi);
+    if (role.processes < 1) throw UsageError("DTP_BACKEND=mpi, but this dtp-train was built without MPI");
   }
-  role.processes = max_world_size(Backend::mpi);
-  if (role.processes < 1)
-    throw UsageError{"DTP_BACKEND=mpi, but this dtp-train was built without MPI"};
-  if (options.config.strategy == "single" && role.processes > 1)
-    throw UsageError{"--strategy single trains one replica, but mpiexec started " +
-                     std::to_string(role.processes) + " processes; use --strategy ddp --world " +
-                     std::to_string(role.processes)};
-  if (!options.world_given)
-    options.ddp.world = options.zero.world = options.ep.world = options.mp.world = options.lora.world = role.processes;
-  if (options.config.strategy == "sp" && options.sp.sp != role.processes)
-    throw UsageError{"--strategy sp runs --sp " + std::to_string(options.sp.sp) + " ranks, but mpiexec started " +
-                     std::to_string(role.processes) + " processes"};
-  if (options.config.strategy == "tp" && options.tp.tp * options.tp.dp != role.processes)
-    throw UsageError{"--strategy tp runs --dp " + std::to_string(options.tp.dp) + " x --tp " +
-                     std::to_string(options.tp.tp) + " = " + std::to_string(options.tp.tp * options.tp.dp) +
-                     " ranks, but mpiexec started " + std::to_string(role.processes) + " processes"};
-  const ch05::PipelineOptions& pipeline = options.pp.pipeline;
-  if (options.config.strategy == "pp" && pipeline.pp * pipeline.dp != role.processes)
-    throw UsageError{"--strategy pp runs --pp " + std::to_string(pipeline.pp) + " x --dp " +
-                     std::to_string(pipeline.dp) + " = " + std::to_string(pipeline.pp * pipeline.dp) +
-                     " ranks, but mpiexec started " + std::to_string(role.processes) + " processes"};
+  // Every process resolves alike (under mpiexec --world defaults to the
+  // process count), so every rank runs the same settings.
+  drivers::Strategy& strategy = *options.strategy;
+  strategy.resolve(options.config, options.given, role.mpi ? role.processes : 0);
+  if (!role.mpi) return role;
+  if (strategy.world_size() != role.processes)
+    throw UsageError("--strategy " + strategy.name() + " runs " + strategy.world_text() +
+                     ", but mpiexec started " + std::to_string(role.processes) + " processes");
   // A world of one rank runs on MPI process 0 alone: the others sit it out,
   // which tells each process whether it is the one that reports.
   bool holds_rank_zero = false;

@@ -27,10 +27,12 @@ struct ProcessRole {
   int process = 0;       ///< this process's index among them (mpiexec's rank)
 };
 
-/// Learns this process's role and adjusts @p options to it: under mpiexec
-/// --world defaults to the process count, processes other than rank 0's
-/// write no log, and each writes its ranks' spans to a part of --trace. Throws UsageError for runs that would train separate
-/// replicas (several processes on the thread backend, or --strategy single).
+/// Learns this process's role and adjusts @p options to it: the strategy
+/// resolves its settings (under mpiexec --world defaults to the process
+/// count), processes other than rank 0's write no log, and each writes its
+/// ranks' spans to a part of --trace. Throws UsageError for runs that would
+/// train separate replicas (several processes on the thread backend) or
+/// whose ranks are not the processes mpiexec started.
 ProcessRole join_processes(Options& options);
 
 /// On the reporting process of an mpiexec run: appends every other

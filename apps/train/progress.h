@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "dtp/trainer.h"
+#include "dtp/train_run.h"
 
 namespace dtp::train_app {
 

@@ -12,8 +12,9 @@
 /// How a puzzle plugs into training: a rank builds `Trainer(config, rank,
 /// world)` (its sampler then yields only this rank's slice of the batch) and
 /// registers the communication with `trainer.on_after_backward(...)` (2.1,
-/// 2.2, 2.3's finish) or with the model's grad-ready hooks (2.3). See
-/// chapters/02_ddp/README.md.
+/// 2.2, 2.3's finish) or with the model's grad-ready hooks (2.3), as
+/// `dtp train --strategy ddp` does (drivers/02_ddp/ddp_strategy.h, provided).
+/// See chapters/02_ddp/README.md.
 #pragma once
 
 #include <cstdint>
@@ -123,61 +124,5 @@ class BucketedAllReduce {
 /// shape (1/K weighting is right only for equal micro-batches).
 double accumulation_step(GPT& model, const std::vector<Batch>& micro_batches,
                          const std::function<void()>& synchronize_gradients);
-
-// --- provided (not a puzzle): drivers/02_ddp/ddp_strategy.cpp -------------------
-
-/// How `dtp train --strategy ddp` synchronizes gradients.
-enum class DdpMode {
-  naive,     ///< 2.1: one all-reduce per parameter
-  flat,      ///< 2.2: one all-reduce per unit
-  bucketed,  ///< 2.3: buckets overlapped with backward
-};
-
-/// What one rank's communication did in one optimizer step.
-struct RankCommStep {
-  int rank = 0;                   ///< the rank
-  double loss = 0;                ///< the rank's mean loss over its slice
-  std::int64_t all_reduces = 0;   ///< all-reduce calls
-  std::int64_t bytes = 0;         ///< bytes all-reduced
-  double exposed_seconds = 0;     ///< time the rank thread spent blocked on communication
-};
-
-/// DdpOptions::bucket_bytes meaning "choose from the model" (default_bucket_bytes).
-inline constexpr std::int64_t kAutoBucketBytes = -1;
-/// About how many buckets the default bucket size makes of a model's gradients.
-inline constexpr std::int64_t kDefaultBucketCount = 4;
-
-/// Settings of the "ddp" strategy.
-struct DdpOptions {
-  int world = 2;                         ///< data-parallel ranks (World::from_env)
-  DdpMode mode = DdpMode::bucketed;      ///< how gradients are averaged
-  /// 2.3's bucket size in bytes; kAutoBucketBytes: default_bucket_bytes(model).
-  std::int64_t bucket_bytes = kAutoBucketBytes;
-  std::int64_t accumulate = 1;           ///< micro-batches per optimizer step (2.4)
-  /// Called on rank 0 after each step with every rank's numbers (index = rank).
-  std::function<void(std::int64_t step, const std::vector<RankCommStep>&)> on_comm;
-};
-
-/// The bucket size that splits @p model's gradients into about
-/// kDefaultBucketCount buckets (gradient bytes / kDefaultBucketCount), so
-/// that the default run overlaps communication with backward.
-std::int64_t default_bucket_bytes(const GPT& model);
-
-/// options.bucket_bytes, or default_bucket_bytes(model) for kAutoBucketBytes.
-std::int64_t resolve_bucket_bytes(const DdpOptions& options, const GPT& model);
-
-/// Checks @p options against @p config: world >= 1, accumulate >= 1,
-/// bucket_bytes >= 0 or kAutoBucketBytes, and config.batch divisible by
-/// world * accumulate (the message names --batch, --world and --accumulate;
-/// no overflow for huge values). Throws dtp::Error.
-void validate_ddp(const TrainConfig& config, const DdpOptions& options);
-
-/// Registers the "ddp" strategy with @p options (the last registration wins).
-/// It launches options.world ranks, which first check that they agree on
-/// their settings and initial parameters (check_ranks_agree). The StepRecord
-/// it reports has the loss averaged over ranks, the tokens of all ranks, the
-/// slowest rank's step time (so tokens_per_second is global) and rank 0's
-/// other fields.
-void register_ddp_strategy(const DdpOptions& options);
 
 }  // namespace dtp::ch02

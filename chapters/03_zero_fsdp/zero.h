@@ -30,7 +30,8 @@
 /// for (int s = 0; s < config.steps; ++s) trainer.step();
 /// @endcode
 ///
-/// See chapters/03_zero_fsdp/README.md for the memory and communication
+/// `dtp train --strategy zero` runs the stages so
+/// (drivers/03_zero_fsdp/zero_strategy.h). See chapters/03_zero_fsdp/README.md for the memory and communication
 /// formulas the checkers hold every stage to.
 #pragma once
 
@@ -40,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "dtp/checkpoint.h"
 #include "dtp/comm.h"
 #include "dtp/error.h"
 #include "dtp/nn.h"
@@ -50,6 +52,8 @@
 /// Chapter 03: ZeRO and FSDP.
 namespace dtp::ch03 {
 
+// --- provided: what every stage shares -----------------------------------------
+
 /// The part of @p unit's flat buffers that rank @p rank of @p world owns:
 /// chunk_range(unit.numel(), world, rank). Contiguous; the last non-empty
 /// shard holds what is left, and a unit with fewer elements than ranks gives
@@ -57,8 +61,6 @@ namespace dtp::ch03 {
 inline ChunkRange shard_range(const Unit& unit, int world, int rank) {
   return chunk_range(unit.numel(), world, rank);
 }
-
-// --- provided: what every stage shares -----------------------------------------
 
 /// Base of every stage (provided, not a puzzle): this rank's shards and the
 /// shard-sized optimizer that updates them.
@@ -183,12 +185,18 @@ class Zero2 : public ShardedOptimizer {
   std::vector<bool> reduced_;  ///< per unit: reduced since the last step
 };
 
+/// Part of puzzle 3.3. This rank's shard_range of every unit's parameters,
+/// in model order, copied out of the full parameters into tensors of its own
+/// (the unit's dtype and device, MemoryCategory::params): ZeRO-3's parameter
+/// shards. Copies, not views, because Zero3 releases the full parameters
+/// and a view would keep its whole buffer alive.
+std::vector<Tensor> owned_parameter_shards(GPT& model, int world, int rank);
+
 /// Puzzle 3.3. ZeRO-3 / FSDP: parameters are sharded too.
 ///
-/// Between uses, a unit holds nothing: the constructor copies this rank's
-/// shard of each unit's parameters into a tensor of its own
-/// (MemoryCategory::params) and releases the unit's full parameters and
-/// gradients. Hooks then materialize a unit only while it computes:
+/// Between uses, a unit holds nothing: its parameter shards are
+/// owned_parameter_shards(), and the constructor releases the unit's full
+/// parameters and gradients. Hooks then materialize a unit only while it computes:
 /// - before its forward: all-gather its full parameters into a fresh buffer
 ///   and install it (Unit::set_buffers(full, Tensor()));
 /// - after its forward: release them again (set_buffers(Tensor(), Tensor()));
@@ -251,11 +259,16 @@ class Zero3Prefetch : public Zero3 {
   InFlight next_;
 };
 
+/// Part of puzzle 3.5. Host copies (Device::cpu(), MemoryCategory::optimizer)
+/// of this rank's shard of every unit's parameters, in model order: the
+/// master copy the offloaded optimizer updates.
+std::vector<Tensor> host_parameter_shards(GPT& model, int world, int rank);
+
 /// Puzzle 3.5. ZeRO-1 with the optimizer offloaded to host memory.
 ///
 /// The optimizer state and the update live on the host (Device::cpu()): the
-/// parameter shards the shard optimizer updates are host copies, and so are
-/// their gradient shards. finish_backward() reduce-scatters on the device
+/// parameter shards the shard optimizer updates are host_parameter_shards(),
+/// and their gradient shards are on the host too. finish_backward() reduce-scatters on the device
 /// into a device gradient shard per unit, then copies it to the host one;
 /// step() updates the host shards, copies each updated shard back into the
 /// device's full parameters and all-gathers them. On a GPU the device holds
@@ -263,7 +276,8 @@ class Zero3Prefetch : public Zero3 {
 /// checkers can only check the numbers and where the state lives.
 class Zero1Offload : public ShardedOptimizer {
  public:
-  /// Host copies of the parameter shards; device gradient shards.
+  /// Host copies of the parameter shards (host_parameter_shards); device
+  /// gradient shards.
   Zero1Offload(Comm& comm, GPT& model, const TrainConfig& config);
   /// Reduce-scatters every unit's gradient on the device, then copies the
   /// shard to the host.
@@ -274,65 +288,5 @@ class Zero1Offload : public ShardedOptimizer {
  private:
   std::vector<Tensor> device_gradient_shards_;  ///< the reduce-scatter targets
 };
-
-// --- provided (not a puzzle): drivers/03_zero_fsdp/zero_strategy.cpp -----------
-
-/// What one rank held and moved in one optimizer step of `dtp train
-/// --strategy zero`, next to what the same rank would hold under DDP
-/// (chapter 02), which keeps everything whole on every rank.
-///
-/// The peaks are the memory tracker's (MemoryTracker::peak), which
-/// Trainer::step() resets at the start of every step, on the kind of device
-/// the model trains on.
-struct RankMemoryStep {
-  int rank = 0;                         ///< the rank
-  double loss = 0;                      ///< the rank's mean loss over its slice of the batch
-  std::int64_t params_peak = 0;         ///< highest MemoryCategory::params bytes during the step
-  std::int64_t grads_peak = 0;          ///< highest MemoryCategory::grads bytes during the step
-  std::int64_t optimizer_peak = 0;      ///< highest MemoryCategory::optimizer bytes during the step
-  /// Highest optimizer bytes in host memory while the model trains on a GPU
-  /// (what --offload moved off the device); 0 when the model trains on the
-  /// CPU, where optimizer_peak already holds them.
-  std::int64_t host_optimizer_peak = 0;
-  std::int64_t ddp_params = 0;     ///< DDP's parameters: Psi elements x the element size
-  std::int64_t ddp_grads = 0;      ///< DDP's gradients: Psi elements x the element size
-  /// DDP's optimizer state: states per element (AdamW 2, SGD with momentum 1,
-  /// without 0) x Psi x the element size.
-  std::int64_t ddp_optimizer = 0;
-  std::int64_t bytes_moved = 0;    ///< payload bytes of this rank's collectives in the step (CommStats)
-};
-
-/// Settings of the "zero" strategy.
-struct ZeroOptions {
-  int world = 2;          ///< data-parallel ranks (World::from_env)
-  int stage = 1;          ///< 1: Zero1 (3.1), 2: Zero2 (3.2), 3: Zero3 (3.3)
-  bool prefetch = false;  ///< stage 3 only: Zero3Prefetch (3.4) instead of Zero3
-  bool offload = false;   ///< stage 1 only: Zero1Offload (3.5) instead of Zero1
-  /// Called on rank 0 after each step with every rank's numbers (index = rank).
-  std::function<void(std::int64_t step, const std::vector<RankMemoryStep>&)> on_memory;
-};
-
-/// The name of the stage @p options select, as its name() says: "zero1",
-/// "zero2", "zero3", "zero3-prefetch" or "zero1-offload".
-std::string zero_stage_name(const ZeroOptions& options);
-
-/// The puzzle that implements the stage @p options select: "3.1" to "3.5".
-std::string zero_puzzle(const ZeroOptions& options);
-
-/// Checks @p options against @p config: world >= 1, stage 1, 2 or 3,
-/// --prefetch only with stage 3, --offload only with stage 1, and a global
-/// batch that splits into equal non-empty slices (config.batch a multiple of
-/// world, at least world). Each message names the flag and what it accepts.
-/// Throws dtp::Error.
-void validate_zero(const TrainConfig& config, const ZeroOptions& options);
-
-/// Registers the "zero" strategy with @p options (the last registration
-/// wins). It launches options.world ranks; each builds
-/// Trainer(config, rank, world), checks that all ranks agree on their
-/// settings and initial parameters (check_ranks_agree), plugs in the stage
-/// as this file's comment shows and trains. The StepRecord it reports has
-/// the loss averaged over ranks, the tokens of all ranks, the slowest rank's
-/// step time and rank 0's other fields.
-void register_zero_strategy(const ZeroOptions& options);
 
 }  // namespace dtp::ch03

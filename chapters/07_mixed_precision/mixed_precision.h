@@ -202,46 +202,4 @@ MixedStep ddp_mixed_precision_step(Comm& comm, MasterWeights& masters, Optimizer
                                    LossScaler* scaler, const Batch& batch, double lr, double max_norm,
                                    DType reduce_dtype);
 
-// --- `dtp train --precision bf16|fp16` (provided: drivers/07_mixed_precision) -----
-
-/// `--loss-scale`: how the loss is scaled.
-struct LossScale {
-  /// dynamic: GradScaler's schedule from 2^16; none: no scaling and no
-  /// skipping; fixed: a static scale (steps that overflow are still skipped).
-  enum class Kind { dynamic, none, fixed };
-  Kind kind = Kind::none;  ///< which of the three
-  double value = 0;  ///< the scale of Kind::fixed
-  /// "dynamic", "none" or the fixed scale.
-  std::string str() const;
-};
-
-/// Parses "dynamic", "none" or a finite number > 0; throws dtp::Error
-/// naming what it accepts.
-LossScale parse_loss_scale(const std::string& text);
-
-/// How the "mixed" strategy runs: 7.2's step on one device, 7.4's on
-/// --world ranks, with 7.3's scaler. The model's dtype (config.model.dtype,
-/// bf16 or f16) is the precision.
-struct MixedPrecisionRunOptions {
-  /// --loss-scale; unset: loss_scale_for()'s default for the precision.
-  std::optional<LossScale> loss_scale;
-  /// The dynamic scaler's settings (initial scale, growth, backoff, interval):
-  /// GradScaler's defaults unless a test or a benchmark sets them.
-  ScalerConfig dynamic_scaler;
-  /// The dtype the gradients are averaged in on more than one rank: f32 or
-  /// the model's.
-  DType reduce_dtype = DType::f32;
-  int world = 1;  ///< data-parallel ranks (7.4); 1: one device (7.2)
-};
-
-/// options.loss_scale, or the default for @p precision: dynamic for f16
-/// (whose gradients underflow), none for bf16 (f32's range).
-LossScale loss_scale_for(const MixedPrecisionRunOptions& options, DType precision);
-
-/// Throws dtp::Error naming the setting that is wrong.
-void validate_mixed_precision(const TrainConfig& config, const MixedPrecisionRunOptions& options);
-
-/// Registers the strategy "mixed" (what `dtp train --precision` runs).
-void register_mixed_precision_strategy(const MixedPrecisionRunOptions& options);
-
 }  // namespace dtp::ch07

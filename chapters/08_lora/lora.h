@@ -199,34 +199,4 @@ class LoraDataParallel {
   std::vector<bool> started_;      // per block
 };
 
-// --- provided (not a puzzle): drivers/08_lora/lora_strategy.cpp --------------------
-
-/// Settings of `dtp train --lora-rank R` (the "lora" strategy).
-struct LoraRunOptions {
-  LoraConfig lora;  ///< --lora-rank, --lora-alpha (default 2r), --lora-targets
-  int world = 1;    ///< data-parallel ranks (8.4); 1: one device
-  /// --save-merged: where rank 0 writes the merged model at the end (empty:
-  /// nowhere). --save (TrainConfig::save_path) writes the adapters instead.
-  std::string save_merged_path;
-  /// Called on rank 0 after each step with the bytes the step all-reduced
-  /// (0 on one device) and the trainable parameters.
-  std::function<void(std::int64_t step, std::int64_t all_reduced_bytes, std::int64_t trainable)> on_step;
-};
-
-/// Throws dtp::Error naming the setting that is wrong (rank, alpha, targets,
-/// world and batch).
-void validate_lora(const TrainConfig& config, const LoraRunOptions& options);
-
-/// Registers the "lora" strategy: every rank builds Trainer(config, rank,
-/// world), copies config.load_path's parameters into its model (the base;
-/// without one, the model's own initialization), attaches a LoraModel,
-/// trains its adapters with the configured optimizer (8.4 averaging them
-/// over the ranks). With config.resume_path it continues the run that saved
-/// it (the adapters, their optimizer state and the step; the base comes from
-/// load_path). At the end rank 0 writes, with config.save_path, a training
-/// checkpoint of the adapters ("extra/block.<i>.lora": small, what --resume
-/// reads) and, with options.save_merged_path, the merged model's parameters
-/// (a "model" checkpoint that --load reads).
-void register_lora_strategy(const LoraRunOptions& options);
-
 }  // namespace dtp::ch08

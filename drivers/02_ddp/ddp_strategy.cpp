@@ -1,24 +1,15 @@
-// `dtp train --strategy ddp`: the chapter's puzzles wired into the trainer.
-// Provided code, not a puzzle (see drivers/README.md): the plumbing every
-// data-parallel chapter repeats. A rank builds Trainer(config, rank, world)
-// so its sampler yields its slice of the global batch, and plugs gradient
-// averaging in where it belongs:
-//   K = 1: Trainer::step() with on_after_backward (2.1, 2.2, 2.3's finish);
-//          2.3 also hooks the model's grad-ready callbacks.
-//   K > 1: a step written out here around accumulation_step (2.4); the one
-//          synchronization per step is flat (2.2), or naive (2.1) in naive mode.
-// Checkpoints: the replicas are equal, so every rank starts from the same
-// --load or --resume file and rank 0 alone writes --save.
+// `dtp train --strategy ddp`: the chapter's puzzles wired into the trainer
+// (drivers/02_ddp/ddp_strategy.h says how).
+#include "drivers/02_ddp/ddp_strategy.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 
-#include "02_ddp/ddp.h"
-#include "dtp/agreement.h"
 #include "dtp/error.h"
-#include "dtp/launch.h"
-#include "dtp/memory.h"
+#include "dtp/train_checkpoint.h"
 #include "dtp/trace.h"
 
 namespace dtp::ch02 {
@@ -26,27 +17,22 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 // One optimizer step of K micro-batches, the same bookkeeping as Trainer::step().
-StepRecord accumulated_step(Trainer& trainer, std::int64_t step, std::int64_t k,
-                            const std::function<void()>& synchronize) {
+StepRecord accumulated_step(Trainer& trainer, std::int64_t k, const std::function<void()>& synchronize) {
   const StepMeter meter;
+  const std::int64_t step = trainer.steps_done();
   const TrainConfig& config = trainer.config();
   const BatchSampler& sampler = trainer.sampler();
   const std::int64_t micro = sampler.local_batch() / k;
   std::vector<Batch> micro_batches;
   for (std::int64_t i = 0; i < k; ++i)
-    micro_batches.push_back(
-        sampler.samples(step, sampler.first_sample() + i * micro, micro, config.model.device));
+    micro_batches.push_back(sampler.samples(step, sampler.first_sample() + i * micro, micro, config.model.device));
   StepRecord record;
   record.step = step + 1;
   trainer.model().zero_grad();
   record.loss = accumulation_step(trainer.model(), micro_batches, synchronize);
-  DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ",
-            record.step, "; try a lower --lr or a tighter --clip");
+  DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ", record.step,
+            "; try a lower --lr or a tighter --clip");
   record.grad_norm = trainer.optimizer().clip_gradients(config.grad_clip);
   record.lr = config.schedule().at(step);
   {
@@ -58,88 +44,80 @@ StepRecord accumulated_step(Trainer& trainer, std::int64_t step, std::int64_t k,
   return record;
 }
 
-// The strategy's own settings: what every rank must share beside the
-// trainer's, and what a resumed run must share with the saved one (they
-// decide the order gradients are summed in, so the bits).
-std::vector<RunSetting> ddp_own_settings(const DdpOptions& options, int world) {
-  const char* modes[] = {"naive", "flat", "bucketed"};
-  return {{"--world", std::to_string(world)},
-          {"--ddp-mode", modes[static_cast<int>(options.mode)]},
-          {"--bucket-mb", options.bucket_bytes == kAutoBucketBytes
-                              ? "auto" : std::to_string(options.bucket_bytes) + " bytes"},
-          {"--accumulate", std::to_string(options.accumulate)}};
+std::int64_t all_reduce_calls(const CommStats& stats) {
+  auto it = stats.collective_calls.find("all_reduce");
+  return it == stats.collective_calls.end() ? 0 : it->second;
 }
 
-// What rank 0 gathers from every rank after each step, beside its loss,
-// seconds and tokens (reporting traffic, taken after the step was measured).
-enum Gathered { kAllReduces, kBytes, kExposed };
-
-TrainResult run_ddp(const TrainConfig& config, const DdpOptions& options, const StepCallback& on_step) {
-  validate_ddp(config, options);
-  const auto start = Clock::now();
-  TrainResult result;
-  result.peak_by_category.assign(kMemoryCategoryCount, 0);
-  launch(World::from_env(options.world), [&](Comm& comm) {
-    Trainer trainer(config, comm.rank(), comm.size());
-    GPT& model = trainer.model();
-    const std::vector<RunSetting> own = ddp_own_settings(options, comm.size());
-    const std::int64_t last = start_from_checkpoints(trainer, own);
-    check_ranks_agree(comm, run_settings(config, own), model);
-    double exposed = 0;  // seconds this rank's thread waited on communication this step
-    auto timed = [&exposed](const std::function<void()>& fn) {
+// One data-parallel rank: a replica, its slice of the batch, and the
+// gradient averaging the mode asks for.
+class DdpRank : public drivers::RankRun {
+ public:
+  DdpRank(const TrainConfig& config, const DdpOptions& options, Comm& comm)
+      : options_(options), comm_(comm), trainer_(config, comm.rank(), comm.size()) {
+    GPT& model = trainer_.model();
+    load_parameters(model, config);  // --load: every rank the same file
+    auto timed = [this](const std::function<void()>& fn) {
       const auto t0 = Clock::now();
       fn();
-      exposed += seconds_since(t0);
+      exposed_ += std::chrono::duration<double>(Clock::now() - t0).count();
     };
-    std::function<void()> synchronize;
-    std::unique_ptr<BucketedAllReduce> buckets;
     if (options.mode == DdpMode::naive) {
-      synchronize = [&] { timed([&] { naive_all_reduce_gradients(comm, model); }); };
+      synchronize_ = [this, timed] { timed([this] { naive_all_reduce_gradients(comm_, trainer_.model()); }); };
     } else if (options.mode == DdpMode::flat || options.accumulate > 1) {
-      synchronize = [&] { timed([&] { flat_all_reduce_gradients(comm, model); }); };
+      synchronize_ = [this, timed] { timed([this] { flat_all_reduce_gradients(comm_, trainer_.model()); }); };
     } else {
-      buckets = std::make_unique<BucketedAllReduce>(comm, model, resolve_bucket_bytes(options, model));
-      synchronize = [&] { timed([&] { buckets->finish(); }); };
+      buckets_ = std::make_unique<BucketedAllReduce>(comm, model, resolve_bucket_bytes(options, model));
+      synchronize_ = [this, timed] { timed([this] { buckets_->finish(); }); };
     }
-    if (options.accumulate == 1) trainer.on_after_backward(synchronize);
-    if (comm.rank() == 0) {
-      result.parameters = model.parameter_count();
-      result.data_name = trainer.sampler().data().name();
+    if (options.accumulate == 1) trainer_.on_after_backward(synchronize_);
+  }
+
+  Trainer& trainer() override { return trainer_; }
+
+  StepRecord step() override {
+    before_ = comm_.stats();
+    exposed_ = 0;
+    return options_.accumulate == 1 ? trainer_.step() : accumulated_step(trainer_, options_.accumulate, synchronize_);
+  }
+
+  std::vector<double> report_values() override {
+    const CommStats after = comm_.stats();
+    return {static_cast<double>(all_reduce_calls(after) - all_reduce_calls(before_)),
+            static_cast<double>(after.collective_bytes - before_.collective_bytes), exposed_};
+  }
+
+  void report(const std::vector<RankStepRow>& rows, drivers::StepReport& report) override {
+    using drivers::ColumnUnit;
+    report.ranks.columns = {{"loss", ColumnUnit::number},
+                            {"all-reduces", ColumnUnit::count},
+                            {"all-reduced", ColumnUnit::mebibytes},
+                            {"exposed", ColumnUnit::milliseconds}};
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      const std::vector<double>& e = rows[r].extra;
+      report.ranks.rows.push_back({std::to_string(r), {rows[r].loss, e[0], e[1], e[2]}});
     }
-    std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    for (std::int64_t s = trainer.steps_done(); s < last; ++s) {
-      const CommStats before = comm.stats();
-      exposed = 0;
-      StepRecord record = options.accumulate == 1
-                              ? trainer.step()
-                              : accumulated_step(trainer, s, options.accumulate, synchronize);
-      const CommStats after = comm.stats();
-      const auto calls = [](const CommStats& st) {
-        auto it = st.collective_calls.find("all_reduce");
-        return it == st.collective_calls.end() ? std::int64_t{0} : it->second;
-      };
-      const std::vector<double> values = {static_cast<double>(calls(after) - calls(before)),
-                                          static_cast<double>(after.collective_bytes - before.collective_bytes),
-                                          exposed};
-      const std::vector<RankStepRow> rows = report_group_step(comm, record, values);
-      if (comm.rank() != 0) continue;
-      std::vector<RankCommStep> ranks;
-      for (int r = 0; r < comm.size(); ++r) {
-        const RankStepRow& row = rows[static_cast<std::size_t>(r)];
-        ranks.push_back({r, row.loss, static_cast<std::int64_t>(row.extra[kAllReduces]),
-                         static_cast<std::int64_t>(row.extra[kBytes]), row.extra[kExposed]});
-      }
-      result.add_step(record, *tracker);
-      if (on_step) on_step(record);
-      if (options.on_comm) options.on_comm(record.step, ranks);
-    }
-    if (comm.rank() == 0 && !config.save_path.empty()) trainer.save(config.save_path, own);
-  });
-  result.seconds = seconds_since(start);
-  return result;
-}
+  }
+
+ private:
+  DdpOptions options_;
+  Comm& comm_;
+  Trainer trainer_;
+  std::unique_ptr<BucketedAllReduce> buckets_;  // bucketed mode only; after the trainer, whose model it hooks
+  std::function<void()> synchronize_;
+  CommStats before_;
+  double exposed_ = 0;  // seconds this rank's thread waited on communication this step
+};
 
 }  // namespace
+
+const char* ddp_mode_name(DdpMode mode) {
+  switch (mode) {
+    case DdpMode::naive: return "naive";
+    case DdpMode::flat: return "flat";
+    default: return "bucketed";
+  }
+}
 
 std::int64_t default_bucket_bytes(const GPT& model) {
   std::int64_t gradient_bytes = 0;
@@ -165,19 +143,81 @@ void validate_ddp(const TrainConfig& config, const DdpOptions& options) {
   // world x K can overflow for a huge K; batch >= world x K is needed anyway
   // (every micro-batch holds at least one sequence), and checking it by
   // division first keeps the product in range.
-  DTP_CHECK(options.accumulate <= config.batch / options.world,
-            "ddp: the global batch (--batch ", config.batch, ") must hold at least --world x --accumulate = ",
-            options.world, " x ", options.accumulate, " sequences (one per micro-batch and rank)");
+  DTP_CHECK(options.accumulate <= config.batch / options.world, "ddp: the global batch (--batch ", config.batch,
+            ") must hold at least --world x --accumulate = ", options.world, " x ", options.accumulate,
+            " sequences (one per micro-batch and rank)");
   DTP_CHECK(config.batch % (options.world * options.accumulate) == 0, "ddp: the global batch (--batch ",
             config.batch, ") must divide evenly by --world x --accumulate = ", options.world, " x ",
-            options.accumulate, " = ", options.world * options.accumulate,
-            " (equal micro-batches on every rank)");
+            options.accumulate, " = ", options.world * options.accumulate, " (equal micro-batches on every rank)");
 }
 
-void register_ddp_strategy(const DdpOptions& options) {
-  register_strategy("ddp", [options](const TrainConfig& config, const StepCallback& on_step) {
-    return run_ddp(config, options, on_step);
+void DdpStrategy::add_flags(drivers::FlagGroup& flags) {
+  drivers::add_world_flag(flags, &options.world, "data-parallel ranks");
+  flags.custom("--ddp-mode", "MODE", "naive (2.1), flat (2.2) or bucketed (2.3, default)", [this](const std::string& v) {
+    for (DdpMode mode : {DdpMode::naive, DdpMode::flat, DdpMode::bucketed})
+      if (v == ddp_mode_name(mode)) {
+        options.mode = mode;
+        return;
+      }
+    throw drivers::UsageError("--ddp-mode accepts naive, flat or bucketed, got '" + v + "'");
   });
+  flags.real(
+      "--bucket-mb",
+      [this](double mib) {
+        // Bounded, so the product is far inside an int64 and llround is defined.
+        options.bucket_bytes = std::llround(mib * 1024 * 1024);
+      },
+      0, 1 << 20, "X", "bucket size in MiB for bucketed mode (0: one bucket per parameter)",
+      "a quarter of the model's gradients, so about 4 buckets");
+  flags.integer("--accumulate", &options.accumulate, 1, 1 << 20, "K",
+                "micro-batches per optimizer step; the global batch must divide by world x K");
+  flags.paragraph("After each kept step, a row per rank: its loss, its all-reduces and their MiB, and the time "
+                  "its thread waited on communication (exposed, not overlapped with backward).");
+}
+
+void DdpStrategy::resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given, int processes) {
+  (void)config;
+  drivers::default_world_to_processes(options.world, given, processes);
+}
+
+std::vector<RunSetting> DdpStrategy::settings(const TrainConfig& config) const {
+  (void)config;
+  // They decide the order gradients are summed in, so the bits.
+  return {{"--world", std::to_string(options.world)},
+          {"--ddp-mode", ddp_mode_name(options.mode)},
+          {"--bucket-mb", options.bucket_bytes == kAutoBucketBytes ? "auto"
+                                                                    : std::to_string(options.bucket_bytes) + " bytes"},
+          {"--accumulate", std::to_string(options.accumulate)}};
+}
+
+std::string DdpStrategy::header(const TrainConfig& config, const std::string& backend) const {
+  std::string bucket;
+  if (options.mode == DdpMode::bucketed && options.accumulate == 1) {
+    char text[64];
+    if (options.bucket_bytes == kAutoBucketBytes)
+      std::snprintf(text, sizeof text, ", buckets of ~1/%lld of the gradients",
+                    static_cast<long long>(kDefaultBucketCount));
+    else
+      std::snprintf(text, sizeof text, ", bucket %.3f MiB", static_cast<double>(options.bucket_bytes) / 1048576.0);
+    bucket = text;
+  }
+  char line[256];
+  std::snprintf(line, sizeof line, "ddp: %d ranks (%s backend), %s%s, accumulate %lld: %lld sequences per rank per "
+                "micro-step", options.world, backend.c_str(), ddp_mode_name(options.mode), bucket.c_str(),
+                static_cast<long long>(options.accumulate),
+                static_cast<long long>(config.batch / (options.world * options.accumulate)));
+  return line;
+}
+
+std::unique_ptr<drivers::RankRun> DdpStrategy::start(const TrainConfig& config, Comm& world) const {
+  return std::make_unique<DdpRank>(config, options, world);
 }
 
 }  // namespace dtp::ch02
+
+namespace dtp::strategies {
+drivers::Strategy& ddp() {
+  static ch02::DdpStrategy strategy;
+  return strategy;
+}
+}  // namespace dtp::strategies

@@ -9,7 +9,8 @@
 // model at the start.
 #include <string>
 
-#include "04_tensor_parallel/tensor_parallel.h"
+#include "drivers/04_tensor_parallel/tp_strategy.h"
+#include "dtp/train_checkpoint.h"
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
 

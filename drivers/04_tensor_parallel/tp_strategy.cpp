@@ -1,22 +1,17 @@
-// `dtp train --strategy tp`: the chapter's model trained on a dp x tp mesh.
-// Provided code, not a puzzle (see drivers/README.md). Each rank builds the
-// serial model (through a Trainer, which also gives it the sampler of its DP
-// slice), copies out its TP slices and releases the serial weights; a step
-// is forward, backward, finish_backward (the puzzles), clipping by the norm
-// of the whole model and an optimizer update of this rank's slices. After
-// each step rank 0 gathers what every rank held and moved.
+// `dtp train --strategy tp`: the chapter's model trained on a dp x tp mesh
+// (drivers/04_tensor_parallel/tp_strategy.h says how).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
 
-#include "04_tensor_parallel/tensor_parallel.h"
-#include "dtp/agreement.h"
+#include <cstdio>
+
+#include "drivers/04_tensor_parallel/tp_strategy.h"
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
-#include "dtp/launch.h"
 #include "dtp/memory.h"
+#include "dtp/train_checkpoint.h"
 #include "dtp/trace.h"
 
 namespace dtp::ch04 {
@@ -96,73 +91,108 @@ StepRecord TensorParallelTrainer::step() {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+// One rank of the mesh: its TP group, its DP group and its slices.
+class TensorParallelRank : public drivers::RankRun {
+ public:
+  TensorParallelRank(const TrainConfig& config, const TensorParallelRunOptions& options, Comm& world)
+      : options_(options),
+        mesh_(make_mesh(world, options.tp)),
+        trainer_(config, mesh_, TensorParallelOptions{options.sequence_parallel}) {}
 
-// The strategy's own settings: what every rank must share beside the
-// trainer's, and what a resumed run must share with the saved one.
-std::vector<RunSetting> tp_own_settings(const TensorParallelRunOptions& options) {
+  Trainer& trainer() override { return trainer_.trainer(); }
+  void resume(const std::string& path, const std::vector<RunSetting>& settings) override {
+    trainer_.resume(path, settings);
+  }
+  void save(Comm& world, const std::string& path, const std::vector<RunSetting>& settings) override {
+    (void)world;
+    trainer_.save(path, settings);  // collective
+  }
+  std::int64_t parameter_count() override { return trainer_.config().model.parameter_count(); }
+
+  StepRecord step() override {
+    bytes_before_ = moved();
+    return trainer_.step();
+  }
+
+  // A TP group shares its slice of the batch: one rank of it counts its
+  // tokens, and the step already averaged the loss over the DP groups.
+  GroupStepRule group_rule() const override {
+    const int tp = options_.tp;
+    return {[tp](int rank) { return rank % tp == 0; }, false};
+  }
+
+  std::vector<double> report_values() override {
+    return {static_cast<double>(current_memory_tracker()->live(MemoryCategory::params)),
+            static_cast<double>(current_memory_tracker()->peak(MemoryCategory::activations)),
+            static_cast<double>(moved() - bytes_before_)};
+  }
+
+  void report(const std::vector<RankStepRow>& rows, drivers::StepReport& report) override {
+    using drivers::ColumnUnit;
+    report.ranks.columns = {{"params", ColumnUnit::mebibytes},
+                            {"activation peak", ColumnUnit::mebibytes},
+                            {"moved", ColumnUnit::mebibytes}};
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      const int rank = static_cast<int>(r);
+      report.ranks.rows.push_back({std::to_string(rank) + " (tp " + std::to_string(rank % options_.tp) + ", dp " +
+                                       std::to_string(rank / options_.tp) + ")",
+                                   rows[r].extra});
+    }
+  }
+
+ private:
+  std::int64_t moved() const { return mesh_.tp.stats().collective_bytes + mesh_.dp.stats().collective_bytes; }
+  TensorParallelRunOptions options_;
+  Mesh mesh_;  // before the trainer, which holds it
+  TensorParallelTrainer trainer_;
+  std::int64_t bytes_before_ = 0;
+};
+
+}  // namespace
+
+void TensorParallelStrategy::add_flags(drivers::FlagGroup& flags) {
+  flags.integer("--tp", &options.tp, 1, 1024, "T",
+                "ranks per tensor-parallel group; heads, vocabulary and MLP width must divide by T");
+  flags.integer("--dp", &options.dp, 1, 1024, "D",
+                "data-parallel groups; the world is D x T ranks (under mpiexec: as many processes)");
+  flags.toggle("--sequence-parallel", &options.sequence_parallel,
+               "also split the LayerNorm and residual activations by tokens (Megatron sequence parallelism, 4.7)");
+  flags.paragraph("After each kept step, a row per rank: its parameter bytes, its peak activation bytes and the "
+                  "bytes its collectives moved.");
+}
+
+std::string TensorParallelStrategy::world_text() const {
+  return "--dp " + std::to_string(options.dp) + " x --tp " + std::to_string(options.tp) + " = " +
+         std::to_string(world_size()) + " ranks";
+}
+
+std::vector<RunSetting> TensorParallelStrategy::settings(const TrainConfig& config) const {
+  (void)config;
   return {{"--tp", std::to_string(options.tp)},
           {"--dp", std::to_string(options.dp)},
           {"--sequence-parallel", options.sequence_parallel ? "on" : "off"}};
 }
 
-TrainResult run_tp(const TrainConfig& config, const TensorParallelRunOptions& options, const StepCallback& on_step) {
-  validate_tensor_parallel(config, options);
-  const auto start = Clock::now();
-  TrainResult result;
-  result.peak_by_category.assign(kMemoryCategoryCount, 0);
-  launch(World::from_env(options.tp * options.dp), [&](Comm& world) {
-    {
-      // Every rank builds the same serial model first: check that they agree
-      // on it and on the settings before anything is sliced.
-      Trainer probe(config);
-      check_ranks_agree(world, run_settings(config, tp_own_settings(options)), probe.model());
-    }
-    Mesh mesh = make_mesh(world, options.tp);
-    TensorParallelTrainer trainer(config, mesh, TensorParallelOptions{options.sequence_parallel});
-    if (!config.resume_path.empty()) trainer.resume(config.resume_path, tp_own_settings(options));
-    const std::int64_t last = last_step(trainer.trainer());
-    if (world.rank() == 0) {
-      result.parameters = trainer.config().model.parameter_count();
-      result.data_name = trainer.sampler().data().name();
-    }
-    std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    enum { kParams, kActivationPeak, kBytesMoved };  // what rank 0 gathers beside loss, seconds and tokens
-    // A TP group shares its slice of the batch: one rank of it counts its tokens,
-    // and the step already averaged the loss over the DP groups.
-    const GroupStepRule rule{[&](int rank) { return rank % options.tp == 0; }, false};
-    while (trainer.trainer().steps_done() < last) {
-      const std::int64_t before = mesh.tp.stats().collective_bytes + mesh.dp.stats().collective_bytes;
-      StepRecord record = trainer.step();
-      const std::int64_t moved = mesh.tp.stats().collective_bytes + mesh.dp.stats().collective_bytes - before;
-      const std::vector<RankStepRow> rows = report_group_step(
-          world, record,
-          {static_cast<double>(tracker->live(MemoryCategory::params)),
-           static_cast<double>(record.peak_activation_bytes), static_cast<double>(moved)},
-          rule);
-      if (world.rank() != 0) continue;
-      std::vector<RankTensorParallelStep> ranks;
-      for (int r = 0; r < world.size(); ++r) {
-        const std::vector<double>& extra = rows[static_cast<std::size_t>(r)].extra;
-        const auto at = [&](int what) { return static_cast<std::int64_t>(extra[static_cast<std::size_t>(what)]); };
-        ranks.push_back({r, r % options.tp, r / options.tp, at(kParams), at(kActivationPeak), at(kBytesMoved)});
-      }
-      result.add_step(record, *tracker);
-      if (on_step) on_step(record);
-      if (options.on_ranks) options.on_ranks(record.step, ranks);
-    }
-    if (!config.save_path.empty()) trainer.save(config.save_path, tp_own_settings(options));  // collective
-  });
-  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  return result;
+std::string TensorParallelStrategy::header(const TrainConfig& config, const std::string& backend) const {
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "tp: %d x %d = %d ranks (%s backend): tensor-parallel groups of %d consecutive ranks, %d "
+                "data-parallel group(s)%s; %lld sequences per data-parallel rank",
+                options.dp, options.tp, options.dp * options.tp, backend.c_str(), options.tp, options.dp,
+                options.sequence_parallel ? ", sequence parallel" : "",
+                static_cast<long long>(config.batch / options.dp));
+  return line;
 }
 
-}  // namespace
-
-void register_tensor_parallel_strategy(const TensorParallelRunOptions& options) {
-  register_strategy("tp", [options](const TrainConfig& config, const StepCallback& on_step) {
-    return run_tp(config, options, on_step);
-  });
+std::unique_ptr<drivers::RankRun> TensorParallelStrategy::start(const TrainConfig& config, Comm& world) const {
+  return std::make_unique<TensorParallelRank>(config, options, world);
 }
 
 }  // namespace dtp::ch04
+
+namespace dtp::strategies {
+drivers::Strategy& tp() {
+  static ch04::TensorParallelStrategy strategy;
+  return strategy;
+}
+}  // namespace dtp::strategies

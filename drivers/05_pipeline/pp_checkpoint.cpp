@@ -8,7 +8,8 @@
 // its partner waiting.
 #include <string>
 
-#include "05_pipeline/pipeline.h"
+#include "drivers/05_pipeline/pp_strategy.h"
+#include "dtp/train_checkpoint.h"
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
 

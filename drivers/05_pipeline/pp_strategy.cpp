@@ -1,23 +1,18 @@
-// `dtp train --strategy pp`: the model cut into pipeline stages (times dp
-// replicas, plain or FSDP-sharded), one schedule run by the executor each
-// step. Provided code, not a puzzle (see drivers/README.md). Each rank builds
-// the serial model, keeps its stage's units and releases the others; a step
-// is the executor (the puzzles), the DP mean, clipping by the whole model's
-// norm and an update of what the rank holds. Rank 0 then gathers every
-// rank's numbers and the actions of pipeline 0, for the report and the
-// bubble on both clocks.
+// `dtp train --strategy pp`: the model cut into pipeline stages, one
+// schedule run by the executor each step (drivers/05_pipeline/pp_strategy.h
+// says how).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
 
-#include "05_pipeline/pipeline.h"
-#include "dtp/agreement.h"
+#include <cstdio>
+
+#include "drivers/05_pipeline/pp_strategy.h"
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
-#include "dtp/launch.h"
 #include "dtp/memory.h"
+#include "dtp/train_checkpoint.h"
 #include "dtp/trace.h"
 
 namespace dtp::ch05 {
@@ -313,11 +308,99 @@ std::string executed_gantt_chart(const PipelineOptions& options, const PipelineS
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+// One rank: its pipeline and DP groups, and its stage's units.
+class PipelineRank : public drivers::RankRun {
+ public:
+  PipelineRank(const TrainConfig& config, const PipelineOptions& options, Comm& world)
+      : options_(options),
+        mesh_(make_pipeline_mesh(world, options.pp)),
+        trainer_(config, mesh_, options) {}  // from --load's parameters, when given
 
-// The strategy's own settings: what every rank must share beside the
-// trainer's, and what a resumed run must share with the saved one.
-std::vector<RunSetting> pp_own_settings(const PipelineOptions& options) {
+  Trainer& trainer() override { return trainer_.trainer(); }
+  void resume(const std::string& path, const std::vector<RunSetting>& settings) override {
+    trainer_.resume(path, settings);
+  }
+  void save(Comm& world, const std::string& path, const std::vector<RunSetting>& settings) override {
+    (void)world;
+    trainer_.save(path, settings);  // collective
+  }
+  std::int64_t parameter_count() override { return trainer_.config().model.parameter_count(); }
+  StepRecord step() override { return trainer_.step(); }
+
+  // Stage 0's replicas (world ranks 0 .. dp-1) each hold a slice of the
+  // batch; the step already made the loss the mean over them.
+  GroupStepRule group_rule() const override {
+    const int dp = options_.dp;
+    return {[dp](int rank) { return rank < dp; }, false};
+  }
+
+  // Rank 0 of the world gathered every rank's numbers inside the step (timing()).
+  void report(const std::vector<RankStepRow>& rows, drivers::StepReport& report) override {
+    (void)rows;
+    using drivers::ColumnUnit;
+    const PipelineStepTiming& timing = trainer_.timing();
+    char line[160];
+    std::snprintf(line, sizeof line, "bubble: clock %.1f%% (makespan %.6g), wall %.1f%% (%.2f ms)",
+                  100.0 * timing.clock_bubble, timing.clock_makespan, 100.0 * timing.wall_bubble,
+                  timing.wall_makespan * 1e3);
+    report.lines.push_back(line);
+    report.ranks.columns = {{"params", ColumnUnit::mebibytes},
+                            {"activation peak", ColumnUnit::mebibytes},
+                            {"alive", ColumnUnit::count},
+                            {"busy", ColumnUnit::milliseconds}};
+    for (const RankPipelineStep& r : timing.ranks)
+      report.ranks.rows.push_back({std::to_string(r.rank) + " (stage " + std::to_string(r.stage) + ", dp " +
+                                       std::to_string(r.dp_rank) + ": " + r.units + ")",
+                                   {static_cast<double>(r.params_bytes), static_cast<double>(r.activation_peak),
+                                    static_cast<double>(r.peak_alive), r.wall_busy}});
+    report.once = executed_gantt_chart(options_, timing);
+  }
+
+ private:
+  PipelineOptions options_;
+  PipelineMesh mesh_;  // before the trainer, which holds it
+  PipelineTrainer trainer_;
+};
+
+}  // namespace
+
+void PipelineStrategy::add_flags(drivers::FlagGroup& flags) {
+  flags.integer("--pp", &options.pp, 1, 1024, "P",
+                "pipeline stages; the model's units (embedding, blocks, head) are split over them");
+  flags.integer("--microbatches", &options.microbatches, 1, kMaxMicrobatches, "M",
+                "micro-batches per step; each data-parallel rank's batch must divide by M");
+  flags.custom("--schedule", "KIND", "afab, 1f1b (default), interleaved or zb-h1",
+               [this](const std::string& v) { options.schedule = parse_schedule_kind(v); });
+  flags.integer("--chunks", &options.chunks, 2, 64, "V",
+                "model chunks per rank for --schedule interleaved; M must be a multiple of P");
+  flags.integer("--dp", &options.dp, 1, 1024, "D",
+                "pipeline replicas; the world is P x D ranks, the D ranks of a stage consecutive");
+  flags.toggle("--fsdp", &options.fsdp, "shard each stage over its D replicas (ZeRO-3, 5.8)");
+  flags.custom("--balance", "params|time",
+               "split the units by parameters (default) or by their measured forward + backward time",
+               [this](const std::string& v) {
+                 if (v != "params" && v != "time")
+                   throw drivers::UsageError("--balance accepts params or time, got '" + v + "'");
+                 options.balance_by_time = v == "time";
+               });
+  flags.paragraph("After each kept step: the step's bubble (simulated clock and wall time), a row per rank, and "
+                  "on the first kept step the Gantt chart of pipeline 0 as it ran (F = 1, B = 2 on the clock; "
+                  "zb-h1: B = W = 1).");
+}
+
+void PipelineStrategy::resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given, int processes) {
+  (void)config, (void)processes;
+  if (cli::was_given(given, "--chunks") && options.schedule != ScheduleKind::interleaved)
+    throw drivers::UsageError("--chunks sets v of --schedule interleaved; this run's schedule is not interleaved");
+}
+
+std::string PipelineStrategy::world_text() const {
+  return "--pp " + std::to_string(options.pp) + " x --dp " + std::to_string(options.dp) + " = " +
+         std::to_string(world_size()) + " ranks";
+}
+
+std::vector<RunSetting> PipelineStrategy::settings(const TrainConfig& config) const {
+  (void)config;
   return {{"--pp", std::to_string(options.pp)},
           {"--dp", std::to_string(options.dp)},
           {"--microbatches", std::to_string(options.microbatches)},
@@ -326,51 +409,32 @@ std::vector<RunSetting> pp_own_settings(const PipelineOptions& options) {
           {"--fsdp", options.fsdp ? "on" : "off"}};
 }
 
-TrainResult run_pp(const TrainConfig& config, const PipelineRunOptions& options, const StepCallback& on_step) {
-  const PipelineOptions& pipeline = options.pipeline;
-  validate_pipeline(config, pipeline);
-  const auto start = Clock::now();
-  TrainResult result;
-  result.peak_by_category.assign(kMemoryCategoryCount, 0);
-  launch(World::from_env(pipeline.pp * pipeline.dp), [&](Comm& world) {
-    {
-      Trainer probe(config);
-      check_ranks_agree(world, run_settings(config, pp_own_settings(pipeline)), probe.model());
-    }
-    PipelineMesh mesh = make_pipeline_mesh(world, pipeline.pp);
-    PipelineTrainer trainer(config, mesh, pipeline);  // from --load's parameters, when given
-    if (!config.resume_path.empty()) trainer.resume(config.resume_path, pp_own_settings(pipeline));
-    const std::int64_t last = last_step(trainer.trainer());
-    if (world.rank() == 0) {
-      result.parameters = trainer.config().model.parameter_count();
-      result.data_name = trainer.sampler().data().name();
-    }
-    std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    while (trainer.trainer().steps_done() < last) {
-      StepRecord record = trainer.step();
-      // The step's wall time is its slowest rank's.
-      Tensor seconds = Tensor::from_values({record.seconds});
-      world.all_reduce(seconds, ReduceOp::max);
-      if (world.rank() != 0) continue;
-      record.seconds = seconds.item(0);
-      record.tokens = config.batch * config.seq;
-      record.tokens_per_second = record.seconds > 0 ? static_cast<double>(record.tokens) / record.seconds : 0;
-      result.add_step(record, *tracker);
-      if (on_step) on_step(record);
-      if (options.on_step) options.on_step(record.step, trainer.timing());
-    }
-    if (!config.save_path.empty()) trainer.save(config.save_path, pp_own_settings(pipeline));  // collective
-  });
-  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  return result;
+std::string PipelineStrategy::header(const TrainConfig& config, const std::string& backend) const {
+  const bool interleaved = options.schedule == ScheduleKind::interleaved;
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "pp: %d stages x %d replica(s) = %d ranks (%s backend), schedule %s%s, %d micro-batches of %lld "
+                "sequences%s; units split by %s\n"
+                "pp: the lesson's bubble for these settings: %.1f%%",
+                options.pp, options.dp, options.pp * options.dp, backend.c_str(),
+                schedule_kind_name(options.schedule),
+                interleaved ? (" with " + std::to_string(options.chunks) + " chunks per rank").c_str() : "",
+                options.microbatches, static_cast<long long>(config.batch / options.dp / options.microbatches),
+                options.fsdp ? ", each stage FSDP-sharded over its replicas" : "",
+                options.balance_by_time ? "measured time" : "parameters",
+                100.0 * bubble_formula(options.schedule, options.pp, options.microbatches, options.chunks));
+  return line;
 }
 
-}  // namespace
-
-void register_pipeline_strategy(const PipelineRunOptions& options) {
-  register_strategy("pp", [options](const TrainConfig& config, const StepCallback& on_step) {
-    return run_pp(config, options, on_step);
-  });
+std::unique_ptr<drivers::RankRun> PipelineStrategy::start(const TrainConfig& config, Comm& world) const {
+  return std::make_unique<PipelineRank>(config, options, world);
 }
 
 }  // namespace dtp::ch05
+
+namespace dtp::strategies {
+drivers::Strategy& pp() {
+  static ch05::PipelineStrategy strategy;
+  return strategy;
+}
+}  // namespace dtp::strategies

@@ -8,7 +8,8 @@
 // cuts its own region out of each optimizer state tensor.
 #include <string>
 
-#include "06_sequence_expert/sequence_expert.h"
+#include "drivers/06_sequence_expert/ep_strategy.h"
+#include "dtp/train_checkpoint.h"
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
 

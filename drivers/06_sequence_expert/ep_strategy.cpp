@@ -1,23 +1,17 @@
-// `dtp train --strategy ep`: puzzle 6.7 trained inside the GPT. Provided
-// code, not a puzzle (see drivers/README.md). The ranks are data parallel
-// for everything but the experts: each takes its slice of the batch, routes
-// its own tokens, and each block's experts run on the rank that holds them
-// through ExpertParallelMoe, installed as the block's MoeCore. After the
-// backward the replicated gradients are averaged over the group as in DDP;
-// an owned expert's gradient already holds every rank's tokens' share (the
-// exchange brought them), so it is only divided by the group size.
+// `dtp train --strategy ep`: puzzle 6.7 trained inside the GPT
+// (drivers/06_sequence_expert/ep_strategy.h says how).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
 
-#include "06_sequence_expert/sequence_expert.h"
-#include "dtp/agreement.h"
+#include <cstdio>
+
+#include "drivers/06_sequence_expert/ep_strategy.h"
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
-#include "dtp/launch.h"
 #include "dtp/memory.h"
+#include "dtp/train_checkpoint.h"
 #include "dtp/trace.h"
 
 namespace dtp::ch06 {
@@ -64,7 +58,7 @@ std::int64_t expert_offset(const Unit& block, int expert) {
 }  // namespace
 
 ExpertParallelTrainer::ExpertParallelTrainer(const TrainConfig& config, Comm& ep) : ep_(ep) {
-  validate_expert_parallel(config, ExpertParallelRunOptions{ep.size(), {}});
+  validate_expert_parallel(config, ExpertParallelRunOptions{ep.size()});
   // This rank's model holds only its own experts (the others' weights are
   // drawn at init and dropped, so its experts start as on one device).
   TrainConfig sharded = config;
@@ -162,59 +156,96 @@ StepRecord ExpertParallelTrainer::step() {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+// One rank: its slice of the batch, the replicated weights and its experts.
+class ExpertParallelRank : public drivers::RankRun {
+ public:
+  ExpertParallelRank(const TrainConfig& config, Comm& ep) : trainer_(config, ep) {
+    // Every rank reads its own experts by their names; the replicated part
+    // is the same everywhere.
+    load_parameters(trainer_.model(), config);
+  }
 
-TrainResult run_ep(const TrainConfig& config, const ExpertParallelRunOptions& options, const StepCallback& on_step) {
-  validate_expert_parallel(config, options);
-  const auto start = Clock::now();
-  TrainResult result;
-  result.peak_by_category.assign(kMemoryCategoryCount, 0);
-  launch(World::from_env(options.world), [&](Comm& ep) {
-    ExpertParallelTrainer trainer(config, ep);
-    const std::vector<RunSetting> own = {{"--world", std::to_string(options.world)}};
-    // Every rank reads its own experts by their names; the replicated part is
-    // the same everywhere.
-    load_parameters(trainer.model(), config);
-    check_ranks_agree(ep, run_settings(config, own), trainer.model());
-    if (!config.resume_path.empty()) trainer.resume(config.resume_path, own);
-    const std::int64_t last = last_step(trainer.trainer());
-    if (ep.rank() == 0) {
-      result.parameters = config.model.parameter_count();  // the whole model's; each rank holds a share
-      result.data_name = trainer.sampler().data().name();
+  Trainer& trainer() override { return trainer_.trainer(); }
+  void resume(const std::string& path, const std::vector<RunSetting>& settings) override {
+    trainer_.resume(path, settings);
+  }
+  void save(Comm& world, const std::string& path, const std::vector<RunSetting>& settings) override {
+    (void)world;
+    trainer_.save(path, settings);  // collective
+  }
+  // The whole model's; each rank holds a share of the experts.
+  std::int64_t parameter_count() override { return trainer_.config().model.parameter_count(); }
+
+  StepRecord step() override {
+    bytes_before_ = trainer_.bytes_moved();
+    return trainer_.step();
+  }
+
+  // Each rank routed its own slice's tokens; the step already averaged the loss.
+  GroupStepRule group_rule() const override { return {{}, false}; }
+
+  std::vector<double> report_values() override {
+    return {static_cast<double>(trainer_.dropped()), static_cast<double>(trainer_.bytes_moved() - bytes_before_)};
+  }
+
+  void report(const std::vector<RankStepRow>& rows, drivers::StepReport& report) override {
+    using drivers::ColumnUnit;
+    report.ranks.columns = {{"tokens", ColumnUnit::count}, {"dropped", ColumnUnit::count}, {"moved", ColumnUnit::mebibytes}};
+    const int local = trainer_.local_experts();
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      const int first = static_cast<int>(r) * local;
+      report.ranks.rows.push_back(
+          {std::to_string(r) + " (experts " + std::to_string(first) + "-" + std::to_string(first + local - 1) + ")",
+           {rows[r].tokens, rows[r].extra[0], rows[r].extra[1]}});
     }
-    std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    enum { kDropped, kBytesMoved };  // what rank 0 gathers beside loss, seconds and tokens
-    while (trainer.trainer().steps_done() < last) {
-      const std::int64_t before = trainer.bytes_moved();
-      StepRecord record = trainer.step();
-      // Each rank routed its own slice's tokens; the step already averaged the loss.
-      const std::vector<RankStepRow> rows = report_group_step(
-          ep, record, {static_cast<double>(trainer.dropped()), static_cast<double>(trainer.bytes_moved() - before)},
-          GroupStepRule{{}, false});
-      if (ep.rank() != 0) continue;
-      std::vector<RankExpertParallelStep> ranks;
-      for (int r = 0; r < ep.size(); ++r) {
-        const RankStepRow& row = rows[static_cast<std::size_t>(r)];
-        ranks.push_back({r, r * trainer.local_experts(), trainer.local_experts(), static_cast<std::int64_t>(row.tokens),
-                         static_cast<std::int64_t>(row.extra[kDropped]),
-                         static_cast<std::int64_t>(row.extra[kBytesMoved])});
-      }
-      result.add_step(record, *tracker);
-      if (on_step) on_step(record);
-      if (options.on_ranks) options.on_ranks(record.step, ranks);
-    }
-    if (!config.save_path.empty()) trainer.save(config.save_path, own);  // collective
-  });
-  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  return result;
-}
+  }
+
+ private:
+  ExpertParallelTrainer trainer_;
+  std::int64_t bytes_before_ = 0;
+};
 
 }  // namespace
 
-void register_expert_parallel_strategy(const ExpertParallelRunOptions& options) {
-  register_strategy("ep", [options](const TrainConfig& config, const StepCallback& on_step) {
-    return run_ep(config, options, on_step);
-  });
+void ExpertParallelStrategy::add_flags(drivers::FlagGroup& flags) {
+  drivers::add_world_flag(flags, &options.world, "expert-parallel ranks; --moe-experts must divide by N");
+  flags.paragraph("Each of --world ranks trains its slice of the batch and holds 1 / world of every block's "
+                  "experts; tokens travel to their experts and back (6.7). Each rank routes its own tokens, so a "
+                  "run on N ranks equals one device with --moe-groups N. After each kept step, a row per rank: "
+                  "its experts, tokens, dropped choices and bytes moved.");
+}
+
+void ExpertParallelStrategy::resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
+                                     int processes) {
+  (void)config;
+  drivers::default_world_to_processes(options.world, given, processes);
+}
+
+std::vector<RunSetting> ExpertParallelStrategy::settings(const TrainConfig& config) const {
+  (void)config;
+  return {{"--world", std::to_string(options.world)}};
+}
+
+std::string ExpertParallelStrategy::header(const TrainConfig& config, const std::string& backend) const {
+  const int m = options.world;
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "ep: %d ranks (%s backend), each holds %d of every block's %d experts and %lld sequences of the "
+                "batch; tokens routed per rank (like --moe-groups %d on one device)",
+                m, backend.c_str(), config.model.experts / std::max(1, m), config.model.experts,
+                static_cast<long long>(config.batch / std::max(1, m)), m);
+  return line;
+}
+
+std::unique_ptr<drivers::RankRun> ExpertParallelStrategy::start(const TrainConfig& config, Comm& world) const {
+  return std::make_unique<ExpertParallelRank>(config, world);
 }
 
 }  // namespace dtp::ch06
+
+namespace dtp::strategies {
+drivers::Strategy& ep() {
+  static ch06::ExpertParallelStrategy strategy;
+  return strategy;
+}
+}  // namespace dtp::strategies

@@ -1,22 +1,17 @@
 // `dtp train --strategy sp`: the chapter's attention puzzles trained inside
-// the GPT. Provided code, not a puzzle (see drivers/README.md). Every rank
-// holds the whole model and the whole batch, and runs it on its positions of
-// every sequence: the embedding adds the positions' own rows, everything but
-// attention acts on one position at a time, and each block's attention
-// reaches the other ranks' positions through the puzzle class installed as
-// its AttentionCore. The gradients are averaged over the group as in DDP.
+// the GPT (drivers/06_sequence_expert/sp_strategy.h says how).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
 #include <utility>
 
-#include "06_sequence_expert/sequence_expert.h"
-#include "dtp/agreement.h"
+#include <cstdio>
+
+#include "drivers/06_sequence_expert/sp_strategy.h"
 #include "dtp/error.h"
-#include "dtp/launch.h"
 #include "dtp/memory.h"
+#include "dtp/train_checkpoint.h"
 #include "dtp/trace.h"
 
 namespace dtp::ch06 {
@@ -174,75 +169,117 @@ StepRecord SequenceParallelTrainer::step() {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+SequenceLayout layout_of(SequenceParallelKind kind) {
+  return kind == SequenceParallelKind::zigzag ? SequenceLayout::zigzag : SequenceLayout::contiguous;
+}
 
-// The strategy's own settings: what every rank must share beside the
-// trainer's, and what a resumed run must share with the saved one.
-std::vector<RunSetting> sp_own_settings(const SequenceParallelRunOptions& options) {
+// One rank of the group: the whole model and batch, its positions.
+class SequenceParallelRank : public drivers::RankRun {
+ public:
+  SequenceParallelRank(const TrainConfig& config, const SequenceParallelRunOptions& options, Comm& sp)
+      : options_(options), trainer_(config, sp, options) {
+    // Every rank holds the whole model and optimizer state: rank 0's are the
+    // run's checkpoint, as under DDP.
+    load_parameters(trainer_.model(), config);
+  }
+
+  Trainer& trainer() override { return trainer_.trainer(); }
+
+  StepRecord step() override {
+    bytes_before_ = trainer_.bytes_moved();
+    reset_block_computations();
+    return trainer_.step();
+  }
+
+  // Every rank held the same batch (its tokens count once) and computed the same loss.
+  GroupStepRule group_rule() const override {
+    return {[](int rank) { return rank == 0; }, false};
+  }
+
+  std::vector<double> report_values() override {
+    return {static_cast<double>(current_memory_tracker()->peak(MemoryCategory::activations)),
+            static_cast<double>(trainer_.bytes_moved() - bytes_before_), static_cast<double>(block_computations())};
+  }
+
+  void report(const std::vector<RankStepRow>& rows, drivers::StepReport& report) override {
+    using drivers::ColumnUnit;
+    const bool ring = options_.kind != SequenceParallelKind::ulysses;
+    report.ranks.columns = {{"activation peak", ColumnUnit::mebibytes}, {"moved", ColumnUnit::mebibytes}};
+    if (ring) report.ranks.columns.push_back({"attention blocks", ColumnUnit::count});
+    const std::int64_t seq = trainer_.config().seq;
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      std::string label = std::to_string(r);
+      for (const PositionRange& p : positions_of(seq, static_cast<int>(rows.size()), static_cast<int>(r),
+                                                 layout_of(options_.kind)))
+        label += " [" + std::to_string(p.start) + ", " + std::to_string(p.end()) + ")";
+      std::vector<double> values = rows[r].extra;
+      if (!ring) values.pop_back();
+      report.ranks.rows.push_back({label, values});
+    }
+  }
+
+ private:
+  SequenceParallelRunOptions options_;
+  SequenceParallelTrainer trainer_;
+  std::int64_t bytes_before_ = 0;
+};
+
+}  // namespace
+
+void SequenceParallelStrategy::add_flags(drivers::FlagGroup& flags) {
+  flags.integer("--sp", &options.sp, 1, 1024, "N",
+                "ranks that split every sequence's positions (the world); --seq must divide by N (2 N for "
+                "zigzag); every rank holds the whole model and batch");
+  flags.custom("--sp-kind", "KIND",
+               "the attention across ranks: ulysses (6.1, default; --heads must divide by N), ring (6.2-6.3), "
+               "zigzag (6.4, load-balanced ring) or hybrid (6.5)",
+               [this](const std::string& v) { options.kind = parse_sequence_parallel_kind(v); });
+  flags.integer("--sp-ulysses", &options.ulysses, 1, 1024, "U",
+                "hybrid: ranks per Ulysses group; U must divide N and --heads; ring attention across the N / U "
+                "groups");
+  flags.paragraph("After each kept step, a row per rank: its positions, its activation peak, the bytes it moved "
+                  "and (ring kinds) its attention blocks.");
+}
+
+void SequenceParallelStrategy::resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
+                                       int processes) {
+  (void)config, (void)processes;
+  if (cli::was_given(given, "--sp-ulysses") && options.kind != SequenceParallelKind::hybrid)
+    throw drivers::UsageError(
+        "--sp-ulysses sets the Ulysses group of --sp-kind hybrid; this run's --sp-kind is not hybrid");
+}
+
+std::vector<RunSetting> SequenceParallelStrategy::settings(const TrainConfig& config) const {
+  (void)config;
   return {{"--sp", std::to_string(options.sp)},
           {"--sp-kind", sequence_parallel_kind_name(options.kind)},
           {"--sp-ulysses", std::to_string(options.ulysses)}};
 }
 
-TrainResult run_sp(const TrainConfig& config, const SequenceParallelRunOptions& options, const StepCallback& on_step) {
-  validate_sequence_parallel(config, options);
-  const auto start = Clock::now();
-  TrainResult result;
-  result.peak_by_category.assign(kMemoryCategoryCount, 0);
-  launch(World::from_env(options.sp), [&](Comm& sp) {
-    {
-      // Before the trainer: the hybrid's cores split the group, which ranks
-      // with different settings would enter differently.
-      Trainer probe(config);
-      check_ranks_agree(sp, run_settings(config, sp_own_settings(options)), probe.model());
-    }
-    SequenceParallelTrainer trainer(config, sp, options);
-    // Every rank holds the whole model and optimizer state: rank 0's are the
-    // run's checkpoint, as under DDP.
-    const std::int64_t last = start_from_checkpoints(trainer.trainer(), sp_own_settings(options));
-    if (sp.rank() == 0) {
-      result.parameters = trainer.model().parameter_count();
-      result.data_name = trainer.sampler().data().name();
-    }
-    std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    enum { kActivationPeak, kBytesMoved, kBlocks };  // what rank 0 gathers beside loss, seconds and tokens
-    while (trainer.trainer().steps_done() < last) {
-      const std::int64_t before = trainer.bytes_moved();
-      reset_block_computations();
-      StepRecord record = trainer.step();
-      // Every rank held the same batch (its tokens count once) and computed the same loss.
-      const std::vector<RankStepRow> rows = report_group_step(
-          sp, record,
-          {static_cast<double>(record.peak_activation_bytes), static_cast<double>(trainer.bytes_moved() - before),
-           static_cast<double>(block_computations())},
-          GroupStepRule{[](int rank) { return rank == 0; }, false});
-      if (sp.rank() != 0) continue;
-      std::vector<RankSequenceParallelStep> ranks;
-      const SequenceLayout layout =
-          options.kind == SequenceParallelKind::zigzag ? SequenceLayout::zigzag : SequenceLayout::contiguous;
-      for (int r = 0; r < sp.size(); ++r) {
-        const std::vector<double>& extra = rows[static_cast<std::size_t>(r)].extra;
-        const auto at = [&](int what) { return static_cast<std::int64_t>(extra[static_cast<std::size_t>(what)]); };
-        ranks.push_back({r, positions_of(config.seq, sp.size(), r, layout), at(kActivationPeak), at(kBytesMoved),
-                         at(kBlocks)});
-      }
-      result.add_step(record, *tracker);
-      if (on_step) on_step(record);
-      if (options.on_ranks) options.on_ranks(record.step, ranks);
-    }
-    if (sp.rank() == 0 && !config.save_path.empty())
-      trainer.trainer().save(config.save_path, sp_own_settings(options));
-  });
-  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  return result;
+std::string SequenceParallelStrategy::header(const TrainConfig& config, const std::string& backend) const {
+  std::string hybrid;
+  if (options.kind == SequenceParallelKind::hybrid)
+    hybrid = " (Ulysses in groups of " + std::to_string(options.ulysses) + ", ring across " +
+             std::to_string(options.sp / std::max(1, options.ulysses)) + " groups)";
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "sp: %d ranks (%s backend), %s attention%s: each holds %lld of every sequence's %lld positions%s, "
+                "the whole model and the whole batch",
+                options.sp, backend.c_str(), sequence_parallel_kind_name(options.kind), hybrid.c_str(),
+                static_cast<long long>(config.seq / options.sp), static_cast<long long>(config.seq),
+                options.kind == SequenceParallelKind::zigzag ? " (two chunks)" : "");
+  return line;
 }
 
-}  // namespace
-
-void register_sequence_parallel_strategy(const SequenceParallelRunOptions& options) {
-  register_strategy("sp", [options](const TrainConfig& config, const StepCallback& on_step) {
-    return run_sp(config, options, on_step);
-  });
+std::unique_ptr<drivers::RankRun> SequenceParallelStrategy::start(const TrainConfig& config, Comm& world) const {
+  return std::make_unique<SequenceParallelRank>(config, options, world);
 }
 
 }  // namespace dtp::ch06
+
+namespace dtp::strategies {
+drivers::Strategy& sp() {
+  static ch06::SequenceParallelStrategy strategy;
+  return strategy;
+}
+}  // namespace dtp::strategies

@@ -1,31 +1,21 @@
-// `dtp train --precision bf16|fp16` (strategy "mixed"): the chapter's
-// puzzles wired into the trainer. Provided code, not a puzzle (see
-// drivers/README.md). Each rank builds Trainer(config, rank, world) for its
-// 16-bit model and its slice of the batch, keeps f32 master weights and an
-// optimizer over them, and runs 7.2's step (one rank) or 7.4's (several),
-// with 7.3's loss scaler when one is asked for. A checkpoint holds the
-// 16-bit model, the f32 masters, their optimizer state and the scaler's scale
-// and count, so a resumed run goes on exactly where the saved one stopped;
-// --load starts the masters from a file of any float dtype (start_from).
+// `dtp train --precision bf16|fp16` (the strategy "mixed"): the chapter's
+// puzzles wired into the trainer (drivers/07_mixed_precision/mixed_strategy.h
+// says how).
 #include <cctype>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 
-#include "07_mixed_precision/mixed_precision.h"
-#include "dtp/agreement.h"
+#include "drivers/07_mixed_precision/mixed_strategy.h"
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
-#include "dtp/launch.h"
 #include "dtp/memory.h"
 #include "dtp/nn_ops.h"
+#include "dtp/train_checkpoint.h"
 
 namespace dtp::ch07 {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // The scaler --loss-scale asks for; null for none.
 std::unique_ptr<LossScaler> make_scaler(const LossScale& scale, const ScalerConfig& dynamic) {
@@ -35,19 +25,6 @@ std::unique_ptr<LossScaler> make_scaler(const LossScale& scale, const ScalerConf
     case LossScale::Kind::fixed: return std::make_unique<LossScaler>(ScalerConfig{scale.value, 1.0, 1.0, 1});
   }
   return nullptr;
-}
-
-// The strategy's own settings: what every rank must share beside the
-// trainer's, and what a resumed run must share with the saved one.
-std::vector<RunSetting> mixed_own_settings(const TrainConfig& config, const MixedPrecisionRunOptions& options,
-                                           int world) {
-  const ScalerConfig& d = options.dynamic_scaler;
-  return {{"--world", std::to_string(world)},
-          {"--precision", dtype_name(config.model.dtype)},
-          {"--loss-scale", loss_scale_for(options, config.model.dtype).str()},
-          {"dynamic scaler", std::to_string(d.initial_scale) + " x" + std::to_string(d.growth_factor) + " x" +
-                                 std::to_string(d.backoff_factor) + " every " + std::to_string(d.growth_interval)},
-          {"--reduce-dtype", dtype_name(options.reduce_dtype)}};
 }
 
 // The masters' name in a checkpoint: "extra/master/<unit>" (checkpoint_also).
@@ -80,82 +57,78 @@ void start_from(MasterWeights& masters, const Checkpoint& checkpoint, const std:
   }
 }
 
-TrainResult run_mixed(const TrainConfig& config, const MixedPrecisionRunOptions& options,
-                      const StepCallback& on_step) {
-  validate_mixed_precision(config, options);
-  const auto start = Clock::now();
-  TrainResult result;
-  result.peak_by_category.assign(kMemoryCategoryCount, 0);
-  launch(World::from_env(options.world), [&](Comm& comm) {
-    Trainer trainer(config, comm.rank(), comm.size());
-    MasterWeights masters(trainer.model());
-    if (!config.load_path.empty()) start_from(masters, read_checkpoint(config.load_path), config.load_path);
-    const std::vector<RunSetting> own = mixed_own_settings(config, options, comm.size());
-    check_ranks_agree(comm, run_settings(config, own), trainer.model());
-    trainer.set_optimizer(make_optimizer(trainer.config(), masters.buffers()));
-    Optimizer& optimizer = trainer.optimizer();
-    std::unique_ptr<LossScaler> scaler =
-        make_scaler(loss_scale_for(options, config.model.dtype), options.dynamic_scaler);
+// One rank: the 16-bit model, its f32 masters and optimizer, the scaler.
+class MixedPrecisionRank : public drivers::RankRun {
+ public:
+  MixedPrecisionRank(const TrainConfig& config, const MixedPrecisionRunOptions& options, Comm& comm)
+      : options_(options), comm_(comm), trainer_(config, comm.rank(), comm.size()), masters_(trainer_.model()) {
+    if (!config.load_path.empty()) start_from(masters_, read_checkpoint(config.load_path), config.load_path);
+    trainer_.set_optimizer(make_optimizer(trainer_.config(), masters_.buffers()));
+    scaler_ = make_scaler(loss_scale_for(options, config.model.dtype), options.dynamic_scaler);
     // What a checkpoint holds beside the model and the optimizer state: the
     // masters, and the scaler's scale and count of good steps.
-    const bool checkpoints = !config.save_path.empty() || !config.resume_path.empty();
-    Tensor scaler_state;
-    if (checkpoints) {
+    if (!config.save_path.empty() || !config.resume_path.empty()) {
       std::vector<NamedTensor> extra;
-      for (const ParamBuffer& b : masters.buffers()) extra.push_back({master_name(b.name), b.params});
-      if (scaler) {
-        scaler_state = Tensor::zeros(Shape{2}, DType::f64);
-        extra.push_back({"loss_scaler", scaler_state});
+      for (const ParamBuffer& b : masters_.buffers()) extra.push_back({master_name(b.name), b.params});
+      if (scaler_) {
+        scaler_state_ = Tensor::zeros(Shape{2}, DType::f64);
+        extra.push_back({"loss_scaler", scaler_state_});
       }
-      trainer.checkpoint_also(std::move(extra));
+      trainer_.checkpoint_also(std::move(extra));
     }
-    if (!config.resume_path.empty()) {
-      trainer.resume(config.resume_path, own);
-      if (scaler)
-        scaler->restore(scaler_state.data<double>()[0], static_cast<std::int64_t>(scaler_state.data<double>()[1]));
+  }
+
+  Trainer& trainer() override { return trainer_; }
+
+  void resume(const std::string& path, const std::vector<RunSetting>& settings) override {
+    trainer_.resume(path, settings);
+    if (scaler_)
+      scaler_->restore(scaler_state_.data<double>()[0], static_cast<std::int64_t>(scaler_state_.data<double>()[1]));
+  }
+
+  void save(Comm& world, const std::string& path, const std::vector<RunSetting>& settings) override {
+    if (world.rank() != 0) return;
+    if (scaler_) {
+      scaler_state_.data<double>()[0] = scaler_->scale();
+      scaler_state_.data<double>()[1] = static_cast<double>(scaler_->good_steps());
     }
-    const std::int64_t last = last_step(trainer);
-    if (comm.rank() == 0) {
-      result.parameters = trainer.model().parameter_count();
-      result.data_name = trainer.sampler().data().name();
-    }
-    std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    const BatchSampler& sampler = trainer.sampler();
-    for (std::int64_t s = trainer.steps_done(); s < last; ++s) {
-      const StepMeter meter;
-      StepRecord record;
-      record.step = s + 1;
-      record.lr = config.schedule().at(s);
-      record.loss_scale = scaler ? scaler->scale() : 0;
-      const Batch batch = sampler.batch(s, config.model.device);
-      const MixedStep step =
-          comm.size() == 1
-              ? mixed_precision_step(masters, optimizer, scaler.get(), batch, record.lr, config.grad_clip)
-              : ddp_mixed_precision_step(comm, masters, optimizer, scaler.get(), batch, record.lr,
-                                         config.grad_clip, options.reduce_dtype);
-      trainer.count_step();
-      record.loss = step.loss;
-      record.grad_norm = step.grad_norm;
-      record.skipped = !step.stepped;
-      DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ", record.step,
-                " in ", dtype_name(config.model.dtype), "; try a lower --lr, a tighter --clip or --precision bf16");
-      meter.finish(record, sampler.local_batch() * sampler.seq());
-      report_group_step(comm, record);  // equal slices: rank 0's record gets the mean loss
-      if (comm.rank() != 0) continue;
-      result.add_step(record, *tracker);
-      if (on_step) on_step(record);
-    }
-    if (comm.rank() == 0 && !config.save_path.empty()) {
-      if (scaler) {
-        scaler_state.data<double>()[0] = scaler->scale();
-        scaler_state.data<double>()[1] = static_cast<double>(scaler->good_steps());
-      }
-      trainer.save(config.save_path, own);
-    }
-  });
-  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  return result;
-}
+    trainer_.save(path, settings);
+  }
+
+  StepRecord step() override {
+    const StepMeter meter;
+    const TrainConfig& config = trainer_.config();
+    const std::int64_t s = trainer_.steps_done();
+    StepRecord record;
+    record.step = s + 1;
+    record.lr = config.schedule().at(s);
+    record.loss_scale = scaler_ ? scaler_->scale() : 0;
+    const BatchSampler& sampler = trainer_.sampler();
+    const Batch batch = sampler.batch(s, config.model.device);
+    Optimizer& optimizer = trainer_.optimizer();
+    const MixedStep step =
+        comm_.size() == 1
+            ? mixed_precision_step(masters_, optimizer, scaler_.get(), batch, record.lr, config.grad_clip)
+            : ddp_mixed_precision_step(comm_, masters_, optimizer, scaler_.get(), batch, record.lr, config.grad_clip,
+                                       options_.reduce_dtype);
+    trainer_.count_step();
+    record.loss = step.loss;
+    record.grad_norm = step.grad_norm;
+    record.skipped = !step.stepped;
+    DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ", record.step, " in ",
+              dtype_name(config.model.dtype), "; try a lower --lr, a tighter --clip or --precision bf16");
+    meter.finish(record, sampler.local_batch() * sampler.seq());
+    return record;
+  }
+
+ private:
+  MixedPrecisionRunOptions options_;
+  Comm& comm_;
+  Trainer trainer_;
+  MasterWeights masters_;
+  std::unique_ptr<LossScaler> scaler_;  // null: no loss scaling
+  Tensor scaler_state_;                 // its scale and good steps, in checkpoints
+};
 
 }  // namespace
 
@@ -200,10 +173,68 @@ LossScale loss_scale_for(const MixedPrecisionRunOptions& options, DType precisio
   return {precision == DType::f16 ? LossScale::Kind::dynamic : LossScale::Kind::none};
 }
 
-void register_mixed_precision_strategy(const MixedPrecisionRunOptions& options) {
-  register_strategy("mixed", [options](const TrainConfig& config, const StepCallback& on_step) {
-    return run_mixed(config, options, on_step);
-  });
+bool MixedPrecisionStrategy::chosen(const std::vector<drivers::GivenFlag>& given) const {
+  std::string precision;
+  return cli::was_given(given, "--precision", &precision) && precision != "fp32";
+}
+
+void MixedPrecisionStrategy::add_flags(drivers::FlagGroup& flags) {
+  flags.choice("--precision", &precision_, {"fp32", "bf16", "fp16"},
+               "fp32 trains as --dtype says; bf16 and fp16 run a 16-bit model with f32 master weights (7.2), on "
+               "one device or, with --world N, data parallel (7.4)");
+  drivers::add_world_flag(flags, &options.world, "data-parallel ranks (7.4)");
+  flags.custom("--loss-scale", "dynamic|none|S",
+               "dynamic: start at 2^16, halve on an overflow (the step is skipped), double after 2000 good steps "
+               "(7.3); none; or a fixed scale S > 0 (overflows still skip). Default: dynamic for fp16, none for "
+               "bf16. The log shows the scale and every skipped step",
+               [this](const std::string& v) { options.loss_scale = parse_loss_scale(v); });
+  flags.custom("--reduce-dtype", "f32|bf16|f16",
+               "the dtype gradients are averaged in with --world > 1: f32 (default) or the model's",
+               [this](const std::string& v) {
+                 if (v != "f32" && v != "bf16" && v != "f16")
+                   throw drivers::UsageError("--reduce-dtype accepts f32, bf16 or f16, got '" + v + "'");
+                 options.reduce_dtype = parse_dtype(v);
+               });
+}
+
+void MixedPrecisionStrategy::resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
+                                     int processes) {
+  drivers::default_world_to_processes(options.world, given, processes);
+  if (cli::was_given(given, "--dtype"))
+    throw drivers::UsageError("--precision " + precision_ + " sets the model's dtype; drop --dtype");
+  config.model.dtype = precision_ == "bf16" ? DType::bf16 : DType::f16;
+}
+
+std::vector<RunSetting> MixedPrecisionStrategy::settings(const TrainConfig& config) const {
+  const ScalerConfig& d = options.dynamic_scaler;
+  return {{"--world", std::to_string(options.world)},
+          {"--precision", dtype_name(config.model.dtype)},
+          {"--loss-scale", loss_scale_for(options, config.model.dtype).str()},
+          {"dynamic scaler", std::to_string(d.initial_scale) + " x" + std::to_string(d.growth_factor) + " x" +
+                                 std::to_string(d.backoff_factor) + " every " + std::to_string(d.growth_interval)},
+          {"--reduce-dtype", dtype_name(options.reduce_dtype)}};
+}
+
+std::string MixedPrecisionStrategy::header(const TrainConfig& config, const std::string& backend) const {
+  const std::string scale = loss_scale_for(options, config.model.dtype).str();
+  std::string line = "mixed: the model in " + std::string(dtype_name(config.model.dtype)) +
+                     " with f32 master weights (2 + 2 + 12 bytes per parameter), loss scale " + scale +
+                     (scale == "dynamic" ? " (from 2^16, halved on an overflow, doubled after 2000 good steps)" : "");
+  if (options.world > 1)
+    line += "; " + std::to_string(options.world) + " ranks (" + backend + " backend), gradients averaged in " +
+            dtype_name(options.reduce_dtype);
+  return line;
+}
+
+std::unique_ptr<drivers::RankRun> MixedPrecisionStrategy::start(const TrainConfig& config, Comm& world) const {
+  return std::make_unique<MixedPrecisionRank>(config, options, world);
 }
 
 }  // namespace dtp::ch07
+
+namespace dtp::strategies {
+drivers::Strategy& mixed() {
+  static ch07::MixedPrecisionStrategy strategy;
+  return strategy;
+}
+}  // namespace dtp::strategies

@@ -1,34 +1,17 @@
-// `dtp train --lora-rank R` (strategy "lora"): the chapter's puzzles wired
-// into the trainer. Provided code, not a puzzle (see drivers/README.md). Each
-// rank starts from the base (--load), attaches 8.3's adapters, trains them
-// alone, and with several ranks averages their gradients with 8.4. The
-// adapters are the run's checkpoint (--save, --resume): the base never
-// changes, so it is read from --load again rather than saved.
-#include <algorithm>
-#include <chrono>
-#include <cmath>
+// `dtp train --lora-rank R` (the strategy "lora"): the chapter's puzzles
+// wired into the trainer (drivers/08_lora/lora_strategy.h says how).
+#include "drivers/08_lora/lora_strategy.h"
 
-#include "08_lora/lora.h"
-#include "dtp/agreement.h"
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
 #include "dtp/checkpoint.h"
-#include "dtp/trainer.h"
-#include "dtp/launch.h"
 #include "dtp/memory.h"
+#include "dtp/train_checkpoint.h"
 
 namespace dtp::ch08 {
 namespace {
-
-// The strategy's own settings: what every rank must share beside the
-// trainer's, and what a resumed run must share with the saved one.
-std::vector<RunSetting> lora_own_settings(const TrainConfig& config, const LoraRunOptions& options, int world) {
-  std::string targets;
-  for (const std::string& t : options.lora.targets) targets += (targets.empty() ? "" : ",") + t;
-  return {{"--world", std::to_string(world)},
-          {"--lora-rank", std::to_string(options.lora.rank)},
-          {"--lora-alpha", std::to_string(options.lora.alpha)},
-          {"--lora-targets", targets},
-          {"--load", config.load_path}};
-}
 
 // The adapters under their checkpoint names: one flat buffer per block.
 std::vector<NamedTensor> adapter_tensors(const LoraModel& lora) {
@@ -37,55 +20,57 @@ std::vector<NamedTensor> adapter_tensors(const LoraModel& lora) {
   return named;
 }
 
-TrainResult run_lora(const TrainConfig& config, const LoraRunOptions& options, const StepCallback& on_step) {
-  validate_lora(config, options);
-  const auto start = std::chrono::steady_clock::now();
-  TrainResult result;
-  result.peak_by_category.assign(kMemoryCategoryCount, 0);
-  // The base, read once: every rank copies the same parameters from it.
-  const Checkpoint base = config.load_path.empty() ? Checkpoint{} : read_checkpoint(config.load_path);
-  launch(World::from_env(options.world), [&](Comm& comm) {
-    Trainer trainer(config, comm.rank(), comm.size());
-    GPT& model = trainer.model();
-    if (!config.load_path.empty()) load_parameters(model, base, config.load_path);
-    const std::vector<RunSetting> own = lora_own_settings(config, options, comm.size());
-    check_ranks_agree(comm, run_settings(config, own), model);
-    LoraModel lora(model, options.lora);
-    trainer.set_optimizer(make_optimizer(config, lora.buffers()));
-    trainer.on_zero_grad([&] { lora.zero_grad(); });
-    trainer.checkpoint_also(adapter_tensors(lora));
-    if (!config.resume_path.empty()) trainer.resume(config.resume_path, own);
-    const std::int64_t last = last_step(trainer);
-    std::unique_ptr<LoraDataParallel> data_parallel;
+// One rank: the frozen base, its adapters, their optimizer (and 8.4's averaging).
+class LoraRank : public drivers::RankRun {
+ public:
+  LoraRank(const TrainConfig& config, const LoraRunOptions& options, Comm& comm)
+      : options_(options), comm_(comm), trainer_(config, comm.rank(), comm.size()) {
+    GPT& model = trainer_.model();
+    load_parameters(model, config);  // the base
+    lora_ = std::make_unique<LoraModel>(model, options.lora);
+    trainer_.set_optimizer(make_optimizer(config, lora_->buffers()));
+    trainer_.on_zero_grad([this] { lora_->zero_grad(); });
+    trainer_.checkpoint_also(adapter_tensors(*lora_));
     if (comm.size() > 1) {
-      data_parallel = std::make_unique<LoraDataParallel>(comm, model, lora);
-      trainer.on_after_backward([&] { data_parallel->finish(); });
+      data_parallel_ = std::make_unique<LoraDataParallel>(comm, model, *lora_);
+      trainer_.on_after_backward([this] { data_parallel_->finish(); });
     }
-    if (comm.rank() == 0) {
-      result.parameters = model.parameter_count();
-      result.data_name = trainer.sampler().data().name();
-    }
-    std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
-    while (trainer.steps_done() < last) {
-      const CommStats before = comm.stats();
-      StepRecord record = trainer.step();
-      const std::int64_t bytes = comm.stats().collective_bytes - before.collective_bytes;
-      report_group_step(comm, record);  // equal slices: rank 0's record gets the mean loss
-      if (comm.rank() != 0) continue;
-      result.add_step(record, *tracker);
-      if (on_step) on_step(record);
-      if (options.on_step) options.on_step(record.step, bytes, lora.trainable_parameters());
-    }
-    if (comm.rank() == 0 && !config.save_path.empty()) trainer.save(config.save_path, own);
-    if (comm.rank() == 0 && !options.save_merged_path.empty()) {
-      // The merged model: an ordinary set of parameters for --load or inference.
-      lora.merge_all();
-      save_parameters(options.save_merged_path, model, config);
-    }
-  });
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return result;
-}
+  }
+
+  Trainer& trainer() override { return trainer_; }
+
+  StepRecord step() override {
+    bytes_before_ = comm_.stats().collective_bytes;
+    StepRecord record = trainer_.step();
+    all_reduced_ = comm_.stats().collective_bytes - bytes_before_;
+    return record;
+  }
+
+  void report(const std::vector<RankStepRow>& rows, drivers::StepReport& report) override {
+    if (rows.size() < 2) return;
+    char line[160];
+    std::snprintf(line, sizeof line, "all-reduced %lld bytes: the %lld adapter gradients x %zu bytes",
+                  static_cast<long long>(all_reduced_), static_cast<long long>(lora_->trainable_parameters()),
+                  dtype_size(trainer_.config().model.dtype));
+    report.lines.push_back(line);
+  }
+
+  // The merged model: an ordinary set of parameters for --load or inference.
+  void finish(Comm& world) override {
+    if (world.rank() != 0 || options_.save_merged_path.empty()) return;
+    lora_->merge_all();
+    save_parameters(options_.save_merged_path, trainer_.model(), trainer_.config());
+  }
+
+ private:
+  LoraRunOptions options_;
+  Comm& comm_;
+  Trainer trainer_;
+  std::unique_ptr<LoraModel> lora_;  // attached to the trainer's model
+  std::unique_ptr<LoraDataParallel> data_parallel_;
+  std::int64_t bytes_before_ = 0;
+  std::int64_t all_reduced_ = 0;  // this rank's collective bytes in the last step
+};
 
 }  // namespace
 
@@ -97,17 +82,78 @@ void validate_lora(const TrainConfig& config, const LoraRunOptions& options) {
   DTP_CHECK(options.world >= 1, "lora: --world must be at least 1, got ", options.world);
   DTP_CHECK(config.batch % options.world == 0, "lora: the global batch (--batch ", config.batch,
             ") must divide evenly by --world ", options.world);
-  DTP_CHECK(config.model.experts == 0 || (std::find(options.lora.targets.begin(), options.lora.targets.end(),
-                                                    "mlp.fc") == options.lora.targets.end() &&
-                                          std::find(options.lora.targets.begin(), options.lora.targets.end(),
-                                                    "mlp.proj") == options.lora.targets.end()),
+  const auto& targets = options.lora.targets;
+  const bool mlp = std::find(targets.begin(), targets.end(), "mlp.fc") != targets.end() ||
+                   std::find(targets.begin(), targets.end(), "mlp.proj") != targets.end();
+  DTP_CHECK(config.model.experts == 0 || !mlp,
             "lora: a mixture-of-experts model takes adapters on attention only (attn.q, attn.k, attn.v, attn.proj)");
 }
 
-void register_lora_strategy(const LoraRunOptions& options) {
-  register_strategy("lora", [options](const TrainConfig& config, const StepCallback& on_step) {
-    return run_lora(config, options, on_step);
-  });
+bool LoraStrategy::chosen(const std::vector<drivers::GivenFlag>& given) const {
+  return cli::was_given(given, "--lora-rank");
+}
+
+void LoraStrategy::add_flags(drivers::FlagGroup& flags) {
+  flags.integer("--lora-rank", &options.lora.rank, 1, 4096, "R",
+                "fine-tune low-rank adapters of rank R on a frozen model: start from --load FILE's parameters, "
+                "train only the adapters; with --world N data parallel (8.4); --save writes the adapters and their "
+                "optimizer state");
+  flags.real("--lora-alpha", &options.lora.alpha, 0, 1e6, "A", "the adapters' scale is A / R", cli::Ends::open_low,
+             "2R");
+  flags.custom("--lora-targets", "LIST",
+               "the Linears of each block that get adapters: a comma list of attn.q, attn.k, attn.v, attn.proj, "
+               "mlp.fc, mlp.proj, or all (default attn.q,attn.v)",
+               [this](const std::string& v) { options.lora.targets = parse_lora_targets(v); });
+  drivers::add_world_flag(flags, &options.world, "data-parallel ranks (8.4)");
+  flags.path("--save-merged", &options.save_merged_path, "FILE",
+             "at the end, write the merged model (W + (alpha/R) B A in every adapted Linear): a whole model for "
+             "--load");
+}
+
+void LoraStrategy::resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given, int processes) {
+  drivers::default_world_to_processes(options.world, given, processes);
+  if (!cli::was_given(given, "--lora-alpha")) options.lora.alpha = 2.0 * options.lora.rank;
+  options.lora.seed = config.seed;
+}
+
+std::vector<RunSetting> LoraStrategy::settings(const TrainConfig& config) const {
+  std::string targets;
+  for (const std::string& t : options.lora.targets) targets += (targets.empty() ? "" : ",") + t;
+  return {{"--world", std::to_string(options.world)},
+          {"--lora-rank", std::to_string(options.lora.rank)},
+          {"--lora-alpha", std::to_string(options.lora.alpha)},
+          {"--lora-targets", targets},
+          {"--load", config.load_path}};
+}
+
+std::string LoraStrategy::header(const TrainConfig& config, const std::string& backend) const {
+  std::string targets;
+  for (const std::string& t : options.lora.targets) targets += (targets.empty() ? "" : ",") + t;
+  const GPTConfig model = config.resolved_model();
+  const std::int64_t trainable = lora_parameter_count(model, options.lora);
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "lora: rank %d, alpha %g (scale %g) on %s of every block: %lld trainable parameters (%.2f%% of "
+                "%lld), the base frozen%s; %d rank(s) (%s backend)",
+                options.lora.rank, options.lora.alpha, options.lora.scale(), targets.c_str(),
+                static_cast<long long>(trainable),
+                100.0 * static_cast<double>(trainable) / static_cast<double>(model.parameter_count()),
+                static_cast<long long>(model.parameter_count()),
+                config.load_path.empty() ? " (no --load: from the model's own initialization)"
+                                         : (", from " + config.load_path).c_str(),
+                options.world, backend.c_str());
+  return line;
+}
+
+std::unique_ptr<drivers::RankRun> LoraStrategy::start(const TrainConfig& config, Comm& world) const {
+  return std::make_unique<LoraRank>(config, options, world);
 }
 
 }  // namespace dtp::ch08
+
+namespace dtp::strategies {
+drivers::Strategy& lora() {
+  static ch08::LoraStrategy strategy;
+  return strategy;
+}
+}  // namespace dtp::strategies

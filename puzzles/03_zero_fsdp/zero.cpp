@@ -6,8 +6,8 @@
 // memory goes, what each stage shards, the formulas the checkers use) is in
 // chapters/03_zero_fsdp/README.md. Solve them in order: 3.4 builds on 3.3.
 //
-// Provided (ShardedOptimizer, in drivers/03_zero_fsdp/): this rank's shards and
-// a shard-sized optimizer.
+// Provided (ShardedOptimizer, in zero.h; its code in drivers/03_zero_fsdp/):
+// this rank's shards and a shard-sized optimizer.
 //   shard(u)                 ChunkRange of unit u's flat buffers this rank owns
 //   parameter_shard(u)       the parameter shard the optimizer updates
 //   gradient_shard(u)        where the averaged gradient of the shard must land
@@ -76,15 +76,20 @@ void Zero2::step(double lr) {
 
 // --- 3.3 ZeRO-3 / FSDP -----------------------------------------------------------
 
+std::vector<Tensor> owned_parameter_shards(GPT& model, int world, int rank) {
+  // About 8 lines: per unit, a Tensor::empty(Shape{shard length}, the
+  // params' dtype and device, MemoryCategory::params) filled with
+  // copy_from(params.slice(offset, length)) of its shard_range.
+  (void)model;
+  (void)world;
+  (void)rank;
+  throw dtp::NotSolved("3.3 zero3");
+}
+
 Zero3::Zero3(std::string name, Comm& comm, GPT& model, const TrainConfig& config)
-    : ShardedOptimizer(std::move(name), comm, model, config, parameter_shard_views(model, comm.size(), comm.rank())),
+    : ShardedOptimizer(std::move(name), comm, model, config, owned_parameter_shards(model, comm.size(), comm.rank())),
       reduced_(model.units().size(), false) {
-  // About 12 lines. The parameter shards passed above, in the initializer
-  // list, are views into the full parameters, which this stage must release:
-  // views would keep them alive. Replace parameter_shard_views(...) there with
-  // a helper of your own (a function above this constructor) that copies each
-  // unit's shard_range slice into a Tensor::empty(..., MemoryCategory::params).
-  // Then, here, release every unit's full buffers: unit->set_buffers(Tensor(), Tensor()).
+  // 1 line: release every unit's full buffers, unit->set_buffers(Tensor(), Tensor()).
   throw dtp::NotSolved("3.3 zero3");
 }
 
@@ -148,14 +153,20 @@ Zero3Prefetch::~Zero3Prefetch() {
 
 // --- 3.5 optimizer offload -------------------------------------------------------
 
+std::vector<Tensor> host_parameter_shards(GPT& model, int world, int rank) {
+  // About 7 lines: per view of parameter_shard_views(model, world, rank), a
+  // Tensor::empty(view.shape(), view.dtype(), Device::cpu(),
+  // MemoryCategory::optimizer) filled with copy_from(view).
+  (void)model;
+  (void)world;
+  (void)rank;
+  throw dtp::NotSolved("3.5 zero1_offload");
+}
+
 Zero1Offload::Zero1Offload(Comm& comm, GPT& model, const TrainConfig& config)
-    : ShardedOptimizer("zero1-offload", comm, model, config, parameter_shard_views(model, comm.size(), comm.rank())) {
-  // About 14 lines. The shards passed above, in the initializer list, are
-  // views on the device: replace parameter_shard_views(...) there with a
-  // helper of your own that makes host copies (Tensor::empty(view.shape(),
-  // view.dtype(), Device::cpu(), MemoryCategory::optimizer) + copy_from).
-  // Here, allocate one zeroed device gradient shard per unit into
-  // device_gradient_shards_.
+    : ShardedOptimizer("zero1-offload", comm, model, config, host_parameter_shards(model, comm.size(), comm.rank())) {
+  // About 5 lines: one zeroed gradient shard per unit on the model's device
+  // (shard(u).length elements, MemoryCategory::grads) into device_gradient_shards_.
   throw dtp::NotSolved("3.5 zero1_offload");
 }
 

@@ -8,9 +8,8 @@
 #include "03_zero_fsdp/zero.h"
 
 namespace dtp::ch03 {
-namespace {
 
-std::vector<Tensor> host_copies(GPT& model, int world, int rank) {
+std::vector<Tensor> host_parameter_shards(GPT& model, int world, int rank) {
   std::vector<Tensor> shards;
   for (const Tensor& view : parameter_shard_views(model, world, rank)) {
     Tensor host = Tensor::empty(view.shape(), view.dtype(), Device::cpu(), MemoryCategory::optimizer);
@@ -20,10 +19,8 @@ std::vector<Tensor> host_copies(GPT& model, int world, int rank) {
   return shards;
 }
 
-}  // namespace
-
 Zero1Offload::Zero1Offload(Comm& comm, GPT& model, const TrainConfig& config)
-    : ShardedOptimizer("zero1-offload", comm, model, config, host_copies(model, comm.size(), comm.rank())) {
+    : ShardedOptimizer("zero1-offload", comm, model, config, host_parameter_shards(model, comm.size(), comm.rank())) {
   for (Unit* unit : model.units()) {
     const Tensor& params = unit->params();
     device_gradient_shards_.push_back(Tensor::zeros(Shape{shard(unit->index()).length}, params.dtype(),

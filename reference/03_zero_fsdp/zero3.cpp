@@ -9,11 +9,9 @@
 #include "03_zero_fsdp/zero.h"
 
 namespace dtp::ch03 {
-namespace {
 
-// This rank's shard of every unit, copied out of the full parameters into
-// tensors of its own, so the full buffers can be released.
-std::vector<Tensor> owned_shards(GPT& model, int world, int rank) {
+// Copies, so that the full buffers can be released.
+std::vector<Tensor> owned_parameter_shards(GPT& model, int world, int rank) {
   std::vector<Tensor> shards;
   for (Unit* unit : model.units()) {
     const ChunkRange range = shard_range(*unit, world, rank);
@@ -25,10 +23,8 @@ std::vector<Tensor> owned_shards(GPT& model, int world, int rank) {
   return shards;
 }
 
-}  // namespace
-
 Zero3::Zero3(std::string name, Comm& comm, GPT& model, const TrainConfig& config)
-    : ShardedOptimizer(std::move(name), comm, model, config, owned_shards(model, comm.size(), comm.rank())),
+    : ShardedOptimizer(std::move(name), comm, model, config, owned_parameter_shards(model, comm.size(), comm.rank())),
       reduced_(model.units().size(), false) {
   for (Unit* unit : model.units()) unit->set_buffers(Tensor(), Tensor());
 }

@@ -5,6 +5,7 @@
 // and every parameter bitwise equal across the DP group after every step.
 #include <memory>
 
+#include "drivers/04_tensor_parallel/tp_strategy.h"
 #include "tp_checks.h"
 
 namespace dtp::testing::ch04 {

@@ -6,6 +6,7 @@
 // the simulated clock where the verifier says. Then K steps of training
 // through the provided trainer equal single-device training, for every
 // schedule.
+#include "drivers/05_pipeline/pp_strategy.h"
 #include "pipeline_checks.h"
 
 namespace dtp::testing::ch05 {

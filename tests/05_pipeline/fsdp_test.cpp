@@ -3,6 +3,7 @@
 // shards equal the same slices of the single-device mean gradient, the
 // collectives are the ones the lesson counts, and K steps of training equal
 // single-device training.
+#include "drivers/05_pipeline/pp_strategy.h"
 #include "pipeline_checks.h"
 
 namespace dtp::testing::ch05 {

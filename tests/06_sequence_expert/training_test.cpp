@@ -9,6 +9,8 @@
 // as one group, so its single-device peer routes in m groups (moe_groups).
 #include <map>
 
+#include "drivers/06_sequence_expert/ep_strategy.h"
+#include "drivers/06_sequence_expert/sp_strategy.h"
 #include "moe_checks.h"
 
 namespace dtp::testing::ch06 {

@@ -310,8 +310,8 @@ def check_slices(program, strategy=(), launcher=(), env=None):
 
 def check_zero_lines(program, launcher, where, env, backend):
     """--strategy zero: the header names the ranks, backend, stage and puzzle;
-    every kept step line is followed by one line per rank, each with its
-    memory per category, DDP's in parentheses, and the bytes it moved."""
+    every kept step line is followed by a table: its heading, one row per
+    rank (its memory per category and the bytes it moved) and DDP's row."""
     argv = launcher + [program, "--strategy", "zero", "--stage", "3", "--prefetch", "--world", "2",
                        "--steps", "3", "--batch", "8"]
     result = run(argv, timeout=300, env=env)
@@ -324,14 +324,18 @@ def check_zero_lines(program, launcher, where, env, backend):
     lines = [line for line in lines if line]
     steps = [i for i, line in enumerate(lines) if line.startswith("step ")]
     expect(len(steps) == 3, f"{where}: 3 steps keep 3 lines (every step of a short run); got {len(steps)}:\n{result.stdout}")
+    heading = ["rank", "params", "peak", "MiB", "grads", "peak", "MiB", "optimizer", "peak", "MiB", "moved", "MiB"]
     for i in steps:
-        ranks = lines[i + 1:i + 3]
-        expect(len(ranks) == 2, f"{where}: expected 2 rank lines after '{lines[i]}'; got {ranks}")
-        for rank, line in enumerate(ranks):
-            expect(line.startswith(f"    rank {rank}: params ") and line.count("(DDP ") == 3 and "grads " in line
-                   and "optimizer " in line and " moved " in line,
-                   f"{where}: after '{lines[i]}' expected a line per rank ('    rank {rank}: params ... (DDP ...)  "
-                   f"grads ... optimizer ... moved ...'); got {ranks}")
+        table = lines[i + 1:i + 5]
+        if not expect(len(table) == 4 and table[0].split() == heading,
+                      f"{where}: after '{lines[i]}' expected a table headed '{' '.join(heading)}'; got {table}"):
+            continue
+        for row, label in zip(table[1:], ["0", "1", "DDP"]):
+            cells = row.split()
+            numbers = [c for c in cells[1:] if re.fullmatch(r"[0-9]+\.[0-9]{3}", c)]
+            expect(cells[0] == label and len(cells) == 5 and len(numbers) == (4 if label != "DDP" else 3),
+                   f"{where}: after '{lines[i]}' expected the row '{label}' with 4 numbers in MiB (DDP's: 3 and "
+                   f"'-' for moved); got '{row}'")
     # 2 blocks: the shards plus two whole units outweigh the model, and the log says why, once.
     notes = [line for line in lines if line.startswith("    note: the parameter peak is above DDP's")]
     expect(len(notes) == 1, f"{where}: expected one note explaining the parameter peak above DDP's; got {notes}")
@@ -395,6 +399,12 @@ def check_mpi_diverging(args):
     expect(result.returncode != 0 and wanted in result.stdout + result.stderr,
            f"one process with another --seed: expected a non-zero exit and '{wanted}'; got {show(result)}")
     expect("trained" not in result.stdout, f"diverging replicas must not train; got {show(result)}")
+    # A strategy whose ranks are not the processes mpiexec started is a usage error on every process.
+    argv = mpiexec(args) + ["-n", "2", args.reference, "--strategy", "tp", "--tp", "4", "--steps", "1"]
+    result = run(argv, timeout=300, env=mpi_env())
+    wanted = "--strategy tp runs --dp 1 x --tp 4 = 4 ranks, but mpiexec started 2 processes"
+    expect(result.returncode != 0 and wanted in result.stderr and "trained" not in result.stdout,
+           f"--tp 4 under mpiexec -n 2: expected a non-zero exit and '{wanted}'; got {show(result)}")
 
 
 def main():

@@ -1,7 +1,8 @@
 // Checkers of the provided ddp driver (drivers/02_ddp/ddp_strategy.cpp),
-// linked with the reference: option checks, the default bucket plan, and
-// what `dtp train --strategy ddp` reports (loss, tokens, tokens/s), and its
-// checkpoints (a run trained in slices equals the run never stopped).
+// linked with the reference: option checks, the default bucket plan, what
+// `dtp train --strategy ddp` reports (loss, tokens, tokens/s, and its table
+// per rank), and its checkpoints (a run trained in slices equals the run
+// never stopped).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 
 #include "02_ddp/ddp.h"
 #include "02_ddp/ddp_checks.h"
+#include "drivers/02_ddp/ddp_strategy.h"
 #include "dtp/dtp.h"
 #include "support/checkpoints.h"
 #include "support/harness.h"
@@ -95,16 +97,23 @@ TEST(DdpDriverOptions, TheDefaultModelsDefaultBucketPlanHasSeveralBuckets) {
 
 struct Reported {
   std::vector<StepRecord> steps;
-  std::vector<std::vector<RankCommStep>> ranks;  // per step
+  std::vector<drivers::ReportTable> ranks;  // per step
 };
 
-Reported run_strategy(const TrainConfig& config, DdpOptions options) {
+Reported run_strategy(const TrainConfig& config, const DdpOptions& options) {
   Reported out;
-  options.on_comm = [&](std::int64_t, const std::vector<RankCommStep>& ranks) { out.ranks.push_back(ranks); };
-  register_ddp_strategy(options);
-  TrainResult result = train(config, [&](const StepRecord& r) { out.steps.push_back(r); });
+  const DdpStrategy strategy(options);
+  TrainResult result = drivers::run_strategy(config, strategy, [&](const drivers::StepReport& r) {
+    out.steps.push_back(r.record);
+    out.ranks.push_back(r.ranks);
+  });
   EXPECT_EQ(result.steps.size(), out.steps.size());
   return out;
+}
+
+// The strategy with @p options, as the checkpoint checks run it.
+testing::RunFn run_with(const DdpOptions& options) {
+  return [options](const TrainConfig& c) { return drivers::run_strategy(c, DdpStrategy(options)); };
 }
 
 void expect_matches_single_device(const TrainConfig& config, int world, std::int64_t accumulate,
@@ -119,7 +128,7 @@ void expect_matches_single_device(const TrainConfig& config, int world, std::int
   const Reported got = run_strategy(config, options);
   const std::string where = "world " + std::to_string(world) + ", accumulate " + std::to_string(accumulate);
   ASSERT_EQ(got.steps.size(), expected.steps.size()) << where;
-  ASSERT_EQ(got.ranks.size(), expected.steps.size()) << where << ": one on_comm call per step";
+  ASSERT_EQ(got.ranks.size(), expected.steps.size()) << where << ": one report per step";
   for (std::size_t s = 0; s < got.steps.size(); ++s) {
     const StepRecord& r = got.steps[s];
     EXPECT_EQ(r.step, static_cast<std::int64_t>(s) + 1) << where;
@@ -127,8 +136,8 @@ void expect_matches_single_device(const TrainConfig& config, int world, std::int
         << ": the reported loss must be the global batch's mean loss (single device: "
         << expected.steps[s].loss << ")";
     double mean = 0;
-    ASSERT_EQ(got.ranks[s].size(), static_cast<std::size_t>(world)) << where;
-    for (const RankCommStep& rank : got.ranks[s]) mean += rank.loss / world;
+    ASSERT_EQ(got.ranks[s].rows.size(), static_cast<std::size_t>(world)) << where << ": a row per rank";
+    for (int rank = 0; rank < world; ++rank) mean += got.ranks[s].at(rank, "loss") / world;
     EXPECT_NEAR(r.loss, mean, 1e-12) << where << ": the reported loss is the mean of the ranks' losses";
     EXPECT_EQ(r.tokens, config.batch * config.seq)
         << where << ": tokens must count every rank's tokens (the global batch), got " << r.tokens;
@@ -169,20 +178,25 @@ TEST(DdpDriverReports, CommunicationPerStepIsReportedPerRank) {
       ++units;
     }
   }
-  for (const auto& step : got.ranks)
-    for (const RankCommStep& rank : step) {
-      EXPECT_EQ(rank.all_reduces, units) << "rank " << rank.rank << ": flat mode is one all-reduce per unit";
-      EXPECT_EQ(rank.bytes, gradient_bytes) << "rank " << rank.rank << ": flat mode moves the gradient bytes";
-      EXPECT_GE(rank.exposed_seconds, 0) << "rank " << rank.rank;
+  for (const drivers::ReportTable& step : got.ranks)
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_EQ(step.at(rank, "all-reduces"), units) << "rank " << rank << ": flat mode is one all-reduce per unit";
+      EXPECT_EQ(step.at(rank, "all-reduced"), gradient_bytes)
+          << "rank " << rank << ": flat mode moves the gradient bytes";
+      EXPECT_GE(step.at(rank, "exposed"), 0) << "rank " << rank;
     }
+  ASSERT_FALSE(got.ranks.empty());
+  const std::string printed = got.ranks.front().str();
+  EXPECT_NE(printed.find("rank    loss  all-reduces  all-reduced MiB  exposed ms"), std::string::npos)
+      << "the table dtp train prints:\n" << printed;
+  EXPECT_NE(printed.find("\n    1  "), std::string::npos) << "a row for rank 1:\n" << printed;
 }
 
 TEST(DdpDriverReports, BadOptionsFailBeforeLaunching) {
   TrainConfig config = tiny_config(8, 1);
   DdpOptions options;
   options.world = 0;  // was a division by zero (SIGFPE) inside the driver
-  register_ddp_strategy(options);
-  const std::string message = error_of([&] { train(config); });
+  const std::string message = error_of([&] { drivers::run_strategy(config, DdpStrategy(options)); });
   EXPECT_NE(message.find("--world (ranks) must be at least 1, got 0"), std::string::npos) << message;
 }
 
@@ -201,9 +215,8 @@ TEST(DdpDriverCheckpoints, ThreeStepsThenResumingEqualsEightStepsBitForBit) {
     DdpOptions options;
     options.world = 2;
     options.accumulate = accumulate;
-    register_ddp_strategy(options);
     testing::expect_slices_equal_straight_run(adamw_run(8), 3, folder,
-                                              "world 2, accumulate " + std::to_string(accumulate));
+                                              "world 2, accumulate " + std::to_string(accumulate), run_with(options));
   }
 }
 
@@ -219,8 +232,7 @@ TEST(DdpDriverCheckpoints, ResumingOnAnotherWorldOrModeNamesTheSetting) {
   second.resume_path = first.save_path;
   options.world = 4;
   options.mode = DdpMode::flat;
-  register_ddp_strategy(options);
-  const std::string message = error_of([&] { train(second); });
+  const std::string message = error_of([&] { run_with(options)(second); });
   EXPECT_NE(message.find("strategy_settings.--world \"2\" in the saved run, \"4\" in this one"), std::string::npos)
       << message;
   EXPECT_NE(message.find("strategy_settings.--ddp-mode \"bucketed\" in the saved run, \"flat\" in this one"),

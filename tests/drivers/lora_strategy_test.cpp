@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "08_lora/lora.h"
+#include "drivers/08_lora/lora_strategy.h"
 #include "dtp/checkpoint.h"
+#include "dtp/train_checkpoint.h"
 #include "dtp/dtp.h"
 #include "support/checkpoints.h"
 #include "support/harness.h"
@@ -40,13 +42,15 @@ LoraRunOptions lora_options(int world) {
   return options;
 }
 
+// The strategy with @p options, as `dtp train --lora-rank` runs it.
+testing::RunFn run_with(const LoraRunOptions& options) {
+  return [options](const TrainConfig& c) { return drivers::run_strategy(c, LoraStrategy(options)); };
+}
+
 // A LoRA run on @p base: its step losses.
 std::vector<double> train_lora(const TrainConfig& config, const LoraRunOptions& options) {
-  register_lora_strategy(options);
-  TrainConfig lora = config;
-  lora.strategy = "lora";
   std::vector<double> losses;
-  train(lora, [&](const StepRecord& r) { losses.push_back(r.loss); });
+  for (const StepRecord& r : run_with(options)(config).steps) losses.push_back(r.loss);
   return losses;
 }
 
@@ -99,10 +103,10 @@ TEST_F(LoraDriverCheckpoints, SaveHoldsTheAdaptersAndTheirOptimizerStateNotTheBa
 
 TEST_F(LoraDriverCheckpoints, ThreeStepsThenResumingEqualsSevenStepsBitForBit) {
   for (const int world : {1, 2}) {
-    register_lora_strategy(lora_options(world));
     TrainConfig config = from_base(7);  // resumed with the base from --load again
     config.strategy = "lora";
-    testing::expect_slices_equal_straight_run(config, 3, folder_, "LoRA, world " + std::to_string(world));
+    testing::expect_slices_equal_straight_run(config, 3, folder_, "LoRA, world " + std::to_string(world),
+                                              run_with(lora_options(world)));
   }
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "07_mixed_precision/mixed_precision.h"
+#include "drivers/07_mixed_precision/mixed_strategy.h"
 #include "dtp/dtp.h"
 #include "support/checkpoints.h"
 #include "support/harness.h"
@@ -18,6 +19,11 @@ namespace dtp::ch07 {
 namespace {
 
 using testing::error_of;
+
+// The strategy with @p options, as `dtp train --precision` runs it.
+testing::RunFn run_with(const MixedPrecisionRunOptions& options) {
+  return [options](const TrainConfig& c) { return drivers::run_strategy(c, MixedPrecisionStrategy(options)); };
+}
 
 TrainConfig tiny_run(DType precision, std::int64_t steps) {
   TrainConfig config;
@@ -63,16 +69,15 @@ TEST(MixedDriverOptions, RefusesBadSettingsNamingThem) {
 }
 
 TEST(MixedDriverRun, ReportsTheScaleOfEveryStepAndNoneForBf16) {
-  MixedPrecisionRunOptions options;
-  register_mixed_precision_strategy(options);
-  const TrainResult f16 = train(tiny_run(DType::f16, 3));
+  const testing::RunFn run = run_with({});
+  const TrainResult f16 = run(tiny_run(DType::f16, 3));
   ASSERT_EQ(f16.steps.size(), 3u);
   for (const StepRecord& r : f16.steps) {
     EXPECT_EQ(r.loss_scale, 65536.0) << "step " << r.step << ": f16's default is the dynamic scale from 2^16";
     EXPECT_FALSE(r.skipped) << "step " << r.step;
     EXPECT_TRUE(std::isfinite(r.loss) && r.loss > 0) << "step " << r.step;
   }
-  const TrainResult bf16 = train(tiny_run(DType::bf16, 2));
+  const TrainResult bf16 = run(tiny_run(DType::bf16, 2));
   for (const StepRecord& r : bf16.steps) EXPECT_EQ(r.loss_scale, 0.0) << "bf16 runs without a scale by default";
   EXPECT_NE(step_json(f16.steps[0]).find("\"loss_scale\":65536"), std::string::npos) << step_json(f16.steps[0]);
   EXPECT_NE(format_step(f16.steps[0], 3).find("scale 65536"), std::string::npos);
@@ -81,8 +86,7 @@ TEST(MixedDriverRun, ReportsTheScaleOfEveryStepAndNoneForBf16) {
 TEST(MixedDriverRun, AStaticScaleThatOverflowsSkipsEveryStepAndSaysSo) {
   MixedPrecisionRunOptions options;
   options.loss_scale = parse_loss_scale("1e30");  // every f16 gradient overflows
-  register_mixed_precision_strategy(options);
-  const TrainResult run = train(tiny_run(DType::f16, 2));
+  const TrainResult run = run_with(options)(tiny_run(DType::f16, 2));
   for (const StepRecord& r : run.steps) {
     EXPECT_TRUE(r.skipped) << "step " << r.step << ": a scale of 1e30 overflows f16, so the step is skipped";
     EXPECT_EQ(r.loss_scale, 1e30) << "a static scale stays where it is";
@@ -94,11 +98,9 @@ TEST(MixedDriverRun, AStaticScaleThatOverflowsSkipsEveryStepAndSaysSo) {
 TEST(MixedDriverRun, TwoRanksReportTheMeanOfTheirLosses) {
   if (!testing::world_fits(2)) GTEST_SKIP() << "needs 2 ranks";
   MixedPrecisionRunOptions options;
-  register_mixed_precision_strategy(options);
-  const TrainResult one = train(tiny_run(DType::bf16, 1));
+  const TrainResult one = run_with(options)(tiny_run(DType::bf16, 1));
   options.world = 2;
-  register_mixed_precision_strategy(options);
-  const TrainResult two = train(tiny_run(DType::bf16, 1));
+  const TrainResult two = run_with(options)(tiny_run(DType::bf16, 1));
   // The global batch is the same; its mean loss is the mean of the halves'.
   EXPECT_NEAR(two.steps[0].loss, one.steps[0].loss, 1e-6 * one.steps[0].loss);
   EXPECT_EQ(two.steps[0].tokens, one.steps[0].tokens) << "tokens count every rank's";
@@ -111,13 +113,12 @@ TEST(MixedDriverRun, TwoRanksReportTheMeanOfTheirLosses) {
 // more), and fp16's scale schedule the same on both.
 TEST(MixedDriverRun, SixteenBitTrainingOnTheGpuFollowsTheCpu) {
   DTP_REQUIRE_GPU();
-  MixedPrecisionRunOptions options;
-  register_mixed_precision_strategy(options);
+  const testing::RunFn run = run_with({});
   for (DType precision : {DType::bf16, DType::f16}) {
     SCOPED_TRACE(dtype_name(precision));
     TrainConfig on_gpu = tiny_run(precision, 10);
     on_gpu.model.device = Device::cuda(0);
-    const TrainResult cpu = train(tiny_run(precision, 10)), gpu = train(on_gpu);
+    const TrainResult cpu = run(tiny_run(precision, 10)), gpu = run(on_gpu);
     ASSERT_EQ(gpu.steps.size(), cpu.steps.size());
     for (std::size_t s = 0; s < cpu.steps.size(); ++s) {
       EXPECT_NEAR(gpu.steps[s].loss, cpu.steps[s].loss, 2e-2 * cpu.steps[s].loss)
@@ -137,11 +138,11 @@ TEST(MixedDriverCheckpoints, ASlicedRunEqualsTheStraightOneThroughSkipsAndGrowth
   // Starts too high for f16, so the first steps overflow and halve the scale;
   // then it doubles after every 2 good steps and overflows again.
   options.dynamic_scaler = ScalerConfig{1048576.0, 2.0, 0.5, 2};
-  register_mixed_precision_strategy(options);
   TrainConfig config = tiny_run(DType::f16, 10);
   config.optimizer = "adamw";
   for (const std::int64_t split : {2, 5, 7}) {
-    const std::vector<StepRecord> straight = testing::expect_slices_equal_straight_run(config, split, folder, "f16");
+    const std::vector<StepRecord> straight =
+        testing::expect_slices_equal_straight_run(config, split, folder, "f16", run_with(options));
     int skipped = 0, grown = 0;
     for (std::size_t s = 0; s < straight.size(); ++s) {
       skipped += straight[s].skipped;
@@ -157,13 +158,12 @@ TEST(MixedDriverCheckpoints, Bf16OnTwoRanksResumesBitForBit) {
   testing::TempFolder folder;
   MixedPrecisionRunOptions options;
   options.world = 2;
-  register_mixed_precision_strategy(options);
-  testing::expect_slices_equal_straight_run(tiny_run(DType::bf16, 6), 4, folder, "bf16 on 2 ranks");
+  testing::expect_slices_equal_straight_run(tiny_run(DType::bf16, 6), 4, folder, "bf16 on 2 ranks",
+                                            run_with(options));
   options.reduce_dtype = DType::bf16;
-  register_mixed_precision_strategy(options);
   TrainConfig other = tiny_run(DType::bf16, 6);
   other.resume_path = folder.file("slice.ckpt");
-  const std::string message = error_of([&] { train(other); });
+  const std::string message = error_of([&] { run_with(options)(other); });
   EXPECT_NE(message.find("strategy_settings.--reduce-dtype \"f32\" in the saved run, \"bf16\" in this one"),
             std::string::npos)
       << message;
@@ -179,7 +179,6 @@ TEST(MixedDriverCheckpoints, LoadingAnF32FileStartsTheMastersFromItsValues) {
   pretrain.strategy = "single";
   pretrain.save_path = folder.file("f32.ckpt");
   train(pretrain);
-  register_mixed_precision_strategy(MixedPrecisionRunOptions{});
   TrainConfig tune = tiny_run(DType::bf16, 1);
   tune.optimizer = "sgd";
   tune.momentum = 0;
@@ -187,7 +186,7 @@ TEST(MixedDriverCheckpoints, LoadingAnF32FileStartsTheMastersFromItsValues) {
   tune.grad_clip = 0;
   tune.load_path = pretrain.save_path;
   tune.save_path = folder.file("bf16.ckpt");
-  train(tune);
+  run_with({})(tune);
   const Checkpoint base = read_checkpoint(pretrain.save_path);
   const Checkpoint tuned = read_checkpoint(tune.save_path);
   GPT model(tune.model);

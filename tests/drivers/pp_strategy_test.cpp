@@ -9,6 +9,7 @@
 #include <string>
 
 #include "05_pipeline/pipeline.h"
+#include "drivers/05_pipeline/pp_strategy.h"
 #include "dtp/dtp.h"
 #include "support/checkpoints.h"
 #include "support/training.h"
@@ -158,15 +159,44 @@ const PpVariant kPpVariants[] = {
     {2, 2, 1, ScheduleKind::one_f_one_b, true, "--pp 2 --dp 2 --fsdp"},
 };
 
-void register_variant(const PpVariant& v) {
-  PipelineRunOptions options;
-  options.pipeline.pp = v.pp;
-  options.pipeline.dp = v.dp;
-  options.pipeline.chunks = v.chunks;
-  options.pipeline.schedule = v.schedule;
-  options.pipeline.fsdp = v.fsdp;
-  options.pipeline.microbatches = 4;
-  register_pipeline_strategy(options);
+// The strategy of variant @p v, as the checkpoint checks run it.
+testing::RunFn run_variant(const PpVariant& v) {
+  PipelineOptions options;
+  options.pp = v.pp;
+  options.dp = v.dp;
+  options.chunks = v.chunks;
+  options.schedule = v.schedule;
+  options.fsdp = v.fsdp;
+  options.microbatches = 4;
+  return [options](const TrainConfig& c) { return drivers::run_strategy(c, PipelineStrategy(options)); };
+}
+
+// What `dtp train --strategy pp` prints after a step: the bubble, a row per
+// rank (its stage, replica and units), and the chart of pipeline 0 once.
+TEST(PipelineDriver, AStepReportsTheBubbleARowPerRankAndTheChart) {
+  PipelineOptions options;
+  options.pp = 2;
+  options.dp = 2;
+  options.microbatches = 2;
+  std::vector<drivers::StepReport> reports;
+  drivers::run_strategy(pp_run(2), PipelineStrategy(options),
+                        [&](const drivers::StepReport& r) { reports.push_back(r); });
+  ASSERT_EQ(reports.size(), 2u);
+  const drivers::StepReport& r = reports.front();
+  EXPECT_EQ(r.record.tokens, 8 * pp_run(2).seq) << "both replicas' tokens, each counted once";
+  ASSERT_EQ(r.ranks.rows.size(), 4u) << "a row per rank";
+  EXPECT_EQ(r.ranks.rows[0].label, "0 (stage 0, dp 0: embedding .. block.1)");
+  EXPECT_EQ(r.ranks.rows[1].label, "1 (stage 0, dp 1: embedding .. block.1)") << "a stage's replicas are consecutive";
+  EXPECT_EQ(r.ranks.rows[2].label, "2 (stage 1, dp 0: block.2 .. head)");
+  for (std::size_t rank = 0; rank < 4; ++rank) {
+    EXPECT_GT(r.ranks.at(rank, "params"), 0) << "rank " << rank;
+    EXPECT_GT(r.ranks.at(rank, "activation peak"), 0) << "rank " << rank;
+  }
+  EXPECT_EQ(r.ranks.at(0, "alive"), 2) << "1F1B: stage 0 of 2 holds both micro-batches at the turn";
+  EXPECT_EQ(r.ranks.at(2, "alive"), 1) << "1F1B: the last stage holds one";
+  ASSERT_EQ(r.lines.size(), 1u);
+  EXPECT_TRUE(says(r.lines[0], "bubble: clock 33.3% (makespan 9)")) << r.lines[0];
+  EXPECT_TRUE(says(r.once, "pipeline 0 as it ran (simulated clock):\nrank 0 |")) << r.once;
 }
 
 // Each stage holds its units (under --fsdp, its shard of them): world rank 0
@@ -174,8 +204,7 @@ void register_variant(const PpVariant& v) {
 TEST(PipelineDriverCheckpoints, ThreeStepsThenResumingEqualsEightStepsBitForBit) {
   testing::TempFolder folder;
   for (const PpVariant& v : kPpVariants) {
-    register_variant(v);
-    testing::expect_slices_equal_straight_run(pp_run(8), 3, folder, v.flags);
+    testing::expect_slices_equal_straight_run(pp_run(8), 3, folder, v.flags, run_variant(v));
   }
 }
 
@@ -188,8 +217,7 @@ TEST(PipelineDriverCheckpoints, AConsolidatedCheckpointHasTheSingleDeviceLayoutA
   single.strategy = "single";
   const Checkpoint expected = testing::saved_checkpoint(single, folder);
   for (const PpVariant& v : kPpVariants) {
-    register_variant(v);
-    testing::expect_single_device_layout(expected, testing::saved_checkpoint(pp_run(2), folder), v.flags,
+    testing::expect_single_device_layout(expected, testing::saved_checkpoint(pp_run(2), folder, run_variant(v)), v.flags,
                                          "another stage's unit, or a shard at the wrong offset?");
   }
 }

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "06_sequence_expert/sequence_expert.h"
+#include "drivers/06_sequence_expert/ep_strategy.h"
+#include "drivers/06_sequence_expert/sp_strategy.h"
 #include "dtp/dtp.h"
 #include "support/checkpoints.h"
 #include "support/training.h"
@@ -18,6 +20,12 @@ namespace {
 
 using dtp::testing::error_of;
 using dtp::testing::tiny_config;
+
+// A strategy as the checkpoint checks run it.
+template <class Strategy, class Options>
+testing::RunFn run_with(const Options& options) {
+  return [options](const TrainConfig& c) { return drivers::run_strategy(c, Strategy(options)); };
+}
 
 TEST(SequenceParallelDriver, ValidateNamesTheFlagOfEverySizeThatDoesNotSplit) {
   TrainConfig config = tiny_config(4, 2);  // heads 2, seq 8
@@ -43,32 +51,38 @@ TEST(SequenceParallelDriver, TrainReportsTheSingleDeviceLossPositionsAndBalanced
   TrainConfig config = tiny_config(4, 3);
   config.model.heads = 4;
   std::vector<double> single;
-  for (const StepRecord& s : train_single(config).steps) single.push_back(s.loss);
+  for (const StepRecord& s : train(config).steps) single.push_back(s.loss);
   for (SequenceParallelKind kind : {SequenceParallelKind::ulysses, SequenceParallelKind::ring,
                                     SequenceParallelKind::zigzag, SequenceParallelKind::hybrid}) {
     SCOPED_TRACE(sequence_parallel_kind_name(kind));
-    SequenceParallelRunOptions options{.sp = 4, .kind = kind, .ulysses = 2};
-    std::vector<std::vector<RankSequenceParallelStep>> reports;
-    options.on_ranks = [&](std::int64_t, const std::vector<RankSequenceParallelStep>& ranks) { reports.push_back(ranks); };
-    register_sequence_parallel_strategy(options);
-    config.strategy = "sp";
-    const TrainResult result = train(config);
+    const SequenceParallelRunOptions options{.sp = 4, .kind = kind, .ulysses = 2};
+    std::vector<drivers::ReportTable> reports;
+    const TrainResult result = drivers::run_strategy(config, SequenceParallelStrategy(options),
+                                                     [&](const drivers::StepReport& r) { reports.push_back(r.ranks); });
     ASSERT_EQ(result.steps.size(), 3u);
     for (std::size_t s = 0; s < 3; ++s) {
       EXPECT_NEAR(result.steps[s].loss, single[s], 1e-10) << "step " << s + 1;
       EXPECT_EQ(result.steps[s].tokens, config.batch * config.seq) << "the batch's tokens, once";
     }
     ASSERT_EQ(reports.size(), 3u);
-    ASSERT_EQ(reports[0].size(), 4u);
-    for (const RankSequenceParallelStep& r : reports[0]) {
-      EXPECT_EQ(r.positions.size(), kind == SequenceParallelKind::zigzag ? 2u : 1u) << "rank " << r.rank;
-      EXPECT_EQ(r.positions[0].start, kind == SequenceParallelKind::zigzag ? r.rank : 2 * r.rank) << "rank " << r.rank;
-      EXPECT_GT(r.bytes_moved, 0) << "rank " << r.rank;
-      EXPECT_GT(r.activation_peak, 0) << "rank " << r.rank;
+    const drivers::ReportTable& table = reports[0];
+    ASSERT_EQ(table.rows.size(), 4u) << "a row per rank";
+    for (int r = 0; r < 4; ++r) {
+      // seq 8 on 4 ranks: [2r, 2r + 2); zigzag: [r, r + 1) and its mirror [7 - r, 8 - r).
+      const std::string positions = kind == SequenceParallelKind::zigzag
+                                        ? "[" + std::to_string(r) + ", " + std::to_string(r + 1) + ") [" +
+                                              std::to_string(7 - r) + ", " + std::to_string(8 - r) + ")"
+                                        : "[" + std::to_string(2 * r) + ", " + std::to_string(2 * r + 2) + ")";
+      EXPECT_EQ(table.rows[static_cast<std::size_t>(r)].label, std::to_string(r) + " " + positions);
+      EXPECT_GT(table.at(r, "moved"), 0) << "rank " << r;
+      EXPECT_GT(table.at(r, "activation peak"), 0) << "rank " << r;
       // 2 blocks, forward and backward: zigzag 2 n + 1 = 9 half-size blocks each way.
-      if (kind == SequenceParallelKind::zigzag) EXPECT_EQ(r.attention_blocks, 2 * 2 * 9) << "rank " << r.rank;
-      if (kind == SequenceParallelKind::ring) EXPECT_EQ(r.attention_blocks, 2 * 2 * (r.rank + 1)) << "rank " << r.rank;
+      if (kind == SequenceParallelKind::zigzag) EXPECT_EQ(table.at(r, "attention blocks"), 2 * 2 * 9) << "rank " << r;
+      if (kind == SequenceParallelKind::ring)
+        EXPECT_EQ(table.at(r, "attention blocks"), 2 * 2 * (r + 1)) << "rank " << r;
     }
+    if (kind == SequenceParallelKind::ulysses)
+      EXPECT_EQ(table.columns.size(), 2u) << "Ulysses computes no attention blocks: no such column";
   }
 }
 
@@ -97,26 +111,23 @@ TEST(ExpertParallelDriver, TrainReportsTheLossOfOneDeviceRoutingInGroupsAndEvery
   TrainConfig grouped = config;
   grouped.model.moe_groups = 2;
   std::vector<double> single;
-  for (const StepRecord& s : train_single(grouped).steps) single.push_back(s.loss);
-  ExpertParallelRunOptions options{.world = 2};
-  std::vector<std::vector<RankExpertParallelStep>> reports;
-  options.on_ranks = [&](std::int64_t, const std::vector<RankExpertParallelStep>& ranks) { reports.push_back(ranks); };
-  register_expert_parallel_strategy(options);
-  config.strategy = "ep";
-  const TrainResult result = train(config);
+  for (const StepRecord& s : train(grouped).steps) single.push_back(s.loss);
+  std::vector<drivers::ReportTable> reports;
+  const TrainResult result = drivers::run_strategy(config, ExpertParallelStrategy({.world = 2}),
+                                                   [&](const drivers::StepReport& r) { reports.push_back(r.ranks); });
   ASSERT_EQ(result.steps.size(), 3u);
   for (std::size_t s = 0; s < 3; ++s) {
     EXPECT_NEAR(result.steps[s].loss, single[s], 1e-10) << "step " << s + 1;
     EXPECT_EQ(result.steps[s].tokens, config.batch * config.seq) << "every rank's tokens";
   }
   ASSERT_EQ(reports.size(), 3u);
-  ASSERT_EQ(reports[0].size(), 2u);
-  for (const RankExpertParallelStep& r : reports[0]) {
-    EXPECT_EQ(r.first_expert, 2 * r.rank);
-    EXPECT_EQ(r.experts, 2);
-    EXPECT_EQ(r.tokens, config.batch * config.seq / 2);
-    EXPECT_GT(r.dropped, 0) << "rank " << r.rank << ": capacity factor 0.75 must drop choices";
-    EXPECT_GT(r.bytes_moved, 0) << "rank " << r.rank;
+  ASSERT_EQ(reports[0].rows.size(), 2u) << "a row per rank";
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(reports[0].rows[static_cast<std::size_t>(r)].label,
+              std::to_string(r) + " (experts " + std::to_string(2 * r) + "-" + std::to_string(2 * r + 1) + ")");
+    EXPECT_EQ(reports[0].at(r, "tokens"), config.batch * config.seq / 2);
+    EXPECT_GT(reports[0].at(r, "dropped"), 0) << "rank " << r << ": capacity factor 0.75 must drop choices";
+    EXPECT_GT(reports[0].at(r, "moved"), 0) << "rank " << r;
   }
 }
 
@@ -135,9 +146,9 @@ TEST(SequenceParallelDriverCheckpoints, ThreeStepsThenResumingEqualsEightStepsBi
   config.model.heads = 4;
   config.strategy = "sp";
   for (SequenceParallelKind kind : {SequenceParallelKind::ring, SequenceParallelKind::hybrid}) {
-    register_sequence_parallel_strategy({.sp = 4, .kind = kind, .ulysses = 2});
-    testing::expect_slices_equal_straight_run(config, 3, folder,
-                                              std::string("--sp 4 --sp-kind ") + sequence_parallel_kind_name(kind));
+    testing::expect_slices_equal_straight_run(
+        config, 3, folder, std::string("--sp 4 --sp-kind ") + sequence_parallel_kind_name(kind),
+        run_with<SequenceParallelStrategy>(SequenceParallelRunOptions{.sp = 4, .kind = kind, .ulysses = 2}));
   }
 }
 
@@ -155,8 +166,8 @@ TEST(ExpertParallelDriverCheckpoints, ThreeStepsThenResumingEqualsEightStepsBitF
   testing::TempFolder folder;
   TrainConfig config = moe_run(8);
   config.strategy = "ep";
-  register_expert_parallel_strategy({.world = 2});
-  testing::expect_slices_equal_straight_run(config, 3, folder, "ep --world 2");
+  testing::expect_slices_equal_straight_run(config, 3, folder, "ep --world 2",
+                                            run_with<ExpertParallelStrategy>(ExpertParallelRunOptions{.world = 2}));
 }
 
 // The file is a single-device run's: every expert of every block, named and
@@ -168,9 +179,10 @@ TEST(ExpertParallelDriverCheckpoints, AConsolidatedCheckpointHasTheSingleDeviceL
   single.model.moe_groups = 2;
   TrainConfig config = moe_run(2);
   config.strategy = "ep";
-  register_expert_parallel_strategy({.world = 2});
-  testing::expect_single_device_layout(testing::saved_checkpoint(single, folder),
-                                       testing::saved_checkpoint(config, folder), "ep --world 2",
+  testing::expect_single_device_layout(
+      testing::saved_checkpoint(single, folder),
+      testing::saved_checkpoint(config, folder, run_with<ExpertParallelStrategy>(ExpertParallelRunOptions{.world = 2})),
+      "ep --world 2",
                                        "another rank's expert, or the wrong region?");
 }
 

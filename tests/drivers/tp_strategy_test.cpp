@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "04_tensor_parallel/tensor_parallel.h"
+#include "drivers/04_tensor_parallel/tp_strategy.h"
 #include "dtp/dtp.h"
 #include "support/checkpoints.h"
 #include "support/training.h"
@@ -19,6 +20,11 @@ namespace {
 
 using dtp::testing::error_of;
 using dtp::testing::tiny_config;
+
+// The strategy with @p options, as the checkpoint checks run it.
+testing::RunFn run_with(const TensorParallelRunOptions& options) {
+  return [options](const TrainConfig& c) { return drivers::run_strategy(c, TensorParallelStrategy(options)); };
+}
 
 TEST(TensorParallelDriver, EvenSplitGivesEqualPartsAndNamesWhatDoesNotSplit) {
   const ChunkRange r = even_split("heads", 12, 4, 3);
@@ -53,26 +59,25 @@ TEST(TensorParallelDriver, TrainReportsTheSingleDeviceLossAndEveryRanksBytes) {
   TrainConfig config = tiny_config(8, 3);
   config.model.heads = 4;
   std::vector<double> single;
-  for (const StepRecord& s : train_single(config).steps) single.push_back(s.loss);
-  TensorParallelRunOptions options{.tp = 2, .dp = 2, .sequence_parallel = true};
-  std::vector<std::vector<RankTensorParallelStep>> reports;
-  options.on_ranks = [&](std::int64_t, const std::vector<RankTensorParallelStep>& ranks) { reports.push_back(ranks); };
-  register_tensor_parallel_strategy(options);
-  config.strategy = "tp";
-  TrainResult result = train(config);
+  for (const StepRecord& s : train(config).steps) single.push_back(s.loss);
+  const TensorParallelRunOptions options{.tp = 2, .dp = 2, .sequence_parallel = true};
+  std::vector<drivers::ReportTable> reports;
+  TrainResult result = drivers::run_strategy(config, TensorParallelStrategy(options),
+                                             [&](const drivers::StepReport& r) { reports.push_back(r.ranks); });
   ASSERT_EQ(result.steps.size(), 3u);
   for (std::size_t s = 0; s < 3; ++s) {
     EXPECT_NEAR(result.steps[s].loss, single[s], 1e-10) << "step " << s + 1;
     EXPECT_EQ(result.steps[s].tokens, config.batch * config.seq) << "every DP group's tokens, each TP group once";
   }
   ASSERT_EQ(reports.size(), 3u);
-  ASSERT_EQ(reports[0].size(), 4u);
-  for (const RankTensorParallelStep& rank : reports[0]) {
-    EXPECT_EQ(rank.tp_rank, rank.rank % 2);
-    EXPECT_EQ(rank.dp_rank, rank.rank / 2);
-    EXPECT_GT(rank.params_bytes, 0) << "rank " << rank.rank;
-    EXPECT_GT(rank.activation_peak, 0) << "rank " << rank.rank;
-    EXPECT_GT(rank.bytes_moved, 0) << "rank " << rank.rank;
+  ASSERT_EQ(reports[0].rows.size(), 4u) << "a row per rank";
+  for (std::size_t rank = 0; rank < 4; ++rank) {
+    const std::string label = std::to_string(rank) + " (tp " + std::to_string(rank % 2) + ", dp " +
+                              std::to_string(rank / 2) + ")";
+    EXPECT_EQ(reports[0].rows[rank].label, label) << "TP groups are consecutive ranks";
+    EXPECT_GT(reports[0].at(rank, "params"), 0) << "rank " << rank;
+    EXPECT_GT(reports[0].at(rank, "activation peak"), 0) << "rank " << rank;
+    EXPECT_GT(reports[0].at(rank, "moved"), 0) << "rank " << rank;
   }
 }
 
@@ -101,8 +106,7 @@ std::string flags(const TensorParallelRunOptions& o) {
 TEST(TensorParallelDriverCheckpoints, ThreeStepsThenResumingEqualsEightStepsBitForBit) {
   testing::TempFolder folder;
   for (const TensorParallelRunOptions& o : kTpVariants) {
-    register_tensor_parallel_strategy(o);
-    testing::expect_slices_equal_straight_run(tp_run(8), 3, folder, flags(o));
+    testing::expect_slices_equal_straight_run(tp_run(8), 3, folder, flags(o), run_with(o));
   }
 }
 
@@ -115,8 +119,7 @@ TEST(TensorParallelDriverCheckpoints, AConsolidatedCheckpointHasTheSingleDeviceL
   single.strategy = "single";
   const Checkpoint expected = testing::saved_checkpoint(single, folder);
   for (const TensorParallelRunOptions& o : kTpVariants) {
-    register_tensor_parallel_strategy(o);
-    testing::expect_single_device_layout(expected, testing::saved_checkpoint(tp_run(2), folder), flags(o),
+    testing::expect_single_device_layout(expected, testing::saved_checkpoint(tp_run(2), folder, run_with(o)), flags(o),
                                          "a slice put back in the wrong rows or columns?");
   }
 }

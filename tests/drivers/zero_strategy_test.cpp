@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "03_zero_fsdp/zero.h"
+#include "drivers/03_zero_fsdp/zero_strategy.h"
 #include "dtp/dtp.h"
 #include "support/checkpoints.h"
 #include "support/training.h"
@@ -24,65 +25,77 @@ namespace {
 using dtp::testing::error_of;
 using dtp::testing::tiny_config;
 
-ZeroOptions zero_options(int world, int stage, bool prefetch = false, bool offload = false) {
+ZeroOptions zero_options(int world, ZeroVariant variant) {
   ZeroOptions options;
   options.world = world;
-  options.stage = stage;
-  options.prefetch = prefetch;
-  options.offload = offload;
+  options.variant = variant;
   return options;
 }
 
 // Every stage the driver can select, as `dtp train` flags name it.
 struct Variant {
+  ZeroVariant variant;
   int stage;
   bool prefetch;
   bool offload;
   const char* flags;
 };
 const Variant kVariants[] = {
-    {1, false, false, "--stage 1"},
-    {2, false, false, "--stage 2"},
-    {3, false, false, "--stage 3"},
-    {3, true, false, "--stage 3 --prefetch"},
-    {1, false, true, "--stage 1 --offload"},
+    {ZeroVariant::zero1, 1, false, false, "--stage 1"},
+    {ZeroVariant::zero2, 2, false, false, "--stage 2"},
+    {ZeroVariant::zero3, 3, false, false, "--stage 3"},
+    {ZeroVariant::zero3_prefetch, 3, true, false, "--stage 3 --prefetch"},
+    {ZeroVariant::zero1_offload, 1, false, true, "--stage 1 --offload"},
 };
 
-TEST(ZeroDriverOptions, RejectsBadStageFlagsAndBatchesWithClearErrors) {
-  TrainConfig config = tiny_config(12, 1);
+TEST(ZeroDriverOptions, TheFlagsSelectOneOfFiveVariantsAndRefuseTheRest) {
+  for (const Variant& v : kVariants)
+    EXPECT_EQ(zero_variant(v.stage, v.prefetch, v.offload), v.variant) << v.flags;
   struct Case {
-    int world;
     int stage;
     bool prefetch;
     bool offload;
+    const char* expected;  // a piece of the message
+  };
+  const Case cases[] = {
+      {0, false, false, "--stage must be 1, 2 or 3, got 0"},
+      {4, false, false, "--stage must be 1, 2 or 3, got 4"},
+      {1, true, false, "--prefetch is implemented for --stage 3 (puzzle 3.4), got --stage 1"},
+      {2, true, false, "--prefetch is implemented for --stage 3 (puzzle 3.4), got --stage 2"},
+      {2, false, true, "--offload is implemented for --stage 1 (puzzle 3.5), got --stage 2"},
+      {3, true, true, "--offload is implemented for --stage 1 (puzzle 3.5), got --stage 3"},
+  };
+  for (const Case& c : cases) {
+    const std::string message = error_of([&] { (void)zero_variant(c.stage, c.prefetch, c.offload); });
+    EXPECT_NE(message.find(c.expected), std::string::npos)
+        << "--stage " << c.stage << (c.prefetch ? " --prefetch" : "") << (c.offload ? " --offload" : "")
+        << ": expected an error containing '" << c.expected << "', got '" << message << "'";
+  }
+}
+
+TEST(ZeroDriverOptions, RejectsBadWorldsAndBatchesWithClearErrors) {
+  TrainConfig config = tiny_config(12, 1);
+  struct Case {
+    int world;
     std::int64_t batch;
     const char* expected;  // a piece of the message
   };
   const Case cases[] = {
-      {0, 1, false, false, 12, "--world (ranks) must be at least 1, got 0"},
-      {-2, 1, false, false, 12, "--world (ranks) must be at least 1, got -2"},
-      {2, 0, false, false, 12, "--stage must be 1, 2 or 3, got 0"},
-      {2, 4, false, false, 12, "--stage must be 1, 2 or 3, got 4"},
-      {2, 1, true, false, 12, "--prefetch is implemented for --stage 3 (puzzle 3.4), got --stage 1"},
-      {2, 2, true, false, 12, "--prefetch is implemented for --stage 3 (puzzle 3.4), got --stage 2"},
-      {2, 2, false, true, 12, "--offload is implemented for --stage 1 (puzzle 3.5), got --stage 2"},
-      {2, 3, true, true, 12, "--offload is implemented for --stage 1 (puzzle 3.5), got --stage 3"},
-      {4, 1, false, false, 3, "smaller than the world size (--world 4)"},
-      {5, 3, false, false, 12, "(--batch 12) must divide evenly by --world 5"},
+      {0, 12, "--world (ranks) must be at least 1, got 0"},
+      {-2, 12, "--world (ranks) must be at least 1, got -2"},
+      {4, 3, "smaller than the world size (--world 4)"},
+      {5, 12, "(--batch 12) must divide evenly by --world 5"},
   };
   for (const Case& c : cases) {
-    ZeroOptions options = zero_options(c.world, c.stage, c.prefetch, c.offload);
     config.batch = c.batch;
-    const std::string message = error_of([&] { validate_zero(config, options); });
+    const std::string message = error_of([&] { validate_zero(config, zero_options(c.world, ZeroVariant::zero1)); });
     EXPECT_NE(message.find(c.expected), std::string::npos)
-        << "world " << c.world << ", stage " << c.stage << (c.prefetch ? ", prefetch" : "")
-        << (c.offload ? ", offload" : "") << ", batch " << c.batch << ": expected an error containing '"
-        << c.expected << "', got '" << message << "'";
+        << "world " << c.world << ", batch " << c.batch << ": expected an error containing '" << c.expected
+        << "', got '" << message << "'";
   }
   config.batch = 12;
   for (const Variant& v : kVariants)
-    EXPECT_NO_THROW(validate_zero(config, zero_options(3, v.stage, v.prefetch, v.offload)))
-        << v.flags << " --world 3 --batch 12 is valid";
+    EXPECT_NO_THROW(validate_zero(config, zero_options(3, v.variant))) << v.flags << " --world 3 --batch 12 is valid";
 }
 
 TEST(ZeroDriverOptions, NamesTheStageAndItsPuzzle) {
@@ -90,31 +103,36 @@ TEST(ZeroDriverOptions, NamesTheStageAndItsPuzzle) {
   const char* puzzles[] = {"3.1", "3.2", "3.3", "3.4", "3.5"};
   for (std::size_t i = 0; i < std::size(kVariants); ++i) {
     const Variant& v = kVariants[i];
-    const ZeroOptions options = zero_options(2, v.stage, v.prefetch, v.offload);
-    EXPECT_EQ(zero_stage_name(options), names[i]) << v.flags;
-    EXPECT_EQ(zero_puzzle(options), puzzles[i]) << v.flags;
+    EXPECT_EQ(std::string(zero_variant_name(v.variant)), names[i]) << v.flags;
+    EXPECT_EQ(std::string(zero_puzzle(v.variant)), puzzles[i]) << v.flags;
+    EXPECT_EQ(zero_stage(v.variant), v.stage) << v.flags;
+    EXPECT_EQ(kZeroVariants[i], v.variant) << "kZeroVariants lists the variants in puzzle order";
   }
 }
 
 TEST(ZeroDriverReports, BadOptionsFailBeforeLaunching) {
   TrainConfig config = tiny_config(8, 1);
-  config.strategy = "zero";
-  register_zero_strategy(zero_options(2, 2, true, false));
-  const std::string message = error_of([&] { train(config); });
-  EXPECT_NE(message.find("--prefetch is implemented for --stage 3"), std::string::npos) << message;
+  const std::string message =
+      error_of([&] { drivers::run_strategy(config, ZeroStrategy(zero_options(3, ZeroVariant::zero2))); });
+  EXPECT_NE(message.find("(--batch 8) must divide evenly by --world 3"), std::string::npos) << message;
+}
+
+// The strategy with @p options, as the checkpoint checks run it.
+testing::RunFn run_with(const ZeroOptions& options) {
+  return [options](const TrainConfig& c) { return drivers::run_strategy(c, ZeroStrategy(options)); };
 }
 
 struct Reported {
   std::vector<StepRecord> steps;
-  std::vector<std::vector<RankMemoryStep>> ranks;  // per step
+  std::vector<drivers::ReportTable> ranks;  // per step
 };
 
-Reported run_strategy(TrainConfig config, ZeroOptions options) {
+Reported run_strategy(const TrainConfig& config, const ZeroOptions& options) {
   Reported out;
-  config.strategy = "zero";
-  options.on_memory = [&](std::int64_t, const std::vector<RankMemoryStep>& ranks) { out.ranks.push_back(ranks); };
-  register_zero_strategy(options);
-  TrainResult result = train(config, [&](const StepRecord& r) { out.steps.push_back(r); });
+  TrainResult result = drivers::run_strategy(config, ZeroStrategy(options), [&](const drivers::StepReport& r) {
+    out.steps.push_back(r.record);
+    out.ranks.push_back(r.ranks);
+  });
   EXPECT_EQ(result.steps.size(), out.steps.size());
   return out;
 }
@@ -133,19 +151,16 @@ TEST(ZeroDriverReports, GlobalLossAndTokensAsTheSingleDeviceRun) {
   for (const Variant& v : kVariants) {
     for (int world : {1, 2, 3}) {
       const std::string where = describe(v, world);
-      const Reported got = run_strategy(config, zero_options(world, v.stage, v.prefetch, v.offload));
+      const Reported got = run_strategy(config, zero_options(world, v.variant));
       ASSERT_EQ(got.steps.size(), expected.steps.size()) << where;
-      ASSERT_EQ(got.ranks.size(), expected.steps.size()) << where << ": one on_memory call per step";
+      ASSERT_EQ(got.ranks.size(), expected.steps.size()) << where << ": one report per step";
       for (std::size_t s = 0; s < got.steps.size(); ++s) {
         const StepRecord& r = got.steps[s];
         EXPECT_EQ(r.step, static_cast<std::int64_t>(s) + 1) << where;
         EXPECT_TRUE(dtp::testing::close_enough(expected.steps[s].loss, r.loss))
             << where << ", step " << s + 1 << ": the reported loss must be the global batch's mean loss "
             << "(single device " << expected.steps[s].loss << "), got " << r.loss;
-        ASSERT_EQ(got.ranks[s].size(), static_cast<std::size_t>(world)) << where;
-        double mean = 0;
-        for (const RankMemoryStep& rank : got.ranks[s]) mean += rank.loss / world;
-        EXPECT_NEAR(r.loss, mean, 1e-12) << where << ": the reported loss is the mean of the ranks' losses";
+        ASSERT_EQ(got.ranks[s].rows.size(), static_cast<std::size_t>(world) + 1) << where << ": a row per rank, then DDP's";
         EXPECT_EQ(r.tokens, config.batch * config.seq)
             << where << ": tokens must count every rank's tokens (the global batch), got " << r.tokens;
         ASSERT_GT(r.seconds, 0) << where;
@@ -190,19 +205,37 @@ TEST(ZeroDriverReports, MemoryPerRankAgainstTheFormulasAndDdp) {
   const std::int64_t e = 8;    // f64
   for (const Variant& v : kVariants) {
     for (int world : {1, 2, 3}) {
-      const Reported got = run_strategy(config, zero_options(world, v.stage, v.prefetch, v.offload));
+      const Reported got = run_strategy(config, zero_options(world, v.variant));
       ASSERT_EQ(got.ranks.size(), 2u) << describe(v, world);
       for (std::size_t s = 0; s < got.ranks.size(); ++s) {
-        for (const RankMemoryStep& r : got.ranks[s]) {
+        const drivers::ReportTable& table = got.ranks[s];
+        ASSERT_EQ(table.rows.size(), static_cast<std::size_t>(world) + 1) << describe(v, world);
+        ASSERT_EQ(table.rows.back().label, "DDP") << describe(v, world) << ": the last row is DDP's";
+        const Sizes whole = sizes_of(config, world, 0);
+        const std::string ddp = describe(v, world) + ", step " + std::to_string(s + 1) + ", the DDP row";
+        EXPECT_EQ(table.at(world, "params peak"), whole.total * e) << ddp << ": DDP holds every parameter";
+        EXPECT_EQ(table.at(world, "grads peak"), whole.total * e) << ddp << ": DDP holds every gradient";
+        EXPECT_EQ(table.at(world, "optimizer peak"), 2 * whole.total * e)
+            << ddp << ": DDP's AdamW holds m and v of every element";
+        for (int rank = 0; rank < world; ++rank) {
+          // This rank's row, as numbers.
+          const struct {
+            int rank;
+            double params_peak, grads_peak, optimizer_peak, bytes_moved, ddp_params, ddp_grads, ddp_optimizer;
+          } r{rank,
+              table.at(rank, "params peak"),
+              table.at(rank, "grads peak"),
+              table.at(rank, "optimizer peak"),
+              table.at(rank, "moved"),
+              table.at(world, "params peak"),
+              table.at(world, "grads peak"),
+              table.at(world, "optimizer peak")};
           const Sizes n = sizes_of(config, world, r.rank);
           const std::string where = describe(v, world) + ", step " + std::to_string(s + 1) + ", rank " +
                                     std::to_string(r.rank) + " (Psi " + std::to_string(n.total) + ", S " +
                                     std::to_string(n.shards) + ", U " + std::to_string(n.largest_unit) +
                                     " elements of 8 bytes)";
-          EXPECT_EQ(r.ddp_params, n.total * e) << where << ": DDP holds every parameter";
-          EXPECT_EQ(r.ddp_grads, n.total * e) << where << ": DDP holds every gradient";
-          EXPECT_EQ(r.ddp_optimizer, 2 * n.total * e) << where << ": DDP's AdamW holds m and v of every element";
-          EXPECT_EQ(r.host_optimizer_peak, 0) << where << ": on the CPU, host memory is the device's";
+          EXPECT_EQ(table.rows[static_cast<std::size_t>(rank)].label, std::to_string(rank)) << where;
           const bool gathers_twice = v.stage == 3;  // before forward and before backward
           EXPECT_EQ(r.bytes_moved, (gathers_twice ? 3 : 2) * n.total * e + 8)
               << where << ": per unit one reduce-scatter and " << (gathers_twice ? "two all-gathers" : "one all-gather")
@@ -263,8 +296,8 @@ TrainConfig adamw_run(std::int64_t steps) {
 TEST(ZeroDriverCheckpoints, EveryStageThreeStepsThenResumingEqualsEightStepsBitForBit) {
   testing::TempFolder folder;
   for (const Variant& v : kVariants) {
-    register_zero_strategy(zero_options(3, v.stage, v.prefetch, v.offload));
-    testing::expect_slices_equal_straight_run(adamw_run(8), 3, folder, describe(v, 3));
+    testing::expect_slices_equal_straight_run(adamw_run(8), 3, folder, describe(v, 3),
+                                              run_with(zero_options(3, v.variant)));
   }
 }
 
@@ -278,8 +311,7 @@ TEST(ZeroDriverCheckpoints, AConsolidatedCheckpointHasTheSingleDeviceLayoutAndVa
   const Checkpoint expected = testing::saved_checkpoint(single, folder);
   for (const Variant& v : kVariants) {
     const std::string where = describe(v, 3);
-    register_zero_strategy(zero_options(3, v.stage, v.prefetch, v.offload));
-    const Checkpoint got = testing::saved_checkpoint(adamw_run(2), folder);
+    const Checkpoint got = testing::saved_checkpoint(adamw_run(2), folder, run_with(zero_options(3, v.variant)));
     EXPECT_EQ(got.step, 2) << where;
     testing::expect_single_device_layout(expected, got, where,
                                          "a shard gathered to the wrong offset, or another rank's shard?");
@@ -291,12 +323,10 @@ TEST(ZeroDriverCheckpoints, ResumingUnderAnotherStageOrWorldNamesTheSetting) {
   TrainConfig first = adamw_run(4);
   first.stop_after = 2;
   first.save_path = folder.file("run.ckpt");
-  register_zero_strategy(zero_options(3, 1));
-  train(first);
+  run_with(zero_options(3, ZeroVariant::zero1))(first);
   TrainConfig second = adamw_run(4);
   second.resume_path = first.save_path;
-  register_zero_strategy(zero_options(2, 3));
-  const std::string message = error_of([&] { train(second); });
+  const std::string message = error_of([&] { run_with(zero_options(2, ZeroVariant::zero3))(second); });
   EXPECT_NE(message.find("strategy_settings.--world \"3\" in the saved run, \"2\" in this one"), std::string::npos)
       << message;
   EXPECT_NE(message.find("strategy_settings.--stage \"1\" in the saved run, \"3\" in this one"), std::string::npos)

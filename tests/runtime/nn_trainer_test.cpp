@@ -13,6 +13,8 @@
 #include "dtp/error.h"
 #include "dtp/launch.h"
 #include "dtp/trace.h"
+#include "dtp/train_report.h"
+#include "dtp/train_run.h"
 #include "dtp/trainer.h"
 
 namespace dtp {
@@ -112,28 +114,6 @@ TEST(NnTrainer, WritesJsonLinesAndATrace) {
   EXPECT_EQ(text.substr(text.size() - 5), "}\n]}\n") << "the last event is followed by the closing alone";
   std::remove(config.json_path.c_str());
   std::remove(config.trace_path.c_str());
-}
-
-TEST(NnTrainer, StrategiesDispatchAndUnknownOnesListTheAccepted) {
-  TrainConfig config = tiny_run(2);
-  config.strategy = "zero-7";
-  try {
-    train(config);
-    FAIL() << "an unknown strategy must be rejected";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("accepted: "), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("single"), std::string::npos) << e.what();
-  }
-  int ran = 0;
-  register_strategy("nn-trainer-test", [&](const TrainConfig& c, const StepCallback& on_step) {
-    ++ran;
-    return train_single(c, on_step);
-  });
-  config.strategy = "nn-trainer-test";
-  EXPECT_EQ(train(config).steps.size(), 2u);
-  EXPECT_EQ(ran, 1);
-  std::vector<std::string> names = strategy_names();
-  EXPECT_NE(std::find(names.begin(), names.end(), "single"), names.end());
 }
 
 TEST(NnTrainer, BadSettingsAreRejectedByName) {

@@ -9,12 +9,22 @@
 #include <string>
 #include <vector>
 
+#include <functional>
+
 #include "dtp/checkpoint.h"
+#include "dtp/train_run.h"
 #include "dtp/trainer.h"
 #include "support/harness.h"
 #include "support/training.h"
 
 namespace dtp::testing {
+
+/// How a check trains a config: train() on one device by default; a
+/// strategy's checks pass `[&](const TrainConfig& c) { return drivers::run_strategy(c, strategy); }`.
+using RunFn = std::function<TrainResult(const TrainConfig&)>;
+
+/// train() on one device, as a RunFn.
+inline TrainResult train_one(const TrainConfig& config) { return train(config); }
 
 /// Expects every tensor of checkpoint @p got to equal @p expected's: same
 /// names in the same order, same bytes. @p where starts each message.
@@ -31,11 +41,11 @@ inline void expect_same_checkpoint_tensors(const Checkpoint& expected, const Che
   }
 }
 
-/// Trains @p config (its strategy registered by the caller), saving into
-/// @p folder, and returns the checkpoint it wrote.
-inline Checkpoint saved_checkpoint(TrainConfig config, const TempFolder& folder) {
+/// Trains @p config with @p run, saving into @p folder, and returns the
+/// checkpoint it wrote.
+inline Checkpoint saved_checkpoint(TrainConfig config, const TempFolder& folder, const RunFn& run = train_one) {
   config.save_path = folder.file(config.strategy + ".ckpt");
-  train(config);
+  run(config);
   return read_checkpoint(config.save_path);
 }
 
@@ -64,26 +74,26 @@ inline void expect_single_device_layout(const Checkpoint& expected, const Checkp
   }
 }
 
-/// Trains @p config (its strategy registered by the caller) straight, and in
-/// two slices: steps 1 to @p split saved to a file of @p folder, then resumed
+/// Trains @p config with @p run straight, and in two slices: steps 1 to @p split saved to a file of @p folder, then resumed
 /// to the end. Expects the slices' step records (step, loss, loss scale,
 /// skipped) and every tensor of both runs' final checkpoints to equal the
 /// straight run's, bit for bit. Returns the straight run's records.
 inline std::vector<StepRecord> expect_slices_equal_straight_run(const TrainConfig& config, std::int64_t split,
-                                                                const TempFolder& folder, const std::string& where) {
+                                                                const TempFolder& folder, const std::string& where,
+                                                                const RunFn& run = train_one) {
   TrainConfig whole = config;
   whole.save_path = folder.file("whole.ckpt");
-  const std::vector<StepRecord> straight = train(whole).steps;
+  const std::vector<StepRecord> straight = run(whole).steps;
   TrainConfig first = config;
   first.stop_after = split;
   first.save_path = folder.file("slice.ckpt");
-  std::vector<StepRecord> sliced = train(first).steps;
+  std::vector<StepRecord> sliced = run(first).steps;
   EXPECT_EQ(static_cast<std::int64_t>(sliced.size()), split) << where << ": --stop-after " << split;
   EXPECT_EQ(read_checkpoint(first.save_path).step, split) << where << ": the first slice's checkpoint's step";
   TrainConfig second = config;
   second.resume_path = first.save_path;
   second.save_path = folder.file("resumed.ckpt");
-  for (const StepRecord& r : train(second).steps) sliced.push_back(r);
+  for (const StepRecord& r : run(second).steps) sliced.push_back(r);
   if (sliced.size() != straight.size()) {
     ADD_FAILURE() << where << ": " << split << " steps, saved, then resumed trained " << sliced.size()
                   << " steps in all; the straight run trained " << straight.size();

@@ -1,12 +1,13 @@
 /// @file trainer.h
-/// @brief Single-device training: the Trainer (one optimizer step at a time),
-/// the train() loop behind `dtp train`, step records and their JSON lines.
+/// @brief The Trainer: a run's settings (TrainConfig), its model, optimizer
+/// and sampler, one optimizer step at a time (StepRecord), and its
+/// checkpoints.
 ///
 /// Later chapters build on Trainer: a data-parallel rank constructs
 /// `Trainer(config, rank, world)` (it then samples only its slice of each
 /// global batch), hooks communication into `trainer.model().on_grad_ready(...)`
-/// and calls `step()`. A whole strategy can be registered under a name that
-/// `dtp train --strategy NAME` runs.
+/// and calls `step()`. The whole run around it (its log, trace and summary)
+/// is in dtp/train_run.h; a distributed strategy's run in drivers/strategy.h.
 #pragma once
 
 #include <chrono>
@@ -45,11 +46,10 @@ struct TrainConfig {
   double momentum = 0.9;            ///< SGD
   double grad_clip = 1.0;           ///< clip by global norm; <= 0 disables
   std::uint64_t seed = 1234;        ///< seeds the weights, the synthetic data and the sampler
-  std::string strategy = "single";  ///< a registered strategy (see strategy_names())
+  std::string strategy = "single";  ///< the run's strategy, as logs and checkpoints name it
   std::string trace_path;           ///< Chrome trace JSON of the run (empty: none)
-  /// Checkpoints (dtp/checkpoint.h; the strategies resumable_strategies()
-  /// names). save_path: write one at the end of the run. resume_path:
-  /// continue the run that wrote it (what it trains, optimizer state, steps
+  /// Checkpoints (dtp/checkpoint.h). save_path: write one at the end of the
+  /// run. resume_path: continue the run that wrote it (what it trains, optimizer state, steps
   /// done; every other setting but steps must match, the strategy's own
   /// included). load_path: start from its parameters only (fine-tuning; under
   /// LoRA the frozen base, which may come with resume_path's adapters).
@@ -111,63 +111,6 @@ class StepMeter {
   std::int64_t faults_at_start_ = 0;
 };
 
-class Comm;
-/// A strategy's per-rank report: gathers every rank's @p row (the same
-/// length on every rank) to rank 0 of @p comm. Rank 0 gets one row per
-/// rank, in rank order; the others get an empty list. Collective.
-std::vector<std::vector<double>> gather_rows_to_rank0(Comm& comm, const std::vector<double>& row);
-
-/// How a group of ranks makes one step of their records (report_group_step).
-struct GroupStepRule {
-  /// The ranks that hold a slice of the batch of their own: their tokens
-  /// count, and their losses make the mean. Empty: every rank (data
-  /// parallel). Ranks that share a slice count it once (tensor parallel:
-  /// one rank per tensor-parallel group; sequence parallel: rank 0).
-  std::function<bool(int rank)> own_slice;
-  /// True: each rank's loss is of its own slice, and the group's is their
-  /// mean (equal slices: the mean of the means is the batch's mean). False:
-  /// the step already reduced the loss, and rank 0's is the group's.
-  bool mean_loss = true;
-};
-
-/// One rank's numbers of a group step, as rank 0 received them.
-struct RankStepRow {
-  double loss = 0;             ///< the rank's own loss
-  double seconds = 0;          ///< the rank's own step time
-  double tokens = 0;           ///< the tokens of the rank's own record
-  std::vector<double> extra;   ///< the rank's @p extra of report_group_step
-};
-
-/// The step of a whole group, reported by rank 0. Collective over @p comm:
-/// every rank passes its own @p record and @p extra numbers (as many on
-/// every rank). On rank 0 @p record becomes the group's step: the slowest
-/// rank's seconds (the step is done when its last rank is), the tokens and
-/// loss of the ranks @p rule counts, tokens per second from those; the
-/// result holds every rank's row, in rank order. The other ranks get an
-/// empty list and keep their record.
-std::vector<RankStepRow> report_group_step(Comm& comm, StepRecord& record, const std::vector<double>& extra = {},
-                                           const GroupStepRule& rule = {});
-
-/// A finished run.
-struct TrainResult {
-  std::vector<StepRecord> steps;  ///< one per step
-  double seconds = 0;             ///< wall time, setup included
-  std::int64_t parameters = 0;    ///< model size
-  std::string data_name;          ///< what it trained on
-  /// Peak bytes per MemoryCategory over the run (index = category).
-  std::vector<std::int64_t> peak_by_category;
-  std::int64_t peak_bytes = 0;  ///< highest tracked memory of any step
-  /// Appends @p record and folds the tracker's peaks into the run's peaks.
-  void add_step(const StepRecord& record, const MemoryTracker& tracker);
-  /// Steps averaged by first_loss() and last_loss(): 10, or half of a
-  /// shorter run (so the two never overlap), or 1 for a one-step run.
-  std::int64_t loss_window() const;
-  /// Mean loss of the first loss_window() steps.
-  double first_loss() const;
-  /// Mean loss of the last loss_window() steps.
-  double last_loss() const;
-};
-
 /// The optimizer @p config names (SGD or AdamW, with its settings) over
 /// @p buffers: what Trainer builds over the model's units, and what a sharded
 /// strategy builds over its shards.
@@ -181,10 +124,6 @@ struct RunSetting {
   std::string flag;   ///< e.g. "--seed"
   std::string value;  ///< e.g. "1234"
 };
-
-/// The strategies that save and continue a run (--save, --resume,
-/// --stop-after, --load): every strategy DTP has.
-const std::vector<std::string>& resumable_strategies();
 
 /// The model, optimizer and sampler of one (data-parallel) rank.
 class Trainer {
@@ -276,68 +215,7 @@ std::int64_t start_from_checkpoints(Trainer& trainer, const std::vector<RunSetti
 /// dtp::Error when a resumed run is already there.
 std::int64_t last_step(const Trainer& trainer);
 
-/// Copies the parameters of a checkpoint into @p model ("params/<unit>.<name>"
-/// for each of the model's parameters): fine-tuning from pretrained weights,
-/// with no optimizer state and no steps. A file of another float dtype is
-/// cast to the model's (f32 to bf16 rounds to nearest even), as PyTorch's
-/// load_state_dict does. Throws dtp::Error naming @p path, the first
-/// parameter the file lacks or holds with another shape (or not as floats),
-/// and the model settings that differ.
-void load_parameters(GPT& model, const Checkpoint& checkpoint, const std::string& path);
-/// --load: load_parameters() from config.load_path when it is set, nothing
-/// otherwise. A strategy that cuts or shards the model calls it before it
-/// does: every rank reads the whole file and keeps its part.
-void load_parameters(GPT& model, const TrainConfig& config);
-
-/// Writes a "model" checkpoint to @p path: @p model's parameters
-/// ("params/<unit>.<name>"), with @p config as its settings; what
-/// load_parameters() reads (a merged LoRA model, weights for inference).
-void save_parameters(const std::string& path, GPT& model, const TrainConfig& config);
-
-/// The run's settings as the log's config line writes them (a JSON object).
-std::string config_json(const TrainConfig& config);
-/// The model's settings as the config line's "model" object writes them.
-std::string model_json(const GPTConfig& model);
-
 /// Loads the dataset a config names (the file, or the synthetic stream).
 TokenDataset load_dataset(const TrainConfig& config);
-
-/// Called after every step with its record.
-using StepCallback = std::function<void(const StepRecord&)>;
-/// A whole training strategy: runs config.steps steps, calling on_step after each.
-using StrategyFn = std::function<TrainResult(const TrainConfig&, const StepCallback&)>;
-
-/// Makes `train()` (and `dtp train --strategy NAME`) run @p fn for @p name.
-void register_strategy(const std::string& name, StrategyFn fn);
-/// Registered strategy names, sorted ("single" is always there).
-std::vector<std::string> strategy_names();
-
-/// Runs the strategy config.strategy (throws dtp::Error listing the accepted
-/// names for an unknown one). Writes the trace and JSON log when asked: both
-/// are opened before the first step and written as the run goes, and a run
-/// that fails still leaves its spans and a {"kind":"failed"} log line.
-TrainResult train(const TrainConfig& config, const StepCallback& on_step = {});
-/// The single-device loop that the "single" strategy runs.
-TrainResult train_single(const TrainConfig& config, const StepCallback& on_step = {});
-
-/// One progress line: "step   10/200  loss 3.2145  lr 1.50e-03  ...".
-std::string format_step(const StepRecord& record, std::int64_t total_steps);
-/// The closing summary: time, throughput, loss before and after, memory.
-std::string format_summary(const TrainResult& result);
-/// {"kind":"step","step":10,"loss":...} (one line, no newline).
-std::string step_json(const StepRecord& record);
-
-/// Writes one JSON object per line; flushes each line.
-class JsonLinesWriter {
- public:
-  /// Throws dtp::Error naming @p path when it cannot be opened.
-  explicit JsonLinesWriter(const std::string& path);
-  /// Writes @p json_object and a newline.
-  void write(const std::string& json_object);
-
- private:
-  std::ofstream out_;
-  std::string path_;
-};
 
 }  // namespace dtp

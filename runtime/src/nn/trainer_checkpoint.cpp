@@ -7,6 +7,7 @@
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
 #include "dtp/nn_ops.h"
+#include "dtp/train_checkpoint.h"
 #include "dtp/trainer.h"
 
 namespace dtp {
