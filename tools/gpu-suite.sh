@@ -110,7 +110,7 @@ do_run() {
   # Every GPU checker but the puzzle stubs: runtime, thread/cuda (worlds on one GPU), nccl.
   step "GPU checkers" ctest.log 200 ctest --test-dir "$build" -L gpu -LE puzzles --output-on-failure -j4 --timeout 120
   ctest_status=$?
-  # NVTX (issue 10): Nsight Compute profiles only kernels inside DTP's
+  # NVTX: Nsight Compute profiles only kernels inside DTP's
   # "head forward" trace span, so a profiled kernel shows the spans reach a
   # profiler as NVTX ranges (Nsight Systems, which draws the timeline, is
   # not on the lent machines).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Every DTP program parses its command line the same way (issue 10).
+"""Every DTP program parses its command line the same way.
 
 For every executable named dtp-* in the build's bin/ folder (the argument):
   PROGRAM --help          exits 0 within 5 s and prints "Usage" on stdout;

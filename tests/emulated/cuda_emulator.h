@@ -210,7 +210,7 @@ T shfl_xor(T value, int lane_mask) {
 /// The threads that play a block's GPU threads, started once and reused by
 /// every block and launch: starting a thread costs about 0.3 ms on the
 /// 2-core machines this runs on, so a fresh set per block of 256 threads
-/// took 77 ms. start(n, job) has workers 0..n-1 each call job(index) at the
+/// would take 77 ms. start(n, job) has workers 0..n-1 each call job(index) at the
 /// same time; wait() returns once all of them have returned from it.
 class WorkerPool {
  public:

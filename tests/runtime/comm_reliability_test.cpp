@@ -1,4 +1,4 @@
-// Regressions of the thread backend's reliability (issue 9): a non-blocking
+// The thread backend's reliability under what broke it once: a non-blocking
 // collective beside a blocking one, pending work that is not idleness,
 // failures nobody waited for, exceptions a rank catches, absurd timeouts.
 #include <gtest/gtest.h>

@@ -3,8 +3,8 @@
 // model of NCCL with 2-8 ranks, on the patterns the chapters use. No GPU here,
 // so the model stands in for NCCL; what it assumes is written below.
 // Messages a rank sends itself never reach NCCL (NcclComm copies them on the
-// stream), so the programs here send only to peers; the old protocol, which
-// sent them through NCCL, is shown to deadlock on one.
+// stream), so the programs here send only to peers; a naive protocol, which
+// waits for its own sends before receiving, is shown to deadlock on one.
 //
 // The model of NCCL:
 // - each rank's calls run on its one stream, group after group in the order
@@ -91,9 +91,9 @@ struct BackendProtocol : Protocol {
   NcclGroupPlan finish() override { return sends.collective(); }  // NcclComm::finish: counts exchanged with the sends
 };
 
-// Before: a receive sent the queued messages in one group with its header
-// receive and waited for that group, then received the payload.
-struct OldProtocol : Protocol {
+// A naive protocol: a receive sends the queued messages in one group with
+// its header receive and waits for that group, then receives the payload.
+struct NaiveProtocol : Protocol {
   std::vector<std::pair<int, int>> queued;  // dst, id
   NcclGroupPlan take() {
     NcclGroupPlan g;
@@ -298,8 +298,8 @@ class Model {
 std::string run_backend(std::vector<Program> programs) {
   return Model(std::move(programs), [] { return std::make_unique<BackendProtocol>(); }).run();
 }
-std::string run_old(std::vector<Program> programs) {
-  return Model(std::move(programs), [] { return std::make_unique<OldProtocol>(); }).run();
+std::string run_naive(std::vector<Program> programs) {
+  return Model(std::move(programs), [] { return std::make_unique<NaiveProtocol>(); }).run();
 }
 
 // The size of message `round` from `src`: every pair of sizes differs, so a
@@ -390,16 +390,16 @@ TEST(EagerSendsOnNccl, TheStatedLimitAMessageReceivedAfterTheReceiversNextCollec
   EXPECT_NE(run_backend(programs), "");
 }
 
-TEST(EagerSendsOnNccl, TheModelCatchesTheOldProtocolsDeadlockOnARing) {
-  // Before: each rank waited for a group holding its payload send, which the
-  // peer could receive only after its own identical wait.
+TEST(EagerSendsOnNccl, TheModelCatchesTheNaiveProtocolsDeadlockOnARing) {
+  // The naive protocol: each rank waits for a group holding its payload
+  // send, which the peer can receive only after its own identical wait.
   for (int n = 2; n <= 4; ++n) {
-    const std::string stuck = run_old(ring(n, 1));
+    const std::string stuck = run_naive(ring(n, 1));
     EXPECT_NE(stuck, "") << "ring of " << n;
     EXPECT_NE(stuck.find("host waiting"), std::string::npos) << stuck;
   }
   // And a send to self was never matched in its group.
-  EXPECT_NE(run_old({{send_to(0, 100), recv_from(0, 100)}}), "");
+  EXPECT_NE(run_naive({{send_to(0, 100), recv_from(0, 100)}}), "");
 }
 
 TEST(EagerSendsOnNccl, TheModelCatchesAReceiveOfTheWrongSize) {

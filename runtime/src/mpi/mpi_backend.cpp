@@ -6,7 +6,7 @@
 // small polled all-reduce: did every rank call this same collective?), the
 // price of a clear error instead of a hang. Once it has passed, every rank is
 // inside the same collective, so the data moves in MPI's blocking call: it
-// can no longer hang, and Open MPI's blocking collectives are 1.5-2x faster
+// cannot hang there, and Open MPI's blocking collectives are 1.5-2x faster
 // than its nonblocking ones (measured from 1 MiB; bench/README.md). The
 // nonblocking i* collectives, which overlap with compute, keep MPI's own
 // nonblocking calls.
