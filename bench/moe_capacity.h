@@ -1,7 +1,7 @@
 // The mixture-of-experts numbers of dtp-bench-sequence-expert (part 3): a
 // small MoE GPT's real router probabilities, routed at several capacity
 // factors by dtp::moe_route, and what a router that chooses uniformly at
-// random would give. Printing and JSON stay in bench/sequence_expert.cpp.
+// random would give. Printing and JSON stay in bench/sequence_expert/moe.cpp.
 #pragma once
 
 #include <algorithm>

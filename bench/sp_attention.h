@@ -2,7 +2,8 @@
 // (parts 1 and 2): the reference's Ulysses, ring, zigzag and hybrid, and the
 // single-device peer, run forward and backward on every rank's shards, with
 // each rank's times, memory and communication counters collected. What the
-// numbers mean, and the printing and JSON, are in bench/sequence_expert.cpp.
+// numbers mean, and the printing and JSON, are in bench/sequence_expert/
+// (attention.cpp and tiers.cpp).
 #pragma once
 
 #include <time.h>

@@ -3,7 +3,7 @@
 // `dtp train --strategy sp` and `--strategy ep`) and their single-device
 // peers, run for a few optimizer steps with each rank's time, memory and
 // bytes collected. What the numbers mean, and the printing and JSON, are in
-// bench/sequence_expert.cpp; the formulas they are compared with are here.
+// bench/sequence_expert/train.cpp; the formulas they are compared with are here.
 #pragma once
 
 #include <algorithm>
