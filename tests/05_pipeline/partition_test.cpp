@@ -3,6 +3,7 @@
 // cheap as any split can (the checker finds the best by trying them all).
 #include <cmath>
 #include <functional>
+#include <sstream>
 
 #include "pipeline_checks.h"
 
@@ -38,11 +39,10 @@ std::pair<double, std::vector<UnitRange>> best_split(const std::vector<double>& 
 }
 
 std::string show(const std::vector<UnitRange>& ranges) {
-  std::string out;
+  std::ostringstream out;
   for (const UnitRange& r : ranges)
-    out += (out.empty() ? "" : " ") + std::string("[") + std::to_string(r.first) + ", " +
-           std::to_string(r.first + r.count) + ")";
-  return out;
+    out << (&r == ranges.data() ? "" : " ") << "[" << r.first << ", " << r.first + r.count << ")";
+  return out.str();
 }
 
 std::string show(const std::vector<double>& costs) {

@@ -110,7 +110,9 @@ void expect_gradients_match(int E, int k, double cf, bool main_loss) {
   block.zero_grad();
   MoeLayer layer(block.moe);
   layer.forward(x);
-  if (cf < 1) EXPECT_GT(layer.routing().dropped(), 0) << "the case should drop choices";
+  if (cf < 1) {
+    EXPECT_GT(layer.routing().dropped(), 0) << "the case should drop choices";
+  }
   {
     MoeSaved saved;  // the probabilities the routing was decided from, by the finished layer
     block.moe.forward(x, saved);

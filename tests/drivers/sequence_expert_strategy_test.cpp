@@ -77,12 +77,16 @@ TEST(SequenceParallelDriver, TrainReportsTheSingleDeviceLossPositionsAndBalanced
       EXPECT_GT(table.at(r, "moved"), 0) << "rank " << r;
       EXPECT_GT(table.at(r, "activation peak"), 0) << "rank " << r;
       // 2 blocks, forward and backward: zigzag 2 n + 1 = 9 half-size blocks each way.
-      if (kind == SequenceParallelKind::zigzag) EXPECT_EQ(table.at(r, "attention blocks"), 2 * 2 * 9) << "rank " << r;
-      if (kind == SequenceParallelKind::ring)
+      if (kind == SequenceParallelKind::zigzag) {
+        EXPECT_EQ(table.at(r, "attention blocks"), 2 * 2 * 9) << "rank " << r;
+      }
+      if (kind == SequenceParallelKind::ring) {
         EXPECT_EQ(table.at(r, "attention blocks"), 2 * 2 * (r + 1)) << "rank " << r;
+      }
     }
-    if (kind == SequenceParallelKind::ulysses)
+    if (kind == SequenceParallelKind::ulysses) {
       EXPECT_EQ(table.columns.size(), 2u) << "Ulysses computes no attention blocks: no such column";
+    }
   }
 }
 

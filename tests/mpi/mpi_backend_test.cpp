@@ -164,11 +164,15 @@ TEST(MpiBackend, LibraryCollectivesOnUnevenLengths) {
 
       Tensor red = testing::pattern_tensor(r, 7);
       comm.reduce(red, 0);
-      if (r == 0) EXPECT_TRUE(testing::values_equal("reduce", r, testing::pattern_sum(n, 7), red.to_vector()));
+      if (r == 0) {
+        EXPECT_TRUE(testing::values_equal("reduce", r, testing::pattern_sum(n, 7), red.to_vector()));
+      }
 
       Tensor gathered = Tensor::zeros({len}, DType::f64);
       comm.gather(shard, gathered, 0);
-      if (r == 0) EXPECT_TRUE(testing::values_equal("gather", r, testing::pattern_values(0, len), gathered.to_vector()));
+      if (r == 0) {
+        EXPECT_TRUE(testing::values_equal("gather", r, testing::pattern_values(0, len), gathered.to_vector()));
+      }
 
       Tensor piece = Tensor::zeros({mine.length}, DType::f64);
       comm.scatter(testing::pattern_tensor(0, len), piece, 0);

@@ -253,7 +253,9 @@ TEST(AsyncShardedCollectives, InterleavedWithBlockingCollectivesForManyIteration
           ASSERT_EQ(full.item(i), it * 1000.0 + i) << "iteration " << it << ", element " << i;
           ASSERT_EQ(second.item(i), it * 1000.0 + i) << "iteration " << it << ", element " << i;
         }
-        if (mine.length > 0) ASSERT_EQ(grad_shard.item(0), n * it + rank_sum) << "iteration " << it;
+        if (mine.length > 0) {
+          ASSERT_EQ(grad_shard.item(0), n * it + rank_sum) << "iteration " << it;
+        }
       }
     });
   }

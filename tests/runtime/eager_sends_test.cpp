@@ -134,7 +134,11 @@ class Model {
  public:
   Model(std::vector<Program> programs, const std::function<std::unique_ptr<Protocol>()>& make)
       : programs_(std::move(programs)), n_(static_cast<int>(programs_.size())) {
-    for (int r = 0; r < n_; ++r) ranks_.push_back({make()});
+    for (int r = 0; r < n_; ++r) {
+      Rank rank;
+      rank.protocol = make();
+      ranks_.push_back(std::move(rank));
+    }
   }
 
   // "" when every rank finished with an empty stream; else what is stuck.

@@ -23,7 +23,9 @@ TEST(HostBlockCache, SizeClassesAreMultiplesOf64AtMostAQuarterAboveTheRequest) {
     const std::size_t size = HostBlockCache::size_class(bytes);
     EXPECT_GE(size, bytes) << "a request of " << bytes << " bytes got a smaller class";
     EXPECT_EQ(size % 64, 0u) << "the class of " << bytes << " bytes (" << size << ") is not 64-byte aligned";
-    if (bytes > 256) EXPECT_LE(size, bytes + bytes / 4) << "the class of " << bytes << " bytes wastes over 25%";
+    if (bytes > 256) {
+      EXPECT_LE(size, bytes + bytes / 4) << "the class of " << bytes << " bytes wastes over 25%";
+    }
     EXPECT_EQ(HostBlockCache::size_class(size), size) << "a class size must be its own class";
   }
 }

@@ -146,10 +146,14 @@ void check_block_gradients(int experts, int top_k, double capacity_factor, doubl
   ops::scale(dy, loss_scale);
   BlockSaved s;
   block.forward(x, s);
-  if (capacity_factor < 1) EXPECT_GT(s.moe.routing.dropped(), 0) << "the case should drop choices";
+  if (capacity_factor < 1) {
+    EXPECT_GT(s.moe.routing.dropped(), 0) << "the case should drop choices";
+  }
   block.zero_grad();
   Tensor dx = block.backward(dy, s, WeightGrads::immediate, loss_scale);
-  if (main_loss) EXPECT_TRUE(gradients_match("MoE block input gradient", dx, numeric_gradient(x, loss)));
+  if (main_loss) {
+    EXPECT_TRUE(gradients_match("MoE block input gradient", dx, numeric_gradient(x, loss)));
+  }
   EXPECT_TRUE(gradients_match("MoE block parameter gradients", block.grads(),
                               numeric_gradient(block.params(), loss)));
 }
@@ -259,7 +263,9 @@ TEST(MoeMlp, ExpertShardsHoldTheirExpertsAsInTheWholeModel) {
       EXPECT_EQ(mine.numel(), held) << "unit " << all.name() << ": only its experts, no memory for the others";
       for (const ParamView& p : mine.parameters()) {
         const auto at = p.name.find(".expert.");
-        if (at != std::string::npos) EXPECT_EQ(std::stoi(p.name.substr(at + 8)) / 2, shard) << p.name;
+        if (at != std::string::npos) {
+          EXPECT_EQ(std::stoi(p.name.substr(at + 8)) / 2, shard) << p.name;
+        }
       }
     }
     EXPECT_TRUE(part.block(0).moe.holds(2 * shard) && !part.block(0).moe.holds(2 - 2 * shard));
