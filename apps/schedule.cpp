@@ -18,6 +18,11 @@
 #include "05_pipeline/pipeline.h"
 #include "dtp_cli.h"
 
+namespace dtp::schedule_app {
+/// "puzzles" or "reference": the library this binary is linked with (schedule/impl.cpp).
+const char* this_impl();
+}  // namespace dtp::schedule_app
+
 namespace {
 
 constexpr int kExitFailed = 1, kExitUsage = 2, kExitUnsolved = 3;
@@ -68,7 +73,7 @@ int main(int argc, char** argv) {
   int stages = 0, microbatches = 0, chunks = 2;
   dtp::ch05::ActionCosts costs;
   const std::string name =
-      std::string("dtp-schedule") + (std::string(DTP_SCHEDULE_IMPL) == "reference" ? "-reference" : "");
+      std::string("dtp-schedule") + (std::string(dtp::schedule_app::this_impl()) == "reference" ? "-reference" : "");
   CLI::App app{
       "Builds a pipeline schedule (chapter 05), checks it with the verifier, and prints its Gantt chart "
       "(one row per rank, one column per unit of time), its bubble next to the lesson's formula and the "
@@ -109,12 +114,12 @@ int main(int argc, char** argv) {
                  name.c_str(), kind_name.c_str());
     return kExitUsage;
   }
-  if (impl == "puzzles" && app.count("--impl") > 0 && std::string(DTP_SCHEDULE_IMPL) == "reference") {
+  if (impl == "puzzles" && app.count("--impl") > 0 && std::string(dtp::schedule_app::this_impl()) == "reference") {
     std::fprintf(stderr, "%s: error: --impl puzzles: this program draws the reference; dtp-schedule draws yours\n",
                  name.c_str());
     return kExitUsage;
   }
-  if (impl == "reference" && std::string(DTP_SCHEDULE_IMPL) != "reference") {
+  if (impl == "reference" && std::string(dtp::schedule_app::this_impl()) != "reference") {
     // The other library's schedules live in the sibling binary.
     const std::string self = own_path();
     const std::string sibling = self.substr(0, self.rfind('/') + 1) + "dtp-schedule-reference";
@@ -130,7 +135,7 @@ int main(int argc, char** argv) {
     std::snprintf(weight, sizeof weight, "%g", costs.backward_weight);
     std::printf("%s schedule, p %d, m %d%s (%s), costs F %g, B %g%s\n", schedule.name.c_str(), stages,
                 microbatches, schedule.chunks > 1 ? (", v " + std::to_string(schedule.chunks)).c_str() : "",
-                DTP_SCHEDULE_IMPL, costs.forward, schedule.split_backward ? costs.backward_input : costs.backward,
+                dtp::schedule_app::this_impl(), costs.forward, schedule.split_backward ? costs.backward_input : costs.backward,
                 schedule.split_backward ? (", W " + std::string(weight)).c_str() : "");
     if (!report.ok()) {
       std::printf("the verifier rejects it: %s\n", report.problem.c_str());

@@ -21,6 +21,7 @@ extras=(
   libjs-mathjax  # MathJax 2, copied into the HTML docs so formulas render offline
   chromium       # tools/check_docs_html.py renders the docs headless (~80 MB download, ~290 MB installed)
   python3-torch libopenblas0  # the PyTorch cross-check (ctest -L crosscheck)
+  clang-format-14             # tools/check-format.sh: the version the sources are formatted with
 )
 case "${1:-}" in
   "") packages+=("${extras[@]}") ;;
