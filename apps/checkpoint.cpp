@@ -28,8 +28,10 @@ std::string listed(const dtp::JsonValue& value, const std::set<std::string>& ski
   if (value.kind != dtp::JsonValue::Kind::object) return value.dump();
   std::string text;
   for (const auto& [key, member] : value.members) {
-    if (member.kind == dtp::JsonValue::Kind::object || skip.count(key)) continue;  // nested: on their own line
-    const std::string shown = member.kind == dtp::JsonValue::Kind::string ? member.text : member.dump();
+    if (member.kind == dtp::JsonValue::Kind::object || skip.count(key))
+      continue;  // nested: on their own line
+    const std::string shown =
+        member.kind == dtp::JsonValue::Kind::string ? member.text : member.dump();
     text += (text.empty() ? "" : ", ") + key + " " + shown;
   }
   return text;
@@ -64,8 +66,10 @@ int main(int argc, char** argv) {
   std::string path, tensor;
   int values = 8;
   CLI::App app{
-      "What a DTP checkpoint holds (dtp train --save): its kind and step, the settings of the run that wrote "
-      "it, and every tensor's name, dtype, shape and bytes. The file is read and checked as --resume reads it, "
+      "What a DTP checkpoint holds (dtp train --save): its kind and step, the settings of the run "
+      "that wrote "
+      "it, and every tensor's name, dtype, shape and bytes. The file is read and checked as "
+      "--resume reads it, "
       "so a damaged file is an error that says what is wrong.",
       "dtp-checkpoint"};
   app.add_option("FILE", path, "the checkpoint (dtp train --save FILE)")->check(CLI::ExistingFile);
@@ -82,29 +86,33 @@ int main(int argc, char** argv) {
   }
   try {
     const dtp::Checkpoint checkpoint = dtp::read_checkpoint(path);
-    std::printf("%s: a %s checkpoint at step %lld, checksum verified\n", path.c_str(), checkpoint.kind.c_str(),
-                static_cast<long long>(checkpoint.step));
+    std::printf("%s: a %s checkpoint at step %lld, checksum verified\n", path.c_str(),
+                checkpoint.kind.c_str(), static_cast<long long>(checkpoint.step));
     if (const dtp::JsonValue* strategy = checkpoint.config.find("strategy"))
       std::printf("strategy: %s\n", strategy->text.c_str());
     if (const dtp::JsonValue* own = checkpoint.config.find("strategy_settings"))
       std::printf("strategy settings: %s\n", listed(*own).c_str());
     if (const dtp::JsonValue* model = checkpoint.config.find("model"))
       std::printf("model: %s\n", listed(*model).c_str());
-    std::printf("run: %s\n\n", listed(checkpoint.config, {"kind", "strategy", "command_line"}).c_str());
+    std::printf("run: %s\n\n",
+                listed(checkpoint.config, {"kind", "strategy", "command_line"}).c_str());
     std::map<std::string, std::int64_t> bytes_by_part;
     std::int64_t total = 0;
     std::size_t width = 4;
     for (const dtp::NamedTensor& t : checkpoint.tensors) width = std::max(width, t.name.size());
-    std::printf("%-*s  %-5s  %-16s  %s\n", static_cast<int>(width), "name", "dtype", "shape", "bytes");
+    std::printf("%-*s  %-5s  %-16s  %s\n", static_cast<int>(width), "name", "dtype", "shape",
+                "bytes");
     for (const dtp::NamedTensor& t : checkpoint.tensors) {
       const auto bytes = static_cast<std::int64_t>(t.tensor.nbytes());
       std::printf("%-*s  %-5s  %-16s  %lld\n", static_cast<int>(width), t.name.c_str(),
-                  dtp::dtype_name(t.tensor.dtype()), t.tensor.shape().str().c_str(), static_cast<long long>(bytes));
+                  dtp::dtype_name(t.tensor.dtype()), t.tensor.shape().str().c_str(),
+                  static_cast<long long>(bytes));
       bytes_by_part[t.name.substr(0, t.name.find('/') + 1)] += bytes;
       total += bytes;
     }
     std::printf("\n%zu tensors, %s:", checkpoint.tensors.size(), megabytes(total).c_str());
-    for (const auto& [part, bytes] : bytes_by_part) std::printf("  %s %s", part.c_str(), megabytes(bytes).c_str());
+    for (const auto& [part, bytes] : bytes_by_part)
+      std::printf("  %s %s", part.c_str(), megabytes(bytes).c_str());
     std::printf("\n");
     if (!tensor.empty()) print_tensor_values(checkpoint, tensor, values);
   } catch (const std::exception& e) {  // dtp::Error, and out of memory or a file-system error

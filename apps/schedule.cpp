@@ -32,8 +32,9 @@ constexpr int kExitFailed = 1, kExitUsage = 2, kExitUnsolved = 3;
 // B - W): the chart's column is the smallest cost, so this bounds its width.
 void parse_costs(const std::string& text, dtp::ch05::ActionCosts& costs) {
   auto bad = [&text](const std::string& why) {
-    return CLI::ValidationError("--costs", "expects F,B,W, three decimal numbers in [0.01, 100] with W < B " +
-                                               std::string("(B is the whole backward)") + why + ", got '" + text + "'");
+    return CLI::ValidationError(
+        "--costs", "expects F,B,W, three decimal numbers in [0.01, 100] with W < B " +
+                       std::string("(B is the whole backward)") + why + ", got '" + text + "'");
   };
   double value[3];
   std::size_t from = 0;
@@ -48,7 +49,8 @@ void parse_costs(const std::string& text, dtp::ch05::ActionCosts& costs) {
   const double f = value[0], b = value[1], w = value[2];
   if (!(b > w)) throw bad("");
   const double smallest = std::min({f, w, b - w}), largest = std::max({f, b, w});
-  if (largest > 100 * smallest) throw bad(" and the largest of F, B, W at most 100 times the smallest of F, W, B - W");
+  if (largest > 100 * smallest)
+    throw bad(" and the largest of F, B, W at most 100 times the smallest of F, W, B - W");
   costs = {f, b, b - w, w};
 }
 
@@ -73,16 +75,21 @@ int main(int argc, char** argv) {
   int stages = 0, microbatches = 0, chunks = 2;
   dtp::ch05::ActionCosts costs;
   const std::string name =
-      std::string("dtp-schedule") + (std::string(dtp::schedule_app::this_impl()) == "reference" ? "-reference" : "");
+      std::string("dtp-schedule") +
+      (std::string(dtp::schedule_app::this_impl()) == "reference" ? "-reference" : "");
   CLI::App app{
-      "Builds a pipeline schedule (chapter 05), checks it with the verifier, and prints its Gantt chart "
-      "(one row per rank, one column per unit of time), its bubble next to the lesson's formula and the "
+      "Builds a pipeline schedule (chapter 05), checks it with the verifier, and prints its Gantt "
+      "chart "
+      "(one row per rank, one column per unit of time), its bubble next to the lesson's formula "
+      "and the "
       "micro-batches each rank holds at most. --kind, --stages and --microbatches are required.",
       name};
   app.add_option("--kind", kind_name, "the schedule")
       ->check(CLI::IsMember({"afab", "1f1b", "interleaved", "zb-h1"}))
       ->type_name("KIND");
-  app.add_option("--stages", stages, "pipeline ranks p")->check(dtp::cli::Range(1, 64))->type_name("P");
+  app.add_option("--stages", stages, "pipeline ranks p")
+      ->check(dtp::cli::Range(1, 64))
+      ->type_name("P");
   app.add_option("--microbatches", microbatches, "micro-batches per step m")
       ->check(dtp::cli::Range(1, 512))
       ->type_name("M");
@@ -92,7 +99,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option_function<std::string>(
          "--costs", [&costs](const std::string& text) { parse_costs(text, costs); },
-         "clock cost of a forward, a whole backward and (zb-h1) each half; default 1,2,1 (a split B costs B - W)")
+         "clock cost of a forward, a whole backward and (zb-h1) each half; default 1,2,1 (a split "
+         "B costs B - W)")
       ->type_name("F,B,W");
   app.add_option("--impl", impl,
                  "whose schedules: yours in puzzles/ (bin/dtp-schedule) or the reference "
@@ -100,23 +108,31 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"puzzles", "reference"}))
       ->capture_default_str();
   app.footer(
-      "Exit status: 0 drawn; 1 the verifier rejected the schedule; 2 a bad command line; 3 the schedule's "
+      "Exit status: 0 drawn; 1 the verifier rejected the schedule; 2 a bad command line; 3 the "
+      "schedule's "
       "puzzle is not solved yet.\nExample: dtp schedule --kind 1f1b --stages 4 --microbatches 8");
   if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
   for (const char* flag : {"--kind", "--stages", "--microbatches"})
     if (app.count(flag) == 0) {
-      std::fprintf(stderr, "%s: error: missing %s: --kind, --stages and --microbatches are required (see --help)\n",
-                   name.c_str(), flag);
+      std::fprintf(
+          stderr,
+          "%s: error: missing %s: --kind, --stages and --microbatches are required (see --help)\n",
+          name.c_str(), flag);
       return kExitUsage;
     }
   if (app.count("--chunks") > 0 && kind_name != "interleaved") {
-    std::fprintf(stderr, "%s: error: --chunks sets v of --kind interleaved; --kind %s has one chunk per rank\n",
-                 name.c_str(), kind_name.c_str());
+    std::fprintf(
+        stderr,
+        "%s: error: --chunks sets v of --kind interleaved; --kind %s has one chunk per rank\n",
+        name.c_str(), kind_name.c_str());
     return kExitUsage;
   }
-  if (impl == "puzzles" && app.count("--impl") > 0 && std::string(dtp::schedule_app::this_impl()) == "reference") {
-    std::fprintf(stderr, "%s: error: --impl puzzles: this program draws the reference; dtp-schedule draws yours\n",
-                 name.c_str());
+  if (impl == "puzzles" && app.count("--impl") > 0 &&
+      std::string(dtp::schedule_app::this_impl()) == "reference") {
+    std::fprintf(
+        stderr,
+        "%s: error: --impl puzzles: this program draws the reference; dtp-schedule draws yours\n",
+        name.c_str());
     return kExitUsage;
   }
   if (impl == "reference" && std::string(dtp::schedule_app::this_impl()) != "reference") {
@@ -124,38 +140,46 @@ int main(int argc, char** argv) {
     const std::string self = own_path();
     const std::string sibling = self.substr(0, self.rfind('/') + 1) + "dtp-schedule-reference";
     execv(sibling.c_str(), argv);
-    std::fprintf(stderr, "%s: error: cannot start %s: %s\n", name.c_str(), sibling.c_str(), std::strerror(errno));
+    std::fprintf(stderr, "%s: error: cannot start %s: %s\n", name.c_str(), sibling.c_str(),
+                 std::strerror(errno));
     return kExitUsage;
   }
   try {
     const dtp::ch05::ScheduleKind kind = dtp::ch05::parse_schedule_kind(kind_name);
-    const dtp::ch05::Schedule schedule = dtp::ch05::make_schedule(kind, stages, microbatches, chunks);
+    const dtp::ch05::Schedule schedule =
+        dtp::ch05::make_schedule(kind, stages, microbatches, chunks);
     const dtp::ch05::ScheduleReport report = dtp::ch05::simulate_schedule(schedule, costs);
     char weight[32];
     std::snprintf(weight, sizeof weight, "%g", costs.backward_weight);
-    std::printf("%s schedule, p %d, m %d%s (%s), costs F %g, B %g%s\n", schedule.name.c_str(), stages,
-                microbatches, schedule.chunks > 1 ? (", v " + std::to_string(schedule.chunks)).c_str() : "",
-                dtp::schedule_app::this_impl(), costs.forward, schedule.split_backward ? costs.backward_input : costs.backward,
+    std::printf("%s schedule, p %d, m %d%s (%s), costs F %g, B %g%s\n", schedule.name.c_str(),
+                stages, microbatches,
+                schedule.chunks > 1 ? (", v " + std::to_string(schedule.chunks)).c_str() : "",
+                dtp::schedule_app::this_impl(), costs.forward,
+                schedule.split_backward ? costs.backward_input : costs.backward,
                 schedule.split_backward ? (", W " + std::string(weight)).c_str() : "");
     if (!report.ok()) {
       std::printf("the verifier rejects it: %s\n", report.problem.c_str());
       return kExitFailed;
     }
     std::printf("%s", dtp::ch05::gantt_chart(schedule, report, chart_unit(costs)).c_str());
-    const bool unit_costs = costs.forward == 1 && costs.backward == 2 && costs.backward_input == 1 &&
-                            costs.backward_weight == 1;
+    const bool unit_costs = costs.forward == 1 && costs.backward == 2 &&
+                            costs.backward_input == 1 && costs.backward_weight == 1;
     const char* formula = kind == dtp::ch05::ScheduleKind::interleaved ? "(p-1)/(v m+p-1)"
-                          : kind == dtp::ch05::ScheduleKind::zb_h1     ? "((p-1)+max(0,p-m))/(3m+(p-1)+max(0,p-m))"
-                                                                       : "(p-1)/(m+p-1)";
+                          : kind == dtp::ch05::ScheduleKind::zb_h1
+                              ? "((p-1)+max(0,p-m))/(3m+(p-1)+max(0,p-m))"
+                              : "(p-1)/(m+p-1)";
     if (unit_costs)
       std::printf("lesson: bubble %s = %.1f%%\n", formula,
                   100.0 * dtp::ch05::bubble_formula(kind, stages, microbatches, chunks));
     else
-      std::printf("lesson: the formula %s assumes the unit costs (--costs 1,2,1); the chart above is the verifier's "
-                  "run with yours\n",
-                  formula);
+      std::printf(
+          "lesson: the formula %s assumes the unit costs (--costs 1,2,1); the chart above is the "
+          "verifier's "
+          "run with yours\n",
+          formula);
   } catch (const dtp::NotSolved& e) {
-    std::fprintf(stderr, "%s: %s; `--impl reference` draws the reference\n", name.c_str(), e.what());
+    std::fprintf(stderr, "%s: %s; `--impl reference` draws the reference\n", name.c_str(),
+                 e.what());
     return kExitUnsolved;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());

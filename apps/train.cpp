@@ -62,7 +62,8 @@ std::string checkpoint_line(const Options& o) {
   if (!config.resume_path.empty())
     add("continuing " + config.resume_path + " from the step it saved (its settings checked)");
   if (config.stop_after > 0)
-    add("stopping after step " + std::to_string(config.stop_after) + " of " + std::to_string(config.steps));
+    add("stopping after step " + std::to_string(config.stop_after) + " of " +
+        std::to_string(config.steps));
   if (!config.save_path.empty()) {
     const std::string note = o.strategy->save_note();
     add("saving to " + config.save_path + " at the end" + (note.empty() ? "" : " (" + note + ")"));
@@ -75,8 +76,10 @@ void print_header(const Options& o, const ProcessRole& role) {
   const dtp::GPTConfig model = config.resolved_model();
   const bool has_puzzles = !o.strategy->chapter().empty();
   const std::string impl = this_impl();
-  std::printf("dtp train: strategy %s, %s%s\n", o.strategy->name().c_str(), model.device.str().c_str(),
-              has_puzzles ? (", " + impl + (impl == "puzzles" ? " (your code in puzzles/)" : "")).c_str() : "");
+  std::printf(
+      "dtp train: strategy %s, %s%s\n", o.strategy->name().c_str(), model.device.str().c_str(),
+      has_puzzles ? (", " + impl + (impl == "puzzles" ? " (your code in puzzles/)" : "")).c_str()
+                  : "");
   const std::string strategy = o.strategy->header(config, role.mpi ? "mpi" : "thread");
   if (!strategy.empty()) std::printf("%s\n", strategy.c_str());
   std::printf("model: %s (%lld parameters)\n", model.describe().c_str(),
@@ -87,7 +90,8 @@ void print_header(const Options& o, const ProcessRole& role) {
               static_cast<long long>(config.batch * config.seq));
   std::printf("optimizer: %s, lr %.2e, warm-up %lld steps, cosine to %.2e, clip %.2f, seed %llu\n",
               config.optimizer.c_str(), config.lr, static_cast<long long>(config.warmup),
-              config.lr * config.min_lr_ratio, config.grad_clip, static_cast<unsigned long long>(config.seed));
+              config.lr * config.min_lr_ratio, config.grad_clip,
+              static_cast<unsigned long long>(config.seed));
   const std::string checkpoint = checkpoint_line(o);
   if (!checkpoint.empty()) std::printf("checkpoint: %s\n", checkpoint.c_str());
   std::fflush(stdout);
@@ -98,7 +102,8 @@ void print_header(const Options& o, const ProcessRole& role) {
 void print_report(const dtp::drivers::StepReport& report, std::set<std::string>& printed_once) {
   std::fputs(report.ranks.str().c_str(), stdout);
   for (const std::string& line : report.lines) std::printf("    %s\n", line.c_str());
-  if (!report.once.empty() && printed_once.insert(report.once).second) std::fputs(report.once.c_str(), stdout);
+  if (!report.once.empty() && printed_once.insert(report.once).second)
+    std::fputs(report.once.c_str(), stdout);
   std::fflush(stdout);
 }
 
@@ -128,11 +133,13 @@ int main(int argc, char** argv) {
     if (role.reports) print_header(options, role);
     dtp::TrainResult result;
     try {
-      result = dtp::drivers::run_strategy(config, *options.strategy, [&](const dtp::drivers::StepReport& report) {
-        if (!role.reports) return;
-        progress.show(report.record);
-        if (progress.keeps(report.record.step)) print_report(report, printed_once);
-      });
+      result = dtp::drivers::run_strategy(config, *options.strategy,
+                                          [&](const dtp::drivers::StepReport& report) {
+                                            if (!role.reports) return;
+                                            progress.show(report.record);
+                                            if (progress.keeps(report.record.step))
+                                              print_report(report, printed_once);
+                                          });
     } catch (const std::exception&) {
       // A failed run keeps its trace too, every process's part of it.
       try {
@@ -152,7 +159,8 @@ int main(int argc, char** argv) {
     const std::string puzzle = unsolved_puzzle(e);
     if (!role.reports) return puzzle.empty() ? kExitFailed : kExitUnsolved;
     if (!puzzle.empty()) {
-      std::fprintf(stderr, "dtp-train: %s; `--impl reference` runs the reference\n", puzzle.c_str());
+      std::fprintf(stderr, "dtp-train: %s; `--impl reference` runs the reference\n",
+                   puzzle.c_str());
       return kExitUnsolved;
     }
     std::fprintf(stderr, "dtp-train: error: %s\n", e.what());

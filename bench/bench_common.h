@@ -39,7 +39,8 @@ inline std::string git_revision() {
   std::string folder = __FILE__;
   folder = folder.substr(0, folder.find_last_of('/') + 1);
   std::string out;
-  if (FILE* p = popen(("git -C '" + folder + "' rev-parse --short HEAD 2>/dev/null").c_str(), "r")) {
+  if (FILE* p =
+          popen(("git -C '" + folder + "' rev-parse --short HEAD 2>/dev/null").c_str(), "r")) {
     char buf[64];
     if (std::fgets(buf, sizeof buf, p)) out = buf;
     pclose(p);
@@ -145,7 +146,8 @@ inline void write_line(FILE* json, const JsonLine& line) {
 inline bool open_json(const char* program, const std::string& path, FILE*& json) {
   json = path.empty() ? nullptr : std::fopen(path.c_str(), "a");
   if (path.empty() || json != nullptr) return true;
-  std::fprintf(stderr, "%s: error: cannot append to --json %s: %s\n", program, path.c_str(), std::strerror(errno));
+  std::fprintf(stderr, "%s: error: cannot append to --json %s: %s\n", program, path.c_str(),
+               std::strerror(errno));
   return false;
 }
 
@@ -155,7 +157,8 @@ inline int close_json(FILE* json, const char* program, int status) {
   if (json == nullptr) return status;
   const bool failed = std::ferror(json) != 0;
   if (std::fclose(json) != 0 || failed) {
-    std::fprintf(stderr, "%s: error: cannot write the --json file: %s\n", program, std::strerror(errno));
+    std::fprintf(stderr, "%s: error: cannot write the --json file: %s\n", program,
+                 std::strerror(errno));
     return 1;
   }
   return status;
@@ -174,11 +177,15 @@ inline std::optional<RunContext> context_from_env(const char* program) {
 
 /// The model's shape: --layers, --d-model and --heads, read into @p model.
 inline void add_shape_options(CLI::App& app, dtp::GPTConfig& model) {
-  app.add_option("--layers", model.layers, "transformer blocks")->check(dtp::cli::Range(1, 256))->capture_default_str();
+  app.add_option("--layers", model.layers, "transformer blocks")
+      ->check(dtp::cli::Range(1, 256))
+      ->capture_default_str();
   app.add_option("--d-model", model.d_model, "width C (must divide by --heads)")
       ->check(dtp::cli::Range(1, 1 << 16))
       ->capture_default_str();
-  app.add_option("--heads", model.heads, "attention heads")->check(dtp::cli::Range(1, 1 << 16))->capture_default_str();
+  app.add_option("--heads", model.heads, "attention heads")
+      ->check(dtp::cli::Range(1, 1 << 16))
+      ->capture_default_str();
   dtp::cli::require_heads_divide_width(app, model.d_model, model.heads);
 }
 
@@ -199,11 +206,14 @@ inline void add_model_options(CLI::App& app, dtp::TrainConfig& config) {
   app.add_option("--seq", config.seq, "tokens per sequence")
       ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 16))
       ->capture_default_str();
-  app.add_option("--optimizer", config.optimizer, "adamw (2 states per parameter) or sgd (momentum: 1 state)")
+  app.add_option("--optimizer", config.optimizer,
+                 "adamw (2 states per parameter) or sgd (momentum: 1 state)")
       ->check(CLI::IsMember({"adamw", "sgd"}))
       ->capture_default_str();
   app.add_option_function<std::string>(
-         "--dtype", [&config](const std::string& name) { config.model.dtype = dtp::parse_dtype(name); }, "f32 or f64")
+         "--dtype",
+         [&config](const std::string& name) { config.model.dtype = dtp::parse_dtype(name); },
+         "f32 or f64")
       ->check(CLI::IsMember({"f32", "f64"}))
       ->default_str(dtp::dtype_name(config.model.dtype));
 }

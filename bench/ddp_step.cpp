@@ -20,11 +20,11 @@
 #include "02_ddp/ddp.h"
 #include "bench_common.h"
 #include "drivers/02_ddp/ddp_strategy.h"
-#include "dtp_cli.h"
 #include "dtp/device.h"
 #include "dtp/error.h"
 #include "dtp/train_run.h"
 #include "dtp/trainer.h"
+#include "dtp_cli.h"
 
 namespace {
 
@@ -51,9 +51,11 @@ int main(int argc, char** argv) {
   std::int64_t steps = 20;
   std::string json_path;
   dtp::Device device = dtp::Device::cpu();
-  CLI::App app{"The step time of data-parallel training (chapter 02): naive, flat and bucketed DDP against N "
-               "times the single-rank step, for one small model and the same per-rank batch.",
-               "dtp-bench-ddp-step"};
+  CLI::App app{
+      "The step time of data-parallel training (chapter 02): naive, flat and bucketed DDP against "
+      "N "
+      "times the single-rank step, for one small model and the same per-rank batch.",
+      "dtp-bench-ddp-step"};
   app.add_option("--world", world, "data-parallel ranks (threads)")
       ->check(dtp::cli::Range(1, 1024))
       ->capture_default_str();
@@ -64,7 +66,8 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "append one JSON object per measurement to FILE");
   if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
   if (device.is_cuda() && dtp::cuda_device_count() == 0) {
-    std::fprintf(stderr, "dtp-bench-ddp-step: --device %s: no usable CUDA device here\n", device.str().c_str());
+    std::fprintf(stderr, "dtp-bench-ddp-step: --device %s: no usable CUDA device here\n",
+                 device.str().c_str());
     return 2;
   }
   const std::optional<RunContext> context = context_from_env("dtp-bench-ddp-step");
@@ -110,7 +113,8 @@ void measure(int world, std::int64_t steps, dtp::Device device, FILE* json) {
   rows.push_back({"single x " + std::to_string(world), single_s * world, 0, 0, 0});
 
   const std::int64_t bucket_bytes = 256 * 1024;
-  for (auto mode : {dtp::ch02::DdpMode::naive, dtp::ch02::DdpMode::flat, dtp::ch02::DdpMode::bucketed}) {
+  for (auto mode :
+       {dtp::ch02::DdpMode::naive, dtp::ch02::DdpMode::flat, dtp::ch02::DdpMode::bucketed}) {
     dtp::ch02::DdpOptions options;
     options.world = world;
     options.mode = mode;
@@ -128,7 +132,8 @@ void measure(int world, std::int64_t steps, dtp::Device device, FILE* json) {
         }));
     std::sort(exposed.begin(), exposed.end());
     const char* names[] = {"naive", "flat", "bucketed"};
-    rows.push_back({names[static_cast<int>(mode)], s, calls, bytes, exposed.empty() ? 0 : exposed[exposed.size() / 2]});
+    rows.push_back({names[static_cast<int>(mode)], s, calls, bytes,
+                    exposed.empty() ? 0 : exposed[exposed.size() / 2]});
   }
 
   char date[32];
@@ -136,26 +141,30 @@ void measure(int world, std::int64_t steps, dtp::Device device, FILE* json) {
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
   const std::string rev = git_revision();
   std::printf("# ddp step, thread backend on %s, %d ranks, %lld sequences x %lld tokens per rank\n",
-              device.str().c_str(), world, static_cast<long long>(per_rank_batch), static_cast<long long>(config.seq));
-  std::printf("# model: d_model %d, %d layers, %d heads (%s), bucket %lld KiB, median of %lld steps\n",
-              config.model.d_model, config.model.layers, config.model.heads, "f32",
-              static_cast<long long>(bucket_bytes / 1024), static_cast<long long>(steps - 2));
-  std::printf("%-12s %12s %12s %14s %18s %10s\n", "what", "step ms", "all-reduces", "bytes/rank", "exposed comm ms",
-              "vs bound");
+              device.str().c_str(), world, static_cast<long long>(per_rank_batch),
+              static_cast<long long>(config.seq));
+  std::printf(
+      "# model: d_model %d, %d layers, %d heads (%s), bucket %lld KiB, median of %lld steps\n",
+      config.model.d_model, config.model.layers, config.model.heads, "f32",
+      static_cast<long long>(bucket_bytes / 1024), static_cast<long long>(steps - 2));
+  std::printf("%-12s %12s %12s %14s %18s %10s\n", "what", "step ms", "all-reduces", "bytes/rank",
+              "exposed comm ms", "vs bound");
   for (const Row& r : rows) {
     std::printf("%-12s %12.2f %12lld %14lld %18.2f %9.2fx\n", r.what.c_str(), r.seconds * 1e3,
-                static_cast<long long>(r.all_reduces), static_cast<long long>(r.bytes), r.exposed * 1e3,
-                r.seconds / rows[0].seconds);
+                static_cast<long long>(r.all_reduces), static_cast<long long>(r.bytes),
+                r.exposed * 1e3, r.seconds / rows[0].seconds);
     if (json)
-      std::fprintf(json,
-                   "{\"what\":\"ddp_step\",\"variant\":\"%s\",\"backend\":\"thread\",\"device\":\"%s\","
-                   "\"world\":%d,\"per_rank_batch\":%lld,\"seq\":%lld,\"d_model\":%d,\"layers\":%d,"
-                   "\"bucket_bytes\":%lld,\"step_s\":%.6g,\"all_reduces\":%lld,\"bytes\":%lld,"
-                   "\"exposed_comm_s\":%.6g,\"vs_compute_bound\":%.4f,\"date\":\"%s\",\"git\":\"%s\"}\n",
-                   r.what.c_str(), device.str().c_str(), world, static_cast<long long>(per_rank_batch),
-                   static_cast<long long>(config.seq), config.model.d_model, config.model.layers,
-                   static_cast<long long>(bucket_bytes), r.seconds, static_cast<long long>(r.all_reduces),
-                   static_cast<long long>(r.bytes), r.exposed, r.seconds / rows[0].seconds, date, rev.c_str());
+      std::fprintf(
+          json,
+          "{\"what\":\"ddp_step\",\"variant\":\"%s\",\"backend\":\"thread\",\"device\":\"%s\","
+          "\"world\":%d,\"per_rank_batch\":%lld,\"seq\":%lld,\"d_model\":%d,\"layers\":%d,"
+          "\"bucket_bytes\":%lld,\"step_s\":%.6g,\"all_reduces\":%lld,\"bytes\":%lld,"
+          "\"exposed_comm_s\":%.6g,\"vs_compute_bound\":%.4f,\"date\":\"%s\",\"git\":\"%s\"}\n",
+          r.what.c_str(), device.str().c_str(), world, static_cast<long long>(per_rank_batch),
+          static_cast<long long>(config.seq), config.model.d_model, config.model.layers,
+          static_cast<long long>(bucket_bytes), r.seconds, static_cast<long long>(r.all_reduces),
+          static_cast<long long>(r.bytes), r.exposed, r.seconds / rows[0].seconds, date,
+          rev.c_str());
   }
 }
 

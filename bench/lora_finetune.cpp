@@ -4,11 +4,10 @@
 // data seed) in full and with LoRA at several ranks, each from the same
 // checkpoint and the same batches. The second task is either the first few
 // of the pretraining phrases (--task subset: adapting what the model knows,
-// what LoRA is for) or another phrase bank (--task new: new knowledge). For each: trainable parameters, the
-// tracker's peak memory per category, the bytes one data-parallel step
-// all-reduces (--world ranks: chapter 02's flat all-reduce for full
-// fine-tuning, 8.4's per-block all-reduce for LoRA, measured from the
-// communicator's counters), and the final loss on the second task (the mean
+// what LoRA is for) or another phrase bank (--task new: new knowledge). For each: trainable
+// parameters, the tracker's peak memory per category, the bytes one data-parallel step all-reduces
+// (--world ranks: chapter 02's flat all-reduce for full fine-tuning, 8.4's per-block all-reduce for
+// LoRA, measured from the communicator's counters), and the final loss on the second task (the mean
 // of the last 10 steps) against full fine-tuning's.
 //   dtp-bench-lora-finetune [--pretrain-steps 600] [--finetune-steps 300] [--ranks 4,8,16]
 //                           [--targets attn.q,attn.v] [--world 2] [--json FILE]
@@ -50,8 +49,8 @@ struct Measured {
 struct FineTuner {
   Trainer trainer;
   std::unique_ptr<ch08::LoraModel> lora;
-  FineTuner(const TrainConfig& config, const std::string& checkpoint, const Checkpoint& saved, int r,
-            const std::vector<std::string>& targets, int rank = 0, int world = 1)
+  FineTuner(const TrainConfig& config, const std::string& checkpoint, const Checkpoint& saved,
+            int r, const std::vector<std::string>& targets, int rank = 0, int world = 1)
       : trainer(config, rank, world) {
     load_parameters(trainer.model(), saved, checkpoint);
     if (r == 0) return;
@@ -80,8 +79,10 @@ int main(int argc, char** argv) {
   double lora_lr = 1e-2;
   int world = 2;
   CLI::App app{
-      "Pretrains a GPT on one synthetic task, saves it, then fine-tunes it on a second task in full and with "
-      "LoRA at several ranks, from the same checkpoint: trainable parameters, peak memory per category, "
+      "Pretrains a GPT on one synthetic task, saves it, then fine-tunes it on a second task in "
+      "full and with "
+      "LoRA at several ranks, from the same checkpoint: trainable parameters, peak memory per "
+      "category, "
       "the bytes a data-parallel step all-reduces, and the final loss against full fine-tuning's.",
       "dtp-bench-lora-finetune"};
   app.add_option("--pretrain-steps", pretrain_steps, "steps on the first task")
@@ -96,11 +97,13 @@ int main(int argc, char** argv) {
   app.add_option("--targets", targets_text, "the Linears of each block that get adapters (or all)")
       ->capture_default_str();
   app.add_option("--task", task,
-                 "the second task: subset (the pretraining phrases, only the first --subset-patterns of them: "
+                 "the second task: subset (the pretraining phrases, only the first "
+                 "--subset-patterns of them: "
                  "adapting what the model knows) or new (another phrase bank: new knowledge)")
       ->check(CLI::IsMember({"subset", "new"}))
       ->capture_default_str();
-  app.add_option("--subset-patterns", subset_patterns, "phrases of the subset task (pretraining has 32)")
+  app.add_option("--subset-patterns", subset_patterns,
+                 "phrases of the subset task (pretraining has 32)")
       ->check(dtp::cli::Range(1, 32))
       ->capture_default_str();
   app.add_option("--lr", config.lr, "peak learning rate of pretraining and full fine-tuning")
@@ -109,23 +112,27 @@ int main(int argc, char** argv) {
   app.add_option("--lora-lr", lora_lr, "peak learning rate of LoRA fine-tuning")
       ->check(dtp::cli::Range(1e-12, 1000.0))
       ->capture_default_str();
-  app.add_option("--world", world, "ranks of the data-parallel step whose all-reduced bytes are counted")
+  app.add_option("--world", world,
+                 "ranks of the data-parallel step whose all-reduced bytes are counted")
       ->check(dtp::cli::Range(2, 64))
       ->capture_default_str();
   app.add_option("--batch", config.batch, "sequences per step")
       ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->capture_default_str();
   add_model_options(app, config);
-  app.add_option("--json", json_path, "append one JSON object per method to FILE")->type_name("FILE");
+  app.add_option("--json", json_path, "append one JSON object per method to FILE")
+      ->type_name("FILE");
   if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
   try {
     const std::vector<std::string> targets = ch08::parse_lora_targets(targets_text);
-    DTP_CHECK(config.batch % world == 0, "--batch ", config.batch, " must divide by --world ", world);
+    DTP_CHECK(config.batch % world == 0, "--batch ", config.batch, " must divide by --world ",
+              world);
     FILE* json = nullptr;
     if (!open_json("dtp-bench-lora-finetune", json_path, json)) return 2;
     const RunContext context = make_context();
-    const std::string checkpoint =
-        (std::filesystem::temp_directory_path() / ("dtp-lora-base-" + std::to_string(::getpid()) + ".ckpt")).string();
+    const std::string checkpoint = (std::filesystem::temp_directory_path() /
+                                    ("dtp-lora-base-" + std::to_string(::getpid()) + ".ckpt"))
+                                       .string();
     // Removed however this block ends (an error in fine-tuning too).
     struct RemoveAtExit {
       std::string path;
@@ -139,14 +146,17 @@ int main(int argc, char** argv) {
     TrainConfig pretrain = config;
     pretrain.seed = 1;
     pretrain.steps = pretrain_steps;
-    std::printf("pretraining %lld steps on task 1 (data seed 1): ", static_cast<long long>(pretrain_steps));
+    std::printf("pretraining %lld steps on task 1 (data seed 1): ",
+                static_cast<long long>(pretrain_steps));
     std::fflush(stdout);
     {
       Trainer trainer(pretrain);
       TrainResult result;
       result.peak_by_category.assign(kMemoryCategoryCount, 0);
-      for (std::int64_t s = 0; s < pretrain_steps; ++s) result.add_step(trainer.step(), *current_memory_tracker());
-      std::printf("loss %.4f -> %.4f; saved to %s\n", result.first_loss(), result.last_loss(), checkpoint.c_str());
+      for (std::int64_t s = 0; s < pretrain_steps; ++s)
+        result.add_step(trainer.step(), *current_memory_tracker());
+      std::printf("loss %.4f -> %.4f; saved to %s\n", result.first_loss(), result.last_loss(),
+                  checkpoint.c_str());
       trainer.save(checkpoint);
     }
     const Checkpoint saved = read_checkpoint(checkpoint);
@@ -157,9 +167,10 @@ int main(int argc, char** argv) {
     finetune.seed = task == "new" ? 2 : 1;
     if (task == "subset") finetune.synthetic.patterns = subset_patterns;
     finetune.steps = finetune_steps;
-    const std::string task_name = task == "new" ? "task 2: another phrase bank (data seed 2)"
-                                                : "task 2: the first " + std::to_string(subset_patterns) +
-                                                      " of the 32 pretraining phrases";
+    const std::string task_name = task == "new"
+                                      ? "task 2: another phrase bank (data seed 2)"
+                                      : "task 2: the first " + std::to_string(subset_patterns) +
+                                            " of the 32 pretraining phrases";
     std::vector<int> methods = {0};
     for (std::int64_t r : ranks) methods.push_back(static_cast<int>(r));
     std::vector<Measured> measured;
@@ -190,9 +201,11 @@ int main(int argc, char** argv) {
         FineTuner tuner(c, checkpoint, saved, r, targets, comm.rank(), comm.size());
         std::unique_ptr<ch08::LoraDataParallel> lora_ddp;
         if (r == 0)
-          tuner.trainer.on_after_backward([&] { ch02::flat_all_reduce_gradients(comm, tuner.trainer.model()); });
+          tuner.trainer.on_after_backward(
+              [&] { ch02::flat_all_reduce_gradients(comm, tuner.trainer.model()); });
         else
-          lora_ddp = std::make_unique<ch08::LoraDataParallel>(comm, tuner.trainer.model(), *tuner.lora);
+          lora_ddp =
+              std::make_unique<ch08::LoraDataParallel>(comm, tuner.trainer.model(), *tuner.lora);
         if (lora_ddp) tuner.trainer.on_after_backward([&] { lora_ddp->finish(); });
         const CommStats before = comm.stats();
         tuner.trainer.step();
@@ -208,36 +221,56 @@ int main(int argc, char** argv) {
 
     const Measured& full = measured.front();
     const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / 1048576.0; };
-    std::printf("\nfine-tuning %lld steps on %s, from the checkpoint; LoRA on %s, alpha = 2r, "
-                "lr %.3g (full %.3g); %s\n",
-                static_cast<long long>(finetune_steps), task_name.c_str(), targets_text.c_str(), lora_lr, config.lr,
-                config.model.describe().c_str());
-    std::printf("%-8s %12s %8s %10s %10s %10s %10s %14s %10s %10s %9s\n", "method", "trainable", "%", "params", "grads",
-                "optimizer", "activat.", "DDP bytes/step", "loss 1-10", "last 10", "vs full");
+    std::printf(
+        "\nfine-tuning %lld steps on %s, from the checkpoint; LoRA on %s, alpha = 2r, "
+        "lr %.3g (full %.3g); %s\n",
+        static_cast<long long>(finetune_steps), task_name.c_str(), targets_text.c_str(), lora_lr,
+        config.lr, config.model.describe().c_str());
+    std::printf("%-8s %12s %8s %10s %10s %10s %10s %14s %10s %10s %9s\n", "method", "trainable",
+                "%", "params", "grads", "optimizer", "activat.", "DDP bytes/step", "loss 1-10",
+                "last 10", "vs full");
     for (const Measured& m : measured) {
       const std::string name = m.rank == 0 ? "full" : "lora r=" + std::to_string(m.rank);
       const auto peak = [&](MemoryCategory k) { return mib(m.peaks[static_cast<int>(k)]); };
-      std::printf("%-8s %12lld %7.2f%% %8.3f M %8.3f M %8.3f M %8.3f M %14lld %10.4f %10.4f %8.3fx\n", name.c_str(),
-                  static_cast<long long>(m.trainable), 100.0 * m.trainable / m.parameters,
-                  peak(MemoryCategory::params), peak(MemoryCategory::grads), peak(MemoryCategory::optimizer),
-                  peak(MemoryCategory::activations), static_cast<long long>(m.ddp_bytes), m.first_loss, m.last_loss,
-                  m.last_loss / full.last_loss);
+      std::printf(
+          "%-8s %12lld %7.2f%% %8.3f M %8.3f M %8.3f M %8.3f M %14lld %10.4f %10.4f %8.3fx\n",
+          name.c_str(), static_cast<long long>(m.trainable), 100.0 * m.trainable / m.parameters,
+          peak(MemoryCategory::params), peak(MemoryCategory::grads),
+          peak(MemoryCategory::optimizer), peak(MemoryCategory::activations),
+          static_cast<long long>(m.ddp_bytes), m.first_loss, m.last_loss,
+          m.last_loss / full.last_loss);
       JsonLine line;
-      line.add("bench", "lora_finetune").add("task", task).add("task_patterns", finetune.synthetic.patterns)
-          .add("method", m.method).add("rank", m.rank).add("alpha", 2.0 * m.rank)
-          .add("targets", targets).add("trainable", m.trainable).add("parameters", m.parameters)
-          .add("trainable_fraction", static_cast<double>(m.trainable) / static_cast<double>(m.parameters))
+      line.add("bench", "lora_finetune")
+          .add("task", task)
+          .add("task_patterns", finetune.synthetic.patterns)
+          .add("method", m.method)
+          .add("rank", m.rank)
+          .add("alpha", 2.0 * m.rank)
+          .add("targets", targets)
+          .add("trainable", m.trainable)
+          .add("parameters", m.parameters)
+          .add("trainable_fraction",
+               static_cast<double>(m.trainable) / static_cast<double>(m.parameters))
           .add("peak_params_bytes", m.peaks[static_cast<int>(MemoryCategory::params)])
           .add("peak_grads_bytes", m.peaks[static_cast<int>(MemoryCategory::grads)])
           .add("peak_optimizer_bytes", m.peaks[static_cast<int>(MemoryCategory::optimizer)])
           .add("peak_activations_bytes", m.peaks[static_cast<int>(MemoryCategory::activations)])
-          .add("ddp_world", world).add("ddp_bytes_per_step", m.ddp_bytes).add("ddp_collectives_per_step", m.ddp_calls)
-          .add("first_loss", m.first_loss).add("last_loss", m.last_loss)
-          .add("last_loss_vs_full", m.last_loss / full.last_loss).add("losses", m.losses)
-          .add("seconds", m.seconds).add("lr", m.rank == 0 ? config.lr : lora_lr)
-          .add("pretrain_steps", pretrain_steps).add("finetune_steps", finetune_steps)
-          .add("d_model", config.model.d_model).add("layers", config.model.layers).add("heads", config.model.heads)
-          .add("batch", config.batch).add("seq", config.seq);
+          .add("ddp_world", world)
+          .add("ddp_bytes_per_step", m.ddp_bytes)
+          .add("ddp_collectives_per_step", m.ddp_calls)
+          .add("first_loss", m.first_loss)
+          .add("last_loss", m.last_loss)
+          .add("last_loss_vs_full", m.last_loss / full.last_loss)
+          .add("losses", m.losses)
+          .add("seconds", m.seconds)
+          .add("lr", m.rank == 0 ? config.lr : lora_lr)
+          .add("pretrain_steps", pretrain_steps)
+          .add("finetune_steps", finetune_steps)
+          .add("d_model", config.model.d_model)
+          .add("layers", config.model.layers)
+          .add("heads", config.model.heads)
+          .add("batch", config.batch)
+          .add("seq", config.seq);
       write_line(json, add_context(line, context));
     }
     if (close_json(json, "dtp-bench-lora-finetune", 0) != 0) return 1;

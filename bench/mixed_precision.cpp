@@ -57,10 +57,14 @@ int main(int argc, char** argv) {
   std::string json_path;
   std::vector<std::int64_t> histogram_list = {1, 50, 300};
   CLI::App app{
-      "The default `dtp train` model trained in fp32, bf16 and fp16 (f32 master weights; fp16 with the "
-      "dynamic loss scale) from the same seed in one run: the loss at a few steps, the final loss and "
-      "tokens/s of each precision against fp32's, and a JSON line per step (loss, loss scale, skipped). "
-      "At --histogram-steps of the fp32 run it also records how many gradient elements have each binary "
+      "The default `dtp train` model trained in fp32, bf16 and fp16 (f32 master weights; fp16 with "
+      "the "
+      "dynamic loss scale) from the same seed in one run: the loss at a few steps, the final loss "
+      "and "
+      "tokens/s of each precision against fp32's, and a JSON line per step (loss, loss scale, "
+      "skipped). "
+      "At --histogram-steps of the fp32 run it also records how many gradient elements have each "
+      "binary "
       "exponent floor(log2 |g|): where f16 would flush them to zero.",
       "dtp-bench-mixed-precision"};
   app.add_option("--steps", config.steps, "optimizer steps of each run")
@@ -73,22 +77,29 @@ int main(int argc, char** argv) {
       ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 16))
       ->capture_default_str();
   dtp::cli::add_list_option(app, "--histogram-steps", histogram_list,
-                            "the fp32 run's steps whose gradient exponents are recorded", "STEP,...")
+                            "the fp32 run's steps whose gradient exponents are recorded",
+                            "STEP,...")
       ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1000000}))
       ->capture_default_str();
   dtp::bench::add_shape_options(app, config.model);
   app.add_option("--optimizer", config.optimizer, "the optimizer")
       ->check(CLI::IsMember({"adamw", "sgd"}))
       ->capture_default_str();
-  app.add_option("--json", json_path, "append one JSON object per step (and per histogram) to FILE")->type_name("FILE");
+  app.add_option("--json", json_path, "append one JSON object per step (and per histogram) to FILE")
+      ->type_name("FILE");
   app.footer(
-      "On the CPU the 16-bit runs compute in f32 and round every stored value, so their speed here is the "
+      "On the CPU the 16-bit runs compute in f32 and round every stored value, so their speed here "
+      "is the "
       "cost of that rounding, not a GPU's speed-up.");
   if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
   const std::set<std::int64_t> histogram_steps(histogram_list.begin(), histogram_list.end());
-  if (app.count("--histogram-steps") > 0 && !histogram_steps.empty() && *histogram_steps.rbegin() > config.steps) {
-    std::fprintf(stderr, "dtp-bench-mixed-precision: error: --histogram-steps %lld is past --steps %lld (see --help)\n",
-                 static_cast<long long>(*histogram_steps.rbegin()), static_cast<long long>(config.steps));
+  if (app.count("--histogram-steps") > 0 && !histogram_steps.empty() &&
+      *histogram_steps.rbegin() > config.steps) {
+    std::fprintf(stderr,
+                 "dtp-bench-mixed-precision: error: --histogram-steps %lld is past --steps %lld "
+                 "(see --help)\n",
+                 static_cast<long long>(*histogram_steps.rbegin()),
+                 static_cast<long long>(config.steps));
     return 2;
   }
   try {
@@ -98,8 +109,11 @@ int main(int argc, char** argv) {
     auto base_line = [&](const char* kind, const char* precision) {
       JsonLine line;
       line.add("bench", "mixed_precision").add("kind", kind).add("precision", precision);
-      line.add("d_model", config.model.d_model).add("layers", config.model.layers).add("batch", config.batch)
-          .add("seq", config.seq).add("steps", config.steps);
+      line.add("d_model", config.model.d_model)
+          .add("layers", config.model.layers)
+          .add("batch", config.batch)
+          .add("seq", config.seq)
+          .add("steps", config.steps);
       return line;
     };
 
@@ -109,7 +123,8 @@ int main(int argc, char** argv) {
       DType dtype;
       TrainResult result;
     };
-    std::vector<Run> runs = {{"fp32", DType::f32, {}}, {"bf16", DType::bf16, {}}, {"fp16", DType::f16, {}}};
+    std::vector<Run> runs = {
+        {"fp32", DType::f32, {}}, {"bf16", DType::bf16, {}}, {"fp16", DType::f16, {}}};
     for (Run& run : runs) {
       TrainConfig c = config;
       c.model.dtype = run.dtype;
@@ -134,15 +149,21 @@ int main(int argc, char** argv) {
           write_line(json, add_context(line, context));
         });
         const auto start = std::chrono::steady_clock::now();
-        for (std::int64_t s = 0; s < c.steps; ++s) run.result.add_step(trainer.step(), *current_memory_tracker());
-        run.result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        for (std::int64_t s = 0; s < c.steps; ++s)
+          run.result.add_step(trainer.step(), *current_memory_tracker());
+        run.result.seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       } else {
         run.result = drivers::run_strategy(c, mixed);
       }
       for (const StepRecord& r : run.result.steps) {
         JsonLine line = base_line("step", run.name);
-        line.add("step", r.step).add("loss", r.loss).add("loss_scale", r.loss_scale).add("skipped", r.skipped)
-            .add("seconds", r.seconds).add("tokens", r.tokens);
+        line.add("step", r.step)
+            .add("loss", r.loss)
+            .add("loss_scale", r.loss_scale)
+            .add("skipped", r.skipped)
+            .add("seconds", r.seconds)
+            .add("tokens", r.tokens);
         write_line(json, add_context(line, context));
       }
     }
@@ -155,20 +176,24 @@ int main(int argc, char** argv) {
       }
       return seconds > 0 ? tokens / seconds : 0.0;
     };
-    std::printf("mixed precision: d_model %d, %d layers, batch %lld x %lld tokens, %lld steps (%s, %d cores)\n",
-                config.model.d_model, config.model.layers, static_cast<long long>(config.batch),
-                static_cast<long long>(config.seq), static_cast<long long>(config.steps),
-                context.device.c_str(), context.cores);
-    std::printf("%-9s %12s %12s %12s %10s %12s %10s\n", "precision", "loss first", "loss last", "vs fp32",
-                "skipped", "tokens/s", "vs fp32");
-    const double f32_last = runs[0].result.last_loss(), f32_rate = tokens_per_second(runs[0].result);
+    std::printf(
+        "mixed precision: d_model %d, %d layers, batch %lld x %lld tokens, %lld steps (%s, %d "
+        "cores)\n",
+        config.model.d_model, config.model.layers, static_cast<long long>(config.batch),
+        static_cast<long long>(config.seq), static_cast<long long>(config.steps),
+        context.device.c_str(), context.cores);
+    std::printf("%-9s %12s %12s %12s %10s %12s %10s\n", "precision", "loss first", "loss last",
+                "vs fp32", "skipped", "tokens/s", "vs fp32");
+    const double f32_last = runs[0].result.last_loss(),
+                 f32_rate = tokens_per_second(runs[0].result);
     for (const Run& run : runs) {
       std::int64_t skipped = 0;
       for (const StepRecord& r : run.result.steps) skipped += r.skipped ? 1 : 0;
       const double rate = tokens_per_second(run.result);
-      std::printf("%-9s %12.4f %12.4f %+11.2f%% %10lld %12.0f %9.2fx\n", run.name, run.result.first_loss(),
-                  run.result.last_loss(), 100 * (run.result.last_loss() / f32_last - 1),
-                  static_cast<long long>(skipped), rate, rate / f32_rate);
+      std::printf("%-9s %12.4f %12.4f %+11.2f%% %10lld %12.0f %9.2fx\n", run.name,
+                  run.result.first_loss(), run.result.last_loss(),
+                  100 * (run.result.last_loss() / f32_last - 1), static_cast<long long>(skipped),
+                  rate, rate / f32_rate);
     }
     return close_json(json, "dtp-bench-mixed-precision", 0);
   } catch (const std::exception& e) {

@@ -90,7 +90,9 @@ inline std::vector<std::vector<double>> router_probabilities(GPT& model, const B
 /// What one model looked like at init and after training.
 struct ModelLook {
   std::vector<std::vector<double>> init_probs, trained_probs;  // per block, [N, E] row-major
-  double first_loss = 0, last_loss = 0;  // training loss (with the balance term), mean of the first and last 10 steps
+  double first_loss = 0,
+         last_loss =
+             0;  // training loss (with the balance term), mean of the first and last 10 steps
   std::int64_t parameters = 0, tokens = 0;
 };
 
@@ -140,13 +142,16 @@ inline ModelLook look_at_model(const Options& o, int experts, int top_k, double 
 /// The uniform router, exactly: each token's k choices are a uniformly random
 /// k-subset, so expert e's load is Binomial(N, k/E) and it drops
 /// max(0, load - c); expected drops over all E experts, as a fraction of N k.
-inline double uniform_drop_fraction(std::int64_t tokens, int experts, int top_k, std::int64_t capacity) {
+inline double uniform_drop_fraction(std::int64_t tokens, int experts, int top_k,
+                                    std::int64_t capacity) {
   const double p = static_cast<double>(top_k) / experts;
-  if (p >= 1) return 0.0;  // every token picks every expert: load N <= capacity or not, no randomness
+  if (p >= 1)
+    return 0.0;  // every token picks every expert: load N <= capacity or not, no randomness
   double expected_excess = 0;
   for (std::int64_t x = capacity + 1; x <= tokens; ++x) {
-    const double log_pmf = std::lgamma(tokens + 1.0) - std::lgamma(x + 1.0) - std::lgamma(tokens - x + 1.0) +
-                           x * std::log(p) + (tokens - x) * std::log1p(-p);
+    const double log_pmf = std::lgamma(tokens + 1.0) - std::lgamma(x + 1.0) -
+                           std::lgamma(tokens - x + 1.0) + x * std::log(p) +
+                           (tokens - x) * std::log1p(-p);
     expected_excess += static_cast<double>(x - capacity) * std::exp(log_pmf);
   }
   return experts * expected_excess / static_cast<double>(tokens * top_k);
@@ -170,7 +175,8 @@ inline UniformRouter simulate_uniform_router(std::int64_t tokens, int experts, i
   for (int t = 0; t < trials; ++t) {
     for (std::int64_t n = 0; n < tokens; ++n) {
       double sum = 0;
-      for (int e = 0; e < experts; ++e) sum += probs[static_cast<std::size_t>(n * experts + e)] = uniform(generator);
+      for (int e = 0; e < experts; ++e)
+        sum += probs[static_cast<std::size_t>(n * experts + e)] = uniform(generator);
       for (int e = 0; e < experts; ++e) probs[static_cast<std::size_t>(n * experts + e)] /= sum;
     }
     for (std::size_t f = 0; f < factors.size(); ++f)

@@ -64,7 +64,6 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 double mib(std::int64_t bytes) { return static_cast<double>(bytes) / kMiB; }
 
-
 // --- where and when ----------------------------------------------------------------
 
 // What every JSON line says about the run.
@@ -73,12 +72,13 @@ double mib(std::int64_t bytes) { return static_cast<double>(bytes) / kMiB; }
 struct Options {
   std::vector<int> microbatches = {4, 8, 16, 32};
   std::vector<pp::ScheduleKind> schedules = {pp::ScheduleKind::afab, pp::ScheduleKind::one_f_one_b,
-                                             pp::ScheduleKind::interleaved, pp::ScheduleKind::zb_h1};
+                                             pp::ScheduleKind::interleaved,
+                                             pp::ScheduleKind::zb_h1};
   std::int64_t warmup = 2, steps = 5;
-  int stages = 4;         // p, one rank thread each
-  int chunks = 2;         // v of the interleaved schedule
+  int stages = 4;            // p, one rank thread each
+  int chunks = 2;            // v of the interleaved schedule
   std::int64_t mb_size = 2;  // sequences per micro-batch
-  int gantt_m = 8;        // the m whose actions (and traces) are kept
+  int gantt_m = 8;           // the m whose actions (and traces) are kept
   bool balance_by_time = false;
   std::string trace_dir;
   dtp::TrainConfig config;
@@ -89,8 +89,8 @@ struct Run {
   pp::PipelineOptions options;
   dtp::TrainConfig config;  // as run (batch = mb_size x m)
   std::int64_t parameters = 0;
-  std::vector<double> step_seconds;   // slowest rank's, timed steps
-  std::vector<double> wall_bubbles;   // timed steps
+  std::vector<double> step_seconds;  // slowest rank's, timed steps
+  std::vector<double> wall_bubbles;  // timed steps
   std::vector<double> wall_makespans;
   double clock_bubble = 0, clock_makespan = 0;
   double first_loss = 0, last_loss = 0;
@@ -126,7 +126,8 @@ Run run_one(const Options& o, pp::ScheduleKind kind, int m) {
   if (keep_actions && !o.trace_dir.empty())
     run.trace_path = o.trace_dir + "/pp-trace-" + pp::schedule_kind_name(kind) + ".json";
 
-  dtp::World world = dtp::World::from_env(o.stages);  // CostModel{} : the clock moves only by the actions
+  dtp::World world =
+      dtp::World::from_env(o.stages);  // CostModel{} : the clock moves only by the actions
   dtp::launch(world, [&](dtp::Comm& comm) {
     dtp::TrainConfig config = run.config;
     config.model.device = comm.device();
@@ -136,7 +137,8 @@ Run run_one(const Options& o, pp::ScheduleKind kind, int m) {
     if (root) {
       run.parameters = trainer.config().model.parameter_count();
       const std::vector<dtp::Unit*> units = trainer.model().units();
-      for (const pp::UnitRange& r : trainer.partition()) run.partition.push_back(unit_span(units, r));
+      for (const pp::UnitRange& r : trainer.partition())
+        run.partition.push_back(unit_span(units, r));
       run.activation_peak.assign(o.stages, 0);
     }
     const std::int64_t total = o.warmup + o.steps;
@@ -204,25 +206,31 @@ void print_header(const Options& o, const RunContext& ctx) {
   const dtp::TrainConfig& cfg = o.config;
   const pp::ActionCosts costs;
   std::printf("# pp step: %s backend on %s, p = %d stages (one thread each) on %d cores, %s, %s\n",
-              ctx.backend.c_str(), ctx.device.c_str(), o.stages, ctx.cores, dtp::dtype_name(cfg.model.dtype),
-              cfg.optimizer.c_str());
+              ctx.backend.c_str(), ctx.device.c_str(), o.stages, ctx.cores,
+              dtp::dtype_name(cfg.model.dtype), cfg.optimizer.c_str());
   std::printf(
-      "# model: GPT d_model %d, %d layers (%d units), %d heads, vocabulary %d, seq %lld; %lld sequences per "
+      "# model: GPT d_model %d, %d layers (%d units), %d heads, vocabulary %d, seq %lld; %lld "
+      "sequences per "
       "micro-batch (batch = %lld x m); partition by %s; interleaved v = %d\n",
-      cfg.model.d_model, cfg.model.layers, cfg.model.layers + 2, cfg.model.heads, cfg.model.vocab_size,
-      static_cast<long long>(cfg.seq), static_cast<long long>(o.mb_size), static_cast<long long>(o.mb_size),
-      o.balance_by_time ? "measured time" : "parameters", o.chunks);
+      cfg.model.d_model, cfg.model.layers, cfg.model.layers + 2, cfg.model.heads,
+      cfg.model.vocab_size, static_cast<long long>(cfg.seq), static_cast<long long>(o.mb_size),
+      static_cast<long long>(o.mb_size), o.balance_by_time ? "measured time" : "parameters",
+      o.chunks);
   std::printf(
-      "# clock: the executed run's simulated clock (F %g, B %g; split B %g + W %g); verifier: simulate_schedule; "
+      "# clock: the executed run's simulated clock (F %g, B %g; split B %g + W %g); verifier: "
+      "simulate_schedule; "
       "formula: bubble_formula.\n"
-      "# wall: 1 - busy / (p x makespan) in wall time, median of %lld timed steps after %lld warm-up steps; "
+      "# wall: 1 - busy / (p x makespan) in wall time, median of %lld timed steps after %lld "
+      "warm-up steps; "
       "%d rank threads share %d cores, so a rank's action can stall while another rank runs.\n"
-      "# step: the slowest rank's step time, median. act MiB: each stage's activation peak; alive: each "
+      "# step: the slowest rank's step time, median. act MiB: each stage's activation peak; alive: "
+      "each "
       "stage's peak micro-batches (x chunks) alive, executed (verifier's).\n",
-      costs.forward, costs.backward, costs.backward_input, costs.backward_weight, static_cast<long long>(o.steps),
-      static_cast<long long>(o.warmup), o.stages, ctx.cores);
-  std::printf("%-11s %3s %2s %7s %8s %7s %6s %9s %9s  %-27s %-16s\n", "schedule", "m", "v", "clock", "verifier",
-              "formula", "wall", "step ms", "ms/mb", "act MiB per stage", "alive (verifier)");
+      costs.forward, costs.backward, costs.backward_input, costs.backward_weight,
+      static_cast<long long>(o.steps), static_cast<long long>(o.warmup), o.stages, ctx.cores);
+  std::printf("%-11s %3s %2s %7s %8s %7s %6s %9s %9s  %-27s %-16s\n", "schedule", "m", "v", "clock",
+              "verifier", "formula", "wall", "step ms", "ms/mb", "act MiB per stage",
+              "alive (verifier)");
 }
 
 void report(const Options& o, const Run& run, const RunContext& ctx, FILE* json) {
@@ -241,10 +249,12 @@ void report(const Options& o, const Run& run, const RunContext& ctx, FILE* json)
   }
   for (std::size_t s = 0; s < run.peak_alive.size(); ++s)
     alive.push_back(std::to_string(run.peak_alive[s]) + "(" +
-                    std::to_string(s < verifier.peak_alive.size() ? verifier.peak_alive[s] : -1) + ")");
-  std::printf("%-11s %3d %2d %7.4f %8.4f %7.4f %6.3f %9.1f %9.2f  %-27s %-16s\n", pp::schedule_kind_name(po.schedule),
-              po.microbatches, v, run.clock_bubble, verifier.bubble_fraction, formula, wall, step * 1e3,
-              step * 1e3 / po.microbatches, joined(act, " ").c_str(), joined(alive, " ").c_str());
+                    std::to_string(s < verifier.peak_alive.size() ? verifier.peak_alive[s] : -1) +
+                    ")");
+  std::printf("%-11s %3d %2d %7.4f %8.4f %7.4f %6.3f %9.1f %9.2f  %-27s %-16s\n",
+              pp::schedule_kind_name(po.schedule), po.microbatches, v, run.clock_bubble,
+              verifier.bubble_fraction, formula, wall, step * 1e3, step * 1e3 / po.microbatches,
+              joined(act, " ").c_str(), joined(alive, " ").c_str());
   std::fflush(stdout);
 
   const dtp::TrainConfig& cfg = run.config;
@@ -318,10 +328,11 @@ void report(const Options& o, const Run& run, const RunContext& ctx, FILE* json)
   for (const auto& list : run.traced.actions) {
     std::string actions;
     for (const pp::ActionRecord& r : list) {
-      actions += (actions.empty() ? "[" : ",[") + dtp::json_string(pp::action_letter(r.action.kind)) + "," +
-                 std::to_string(r.action.microbatch) + "," + std::to_string(r.action.chunk) + "," +
-                 dtp::json_number(r.clock_start - first) + "," + dtp::json_number(r.clock_end - first) + "," +
-                 dtp::json_number(r.wall_start, 6) + "," + dtp::json_number(r.wall_end, 6) + "]";
+      actions +=
+          (actions.empty() ? "[" : ",[") + dtp::json_string(pp::action_letter(r.action.kind)) +
+          "," + std::to_string(r.action.microbatch) + "," + std::to_string(r.action.chunk) + "," +
+          dtp::json_number(r.clock_start - first) + "," + dtp::json_number(r.clock_end - first) +
+          "," + dtp::json_number(r.wall_start, 6) + "," + dtp::json_number(r.wall_end, 6) + "]";
     }
     stages += (stages.empty() ? "[" : ",[") + actions + "]";  // one list per stage
   }
@@ -337,8 +348,8 @@ void report(const Options& o, const Run& run, const RunContext& ctx, FILE* json)
       .add("clock_makespan", run.traced.clock_makespan)
       .add("wall_bubble", run.traced.wall_bubble)
       .add("wall_makespan_s", run.traced.wall_makespan)
-      .add("fields", std::vector<std::string>{"kind", "microbatch", "chunk", "clock_start", "clock_end",
-                                              "wall_start_s", "wall_end_s"})
+      .add("fields", std::vector<std::string>{"kind", "microbatch", "chunk", "clock_start",
+                                              "clock_end", "wall_start_s", "wall_end_s"})
       .raw("actions", "[" + stages + "]")
       .add("d_model", cfg.model.d_model)
       .add("layers", cfg.model.layers)
@@ -366,18 +377,23 @@ int main(int argc, char** argv) {
   std::vector<std::string> schedules = {"afab", "1f1b", "interleaved", "zb-h1"};
   bool quick = false;
   CLI::App app{
-      "Pipeline parallelism (chapter 05) measured on this machine: for every schedule and m, one run of "
-      "the reference's PipelineTrainer (the step of `dtp train --strategy pp`) on p = --pp rank threads, "
-      "dp = 1. Each schedule's bubble on the simulated clock and in wall time, against the verifier and "
+      "Pipeline parallelism (chapter 05) measured on this machine: for every schedule and m, one "
+      "run of "
+      "the reference's PipelineTrainer (the step of `dtp train --strategy pp`) on p = --pp rank "
+      "threads, "
+      "dp = 1. Each schedule's bubble on the simulated clock and in wall time, against the "
+      "verifier and "
       "the lesson's formula, and what each stage keeps (activation peak, micro-batches alive).",
       "dtp-bench-pp-step"};
   app.add_option("--pp", o.stages, "p, pipeline stages, one rank thread each")
       ->check(dtp::cli::Range(1, 64))
       ->capture_default_str();
-  dtp::cli::add_list_option(app, "--microbatches", o.microbatches, "m per step, a comma list", "M,...")
+  dtp::cli::add_list_option(app, "--microbatches", o.microbatches, "m per step, a comma list",
+                            "M,...")
       ->check(dtp::cli::Range(1, 512))
       ->capture_default_str();
-  dtp::cli::add_list_option(app, "--schedules", schedules, "a comma list of afab, 1f1b, interleaved, zb-h1", "KIND,...")
+  dtp::cli::add_list_option(app, "--schedules", schedules,
+                            "a comma list of afab, 1f1b, interleaved, zb-h1", "KIND,...")
       ->check(CLI::IsMember({"afab", "1f1b", "interleaved", "zb-h1"}))
       ->capture_default_str();
   dtp::bench::add_step_options(app, o.steps, o.warmup);
@@ -388,20 +404,26 @@ int main(int argc, char** argv) {
       ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 16))
       ->capture_default_str();
   dtp::bench::add_model_options(app, config);
-  app.add_flag("--balance-by-time", o.balance_by_time, "partition the units by measured time, not by parameters");
-  app.add_option("--gantt-m", o.gantt_m, "the m whose executed actions go to the JSON file (and are traced)")
+  app.add_flag("--balance-by-time", o.balance_by_time,
+               "partition the units by measured time, not by parameters");
+  app.add_option("--gantt-m", o.gantt_m,
+                 "the m whose executed actions go to the JSON file (and are traced)")
       ->check(dtp::cli::Range(1, 512))
       ->capture_default_str();
   app.add_option("--trace-dir", o.trace_dir,
-                 "trace one step per schedule at m = --gantt-m into DIR/pp-trace-<schedule>.json (Perfetto)")
+                 "trace one step per schedule at m = --gantt-m into DIR/pp-trace-<schedule>.json "
+                 "(Perfetto)")
       ->check(CLI::Validator(CLI::ExistingDirectory).description(""))
       ->type_name("DIR");
-  app.add_flag("--quick", quick, "a smoke test: --warmup 1 --steps 2 --microbatches 4,8 (flags given win)");
-  app.add_option("--json", json_path, "append one JSON object per (schedule, m), and the actions, to FILE")
+  app.add_flag("--quick", quick,
+               "a smoke test: --warmup 1 --steps 2 --microbatches 4,8 (flags given win)");
+  app.add_option("--json", json_path,
+                 "append one JSON object per (schedule, m), and the actions, to FILE")
       ->type_name("FILE");
   app.footer(
       "The model's vocabulary is 256 (synthetic data). The ranks are threads of the thread backend "
-      "(DTP_DEVICE picks the device): with fewer cores than ranks the wall times include that sharing; the "
+      "(DTP_DEVICE picks the device): with fewer cores than ranks the wall times include that "
+      "sharing; the "
       "clock numbers do not depend on it.");
   if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
   if (quick) {
@@ -415,9 +437,11 @@ int main(int argc, char** argv) {
     if (o.microbatches.empty() || o.schedules.empty())
       throw std::invalid_argument("--microbatches and --schedules need at least one value");
     const bool keeps_actions = app.count("--gantt-m") > 0 || !o.trace_dir.empty();
-    if (keeps_actions && std::find(o.microbatches.begin(), o.microbatches.end(), o.gantt_m) == o.microbatches.end())
-      throw std::invalid_argument("--gantt-m " + std::to_string(o.gantt_m) +
-                                  " is not one of --microbatches, so no run would keep its actions or trace");
+    if (keeps_actions &&
+        std::find(o.microbatches.begin(), o.microbatches.end(), o.gantt_m) == o.microbatches.end())
+      throw std::invalid_argument(
+          "--gantt-m " + std::to_string(o.gantt_m) +
+          " is not one of --microbatches, so no run would keep its actions or trace");
     // Every combination is checked before the first run, with validate_pipeline's messages.
     for (pp::ScheduleKind kind : o.schedules)
       for (int m : o.microbatches) {
@@ -448,7 +472,8 @@ int main(int argc, char** argv) {
       for (int m : o.microbatches) {
         const Run run = run_one(o, kind, m);
         report(o, run, ctx, json);
-        partitions[run.options.schedule == pp::ScheduleKind::interleaved ? o.chunks : 1] = run.partition;
+        partitions[run.options.schedule == pp::ScheduleKind::interleaved ? o.chunks : 1] =
+            run.partition;
       }
     for (const auto& [v, stages] : partitions)
       std::printf("# virtual stages, v = %d: %s\n", v, joined(stages, " | ").c_str());

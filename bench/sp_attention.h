@@ -60,7 +60,8 @@ inline const char* method_name(Method m) {
 inline Method parse_method(const std::string& name) {
   for (Method m : {Method::flash, Method::ulysses, Method::ring, Method::zigzag, Method::hybrid})
     if (name == method_name(m)) return m;
-  throw std::invalid_argument("unknown method '" + name + "' (flash, ulysses, ring, zigzag, hybrid)");
+  throw std::invalid_argument("unknown method '" + name +
+                              "' (flash, ulysses, ring, zigzag, hybrid)");
 }
 
 struct Dims {
@@ -89,7 +90,8 @@ inline std::string cannot_run(const Case& c, const Dims& d) {
   if (d.T % c.n != 0) return "T does not divide by n";
   if (c.method == Method::ulysses && d.H % c.n != 0) return "H does not divide by n";
   if (c.method == Method::zigzag && d.T % (2 * c.n) != 0) return "T does not divide by 2n";
-  if (c.method == Method::hybrid && (c.n < 4 || c.n % c.u != 0 || d.H % c.u != 0)) return "needs n >= 4, u | n, u | H";
+  if (c.method == Method::hybrid && (c.n < 4 || c.n % c.u != 0 || d.H % c.u != 0))
+    return "needs n >= 4, u | n, u | H";
   return "";
 }
 
@@ -102,8 +104,8 @@ struct Pass {
 };
 
 template <typename Around>
-Pass run_pass(dtp::Comm& comm, const Case& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
-              Around&& around) {
+Pass run_pass(dtp::Comm& comm, const Case& c, const Tensor& q, const Tensor& k, const Tensor& v,
+              const Tensor& dout, Around&& around) {
   dtp::MemoryTracker& tracker = *dtp::current_memory_tracker();
   Pass p;
   auto forward_then_backward = [&](auto&& forward, auto&& backward, std::int64_t kept_inputs) {
@@ -112,7 +114,8 @@ Pass run_pass(dtp::Comm& comm, const Case& c, const Tensor& q, const Tensor& k, 
     // Every rank past its forward: no message of it is still in flight (the
     // thread backend charges an eager send's copy to its sender until received).
     comm.barrier();
-    p.saved_bytes = tracker.total_live() - before - static_cast<std::int64_t>(p.out.nbytes()) + kept_inputs;
+    p.saved_bytes =
+        tracker.total_live() - before - static_cast<std::int64_t>(p.out.nbytes()) + kept_inputs;
     around("backward", [&] { backward(); });
   };
   const int H = static_cast<int>(q.size(2));
@@ -122,7 +125,8 @@ Pass run_pass(dtp::Comm& comm, const Case& c, const Tensor& q, const Tensor& k, 
       const dtp::Shape stats{q.size(0), q.size(2), q.size(1)};
       forward_then_backward(
           [&] {
-            Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device(), dtp::MemoryCategory::activations);
+            Tensor out =
+                Tensor::empty(q.shape(), q.dtype(), q.device(), dtp::MemoryCategory::activations);
             row_max = Tensor::empty(stats, q.dtype(), q.device(), dtp::MemoryCategory::activations);
             row_sum = Tensor::empty(stats, q.dtype(), q.device(), dtp::MemoryCategory::activations);
             dtp::ops::flash_attention_forward(q, k, v, out, row_max, row_sum);
@@ -132,7 +136,8 @@ Pass run_pass(dtp::Comm& comm, const Case& c, const Tensor& q, const Tensor& k, 
             p.dq = Tensor::empty(q.shape(), q.dtype(), q.device());
             p.dk = Tensor::empty(q.shape(), q.dtype(), q.device());
             p.dv = Tensor::empty(q.shape(), q.dtype(), q.device());
-            dtp::ops::flash_attention_backward(q, k, v, p.out, row_max, row_sum, dout, p.dq, p.dk, p.dv);
+            dtp::ops::flash_attention_backward(q, k, v, p.out, row_max, row_sum, dout, p.dq, p.dk,
+                                               p.dv);
             row_max = row_sum = Tensor();
           },
           // The peer keeps the caller's q, k, v and its output for the backward, not copies.
@@ -191,7 +196,8 @@ inline double max_abs_difference(const Tensor& a, const Tensor& b) {
 }
 
 struct RankNumbers {
-  std::vector<double> forward_s, backward_s, cpu_s;  // one per timed round (cpu: forward + backward)
+  std::vector<double> forward_s, backward_s,
+      cpu_s;  // one per timed round (cpu: forward + backward)
   std::int64_t blocks = 0, peak_bytes = 0, saved_bytes = 0, input_bytes = 0, comm_peak_bytes = 0;
   double max_abs_error = 0;
 };
@@ -202,9 +208,12 @@ inline std::vector<RankNumbers> run_attention_round(const Case& c, Problem& prob
   std::vector<RankNumbers> ranks(static_cast<std::size_t>(c.n));
   dtp::launch(dtp::World::from_env(c.n), [&](dtp::Comm& comm) {
     const int r = comm.rank();
-    const std::vector<PositionRange> mine = dtp::ch06::positions_of(problem.d.T, c.n, r, c.layout());
-    const Tensor q = dtp::ch06::take_positions(problem.q, mine), k = dtp::ch06::take_positions(problem.k, mine),
-                 v = dtp::ch06::take_positions(problem.v, mine), dout = dtp::ch06::take_positions(problem.dout, mine);
+    const std::vector<PositionRange> mine =
+        dtp::ch06::positions_of(problem.d.T, c.n, r, c.layout());
+    const Tensor q = dtp::ch06::take_positions(problem.q, mine),
+                 k = dtp::ch06::take_positions(problem.k, mine),
+                 v = dtp::ch06::take_positions(problem.v, mine),
+                 dout = dtp::ch06::take_positions(problem.dout, mine);
     dtp::MemoryTracker& tracker = *dtp::current_memory_tracker();
     RankNumbers& out = ranks[static_cast<std::size_t>(r)];
     out.input_bytes = static_cast<std::int64_t>(4 * q.nbytes());
@@ -222,7 +231,8 @@ inline std::vector<RankNumbers> run_attention_round(const Case& c, Problem& prob
         body();
         const double wall = wall_seconds() - wall0;
         cpu += thread_cpu_seconds() - cpu0;
-        if (timed) (std::string(part) == "forward" ? out.forward_s : out.backward_s).push_back(wall);
+        if (timed)
+          (std::string(part) == "forward" ? out.forward_s : out.backward_s).push_back(wall);
       });
       if (timed) {
         out.cpu_s.push_back(cpu);
@@ -241,8 +251,9 @@ inline std::vector<RankNumbers> run_attention_round(const Case& c, Problem& prob
       return;
     }
     double worst = 0;
-    for (auto [mine_t, whole] : {std::pair{&pass.out, &problem.out}, std::pair{&pass.dq, &problem.dq},
-                                 std::pair{&pass.dk, &problem.dk}, std::pair{&pass.dv, &problem.dv}})
+    for (auto [mine_t, whole] :
+         {std::pair{&pass.out, &problem.out}, std::pair{&pass.dq, &problem.dq},
+          std::pair{&pass.dk, &problem.dk}, std::pair{&pass.dv, &problem.dv}})
       worst = std::max(worst, max_abs_difference(*mine_t, dtp::ch06::take_positions(*whole, mine)));
     out.max_abs_error = worst;
   });
@@ -294,12 +305,14 @@ inline CommFormula comm_formula(const Case& c, double S, const Tier& t) {
   auto all_to_alls = [&](int g) { return g > 1 ? 4 * ((g - 1) * a + (g - 1.0) / g * S * b) : 0.0; };
   auto a2a_bytes = [&](int g) { return 4 * (g - 1.0) / g * S; };
   auto ring_forward = [&](int g) { return (g - 1) * (a + 2 * S * b); };
-  auto ring_backward = [&](int g) { return g > 1 ? (g - 1) * (a + 4 * S * b) + a + 2 * S * b : 0.0; };
+  auto ring_backward = [&](int g) {
+    return g > 1 ? (g - 1) * (a + 4 * S * b) + a + 2 * S * b : 0.0;
+  };
   auto ring_backward_bytes = [&](int g) { return g > 1 ? (4.0 * g - 2) * S : 0.0; };
   const int u = c.method == Method::ulysses ? c.n : (c.method == Method::hybrid ? c.u : 1);
   const int g = c.n / u;
-  return {all_to_alls(u) + ring_forward(g), all_to_alls(u) + ring_backward(g), a2a_bytes(u) + 2.0 * (g - 1) * S,
-          a2a_bytes(u) + ring_backward_bytes(g)};
+  return {all_to_alls(u) + ring_forward(g), all_to_alls(u) + ring_backward(g),
+          a2a_bytes(u) + 2.0 * (g - 1) * S, a2a_bytes(u) + ring_backward_bytes(g)};
 }
 
 struct CommNumbers {
@@ -344,7 +357,9 @@ inline std::vector<CommNumbers> run_tier_case(const Case& c, const Dims& d, cons
     }
     for (dtp::Comm* x : comms) x->reset_stats();
     Tensor out, dq, dk, dv;
-    out = hybrid ? hybrid->forward(q, k, v) : ulysses ? ulysses->forward(q, k, v) : ring->forward(q, k, v);
+    out = hybrid    ? hybrid->forward(q, k, v)
+          : ulysses ? ulysses->forward(q, k, v)
+                    : ring->forward(q, k, v);
     const CommNumbers after_forward = counters(comms);
     if (hybrid)
       hybrid->backward(dout, dq, dk, dv);

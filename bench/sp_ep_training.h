@@ -85,7 +85,8 @@ struct Model {
 inline void validate(const Model& m, const Setup& s) {
   const dtp::TrainConfig c = m.for_setup(s);
   if (s.kind == Setup::sp) dtp::ch06::validate_sequence_parallel(c, m.sp_options(s));
-  if (s.kind == Setup::ep) dtp::ch06::validate_expert_parallel(c, dtp::ch06::ExpertParallelRunOptions{s.n});
+  if (s.kind == Setup::ep)
+    dtp::ch06::validate_expert_parallel(c, dtp::ch06::ExpertParallelRunOptions{s.n});
   if (s.kind != Setup::sp && s.kind != Setup::ep) c.validate();
 }
 
@@ -103,7 +104,8 @@ struct RankNumbers {
 // Runs @p s for @p warmup + @p steps optimizer steps from a fresh model;
 // one RankNumbers per rank. Every rank writes its own entry: the thread
 // backend's ranks share this process.
-inline std::vector<RankNumbers> run(const Model& m, const Setup& s, std::int64_t warmup, std::int64_t steps) {
+inline std::vector<RankNumbers> run(const Model& m, const Setup& s, std::int64_t warmup,
+                                    std::int64_t steps) {
   std::vector<RankNumbers> ranks(static_cast<std::size_t>(s.ranks()));
   dtp::launch(dtp::World::from_env(s.ranks()), [&](dtp::Comm& comm) {
     dtp::TrainConfig config = m.for_setup(s);
@@ -158,11 +160,12 @@ inline std::int64_t expert_parameters(const dtp::GPTConfig& g) {
 // routing counts. @p parameters: Psi of the setup's model; @p e: bytes per element.
 inline std::int64_t formula_bytes(const Model& m, const Setup& s, std::int64_t parameters) {
   const dtp::TrainConfig c = m.for_setup(s);
-  const std::int64_t e = static_cast<std::int64_t>(dtp::dtype_size(c.model.dtype)), L = c.model.layers,
-                     C = c.model.d_model;
+  const std::int64_t e = static_cast<std::int64_t>(dtp::dtype_size(c.model.dtype)),
+                     L = c.model.layers, C = c.model.d_model;
   const std::int64_t n = s.n;
   if (s.kind == Setup::sp) {
-    const std::int64_t S = c.batch * (c.seq / n) * C * e;  // one local q, k, v or out: B (T/n) H D e
+    const std::int64_t S =
+        c.batch * (c.seq / n) * C * e;  // one local q, k, v or out: B (T/n) H D e
     std::int64_t per_layer = 0;
     switch (s.sp_kind) {
       case SequenceParallelKind::ulysses:

@@ -73,9 +73,9 @@ double mib(std::int64_t bytes) { return static_cast<double>(bytes) / kMiB; }
 
 // The serial model's parameters, split the way a TP rank holds them.
 struct Census {
-  dtp::TrainConfig config;          // as resolved (vocabulary and context filled in)
-  std::int64_t total = 0;           // Psi
-  std::int64_t replicated = 0;      // Psi_rep: every TP rank holds these whole
+  dtp::TrainConfig config;      // as resolved (vocabulary and context filled in)
+  std::int64_t total = 0;       // Psi
+  std::int64_t replicated = 0;  // Psi_rep: every TP rank holds these whole
   std::int64_t serial_params_bytes = 0;
 };
 
@@ -116,7 +116,8 @@ std::int64_t formula_block_activation_bytes(const dtp::TrainConfig& config, int 
 // the LM head S each (SP: 2S each, and the final LayerNorm's 2C), the loss's
 // two all-reduces (N maxima, then 2N sums) and the grad norm (one f64).
 std::int64_t formula_counted_bytes(const dtp::TrainConfig& config, bool sp) {
-  const std::int64_t N = config.batch * config.seq, C = config.model.d_model, L = config.model.layers;
+  const std::int64_t N = config.batch * config.seq, C = config.model.d_model,
+                     L = config.model.layers;
   const auto e = static_cast<std::int64_t>(dtp::dtype_size(config.model.dtype));
   const std::int64_t S = N * C * e, loss = 3 * N * e, norm = 8;
   if (!sp) return L * 4 * S + 2 * S + loss + norm;
@@ -127,7 +128,16 @@ std::int64_t formula_counted_bytes(const dtp::TrainConfig& config, bool sp) {
 
 // What each rank reports (gathered to rank 0): setup and steady-state
 // numbers, then the time of every step.
-enum Field { kParams, kActivationPeak, kCounted, kRing, kAllReduces, kAllGathers, kReduceScatters, kFieldCount };
+enum Field {
+  kParams,
+  kActivationPeak,
+  kCounted,
+  kRing,
+  kAllReduces,
+  kAllGathers,
+  kReduceScatters,
+  kFieldCount
+};
 
 struct RankResult {
   std::vector<double> fields;
@@ -155,8 +165,8 @@ struct StepNumbers {
 };
 
 // Rank 0 collects every rank's numbers (outside the timed steps).
-void gather_to_rank0(dtp::Comm& comm, const std::vector<double>& mine, const std::vector<double>& seconds,
-                     Run& run) {
+void gather_to_rank0(dtp::Comm& comm, const std::vector<double>& mine,
+                     const std::vector<double>& seconds, Run& run) {
   std::vector<double> values = mine;
   values.insert(values.end(), seconds.begin(), seconds.end());
   const std::vector<std::vector<double>> rows = dtp::gather_rows_to_rank0(comm, values);
@@ -176,7 +186,8 @@ void record_step(const StepNumbers& s, std::vector<double>& mine) {
     };
     return static_cast<double>(count(s.after) - count(s.before));
   };
-  mine[kActivationPeak] = std::max(mine[kActivationPeak], static_cast<double>(s.record.peak_activation_bytes));
+  mine[kActivationPeak] =
+      std::max(mine[kActivationPeak], static_cast<double>(s.record.peak_activation_bytes));
   mine[kCounted] = static_cast<double>(s.after.collective_bytes - s.before.collective_bytes);
   mine[kRing] = s.after.clock - s.before.clock;
   mine[kAllReduces] = calls("all_reduce");
@@ -184,7 +195,8 @@ void record_step(const StepNumbers& s, std::vector<double>& mine) {
   mine[kReduceScatters] = calls("reduce_scatter");
 }
 
-Run run_setup(const Setup& setup, const dtp::TrainConfig& base, std::int64_t warmup, std::int64_t steps) {
+Run run_setup(const Setup& setup, const dtp::TrainConfig& base, std::int64_t warmup,
+              std::int64_t steps) {
   Run run;
   dtp::World world = dtp::World::from_env(setup.ranks());
   world.cost = dtp::CostModel::bytes();  // the clock counts the bytes a ring sends per rank
@@ -207,7 +219,8 @@ Run run_setup(const Setup& setup, const dtp::TrainConfig& base, std::int64_t war
       run_steps([&] { return StepNumbers{trainer.step(), comm.stats(), comm.stats()}; });
     } else {
       dtp::ch04::Mesh mesh = dtp::ch04::make_mesh(comm, setup.t);
-      dtp::ch04::TensorParallelTrainer trainer(config, mesh, dtp::ch04::TensorParallelOptions{setup.sp});
+      dtp::ch04::TensorParallelTrainer trainer(config, mesh,
+                                               dtp::ch04::TensorParallelOptions{setup.sp});
       mine[kParams] = static_cast<double>(tracker.live(MemoryCategory::params));
       run_steps([&] {
         StepNumbers numbers;
@@ -252,25 +265,33 @@ std::int64_t largest(const std::vector<std::int64_t>& values) {
 
 void print_step_header(const StepOptions& o, const Census& c, const RunContext& ctx) {
   const dtp::TrainConfig& cfg = c.config;
-  std::printf("# tp step: %s backend on %s (%d cores), %s, %s\n", ctx.backend.c_str(), ctx.device.c_str(),
-              ctx.cores, dtp::dtype_name(cfg.model.dtype), cfg.optimizer.c_str());
+  std::printf("# tp step: %s backend on %s (%d cores), %s, %s\n", ctx.backend.c_str(),
+              ctx.device.c_str(), ctx.cores, dtp::dtype_name(cfg.model.dtype),
+              cfg.optimizer.c_str());
   std::printf(
-      "# model: GPT d_model %d, %d layers, %d heads, vocabulary %d, Psi = %lld parameters (%lld replicated); "
-      "batch %lld x %lld tokens on every rank of the TP group; median of %lld steps x %lld rounds after %lld "
+      "# model: GPT d_model %d, %d layers, %d heads, vocabulary %d, Psi = %lld parameters (%lld "
+      "replicated); "
+      "batch %lld x %lld tokens on every rank of the TP group; median of %lld steps x %lld rounds "
+      "after %lld "
       "warm-up steps\n",
-      cfg.model.d_model, cfg.model.layers, cfg.model.heads, cfg.model.vocab_size, static_cast<long long>(c.total),
-      static_cast<long long>(c.replicated), static_cast<long long>(cfg.batch), static_cast<long long>(cfg.seq),
-      static_cast<long long>(o.steps), static_cast<long long>(o.repeats), static_cast<long long>(o.warmup));
+      cfg.model.d_model, cfg.model.layers, cfg.model.heads, cfg.model.vocab_size,
+      static_cast<long long>(c.total), static_cast<long long>(c.replicated),
+      static_cast<long long>(cfg.batch), static_cast<long long>(cfg.seq),
+      static_cast<long long>(o.steps), static_cast<long long>(o.repeats),
+      static_cast<long long>(o.warmup));
   std::printf(
-      "# per rank, the largest over ranks. params: live after setup | formula (Psi - Psi_rep)/t + Psi_rep.\n"
-      "# act peak: the step's activation peak | blocks A: the L blocks' saved activations, A_TP or A_SP (README "
+      "# per rank, the largest over ranks. params: live after setup | formula (Psi - Psi_rep)/t + "
+      "Psi_rep.\n"
+      "# act peak: the step's activation peak | blocks A: the L blocks' saved activations, A_TP or "
+      "A_SP (README "
       "section 6).\n"
-      "# counted: collective_bytes of one step (each call its whole buffer) | formula (section 7). ring: bytes a "
+      "# counted: collective_bytes of one step (each call its whole buffer) | formula (section 7). "
+      "ring: bytes a "
       "ring sends per rank (clock, alpha 0 beta 1).\n"
       "# step: the slowest rank's, median. x t=1: against t = 1 with the same SP setting.\n");
-  std::printf("%-6s %2s %3s %10s %8s %6s %9s %8s %6s %9s %8s %8s %9s %6s\n", "model", "t", "SP", "params MiB",
-              "formula", "x t=1", "act MiB", "blocks A", "x t=1", "counted", "formula", "ring MiB", "step ms",
-              "x t=1");
+  std::printf("%-6s %2s %3s %10s %8s %6s %9s %8s %6s %9s %8s %8s %9s %6s\n", "model", "t", "SP",
+              "params MiB", "formula", "x t=1", "act MiB", "blocks A", "x t=1", "counted",
+              "formula", "ring MiB", "step ms", "x t=1");
 }
 
 struct Baseline {
@@ -278,14 +299,17 @@ struct Baseline {
 };
 
 // @p times: the slowest rank's step times of every round, the rounds one after the other.
-void report_setup(const Setup& setup, const Run& run, const std::vector<double>& times, const StepOptions& o,
-                  const Census& c, const Baseline& base, const RunContext& ctx, FILE* json) {
+void report_setup(const Setup& setup, const Run& run, const std::vector<double>& times,
+                  const StepOptions& o, const Census& c, const Baseline& base,
+                  const RunContext& ctx, FILE* json) {
   const dtp::TrainConfig& cfg = c.config;
   const int t = setup.ranks();
-  const std::vector<std::int64_t> params = per_rank(run, kParams), act = per_rank(run, kActivationPeak),
+  const std::vector<std::int64_t> params = per_rank(run, kParams),
+                                  act = per_rank(run, kActivationPeak),
                                   counted = per_rank(run, kCounted), ring = per_rank(run, kRing);
   const double seconds = median(times);
-  const std::int64_t want_params = setup.serial() ? c.serial_params_bytes : formula_params_bytes(c, t);
+  const std::int64_t want_params =
+      setup.serial() ? c.serial_params_bytes : formula_params_bytes(c, t);
   const std::int64_t want_act = formula_block_activation_bytes(cfg, t, setup.sp);
   const std::int64_t want_counted = setup.serial() ? 0 : formula_counted_bytes(cfg, setup.sp);
   auto ratio = [](double value, double to) { return to > 0 ? value / to : 0.0; };
@@ -298,9 +322,9 @@ void report_setup(const Setup& setup, const Run& run, const std::vector<double>&
     round_medians.push_back(median(std::vector<double>(first, first + per_round)));
   std::printf("%-6s %2s %3s %10.2f %8.2f %6.2f %9.2f %8.2f %6.2f %9.2f %8.2f %8.2f %9.1f %6.2f\n",
               setup.name().c_str(), setup.serial() ? "-" : std::to_string(t).c_str(),
-              setup.serial() ? "-" : (setup.sp ? "on" : "off"), mib(largest(params)), mib(want_params), x_params,
-              mib(largest(act)), mib(want_act), x_act, mib(largest(counted)), mib(want_counted), mib(largest(ring)),
-              seconds * 1e3, x_time);
+              setup.serial() ? "-" : (setup.sp ? "on" : "off"), mib(largest(params)),
+              mib(want_params), x_params, mib(largest(act)), mib(want_act), x_act,
+              mib(largest(counted)), mib(want_counted), mib(largest(ring)), seconds * 1e3, x_time);
   JsonLine line;
   line.add("what", "tp_step")
       .add("model", setup.name())
@@ -392,7 +416,8 @@ struct Tier {
 
 // The defaults; --nvlink and --infiniband replace a tier's numbers.
 std::vector<Tier> default_tiers() {
-  return {{"NVLink (one node)", 3e-6, 450e9, "GB/s per direction per GPU (H100 NVLink 4; a ring gets less)"},
+  return {{"NVLink (one node)", 3e-6, 450e9,
+           "GB/s per direction per GPU (H100 NVLink 4; a ring gets less)"},
           {"InfiniBand (across nodes)", 8e-6, 50e9, "GB/s per GPU (one 400 Gb/s NDR HCA per GPU)"}};
 }
 
@@ -400,7 +425,8 @@ std::vector<Tier> default_tiers() {
 // only what was given. A bad value is an error that names @p flag.
 void set_tier(Tier& tier, const std::string& flag, const std::string& text) {
   auto bad = [&] {
-    return CLI::ValidationError(flag, "takes ALPHA_US,GBPS, alpha >= 0 and GB/s > 0, got '" + text + "'");
+    return CLI::ValidationError(flag,
+                                "takes ALPHA_US,GBPS, alpha >= 0 and GB/s > 0, got '" + text + "'");
   };
   const std::size_t comma = text.find(',');
   if (comma == std::string::npos) throw bad();
@@ -416,9 +442,10 @@ void set_tier(Tier& tier, const std::string& flag, const std::string& text) {
   tier.note = "GB/s per direction per GPU (given on the command line)";
 }
 
-constexpr int kBlockWidth = 1600;        // C of GPT-2 XL
+constexpr int kBlockWidth = 1600;         // C of GPT-2 XL
 constexpr std::int64_t kBlockSeq = 1024;  // T
-constexpr double kH100Flops = 400e12;     // an estimate of bf16 dense matmuls achieved on an H100 SXM (peak 989)
+constexpr double kH100Flops =
+    400e12;  // an estimate of bf16 dense matmuls achieved on an H100 SXM (peak 989)
 
 // One block's TP communication, forward and backward, on [N, C] bf16
 // activations: plain TP 4 all-reduces of S = N C e bytes (attention and MLP,
@@ -449,7 +476,8 @@ struct TierResult {
 
 // The clock of the block's collectives on t ranks, for every (tokens, SP):
 // rank 0's (the collectives leave every rank's clock at the same time).
-std::vector<TierResult> run_tier(const Tier& tier, int t, const std::vector<std::int64_t>& token_counts) {
+std::vector<TierResult> run_tier(const Tier& tier, int t,
+                                 const std::vector<std::int64_t>& token_counts) {
   std::vector<TierResult> results(token_counts.size() * 2);
   dtp::World world = dtp::World::from_env(t);
   world.cost = dtp::CostModel{tier.alpha_s, 1.0 / tier.bandwidth_Bps};
@@ -468,24 +496,29 @@ std::vector<TierResult> run_tier(const Tier& tier, int t, const std::vector<std:
 }
 
 int run_tier_part(const std::vector<Tier>& tiers, bool quick, const RunContext& ctx, FILE* json) {
-  const std::vector<std::int64_t> batches = quick ? std::vector<std::int64_t>{1} : std::vector<std::int64_t>{1, 8};
+  const std::vector<std::int64_t> batches =
+      quick ? std::vector<std::int64_t>{1} : std::vector<std::int64_t>{1, 8};
   std::vector<std::int64_t> token_counts;
   for (std::int64_t b : batches) token_counts.push_back(b * kBlockSeq);
   const std::int64_t e = 2;  // bf16
-  std::printf("# tp comm tiers: the alpha-beta clock of one transformer block's TP collectives, forward + backward\n");
   std::printf(
-      "# block: C = %d (GPT-2 XL), T = %lld, bf16; S = N C e bytes; TP: 4 all-reduces of S; TP + SP: 4 "
+      "# tp comm tiers: the alpha-beta clock of one transformer block's TP collectives, forward + "
+      "backward\n");
+  std::printf(
+      "# block: C = %d (GPT-2 XL), T = %lld, bf16; S = N C e bytes; TP: 4 all-reduces of S; TP + "
+      "SP: 4 "
       "all-gathers + 4 reduce-scatters of S\n",
       kBlockWidth, static_cast<long long>(kBlockSeq));
   for (const Tier& tier : tiers)
-    std::printf("# %s: alpha %g us, %g %s\n", tier.name.c_str(), tier.alpha_s * 1e6, tier.bandwidth_Bps / 1e9,
-                tier.note.c_str());
+    std::printf("# %s: alpha %g us, %g %s\n", tier.name.c_str(), tier.alpha_s * 1e6,
+                tier.bandwidth_Bps / 1e9, tier.note.c_str());
   std::printf(
-      "# ring: the formula 4 x 2(t-1)(alpha + beta S/t). compute: 72 N C^2 / t flops at %.0f TFLOP/s, an H100 "
+      "# ring: the formula 4 x 2(t-1)(alpha + beta S/t). compute: 72 N C^2 / t flops at %.0f "
+      "TFLOP/s, an H100 "
       "estimate (attention's T^2 part left out)\n",
       kH100Flops / 1e12);
-  std::printf("%-26s %5s %7s %2s %10s %10s %10s %11s %8s\n", "tier", "N", "S MiB", "t", "TP us", "TP+SP us",
-              "ring us", "compute us", "comm/cmp");
+  std::printf("%-26s %5s %7s %2s %10s %10s %10s %11s %8s\n", "tier", "N", "S MiB", "t", "TP us",
+              "TP+SP us", "ring us", "compute us", "comm/cmp");
   for (const Tier& tier : tiers)
     for (int t : {2, 4, 8}) {
       const std::vector<TierResult> results = run_tier(tier, t, token_counts);
@@ -493,7 +526,8 @@ int run_tier_part(const std::vector<Tier>& tiers, bool quick, const RunContext& 
       for (std::size_t i = 0; i < token_counts.size(); ++i) {
         const std::int64_t N = token_counts[i], S = N * kBlockWidth * e;
         const double beta = 1.0 / tier.bandwidth_Bps;
-        const double formula = 4 * 2.0 * (t - 1) * (tier.alpha_s + beta * static_cast<double>(S) / t);
+        const double formula =
+            4 * 2.0 * (t - 1) * (tier.alpha_s + beta * static_cast<double>(S) / t);
         const double flops = 72.0 * static_cast<double>(N) * kBlockWidth * kBlockWidth / t;
         const double compute = flops / kH100Flops;
         const TierResult& tp = results[2 * i];
@@ -551,27 +585,36 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::vector<Tier> tiers = default_tiers();
   CLI::App app{
-      "Tensor parallelism (chapter 04) measured on this machine and, for its communication, predicted "
-      "for a GPU cluster. Part 1, tp_step: the reference's TensorParallelTrainer (the step of `dtp train "
-      "--strategy tp`) on t ranks, sequence parallelism off and on: parameter bytes, activation peak, "
-      "bytes counted and sent per step, step time; against the serial Trainer and the lesson's formulas. "
-      "Part 2, tp_comm_tiers: the alpha-beta clock of one GPT-2-XL block's TP collectives on NVLink and "
+      "Tensor parallelism (chapter 04) measured on this machine and, for its communication, "
+      "predicted "
+      "for a GPU cluster. Part 1, tp_step: the reference's TensorParallelTrainer (the step of `dtp "
+      "train "
+      "--strategy tp`) on t ranks, sequence parallelism off and on: parameter bytes, activation "
+      "peak, "
+      "bytes counted and sent per step, step time; against the serial Trainer and the lesson's "
+      "formulas. "
+      "Part 2, tp_comm_tiers: the alpha-beta clock of one GPT-2-XL block's TP collectives on "
+      "NVLink and "
       "InfiniBand.",
       "dtp-bench-tp-step"};
-  dtp::cli::add_list_option(app, "--tps", o.tps, "tensor-parallel sizes t, a comma list; each runs with SP off and on",
+  dtp::cli::add_list_option(app, "--tps", o.tps,
+                            "tensor-parallel sizes t, a comma list; each runs with SP off and on",
                             "T,...")
       ->check(dtp::cli::Range(1, 64))
       ->capture_default_str();
   dtp::bench::add_step_options(app, o.steps, o.warmup);
-  app.add_option("--repeats", o.repeats, "runs of every configuration, in turn: times pooled over them")
+  app.add_option("--repeats", o.repeats,
+                 "runs of every configuration, in turn: times pooled over them")
       ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1000}))
       ->capture_default_str();
   dtp::bench::add_model_options(app, config);
-  app.add_option("--batch", config.batch, "sequences per step, the same on every rank of the TP group")
+  app.add_option("--batch", config.batch,
+                 "sequences per step, the same on every rank of the TP group")
       ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->capture_default_str();
   app.add_option("--only", only,
-                 "run one part: step (the measured TP step) or tiers (the predicted communication of a GPT-2-XL "
+                 "run one part: step (the measured TP step) or tiers (the predicted communication "
+                 "of a GPT-2-XL "
                  "block on NVLink and InfiniBand); default both")
       ->check(CLI::IsMember({"step", "tiers"}));
   app.add_option_function<std::string>(
@@ -580,15 +623,19 @@ int main(int argc, char** argv) {
       ->type_name("US,GBPS")
       ->default_str("3,450");
   app.add_option_function<std::string>(
-         "--infiniband", [&tiers](const std::string& text) { set_tier(tiers[1], "--infiniband", text); },
+         "--infiniband",
+         [&tiers](const std::string& text) { set_tier(tiers[1], "--infiniband", text); },
          "the InfiniBand tier's alpha (us) and bandwidth (GB/s per GPU)")
       ->type_name("US,GBPS")
       ->default_str("8,50");
-  app.add_flag("--quick", quick,
-               "a smoke test: --warmup 1 --steps 2 --repeats 1 (flags given win), tiers for N = 1024 only");
-  app.add_option("--json", json_path, "append one JSON object per measurement to FILE")->type_name("FILE");
+  app.add_flag(
+      "--quick", quick,
+      "a smoke test: --warmup 1 --steps 2 --repeats 1 (flags given win), tiers for N = 1024 only");
+  app.add_option("--json", json_path, "append one JSON object per measurement to FILE")
+      ->type_name("FILE");
   app.footer(
-      "The model's vocabulary is 256 (synthetic data). Backend and device from DTP_BACKEND and DTP_DEVICE "
+      "The model's vocabulary is 256 (synthetic data). Backend and device from DTP_BACKEND and "
+      "DTP_DEVICE "
       "(default thread, cpu).");
   if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
   if (quick) {
@@ -599,7 +646,8 @@ int main(int argc, char** argv) {
   // Every t against the model before anything runs or a --json file is made.
   for (int t : o.tps) {
     try {
-      dtp::ch04::validate_tensor_parallel(o.config, dtp::ch04::TensorParallelRunOptions{t, 1, false});
+      dtp::ch04::validate_tensor_parallel(o.config,
+                                          dtp::ch04::TensorParallelRunOptions{t, 1, false});
     } catch (const std::exception& e) {
       std::fprintf(stderr, "dtp-bench-tp-step: error: --tps %d: %s (see --help)\n", t, e.what());
       return 2;
@@ -614,7 +662,8 @@ int main(int argc, char** argv) {
   int status = 0;
   try {
     if (only.empty() || only == "step") status = run_step_part(o, ctx, json);
-    if (status == 0 && (only.empty() || only == "tiers")) status = run_tier_part(tiers, quick, ctx, json);
+    if (status == 0 && (only.empty() || only == "tiers"))
+      status = run_tier_part(tiers, quick, ctx, json);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "dtp-bench-tp-step: %s\n", error.what());
     status = 1;

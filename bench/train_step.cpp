@@ -32,12 +32,12 @@
 #include <vector>
 
 #include "07_mixed_precision/mixed_precision.h"
+#include "bench_common.h"
 #include "dtp/device.h"
 #include "dtp/error.h"
 #include "dtp/nn.h"
 #include "dtp/nn_ops.h"
 #include "dtp/optim.h"
-#include "bench_common.h"
 #include "dtp_cli.h"
 
 namespace {
@@ -72,49 +72,61 @@ struct OpRow {
 // of @p reps runs, with how often one step calls it and the bytes and flops
 // its roofline counts. The mixed-precision rows (casts, AdamW) are f32 where
 // chapter 07's step keeps them in f32.
-std::vector<OpRow> time_step_ops(const dtp::GPTConfig& config, std::int64_t batch, std::int64_t seq, double N,
-                                 bool mixed, int reps, const std::function<void()>& sync) {
-  const std::int64_t BT = batch * seq, H = config.heads, D = config.head_dim(), V = config.vocab_size;
+std::vector<OpRow> time_step_ops(const dtp::GPTConfig& config, std::int64_t batch, std::int64_t seq,
+                                 double N, bool mixed, int reps,
+                                 const std::function<void()>& sync) {
+  const std::int64_t BT = batch * seq, H = config.heads, D = config.head_dim(),
+                     V = config.vocab_size;
   const std::int64_t C = config.d_model, L = config.layers;
   const double T = static_cast<double>(seq), e = static_cast<double>(dtp::dtype_size(config.dtype));
   const dtp::Device dev = config.device;
   auto rnd = [&](const dtp::Shape& shape, std::uint64_t seed, dtp::DType dtype) {
     return dtp::Tensor::random_uniform(shape, seed, -1, 1, dtype, dev);
   };
-  auto act = [&](const dtp::Shape& shape, std::uint64_t seed) { return rnd(shape, seed, config.dtype); };
+  auto act = [&](const dtp::Shape& shape, std::uint64_t seed) {
+    return rnd(shape, seed, config.dtype);
+  };
   std::vector<OpRow> rows;
-  auto time = [&](const std::string& name, double calls, double bytes, double flops, const std::function<void()>& fn) {
+  auto time = [&](const std::string& name, double calls, double bytes, double flops,
+                  const std::function<void()>& fn) {
     rows.push_back({name, calls, time_op(reps, fn, sync), bytes, flops});
   };
   const double x_bytes = e * static_cast<double>(BT * C);
   {
-    dtp::Tensor x = act({BT, C}, 3), w = act({C}, 4), b = act({C}, 5), y = act({BT, C}, 6), dx = act({BT, C}, 9),
-                dw = act({C}, 10), db = act({C}, 11);
+    dtp::Tensor x = act({BT, C}, 3), w = act({C}, 4), b = act({C}, 5), y = act({BT, C}, 6),
+                dx = act({BT, C}, 9), dw = act({C}, 10), db = act({C}, 11);
     dtp::Tensor mean = act({BT}, 7), rstd = act({BT}, 8);
     const double ln_calls = 2.0 * static_cast<double>(L) + 1;  // two per block and the final one
-    time("layernorm fwd", ln_calls, 2 * x_bytes, 0, [&] { dtp::ops::layernorm_forward(x, w, b, y, mean, rstd); });
+    time("layernorm fwd", ln_calls, 2 * x_bytes, 0,
+         [&] { dtp::ops::layernorm_forward(x, w, b, y, mean, rstd); });
     time("layernorm bwd", ln_calls, 3 * x_bytes, 0,
          [&] { dtp::ops::layernorm_backward(y, x, w, mean, rstd, dx, dw, db); });
     // Residuals: two per block forward; backward two residual paths and the
     // q/k/v input gradients summed into one.
-    time("residual add (axpy)", 6.0 * static_cast<double>(L), 3 * x_bytes, 0, [&] { dtp::ops::axpy(y, 1.0, x); });
+    time("residual add (axpy)", 6.0 * static_cast<double>(L), 3 * x_bytes, 0,
+         [&] { dtp::ops::axpy(y, 1.0, x); });
   }
   // A Linear layer [in -> out] over the BT rows: forward x W^T + b, backward
   // dx = dy W, dW += dy^T x and db += the column sums of dy.
-  auto linear = [&](const std::string& name, std::int64_t in, std::int64_t out, double calls, bool bias) {
-    dtp::Tensor x = act({BT, in}, 30), w = act({out, in}, 31), y = act({BT, out}, 32), dy = act({BT, out}, 33),
-                dx = act({BT, in}, 34), dw = act({out, in}, 35), b = act({out}, 36), db = act({out}, 37);
-    const double M = static_cast<double>(BT), K = static_cast<double>(in), Nn = static_cast<double>(out);
+  auto linear = [&](const std::string& name, std::int64_t in, std::int64_t out, double calls,
+                    bool bias) {
+    dtp::Tensor x = act({BT, in}, 30), w = act({out, in}, 31), y = act({BT, out}, 32),
+                dy = act({BT, out}, 33), dx = act({BT, in}, 34), dw = act({out, in}, 35),
+                b = act({out}, 36), db = act({out}, 37);
+    const double M = static_cast<double>(BT), K = static_cast<double>(in),
+                 Nn = static_cast<double>(out);
     const double flops = 2 * M * K * Nn;
     time(name + " fwd", calls, e * (M * K + K * Nn + M * Nn * (bias ? 3 : 1)), flops, [&] {
       dtp::ops::matmul(x, w, y, false, true);
       if (bias) dtp::ops::add_bias(y, b);
     });
-    time(name + " bwd dx", calls, e * (M * Nn + K * Nn + M * K), flops, [&] { dtp::ops::matmul(dy, w, dx); });
-    time(name + " bwd dW", calls, e * (M * Nn + M * K + 2 * K * Nn + (bias ? M * Nn : 0)), flops, [&] {
-      dtp::ops::matmul(dy, x, dw, true, false, 1.0, 1.0);
-      if (bias) dtp::ops::bias_backward(dy, db);
-    });
+    time(name + " bwd dx", calls, e * (M * Nn + K * Nn + M * K), flops,
+         [&] { dtp::ops::matmul(dy, w, dx); });
+    time(name + " bwd dW", calls, e * (M * Nn + M * K + 2 * K * Nn + (bias ? M * Nn : 0)), flops,
+         [&] {
+           dtp::ops::matmul(dy, x, dw, true, false, 1.0, 1.0);
+           if (bias) dtp::ops::bias_backward(dy, db);
+         });
   };
   linear("linear C->C (q, k, v, proj)", C, C, 4.0 * static_cast<double>(L), true);
   linear("linear C->4C (fc)", C, 4 * C, static_cast<double>(L), true);
@@ -123,13 +135,16 @@ std::vector<OpRow> time_step_ops(const dtp::GPTConfig& config, std::int64_t batc
   {
     dtp::Tensor x = act({BT, 4 * C}, 40), y = act({BT, 4 * C}, 41), dy = act({BT, 4 * C}, 42);
     time("gelu fwd", static_cast<double>(L), 8 * x_bytes, 0, [&] { dtp::ops::gelu_forward(x, y); });
-    time("gelu bwd", static_cast<double>(L), 12 * x_bytes, 0, [&] { dtp::ops::gelu_backward(x, dy, y); });
+    time("gelu bwd", static_cast<double>(L), 12 * x_bytes, 0,
+         [&] { dtp::ops::gelu_backward(x, dy, y); });
   }
   {
     const dtp::Shape qs{batch, seq, H, D}, stat{batch, H, seq};
-    dtp::Tensor q = act(qs, 12), k = act(qs, 13), v = act(qs, 14), out = act(qs, 15), m = act(stat, 16),
-                l = act(stat, 17), dout = act(qs, 18), dq = act(qs, 19), dk = act(qs, 20), dv = act(qs, 21);
-    const double fwd_flops = 2.0 * static_cast<double>(batch * H) * T * T * static_cast<double>(D);  // causal half
+    dtp::Tensor q = act(qs, 12), k = act(qs, 13), v = act(qs, 14), out = act(qs, 15),
+                m = act(stat, 16), l = act(stat, 17), dout = act(qs, 18), dq = act(qs, 19),
+                dk = act(qs, 20), dv = act(qs, 21);
+    const double fwd_flops =
+        2.0 * static_cast<double>(batch * H) * T * T * static_cast<double>(D);  // causal half
     dtp::ops::flash_attention_forward(q, k, v, out, m, l);  // real statistics for the backward
     time("flash attention fwd", static_cast<double>(L), 4 * x_bytes, fwd_flops,
          [&] { dtp::ops::flash_attention_forward(q, k, v, out, m, l); });
@@ -145,16 +160,20 @@ std::vector<OpRow> time_step_ops(const dtp::GPTConfig& config, std::int64_t batc
            [&] { dtp::ops::flash_attention_forward(q, k, v, out, m, l); });
       time("flash attention bwd (WMMA)", 0, 8 * x_bytes, 2.5 * fwd_flops,
            [&] { dtp::ops::flash_attention_backward(q, k, v, out, m, l, dout, dq, dk, dv); });
-      if (before.empty()) unsetenv("DTP_FLASH_KERNEL");
-      else setenv("DTP_FLASH_KERNEL", before.c_str(), 1);
+      if (before.empty())
+        unsetenv("DTP_FLASH_KERNEL");
+      else
+        setenv("DTP_FLASH_KERNEL", before.c_str(), 1);
     }
   }
   {
     dtp::Tensor logits = act({BT, V}, 22), dlogits = act({BT, V}, 23), none;
-    dtp::Tensor tg = dtp::Tensor::random_uniform({BT}, 24, 0, static_cast<double>(V), dtp::DType::i32, dev);
+    dtp::Tensor tg =
+        dtp::Tensor::random_uniform({BT}, 24, 0, static_cast<double>(V), dtp::DType::i32, dev);
     const double lb = e * static_cast<double>(BT * V);
     time("cross-entropy fwd", 1, lb, 0, [&] { dtp::ops::cross_entropy_forward(logits, tg, none); });
-    time("cross-entropy bwd", 1, 2 * lb, 0, [&] { dtp::ops::cross_entropy_backward(logits, tg, 1.0 / BT, dlogits); });
+    time("cross-entropy bwd", 1, 2 * lb, 0,
+         [&] { dtp::ops::cross_entropy_backward(logits, tg, 1.0 / BT, dlogits); });
     dtp::Tensor table = act({V, C}, 25), x = act({BT, C}, 26), dtable = act({V, C}, 27);
     time("embedding fwd", 1, 2 * x_bytes, 0, [&] { dtp::ops::embedding_forward(tg, table, x); });
     time("embedding bwd", 1, 2 * x_bytes + e * static_cast<double>(V * C), 0,
@@ -163,7 +182,8 @@ std::vector<OpRow> time_step_ops(const dtp::GPTConfig& config, std::int64_t batc
   {
     const auto n = static_cast<std::int64_t>(N);
     dtp::Tensor p = rnd({n}, 25, dtp::DType::f32), g = rnd({n}, 26, dtp::DType::f32),
-                m = dtp::Tensor::zeros({n}, dtp::DType::f32, dev), v = dtp::Tensor::zeros({n}, dtp::DType::f32, dev);
+                m = dtp::Tensor::zeros({n}, dtp::DType::f32, dev),
+                v = dtp::Tensor::zeros({n}, dtp::DType::f32, dev);
     std::int64_t t = 0;
     time("adamw (all params, f32)", 1, 7.0 * 4 * N, 0,
          [&] { dtp::ops::adamw_update(p, g, m, v, 1e-4, 0.9, 0.95, 1e-8, 0.1, ++t); });
@@ -191,9 +211,12 @@ int main(int argc, char** argv) {
   double peak_tflops = 494.7, bandwidth_tbs = 3.35;
   std::string json_path, attention = "flash", precision = "fp32", device = "cuda";
   CLI::App app{
-      "Whole training steps (forward, backward, AdamW) of a GPT-2-small-shaped model on one GPU, in f32 "
-      "with TF32 matmuls or in bf16/fp16 with f32 master weights (--precision): tokens/s and MFU, then "
-      "every kind of op the step runs, against its roofline and as a share of the step. Without a usable GPU "
+      "Whole training steps (forward, backward, AdamW) of a GPT-2-small-shaped model on one GPU, "
+      "in f32 "
+      "with TF32 matmuls or in bf16/fp16 with f32 master weights (--precision): tokens/s and MFU, "
+      "then "
+      "every kind of op the step runs, against its roofline and as a share of the step. Without a "
+      "usable GPU "
       "it says so and exits 0.",
       "dtp-bench-train-step"};
   app.add_option("--batch", batch, "sequences per step")
@@ -212,28 +235,35 @@ int main(int argc, char** argv) {
   app.add_option("--attention", attention, "the attention kernel")
       ->check(CLI::IsMember({"flash", "naive"}))
       ->capture_default_str();
-  app.add_option("--precision", precision,
-                 "fp32: f32 storage, TF32 matmuls; bf16 or fp16: a 16-bit model with f32 master weights "
-                 "(chapter 07's step; fp16 with the dynamic loss scale)")
+  app.add_option(
+         "--precision", precision,
+         "fp32: f32 storage, TF32 matmuls; bf16 or fp16: a 16-bit model with f32 master weights "
+         "(chapter 07's step; fp16 with the dynamic loss scale)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
-  CLI::Option* peak_option =
-      app.add_option("--peak-tflops", peak_tflops,
-                     "the GPU's dense peak in TFLOP/s at --precision (default: H100 SXM, 494.7 TF32, 989.4 bf16/fp16)")
-          ->check(dtp::cli::Range(1e-3, 1e6));
-  app.add_option("--bandwidth-tbs", bandwidth_tbs, "the GPU's memory bandwidth in TB/s (H100 SXM 3.35, H200 4.8)")
+  CLI::Option* peak_option = app.add_option("--peak-tflops", peak_tflops,
+                                            "the GPU's dense peak in TFLOP/s at --precision "
+                                            "(default: H100 SXM, 494.7 TF32, 989.4 bf16/fp16)")
+                                 ->check(dtp::cli::Range(1e-3, 1e6));
+  app.add_option("--bandwidth-tbs", bandwidth_tbs,
+                 "the GPU's memory bandwidth in TB/s (H100 SXM 3.35, H200 4.8)")
       ->check(dtp::cli::Range(1e-3, 1e3))
       ->capture_default_str();
   app.add_option("--device", device,
-                 "cuda, or cpu to check the program on a machine without a GPU (small shapes; the MFU is then "
+                 "cuda, or cpu to check the program on a machine without a GPU (small shapes; the "
+                 "MFU is then "
                  "against --peak-tflops, a GPU's)")
       ->check(CLI::IsMember({"cuda", "cpu"}))
       ->capture_default_str();
-  app.add_option("--json", json_path, "append one JSON object per measurement to FILE")->type_name("FILE");
+  app.add_option("--json", json_path, "append one JSON object per measurement to FILE")
+      ->type_name("FILE");
   app.footer(
-      "MFU = model flops per token x tokens/s / peak, model flops per token = 6 N (N = parameters) + "
-      "12 L T C (attention scores and values, forward and backward). GPU time is measured on the host "
-      "around many queued launches that end in a blocking copy, so launch overhead is amortized, not "
+      "MFU = model flops per token x tokens/s / peak, model flops per token = 6 N (N = parameters) "
+      "+ "
+      "12 L T C (attention scores and values, forward and backward). GPU time is measured on the "
+      "host "
+      "around many queued launches that end in a blocking copy, so launch overhead is amortized, "
+      "not "
       "hidden.");
   if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
   try {
@@ -251,7 +281,8 @@ int main(int argc, char** argv) {
     if (mixed) config.dtype = precision == "bf16" ? dtp::DType::bf16 : dtp::DType::f16;
     config.validate();
     // The output and the environment are checked before minutes of measuring.
-    std::optional<dtp::bench::RunContext> found = dtp::bench::context_from_env("dtp-bench-train-step");
+    std::optional<dtp::bench::RunContext> found =
+        dtp::bench::context_from_env("dtp-bench-train-step");
     if (!found) return 2;
     dtp::bench::RunContext context = *found;
     context.device = device;  // this benchmark's device, whatever DTP_DEVICE says
@@ -265,10 +296,10 @@ int main(int argc, char** argv) {
     dtp::AdamW optimizer(mixed ? masters->buffers() : dtp::param_buffers(model));
     std::unique_ptr<dtp::ch07::LossScaler> scaler;
     if (precision == "fp16") scaler = std::make_unique<dtp::ch07::LossScaler>();
-    const dtp::Tensor tokens = dtp::Tensor::random_uniform({batch, seq}, 1, 0, config.vocab_size, dtp::DType::i32,
-                                                           config.device);
-    const dtp::Tensor targets = dtp::Tensor::random_uniform({batch, seq}, 2, 0, config.vocab_size, dtp::DType::i32,
-                                                            config.device);
+    const dtp::Tensor tokens = dtp::Tensor::random_uniform({batch, seq}, 1, 0, config.vocab_size,
+                                                           dtp::DType::i32, config.device);
+    const dtp::Tensor targets = dtp::Tensor::random_uniform({batch, seq}, 2, 0, config.vocab_size,
+                                                            dtp::DType::i32, config.device);
     dtp::Tensor probe = model.embedding().params();
     auto sync = [&] { (void)probe.item(0); };  // a blocking copy: the stream is drained
 
@@ -277,7 +308,9 @@ int main(int argc, char** argv) {
     for (std::int64_t s = 0; s < warmup + steps; ++s) {
       const auto start = Clock::now();
       if (mixed) {
-        loss = dtp::ch07::mixed_precision_step(*masters, optimizer, scaler.get(), {tokens, targets}, 3e-4, 0).loss;
+        loss = dtp::ch07::mixed_precision_step(*masters, optimizer, scaler.get(), {tokens, targets},
+                                               3e-4, 0)
+                   .loss;
       } else {
         model.zero_grad();
         loss = model.forward(tokens, targets);
@@ -298,53 +331,88 @@ int main(int argc, char** argv) {
 
     // Every kind of op alone, in the step's dtype, and how much of the step they add up to.
     const dtp::Device gpu = config.device;
-    const std::vector<OpRow> rows = time_step_ops(config, batch, seq, N, mixed, on_gpu ? 20 : 1, sync);
+    const std::vector<OpRow> rows =
+        time_step_ops(config, batch, seq, N, mixed, on_gpu ? 20 : 1, sync);
 
-    std::printf("# train step on %s: %s, batch %lld x seq %lld, %s\n", gpu.str().c_str(), config.describe().c_str(),
-                static_cast<long long>(batch), static_cast<long long>(seq),
-                mixed ? (precision + " model and matmuls (f32 accumulation), f32 master weights and AdamW").c_str()
-                      : "f32 storage, TF32 matmuls");
-    std::printf("# peak %.1f TFLOP/s (dense %s), %.2f TB/s HBM; model flops/token %.4g (6N + 12 L T C, N = %.0f)\n",
-                peak_tflops, mixed ? "bf16/fp16" : "TF32", bandwidth_tbs, flops_per_token, N);
-    if (!on_gpu) std::printf("# on the CPU (--device cpu): this checks the program; its speeds are not a GPU's\n");
-    std::printf("step %.2f ms (median of %lld), loss %.4f, %.0f tokens/s, MFU %.1f%%\n\n", step_s * 1e3,
-                static_cast<long long>(steps), loss, tokens_per_s, 100 * mfu);
+    std::printf(
+        "# train step on %s: %s, batch %lld x seq %lld, %s\n", gpu.str().c_str(),
+        config.describe().c_str(), static_cast<long long>(batch), static_cast<long long>(seq),
+        mixed ? (precision + " model and matmuls (f32 accumulation), f32 master weights and AdamW")
+                    .c_str()
+              : "f32 storage, TF32 matmuls");
+    std::printf(
+        "# peak %.1f TFLOP/s (dense %s), %.2f TB/s HBM; model flops/token %.4g (6N + 12 L T C, N = "
+        "%.0f)\n",
+        peak_tflops, mixed ? "bf16/fp16" : "TF32", bandwidth_tbs, flops_per_token, N);
+    if (!on_gpu)
+      std::printf(
+          "# on the CPU (--device cpu): this checks the program; its speeds are not a GPU's\n");
+    std::printf("step %.2f ms (median of %lld), loss %.4f, %.0f tokens/s, MFU %.1f%%\n\n",
+                step_s * 1e3, static_cast<long long>(steps), loss, tokens_per_s, 100 * mfu);
     if (!rows.empty())
-      std::printf("%-36s %9s %7s %10s %8s %12s %8s %8s\n", "op", "ms/call", "calls", "ms/step", "of step",
-                  "roofline ms", "bound", "of roof");
+      std::printf("%-36s %9s %7s %10s %8s %12s %8s %8s\n", "op", "ms/call", "calls", "ms/step",
+                  "of step", "roofline ms", "bound", "of roof");
     dtp::bench::JsonLine step_line;
-    step_line.add("what", "train_step").add("gpu", gpu.str()).add("layers", config.layers)
-        .add("d_model", config.d_model).add("heads", config.heads).add("vocab", config.vocab_size)
-        .add("batch", batch).add("seq", seq).add("attention", dtp::attention_kind_name(config.attention))
-        .add("precision", precision).add("params", N).add("step_s", step_s).add("loss", loss).add("tokens_per_s", tokens_per_s)
-        .add("flops_per_token", flops_per_token).add("peak_tflops", peak_tflops).add("mfu", mfu);
+    step_line.add("what", "train_step")
+        .add("gpu", gpu.str())
+        .add("layers", config.layers)
+        .add("d_model", config.d_model)
+        .add("heads", config.heads)
+        .add("vocab", config.vocab_size)
+        .add("batch", batch)
+        .add("seq", seq)
+        .add("attention", dtp::attention_kind_name(config.attention))
+        .add("precision", precision)
+        .add("params", N)
+        .add("step_s", step_s)
+        .add("loss", loss)
+        .add("tokens_per_s", tokens_per_s)
+        .add("flops_per_token", flops_per_token)
+        .add("peak_tflops", peak_tflops)
+        .add("mfu", mfu);
     dtp::bench::write_line(json, dtp::bench::add_context(step_line, context));
     double ops_per_step = 0;
     for (const OpRow& r : rows) {
-      const double mem_s = r.bytes / (bandwidth_tbs * 1e12), flop_s = r.flops / (peak_tflops * 1e12);
+      const double mem_s = r.bytes / (bandwidth_tbs * 1e12),
+                   flop_s = r.flops / (peak_tflops * 1e12);
       const double roof = std::max(mem_s, flop_s);
       const char* bound = flop_s > mem_s ? "compute" : "memory";
       const double per_step = r.calls * r.seconds;
       ops_per_step += per_step;
-      std::printf("%-36s %9.3f %7.0f %10.3f %7.1f%% %12.3f %8s %7.0f%%\n", r.name.c_str(), r.seconds * 1e3, r.calls,
-                  per_step * 1e3, 100 * per_step / step_s, roof * 1e3, bound, 100 * roof / r.seconds);
+      std::printf("%-36s %9.3f %7.0f %10.3f %7.1f%% %12.3f %8s %7.0f%%\n", r.name.c_str(),
+                  r.seconds * 1e3, r.calls, per_step * 1e3, 100 * per_step / step_s, roof * 1e3,
+                  bound, 100 * roof / r.seconds);
       dtp::bench::JsonLine op_line;
-      op_line.add("what", "train_step_op").add("op", r.name).add("gpu", gpu.str()).add("precision", precision)
-          .add("batch", batch).add("seq", seq).add("seconds", r.seconds).add("calls_per_step", r.calls)
-          .add("seconds_per_step", per_step).add("fraction_of_step", per_step / step_s).add("bytes", r.bytes)
-          .add("flops", r.flops).add("roofline_s", roof).add("bound", bound)
+      op_line.add("what", "train_step_op")
+          .add("op", r.name)
+          .add("gpu", gpu.str())
+          .add("precision", precision)
+          .add("batch", batch)
+          .add("seq", seq)
+          .add("seconds", r.seconds)
+          .add("calls_per_step", r.calls)
+          .add("seconds_per_step", per_step)
+          .add("fraction_of_step", per_step / step_s)
+          .add("bytes", r.bytes)
+          .add("flops", r.flops)
+          .add("roofline_s", roof)
+          .add("bound", bound)
           .add("fraction_of_roofline", roof / r.seconds);
       dtp::bench::write_line(json, dtp::bench::add_context(op_line, context));
     }
     if (!rows.empty()) {
       // What the table does not explain: launch gaps, allocation, and small ops it does not time.
-      std::printf("%-36s %9s %7s %10.3f %7.1f%%\n", "sum of the ops above", "", "", ops_per_step * 1e3,
-                  100 * ops_per_step / step_s);
-      std::printf("%-36s %9s %7s %10.3f %7.1f%%\n", "rest of the step", "", "", (step_s - ops_per_step) * 1e3,
-                  100 * (step_s - ops_per_step) / step_s);
+      std::printf("%-36s %9s %7s %10.3f %7.1f%%\n", "sum of the ops above", "", "",
+                  ops_per_step * 1e3, 100 * ops_per_step / step_s);
+      std::printf("%-36s %9s %7s %10.3f %7.1f%%\n", "rest of the step", "", "",
+                  (step_s - ops_per_step) * 1e3, 100 * (step_s - ops_per_step) / step_s);
       dtp::bench::JsonLine rest;
-      rest.add("what", "train_step_rest").add("gpu", gpu.str()).add("precision", precision).add("step_s", step_s)
-          .add("ops_s", ops_per_step).add("rest_s", step_s - ops_per_step);
+      rest.add("what", "train_step_rest")
+          .add("gpu", gpu.str())
+          .add("precision", precision)
+          .add("step_s", step_s)
+          .add("ops_s", ops_per_step)
+          .add("rest_s", step_s - ops_per_step);
       dtp::bench::write_line(json, dtp::bench::add_context(rest, context));
     }
     return dtp::bench::close_json(json, "dtp-bench-train-step", 0);

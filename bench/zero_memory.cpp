@@ -77,7 +77,8 @@ struct Bytes {
   std::int64_t total() const { return params + grads + optimizer; }
 };
 
-Bytes formula(const std::string& stage, const ShardSizes& z, std::int64_t states, std::int64_t e, bool on_gpu) {
+Bytes formula(const std::string& stage, const ShardSizes& z, std::int64_t states, std::int64_t e,
+              bool on_gpu) {
   const std::int64_t Psi = z.total, S = z.shards, U = z.largest_unit, P = z.largest_pair;
   Bytes b;
   if (stage == "ddp")
@@ -130,7 +131,8 @@ struct Run {
   bool on_gpu = false;
 };
 
-Run run_stage(const std::string& stage, int world, const dtp::TrainConfig& base, std::int64_t steps) {
+Run run_stage(const std::string& stage, int world, const dtp::TrainConfig& base,
+              std::int64_t steps) {
   Run run;
   dtp::launch(dtp::World::from_env(world), [&](dtp::Comm& comm) {
     dtp::TrainConfig config = base;
@@ -167,12 +169,16 @@ Run run_stage(const std::string& stage, int world, const dtp::TrainConfig& base,
       const dtp::CommStats after = comm.stats();
       seconds.push_back(record.seconds);
       if (s == 0) continue;  // the first step allocates what later steps reuse
-      mine[kParams] = std::max(mine[kParams], static_cast<double>(tracker.peak(MemoryCategory::params, kind)));
-      mine[kGrads] = std::max(mine[kGrads], static_cast<double>(tracker.peak(MemoryCategory::grads, kind)));
-      mine[kOptimizer] = std::max(mine[kOptimizer], static_cast<double>(tracker.peak(MemoryCategory::optimizer, kind)));
+      mine[kParams] =
+          std::max(mine[kParams], static_cast<double>(tracker.peak(MemoryCategory::params, kind)));
+      mine[kGrads] =
+          std::max(mine[kGrads], static_cast<double>(tracker.peak(MemoryCategory::grads, kind)));
+      mine[kOptimizer] = std::max(
+          mine[kOptimizer], static_cast<double>(tracker.peak(MemoryCategory::optimizer, kind)));
       if (kind != dtp::Device::Kind::cpu)
         mine[kHostOptimizer] = std::max(
-            mine[kHostOptimizer], static_cast<double>(tracker.peak(MemoryCategory::optimizer, dtp::Device::Kind::cpu)));
+            mine[kHostOptimizer],
+            static_cast<double>(tracker.peak(MemoryCategory::optimizer, dtp::Device::Kind::cpu)));
       auto calls = [&](const char* op) {
         auto count = [op](const dtp::CommStats& st) {
           auto it = st.collective_calls.find(op);
@@ -191,7 +197,8 @@ Run run_stage(const std::string& stage, int world, const dtp::TrainConfig& base,
     values.insert(values.end(), seconds.begin(), seconds.end());
     const auto per_rank = static_cast<std::int64_t>(values.size());
     dtp::Tensor local = dtp::Tensor::from_values(values, dtp::DType::f64).to(comm.device());
-    dtp::Tensor all = dtp::Tensor::zeros(dtp::Shape{per_rank * comm.size()}, dtp::DType::f64, comm.device());
+    dtp::Tensor all =
+        dtp::Tensor::zeros(dtp::Shape{per_rank * comm.size()}, dtp::DType::f64, comm.device());
     comm.gather(local, all, 0);
     if (comm.rank() != 0) return;
     const std::vector<double> v = all.to_vector();
@@ -234,34 +241,44 @@ int main(int argc, char** argv) {
   config.optimizer = "adamw";
   config.synthetic.length = 1 << 16;
   CLI::App app{
-      "Per-rank memory and step time of the ZeRO stages (chapter 03) against data parallelism, for a "
+      "Per-rank memory and step time of the ZeRO stages (chapter 03) against data parallelism, for "
+      "a "
       "range of world sizes: every stage runs the reference, plugged into the Trainer; each rank's "
-      "tracker peaks per category (steady state, after the first step) are compared with the lesson's "
-      "formulas; step time is the slowest rank's, median over the steps after two warm-up steps of every "
-      "repeat. Stages: ddp (a full replica per rank, one all_reduce per unit's flat gradient), zero1 "
-      "(3.1, optimizer state sharded), zero2 (3.2, gradients too), zero3 (3.3, parameters too: FSDP "
+      "tracker peaks per category (steady state, after the first step) are compared with the "
+      "lesson's "
+      "formulas; step time is the slowest rank's, median over the steps after two warm-up steps of "
+      "every "
+      "repeat. Stages: ddp (a full replica per rank, one all_reduce per unit's flat gradient), "
+      "zero1 "
+      "(3.1, optimizer state sharded), zero2 (3.2, gradients too), zero3 (3.3, parameters too: "
+      "FSDP "
       "units), zero3-prefetch (3.4, the next unit's all-gather started early), zero1-offload (3.5, "
       "optimizer in host memory).",
       "dtp-bench-zero-memory"};
   dtp::cli::add_list_option(app, "--worlds", worlds, "world sizes, a comma list", "N,...")
       ->check(dtp::cli::Range(1, 1024))
       ->capture_default_str();
-  dtp::cli::add_list_option(app, "--stages", stages,
-                            "a comma list of stages; ddp is always run too, as the baseline of the time ratio",
-                            "STAGE,...")
+  dtp::cli::add_list_option(
+      app, "--stages", stages,
+      "a comma list of stages; ddp is always run too, as the baseline of the time ratio",
+      "STAGE,...")
       ->check(CLI::IsMember(std::vector<std::string>(std::begin(kStages), std::end(kStages))))
       ->capture_default_str();
-  app.add_option("--steps", steps, "steps per run: peaks from step 2 on, times after 2 warm-up steps")
+  app.add_option("--steps", steps,
+                 "steps per run: peaks from step 2 on, times after 2 warm-up steps")
       ->check(dtp::cli::Range(std::int64_t{3}, std::int64_t{1000000}))
       ->capture_default_str();
   dtp::bench::add_model_options(app, config);
-  app.add_option("--batch", per_rank_batch, "sequences per rank per step (the global batch is B x world)")
+  app.add_option("--batch", per_rank_batch,
+                 "sequences per rank per step (the global batch is B x world)")
       ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->capture_default_str();
-  app.add_option("--repeats", repeats, "runs of every stage per world, in turn: times pooled over them")
+  app.add_option("--repeats", repeats,
+                 "runs of every stage per world, in turn: times pooled over them")
       ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1000}))
       ->capture_default_str();
-  app.add_option("--json", json_path, "append one JSON object per (stage, world) to FILE")->type_name("FILE");
+  app.add_option("--json", json_path, "append one JSON object per (stage, world) to FILE")
+      ->type_name("FILE");
   app.footer("Backend and device from DTP_BACKEND and DTP_DEVICE (default thread, cpu).");
   if (auto status = dtp::cli::parse(app, argc, argv)) return *status;
   config.steps = steps;
@@ -299,8 +316,8 @@ int main(int argc, char** argv) {
           add_slowest_steps(run, times[i]);
           if (round == 0) first[i] = std::move(run);
         } catch (const std::exception& error) {
-          std::fprintf(stderr, "dtp-bench-zero-memory: %s on %d rank(s) failed: %s\n", order[i].c_str(), world,
-                       error.what());
+          std::fprintf(stderr, "dtp-bench-zero-memory: %s on %d rank(s) failed: %s\n",
+                       order[i].c_str(), world, error.what());
           return 1;
         }
       }
@@ -315,18 +332,23 @@ int main(int argc, char** argv) {
       if (!printed_header) {
         std::int64_t psi = 0;
         for (std::int64_t n : run.units) psi += n;
-        std::printf("# zero memory, %s backend on %s, %s, %s (%lld optimizer state(s) per parameter)\n",
-                    backend.c_str(), device.c_str(), dtp::dtype_name(config.model.dtype), config.optimizer.c_str(),
-                    static_cast<long long>(states));
+        std::printf(
+            "# zero memory, %s backend on %s, %s, %s (%lld optimizer state(s) per parameter)\n",
+            backend.c_str(), device.c_str(), dtp::dtype_name(config.model.dtype),
+            config.optimizer.c_str(), static_cast<long long>(states));
         std::printf(
             "# model: d_model %d, %d layers, %d heads, %zu units, Psi = %lld parameters; "
             "%lld x %lld tokens per rank; median of %lld steps x %lld rounds\n",
             config.model.d_model, config.model.layers, config.model.heads, run.units.size(),
-            static_cast<long long>(psi), static_cast<long long>(per_rank_batch), static_cast<long long>(config.seq),
-            static_cast<long long>(steps - 2), static_cast<long long>(repeats));
-        std::printf("# peaks in KiB on the model's device; 'max' is the largest over ranks; formula for that rank\n");
-        std::printf("%-15s %5s %10s %10s %10s %10s %10s %8s %10s %9s %9s\n", "stage", "world", "params", "grads",
-                    "optimizer", "total", "max total", "formula", "step ms", "vs ddp", "comm MiB");
+            static_cast<long long>(psi), static_cast<long long>(per_rank_batch),
+            static_cast<long long>(config.seq), static_cast<long long>(steps - 2),
+            static_cast<long long>(repeats));
+        std::printf(
+            "# peaks in KiB on the model's device; 'max' is the largest over ranks; formula for "
+            "that rank\n");
+        std::printf("%-15s %5s %10s %10s %10s %10s %10s %8s %10s %9s %9s\n", "stage", "world",
+                    "params", "grads", "optimizer", "total", "max total", "formula", "step ms",
+                    "vs ddp", "comm MiB");
         printed_header = true;
       }
       // Per rank: measured and formula; the rank with the largest total is
@@ -338,7 +360,8 @@ int main(int argc, char** argv) {
       for (int r = 0; r < world; ++r) {
         const RankResult& rr = run.ranks[static_cast<std::size_t>(r)];
         const Bytes want = formula(stage, shard_sizes(run.units, world, r), states, e, run.on_gpu);
-        const Bytes got{static_cast<std::int64_t>(rr.fields[kParams]), static_cast<std::int64_t>(rr.fields[kGrads]),
+        const Bytes got{static_cast<std::int64_t>(rr.fields[kParams]),
+                        static_cast<std::int64_t>(rr.fields[kGrads]),
                         static_cast<std::int64_t>(rr.fields[kOptimizer]),
                         static_cast<std::int64_t>(rr.fields[kHostOptimizer])};
         params.push_back(got.params);
@@ -350,12 +373,14 @@ int main(int argc, char** argv) {
           max_total = got.total();
           max_formula = want;
         }
-        const std::pair<std::int64_t, std::int64_t> checks[] = {{got.params, want.params},
-                                                                {got.grads, want.grads},
-                                                                {got.optimizer, want.optimizer},
-                                                                {got.host_optimizer, want.host_optimizer}};
+        const std::pair<std::int64_t, std::int64_t> checks[] = {
+            {got.params, want.params},
+            {got.grads, want.grads},
+            {got.optimizer, want.optimizer},
+            {got.host_optimizer, want.host_optimizer}};
         for (const auto& [g, w] : checks) {
-          const double ratio = w > 0 ? static_cast<double>(g) / static_cast<double>(w) : (g == 0 ? 1.0 : 99.0);
+          const double ratio =
+              w > 0 ? static_cast<double>(g) / static_cast<double>(w) : (g == 0 ? 1.0 : 99.0);
           if (std::abs(ratio - 1.0) > std::abs(worst_ratio - 1.0)) worst_ratio = ratio;
         }
       }
@@ -363,11 +388,13 @@ int main(int argc, char** argv) {
       const RankResult& r0 = run.ranks[0];
       const std::int64_t total0 = params[0] + grads[0] + optimizer[0];
       const double vs_ddp = ddp_seconds > 0 ? seconds / ddp_seconds : 0;
-      std::printf(
-          "%-15s %5d %10.1f %10.1f %10.1f %10.1f %10.1f %8s %10.2f %8.2fx %9.2f\n", stage.c_str(), world,
-          params[0] / 1024.0, grads[0] / 1024.0, optimizer[0] / 1024.0, total0 / 1024.0, max_total / 1024.0,
-          std::abs(worst_ratio - 1.0) <= 1e-9 ? "exact" : (std::to_string(worst_ratio).substr(0, 6) + "x").c_str(),
-          seconds * 1e3, vs_ddp, r0.fields[kCommBytes] / (1024.0 * 1024.0));
+      std::printf("%-15s %5d %10.1f %10.1f %10.1f %10.1f %10.1f %8s %10.2f %8.2fx %9.2f\n",
+                  stage.c_str(), world, params[0] / 1024.0, grads[0] / 1024.0,
+                  optimizer[0] / 1024.0, total0 / 1024.0, max_total / 1024.0,
+                  std::abs(worst_ratio - 1.0) <= 1e-9
+                      ? "exact"
+                      : (std::to_string(worst_ratio).substr(0, 6) + "x").c_str(),
+                  seconds * 1e3, vs_ddp, r0.fields[kCommBytes] / (1024.0 * 1024.0));
       if (json) {
         JsonLine line;
         line.add("what", "zero_memory")
@@ -419,7 +446,8 @@ int main(int argc, char** argv) {
   if (close_json(json, "dtp-bench-zero-memory", 0) != 0) return 1;
   if (printed_header && mismatches > 0)
     std::printf(
-        "# %d row(s) differ from the formulas: the 'formula' column shows the worst ratio of any rank and "
+        "# %d row(s) differ from the formulas: the 'formula' column shows the worst ratio of any "
+        "rank and "
         "category\n",
         mismatches);
   return 0;

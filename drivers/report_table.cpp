@@ -36,7 +36,8 @@ double ReportTable::at(std::size_t row, const std::string& heading) const {
   DTP_CHECK(row < rows.size(), "ReportTable: no row ", row, " (the table has ", rows.size(), ")");
   for (std::size_t c = 0; c < columns.size(); ++c)
     if (columns[c].heading == heading) {
-      DTP_CHECK(c < rows[row].values.size(), "ReportTable: row ", row, " has no value for '", heading, "'");
+      DTP_CHECK(c < rows[row].values.size(), "ReportTable: row ", row, " has no value for '",
+                heading, "'");
       return rows[row].values[c];
     }
   std::string headings;

@@ -19,15 +19,19 @@ void RankRun::save(Comm& world, const std::string& path, const std::vector<RunSe
   if (world.rank() == 0) trainer().save(path, settings);
 }
 
-void RankRun::report(const std::vector<RankStepRow>& rows, StepReport& report) { (void)rows, (void)report; }
+void RankRun::report(const std::vector<RankStepRow>& rows, StepReport& report) {
+  (void)rows, (void)report;
+}
 
-TrainResult run_strategy(const TrainConfig& given, const Strategy& strategy, const ReportCallback& on_report) {
+TrainResult run_strategy(const TrainConfig& given, const Strategy& strategy,
+                         const ReportCallback& on_report) {
   TrainConfig config = given;
   config.strategy = strategy.name();
   config.validate();
   strategy.validate(config);
   DTP_CHECK(config.resume_path.empty() || config.load_path.empty() || strategy.resume_with_load(),
-            "train: --resume continues a run (its parameters and optimizer state) and --load starts a new one "
+            "train: --resume continues a run (its parameters and optimizer state) and --load "
+            "starts a new one "
             "from saved parameters; give one, not both");
   return train_with_outputs(config, [&](const StepCallback& logged) {
     const auto start = std::chrono::steady_clock::now();
@@ -65,13 +69,15 @@ TrainResult run_strategy(const TrainConfig& given, const Strategy& strategy, con
       if (!config.save_path.empty()) rank->save(world, config.save_path, settings);  // collective
       rank->finish(world);
     });
-    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    result.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return result;
   });
 }
 
 void add_world_flag(FlagGroup& flags, int* world, const std::string& what) {
-  flags.integer("--world", world, 1, 1024, "N", what, std::to_string(*world) + "; under mpiexec: the processes");
+  flags.integer("--world", world, 1, 1024, "N", what,
+                std::to_string(*world) + "; under mpiexec: the processes");
 }
 
 void default_world_to_processes(int& world, const std::vector<GivenFlag>& given, int processes) {

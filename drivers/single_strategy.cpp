@@ -8,7 +8,9 @@ namespace {
 
 class SingleRank : public RankRun {
  public:
-  explicit SingleRank(const TrainConfig& config) : trainer_(config) { load_parameters(trainer_.model(), config); }
+  explicit SingleRank(const TrainConfig& config) : trainer_(config) {
+    load_parameters(trainer_.model(), config);
+  }
   Trainer& trainer() override { return trainer_; }
   StepRecord step() override { return trainer_.step(); }
 

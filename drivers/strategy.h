@@ -183,7 +183,8 @@ Strategy* find_strategy(const std::string& name);
 /// every step, and saves config.save_path at the end. The log and the trace
 /// are written as train_with_outputs() writes them. config.strategy is
 /// taken from strategy.name().
-TrainResult run_strategy(const TrainConfig& config, const Strategy& strategy, const ReportCallback& on_report = {});
+TrainResult run_strategy(const TrainConfig& config, const Strategy& strategy,
+                         const ReportCallback& on_report = {});
 
 /// Every strategy's `--world N` flag: its ranks, with @p what they are.
 void add_world_flag(FlagGroup& flags, int* world, const std::string& what);

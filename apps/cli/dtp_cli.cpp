@@ -13,7 +13,8 @@ std::optional<long double> parse_integer_text(const std::string& text) {
   const bool negative = !text.empty() && text[0] == '-';
   const char* first = text.data() + (negative ? 1 : 0);
   const char* last = text.data() + text.size();
-  if (first == last || *first < '0' || *first > '9') return std::nullopt;  // from_chars would take a second '-'
+  if (first == last || *first < '0' || *first > '9')
+    return std::nullopt;  // from_chars would take a second '-'
   unsigned long long magnitude = 0;
   const auto [end, error] = std::from_chars(first, last, magnitude, 10);
   if (error != std::errc{} || end != last) return std::nullopt;
@@ -27,7 +28,8 @@ std::optional<double> parse_real_text(const std::string& text) {
   // chars_format::general: decimal with an optional exponent; no hex, no
   // leading space or '+'. It does take "inf" and "nan", refused below.
   const auto [end, error] = std::from_chars(text.data(), last, value, std::chars_format::general);
-  if (text.empty() || error != std::errc{} || end != last || !std::isfinite(value)) return std::nullopt;
+  if (text.empty() || error != std::errc{} || end != last || !std::isfinite(value))
+    return std::nullopt;
   return value;
 }
 
@@ -44,10 +46,11 @@ std::string number_text(long double value) {
 CLI::Validator syntax_check(bool integer) {
   return CLI::Validator(
       [integer](std::string& text) -> std::string {
-        const bool ok = integer ? parse_integer_text(text).has_value() : parse_real_text(text).has_value();
+        const bool ok =
+            integer ? parse_integer_text(text).has_value() : parse_real_text(text).has_value();
         if (ok) return {};
-        return std::string("expects ") + (integer ? "a decimal integer" : "a finite decimal number") + ", got '" +
-               text + "'";
+        return std::string("expects ") +
+               (integer ? "a decimal integer" : "a finite decimal number") + ", got '" + text + "'";
       },
       "");
 }
@@ -66,14 +69,20 @@ void check_list_options(CLI::App& app, int argc, char** argv) {
       for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
         std::string value;
-        if (arg == flag && i + 1 < argc) value = argv[i + 1];
-        else if (arg.rfind(flag + "=", 0) == 0) value = arg.substr(flag.size() + 1);
-        else if (arg != flag) continue;
+        if (arg == flag && i + 1 < argc)
+          value = argv[i + 1];
+        else if (arg.rfind(flag + "=", 0) == 0)
+          value = arg.substr(flag.size() + 1);
+        else if (arg != flag)
+          continue;
         ++given;
-        if (value.empty() || value.front() == ',' || value.back() == ',' || value.find(",,") != std::string::npos)
-          throw CLI::ValidationError(flag, "expects a comma list without empty items, got '" + value + "'");
+        if (value.empty() || value.front() == ',' || value.back() == ',' ||
+            value.find(",,") != std::string::npos)
+          throw CLI::ValidationError(
+              flag, "expects a comma list without empty items, got '" + value + "'");
       }
-      if (given > 1) throw CLI::ValidationError(flag + " was given more than once: give one comma list");
+      if (given > 1)
+        throw CLI::ValidationError(flag + " was given more than once: give one comma list");
     }
   }
 }
@@ -87,7 +96,8 @@ Range::Range(long double low, long double high, bool integer) {
     const std::optional<long double> value =
         integer ? parse_integer_text(text) : std::optional<long double>(parse_real_text(text));
     if (value && *value >= low && *value <= high) return {};
-    return std::string("expects ") + (integer ? "an integer" : "a number") + " in " + range + ", got '" + text + "'";
+    return std::string("expects ") + (integer ? "an integer" : "a number") + " in " + range +
+           ", got '" + text + "'";
   };
 }
 
@@ -105,7 +115,8 @@ std::optional<int> parse(CLI::App& app, int argc, char** argv) {
     std::fputs(app.help().c_str(), stdout);
     return 0;
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "%s: error: %s (see --help)\n", app.get_name().c_str(), error_text(e).c_str());
+    std::fprintf(stderr, "%s: error: %s (see --help)\n", app.get_name().c_str(),
+                 error_text(e).c_str());
     return 2;
   }
 }
@@ -113,8 +124,9 @@ std::optional<int> parse(CLI::App& app, int argc, char** argv) {
 void require_heads_divide_width(CLI::App& app, const int& d_model, const int& heads) {
   app.callback([&d_model, &heads] {
     if (heads > 0 && d_model % heads != 0)
-      throw CLI::ValidationError("--d-model " + std::to_string(d_model) + " must divide by --heads " +
-                                 std::to_string(heads) + " (each head is d_model / heads wide)");
+      throw CLI::ValidationError("--d-model " + std::to_string(d_model) +
+                                 " must divide by --heads " + std::to_string(heads) +
+                                 " (each head is d_model / heads wide)");
   });
 }
 
@@ -122,7 +134,8 @@ std::string error_text(const CLI::ParseError& error) {
   std::string message = error.what();
   // CLI11 says "--batch: At Most 1 required but received 2" for a flag given twice.
   const std::string::size_type at = message.find(": At Most 1 required but received");
-  if (at != std::string::npos) message = message.substr(0, at) + " was given more than once: give it once";
+  if (at != std::string::npos)
+    message = message.substr(0, at) + " was given more than once: give it once";
   return message;
 }
 

@@ -36,7 +36,9 @@ std::optional<double> parse_real_text(const std::string& text);
 class Range : public CLI::Validator {
  public:
   template <typename T>
-  Range(T low, T high) : Range(static_cast<long double>(low), static_cast<long double>(high), std::is_integral_v<T>) {}
+  Range(T low, T high)
+      : Range(static_cast<long double>(low), static_cast<long double>(high),
+              std::is_integral_v<T>) {}
 
  private:
   Range(long double low, long double high, bool integer);
@@ -60,15 +62,19 @@ std::string error_text(const CLI::ParseError& error);
 
 /// A --device option ("cpu", "cuda" or "cuda:k") read by dtp::parse_device,
 /// whose error it reports.
-CLI::Option* add_device_option(CLI::App& app, Device& device, const std::string& help = "cpu or cuda[:k]");
+CLI::Option* add_device_option(CLI::App& app, Device& device,
+                               const std::string& help = "cpu or cuda[:k]");
 
 /// A comma-list option ("--worlds 1,2,4") read into @p values, shown in the
 /// help as @p items ("N,..."). The caller adds its check (each item is
 /// checked), and capture_default_str() or expected(n) where they apply.
 template <typename T>
-CLI::Option* add_list_option(CLI::App& app, const std::string& name, std::vector<T>& values, const std::string& help,
-                             const std::string& items) {
-  return app.add_option(name, values, help)->delimiter(',')->allow_extra_args(false)->type_name(items);
+CLI::Option* add_list_option(CLI::App& app, const std::string& name, std::vector<T>& values,
+                             const std::string& help, const std::string& items) {
+  return app.add_option(name, values, help)
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->type_name(items);
 }
 
 }  // namespace dtp::cli

@@ -29,16 +29,18 @@ std::string listed(const std::vector<std::string>& items) {
 
 FlagGroup& FlagGroup::add_integer(const std::string& name, std::int64_t low, std::int64_t high,
                                   const std::string& value_name, const std::string& help,
-                                  const std::string& default_text, std::function<void(std::int64_t)> store) {
+                                  const std::string& default_text,
+                                  std::function<void(std::int64_t)> store) {
   const std::string range = "[" + std::to_string(low) + ", " + std::to_string(high) + "]";
   flags_.push_back({name, value_name,
-                    help + ", " + std::to_string(low) + " to " + std::to_string(high) + " (default " +
-                        default_text + ")",
+                    help + ", " + std::to_string(low) + " to " + std::to_string(high) +
+                        " (default " + default_text + ")",
                     [name, low, high, range, store](const std::string& text) {
                       // The whole text, in decimal: no "12x", " 12", "1e3" or "0x10".
                       const std::optional<long double> value = parse_integer_text(text);
                       if (!value || *value < low || *value > high)
-                        throw UsageError(name + " expects an integer in " + range + ", got '" + text + "'");
+                        throw UsageError(name + " expects an integer in " + range + ", got '" +
+                                         text + "'");
                       store(static_cast<std::int64_t>(*value));
                     }});
   return *this;
@@ -47,31 +49,34 @@ FlagGroup& FlagGroup::add_integer(const std::string& name, std::int64_t low, std
 FlagGroup& FlagGroup::real(const std::string& name, double* target, double low, double high,
                            const std::string& value_name, const std::string& help, Ends ends,
                            const std::string& default_text) {
-  return real(name, [target](double v) { *target = v; }, low, high, value_name, help,
-              default_text.empty() ? number_text(*target) : default_text, ends);
+  return real(
+      name, [target](double v) { *target = v; }, low, high, value_name, help,
+      default_text.empty() ? number_text(*target) : default_text, ends);
 }
 
-FlagGroup& FlagGroup::real(const std::string& name, std::function<void(double)> store, double low, double high,
-                           const std::string& value_name, const std::string& help, const std::string& default_text,
-                           Ends ends) {
-  const std::string range = std::string(ends == Ends::open_low ? "(" : "[") + number_text(low) + ", " +
-                            number_text(high) + (ends == Ends::open_high ? ")" : "]");
+FlagGroup& FlagGroup::real(const std::string& name, std::function<void(double)> store, double low,
+                           double high, const std::string& value_name, const std::string& help,
+                           const std::string& default_text, Ends ends) {
+  const std::string range = std::string(ends == Ends::open_low ? "(" : "[") + number_text(low) +
+                            ", " + number_text(high) + (ends == Ends::open_high ? ")" : "]");
   const std::string from = ends == Ends::open_low ? "above " + number_text(low) : number_text(low);
   const std::string to = ends == Ends::open_high ? "below " + number_text(high) : number_text(high);
-  flags_.push_back({name, value_name, help + ", " + from + " to " + to + " (default " + default_text + ")",
-                    [name, low, high, ends, range, store](const std::string& text) {
-                      // Decimal and finite: strtod would also take " 1", "0x10" and "nan".
-                      const std::optional<double> value = parse_real_text(text);
-                      const bool fits = value && (ends == Ends::open_low ? *value > low : *value >= low) &&
-                                        (ends == Ends::open_high ? *value < high : *value <= high);
-                      if (!fits) throw UsageError(name + " expects a number in " + range + ", got '" + text + "'");
-                      store(*value);
-                    }});
+  flags_.push_back(
+      {name, value_name, help + ", " + from + " to " + to + " (default " + default_text + ")",
+       [name, low, high, ends, range, store](const std::string& text) {
+         // Decimal and finite: strtod would also take " 1", "0x10" and "nan".
+         const std::optional<double> value = parse_real_text(text);
+         const bool fits = value && (ends == Ends::open_low ? *value > low : *value >= low) &&
+                           (ends == Ends::open_high ? *value < high : *value <= high);
+         if (!fits)
+           throw UsageError(name + " expects a number in " + range + ", got '" + text + "'");
+         store(*value);
+       }});
   return *this;
 }
 
-FlagGroup& FlagGroup::choice(const std::string& name, std::string* target, const std::vector<std::string>& accepted,
-                             const std::string& help) {
+FlagGroup& FlagGroup::choice(const std::string& name, std::string* target,
+                             const std::vector<std::string>& accepted, const std::string& help) {
   std::string values;
   for (const std::string& a : accepted) values += (values.empty() ? "" : "|") + a;
   flags_.push_back({name, values, help + " (default " + *target + ")",
@@ -81,13 +86,14 @@ FlagGroup& FlagGroup::choice(const std::string& name, std::string* target, const
                           *target = text;
                           return;
                         }
-                      throw UsageError(name + " accepts " + listed(accepted) + ", got '" + text + "'");
+                      throw UsageError(name + " accepts " + listed(accepted) + ", got '" + text +
+                                       "'");
                     }});
   return *this;
 }
 
-FlagGroup& FlagGroup::path(const std::string& name, std::string* target, const std::string& value_name,
-                           const std::string& help) {
+FlagGroup& FlagGroup::path(const std::string& name, std::string* target,
+                           const std::string& value_name, const std::string& help) {
   flags_.push_back({name, value_name, help, [name, target](const std::string& text) {
                       if (text.empty()) throw UsageError(name + " expects a file path, got ''");
                       *target = text;
@@ -100,7 +106,8 @@ FlagGroup& FlagGroup::toggle(const std::string& name, bool* target, const std::s
   return *this;
 }
 
-FlagGroup& FlagGroup::custom(const std::string& name, const std::string& value_name, const std::string& help,
+FlagGroup& FlagGroup::custom(const std::string& name, const std::string& value_name,
+                             const std::string& help,
                              std::function<void(const std::string&)> parse) {
   flags_.push_back({name, value_name, help, [name, parse](const std::string& text) {
                       try {
@@ -125,12 +132,14 @@ const Flag* FlagGroup::find(const std::string& name) const {
   return nullptr;
 }
 
-std::vector<GivenFlag> read_flags(int argc, char** argv, const std::vector<const FlagGroup*>& groups, bool& help) {
+std::vector<GivenFlag> read_flags(int argc, char** argv,
+                                  const std::vector<const FlagGroup*>& groups, bool& help) {
   help = false;
   // One CLI11 option per flag name, whichever groups declare it.
   std::map<std::string, bool> takes_value;
   for (const FlagGroup* group : groups)
-    for (const Flag& flag : group->flags()) takes_value.emplace(flag.name, !flag.value_name.empty());
+    for (const Flag& flag : group->flags())
+      takes_value.emplace(flag.name, !flag.value_name.empty());
   std::vector<GivenFlag> given;
   CLI::App app{"", argc > 0 ? argv[0] : "dtp"};
   app.allow_extras();  // reported below in DTP's words
@@ -153,7 +162,8 @@ std::vector<GivenFlag> read_flags(int argc, char** argv, const std::vector<const
   for (int i = 1; i < argc; ++i)
     if (std::string arg = argv[i]; arg.size() > 3 && arg.back() == '=')
       for (const FlagGroup* group : groups)
-        if (const Flag* flag = group->find(arg.substr(0, arg.size() - 1)); flag && !flag->value_name.empty())
+        if (const Flag* flag = group->find(arg.substr(0, arg.size() - 1));
+            flag && !flag->value_name.empty())
           flag->set("");
   try {
     app.parse(argc, argv);
@@ -163,7 +173,8 @@ std::vector<GivenFlag> read_flags(int argc, char** argv, const std::vector<const
   } catch (const CLI::ParseError& e) {
     throw UsageError(error_text(e) + " (see --help)");
   }
-  if (!app.remaining().empty()) throw UsageError("unknown option '" + app.remaining().front() + "' (see --help)");
+  if (!app.remaining().empty())
+    throw UsageError("unknown option '" + app.remaining().front() + "' (see --help)");
   return given;
 }
 
@@ -216,19 +227,21 @@ std::string format_groups(const std::vector<const FlagGroup*>& groups) {
   for (const FlagGroup* group : groups) {
     out += "\n" + group->title() + ":\n";
     for (const Flag& flag : group->flags()) {
-      std::string name = std::string(kIndent, ' ') + flag.name + (flag.value_name.empty() ? "" : " " + flag.value_name);
+      std::string name = std::string(kIndent, ' ') + flag.name +
+                         (flag.value_name.empty() ? "" : " " + flag.value_name);
       const std::vector<std::string> lines = wrap(flag.help, kWidth - kColumn);
       if (name.size() + 2 > kColumn) {
         out += name + "\n";
         name.clear();
       }
       for (std::size_t i = 0; i < lines.size(); ++i) {
-        out += (i == 0 ? name : std::string()) + std::string(kColumn - (i == 0 ? name.size() : 0), ' ') + lines[i] +
-               "\n";
+        out += (i == 0 ? name : std::string()) +
+               std::string(kColumn - (i == 0 ? name.size() : 0), ' ') + lines[i] + "\n";
       }
     }
     for (const std::string& paragraph : group->paragraphs())
-      for (const std::string& line : wrap(paragraph, kWidth - kIndent)) out += std::string(kIndent, ' ') + line + "\n";
+      for (const std::string& line : wrap(paragraph, kWidth - kIndent))
+        out += std::string(kIndent, ' ') + line + "\n";
   }
   return out;
 }

@@ -6,8 +6,9 @@
 // so `dtp train --help` is generated from the groups.
 //
 //   FlagGroup group("Data parallel (--strategy ddp, chapter 02)");
-//   group.integer("--accumulate", &options.accumulate, 1, 1 << 20, "K", "micro-batches per optimizer step");
-//   group.toggle("--prefetch", &options.prefetch, "gather the next unit while this one computes");
+//   group.integer("--accumulate", &options.accumulate, 1, 1 << 20, "K", "micro-batches per
+//   optimizer step"); group.toggle("--prefetch", &options.prefetch, "gather the next unit while
+//   this one computes");
 #pragma once
 
 #include <cstdint>
@@ -62,13 +63,13 @@ class FlagGroup {
                   const std::string& default_text = {});
   /// The same, handing the number to @p store (which converts it: MiB to
   /// bytes); the help's default is @p default_text.
-  FlagGroup& real(const std::string& name, std::function<void(double)> store, double low, double high,
-                  const std::string& value_name, const std::string& help, const std::string& default_text,
-                  Ends ends = Ends::closed);
+  FlagGroup& real(const std::string& name, std::function<void(double)> store, double low,
+                  double high, const std::string& value_name, const std::string& help,
+                  const std::string& default_text, Ends ends = Ends::closed);
   /// One of @p accepted into @p target ("--optimizer accepts adamw or sgd,
   /// got 'lion'"); the help gets "(default VALUE)" appended.
-  FlagGroup& choice(const std::string& name, std::string* target, const std::vector<std::string>& accepted,
-                    const std::string& help);
+  FlagGroup& choice(const std::string& name, std::string* target,
+                    const std::vector<std::string>& accepted, const std::string& help);
   /// A file path into @p target (an empty one is refused).
   FlagGroup& path(const std::string& name, std::string* target, const std::string& value_name,
                   const std::string& help);
@@ -89,8 +90,8 @@ class FlagGroup {
 
  private:
   FlagGroup& add_integer(const std::string& name, std::int64_t low, std::int64_t high,
-                         const std::string& value_name, const std::string& help, const std::string& default_text,
-                         std::function<void(std::int64_t)> store);
+                         const std::string& value_name, const std::string& help,
+                         const std::string& default_text, std::function<void(std::int64_t)> store);
   std::string title_;
   std::vector<Flag> flags_;
   std::vector<std::string> paragraphs_;
@@ -109,14 +110,16 @@ struct GivenFlag {
 /// one flag. Throws UsageError for an unknown flag, a stray argument, a
 /// flag given twice, a missing value and a switch given a value. Sets
 /// @p help when -h or --help was given (nothing else is checked then).
-std::vector<GivenFlag> read_flags(int argc, char** argv, const std::vector<const FlagGroup*>& groups, bool& help);
+std::vector<GivenFlag> read_flags(int argc, char** argv,
+                                  const std::vector<const FlagGroup*>& groups, bool& help);
 
 /// Sets every flag of @p given that @p group declares, in command-line
 /// order; returns how many it set.
 int apply_flags(const FlagGroup& group, const std::vector<GivenFlag>& given);
 
 /// Whether @p name is among @p given; its text in @p text when it is.
-bool was_given(const std::vector<GivenFlag>& given, const std::string& name, std::string* text = nullptr);
+bool was_given(const std::vector<GivenFlag>& given, const std::string& name,
+               std::string* text = nullptr);
 
 /// The groups as --help prints them: "Title:" and one entry per flag, the
 /// help wrapped at 80 columns in a column of its own, then the paragraphs.

@@ -28,10 +28,12 @@ void check_writable(const std::string& flag, const std::string& path) {
 void check_save_path(const std::string& flag, const std::string& path) {
   namespace fs = std::filesystem;
   const fs::path target(path);
-  if (fs::is_directory(target)) throw UsageError(flag + " expects a file path, got the directory '" + path + "'");
+  if (fs::is_directory(target))
+    throw UsageError(flag + " expects a file path, got the directory '" + path + "'");
   const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
   if (!fs::is_directory(folder))
-    throw UsageError(flag + ": the folder '" + folder.string() + "' of '" + path + "' does not exist");
+    throw UsageError(flag + ": the folder '" + folder.string() + "' of '" + path +
+                     "' does not exist");
   if (::access(folder.c_str(), W_OK) != 0)
     throw UsageError(flag + ": cannot write in '" + folder.string() + "': " + std::strerror(errno));
   // The save writes FILE.tmp first: a folder there would fail it after the run.
@@ -66,7 +68,8 @@ void check_files_apart(const Options& o) {
     bool saved = false;  // written to FILE.tmp, then renamed over FILE
   };
   std::vector<File> files;
-  auto add = [&files](const std::string& flag, const std::string& path, bool output, bool saved = false) {
+  auto add = [&files](const std::string& flag, const std::string& path, bool output,
+                      bool saved = false) {
     if (!path.empty()) files.push_back({flag, path, output, saved});
   };
   add("--data", c.data_path, false);
@@ -88,10 +91,10 @@ void check_files_apart(const Options& o) {
       const bool save_replaces_input = (!a.output && b.saved) || (!b.output && a.saved);
       if (a.flag != "--data" && b.flag != "--data" && save_replaces_input) continue;
       if (!same_file(a.path, b.path)) continue;
-      const char* why =
-          a.output && b.output ? "one output would overwrite the other" : "the run would overwrite a file it reads";
-      throw UsageError(a.flag + " '" + a.path + "' and " + b.flag + " '" + b.path + "' are the same file: " + why +
-                       "; give each its own file");
+      const char* why = a.output && b.output ? "one output would overwrite the other"
+                                             : "the run would overwrite a file it reads";
+      throw UsageError(a.flag + " '" + a.path + "' and " + b.flag + " '" + b.path +
+                       "' are the same file: " + why + "; give each its own file");
     }
 }
 

@@ -34,7 +34,8 @@ struct CommonFlags {
                  strategy_name = v;
                });
     run.custom("--impl", "puzzles|reference",
-               "whose code a strategy with puzzles runs: yours in puzzles/ (default) or the reference solution "
+               "whose code a strategy with puzzles runs: yours in puzzles/ (default) or the "
+               "reference solution "
                "(bin/dtp-train-reference, started for you)",
                [&o](const std::string& v) {
                  if (v != "puzzles" && v != "reference")
@@ -44,46 +45,58 @@ struct CommonFlags {
     run.integer("--steps", &c.steps, 1, kMaxSteps, "K", "optimizer steps");
     run.integer("--batch", &c.batch, 1, 1 << 20, "B", "sequences per step, the global batch");
     run.integer("--seq", &c.seq, 1, 1 << 16, "T", "tokens per sequence");
-    run.path("--data", &c.data_path, "FILE",
-             "train on the bytes of a text file (vocabulary 256); default: the synthetic phrase stream");
+    run.path(
+        "--data", &c.data_path, "FILE",
+        "train on the bytes of a text file (vocabulary 256); default: the synthetic phrase stream");
     run.integer("--seed", &c.seed, 0, std::numeric_limits<std::int64_t>::max(), "N",
                 "seeds weights, data and sampling");
     run.path("--trace", &c.trace_path, "FILE",
-             "write a Chrome/Perfetto trace of the run as it runs: each rank a process, its communication thread "
-             "a second track. Under mpiexec each process writes FILE.partK and rank 0 merges them into FILE");
-    run.path("--json", &c.json_path, "FILE", "write a JSON-lines log (config, one line per step, summary)");
+             "write a Chrome/Perfetto trace of the run as it runs: each rank a process, its "
+             "communication thread "
+             "a second track. Under mpiexec each process writes FILE.partK and rank 0 merges them "
+             "into FILE");
+    run.path("--json", &c.json_path, "FILE",
+             "write a JSON-lines log (config, one line per step, summary)");
     run.integer("--log-every", &o.log_every, 1, kMaxSteps, "N",
                 "keep a line every N steps; on a terminal a line updates in place in between",
                 "about ten lines per run");
 
-    checkpoints.path("--save", &c.save_path, "FILE",
-                     "at the end, write what the run trains, the optimizer state, the step and these settings to "
-                     "FILE (through FILE.tmp, renamed: an interrupted save leaves the old FILE as it was)");
-    checkpoints.custom("--resume", "FILE",
-                       "continue the run that saved FILE, from its step to --steps: the same result, bit for bit, "
-                       "as the run never stopped. Every setting but --steps must be the saved run's, the "
-                       "strategy's flags too (the error lists any that differ)",
-                       [&c](const std::string& v) {
-                         if (v.empty()) throw UsageError("--resume expects a checkpoint file, got ''");
-                         c.resume_path = v;
-                       });
-    checkpoints.custom("--load", "FILE",
-                       "start from FILE's parameters (a new run: fresh optimizer, step 0): fine-tuning a "
-                       "pretrained model. A file of another float dtype is cast",
-                       [&c](const std::string& v) {
-                         if (v.empty()) throw UsageError("--load expects a checkpoint file, got ''");
-                         c.load_path = v;
-                       });
-    checkpoints.integer("--stop-after", &c.stop_after, 1, kMaxSteps, "K",
-                        "stop after step K of --steps: train a run in slices (--save, then --resume)", "--steps");
-    checkpoints.paragraph("Every strategy saves and resumes. Where ranks hold shards (zero, tp, pp, ep), rank 0 "
-                          "gathers them into one file of the single-device layout, which --load reads under any "
-                          "strategy. The format: runtime/include/dtp/checkpoint.h.");
+    checkpoints.path(
+        "--save", &c.save_path, "FILE",
+        "at the end, write what the run trains, the optimizer state, the step and these settings "
+        "to "
+        "FILE (through FILE.tmp, renamed: an interrupted save leaves the old FILE as it was)");
+    checkpoints.custom(
+        "--resume", "FILE",
+        "continue the run that saved FILE, from its step to --steps: the same result, bit for bit, "
+        "as the run never stopped. Every setting but --steps must be the saved run's, the "
+        "strategy's flags too (the error lists any that differ)",
+        [&c](const std::string& v) {
+          if (v.empty()) throw UsageError("--resume expects a checkpoint file, got ''");
+          c.resume_path = v;
+        });
+    checkpoints.custom(
+        "--load", "FILE",
+        "start from FILE's parameters (a new run: fresh optimizer, step 0): fine-tuning a "
+        "pretrained model. A file of another float dtype is cast",
+        [&c](const std::string& v) {
+          if (v.empty()) throw UsageError("--load expects a checkpoint file, got ''");
+          c.load_path = v;
+        });
+    checkpoints.integer(
+        "--stop-after", &c.stop_after, 1, kMaxSteps, "K",
+        "stop after step K of --steps: train a run in slices (--save, then --resume)", "--steps");
+    checkpoints.paragraph(
+        "Every strategy saves and resumes. Where ranks hold shards (zero, tp, pp, ep), rank 0 "
+        "gathers them into one file of the single-device layout, which --load reads under any "
+        "strategy. The format: runtime/include/dtp/checkpoint.h.");
 
     model.integer("--layers", &c.model.layers, 0, 256, "N", "transformer blocks");
     model.integer("--d-model", &c.model.d_model, 1, kMaxWidth, "C", "width");
-    model.integer("--heads", &c.model.heads, 1, kMaxWidth, "H", "attention heads; C must divide by H");
-    model.integer("--vocab", &c.model.vocab_size, 2, 1 << 20, "V", "vocabulary of the synthetic data");
+    model.integer("--heads", &c.model.heads, 1, kMaxWidth, "H",
+                  "attention heads; C must divide by H");
+    model.integer("--vocab", &c.model.vocab_size, 2, 1 << 20, "V",
+                  "vocabulary of the synthetic data");
     model.custom("--attention", "naive|flash", "the attention kernel (default naive)",
                  [&c](const std::string& v) { c.model.attention = parse_attention_kind(v); });
     model.choice("--dtype", &dtype, {"f32", "f64"}, "parameter and activation dtype");
@@ -91,10 +104,13 @@ struct CommonFlags {
                   "a mixture of E expert MLPs in every block (0: one dense MLP)");
     model.integer("--top-k", &c.model.top_k, 1, 1024, "K", "experts per token (at most E)");
     model.real("--capacity-factor", &c.model.capacity_factor, 0, 1024, "X",
-               "expert capacity = ceil(X tokens K / E); choices over it are dropped", cli::Ends::open_low);
-    model.real("--aux-loss-coef", &c.model.aux_loss_coef, 0, 100, "X", "weight of the load-balancing loss");
-    model.integer("--moe-groups", &c.model.moe_groups, 1, 1024, "G",
-                  "route each batch's tokens in G equal groups, each with its own capacity and balance loss");
+               "expert capacity = ceil(X tokens K / E); choices over it are dropped",
+               cli::Ends::open_low);
+    model.real("--aux-loss-coef", &c.model.aux_loss_coef, 0, 100, "X",
+               "weight of the load-balancing loss");
+    model.integer(
+        "--moe-groups", &c.model.moe_groups, 1, 1024, "G",
+        "route each batch's tokens in G equal groups, each with its own capacity and balance loss");
 
     optimizer.choice("--optimizer", &c.optimizer, {"adamw", "sgd"}, "the optimizer");
     optimizer.real("--lr", &c.lr, 1e-12, 1000, "X", "peak learning rate");
@@ -102,10 +118,13 @@ struct CommonFlags {
     optimizer.real("--min-lr-ratio", &c.min_lr_ratio, 0, 1, "X", "the cosine decay ends at lr * X");
     optimizer.real("--weight-decay", &c.weight_decay, 0, 100, "X", "decoupled weight decay");
     optimizer.real("--momentum", &c.momentum, 0, 1, "X", "SGD momentum", cli::Ends::open_high);
-    optimizer.real("--clip", &c.grad_clip, 0, 1e6, "X", "clip gradients to this global norm; 0 disables");
+    optimizer.real("--clip", &c.grad_clip, 0, 1e6, "X",
+                   "clip gradients to this global norm; 0 disables");
   }
 
-  std::vector<const cli::FlagGroup*> groups() const { return {&run, &checkpoints, &model, &optimizer}; }
+  std::vector<const cli::FlagGroup*> groups() const {
+    return {&run, &checkpoints, &model, &optimizer};
+  }
 };
 
 // A strategy's flags, declared once per program (its settings live in the
@@ -132,8 +151,10 @@ std::string strategies_taking(const std::string& flag) {
   for (std::size_t i = 0; i < groups.size(); ++i) {
     if (!groups[i].find(flag)) continue;
     drivers::Strategy* s = drivers::registered_strategies()[i];
-    if (s->chosen_by() == "--strategy " + s->name()) by_name.push_back(s->name());
-    else by_flag.push_back(s->chosen_by());
+    if (s->chosen_by() == "--strategy " + s->name())
+      by_name.push_back(s->name());
+    else
+      by_flag.push_back(s->chosen_by());
   }
   std::vector<std::string> ways;
   if (!by_name.empty()) {
@@ -144,32 +165,38 @@ std::string strategies_taking(const std::string& flag) {
   }
   ways.insert(ways.end(), by_flag.begin(), by_flag.end());
   std::string text;
-  for (std::size_t i = 0; i < ways.size(); ++i) text += (i == 0 ? "" : i + 1 == ways.size() ? " or " : ", ") + ways[i];
+  for (std::size_t i = 0; i < ways.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == ways.size() ? " or " : ", ") + ways[i];
   return text;
 }
 
 // The strategy the command line asks for: --strategy NAME, or the one a
 // flag of its own chooses (--precision bf16, --lora-rank R).
-drivers::Strategy* choose_strategy(const std::string& name, const std::vector<cli::GivenFlag>& given) {
+drivers::Strategy* choose_strategy(const std::string& name,
+                                   const std::vector<cli::GivenFlag>& given) {
   drivers::Strategy* named = drivers::find_strategy(name);
   std::string names;
   for (drivers::Strategy* s : drivers::registered_strategies())
-    if (s->chosen_by() == "--strategy " + s->name()) names += (names.empty() ? "" : ", ") + s->name();
+    if (s->chosen_by() == "--strategy " + s->name())
+      names += (names.empty() ? "" : ", ") + s->name();
   if (!named) throw UsageError("--strategy: unknown strategy '" + name + "'; accepted: " + names);
   if (named->chosen_by() != "--strategy " + named->name())
-    throw UsageError("--strategy " + name + " is chosen by " + named->chosen_by() + ": give that instead");
+    throw UsageError("--strategy " + name + " is chosen by " + named->chosen_by() +
+                     ": give that instead");
   drivers::Strategy* chosen = nullptr;
   for (drivers::Strategy* s : drivers::registered_strategies()) {
     if (!s->chosen(given)) continue;
     if (chosen)
-      throw UsageError(s->chosen_by() + " (--strategy " + s->name() + ") and " + chosen->chosen_by() +
-                       " (--strategy " + chosen->name() + ") choose two strategies: give one");
+      throw UsageError(s->chosen_by() + " (--strategy " + s->name() + ") and " +
+                       chosen->chosen_by() + " (--strategy " + chosen->name() +
+                       ") choose two strategies: give one");
     chosen = s;
   }
   if (!chosen) return named;
   if (name != "single")
-    throw UsageError(chosen->chosen_by() + " chooses --strategy " + chosen->name() + " (" + chosen->title() +
-                     "), which does not combine with --strategy " + name + ": give one of them");
+    throw UsageError(chosen->chosen_by() + " chooses --strategy " + chosen->name() + " (" +
+                     chosen->title() + "), which does not combine with --strategy " + name +
+                     ": give one of them");
   return chosen;
 }
 
@@ -180,7 +207,8 @@ void check_no_ignored_flags(const Options& o) {
   auto given = [&o](const char* flag) { return cli::was_given(o.given, flag); };
   for (const char* flag : {"--top-k", "--capacity-factor", "--aux-loss-coef"})
     if (given(flag) && c.model.experts == 0)
-      throw UsageError(std::string(flag) + " sets the mixture of experts: it needs --moe-experts E");
+      throw UsageError(std::string(flag) +
+                       " sets the mixture of experts: it needs --moe-experts E");
   if (given("--momentum") && c.optimizer != "sgd")
     throw UsageError("--momentum is SGD's; this run's --optimizer is " + c.optimizer);
   if (given("--vocab") && !c.data_path.empty())
@@ -194,13 +222,15 @@ std::string usage() {
   const CommonFlags common(o);
   std::string text =
       "Usage: dtp train [OPTIONS]\n\n"
-      "Trains a small GPT on one device or with a strategy of the chapters (below), shows a progress line\n"
+      "Trains a small GPT on one device or with a strategy of the chapters (below), shows a "
+      "progress line\n"
       "(loss, tokens/s, time left), a per-rank table after each kept step, and a summary.\n\n"
       "Strategies:\n";
   for (drivers::Strategy* s : drivers::registered_strategies()) {
     char line[160];
-    std::snprintf(line, sizeof line, "  %-24s %s%s\n", s->chosen_by().c_str(), s->title().c_str(),
-                  s->chapter().empty() ? " (the default)" : (" (chapter " + s->chapter() + ")").c_str());
+    std::snprintf(
+        line, sizeof line, "  %-24s %s%s\n", s->chosen_by().c_str(), s->title().c_str(),
+        s->chapter().empty() ? " (the default)" : (" (chapter " + s->chapter() + ")").c_str());
     text += line;
   }
   std::vector<const cli::FlagGroup*> groups = {&common.run, &common.checkpoints};
@@ -209,9 +239,11 @@ std::string usage() {
   groups.push_back(&common.model);
   groups.push_back(&common.optimizer);
   text += cli::format_groups(groups);
-  text += "\n  -h, --help                this text\n\n"
-          "Exit status: 0 trained; 1 the run failed; 2 a bad command line; 3 a puzzle the run needs is not solved "
-          "yet.\n";
+  text +=
+      "\n  -h, --help                this text\n\n"
+      "Exit status: 0 trained; 1 the run failed; 2 a bad command line; 3 a puzzle the run needs is "
+      "not solved "
+      "yet.\n";
   return text;
 }
 
@@ -241,7 +273,8 @@ Options parse_arguments(int argc, char** argv) {
   for (const cli::GivenFlag& flag : o.given) {
     bool taken = mine->find(flag.name) != nullptr;
     for (const cli::FlagGroup* g : common.groups()) taken = taken || g->find(flag.name);
-    for (drivers::Strategy* s : registered) taken = taken || s->chosen_by().rfind(flag.name + " ", 0) == 0;
+    for (drivers::Strategy* s : registered)
+      taken = taken || s->chosen_by().rfind(flag.name + " ", 0) == 0;
     if (!taken) throw UsageError(flag.name + " needs " + strategies_taking(flag.name));
   }
   return o;
@@ -255,13 +288,15 @@ void check_options(const Options& o) {
                      std::to_string(config.model.d_model));
   if (config.model.top_k > std::max(config.model.experts, 1))
     throw UsageError("--top-k " + std::to_string(config.model.top_k) +
-                     " needs at least as many experts (--moe-experts " + std::to_string(config.model.experts) + ")");
+                     " needs at least as many experts (--moe-experts " +
+                     std::to_string(config.model.experts) + ")");
   if (config.stop_after > config.steps)
     throw UsageError("--stop-after " + std::to_string(config.stop_after) + " is past --steps " +
                      std::to_string(config.steps));
   if (!config.resume_path.empty() && !config.load_path.empty() && !o.strategy->resume_with_load())
-    throw UsageError("--resume continues a run and --load starts a new one from saved parameters: give one, not "
-                     "both (under --lora-rank they go together: --load the base, --resume the adapters)");
+    throw UsageError(
+        "--resume continues a run and --load starts a new one from saved parameters: give one, not "
+        "both (under --lora-rank they go together: --load the base, --resume the adapters)");
   try {
     o.strategy->validate(config);
   } catch (const dtp::Error& e) {

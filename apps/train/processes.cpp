@@ -34,10 +34,14 @@ int launcher_number(std::initializer_list<const char*> names, int least, int oth
 }
 
 // Processes mpiexec started; 1 outside mpiexec.
-int launcher_process_count() { return launcher_number({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}, 1, 1); }
+int launcher_process_count() {
+  return launcher_number({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}, 1, 1);
+}
 
 // This process's index among them; 0 outside mpiexec.
-int launcher_process_index() { return launcher_number({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}, 0, 0); }
+int launcher_process_index() {
+  return launcher_number({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}, 0, 0);
+}
 
 // Where process @p index writes its part of the trace under mpiexec.
 std::string trace_part(const std::string& trace_path, int index) {
@@ -54,8 +58,8 @@ void run_impl(const std::string& impl, char** argv) {
   std::error_code error;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
   const std::string sibling = impl == "reference" ? "dtp-train-reference" : "dtp-train";
-  const std::filesystem::path program = (error ? std::filesystem::path(argv[0]).parent_path()
-                                               : self.parent_path()) / sibling;
+  const std::filesystem::path program =
+      (error ? std::filesystem::path(argv[0]).parent_path() : self.parent_path()) / sibling;
   const std::string path = program.string();
   argv[0] = const_cast<char*>(path.c_str());
   ::execv(path.c_str(), argv);
@@ -75,7 +79,8 @@ ProcessRole join_processes(Options& options) {
                      "and write the same files; set DTP_BACKEND=mpi");
   if (role.mpi) {
     role.processes = max_world_size(Backend::mpi);
-    if (role.processes < 1) throw UsageError("DTP_BACKEND=mpi, but this dtp-train was built without MPI");
+    if (role.processes < 1)
+      throw UsageError("DTP_BACKEND=mpi, but this dtp-train was built without MPI");
   }
   // Every process resolves alike (under mpiexec --world defaults to the
   // process count), so every rank runs the same settings.
@@ -111,8 +116,11 @@ void merge_trace_parts(const std::string& trace_path, const ProcessRole& role) {
     if (index != role.process) parts.push_back(trace_part(trace_path, index));
   const double timeout = default_timeout_seconds();
   for (const std::string& part : trace::merge_chrome_traces(trace_path, parts, timeout))
-    std::fprintf(stderr, "dtp-train: warning: the trace part '%s' was not finished within %.0f s (DTP_TIMEOUT); "
-                 "%s lacks that process's ranks\n", part.c_str(), timeout, trace_path.c_str());
+    std::fprintf(
+        stderr,
+        "dtp-train: warning: the trace part '%s' was not finished within %.0f s (DTP_TIMEOUT); "
+        "%s lacks that process's ranks\n",
+        part.c_str(), timeout, trace_path.c_str());
 }
 
 }  // namespace dtp::train_app

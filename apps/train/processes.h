@@ -21,10 +21,10 @@ void run_impl(const std::string& impl, char** argv);
 
 /// How this process takes part in the run.
 struct ProcessRole {
-  int processes = 1;     ///< processes mpiexec started (1 without mpiexec)
-  bool reports = true;   ///< prints, and writes --json and --trace
-  bool mpi = false;      ///< DTP_BACKEND=mpi
-  int process = 0;       ///< this process's index among them (mpiexec's rank)
+  int processes = 1;    ///< processes mpiexec started (1 without mpiexec)
+  bool reports = true;  ///< prints, and writes --json and --trace
+  bool mpi = false;     ///< DTP_BACKEND=mpi
+  int process = 0;      ///< this process's index among them (mpiexec's rank)
 };
 
 /// Learns this process's role and adjusts @p options to it: the strategy

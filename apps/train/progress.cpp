@@ -25,7 +25,9 @@ std::int64_t resolve_log_every(std::int64_t log_every, std::int64_t steps) {
 }
 
 Progress::Progress(std::int64_t total_steps, std::int64_t log_every, bool terminal)
-    : total_(total_steps), log_every_(resolve_log_every(log_every, total_steps)), terminal_(terminal) {}
+    : total_(total_steps),
+      log_every_(resolve_log_every(log_every, total_steps)),
+      terminal_(terminal) {}
 
 bool Progress::keeps(std::int64_t step) const {
   return step == 1 || step % log_every_ == 0 || step == total_;
@@ -35,7 +37,8 @@ void Progress::show(const StepRecord& record) {
   // Time left from the mean step so far (setup excluded after the first step).
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  const double left = elapsed / static_cast<double>(record.step) * static_cast<double>(total_ - record.step);
+  const double left =
+      elapsed / static_cast<double>(record.step) * static_cast<double>(total_ - record.step);
   const std::string eta = record.step == total_ ? "" : "  ETA " + duration_text(left);
   const std::string line = format_step(record, total_) + eta;
   if (keeps(record.step)) {

@@ -20,7 +20,9 @@ using dtp::ReduceOp;
 using dtp::Tensor;
 
 Implementation library(Run run, Model model) { return {"library", run, false, model}; }
-Implementation chapter01(const char* name, Run run, Model model) { return {name, run, true, model}; }
+Implementation chapter01(const char* name, Run run, Model model) {
+  return {name, run, true, model};
+}
 Implementation native(Model model) { return {"native", nullptr, false, model}; }
 
 // --- buffers and checks -----------------------------------------------------------------
@@ -82,39 +84,52 @@ std::vector<Collective> make_table() {
        .has_root = false,
        .equal_chunks = false,
        .implementations =
-           {library([](CallArgs& a) { a.comm->all_reduce(a.buffers.a, a.redop); }, alpha_beta::ring_all_reduce),
+           {library([](CallArgs& a) { a.comm->all_reduce(a.buffers.a, a.redop); },
+                    alpha_beta::ring_all_reduce),
             chapter01(
-                "ring", [](CallArgs& a) { ch01::ring_all_reduce(*a.comm, a.buffers.a); }, alpha_beta::ring_all_reduce),
+                "ring", [](CallArgs& a) { ch01::ring_all_reduce(*a.comm, a.buffers.a); },
+                alpha_beta::ring_all_reduce),
             chapter01(
-                "tree", [](CallArgs& a) { ch01::tree_all_reduce(*a.comm, a.buffers.a); }, alpha_beta::tree_all_reduce),
+                "tree", [](CallArgs& a) { ch01::tree_all_reduce(*a.comm, a.buffers.a); },
+                alpha_beta::tree_all_reduce),
             chapter01(
-                "halving_doubling", [](CallArgs& a) { ch01::halving_doubling_all_reduce(*a.comm, a.buffers.a); },
+                "halving_doubling",
+                [](CallArgs& a) { ch01::halving_doubling_all_reduce(*a.comm, a.buffers.a); },
                 alpha_beta::halving_doubling_all_reduce),
             chapter01(
-                "parameter_server", [](CallArgs& a) { ch01::parameter_server_all_reduce(*a.comm, a.buffers.a, 0); },
+                "parameter_server",
+                [](CallArgs& a) { ch01::parameter_server_all_reduce(*a.comm, a.buffers.a, 0); },
                 alpha_beta::parameter_server_all_reduce),
             native(alpha_beta::ring_all_reduce)},
        .busbw_factor = [](int n) { return 2.0 * (n - 1) / n; },
-       .fewest_bytes = [](int n, double S) { return 2.0 * n * S; },  // read n inputs of S, write n outputs of S
+       .fewest_bytes =
+           [](int n, double S) { return 2.0 * n * S; },  // read n inputs of S, write n outputs of S
        .make_buffers = one_buffer,
        .fill_for_check = fill_own,
        .wrong_elements = wrong_reduced,
        .mpi = DTP_MPI_PEER(all_reduce),
        .nccl = DTP_NCCL_PEER(all_reduce)},
 
-      // full <- every rank's shard, in rank order. Buffers: a = shard (chunk r of the count), b = full.
+      // full <- every rank's shard, in rank order. Buffers: a = shard (chunk r of the count), b =
+      // full.
       {.name = "all_gather",
        .reduces = false,
        .in_place = false,
        .has_root = false,
        .equal_chunks = false,
-       .implementations = {library([](CallArgs& a) { a.comm->all_gather(a.buffers.a, a.buffers.b); }, alpha_beta::ring),
-                           chapter01(
-                               "ring", [](CallArgs& a) { ch01::ring_all_gather(*a.comm, a.buffers.a, a.buffers.b); },
-                               alpha_beta::ring),
-                           native(alpha_beta::ring)},
+       .implementations =
+           {library([](CallArgs& a) { a.comm->all_gather(a.buffers.a, a.buffers.b); },
+                    alpha_beta::ring),
+            chapter01(
+                "ring",
+                [](CallArgs& a) { ch01::ring_all_gather(*a.comm, a.buffers.a, a.buffers.b); },
+                alpha_beta::ring),
+            native(alpha_beta::ring)},
        .busbw_factor = [](int n) { return double(n - 1) / n; },
-       .fewest_bytes = [](int n, double S) { return (n + 1.0) * S; },  // read the shards (S), write n outputs of S
+       .fewest_bytes =
+           [](int n, double S) {
+             return (n + 1.0) * S;
+           },  // read the shards (S), write n outputs of S
        .make_buffers = [](std::int64_t count, const Comm& comm, dtp::DType dtype) -> Buffers {
          return {comm_buffer(own_shard(count, comm), comm, dtype), comm_buffer(count, comm, dtype)};
        },
@@ -129,8 +144,11 @@ std::vector<Collective> make_table() {
        .wrong_elements =
            [](ReduceOp, const Buffers& b, const Comm& comm, int) {
              const std::int64_t count = b.b.numel();
-             const std::int64_t chunk = (count + comm.size() - 1) / comm.size();  // chunk_range: ceil-sized chunks
-             return count_wrong(b.b, 0, count, [&](std::int64_t g) { return pattern(static_cast<int>(g / chunk), g); });
+             const std::int64_t chunk =
+                 (count + comm.size() - 1) / comm.size();  // chunk_range: ceil-sized chunks
+             return count_wrong(b.b, 0, count, [&](std::int64_t g) {
+               return pattern(static_cast<int>(g / chunk), g);
+             });
            },
        .mpi = DTP_MPI_PEER(all_gather),
        .nccl = DTP_NCCL_PEER(all_gather)},
@@ -141,15 +159,19 @@ std::vector<Collective> make_table() {
        .in_place = false,
        .has_root = false,
        .equal_chunks = false,
-       .implementations = {library([](CallArgs& a) { a.comm->reduce_scatter(a.buffers.a, a.buffers.b, a.redop); },
-                                   alpha_beta::ring),
-                           chapter01(
-                               "ring",
-                               [](CallArgs& a) { ch01::ring_reduce_scatter(*a.comm, a.buffers.a, a.buffers.b); },
-                               alpha_beta::ring),
-                           native(alpha_beta::ring)},
+       .implementations =
+           {library([](CallArgs& a) { a.comm->reduce_scatter(a.buffers.a, a.buffers.b, a.redop); },
+                    alpha_beta::ring),
+            chapter01(
+                "ring",
+                [](CallArgs& a) { ch01::ring_reduce_scatter(*a.comm, a.buffers.a, a.buffers.b); },
+                alpha_beta::ring),
+            native(alpha_beta::ring)},
        .busbw_factor = [](int n) { return double(n - 1) / n; },
-       .fewest_bytes = [](int n, double S) { return (n + 1.0) * S; },  // read n inputs of S, write the shards (S)
+       .fewest_bytes =
+           [](int n, double S) {
+             return (n + 1.0) * S;
+           },  // read n inputs of S, write the shards (S)
        .make_buffers = [](std::int64_t count, const Comm& comm, dtp::DType dtype) -> Buffers {
          return {comm_buffer(count, comm, dtype), comm_buffer(own_shard(count, comm), comm, dtype)};
        },
@@ -159,7 +181,8 @@ std::vector<Collective> make_table() {
              const int n = comm.size();
              const std::int64_t offset = dtp::chunk_range(b.a.numel(), n, comm.rank()).offset;
              return count_wrong(
-                 b.b, 0, b.b.numel(), [&](std::int64_t j) { return pattern_reduced(redop, n, offset + j); },
+                 b.b, 0, b.b.numel(),
+                 [&](std::int64_t j) { return pattern_reduced(redop, n, offset + j); },
                  check_tolerance(redop, b.a.dtype()));
            },
        .mpi = DTP_MPI_PEER(reduce_scatter),
@@ -171,13 +194,15 @@ std::vector<Collective> make_table() {
        .in_place = true,
        .has_root = true,
        .equal_chunks = false,
-       .implementations = {library([](CallArgs& a) { a.comm->broadcast(a.buffers.a, a.root); }, alpha_beta::tree),
-                           chapter01(
-                               "tree", [](CallArgs& a) { ch01::tree_broadcast(*a.comm, a.buffers.a, a.root); },
-                               alpha_beta::tree),
-                           native(alpha_beta::tree)},
+       .implementations =
+           {library([](CallArgs& a) { a.comm->broadcast(a.buffers.a, a.root); }, alpha_beta::tree),
+            chapter01(
+                "tree", [](CallArgs& a) { ch01::tree_broadcast(*a.comm, a.buffers.a, a.root); },
+                alpha_beta::tree),
+            native(alpha_beta::tree)},
        .busbw_factor = [](int) { return 1.0; },
-       .fewest_bytes = [](int n, double S) { return n * S; },  // read the root's S, write the n - 1 others
+       .fewest_bytes = [](int n,
+                          double S) { return n * S; },  // read the root's S, write the n - 1 others
        .make_buffers = one_buffer,
        .fill_for_check =
            [](Buffers& b, const Comm& comm, int root) {
@@ -188,7 +213,8 @@ std::vector<Collective> make_table() {
            },
        .wrong_elements =
            [](ReduceOp, const Buffers& b, const Comm&, int root) {
-             return count_wrong(b.a, 0, b.a.numel(), [root](std::int64_t g) { return pattern(root, g); });
+             return count_wrong(b.a, 0, b.a.numel(),
+                                [root](std::int64_t g) { return pattern(root, g); });
            },
        .mpi = DTP_MPI_PEER(broadcast),
        .nccl = DTP_NCCL_PEER(broadcast)},
@@ -199,17 +225,22 @@ std::vector<Collective> make_table() {
        .in_place = true,
        .has_root = true,
        .equal_chunks = false,
-       .implementations = {library([](CallArgs& a) { a.comm->reduce(a.buffers.a, a.root, a.redop); }, alpha_beta::tree),
+       .implementations = {library(
+                               [](CallArgs& a) { a.comm->reduce(a.buffers.a, a.root, a.redop); },
+                               alpha_beta::tree),
                            chapter01(
-                               "tree", [](CallArgs& a) { ch01::tree_reduce(*a.comm, a.buffers.a, a.root); },
+                               "tree",
+                               [](CallArgs& a) { ch01::tree_reduce(*a.comm, a.buffers.a, a.root); },
                                alpha_beta::tree),
                            native(alpha_beta::tree)},
        .busbw_factor = [](int) { return 1.0; },
-       .fewest_bytes = [](int n, double S) { return (n + 1.0) * S; },  // read n inputs of S, write the root's S
+       .fewest_bytes =
+           [](int n, double S) { return (n + 1.0) * S; },  // read n inputs of S, write the root's S
        .make_buffers = one_buffer,
        .fill_for_check = fill_own,
        // The root only: chapter 01's tree uses the other ranks' x as scratch.
-       .wrong_elements = [](ReduceOp redop, const Buffers& b, const Comm& comm, int root) -> std::int64_t {
+       .wrong_elements = [](ReduceOp redop, const Buffers& b, const Comm& comm,
+                            int root) -> std::int64_t {
          return comm.rank() == root ? wrong_reduced(redop, b, comm, root) : 0;
        },
        .mpi = DTP_MPI_PEER(reduce),
@@ -221,14 +252,17 @@ std::vector<Collective> make_table() {
        .in_place = false,
        .has_root = false,
        .equal_chunks = true,
-       .implementations = {library([](CallArgs& a) { a.comm->all_to_all(a.buffers.a, a.buffers.b); }, alpha_beta::ring),
-                           chapter01(
-                               "pairwise",
-                               [](CallArgs& a) { ch01::pairwise_all_to_all(*a.comm, a.buffers.a, a.buffers.b); },
-                               alpha_beta::ring),
-                           native(alpha_beta::ring)},
+       .implementations =
+           {library([](CallArgs& a) { a.comm->all_to_all(a.buffers.a, a.buffers.b); },
+                    alpha_beta::ring),
+            chapter01(
+                "pairwise",
+                [](CallArgs& a) { ch01::pairwise_all_to_all(*a.comm, a.buffers.a, a.buffers.b); },
+                alpha_beta::ring),
+            native(alpha_beta::ring)},
        .busbw_factor = [](int n) { return double(n - 1) / n; },
-       .fewest_bytes = [](int n, double S) { return 2.0 * n * S; },  // read n inputs of S, write n outputs of S
+       .fewest_bytes =
+           [](int n, double S) { return 2.0 * n * S; },  // read n inputs of S, write n outputs of S
        .make_buffers = two_buffers,
        .fill_for_check = fill_own_and_sentinel,
        .wrong_elements =
@@ -250,15 +284,18 @@ std::vector<Collective> make_table() {
        .in_place = false,
        .has_root = false,
        .equal_chunks = false,
-       .implementations = {library(sendrecv_library, alpha_beta::one_message), native(alpha_beta::one_message)},
+       .implementations = {library(sendrecv_library, alpha_beta::one_message),
+                           native(alpha_beta::one_message)},
        .busbw_factor = [](int) { return 1.0; },
-       .fewest_bytes = [](int n, double S) { return 2.0 * n * S; },  // each rank reads S and writes S
+       .fewest_bytes = [](int n,
+                          double S) { return 2.0 * n * S; },  // each rank reads S and writes S
        .make_buffers = two_buffers,
        .fill_for_check = fill_own_and_sentinel,
        .wrong_elements =
            [](ReduceOp, const Buffers& b, const Comm& comm, int) {
              const int left = (comm.rank() - 1 + comm.size()) % comm.size();
-             return count_wrong(b.b, 0, b.b.numel(), [left](std::int64_t g) { return pattern(left, g); });
+             return count_wrong(b.b, 0, b.b.numel(),
+                                [left](std::int64_t g) { return pattern(left, g); });
            },
        .mpi = DTP_MPI_PEER(sendrecv),
        .nccl = DTP_NCCL_PEER(sendrecv)},
@@ -273,7 +310,9 @@ double Implementation::predicted_seconds(int n, double S, double alpha, double b
   return n <= 1 ? 0.0 : model(n, S, alpha, beta);
 }
 
-std::string Collective::redop_column(ReduceOp redop) const { return reduces ? dtp::reduce_op_name(redop) : "none"; }
+std::string Collective::redop_column(ReduceOp redop) const {
+  return reduces ? dtp::reduce_op_name(redop) : "none";
+}
 
 double Collective::bytes_moved(int n, double S) const {
   if (n == 1) return in_place ? 0.0 : 2.0 * S;
@@ -301,24 +340,28 @@ std::vector<std::string> implementation_names() {
   std::vector<std::string> names;
   for (const Collective& c : collective_table())
     for (const Implementation& i : c.implementations)
-      if (i.run != nullptr && std::find(names.begin(), names.end(), i.name) == names.end()) names.push_back(i.name);
+      if (i.run != nullptr && std::find(names.begin(), names.end(), i.name) == names.end())
+        names.push_back(i.name);
   names.push_back("native");
   return names;
 }
 
-Call make_call(const Collective& collective, const Implementation& implementation, const CallArgs& args,
-               std::string& why_not) {
+Call make_call(const Collective& collective, const Implementation& implementation,
+               const CallArgs& args, std::string& why_not) {
   if (collective.reduces && args.redop != ReduceOp::sum && implementation.sums_only) {
     why_not = std::string(implementation.name) + " (chapter 01) sums only";
     return nullptr;
   }
-  if (implementation.run != nullptr) return [copy = args, run = implementation.run]() mutable { run(copy); };
+  if (implementation.run != nullptr)
+    return [copy = args, run = implementation.run]() mutable { run(copy); };
   const std::string backend = args.comm->backend_name();
   if (args.comm->native_handle() == nullptr) {
     why_not = "the " + backend + " backend has no native library to compare with";
     return nullptr;
   }
-  const MakeNativeCall peer = backend == "mpi" ? collective.mpi : backend == "nccl" ? collective.nccl : nullptr;
+  const MakeNativeCall peer = backend == "mpi"    ? collective.mpi
+                              : backend == "nccl" ? collective.nccl
+                                                  : nullptr;
   if (peer != nullptr) return peer(args, why_not);
   why_not = "this build cannot call the " + backend + " backend's native library";
   return nullptr;

@@ -49,7 +49,8 @@ using Model = double (*)(int n, double S, double alpha, double beta);
 struct Implementation {
   const char* name;  // the --impl name: library, ring, tree, ..., native
   Run run;           // null for native: the entry's mpi or nccl call, by backend
-  bool sums_only;    // chapter 01's algorithms sum; the library and the native peers take any reduction
+  bool sums_only;    // chapter 01's algorithms sum; the library and the native peers take any
+                     // reduction
   Model model;
 
   /// The model's time; a world of one rank sends nothing (0).
@@ -61,7 +62,8 @@ struct Collective {
   bool reduces;       // takes a reduction operator (-o)
   bool in_place;      // one buffer is input and output, as Comm and chapter 01 define it
   bool has_root;      // takes -r
-  bool equal_chunks;  // every pair of ranks exchanges the same count: it rounds up to a multiple of the world
+  bool equal_chunks;  // every pair of ranks exchanges the same count: it rounds up to a multiple of
+                      // the world
   std::vector<Implementation> implementations;  // in table order
   /// nccl-tests' bus-bandwidth factor: busbw = algbw * factor.
   double (*busbw_factor)(int n);
@@ -74,7 +76,8 @@ struct Collective {
   /// Fills the inputs with pattern() and the outputs with -1 before a checked call.
   void (*fill_for_check)(Buffers& buffers, const dtp::Comm& comm, int root);
   /// Wrong elements on this rank after a checked call.
-  std::int64_t (*wrong_elements)(dtp::ReduceOp redop, const Buffers& buffers, const dtp::Comm& comm, int root);
+  std::int64_t (*wrong_elements)(dtp::ReduceOp redop, const Buffers& buffers, const dtp::Comm& comm,
+                                 int root);
   MakeNativeCall mpi;   // null where this build has no MPI
   MakeNativeCall nccl;  // null where this build has no NCCL
 
@@ -106,7 +109,7 @@ std::vector<std::string> implementation_names();
 /// The call to time, or an empty one after saying in @p why_not why
 /// @p implementation cannot run here (a reduction chapter 01 lacks, a backend
 /// without a native library).
-Call make_call(const Collective& collective, const Implementation& implementation, const CallArgs& args,
-               std::string& why_not);
+Call make_call(const Collective& collective, const Implementation& implementation,
+               const CallArgs& args, std::string& why_not);
 
 }  // namespace dtp::bench::collectives

@@ -65,7 +65,8 @@ namespace {
 int world_size_for(const dtp::World& world, const Options& o) {
   if (world.backend == dtp::Backend::thread) return o.world;
   const int available = dtp::max_world_size(world.backend);
-  DTP_CHECK(available >= 1, "the ", dtp::backend_name(world.backend), " backend has no ranks to run here");
+  DTP_CHECK(available >= 1, "the ", dtp::backend_name(world.backend),
+            " backend has no ranks to run here");
   return o.world_given && o.world < available ? o.world : available;
 }
 
@@ -86,8 +87,8 @@ struct TableTotals {
 
 /// Times @p call, then, as nccl-tests, makes -c calls on known values and
 /// counts the wrong elements over every rank. Fills the row's time and #wrong.
-void time_and_check(dtp::Comm& comm, const Options& o, const Collective& collective, CallArgs& args, const Call& call,
-                    Row& row) {
+void time_and_check(dtp::Comm& comm, const Options& o, const Collective& collective, CallArgs& args,
+                    const Call& call, Row& row) {
   zero_buffers(args.buffers);
   row.seconds = time_calls(comm, call, o.warmup, o.iters, o.average);
   if (o.check_iters == 0) return;
@@ -99,7 +100,8 @@ void time_and_check(dtp::Comm& comm, const Options& o, const Collective& collect
     call();
     synchronize(comm);
     const std::int64_t wrong = collective.wrong_elements(args.redop, args.buffers, comm, o.root);
-    row.wrong += static_cast<std::int64_t>(combine(comm, static_cast<double>(wrong), dtp::ReduceOp::sum));
+    row.wrong +=
+        static_cast<std::int64_t>(combine(comm, static_cast<double>(wrong), dtp::ReduceOp::sum));
   }
 }
 
@@ -126,28 +128,34 @@ void measure_collective(dtp::Comm& comm, Context& ctx, const Collective& collect
     if (collective.equal_chunks) count = (count + n - 1) / n * n;
     const std::int64_t bytes = count * element;
 
-    if (!copy_rates.count(bytes)) copy_rates[bytes] = copy_bandwidth(comm, bytes, o.warmup, o.iters);
+    if (!copy_rates.count(bytes))
+      copy_rates[bytes] = copy_bandwidth(comm, bytes, o.warmup, o.iters);
     const double copy_bw = copy_rates[bytes];
     const double beta_rate = o.beta_GBps > 0 ? o.beta_GBps * kGiga : copy_bw / (2.0 * n);
     const double bound = collective.bytes_moved(n, static_cast<double>(bytes)) / copy_bw;
     const double factor = collective.busbw_factor(n);
 
-    CallArgs args{.buffers = collective.make_buffers(count, comm, o.dtype), .comm = &comm, .root = o.root};
+    CallArgs args{
+        .buffers = collective.make_buffers(count, comm, o.dtype), .comm = &comm, .root = o.root};
     for (dtp::ReduceOp redop : redops) {
       args.redop = redop;
       for (const Implementation* implementation : implementations) {
         std::string why_not;
         const Call call = make_call(collective, *implementation, args, why_not);
-        const std::string label =
-            std::string(collective.name) + "/" + collective.redop_column(redop) + "/" + implementation->name;
+        const std::string label = std::string(collective.name) + "/" +
+                                  collective.redop_column(redop) + "/" + implementation->name;
         if (!call) {
           if (lead && noted.insert(label).second)
             std::printf("# %s %s%s: skipped, %s\n", collective.name, implementation->name,
-                        collective.reduces ? (" " + collective.redop_column(redop)).c_str() : "", why_not.c_str());
+                        collective.reduces ? (" " + collective.redop_column(redop)).c_str() : "",
+                        why_not.c_str());
           continue;
         }
-        Row row{
-            .collective = &collective, .impl = implementation->name, .redop = redop, .bytes = bytes, .count = count};
+        Row row{.collective = &collective,
+                .impl = implementation->name,
+                .redop = redop,
+                .bytes = bytes,
+                .count = count};
         time_and_check(comm, o, collective, args, call, row);
         row.algbw = bytes / row.seconds;
         row.busbw = row.algbw * factor;
@@ -155,8 +163,8 @@ void measure_collective(dtp::Comm& comm, Context& ctx, const Collective& collect
         row.bound_seconds = bound;
         row.roofline_busbw = bound > 0 ? bytes / bound * factor : 0.0;
         row.fraction = bound / row.seconds;
-        row.predicted_seconds =
-            implementation->predicted_seconds(n, static_cast<double>(bytes), alpha, 1.0 / beta_rate);
+        row.predicted_seconds = implementation->predicted_seconds(n, static_cast<double>(bytes),
+                                                                  alpha, 1.0 / beta_rate);
         totals.largest[label] = row;
         totals.busbw_sum += row.busbw;
         ++totals.rows;
@@ -194,11 +202,13 @@ void measure_collective(dtp::Comm& comm, Context& ctx, const Collective& collect
 
 void run_rank(dtp::Comm& comm, Context& ctx) {
   const Options& o = ctx.options;
-  DTP_CHECK(o.root < comm.size(), "-r ", o.root, " is outside the world of ", comm.size(), " ranks");
+  DTP_CHECK(o.root < comm.size(), "-r ", o.root, " is outside the world of ", comm.size(),
+            " ranks");
   if (comm.rank() == 0) print_run_header(ctx, comm.size(), comm.device().is_cpu());
   std::map<std::int64_t, double> copy_rates;  // B_copy by size, measured once per size
   std::set<std::string> noted;                // implementations already reported as skipped
-  for (const std::string& name : o.ops) measure_collective(comm, ctx, find_collective(name), copy_rates, noted);
+  for (const std::string& name : o.ops)
+    measure_collective(comm, ctx, find_collective(name), copy_rates, noted);
   if (comm.rank() == 0) std::fflush(stdout);
 }
 
@@ -231,7 +241,8 @@ int main(int argc, char** argv) {
       std::printf("# JSON lines appended to %s\n", ctx.options.json_path.c_str());
     }
     if (ctx.wrong_rows > 0) {
-      std::fprintf(stderr, "dtp-bench-collectives: %d measurements had wrong results (#wrong column)\n",
+      std::fprintf(stderr,
+                   "dtp-bench-collectives: %d measurements had wrong results (#wrong column)\n",
                    ctx.wrong_rows);
       return 1;
     }

@@ -59,7 +59,8 @@ std::shared_ptr<Chunks> mpi_chunks(std::int64_t count, int n) {
   chunks->offsets.resize(n);
   for (int r = 0; r < n; ++r) {
     dtp::ChunkRange range = dtp::chunk_range(count, n, r);
-    DTP_CHECK(range.offset + range.length <= 0x7fffffff, "MPI counts are ints: ", count, " elements is too many");
+    DTP_CHECK(range.offset + range.length <= 0x7fffffff, "MPI counts are ints: ", count,
+              " elements is too many");
     chunks->counts[r] = static_cast<int>(range.length);
     chunks->offsets[r] = static_cast<int>(range.offset);
   }
@@ -89,12 +90,15 @@ Call reduce_scatter(const CallArgs& args, std::string& why_not) {
   MpiArgs m = mpi_args(args);
   std::shared_ptr<Chunks> chunks = mpi_chunks(m.b.a.numel(), m.size);
   return [m, chunks]() mutable {
-    DTP_MPI_CHECK(MPI_Reduce_scatter(m.b.a.raw(), m.b.b.raw(), chunks->counts.data(), m.type, m.op, m.comm));
+    DTP_MPI_CHECK(
+        MPI_Reduce_scatter(m.b.a.raw(), m.b.b.raw(), chunks->counts.data(), m.type, m.op, m.comm));
   };
 }
 
 Call broadcast(const CallArgs& args, std::string&) {
-  return [m = mpi_args(args)]() mutable { DTP_MPI_CHECK(MPI_Bcast(m.b.a.raw(), m.count, m.type, m.root, m.comm)); };
+  return [m = mpi_args(args)]() mutable {
+    DTP_MPI_CHECK(MPI_Bcast(m.b.a.raw(), m.count, m.type, m.root, m.comm));
+  };
 }
 
 Call reduce(const CallArgs& args, std::string& why_not) {
@@ -117,8 +121,8 @@ Call all_to_all(const CallArgs& args, std::string&) {
 Call sendrecv(const CallArgs& args, std::string&) {
   return [m = mpi_args(args)]() mutable {
     const int right = (m.rank + 1) % m.size, left = (m.rank - 1 + m.size) % m.size;
-    DTP_MPI_CHECK(MPI_Sendrecv(m.b.a.raw(), m.count, m.type, right, 0, m.b.b.raw(), m.count, m.type, left, 0, m.comm,
-                               MPI_STATUS_IGNORE));
+    DTP_MPI_CHECK(MPI_Sendrecv(m.b.a.raw(), m.count, m.type, right, 0, m.b.b.raw(), m.count, m.type,
+                               left, 0, m.comm, MPI_STATUS_IGNORE));
   };
 }
 

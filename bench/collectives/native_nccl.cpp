@@ -56,7 +56,8 @@ bool splits_evenly(std::int64_t full, int n, std::string& why_not) {
 
 Call all_reduce(const CallArgs& args, std::string&) {
   return [m = nccl_args(args)]() mutable {
-    DTP_NCCL_CHECK(ncclAllReduce(m.b.a.raw(), m.b.a.raw(), m.count, m.type, m.op, m.comm, m.stream));
+    DTP_NCCL_CHECK(
+        ncclAllReduce(m.b.a.raw(), m.b.a.raw(), m.count, m.type, m.op, m.comm, m.stream));
   };
 }
 
@@ -74,19 +75,22 @@ Call reduce_scatter(const CallArgs& args, std::string& why_not) {
   if (!splits_evenly(m.b.a.numel(), m.size, why_not)) return nullptr;
   const std::size_t shard = static_cast<std::size_t>(m.b.a.numel() / m.size);
   return [m, shard]() mutable {
-    DTP_NCCL_CHECK(ncclReduceScatter(m.b.a.raw(), m.b.b.raw(), shard, m.type, m.op, m.comm, m.stream));
+    DTP_NCCL_CHECK(
+        ncclReduceScatter(m.b.a.raw(), m.b.b.raw(), shard, m.type, m.op, m.comm, m.stream));
   };
 }
 
 Call broadcast(const CallArgs& args, std::string&) {
   return [m = nccl_args(args)]() mutable {
-    DTP_NCCL_CHECK(ncclBroadcast(m.b.a.raw(), m.b.a.raw(), m.count, m.type, m.root, m.comm, m.stream));
+    DTP_NCCL_CHECK(
+        ncclBroadcast(m.b.a.raw(), m.b.a.raw(), m.count, m.type, m.root, m.comm, m.stream));
   };
 }
 
 Call reduce(const CallArgs& args, std::string&) {
   return [m = nccl_args(args)]() mutable {
-    DTP_NCCL_CHECK(ncclReduce(m.b.a.raw(), m.b.a.raw(), m.count, m.type, m.op, m.root, m.comm, m.stream));
+    DTP_NCCL_CHECK(
+        ncclReduce(m.b.a.raw(), m.b.a.raw(), m.count, m.type, m.op, m.root, m.comm, m.stream));
   };
 }
 
@@ -97,10 +101,10 @@ Call all_to_all(const CallArgs& args, std::string&) {
     const std::size_t element = dtp::dtype_size(m.b.a.dtype());
     DTP_NCCL_CHECK(ncclGroupStart());
     for (int peer = 0; peer < m.size; ++peer) {
-      DTP_NCCL_CHECK(ncclSend(static_cast<const char*>(m.b.a.raw()) + peer * chunk * element, chunk, m.type, peer,
-                              m.comm, m.stream));
-      DTP_NCCL_CHECK(
-          ncclRecv(static_cast<char*>(m.b.b.raw()) + peer * chunk * element, chunk, m.type, peer, m.comm, m.stream));
+      DTP_NCCL_CHECK(ncclSend(static_cast<const char*>(m.b.a.raw()) + peer * chunk * element, chunk,
+                              m.type, peer, m.comm, m.stream));
+      DTP_NCCL_CHECK(ncclRecv(static_cast<char*>(m.b.b.raw()) + peer * chunk * element, chunk,
+                              m.type, peer, m.comm, m.stream));
     }
     DTP_NCCL_CHECK(ncclGroupEnd());
   };

@@ -28,12 +28,12 @@ struct Options {
   int root = 0;                       // -r: root of broadcast and reduce
   Average average = Average::mean;    // -a
   std::vector<dtp::ReduceOp> redops{dtp::ReduceOp::sum};  // -o
-  std::vector<std::string> ops{"all_reduce"};             // --collective, names of the collective table
-  std::vector<std::string> impls;     // --impl; empty = every one that applies
-  DType dtype = DType::f32;           // -d
-  std::string json_path;              // --json (appended to)
-  double alpha_us = 5.0;              // --alpha-us
-  double beta_GBps = 0.0;             // --beta-GBps; 0 = per-rank copy rate measured here
+  std::vector<std::string> ops{"all_reduce"};  // --collective, names of the collective table
+  std::vector<std::string> impls;              // --impl; empty = every one that applies
+  DType dtype = DType::f32;                    // -d
+  std::string json_path;                       // --json (appended to)
+  double alpha_us = 5.0;                       // --alpha-us
+  double beta_GBps = 0.0;                      // --beta-GBps; 0 = per-rank copy rate measured here
 };
 
 /// Reads the command line into @p o. Returns the exit status when the

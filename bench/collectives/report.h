@@ -20,8 +20,9 @@ struct Context {
   Options options;
   std::string backend, device, git, date, host, cpu;
   std::ofstream json;
-  int wrong_rows = 0;               // rows whose check failed
-  std::int64_t wrong_elements = 0;  // wrong elements over every row (nccl-tests' "out of bounds values")
+  int wrong_rows = 0;  // rows whose check failed
+  std::int64_t wrong_elements =
+      0;  // wrong elements over every row (nccl-tests' "out of bounds values")
 };
 
 /// One measurement: a collective at one size, one reduction and one implementation.
@@ -46,11 +47,12 @@ void print_row(const Row& row, const Options& o);
 
 /// Appends @p row to the --json file (nothing without one). @p what is
 /// "collective" for a measurement, "roofline" for the bound itself.
-void write_json(Context& ctx, const Row& row, const std::string& what, int world, double alpha, double beta_rate);
+void write_json(Context& ctx, const Row& row, const std::string& what, int world, double alpha,
+                double beta_rate);
 
 /// nccl-tests' two closing lines, then every implementation at the largest
 /// size (@p largest: by redop/impl label).
-void print_summary(const Collective& collective, const std::map<std::string, Row>& largest, std::int64_t wrong,
-                   double busbw_sum, int rows, int world);
+void print_summary(const Collective& collective, const std::map<std::string, Row>& largest,
+                   std::int64_t wrong, double busbw_sum, int rows, int world);
 
 }  // namespace dtp::bench::collectives

@@ -64,19 +64,23 @@ double slowest(const std::vector<RankNumbers>& ranks, Get get) {
 int run_attention_part(const AttentionOptions& o, const RunContext& ctx, FILE* json) {
   const Dims& base = o.dims;
   std::printf(
-      "# sp attention: %s backend on %s (%d cores), %s, B = %lld, H = %lld, D = %lld; forward + backward, "
+      "# sp attention: %s backend on %s (%d cores), %s, B = %lld, H = %lld, D = %lld; forward + "
+      "backward, "
       "median of %d rounds (round-robin) after %d warm-up pass(es)\n",
-      ctx.backend.c_str(), ctx.device.c_str(), ctx.cores, dtp::dtype_name(base.dtype), static_cast<long long>(base.B),
-      static_cast<long long>(base.H), static_cast<long long>(base.D), o.repeats, o.warmup);
+      ctx.backend.c_str(), ctx.device.c_str(), ctx.cores, dtp::dtype_name(base.dtype),
+      static_cast<long long>(base.B), static_cast<long long>(base.H),
+      static_cast<long long>(base.D), o.repeats, o.warmup);
   if (!ctx.glibc_tunables.empty()) std::printf("# GLIBC_TUNABLES=%s\n", ctx.glibc_tunables.c_str());
   std::printf(
-      "# fwd, bwd: the slowest rank's wall ms. cpu max: the busiest rank's thread CPU ms (fwd + bwd); "
+      "# fwd, bwd: the slowest rank's wall ms. cpu max: the busiest rank's thread CPU ms (fwd + "
+      "bwd); "
       "predicted: the peer's cpu x the busiest rank's share of the causal scores.\n"
-      "# peak: the rank's tracker peak, input shards included (largest over ranks). saved: kept from forward "
+      "# peak: the rank's tracker peak, input shards included (largest over ranks). saved: kept "
+      "from forward "
       "to backward | formula (4 B (T/n) H D + 2 B H (T/n)) e.\n");
-  std::printf("%6s %-16s %9s %9s %9s %9s %9s %9s %6s %9s %9s %9s %8s %9s\n", "T", "method", "fwd ms", "bwd ms",
-              "cpu max", "predicted", "cpu sum", "x flash", "blocks", "peak MiB", "saved MiB", "formula", "comm MiB",
-              "max err");
+  std::printf("%6s %-16s %9s %9s %9s %9s %9s %9s %6s %9s %9s %9s %8s %9s\n", "T", "method",
+              "fwd ms", "bwd ms", "cpu max", "predicted", "cpu sum", "x flash", "blocks",
+              "peak MiB", "saved MiB", "formula", "comm MiB", "max err");
   for (std::int64_t T : o.seqs) {
     Dims d = base;
     d.T = T;
@@ -85,13 +89,15 @@ int run_attention_part(const AttentionOptions& o, const RunContext& ctx, FILE* j
     for (const Case& c : cases_for(o)) {
       if (const std::string why = cannot_run(c, d); !why.empty()) {
         if (c.method != Method::hybrid || c.n >= 4)  // the hybrid starts at n = 4 by design
-          std::printf("# T = %lld: skipped %s (%s)\n", static_cast<long long>(T), c.label().c_str(), why.c_str());
+          std::printf("# T = %lld: skipped %s (%s)\n", static_cast<long long>(T), c.label().c_str(),
+                      why.c_str());
         continue;
       }
       cases.push_back(c);
     }
     // The peer first: its results are the reference the others are checked against.
-    std::stable_partition(cases.begin(), cases.end(), [](const Case& c) { return c.method == Method::flash; });
+    std::stable_partition(cases.begin(), cases.end(),
+                          [](const Case& c) { return c.method == Method::flash; });
     std::vector<std::vector<RankNumbers>> results(cases.size());
     for (int round = 0; round < o.repeats; ++round)
       for (std::size_t i = 0; i < cases.size(); ++i) {
@@ -133,22 +139,26 @@ int run_attention_part(const AttentionOptions& o, const RunContext& ctx, FILE* j
       const double predicted = flash_cpu * busiest_share(c);
       const double peak = slowest(ranks, [](const RankNumbers& r) { return r.peak_bytes; });
       const double saved_max = slowest(ranks, [](const RankNumbers& r) { return r.saved_bytes; });
-      const double comm_peak = slowest(ranks, [](const RankNumbers& r) { return r.comm_peak_bytes; });
-      const double error = std::isnan(ranks[0].max_abs_error)
-                               ? NAN
-                               : slowest(ranks, [](const RankNumbers& r) { return r.max_abs_error; });
+      const double comm_peak =
+          slowest(ranks, [](const RankNumbers& r) { return r.comm_peak_bytes; });
+      const double error =
+          std::isnan(ranks[0].max_abs_error)
+              ? NAN
+              : slowest(ranks, [](const RankNumbers& r) { return r.max_abs_error; });
       const std::int64_t formula = formula_saved_bytes(d, c.n);
-      std::printf("%6lld %-16s %9.1f %9.1f %9.1f %9.1f %9.1f %9.2f %6lld %9.2f %9.2f %9.2f %8.2f %9.1e\n",
-                  static_cast<long long>(T), c.label().c_str(), median(fwd) * 1e3, median(bwd) * 1e3, cpu_max * 1e3,
-                  predicted * 1e3, cpu_sum * 1e3, cpu_sum / flash_cpu,
-                  static_cast<long long>(slowest(ranks, [](const RankNumbers& r) { return r.blocks; })), mib(peak),
-                  mib(saved_max), mib(static_cast<double>(formula)), mib(comm_peak), error);
+      std::printf(
+          "%6lld %-16s %9.1f %9.1f %9.1f %9.1f %9.1f %9.2f %6lld %9.2f %9.2f %9.2f %8.2f %9.1e\n",
+          static_cast<long long>(T), c.label().c_str(), median(fwd) * 1e3, median(bwd) * 1e3,
+          cpu_max * 1e3, predicted * 1e3, cpu_sum * 1e3, cpu_sum / flash_cpu,
+          static_cast<long long>(slowest(ranks, [](const RankNumbers& r) { return r.blocks; })),
+          mib(peak), mib(saved_max), mib(static_cast<double>(formula)), mib(comm_peak), error);
       JsonLine line;
       line.add("what", "sp_attention")
           .add("method", method_name(c.method))
           .add("layout", dtp::ch06::sequence_layout_name(c.layout()))
           .add("sp", c.n)
-          .add("ulysses_size", c.method == Method::hybrid ? c.u : (c.method == Method::ulysses ? c.n : 1))
+          .add("ulysses_size",
+               c.method == Method::hybrid ? c.u : (c.method == Method::ulysses ? c.n : 1))
           .add("world", c.n)
           .add("dtype", dtp::dtype_name(d.dtype))
           .add("batch", d.B)
@@ -168,8 +178,10 @@ int run_attention_part(const AttentionOptions& o, const RunContext& ctx, FILE* j
           .add("predicted_cpu_s_busiest_rank", predicted)
           .add("blocks_per_rank", blocks)
           .add("memory_source",
-               "MemoryTracker of each rank: peak = total_peak() over forward + backward, input shards q, k, v, dout "
-               "included; saved = live after forward - live before - returned output (the peer: + q, k, v and its "
+               "MemoryTracker of each rank: peak = total_peak() over forward + backward, input "
+               "shards q, k, v, dout "
+               "included; saved = live after forward - live before - returned output (the peer: + "
+               "q, k, v and its "
                "output, which it keeps instead of copies)")
           .add("peak_bytes", static_cast<std::int64_t>(peak))
           .add("peak_bytes_per_rank", peaks)

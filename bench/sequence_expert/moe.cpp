@@ -23,14 +23,17 @@ int run_moe_part(const MoeOptions& o, const RunContext& ctx, FILE* json) {
   namespace moe = dtp::bench::moe;
   std::printf(
       "# moe capacity: GPT d_model %d, %d layers, %d heads, vocabulary %d, synthetic data; router "
-      "probabilities of one held-out batch of %lld x %lld tokens per block, at init and after %lld AdamW "
+      "probabilities of one held-out batch of %lld x %lld tokens per block, at init and after %lld "
+      "AdamW "
       "steps of %lld x %lld tokens (trained at capacity factor %g)\n",
-      o.d_model, o.layers, o.heads, o.vocab, static_cast<long long>(o.probe_batch), static_cast<long long>(o.seq),
-      static_cast<long long>(o.steps), static_cast<long long>(o.batch), static_cast<long long>(o.seq),
-      o.train_capacity_factor);
+      o.d_model, o.layers, o.heads, o.vocab, static_cast<long long>(o.probe_batch),
+      static_cast<long long>(o.seq), static_cast<long long>(o.steps),
+      static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.train_capacity_factor);
   std::printf(
-      "# drop %%: choices dropped / (N k) at each capacity factor (the last is E/k); uniform: a router choosing "
-      "uniformly at random (binomial, exact). load: max_e f_e / mean (uniform: simulated, %d batches)\n",
+      "# drop %%: choices dropped / (N k) at each capacity factor (the last is E/k); uniform: a "
+      "router choosing "
+      "uniformly at random (binomial, exact). load: max_e f_e / mean (uniform: simulated, %d "
+      "batches)\n",
       o.trials);
   for (std::int64_t E64 : o.experts)
     for (std::int64_t k64 : o.top_k) {
@@ -38,12 +41,14 @@ int run_moe_part(const MoeOptions& o, const RunContext& ctx, FILE* json) {
       if (k > E) continue;
       const std::vector<double> factors = moe::factors_for(o, E, k);
       std::printf("%-30s %5s", "E, k, coef, when", "load");
-      for (double f : factors) std::printf(" %7s", ("cf " + std::to_string(f).substr(0, 4)).c_str());
+      for (double f : factors)
+        std::printf(" %7s", ("cf " + std::to_string(f).substr(0, 4)).c_str());
       std::printf("  %s\n", "loss first -> last");
       const std::int64_t N = o.probe_batch * o.seq;
       const moe::UniformRouter uniform = moe::simulate_uniform_router(N, E, k, factors, o.trials);
       std::vector<double> exact;
-      for (double f : factors) exact.push_back(moe::uniform_drop_fraction(N, E, k, dtp::moe_capacity(N, E, k, f)));
+      for (double f : factors)
+        exact.push_back(moe::uniform_drop_fraction(N, E, k, dtp::moe_capacity(N, E, k, f)));
       std::printf("E %d k %d %-22s %5.2f", E, k, "uniform router", uniform.max_over_mean_load);
       for (double x : exact) std::printf(" %6.1f%%", 100 * x);
       std::printf("\n");
@@ -63,7 +68,8 @@ int run_moe_part(const MoeOptions& o, const RunContext& ctx, FILE* json) {
             }
             const double load = moe::max_over_mean_load(probs, E, k);
             char label[64];
-            std::snprintf(label, sizeof label, "%g %s block %zu", coef, trained ? "trained" : "init", b);
+            std::snprintf(label, sizeof label, "%g %s block %zu", coef,
+                          trained ? "trained" : "init", b);
             std::printf("E %d k %d %-22s %5.2f", E, k, label, load);
             for (double x : fraction) std::printf(" %6.1f%%", 100 * x);
             if (trained && b == 0) std::printf("  %.3f -> %.3f", look.first_loss, look.last_loss);

@@ -24,8 +24,8 @@ inline double mib(double bytes) { return bytes / kMiB; }
 struct AttentionOptions {
   std::vector<std::int64_t> seqs = {256, 512, 1024, 2048};
   std::vector<int> degrees = {1, 2, 4, 8};
-  std::vector<sp::Method> methods = {sp::Method::flash, sp::Method::ulysses, sp::Method::ring, sp::Method::zigzag,
-                                     sp::Method::hybrid};
+  std::vector<sp::Method> methods = {sp::Method::flash, sp::Method::ulysses, sp::Method::ring,
+                                     sp::Method::zigzag, sp::Method::hybrid};
   sp::Dims dims;
   int warmup = 1, repeats = 3;
 };

@@ -26,7 +26,8 @@ using namespace dtp::bench::sp;
 
 void set_tier(Tier& tier, const std::string& flag, const std::string& text) {
   auto bad = [&] {
-    return CLI::ValidationError(flag, "takes ALPHA_US,GBPS (two numbers), alpha >= 0 and GB/s > 0, got '" + text + "'");
+    return CLI::ValidationError(
+        flag, "takes ALPHA_US,GBPS (two numbers), alpha >= 0 and GB/s > 0, got '" + text + "'");
   };
   const std::size_t comma = text.find(',');
   if (comma == std::string::npos) throw bad();
@@ -45,17 +46,20 @@ int run_tier_part(const TierOptions& o, const RunContext& ctx, FILE* json) {
   const Dims& d = o.dims;
   const double whole = static_cast<double>(d.numel() * d.e());
   std::printf(
-      "# sp comm tiers: forward + backward of the reference on B = %lld, T = %lld, H = %lld, D = %lld, %s "
+      "# sp comm tiers: forward + backward of the reference on B = %lld, T = %lld, H = %lld, D = "
+      "%lld, %s "
       "(one whole q: %.1f MiB); the clock in fs, communication only, nothing hidden\n",
       static_cast<long long>(d.B), static_cast<long long>(d.T), static_cast<long long>(d.H),
       static_cast<long long>(d.D), dtp::dtype_name(d.dtype), mib(whole));
   for (const Tier& t : o.tiers)
-    std::printf("# %s: alpha %g us, %g GB/s\n", t.name.c_str(), t.alpha_s * 1e6, t.bandwidth_Bps / 1e9);
+    std::printf("# %s: alpha %g us, %g GB/s\n", t.name.c_str(), t.alpha_s * 1e6,
+                t.bandwidth_Bps / 1e9);
   std::printf(
-      "# sent MiB: off-rank bytes per rank, forward + backward (ring messages + (g-1)/g of each all-to-all); "
+      "# sent MiB: off-rank bytes per rank, forward + backward (ring messages + (g-1)/g of each "
+      "all-to-all); "
       "formula: section 6. clock: the slowest rank's, us.\n");
-  std::printf("%-11s %-14s %2s %9s %9s %9s %11s %11s %11s %11s\n", "tier", "method", "n", "S MiB", "sent MiB",
-              "formula", "fwd us", "formula", "fwd+bwd us", "formula");
+  std::printf("%-11s %-14s %2s %9s %9s %9s %11s %11s %11s %11s\n", "tier", "method", "n", "S MiB",
+              "sent MiB", "formula", "fwd us", "formula", "fwd+bwd us", "formula");
   for (const Tier& tier : o.tiers)
     for (int n : o.degrees)
       for (Method m : {Method::ulysses, Method::ring, Method::zigzag, Method::hybrid}) {
@@ -68,7 +72,8 @@ int run_tier_part(const TierOptions& o, const RunContext& ctx, FILE* json) {
         const double share = u > 1 ? (u - 1.0) / u : 0.0;
         const CommNumbers& r0 = ranks[0];
         auto sent = [&](const CommNumbers& r, bool forward) {
-          return forward ? r.p2p_forward + share * r.a2a_forward : r.p2p_backward + share * r.a2a_backward;
+          return forward ? r.p2p_forward + share * r.a2a_forward
+                         : r.p2p_backward + share * r.a2a_backward;
         };
         double fwd_clock = 0, total_clock = 0, sent_max = 0;
         for (const CommNumbers& r : ranks) {
@@ -76,9 +81,10 @@ int run_tier_part(const TierOptions& o, const RunContext& ctx, FILE* json) {
           total_clock = std::max(total_clock, r.clock_total * kClockUnit);
           sent_max = std::max(sent_max, sent(r, true) + sent(r, false));
         }
-        std::printf("%-11s %-14s %2d %9.2f %9.2f %9.2f %11.1f %11.1f %11.1f %11.1f\n", tier.name.c_str(),
-                    c.label().c_str(), n, mib(S), mib(sent_max), mib(f.forward_bytes + f.backward_bytes),
-                    fwd_clock * 1e6, f.forward_s * 1e6, total_clock * 1e6, (f.forward_s + f.backward_s) * 1e6);
+        std::printf("%-11s %-14s %2d %9.2f %9.2f %9.2f %11.1f %11.1f %11.1f %11.1f\n",
+                    tier.name.c_str(), c.label().c_str(), n, mib(S), mib(sent_max),
+                    mib(f.forward_bytes + f.backward_bytes), fwd_clock * 1e6, f.forward_s * 1e6,
+                    total_clock * 1e6, (f.forward_s + f.backward_s) * 1e6);
         JsonLine line;
         line.add("what", "sp_comm_tiers")
             .add("tier", tier.name)
@@ -112,7 +118,8 @@ int run_tier_part(const TierOptions& o, const RunContext& ctx, FILE* json) {
             .add("formula_us", (f.forward_s + f.backward_s) * 1e6)
             .add("clock_minus_formula_fs", (total_clock - f.forward_s - f.backward_s) / kClockUnit)
             .add("clock_note",
-                 "communication only: clock unit 1 fs, so attend_block's 1 or 2 units per block add < 1e-7; a "
+                 "communication only: clock unit 1 fs, so attend_block's 1 or 2 units per block "
+                 "add < 1e-7; a "
                  "send is charged when posted, so nothing overlaps");
         add_context(line, ctx);
         write_line(json, line);

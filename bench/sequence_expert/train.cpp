@@ -32,9 +32,10 @@ std::vector<train::Setup> train_setups(const TrainOptions& o) {
   using train::Setup;
   std::vector<Setup> setups = {Setup{Setup::dense}};
   for (int n : o.degrees) {
-    for (auto kind : {SequenceParallelKind::ulysses, SequenceParallelKind::ring, SequenceParallelKind::zigzag,
-                      SequenceParallelKind::hybrid}) {
-      if (kind == SequenceParallelKind::hybrid && n < 4) continue;  // one group would be Ulysses alone
+    for (auto kind : {SequenceParallelKind::ulysses, SequenceParallelKind::ring,
+                      SequenceParallelKind::zigzag, SequenceParallelKind::hybrid}) {
+      if (kind == SequenceParallelKind::hybrid && n < 4)
+        continue;  // one group would be Ulysses alone
       setups.push_back(Setup{Setup::sp, n, kind, kind == SequenceParallelKind::hybrid ? n / 2 : 1});
     }
   }
@@ -84,37 +85,47 @@ void add_round(const std::vector<train::RankNumbers>& ranks, TrainResult& into) 
 // and a round's runs are seconds apart.
 double median_ratio(const std::vector<double>& mine, const std::vector<double>& peer) {
   std::vector<double> ratios;
-  for (std::size_t k = 0; k < mine.size() && k < peer.size(); ++k) ratios.push_back(mine[k] / peer[k]);
+  for (std::size_t k = 0; k < mine.size() && k < peer.size(); ++k)
+    ratios.push_back(mine[k] / peer[k]);
   return median(ratios);
 }
 
 void print_train_header(const TrainOptions& o, const RunContext& ctx) {
   const dtp::TrainConfig& cfg = o.model.config;
   std::printf(
-      "# sp and ep training steps: %s backend on %s (%d cores), %s, %s; GPT d_model %d, %d layers, %d heads, "
-      "flash attention, batch %lld x %lld tokens; MoE: %d experts, top %d; median of %lld steps x %lld rounds "
+      "# sp and ep training steps: %s backend on %s (%d cores), %s, %s; GPT d_model %d, %d layers, "
+      "%d heads, "
+      "flash attention, batch %lld x %lld tokens; MoE: %d experts, top %d; median of %lld steps x "
+      "%lld rounds "
       "(round-robin) after %lld warm-up steps\n",
-      ctx.backend.c_str(), ctx.device.c_str(), ctx.cores, dtp::dtype_name(cfg.model.dtype), cfg.optimizer.c_str(),
-      cfg.model.d_model, cfg.model.layers, cfg.model.heads, static_cast<long long>(cfg.batch),
-      static_cast<long long>(cfg.seq), o.model.experts, o.model.top_k, static_cast<long long>(o.steps),
-      static_cast<long long>(o.repeats), static_cast<long long>(o.warmup));
+      ctx.backend.c_str(), ctx.device.c_str(), ctx.cores, dtp::dtype_name(cfg.model.dtype),
+      cfg.optimizer.c_str(), cfg.model.d_model, cfg.model.layers, cfg.model.heads,
+      static_cast<long long>(cfg.batch), static_cast<long long>(cfg.seq), o.model.experts,
+      o.model.top_k, static_cast<long long>(o.steps), static_cast<long long>(o.repeats),
+      static_cast<long long>(o.warmup));
   if (!ctx.glibc_tunables.empty()) std::printf("# GLIBC_TUNABLES=%s\n", ctx.glibc_tunables.c_str());
   std::printf(
-      "# peer: sp against the serial dense model, ep on m ranks against the serial MoE with m routing groups "
+      "# peer: sp against the serial dense model, ep on m ranks against the serial MoE with m "
+      "routing groups "
       "(what it equals).\n"
-      "# step: the slowest rank's wall ms. cpu: the busiest rank's thread CPU ms per step (what one device "
-      "per rank would take, communication aside). Medians over every step; x peer: the median over rounds of "
+      "# step: the slowest rank's wall ms. cpu: the busiest rank's thread CPU ms per step (what "
+      "one device "
+      "per rank would take, communication aside). Medians over every step; x peer: the median over "
+      "rounds of "
       "the round's median over the peer's in that round; ideal 1/n.\n"
-      "# act: the largest rank's activation peak. params, optim: live bytes per rank. moved: a rank's payload "
-      "bytes per step (collectives whole, sends); formula: README sections 6 and 7, scalars left out.\n"
+      "# act: the largest rank's activation peak. params, optim: live bytes per rank. moved: a "
+      "rank's payload "
+      "bytes per step (collectives whole, sends); formula: README sections 6 and 7, scalars left "
+      "out.\n"
       "# loss: the last step's (the group's mean); d peer: its difference from the peer's.\n");
-  std::printf("%-10s %-11s %2s %8s %6s %8s %6s %8s %6s %8s %8s %8s %8s %8s %8s\n", "model", "detail", "n", "step ms",
-              "x peer", "cpu ms", "x peer", "act MiB", "x peer", "params", "optim", "moved", "formula", "loss",
-              "d peer");
+  std::printf("%-10s %-11s %2s %8s %6s %8s %6s %8s %6s %8s %8s %8s %8s %8s %8s\n", "model",
+              "detail", "n", "step ms", "x peer", "cpu ms", "x peer", "act MiB", "x peer", "params",
+              "optim", "moved", "formula", "loss", "d peer");
 }
 
 // One row of the table and one JSON line: setup @p i of @p setups, against its peer.
-void report_train_setup(const std::vector<train::Setup>& setups, const std::vector<TrainResult>& results, std::size_t i,
+void report_train_setup(const std::vector<train::Setup>& setups,
+                        const std::vector<TrainResult>& results, std::size_t i,
                         const TrainOptions& o, const RunContext& ctx, FILE* json) {
   const dtp::TrainConfig& cfg = o.model.config;
   const train::Setup& s = setups[i];
@@ -127,7 +138,10 @@ void report_train_setup(const std::vector<train::Setup>& setups, const std::vect
   // Psi of this setup's model: the serial run of the same model holds every parameter once.
   const std::int64_t e = static_cast<std::int64_t>(dtp::dtype_size(cfg.model.dtype));
   const std::int64_t psi =
-      (peer >= 0 ? results[static_cast<std::size_t>(peer)].largest(&train::RankNumbers::params_bytes) : params) / e;
+      (peer >= 0
+           ? results[static_cast<std::size_t>(peer)].largest(&train::RankNumbers::params_bytes)
+           : params) /
+      e;
   const std::int64_t formula = train::formula_bytes(o.model, s, psi);
   double x_step = 0, x_cpu = 0, x_act = 0, d_loss = 0;
   if (peer >= 0) {
@@ -142,11 +156,13 @@ void report_train_setup(const std::vector<train::Setup>& setups, const std::vect
     std::snprintf(text, sizeof text, "%.3f", x);
     return peer >= 0 ? std::string(text) : std::string("-");
   };
-  std::printf("%-10s %-11s %2d %8.1f %6s %8.1f %6s %8.2f %6s %8.2f %8.2f %8.2f %8.2f %8.4f %8.1e\n", s.name(),
-              s.detail().c_str(), s.n, step * 1e3, ratio(x_step).c_str(), cpu * 1e3, ratio(x_cpu).c_str(), mib(act),
-              ratio(x_act).c_str(), mib(static_cast<double>(params)),
+  std::printf("%-10s %-11s %2d %8.1f %6s %8.1f %6s %8.2f %6s %8.2f %8.2f %8.2f %8.2f %8.4f %8.1e\n",
+              s.name(), s.detail().c_str(), s.n, step * 1e3, ratio(x_step).c_str(), cpu * 1e3,
+              ratio(x_cpu).c_str(), mib(act), ratio(x_act).c_str(),
+              mib(static_cast<double>(params)),
               mib(static_cast<double>(r.largest(&train::RankNumbers::optimizer_bytes))),
-              mib(static_cast<double>(moved)), mib(static_cast<double>(formula)), r.first[0].last_loss, d_loss);
+              mib(static_cast<double>(moved)), mib(static_cast<double>(formula)),
+              r.first[0].last_loss, d_loss);
   std::vector<std::int64_t> act_per_rank, moved_per_rank;
   for (const train::RankNumbers& rank : r.first) {
     act_per_rank.push_back(rank.activation_peak);
@@ -205,7 +221,8 @@ int run_train_part(const TrainOptions& o, const RunContext& ctx, FILE* json) {
     for (std::size_t i = 0; i < setups.size(); ++i)
       add_round(train::run(o.model, setups[i], o.warmup, o.steps), results[i]);
   print_train_header(o, ctx);
-  for (std::size_t i = 0; i < setups.size(); ++i) report_train_setup(setups, results, i, o, ctx, json);
+  for (std::size_t i = 0; i < setups.size(); ++i)
+    report_train_setup(setups, results, i, o, ctx, json);
   std::printf("\n");
   return 0;
 }

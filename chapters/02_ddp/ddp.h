@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "dtp/comm.h"
-#include "dtp/error.h"
 #include "dtp/data.h"
+#include "dtp/error.h"
 #include "dtp/nn.h"
 #include "dtp/trainer.h"
 

@@ -31,8 +31,8 @@
 /// @endcode
 ///
 /// `dtp train --strategy zero` runs the stages so
-/// (drivers/03_zero_fsdp/zero_strategy.h). See chapters/03_zero_fsdp/README.md for the memory and communication
-/// formulas the checkers hold every stage to.
+/// (drivers/03_zero_fsdp/zero_strategy.h). See chapters/03_zero_fsdp/README.md for the memory and
+/// communication formulas the checkers hold every stage to.
 #pragma once
 
 #include <cstdint>
@@ -117,8 +117,8 @@ class ShardedOptimizer : public Optimizer {
   /// One update of every parameter shard from its gradient shard.
   void update_shards(double lr);
 
-  Comm& comm_;   ///< the data-parallel ranks
-  GPT& model_;   ///< this rank's model
+  Comm& comm_;  ///< the data-parallel ranks
+  GPT& model_;  ///< this rank's model
 
  private:
   std::string name_;

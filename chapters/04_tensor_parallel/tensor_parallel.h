@@ -72,13 +72,15 @@ bool is_replicated(const std::string& parameter_name);
 /// columns by the layer's split, all of it when replicated. How every TP
 /// unit gets its weights from the serial model, and a resumed run from a
 /// checkpoint.
-void copy_tensor_parallel_slice(const std::string& name, const Tensor& full, Tensor slice, int parts, int rank);
+void copy_tensor_parallel_slice(const std::string& name, const Tensor& full, Tensor slice,
+                                int parts, int rank);
 
 /// Provided: the inverse, collective over @p tp: parameter @p name's full
 /// value, of shape @p full_shape, put together on @p tp's rank 0 from every
 /// rank's @p slice (undefined on the other ranks). How a checkpoint is
 /// consolidated.
-Tensor gather_tensor_parallel_slices(Comm& tp, const std::string& name, const Tensor& slice, const Shape& full_shape);
+Tensor gather_tensor_parallel_slices(Comm& tp, const std::string& name, const Tensor& slice,
+                                     const Shape& full_shape);
 
 // --- 4.1 and 4.2: the two linears --------------------------------------------------
 
@@ -97,8 +99,8 @@ class ColumnParallelLinear {
  public:
   ColumnParallelLinear() = default;
   /// A [out/t, in] shard of a [out, in] linear; throws when out % t != 0.
-  ColumnParallelLinear(Comm& tp, std::int64_t in_features, std::int64_t out_features,
-                       bool has_bias, bool sequence_parallel);
+  ColumnParallelLinear(Comm& tp, std::int64_t in_features, std::int64_t out_features, bool has_bias,
+                       bool sequence_parallel);
   /// y_r [..., out/t] (MemoryCategory::activations); saves the (gathered) input.
   Tensor forward(const Tensor& x, LinearSaved& saved) const;
   /// dx, all-reduced (or reduce-scattered into the token shard); accumulates
@@ -197,14 +199,14 @@ class TensorParallelAttention {
   /// dx for dy; accumulates the shards' gradients; releases saved.
   Tensor backward(const Tensor& dy, AttentionSaved& saved) const;
 
-  ColumnParallelLinear q;   ///< rows of this rank's heads: [C/t, C]
-  ColumnParallelLinear k;   ///< the same rows of k
-  ColumnParallelLinear v;   ///< the same rows of v
-  RowParallelLinear proj;   ///< the same columns of the output projection: [C, C/t]
-  int local_heads = 1;      ///< H / t
+  ColumnParallelLinear q;  ///< rows of this rank's heads: [C/t, C]
+  ColumnParallelLinear k;  ///< the same rows of k
+  ColumnParallelLinear v;  ///< the same rows of v
+  RowParallelLinear proj;  ///< the same columns of the output projection: [C, C/t]
+  int local_heads = 1;     ///< H / t
   AttentionKind kind = AttentionKind::naive;  ///< naive or flash kernel
-  Comm* tp = nullptr;       ///< the tensor-parallel group
-  bool sequence_parallel = false;  ///< inputs and outputs are token shards
+  Comm* tp = nullptr;                         ///< the tensor-parallel group
+  bool sequence_parallel = false;             ///< inputs and outputs are token shards
 };
 
 // --- 4.5 and 4.6: vocabulary-parallel embedding and loss ---------------------------
@@ -249,10 +251,10 @@ class VocabParallelEmbedding {
 
 /// What the vocabulary-parallel cross-entropy keeps for its backward.
 struct VocabParallelCrossEntropySaved {
-  Tensor logits;    ///< this rank's [B, T, V/t], turned into its gradient by backward
-  Tensor targets;   ///< i32 [B, T]
-  Tensor row_max;   ///< [B*T], the global max of each row's logits
-  Tensor sum_exp;   ///< [B*T], the global sum of exp(logit - row_max)
+  Tensor logits;   ///< this rank's [B, T, V/t], turned into its gradient by backward
+  Tensor targets;  ///< i32 [B, T]
+  Tensor row_max;  ///< [B*T], the global max of each row's logits
+  Tensor sum_exp;  ///< [B*T], the global sum of exp(logit - row_max)
 };
 
 /// Puzzle 4.6. Cross-entropy over logits split by vocabulary: rank r holds
@@ -308,10 +310,10 @@ class TensorParallelEmbedding : public Unit {
 
 /// What a tensor-parallel block keeps between forward and backward.
 struct TensorParallelBlockSaved {
-  LayerNormSaved ln1;             ///< the block input (token shard under SP)
-  AttentionSaved attn;            ///< attention's own
-  LayerNormSaved ln2;             ///< x + attention
-  TensorParallelMlpSaved mlp;     ///< the MLP's own
+  LayerNormSaved ln1;          ///< the block input (token shard under SP)
+  AttentionSaved attn;         ///< attention's own
+  LayerNormSaved ln2;          ///< x + attention
+  TensorParallelMlpSaved mlp;  ///< the MLP's own
 };
 
 /// A transformer block with TP attention and MLP. Its LayerNorms and the two
@@ -333,7 +335,8 @@ class TensorParallelBlock : public Unit {
   TensorParallelBlock(Comm& tp, const Block& full, const TensorParallelOptions& options);
   /// x + attn(ln1(x)), then + mlp(ln2(.)). x [B, T, C], or under sequence
   /// parallelism this rank's token shard [B*T/t, C] with @p sequences = B.
-  Tensor forward(const Tensor& x, TensorParallelBlockSaved& saved, std::int64_t sequences = 0) const;
+  Tensor forward(const Tensor& x, TensorParallelBlockSaved& saved,
+                 std::int64_t sequences = 0) const;
   /// dx for dy (same shape as x); accumulates every gradient of this unit
   /// (under sequence parallelism the replicated ones from this rank's tokens only).
   Tensor backward(const Tensor& dy, TensorParallelBlockSaved& saved) const;
@@ -348,10 +351,10 @@ class TensorParallelBlock : public Unit {
   /// ln1.bias, attn.proj.bias, ln2.weight, ln2.bias, mlp.proj.bias.
   std::vector<Tensor> replicated_gradients() const;
 
-  LayerNorm ln1;                 ///< replicated
-  TensorParallelAttention attn;  ///< heads split
-  LayerNorm ln2;                 ///< replicated
-  TensorParallelMlp mlp;         ///< hidden units split
+  LayerNorm ln1;                   ///< replicated
+  TensorParallelAttention attn;    ///< heads split
+  LayerNorm ln2;                   ///< replicated
+  TensorParallelMlp mlp;           ///< hidden units split
   bool sequence_parallel = false;  ///< activations are token shards
 
  private:
@@ -361,9 +364,9 @@ class TensorParallelBlock : public Unit {
 
 /// What the TP head keeps for its backward.
 struct TensorParallelHeadSaved {
-  LayerNormSaved ln;                     ///< final LayerNorm
-  LinearSaved lm;                        ///< the LM head's (gathered) input
-  VocabParallelCrossEntropySaved loss;   ///< this rank's logits and the statistics
+  LayerNormSaved ln;                    ///< final LayerNorm
+  LinearSaved lm;                       ///< the LM head's (gathered) input
+  VocabParallelCrossEntropySaved loss;  ///< this rank's logits and the statistics
 };
 
 /// The head unit: final LayerNorm (replicated), the LM head split by
@@ -438,9 +441,9 @@ class TensorParallelGPT {
   /// The serial model's config.
   const GPTConfig& config() const { return config_; }
 
-  std::unique_ptr<TensorParallelEmbedding> embedding;  ///< unit 0
+  std::unique_ptr<TensorParallelEmbedding> embedding;        ///< unit 0
   std::vector<std::unique_ptr<TensorParallelBlock>> blocks;  ///< units 1..L
-  std::unique_ptr<TensorParallelHead> head;  ///< unit L + 1
+  std::unique_ptr<TensorParallelHead> head;                  ///< unit L + 1
 
  private:
   Comm* tp_;

@@ -109,9 +109,9 @@ struct ActionCosts {
 
 /// One action placed in time.
 struct TimedAction {
-  Action action;      ///< what ran
-  double start = 0;   ///< when it started
-  double end = 0;     ///< when it ended
+  Action action;     ///< what ran
+  double start = 0;  ///< when it started
+  double end = 0;    ///< when it ended
 };
 
 /// What simulating a schedule found.
@@ -122,10 +122,11 @@ struct ScheduleReport {
   /// cycle ("deadlock: rank 0 waits at B0 for rank 1's B0; rank 1 waits at
   /// F1 for rank 0's F1. ...").
   std::string problem;
-  double makespan = 0;               ///< when the last action ends
-  std::vector<double> busy;          ///< per rank: the sum of its actions' costs
-  double bubble_fraction = 0;        ///< idle share: 1 - sum(busy) / (p x makespan)
-  std::vector<int> peak_alive;       ///< per rank: most micro-batches (x chunks) holding activations at once
+  double makespan = 0;         ///< when the last action ends
+  std::vector<double> busy;    ///< per rank: the sum of its actions' costs
+  double bubble_fraction = 0;  ///< idle share: 1 - sum(busy) / (p x makespan)
+  std::vector<int>
+      peak_alive;  ///< per rank: most micro-batches (x chunks) holding activations at once
   std::vector<std::vector<TimedAction>> timeline;  ///< per rank, in run order
   /// True when problem is empty.
   bool ok() const { return problem.empty(); }
@@ -240,11 +241,11 @@ std::vector<MicroBatch> split_microbatches(const Batch& batch, int microbatches)
 
 /// What a stage did with one action, on both clocks.
 struct ActionRecord {
-  Action action;            ///< what ran (chunk = the stage's chunk)
-  double clock_start = 0;   ///< the simulated clock when it started
-  double clock_end = 0;     ///< ... and ended: clock_start + its cost
-  double wall_start = 0;    ///< seconds since the stage's record was last cleared
-  double wall_end = 0;      ///< ... when it ended
+  Action action;           ///< what ran (chunk = the stage's chunk)
+  double clock_start = 0;  ///< the simulated clock when it started
+  double clock_end = 0;    ///< ... and ended: clock_start + its cost
+  double wall_start = 0;   ///< seconds since the stage's record was last cleared
+  double wall_end = 0;     ///< ... when it ended
 };
 
 /// The units of one stage (a model chunk) of a GPT, run one micro-batch at

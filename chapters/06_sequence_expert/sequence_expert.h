@@ -197,8 +197,8 @@ class RingAttention {
  private:
   Comm& sp_;
   SequenceLayout layout_;
-  std::int64_t T_ = 0;                  // the whole sequence's length (n T_local)
-  std::vector<Tensor> q_, k_, v_;       // one piece per range of this rank
+  std::int64_t T_ = 0;                    // the whole sequence's length (n T_local)
+  std::vector<Tensor> q_, k_, v_;         // one piece per range of this rank
   std::vector<PartialAttention> result_;  // per query range: the final output and statistics
 };
 
@@ -252,8 +252,8 @@ Tensor router_probabilities(const MoeMlp& weights, const Tensor& x, LinearSaved&
 /// The router's share of dx [N, C], given d loss / d probs (host, row-major
 /// [N, E]): ops::softmax_backward to the logits, then the router's backward,
 /// which accumulates the router's weight gradient. Releases @p saved.
-Tensor router_backward(const MoeMlp& weights, const Tensor& probs, const std::vector<double>& d_probs,
-                       LinearSaved& saved);
+Tensor router_backward(const MoeMlp& weights, const Tensor& probs,
+                       const std::vector<double>& d_probs, LinearSaved& saved);
 
 // --- puzzle 6.6: a mixture of experts on one rank ---------------------------------------------
 
@@ -264,7 +264,8 @@ Tensor router_backward(const MoeMlp& weights, const Tensor& probs, const std::ve
 /// second choice, ...), a choice whose expert is full dropped, combine
 /// weights the probabilities. Fills every field of MoeRouting, load and
 /// importance included. Bad sizes: dtp::Error (moe_capacity checks k and cf).
-MoeRouting route_tokens(const std::vector<double>& probs, int experts, int top_k, double capacity_factor);
+MoeRouting route_tokens(const std::vector<double>& probs, int experts, int top_k,
+                        double capacity_factor);
 
 /// Puzzle 6.6b. A mixture-of-experts layer on one rank, with the weights of
 /// a dtp::MoeMlp (its router, experts, top_k, capacity_factor and
@@ -294,10 +295,10 @@ class MoeLayer {
   const MoeMlp& w_;
   MoeRouting routing_;
   double aux_loss_ = 0;
-  LinearSaved router_saved_;      // the router's input
-  Tensor probs_;                  // [N, E]
-  std::vector<Tensor> outputs_;   // per expert: its output on its rows, before the weights
-  std::vector<MlpSaved> saved_;   // per expert: the MLP's own
+  LinearSaved router_saved_;     // the router's input
+  Tensor probs_;                 // [N, E]
+  std::vector<Tensor> outputs_;  // per expert: its output on its rows, before the weights
+  std::vector<MlpSaved> saved_;  // per expert: the MLP's own
 };
 
 // --- puzzle 6.7: expert parallelism --------------------------------------------------------------
@@ -349,9 +350,10 @@ class ExpertParallelMoe {
   LinearSaved router_saved_;
   Tensor probs_;
   std::vector<std::int64_t> send_counts_, recv_counts_;  // per peer: elements (rows times C)
-  std::vector<std::vector<std::int32_t>> recv_rows_;     // per local expert: its rows in the receive buffer
-  std::vector<Tensor> outputs_;      // per expert of E: its outputs for this rank's rows, back home
-  std::vector<MlpSaved> saved_;      // per local expert: the MLP's own
+  std::vector<std::vector<std::int32_t>>
+      recv_rows_;                // per local expert: its rows in the receive buffer
+  std::vector<Tensor> outputs_;  // per expert of E: its outputs for this rank's rows, back home
+  std::vector<MlpSaved> saved_;  // per local expert: the MLP's own
 };
 
 }  // namespace dtp::ch06

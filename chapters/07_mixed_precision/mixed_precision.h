@@ -73,9 +73,9 @@ float f16_bits_to_f32(std::uint16_t bits);
 /// growth and a backoff factor of 1 make a static scale (`--loss-scale N`),
 /// which still skips the steps that overflow.
 struct ScalerConfig {
-  double initial_scale = 65536.0;       ///< 2^16
-  double growth_factor = 2.0;           ///< applied after growth_interval good steps in a row (>= 1)
-  double backoff_factor = 0.5;          ///< applied after a step with a non-finite gradient (in (0, 1])
+  double initial_scale = 65536.0;  ///< 2^16
+  double growth_factor = 2.0;      ///< applied after growth_interval good steps in a row (>= 1)
+  double backoff_factor = 0.5;     ///< applied after a step with a non-finite gradient (in (0, 1])
   std::int64_t growth_interval = 2000;  ///< good steps in a row before the scale grows (>= 1)
 };
 
@@ -162,8 +162,9 @@ class MasterWeights {
 
 /// What one mixed-precision step did.
 struct MixedStep {
-  double loss = 0;       ///< the batch's mean loss (unscaled)
-  double grad_norm = 0;  ///< global norm of the true (unscaled) gradients before clipping; inf or NaN on overflow
+  double loss = 0;  ///< the batch's mean loss (unscaled)
+  double grad_norm =
+      0;  ///< global norm of the true (unscaled) gradients before clipping; inf or NaN on overflow
   bool stepped = false;  ///< false when the step was skipped (a non-finite gradient)
 };
 
@@ -199,7 +200,7 @@ bool found_on_any_rank(Comm& comm, bool found);
 /// non-finite gradient, then update. Every rank then keeps the same
 /// masters, model and scale. grad_norm is the norm of the averaged gradients.
 MixedStep ddp_mixed_precision_step(Comm& comm, MasterWeights& masters, Optimizer& optimizer,
-                                   LossScaler* scaler, const Batch& batch, double lr, double max_norm,
-                                   DType reduce_dtype);
+                                   LossScaler* scaler, const Batch& batch, double lr,
+                                   double max_norm, DType reduce_dtype);
 
 }  // namespace dtp::ch07

@@ -41,13 +41,14 @@ Tensor lora_forward(const Tensor& x, const Tensor& a, const Tensor& b, double sc
 
 /// Puzzle 8.1. The adapter's part of the input gradient: dx += s (dy B) A for
 /// dy [..., out] and dx [..., in].
-void lora_backward_input(const Tensor& dy, const Tensor& a, const Tensor& b, double scale, Tensor& dx);
+void lora_backward_input(const Tensor& dy, const Tensor& a, const Tensor& b, double scale,
+                         Tensor& dx);
 
 /// Puzzle 8.1. The adapter's own gradients, accumulated (+=) like every
 /// parameter gradient: dA += s (dy B)^T x and dB += s dy^T h, with x the
 /// layer's input and h what lora_forward returned. W gets no gradient.
-void lora_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& h, const Tensor& b, double scale,
-                          Tensor& grad_a, Tensor& grad_b);
+void lora_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& h, const Tensor& b,
+                          double scale, Tensor& grad_a, Tensor& grad_b);
 
 // --- 8.2 merging ----------------------------------------------------------------------
 
@@ -62,8 +63,8 @@ void unmerge(Tensor& weight, const Tensor& a, const Tensor& b, double scale);
 
 /// Which Linears get adapters, and their size.
 struct LoraConfig {
-  int rank = 8;         ///< r
-  double alpha = 16;    ///< the scale is alpha / r
+  int rank = 8;       ///< r
+  double alpha = 16;  ///< the scale is alpha / r
   /// The Linears of every block that get one, by their name in the block:
   /// attn.q, attn.k, attn.v, attn.proj, mlp.fc, mlp.proj. The default is
   /// the LoRA paper's choice, the query and value projections.
@@ -89,10 +90,10 @@ class LoraLinear : public LinearAdapter {
   void backward_input(const Tensor& dy, Tensor& dx) const override;
   void backward_weight(const Tensor& dy, const Tensor& x, const Tensor& kept) const override;
 
-  Tensor a;       ///< A [r, in]
-  Tensor b;       ///< B [out, r]
-  Tensor grad_a;  ///< dA, like A
-  Tensor grad_b;  ///< dB, like B
+  Tensor a;          ///< A [r, in]
+  Tensor b;          ///< B [out, r]
+  Tensor grad_a;     ///< dA, like A
+  Tensor grad_b;     ///< dB, like B
   double scale = 1;  ///< alpha / r
 };
 

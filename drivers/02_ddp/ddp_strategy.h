@@ -75,7 +75,8 @@ class DdpStrategy : public drivers::Strategy {
   std::string title() const override { return "Data parallel"; }
   std::string chapter() const override { return "02"; }
   void add_flags(drivers::FlagGroup& flags) override;
-  void resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given, int processes) override;
+  void resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
+               int processes) override;
   void validate(const TrainConfig& config) const override { validate_ddp(config, options); }
   int world_size() const override { return options.world; }
   std::vector<RunSetting> settings(const TrainConfig& config) const override;

@@ -15,7 +15,8 @@ namespace {
 Tensor gather_full(Comm& comm, const Tensor& shard, std::int64_t numel) {
   const Tensor mine = shard.device() == comm.device() ? shard : shard.to(comm.device());
   Tensor full;
-  if (comm.rank() == 0) full = Tensor::empty(Shape{numel}, shard.dtype(), comm.device(), MemoryCategory::other);
+  if (comm.rank() == 0)
+    full = Tensor::empty(Shape{numel}, shard.dtype(), comm.device(), MemoryCategory::other);
   comm.gather(mine, full, 0);
   return full;
 }
@@ -25,13 +26,13 @@ Tensor gather_full(Comm& comm, const Tensor& shard, std::int64_t numel) {
 std::string shard_buffer(const Unit& unit) { return unit.name() + " shard"; }
 
 // The checkpoint's tensor @p name, which must hold @p numel elements of @p dtype.
-const Tensor& saved_tensor(const Checkpoint& checkpoint, const std::string& name, std::int64_t numel, DType dtype,
-                           const std::string& path) {
+const Tensor& saved_tensor(const Checkpoint& checkpoint, const std::string& name,
+                           std::int64_t numel, DType dtype, const std::string& path) {
   DTP_CHECK(checkpoint.has(name), "--resume ", path, ": the checkpoint has no ", name);
   const Tensor& saved = checkpoint.tensor(name);
   DTP_CHECK(saved.numel() == numel && saved.dtype() == dtype, "--resume ", path, ": ", name, " is ",
-            saved.shape().str(), " ", dtype_name(saved.dtype()), " in the checkpoint, but this run's holds ", numel,
-            " elements of ", dtype_name(dtype));
+            saved.shape().str(), " ", dtype_name(saved.dtype()),
+            " in the checkpoint, but this run's holds ", numel, " elements of ", dtype_name(dtype));
   return saved;
 }
 
@@ -44,11 +45,13 @@ std::vector<NamedTensor> ShardedOptimizer::gather_checkpoint() {
     const Tensor full = gather_full(comm_, parameter_shard(unit->index()), unit->numel());
     if (comm_.rank() != 0) continue;
     for (const ParamView& p : unit->parameters())
-      tensors.push_back({parameter_entry(unit->name(), p.name), full.slice(p.offset, p.shape.numel()).view(p.shape)});
+      tensors.push_back({parameter_entry(unit->name(), p.name),
+                         full.slice(p.offset, p.shape.numel()).view(p.shape)});
   }
   for (Unit* unit : units)
     for (const std::string& kind : state_kinds(*optimizer_)) {
-      const Tensor full = gather_full(comm_, state_tensor(*optimizer_, shard_buffer(*unit), kind), unit->numel());
+      const Tensor full =
+          gather_full(comm_, state_tensor(*optimizer_, shard_buffer(*unit), kind), unit->numel());
       if (comm_.rank() == 0) tensors.push_back({optimizer_entry(unit->name(), kind), full});
     }
   return tensors;
@@ -58,14 +61,15 @@ void ShardedOptimizer::restore_shards(const Checkpoint& checkpoint, const std::s
   std::vector<Unit*> units = model_.units();
   for (Unit* unit : units) {
     // The unit's flat parameters, assembled from its named ones.
-    Tensor full = Tensor::empty(Shape{unit->numel()}, parameter_shard(unit->index()).dtype(), Device::cpu(),
-                                MemoryCategory::other);
+    Tensor full = Tensor::empty(Shape{unit->numel()}, parameter_shard(unit->index()).dtype(),
+                                Device::cpu(), MemoryCategory::other);
     for (const ParamView& p : unit->parameters()) {
       const std::string name = parameter_entry(unit->name(), p.name);
       const Tensor& saved = saved_tensor(checkpoint, name, p.shape.numel(), full.dtype(), path);
       full.slice(p.offset, p.shape.numel()).copy_from(saved.flatten());
     }
-    if (unit->params().defined()) unit->params().copy_from(full);  // ZeRO-1, ZeRO-2: full on every rank
+    if (unit->params().defined())
+      unit->params().copy_from(full);  // ZeRO-1, ZeRO-2: full on every rank
     const ChunkRange range = shard(unit->index());
     parameter_shard(unit->index()).copy_from(full.slice(range.offset, range.length));
   }

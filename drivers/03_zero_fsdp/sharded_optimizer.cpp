@@ -14,19 +14,23 @@ namespace {
 
 // One (parameter shard, zeroed gradient shard) pair per unit, after checking
 // that every shard has its unit's shard_range length.
-std::vector<ParamBuffer> shard_buffers(GPT& model, int world, int rank, const std::vector<Tensor>& shards) {
+std::vector<ParamBuffer> shard_buffers(GPT& model, int world, int rank,
+                                       const std::vector<Tensor>& shards) {
   std::vector<Unit*> units = model.units();
-  DTP_CHECK(shards.size() == units.size(), "ShardedOptimizer: expected one parameter shard per unit (",
-            units.size(), "), got ", shards.size());
+  DTP_CHECK(shards.size() == units.size(),
+            "ShardedOptimizer: expected one parameter shard per unit (", units.size(), "), got ",
+            shards.size());
   for (std::size_t u = 0; u < units.size(); ++u) {
     const std::int64_t expected = shard_range(*units[u], world, rank).length;
     DTP_CHECK(shards[u].defined() && shards[u].numel() == expected, "ShardedOptimizer: unit '",
-              units[u]->name(), "' rank ", rank, " of ", world, ": expected a parameter shard of ", expected,
-              " elements (shard_range), got ", shards[u].defined() ? shards[u].numel() : 0);
+              units[u]->name(), "' rank ", rank, " of ", world, ": expected a parameter shard of ",
+              expected, " elements (shard_range), got ",
+              shards[u].defined() ? shards[u].numel() : 0);
   }
   std::vector<ParamBuffer> buffers;
   for (std::size_t u = 0; u < units.size(); ++u) {
-    Tensor gradient = Tensor::zeros(shards[u].shape(), shards[u].dtype(), shards[u].device(), MemoryCategory::grads);
+    Tensor gradient = Tensor::zeros(shards[u].shape(), shards[u].dtype(), shards[u].device(),
+                                    MemoryCategory::grads);
     buffers.push_back(ParamBuffer{units[u]->name() + " shard", shards[u], gradient});
   }
   return buffers;
@@ -34,8 +38,8 @@ std::vector<ParamBuffer> shard_buffers(GPT& model, int world, int rank, const st
 
 }  // namespace
 
-ShardedOptimizer::ShardedOptimizer(std::string name, Comm& comm, GPT& model, const TrainConfig& config,
-                                   std::vector<Tensor> parameter_shards)
+ShardedOptimizer::ShardedOptimizer(std::string name, Comm& comm, GPT& model,
+                                   const TrainConfig& config, std::vector<Tensor> parameter_shards)
     : Optimizer(shard_buffers(model, comm.size(), comm.rank(), parameter_shards)),
       comm_(comm),
       model_(model),
@@ -49,8 +53,8 @@ ShardedOptimizer::ShardedOptimizer(std::string name, Comm& comm, GPT& model, con
 }
 
 ChunkRange ShardedOptimizer::shard(int unit) const {
-  DTP_CHECK(unit >= 0 && unit < static_cast<int>(shards_.size()), "ShardedOptimizer::shard: unit ", unit,
-            " outside [0, ", shards_.size(), ")");
+  DTP_CHECK(unit >= 0 && unit < static_cast<int>(shards_.size()), "ShardedOptimizer::shard: unit ",
+            unit, " outside [0, ", shards_.size(), ")");
   return shards_[static_cast<std::size_t>(unit)];
 }
 

@@ -22,7 +22,14 @@ std::int64_t optimizer_states(const TrainConfig& config) {
 
 // What rank 0 gathers from every rank after each step, beside its loss,
 // seconds and tokens (reporting traffic, taken after the step was measured).
-enum Gathered { kParamsPeak, kGradsPeak, kOptimizerPeak, kHostOptimizerPeak, kBytesMoved, kGatheredCount };
+enum Gathered {
+  kParamsPeak,
+  kGradsPeak,
+  kOptimizerPeak,
+  kHostOptimizerPeak,
+  kBytesMoved,
+  kGatheredCount
+};
 
 // One rank: its Trainer, whose optimizer is the stage.
 class ZeroRank : public drivers::RankRun {
@@ -37,7 +44,8 @@ class ZeroRank : public drivers::RankRun {
     for (const Unit* unit : model.units()) elements += unit->numel();
     ddp_bytes_ = elements * static_cast<std::int64_t>(dtype_size(trainer_.config().model.dtype));
     ddp_optimizer_bytes_ = optimizer_states(trainer_.config()) * ddp_bytes_;
-    std::unique_ptr<ShardedOptimizer> zero = make_zero_stage(variant, comm, model, trainer_.config());
+    std::unique_ptr<ShardedOptimizer> zero =
+        make_zero_stage(variant, comm, model, trainer_.config());
     stage_ = zero.get();
     trainer_.on_after_backward([stage = stage_] { stage->finish_backward(); });
     trainer_.set_optimizer(std::move(zero));
@@ -50,7 +58,8 @@ class ZeroRank : public drivers::RankRun {
     stage_->restore_shards(trainer_.resume_gathered(path, settings), path);
   }
 
-  void save(Comm& world, const std::string& path, const std::vector<RunSetting>& settings) override {
+  void save(Comm& world, const std::string& path,
+            const std::vector<RunSetting>& settings) override {
     std::vector<NamedTensor> gathered = stage_->gather_checkpoint();  // collective: every rank
     if (world.rank() == 0) trainer_.save_gathered(path, settings, std::move(gathered));
   }
@@ -66,11 +75,13 @@ class ZeroRank : public drivers::RankRun {
     std::vector<double> values(kGatheredCount);
     values[kParamsPeak] = static_cast<double>(tracker.peak(MemoryCategory::params, trains_on));
     values[kGradsPeak] = static_cast<double>(tracker.peak(MemoryCategory::grads, trains_on));
-    values[kOptimizerPeak] = static_cast<double>(tracker.peak(MemoryCategory::optimizer, trains_on));
+    values[kOptimizerPeak] =
+        static_cast<double>(tracker.peak(MemoryCategory::optimizer, trains_on));
     // On a GPU, what --offload keeps in host memory; on the CPU that is the device.
-    values[kHostOptimizerPeak] = trains_on == DeviceKind::cpu
-                                     ? 0.0
-                                     : static_cast<double>(tracker.peak(MemoryCategory::optimizer, DeviceKind::cpu));
+    values[kHostOptimizerPeak] =
+        trains_on == DeviceKind::cpu
+            ? 0.0
+            : static_cast<double>(tracker.peak(MemoryCategory::optimizer, DeviceKind::cpu));
     values[kBytesMoved] = static_cast<double>(comm_.stats().collective_bytes - bytes_before_);
     return values;
   }
@@ -102,14 +113,17 @@ class ZeroRank : public drivers::RankRun {
     if (first[kParamsPeak] > static_cast<double>(ddp_bytes_)) {
       char text[400];
       std::snprintf(text, sizeof text,
-                    "    note: the parameter peak is above DDP's: the shards plus the whole units being gathered "
-                    "(two with prefetch) outweigh one model when a unit is a large share of it (here %d blocks); "
+                    "    note: the parameter peak is above DDP's: the shards plus the whole units "
+                    "being gathered "
+                    "(two with prefetch) outweigh one model when a unit is a large share of it "
+                    "(here %d blocks); "
                     "with more blocks each unit is a smaller share (try --layers 8)\n",
                     trainer_.config().model.layers);
       report.once = text;
     } else if (first[kGradsPeak] > static_cast<double>(ddp_bytes_)) {
-      report.once = "    note: ZeRO-1 holds more gradient bytes than DDP: the full gradient stays and the "
-                    "reduce-scatter writes a separate gradient shard (what ZeRO-2 saves)\n";
+      report.once =
+          "    note: ZeRO-1 holds more gradient bytes than DDP: the full gradient stays and the "
+          "reduce-scatter writes a separate gradient shard (what ZeRO-2 saves)\n";
     }
   }
 
@@ -126,9 +140,10 @@ class ZeroRank : public drivers::RankRun {
 
 ZeroVariant zero_variant(int stage, bool prefetch, bool offload) {
   DTP_CHECK(stage >= 1 && stage <= 3, "zero: --stage must be 1, 2 or 3, got ", stage);
-  DTP_CHECK(!prefetch || stage == 3, "zero: --prefetch is implemented for --stage 3 (puzzle 3.4), got --stage ",
-            stage);
-  DTP_CHECK(!offload || stage == 1, "zero: --offload is implemented for --stage 1 (puzzle 3.5), got --stage ", stage);
+  DTP_CHECK(!prefetch || stage == 3,
+            "zero: --prefetch is implemented for --stage 3 (puzzle 3.4), got --stage ", stage);
+  DTP_CHECK(!offload || stage == 1,
+            "zero: --offload is implemented for --stage 1 (puzzle 3.5), got --stage ", stage);
   if (stage == 1) return offload ? ZeroVariant::zero1_offload : ZeroVariant::zero1;
   if (stage == 2) return ZeroVariant::zero2;
   return prefetch ? ZeroVariant::zero3_prefetch : ZeroVariant::zero3;
@@ -136,43 +151,61 @@ ZeroVariant zero_variant(int stage, bool prefetch, bool offload) {
 
 const char* zero_variant_name(ZeroVariant variant) {
   switch (variant) {
-    case ZeroVariant::zero1: return "zero1";
-    case ZeroVariant::zero2: return "zero2";
-    case ZeroVariant::zero3: return "zero3";
-    case ZeroVariant::zero3_prefetch: return "zero3-prefetch";
-    case ZeroVariant::zero1_offload: return "zero1-offload";
+    case ZeroVariant::zero1:
+      return "zero1";
+    case ZeroVariant::zero2:
+      return "zero2";
+    case ZeroVariant::zero3:
+      return "zero3";
+    case ZeroVariant::zero3_prefetch:
+      return "zero3-prefetch";
+    case ZeroVariant::zero1_offload:
+      return "zero1-offload";
   }
   return "?";
 }
 
 const char* zero_puzzle(ZeroVariant variant) {
   switch (variant) {
-    case ZeroVariant::zero1: return "3.1";
-    case ZeroVariant::zero2: return "3.2";
-    case ZeroVariant::zero3: return "3.3";
-    case ZeroVariant::zero3_prefetch: return "3.4";
-    case ZeroVariant::zero1_offload: return "3.5";
+    case ZeroVariant::zero1:
+      return "3.1";
+    case ZeroVariant::zero2:
+      return "3.2";
+    case ZeroVariant::zero3:
+      return "3.3";
+    case ZeroVariant::zero3_prefetch:
+      return "3.4";
+    case ZeroVariant::zero1_offload:
+      return "3.5";
   }
   return "?";
 }
 
 int zero_stage(ZeroVariant variant) {
   switch (variant) {
-    case ZeroVariant::zero2: return 2;
+    case ZeroVariant::zero2:
+      return 2;
     case ZeroVariant::zero3:
-    case ZeroVariant::zero3_prefetch: return 3;
-    default: return 1;
+    case ZeroVariant::zero3_prefetch:
+      return 3;
+    default:
+      return 1;
   }
 }
 
 std::unique_ptr<ShardedOptimizer> make_zero_stage(ZeroVariant variant, Comm& comm, GPT& model,
                                                   const TrainConfig& config) {
   switch (variant) {
-    case ZeroVariant::zero1: return std::make_unique<Zero1>(comm, model, config);
-    case ZeroVariant::zero2: return std::make_unique<Zero2>(comm, model, config);
-    case ZeroVariant::zero3: return std::make_unique<Zero3>(comm, model, config);
-    case ZeroVariant::zero3_prefetch: return std::make_unique<Zero3Prefetch>(comm, model, config);
-    case ZeroVariant::zero1_offload: return std::make_unique<Zero1Offload>(comm, model, config);
+    case ZeroVariant::zero1:
+      return std::make_unique<Zero1>(comm, model, config);
+    case ZeroVariant::zero2:
+      return std::make_unique<Zero2>(comm, model, config);
+    case ZeroVariant::zero3:
+      return std::make_unique<Zero3>(comm, model, config);
+    case ZeroVariant::zero3_prefetch:
+      return std::make_unique<Zero3Prefetch>(comm, model, config);
+    case ZeroVariant::zero1_offload:
+      return std::make_unique<Zero1Offload>(comm, model, config);
   }
   return nullptr;
 }
@@ -180,7 +213,8 @@ std::unique_ptr<ShardedOptimizer> make_zero_stage(ZeroVariant variant, Comm& com
 void validate_zero(const TrainConfig& config, const ZeroOptions& options) {
   DTP_CHECK(options.world >= 1, "zero: --world (ranks) must be at least 1, got ", options.world);
   DTP_CHECK(config.batch >= options.world, "zero: the global batch (--batch ", config.batch,
-            ") is smaller than the world size (--world ", options.world, "): every rank needs at least one sequence");
+            ") is smaller than the world size (--world ", options.world,
+            "): every rank needs at least one sequence");
   DTP_CHECK(config.batch % options.world == 0, "zero: the global batch (--batch ", config.batch,
             ") must divide evenly by --world ", options.world, " (equal slices on every rank)");
 }
@@ -188,17 +222,21 @@ void validate_zero(const TrainConfig& config, const ZeroOptions& options) {
 void ZeroStrategy::add_flags(drivers::FlagGroup& flags) {
   drivers::add_world_flag(flags, &options.world, "data-parallel ranks");
   flags.integer("--stage", &stage_flag_, 1, 3, "S",
-                "what each rank keeps only a 1/N shard of: 1 the optimizer state (3.1), 2 also the gradients (3.2), "
+                "what each rank keeps only a 1/N shard of: 1 the optimizer state (3.1), 2 also the "
+                "gradients (3.2), "
                 "3 also the parameters (3.3, FSDP)");
-  flags.toggle("--prefetch", &prefetch_flag_,
-               "with --stage 3: gather the next unit's parameters while the current one computes (3.4)");
+  flags.toggle(
+      "--prefetch", &prefetch_flag_,
+      "with --stage 3: gather the next unit's parameters while the current one computes (3.4)");
   flags.toggle("--offload", &offload_flag_,
                "with --stage 1: keep the optimizer state and its update in host memory (3.5)");
-  flags.paragraph("After each kept step, a row per rank: its peak memory per category during the step and the "
-                  "bytes its collectives moved; then what a DDP rank holds.");
+  flags.paragraph(
+      "After each kept step, a row per rank: its peak memory per category during the step and the "
+      "bytes its collectives moved; then what a DDP rank holds.");
 }
 
-void ZeroStrategy::resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given, int processes) {
+void ZeroStrategy::resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
+                           int processes) {
   (void)config;
   drivers::default_world_to_processes(options.world, given, processes);
   try {
@@ -222,21 +260,24 @@ std::string ZeroStrategy::header(const TrainConfig& config, const std::string& b
   const char* sharded[] = {"", "optimizer state", "gradients and optimizer state",
                            "parameters, gradients and optimizer state"};
   char line[400];
-  std::snprintf(line, sizeof line,
-                "zero: %d ranks (%s backend), stage %d%s (%s, puzzle %s): %s sharded%s; %lld sequences per rank\n"
-                "zero: after each kept step, per rank: peak MiB per category during the step and the MiB its "
-                "collectives moved; then a DDP rank's",
-                options.world, backend.c_str(), zero_stage(v),
-                v == ZeroVariant::zero3_prefetch  ? " with prefetch"
-                : v == ZeroVariant::zero1_offload ? " with offload"
-                                                  : "",
-                zero_variant_name(v), zero_puzzle(v), sharded[zero_stage(v)],
-                v == ZeroVariant::zero1_offload ? ", in host memory" : "",
-                static_cast<long long>(config.batch / options.world));
+  std::snprintf(
+      line, sizeof line,
+      "zero: %d ranks (%s backend), stage %d%s (%s, puzzle %s): %s sharded%s; %lld sequences per "
+      "rank\n"
+      "zero: after each kept step, per rank: peak MiB per category during the step and the MiB its "
+      "collectives moved; then a DDP rank's",
+      options.world, backend.c_str(), zero_stage(v),
+      v == ZeroVariant::zero3_prefetch  ? " with prefetch"
+      : v == ZeroVariant::zero1_offload ? " with offload"
+                                        : "",
+      zero_variant_name(v), zero_puzzle(v), sharded[zero_stage(v)],
+      v == ZeroVariant::zero1_offload ? ", in host memory" : "",
+      static_cast<long long>(config.batch / options.world));
   return line;
 }
 
-std::unique_ptr<drivers::RankRun> ZeroStrategy::start(const TrainConfig& config, Comm& world) const {
+std::unique_ptr<drivers::RankRun> ZeroStrategy::start(const TrainConfig& config,
+                                                      Comm& world) const {
   return std::make_unique<ZeroRank>(config, options.variant, world);
 }
 

@@ -30,8 +30,9 @@ enum class ZeroVariant {
 };
 
 /// Every variant, in puzzle order.
-inline constexpr ZeroVariant kZeroVariants[] = {ZeroVariant::zero1, ZeroVariant::zero2, ZeroVariant::zero3,
-                                                ZeroVariant::zero3_prefetch, ZeroVariant::zero1_offload};
+inline constexpr ZeroVariant kZeroVariants[] = {ZeroVariant::zero1, ZeroVariant::zero2,
+                                                ZeroVariant::zero3, ZeroVariant::zero3_prefetch,
+                                                ZeroVariant::zero1_offload};
 
 /// The variant the flags --stage S, --prefetch and --offload select; throws
 /// dtp::Error for a stage outside 1-3 and for --prefetch without stage 3 or
@@ -49,7 +50,7 @@ std::unique_ptr<ShardedOptimizer> make_zero_stage(ZeroVariant variant, Comm& com
 
 /// Settings of the "zero" strategy.
 struct ZeroOptions {
-  int world = 2;                            ///< data-parallel ranks (World::from_env)
+  int world = 2;                             ///< data-parallel ranks (World::from_env)
   ZeroVariant variant = ZeroVariant::zero1;  ///< the stage
 };
 
@@ -75,9 +76,12 @@ class ZeroStrategy : public drivers::Strategy {
   std::string name() const override { return "zero"; }
   std::string title() const override { return "ZeRO / FSDP"; }
   std::string chapter() const override { return "03"; }
-  std::string save_note() const override { return "rank 0 gathers every rank's shards into one file"; }
+  std::string save_note() const override {
+    return "rank 0 gathers every rank's shards into one file";
+  }
   void add_flags(drivers::FlagGroup& flags) override;
-  void resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given, int processes) override;
+  void resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
+               int processes) override;
   void validate(const TrainConfig& config) const override { validate_zero(config, options); }
   int world_size() const override { return options.world; }
   std::vector<RunSetting> settings(const TrainConfig& config) const override;

@@ -10,9 +10,9 @@
 #include <string>
 
 #include "drivers/04_tensor_parallel/tp_strategy.h"
-#include "dtp/train_checkpoint.h"
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
+#include "dtp/train_checkpoint.h"
 
 namespace dtp::ch04 {
 
@@ -28,18 +28,23 @@ void TensorParallelTrainer::save(const std::string& path, const std::vector<RunS
     const auto& sliced = units[u]->parameters();
     const auto& whole = serial[u]->parameters();
     for (std::size_t i = 0; i < sliced.size(); ++i) {
-      const Tensor full = gather_tensor_parallel_slices(mesh_.tp, sliced[i].name, sliced[i].value, whole[i].shape);
+      const Tensor full =
+          gather_tensor_parallel_slices(mesh_.tp, sliced[i].name, sliced[i].value, whole[i].shape);
       if (root) params.push_back({parameter_entry(units[u]->name(), sliced[i].name), full});
     }
     for (const std::string& kind : kinds) {
       const Tensor mine = state_tensor(optimizer, units[u]->name(), kind);
       Tensor consolidated;
       if (root)
-        consolidated = Tensor::empty(Shape{serial[u]->numel()}, mine.dtype(), mine.device(), MemoryCategory::other);
+        consolidated = Tensor::empty(Shape{serial[u]->numel()}, mine.dtype(), mine.device(),
+                                     MemoryCategory::other);
       for (std::size_t i = 0; i < sliced.size(); ++i) {
-        const Tensor region = mine.slice(sliced[i].offset, sliced[i].shape.numel()).view(sliced[i].shape);
-        const Tensor full = gather_tensor_parallel_slices(mesh_.tp, sliced[i].name, region, whole[i].shape);
-        if (root) consolidated.slice(whole[i].offset, whole[i].shape.numel()).copy_from(full.flatten());
+        const Tensor region =
+            mine.slice(sliced[i].offset, sliced[i].shape.numel()).view(sliced[i].shape);
+        const Tensor full =
+            gather_tensor_parallel_slices(mesh_.tp, sliced[i].name, region, whole[i].shape);
+        if (root)
+          consolidated.slice(whole[i].offset, whole[i].shape.numel()).copy_from(full.flatten());
       }
       if (root) state.push_back({optimizer_entry(units[u]->name(), kind), consolidated});
     }
@@ -49,7 +54,8 @@ void TensorParallelTrainer::save(const std::string& path, const std::vector<RunS
   serial_->save_gathered(path, strategy, std::move(params));
 }
 
-void TensorParallelTrainer::resume(const std::string& path, const std::vector<RunSetting>& strategy) {
+void TensorParallelTrainer::resume(const std::string& path,
+                                   const std::vector<RunSetting>& strategy) {
   const Checkpoint checkpoint = serial_->resume_gathered(path, strategy);
   const Optimizer& optimizer = serial_->optimizer();
   const std::vector<std::string> kinds = state_kinds(optimizer);
@@ -58,8 +64,8 @@ void TensorParallelTrainer::resume(const std::string& path, const std::vector<Ru
   auto saved = [&](const std::string& name, const Shape& shape) {
     DTP_CHECK(checkpoint.has(name), "--resume ", path, ": the checkpoint has no ", name);
     const Tensor& t = checkpoint.tensor(name);
-    DTP_CHECK(t.numel() == shape.numel(), "--resume ", path, ": ", name, " holds ", t.numel(), " elements, this ",
-              "model's ", shape.numel(), " (", shape.str(), ")");
+    DTP_CHECK(t.numel() == shape.numel(), "--resume ", path, ": ", name, " holds ", t.numel(),
+              " elements, this ", "model's ", shape.numel(), " (", shape.str(), ")");
     return t;
   };
   for (std::size_t u = 0; u < units.size(); ++u) {
@@ -67,17 +73,21 @@ void TensorParallelTrainer::resume(const std::string& path, const std::vector<Ru
     const auto& whole = serial[u]->parameters();
     const std::string unit = units[u]->name();
     for (std::size_t i = 0; i < sliced.size(); ++i) {
-      const Tensor full = saved(parameter_entry(unit, sliced[i].name), whole[i].shape).view(whole[i].shape);
-      copy_tensor_parallel_slice(sliced[i].name, full, sliced[i].value, mesh_.tp.size(), mesh_.tp.rank());
+      const Tensor full =
+          saved(parameter_entry(unit, sliced[i].name), whole[i].shape).view(whole[i].shape);
+      copy_tensor_parallel_slice(sliced[i].name, full, sliced[i].value, mesh_.tp.size(),
+                                 mesh_.tp.rank());
     }
     for (const std::string& kind : kinds) {
-      const Tensor consolidated = saved(optimizer_entry(unit, kind), Shape{serial[u]->numel()}).flatten();
+      const Tensor consolidated =
+          saved(optimizer_entry(unit, kind), Shape{serial[u]->numel()}).flatten();
       const Tensor mine = state_tensor(optimizer, unit, kind);
       for (std::size_t i = 0; i < sliced.size(); ++i)
         copy_tensor_parallel_slice(
-            sliced[i].name, consolidated.slice(whole[i].offset, whole[i].shape.numel()).view(whole[i].shape),
-            mine.slice(sliced[i].offset, sliced[i].shape.numel()).view(sliced[i].shape), mesh_.tp.size(),
-            mesh_.tp.rank());
+            sliced[i].name,
+            consolidated.slice(whole[i].offset, whole[i].shape.numel()).view(whole[i].shape),
+            mine.slice(sliced[i].offset, sliced[i].shape.numel()).view(sliced[i].shape),
+            mesh_.tp.size(), mesh_.tp.rank());
     }
   }
 }

@@ -11,27 +11,34 @@
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
 #include "dtp/memory.h"
-#include "dtp/train_checkpoint.h"
 #include "dtp/trace.h"
+#include "dtp/train_checkpoint.h"
 
 namespace dtp::ch04 {
 
 void validate_tensor_parallel(const TrainConfig& config, const TensorParallelRunOptions& options) {
-  DTP_CHECK(options.tp >= 1, "tp: --tp (ranks per tensor-parallel group) must be at least 1, got ", options.tp);
-  DTP_CHECK(options.dp >= 1, "tp: --dp (data-parallel groups) must be at least 1, got ", options.dp);
+  DTP_CHECK(options.tp >= 1, "tp: --tp (ranks per tensor-parallel group) must be at least 1, got ",
+            options.tp);
+  DTP_CHECK(options.dp >= 1, "tp: --dp (data-parallel groups) must be at least 1, got ",
+            options.dp);
   const GPTConfig& m = config.model;
-  DTP_CHECK(m.experts == 0, "tp: --moe-experts is not supported with --strategy tp (its blocks shard the dense "
-            "MLP; a mixture of experts is split by expert instead, chapter 06's expert parallelism)");
-  DTP_CHECK(m.heads % options.tp == 0, "tp: --heads ", m.heads, " do not split over --tp ", options.tp,
-            " (each rank computes whole heads: pick --tp dividing ", m.heads, ")");
+  DTP_CHECK(
+      m.experts == 0,
+      "tp: --moe-experts is not supported with --strategy tp (its blocks shard the dense "
+      "MLP; a mixture of experts is split by expert instead, chapter 06's expert parallelism)");
+  DTP_CHECK(m.heads % options.tp == 0, "tp: --heads ", m.heads, " do not split over --tp ",
+            options.tp, " (each rank computes whole heads: pick --tp dividing ", m.heads, ")");
   const std::int64_t hidden = std::int64_t{m.mlp_ratio} * m.d_model;
-  DTP_CHECK(hidden % options.tp == 0, "tp: the MLP width ", hidden, " does not split over --tp ", options.tp);
+  DTP_CHECK(hidden % options.tp == 0, "tp: the MLP width ", hidden, " does not split over --tp ",
+            options.tp);
   // The vocabulary is known once the data is loaded; bytes of a text file: 256.
   const std::int64_t vocab = config.data_path.empty() ? m.vocab_size : 256;
-  DTP_CHECK(vocab % options.tp == 0, "tp: the vocabulary (", vocab, " token ids) does not split over --tp ",
-            options.tp, " (vocabulary-parallel embedding and loss need equal slices)");
-  DTP_CHECK(config.batch % options.dp == 0 && config.batch >= options.dp, "tp: the global batch (--batch ",
-            config.batch, ") must split into --dp ", options.dp, " equal non-empty slices");
+  DTP_CHECK(vocab % options.tp == 0, "tp: the vocabulary (", vocab,
+            " token ids) does not split over --tp ", options.tp,
+            " (vocabulary-parallel embedding and loss need equal slices)");
+  DTP_CHECK(config.batch % options.dp == 0 && config.batch >= options.dp,
+            "tp: the global batch (--batch ", config.batch, ") must split into --dp ", options.dp,
+            " equal non-empty slices");
   if (options.sequence_parallel) {
     const std::int64_t tokens = config.batch / options.dp * config.seq;
     DTP_CHECK(tokens % options.tp == 0, "tp: --sequence-parallel splits each rank's ", tokens,
@@ -50,7 +57,8 @@ TensorParallelTrainer::TensorParallelTrainer(const TrainConfig& config, Mesh& me
   model_ = std::make_unique<TensorParallelGPT>(mesh.tp, serial_->model(), options);
   for (Unit* unit : serial_->model().units()) unit->set_buffers(Tensor(), Tensor());
   std::vector<ParamBuffer> buffers;
-  for (Unit* unit : model_->units()) buffers.push_back({unit->name(), unit->params(), unit->grads()});
+  for (Unit* unit : model_->units())
+    buffers.push_back({unit->name(), unit->params(), unit->grads()});
   serial_->set_optimizer(make_optimizer(config_, std::move(buffers)));
 }
 
@@ -71,7 +79,8 @@ StepRecord TensorParallelTrainer::step() {
   model_->finish_backward(mesh_.dp);
   // Clip as clip_grad_norm does, by the norm of the whole (unsharded) model.
   record.grad_norm = model_->global_grad_norm();
-  if (config_.grad_clip > 0 && record.grad_norm > config_.grad_clip && std::isfinite(record.grad_norm)) {
+  if (config_.grad_clip > 0 && record.grad_norm > config_.grad_clip &&
+      std::isfinite(record.grad_norm)) {
     const double factor = config_.grad_clip / (record.grad_norm + 1e-6);
     for (Unit* unit : model_->units()) ops::scale(unit->grads(), factor);
   }
@@ -94,7 +103,8 @@ namespace {
 // One rank of the mesh: its TP group, its DP group and its slices.
 class TensorParallelRank : public drivers::RankRun {
  public:
-  TensorParallelRank(const TrainConfig& config, const TensorParallelRunOptions& options, Comm& world)
+  TensorParallelRank(const TrainConfig& config, const TensorParallelRunOptions& options,
+                     Comm& world)
       : options_(options),
         mesh_(make_mesh(world, options.tp)),
         trainer_(config, mesh_, TensorParallelOptions{options.sequence_parallel}) {}
@@ -103,7 +113,8 @@ class TensorParallelRank : public drivers::RankRun {
   void resume(const std::string& path, const std::vector<RunSetting>& settings) override {
     trainer_.resume(path, settings);
   }
-  void save(Comm& world, const std::string& path, const std::vector<RunSetting>& settings) override {
+  void save(Comm& world, const std::string& path,
+            const std::vector<RunSetting>& settings) override {
     (void)world;
     trainer_.save(path, settings);  // collective
   }
@@ -134,14 +145,17 @@ class TensorParallelRank : public drivers::RankRun {
                             {"moved", ColumnUnit::mebibytes}};
     for (std::size_t r = 0; r < rows.size(); ++r) {
       const int rank = static_cast<int>(r);
-      report.ranks.rows.push_back({std::to_string(rank) + " (tp " + std::to_string(rank % options_.tp) + ", dp " +
+      report.ranks.rows.push_back({std::to_string(rank) + " (tp " +
+                                       std::to_string(rank % options_.tp) + ", dp " +
                                        std::to_string(rank / options_.tp) + ")",
                                    rows[r].extra});
     }
   }
 
  private:
-  std::int64_t moved() const { return mesh_.tp.stats().collective_bytes + mesh_.dp.stats().collective_bytes; }
+  std::int64_t moved() const {
+    return mesh_.tp.stats().collective_bytes + mesh_.dp.stats().collective_bytes;
+  }
   TensorParallelRunOptions options_;
   Mesh mesh_;  // before the trainer, which holds it
   TensorParallelTrainer trainer_;
@@ -151,14 +165,19 @@ class TensorParallelRank : public drivers::RankRun {
 }  // namespace
 
 void TensorParallelStrategy::add_flags(drivers::FlagGroup& flags) {
-  flags.integer("--tp", &options.tp, 1, 1024, "T",
-                "ranks per tensor-parallel group; heads, vocabulary and MLP width must divide by T");
-  flags.integer("--dp", &options.dp, 1, 1024, "D",
-                "data-parallel groups; the world is D x T ranks (under mpiexec: as many processes)");
+  flags.integer(
+      "--tp", &options.tp, 1, 1024, "T",
+      "ranks per tensor-parallel group; heads, vocabulary and MLP width must divide by T");
+  flags.integer(
+      "--dp", &options.dp, 1, 1024, "D",
+      "data-parallel groups; the world is D x T ranks (under mpiexec: as many processes)");
   flags.toggle("--sequence-parallel", &options.sequence_parallel,
-               "also split the LayerNorm and residual activations by tokens (Megatron sequence parallelism, 4.7)");
-  flags.paragraph("After each kept step, a row per rank: its parameter bytes, its peak activation bytes and the "
-                  "bytes its collectives moved.");
+               "also split the LayerNorm and residual activations by tokens (Megatron sequence "
+               "parallelism, 4.7)");
+  flags.paragraph(
+      "After each kept step, a row per rank: its parameter bytes, its peak activation bytes and "
+      "the "
+      "bytes its collectives moved.");
 }
 
 std::string TensorParallelStrategy::world_text() const {
@@ -173,18 +192,21 @@ std::vector<RunSetting> TensorParallelStrategy::settings(const TrainConfig& conf
           {"--sequence-parallel", options.sequence_parallel ? "on" : "off"}};
 }
 
-std::string TensorParallelStrategy::header(const TrainConfig& config, const std::string& backend) const {
+std::string TensorParallelStrategy::header(const TrainConfig& config,
+                                           const std::string& backend) const {
   char line[320];
-  std::snprintf(line, sizeof line,
-                "tp: %d x %d = %d ranks (%s backend): tensor-parallel groups of %d consecutive ranks, %d "
-                "data-parallel group(s)%s; %lld sequences per data-parallel rank",
-                options.dp, options.tp, options.dp * options.tp, backend.c_str(), options.tp, options.dp,
-                options.sequence_parallel ? ", sequence parallel" : "",
-                static_cast<long long>(config.batch / options.dp));
+  std::snprintf(
+      line, sizeof line,
+      "tp: %d x %d = %d ranks (%s backend): tensor-parallel groups of %d consecutive ranks, %d "
+      "data-parallel group(s)%s; %lld sequences per data-parallel rank",
+      options.dp, options.tp, options.dp * options.tp, backend.c_str(), options.tp, options.dp,
+      options.sequence_parallel ? ", sequence parallel" : "",
+      static_cast<long long>(config.batch / options.dp));
   return line;
 }
 
-std::unique_ptr<drivers::RankRun> TensorParallelStrategy::start(const TrainConfig& config, Comm& world) const {
+std::unique_ptr<drivers::RankRun> TensorParallelStrategy::start(const TrainConfig& config,
+                                                                Comm& world) const {
   return std::make_unique<TensorParallelRank>(config, options, world);
 }
 

@@ -40,7 +40,8 @@ class TensorParallelTrainer {
   /// config.load_path's parameters when set), the TP model from it,
   /// releases the serial weights, and builds the optimizer over the slices.
   /// @p mesh must outlive the trainer.
-  TensorParallelTrainer(const TrainConfig& config, Mesh& mesh, const TensorParallelOptions& options);
+  TensorParallelTrainer(const TrainConfig& config, Mesh& mesh,
+                        const TensorParallelOptions& options);
   ~TensorParallelTrainer();
   /// One step; its record has the loss averaged over the DP group.
   StepRecord step();
@@ -87,9 +88,13 @@ class TensorParallelStrategy : public drivers::Strategy {
   std::string name() const override { return "tp"; }
   std::string title() const override { return "Tensor parallel"; }
   std::string chapter() const override { return "04"; }
-  std::string save_note() const override { return "rank 0 gathers every rank's shards into one file"; }
+  std::string save_note() const override {
+    return "rank 0 gathers every rank's shards into one file";
+  }
   void add_flags(drivers::FlagGroup& flags) override;
-  void validate(const TrainConfig& config) const override { validate_tensor_parallel(config, options); }
+  void validate(const TrainConfig& config) const override {
+    validate_tensor_parallel(config, options);
+  }
   int world_size() const override { return options.tp * options.dp; }
   std::string world_text() const override;
   std::vector<RunSetting> settings(const TrainConfig& config) const override;

@@ -9,9 +9,9 @@
 #include <string>
 
 #include "drivers/05_pipeline/pp_strategy.h"
-#include "dtp/train_checkpoint.h"
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
+#include "dtp/train_checkpoint.h"
 
 namespace dtp::ch05 {
 namespace {
@@ -53,10 +53,12 @@ void PipelineTrainer::save(const std::string& path, const std::vector<RunSetting
     std::vector<Tensor> held;
     if (mine) {
       held.push_back(fsdp ? fsdp_shard(*unit) : unit->params());
-      for (const std::string& kind : kinds) held.push_back(state_tensor(optimizer_state, buffer, kind));
+      for (const std::string& kind : kinds)
+        held.push_back(state_tensor(optimizer_state, buffer, kind));
     }
     auto new_whole = [&] {
-      return Tensor::empty(Shape{unit->numel()}, model.config().dtype, model.config().device, MemoryCategory::other);
+      return Tensor::empty(Shape{unit->numel()}, model.config().dtype, model.config().device,
+                           MemoryCategory::other);
     };
     for (std::size_t k = 0; k < 1 + kinds.size(); ++k) {
       Tensor whole;
@@ -96,15 +98,16 @@ void PipelineTrainer::resume(const std::string& path, const std::vector<RunSetti
   auto saved = [&](const std::string& name, std::int64_t numel) {
     DTP_CHECK(checkpoint.has(name), "--resume ", path, ": the checkpoint has no ", name);
     const Tensor& t = checkpoint.tensor(name);
-    DTP_CHECK(t.numel() == numel, "--resume ", path, ": ", name, " holds ", t.numel(), " elements, this run's ",
-              numel);
+    DTP_CHECK(t.numel() == numel, "--resume ", path, ": ", name, " holds ", t.numel(),
+              " elements, this run's ", numel);
     return t.flatten();
   };
   for (auto& chunk : chunks_) {
     std::vector<Unit*> units = chunk->units();
     for (std::size_t u = 0; u < units.size(); ++u) {
       Unit& unit = *units[u];
-      Tensor full = Tensor::empty(Shape{unit.numel()}, model.config().dtype, Device::cpu(), MemoryCategory::other);
+      Tensor full = Tensor::empty(Shape{unit.numel()}, model.config().dtype, Device::cpu(),
+                                  MemoryCategory::other);
       for (const ParamView& p : unit.parameters())
         full.slice(p.offset, p.shape.numel())
             .copy_from(saved(parameter_entry(unit.name(), p.name), p.shape.numel()));
@@ -119,8 +122,8 @@ void PipelineTrainer::resume(const std::string& path, const std::vector<RunSetti
       const std::string buffer = unit.name() + (fsdp ? " shard" : "");
       for (const std::string& kind : kinds) {
         Tensor mine = state_tensor(optimizer_state, buffer, kind);
-        mine.copy_from(saved(optimizer_entry(unit.name(), kind), unit.numel()).slice(range.offset,
-                                                                                          range.length));
+        mine.copy_from(saved(optimizer_entry(unit.name(), kind), unit.numel())
+                           .slice(range.offset, range.length));
       }
     }
   }

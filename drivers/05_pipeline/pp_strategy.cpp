@@ -12,8 +12,8 @@
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
 #include "dtp/memory.h"
-#include "dtp/train_checkpoint.h"
 #include "dtp/trace.h"
+#include "dtp/train_checkpoint.h"
 
 namespace dtp::ch05 {
 namespace {
@@ -36,40 +36,50 @@ PipelineMesh make_pipeline_mesh(Comm& world, int pp) {
 void validate_pipeline(const TrainConfig& config, const PipelineOptions& options) {
   DTP_CHECK(options.pp >= 1, "pp: --pp (pipeline stages) must be at least 1, got ", options.pp);
   DTP_CHECK(options.dp >= 1, "pp: --dp (pipeline replicas) must be at least 1, got ", options.dp);
-  DTP_CHECK(options.microbatches >= 1, "pp: --microbatches must be at least 1, got ", options.microbatches);
-  DTP_CHECK(config.model.experts == 0, "pp: --moe-experts is not supported with --strategy pp (the last stage "
-            "reports the loss, and the load-balancing losses of blocks on other stages do not reach it yet)");
+  DTP_CHECK(options.microbatches >= 1, "pp: --microbatches must be at least 1, got ",
+            options.microbatches);
+  DTP_CHECK(config.model.experts == 0,
+            "pp: --moe-experts is not supported with --strategy pp (the last stage "
+            "reports the loss, and the load-balancing losses of blocks on other stages do not "
+            "reach it yet)");
   DTP_CHECK(options.microbatches <= kMaxMicrobatches, "pp: --microbatches ", options.microbatches,
             " is more than the ", kMaxMicrobatches, " a message tag can name");
-  DTP_CHECK(static_cast<std::int64_t>(options.pp) * chunks_of(options) <= kMaxVirtualStages, "pp: --pp ", options.pp,
-            " x --chunks ", chunks_of(options), " virtual stages is more than the ", kMaxVirtualStages,
-            " a message tag can name");
+  DTP_CHECK(static_cast<std::int64_t>(options.pp) * chunks_of(options) <= kMaxVirtualStages,
+            "pp: --pp ", options.pp, " x --chunks ", chunks_of(options),
+            " virtual stages is more than the ", kMaxVirtualStages, " a message tag can name");
   const std::int64_t per_rank = config.batch / options.dp;
-  DTP_CHECK(config.batch % options.dp == 0 && per_rank % options.microbatches == 0 && per_rank >= options.microbatches,
-            "pp: the global batch (--batch ", config.batch, ") must split into --dp ", options.dp, " x --microbatches ",
-            options.microbatches, " equal non-empty micro-batches");
+  DTP_CHECK(config.batch % options.dp == 0 && per_rank % options.microbatches == 0 &&
+                per_rank >= options.microbatches,
+            "pp: the global batch (--batch ", config.batch, ") must split into --dp ", options.dp,
+            " x --microbatches ", options.microbatches, " equal non-empty micro-batches");
   const int units = config.model.layers + 2;
   const int stages = options.pp * chunks_of(options);
-  DTP_CHECK(stages <= units, "pp: ", options.pp, " stages", chunks_of(options) > 1 ? " x --chunks " : "",
-            chunks_of(options) > 1 ? std::to_string(options.chunks) : std::string(), " need at least ", stages,
-            " units, but the model has ", units, " (embedding, --layers ", config.model.layers,
-            " blocks, head): raise --layers");
+  DTP_CHECK(stages <= units, "pp: ", options.pp, " stages",
+            chunks_of(options) > 1 ? " x --chunks " : "",
+            chunks_of(options) > 1 ? std::to_string(options.chunks) : std::string(),
+            " need at least ", stages, " units, but the model has ", units,
+            " (embedding, --layers ", config.model.layers, " blocks, head): raise --layers");
   if (options.schedule == ScheduleKind::interleaved) {
-    DTP_CHECK(options.chunks >= 2, "pp: --schedule interleaved needs --chunks >= 2, got ", options.chunks);
+    DTP_CHECK(options.chunks >= 2, "pp: --schedule interleaved needs --chunks >= 2, got ",
+              options.chunks);
     DTP_CHECK(options.pp >= 2, "pp: --schedule interleaved needs --pp >= 2");
-    DTP_CHECK(options.microbatches % options.pp == 0, "pp: --schedule interleaved needs --microbatches (",
-              options.microbatches, ") to be a multiple of --pp (", options.pp, ")");
+    DTP_CHECK(options.microbatches % options.pp == 0,
+              "pp: --schedule interleaved needs --microbatches (", options.microbatches,
+              ") to be a multiple of --pp (", options.pp, ")");
   }
   DTP_CHECK(!(options.fsdp && options.schedule == ScheduleKind::zb_h1),
-            "pp: --fsdp cannot run --schedule zb-h1: its deferred W would need each unit's gathered parameters long "
+            "pp: --fsdp cannot run --schedule zb-h1: its deferred W would need each unit's "
+            "gathered parameters long "
             "after its B (use afab, 1f1b or interleaved)");
 }
 
-PipelineTrainer::PipelineTrainer(const TrainConfig& config, PipelineMesh& mesh, const PipelineOptions& options)
+PipelineTrainer::PipelineTrainer(const TrainConfig& config, PipelineMesh& mesh,
+                                 const PipelineOptions& options)
     : mesh_(mesh), options_(options) {
   validate_pipeline(config, options);
-  DTP_CHECK(mesh.pp.size() == options.pp && mesh.dp.size() == options.dp, "PipelineTrainer: the mesh is ",
-            mesh.pp.size(), " stages x ", mesh.dp.size(), " replicas, the options say ", options.pp, " x ", options.dp);
+  DTP_CHECK(mesh.pp.size() == options.pp && mesh.dp.size() == options.dp,
+            "PipelineTrainer: the mesh is ", mesh.pp.size(), " stages x ", mesh.dp.size(),
+            " replicas, the options say ", options.pp, " x ", options.dp);
   serial_ = std::make_unique<Trainer>(config, mesh.dp.rank(), mesh.dp.size());
   GPT& model = serial_->model();
   // Before the model is cut: every rank reads the whole file and keeps its units.
@@ -92,7 +102,8 @@ PipelineTrainer::PipelineTrainer(const TrainConfig& config, PipelineMesh& mesh, 
     const UnitRange range = partition_[static_cast<std::size_t>(c * options.pp + mesh.pp.rank())];
     chunks_.push_back(std::make_unique<StageModule>(model, range, c));
     chunks_.back()->set_clock(mesh.pp, options.costs, schedule_.split_backward);
-    for (int u = range.first; u < range.first + range.count; ++u) mine[static_cast<std::size_t>(u)] = true;
+    for (int u = range.first; u < range.first + range.count; ++u)
+      mine[static_cast<std::size_t>(u)] = true;
   }
   for (Unit* unit : model.units())
     if (!mine[static_cast<std::size_t>(unit->index())]) unit->set_buffers(Tensor(), Tensor());
@@ -103,9 +114,11 @@ PipelineTrainer::PipelineTrainer(const TrainConfig& config, PipelineMesh& mesh, 
       PipelineFsdp& shards = *fsdp_.back();
       std::vector<Unit*> units = chunk->units();
       for (std::size_t u = 0; u < units.size(); ++u)
-        buffers.push_back({units[u]->name() + " shard", shards.parameter_shards()[u], shards.gradient_shards()[u]});
+        buffers.push_back({units[u]->name() + " shard", shards.parameter_shards()[u],
+                           shards.gradient_shards()[u]});
     } else {
-      for (Unit* unit : chunk->units()) buffers.push_back({unit->name(), unit->params(), unit->grads()});
+      for (Unit* unit : chunk->units())
+        buffers.push_back({unit->name(), unit->params(), unit->grads()});
     }
   }
   serial_->set_optimizer(make_optimizer(serial_->config(), std::move(buffers)));
@@ -147,8 +160,8 @@ StepRecord PipelineTrainer::step() {
   mesh_.pp.broadcast(step_loss, mesh_.pp.size() - 1);
   if (mesh_.dp.size() > 1) mesh_.dp.all_reduce(step_loss, ReduceOp::avg);
   record.loss = step_loss.item(0);
-  DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ", record.step,
-            "; try a lower --lr or a tighter --clip");
+  DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ",
+            record.step, "; try a lower --lr or a tighter --clip");
   // What this rank holds: whole gradients (averaged over the replicas here)
   // or FSDP's shards (averaged by their reduce-scatters).
   std::vector<Tensor> grads;
@@ -167,7 +180,8 @@ StepRecord PipelineTrainer::step() {
   mesh_.pp.all_reduce(total, ReduceOp::sum);
   if (!fsdp_.empty() && mesh_.dp.size() > 1) mesh_.dp.all_reduce(total, ReduceOp::sum);
   record.grad_norm = std::sqrt(total.item(0));
-  if (config.grad_clip > 0 && record.grad_norm > config.grad_clip && std::isfinite(record.grad_norm)) {
+  if (config.grad_clip > 0 && record.grad_norm > config.grad_clip &&
+      std::isfinite(record.grad_norm)) {
     const double factor = config.grad_clip / (record.grad_norm + 1e-6);
     for (Tensor& g : grads) ops::scale(g, factor);
   }
@@ -200,8 +214,9 @@ void PipelineTrainer::gather_timing(const MemoryTracker& tracker) {
       r.wall_end += chunk->wall_origin();
       ran.push_back(r);
     }
-  std::stable_sort(ran.begin(), ran.end(),
-                   [](const ActionRecord& a, const ActionRecord& b) { return a.wall_start < b.wall_start; });
+  std::stable_sort(ran.begin(), ran.end(), [](const ActionRecord& a, const ActionRecord& b) {
+    return a.wall_start < b.wall_start;
+  });
   std::vector<Action> order;
   // Every action as 7 numbers: kind, micro-batch, chunk, clock start/end, wall start/end.
   std::vector<double> sorted;
@@ -209,9 +224,10 @@ void PipelineTrainer::gather_timing(const MemoryTracker& tracker) {
     order.push_back(r.action);
     mine[kClockBusy] += r.clock_end - r.clock_start;
     mine[kWallBusy] += r.wall_end - r.wall_start;
-    sorted.insert(sorted.end(), {static_cast<double>(r.action.kind), static_cast<double>(r.action.microbatch),
-                                 static_cast<double>(r.action.chunk), r.clock_start, r.clock_end, r.wall_start,
-                                 r.wall_end});
+    sorted.insert(sorted.end(),
+                  {static_cast<double>(r.action.kind), static_cast<double>(r.action.microbatch),
+                   static_cast<double>(r.action.chunk), r.clock_start, r.clock_end, r.wall_start,
+                   r.wall_end});
   }
   mine[kPeakAlive] = peak_alive(order, schedule_.split_backward);
   const int p = mesh_.pp.size(), d = mesh_.dp.size();
@@ -220,7 +236,8 @@ void PipelineTrainer::gather_timing(const MemoryTracker& tracker) {
   mesh_.pp.gather(row, rows, 0);
   Tensor all = Tensor::zeros(Shape{static_cast<std::int64_t>(kCount) * p * d}, DType::f64);
   Tensor mine_actions = Tensor::from_values(sorted, DType::f64);
-  Tensor pipeline_actions = Tensor::zeros(Shape{static_cast<std::int64_t>(sorted.size()) * p}, DType::f64);
+  Tensor pipeline_actions =
+      Tensor::zeros(Shape{static_cast<std::int64_t>(sorted.size()) * p}, DType::f64);
   // Every rank of a valid schedule runs the same number of actions.
   mesh_.pp.gather(mine_actions, pipeline_actions, 0);
   if (mesh_.pp.rank() != 0) return;
@@ -236,10 +253,12 @@ void PipelineTrainer::gather_timing(const MemoryTracker& tracker) {
     r.dp_rank = static_cast<int>(at[kDpRank]);
     r.rank = r.stage * d + r.dp_rank;
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
-      const UnitRange range = partition_[c * static_cast<std::size_t>(p) + static_cast<std::size_t>(r.stage)];
+      const UnitRange range =
+          partition_[c * static_cast<std::size_t>(p) + static_cast<std::size_t>(r.stage)];
       r.units += (c ? "; " : "") + model().units()[static_cast<std::size_t>(range.first)]->name();
       if (range.count > 1)
-        r.units += " .. " + model().units()[static_cast<std::size_t>(range.first + range.count - 1)]->name();
+        r.units += " .. " +
+                   model().units()[static_cast<std::size_t>(range.first + range.count - 1)]->name();
     }
     r.params_bytes = static_cast<std::int64_t>(at[kParams]);
     r.activation_peak = static_cast<std::int64_t>(at[kActivationPeak]);
@@ -259,7 +278,8 @@ void PipelineTrainer::gather_timing(const MemoryTracker& tracker) {
     for (std::size_t i = 0; i < per_rank; ++i) {
       const double* a = &acts[(static_cast<std::size_t>(s) * per_rank + i) * 7];
       ActionRecord r;
-      r.action = Action{static_cast<ActionKind>(static_cast<int>(a[0])), static_cast<int>(a[1]), static_cast<int>(a[2])};
+      r.action = Action{static_cast<ActionKind>(static_cast<int>(a[0])), static_cast<int>(a[1]),
+                        static_cast<int>(a[2])};
       r.clock_start = a[3];
       r.clock_end = a[4];
       r.wall_start = a[5];
@@ -279,13 +299,15 @@ void PipelineTrainer::gather_timing(const MemoryTracker& tracker) {
     }
   timing_.clock_makespan = clock_last - clock_first;
   timing_.wall_makespan = wall_last - wall_first;
-  timing_.clock_bubble = timing_.clock_makespan > 0 ? 1 - busy_clock / (p * timing_.clock_makespan) : 0;
+  timing_.clock_bubble =
+      timing_.clock_makespan > 0 ? 1 - busy_clock / (p * timing_.clock_makespan) : 0;
   timing_.wall_bubble = timing_.wall_makespan > 0 ? 1 - busy_wall / (p * timing_.wall_makespan) : 0;
 }
 
 std::string executed_gantt_chart(const PipelineOptions& options, const PipelineStepTiming& timing) {
-  Schedule shape = empty_schedule(schedule_kind_name(options.schedule), options.pp, options.microbatches,
-                                  chunks_of(options), options.schedule == ScheduleKind::zb_h1);
+  Schedule shape =
+      empty_schedule(schedule_kind_name(options.schedule), options.pp, options.microbatches,
+                     chunks_of(options), options.schedule == ScheduleKind::zb_h1);
   ScheduleReport report;
   double first = 1e300;
   for (const auto& list : timing.actions)
@@ -320,7 +342,8 @@ class PipelineRank : public drivers::RankRun {
   void resume(const std::string& path, const std::vector<RunSetting>& settings) override {
     trainer_.resume(path, settings);
   }
-  void save(Comm& world, const std::string& path, const std::vector<RunSetting>& settings) override {
+  void save(Comm& world, const std::string& path,
+            const std::vector<RunSetting>& settings) override {
     (void)world;
     trainer_.save(path, settings);  // collective
   }
@@ -349,10 +372,11 @@ class PipelineRank : public drivers::RankRun {
                             {"alive", ColumnUnit::count},
                             {"busy", ColumnUnit::milliseconds}};
     for (const RankPipelineStep& r : timing.ranks)
-      report.ranks.rows.push_back({std::to_string(r.rank) + " (stage " + std::to_string(r.stage) + ", dp " +
-                                       std::to_string(r.dp_rank) + ": " + r.units + ")",
-                                   {static_cast<double>(r.params_bytes), static_cast<double>(r.activation_peak),
-                                    static_cast<double>(r.peak_alive), r.wall_busy}});
+      report.ranks.rows.push_back(
+          {std::to_string(r.rank) + " (stage " + std::to_string(r.stage) + ", dp " +
+               std::to_string(r.dp_rank) + ": " + r.units + ")",
+           {static_cast<double>(r.params_bytes), static_cast<double>(r.activation_peak),
+            static_cast<double>(r.peak_alive), r.wall_busy}});
     report.once = executed_gantt_chart(options_, timing);
   }
 
@@ -376,22 +400,27 @@ void PipelineStrategy::add_flags(drivers::FlagGroup& flags) {
   flags.integer("--dp", &options.dp, 1, 1024, "D",
                 "pipeline replicas; the world is P x D ranks, the D ranks of a stage consecutive");
   flags.toggle("--fsdp", &options.fsdp, "shard each stage over its D replicas (ZeRO-3, 5.8)");
-  flags.custom("--balance", "params|time",
-               "split the units by parameters (default) or by their measured forward + backward time",
-               [this](const std::string& v) {
-                 if (v != "params" && v != "time")
-                   throw drivers::UsageError("--balance accepts params or time, got '" + v + "'");
-                 options.balance_by_time = v == "time";
-               });
-  flags.paragraph("After each kept step: the step's bubble (simulated clock and wall time), a row per rank, and "
-                  "on the first kept step the Gantt chart of pipeline 0 as it ran (F = 1, B = 2 on the clock; "
-                  "zb-h1: B = W = 1).");
+  flags.custom(
+      "--balance", "params|time",
+      "split the units by parameters (default) or by their measured forward + backward time",
+      [this](const std::string& v) {
+        if (v != "params" && v != "time")
+          throw drivers::UsageError("--balance accepts params or time, got '" + v + "'");
+        options.balance_by_time = v == "time";
+      });
+  flags.paragraph(
+      "After each kept step: the step's bubble (simulated clock and wall time), a row per rank, "
+      "and "
+      "on the first kept step the Gantt chart of pipeline 0 as it ran (F = 1, B = 2 on the clock; "
+      "zb-h1: B = W = 1).");
 }
 
-void PipelineStrategy::resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given, int processes) {
+void PipelineStrategy::resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
+                               int processes) {
   (void)config, (void)processes;
   if (cli::was_given(given, "--chunks") && options.schedule != ScheduleKind::interleaved)
-    throw drivers::UsageError("--chunks sets v of --schedule interleaved; this run's schedule is not interleaved");
+    throw drivers::UsageError(
+        "--chunks sets v of --schedule interleaved; this run's schedule is not interleaved");
 }
 
 std::string PipelineStrategy::world_text() const {
@@ -412,21 +441,25 @@ std::vector<RunSetting> PipelineStrategy::settings(const TrainConfig& config) co
 std::string PipelineStrategy::header(const TrainConfig& config, const std::string& backend) const {
   const bool interleaved = options.schedule == ScheduleKind::interleaved;
   char line[400];
-  std::snprintf(line, sizeof line,
-                "pp: %d stages x %d replica(s) = %d ranks (%s backend), schedule %s%s, %d micro-batches of %lld "
-                "sequences%s; units split by %s\n"
-                "pp: the lesson's bubble for these settings: %.1f%%",
-                options.pp, options.dp, options.pp * options.dp, backend.c_str(),
-                schedule_kind_name(options.schedule),
-                interleaved ? (" with " + std::to_string(options.chunks) + " chunks per rank").c_str() : "",
-                options.microbatches, static_cast<long long>(config.batch / options.dp / options.microbatches),
-                options.fsdp ? ", each stage FSDP-sharded over its replicas" : "",
-                options.balance_by_time ? "measured time" : "parameters",
-                100.0 * bubble_formula(options.schedule, options.pp, options.microbatches, options.chunks));
+  std::snprintf(
+      line, sizeof line,
+      "pp: %d stages x %d replica(s) = %d ranks (%s backend), schedule %s%s, %d micro-batches of "
+      "%lld "
+      "sequences%s; units split by %s\n"
+      "pp: the lesson's bubble for these settings: %.1f%%",
+      options.pp, options.dp, options.pp * options.dp, backend.c_str(),
+      schedule_kind_name(options.schedule),
+      interleaved ? (" with " + std::to_string(options.chunks) + " chunks per rank").c_str() : "",
+      options.microbatches,
+      static_cast<long long>(config.batch / options.dp / options.microbatches),
+      options.fsdp ? ", each stage FSDP-sharded over its replicas" : "",
+      options.balance_by_time ? "measured time" : "parameters",
+      100.0 * bubble_formula(options.schedule, options.pp, options.microbatches, options.chunks));
   return line;
 }
 
-std::unique_ptr<drivers::RankRun> PipelineStrategy::start(const TrainConfig& config, Comm& world) const {
+std::unique_ptr<drivers::RankRun> PipelineStrategy::start(const TrainConfig& config,
+                                                          Comm& world) const {
   return std::make_unique<PipelineRank>(config, options, world);
 }
 

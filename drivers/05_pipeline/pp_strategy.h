@@ -36,35 +36,35 @@ PipelineMesh make_pipeline_mesh(Comm& world, int pp);
 
 /// How a run is split and scheduled.
 struct PipelineOptions {
-  int pp = 2;                                   ///< pipeline stages (ranks per pipeline)
-  int dp = 1;                                   ///< data-parallel replicas of the pipeline
-  int microbatches = 4;                         ///< m per step (of each DP rank's batch)
+  int pp = 2;                                         ///< pipeline stages (ranks per pipeline)
+  int dp = 1;                                         ///< data-parallel replicas of the pipeline
+  int microbatches = 4;                               ///< m per step (of each DP rank's batch)
   ScheduleKind schedule = ScheduleKind::one_f_one_b;  ///< the schedule
-  int chunks = 2;                               ///< v, for the interleaved schedule
-  bool fsdp = false;                            ///< shard each stage over its DP group (5.8)
-  bool balance_by_time = false;                 ///< partition by measured time, not parameters
-  ActionCosts costs;                            ///< what each action charges on the clock
+  int chunks = 2;                                     ///< v, for the interleaved schedule
+  bool fsdp = false;                                  ///< shard each stage over its DP group (5.8)
+  bool balance_by_time = false;  ///< partition by measured time, not parameters
+  ActionCosts costs;             ///< what each action charges on the clock
 };
 
 /// What one world rank did in one step of `dtp train --strategy pp`.
 struct RankPipelineStep {
-  int rank = 0;                       ///< world rank
-  int stage = 0;                      ///< its pipeline rank
-  int dp_rank = 0;                    ///< its DP rank
-  std::string units;                  ///< "block.0 .. block.3" (every chunk's)
-  std::int64_t params_bytes = 0;      ///< MemoryCategory::params it holds
-  std::int64_t activation_peak = 0;   ///< highest MemoryCategory::activations bytes during the step
-  int peak_alive = 0;                 ///< most micro-batches (x chunks) alive at once
-  double clock_busy = 0;              ///< simulated time its actions took
-  double wall_busy = 0;               ///< wall seconds its actions took
+  int rank = 0;                      ///< world rank
+  int stage = 0;                     ///< its pipeline rank
+  int dp_rank = 0;                   ///< its DP rank
+  std::string units;                 ///< "block.0 .. block.3" (every chunk's)
+  std::int64_t params_bytes = 0;     ///< MemoryCategory::params it holds
+  std::int64_t activation_peak = 0;  ///< highest MemoryCategory::activations bytes during the step
+  int peak_alive = 0;                ///< most micro-batches (x chunks) alive at once
+  double clock_busy = 0;             ///< simulated time its actions took
+  double wall_busy = 0;              ///< wall seconds its actions took
 };
 
 /// A step's bubble on both clocks (rank 0 of the world knows it after step()).
 struct PipelineStepTiming {
-  double clock_makespan = 0;   ///< the latest simulated clock of any rank
-  double clock_bubble = 0;     ///< 1 - sum(busy) / (ranks x makespan), simulated
-  double wall_makespan = 0;    ///< first action's start to last action's end, seconds
-  double wall_bubble = 0;      ///< the same share, in wall time
+  double clock_makespan = 0;            ///< the latest simulated clock of any rank
+  double clock_bubble = 0;              ///< 1 - sum(busy) / (ranks x makespan), simulated
+  double wall_makespan = 0;             ///< first action's start to last action's end, seconds
+  double wall_bubble = 0;               ///< the same share, in wall time
   std::vector<RankPipelineStep> ranks;  ///< every world rank (index = rank)
   /// Every action of every pipeline rank of DP group 0 (index = stage), for
   /// a Gantt chart; both clocks start at 0 at the step's first action.
@@ -145,14 +145,18 @@ class PipelineStrategy : public drivers::Strategy {
   PipelineStrategy() = default;
   explicit PipelineStrategy(const PipelineOptions& options) : options(options) {}
 
-  PipelineOptions options;  ///< what --pp, --dp, --microbatches, --schedule, --chunks, --fsdp, --balance set
+  PipelineOptions
+      options;  ///< what --pp, --dp, --microbatches, --schedule, --chunks, --fsdp, --balance set
 
   std::string name() const override { return "pp"; }
   std::string title() const override { return "Pipeline parallel"; }
   std::string chapter() const override { return "05"; }
-  std::string save_note() const override { return "rank 0 gathers every rank's shards into one file"; }
+  std::string save_note() const override {
+    return "rank 0 gathers every rank's shards into one file";
+  }
   void add_flags(drivers::FlagGroup& flags) override;
-  void resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given, int processes) override;
+  void resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
+               int processes) override;
   void validate(const TrainConfig& config) const override { validate_pipeline(config, options); }
   int world_size() const override { return options.pp * options.dp; }
   std::string world_text() const override;

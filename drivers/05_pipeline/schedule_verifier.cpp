@@ -35,7 +35,8 @@ std::vector<Key> dependencies(const Schedule& s, int rank, const Action& a) {
       if (vs + 1 < s.virtual_stages()) deps.push_back({ActionKind::backward, vs + 1, mb});
       return deps;
     }
-    case ActionKind::weight: return {{ActionKind::backward, vs, mb}};
+    case ActionKind::weight:
+      return {{ActionKind::backward, vs, mb}};
   }
   return {};
 }
@@ -53,8 +54,8 @@ std::string structural_problem(const Schedule& s) {
     return "the schedule has stages " + std::to_string(p) + ", micro-batches " + std::to_string(m) +
            ", chunks " + std::to_string(v) + "; each must be at least 1";
   if (static_cast<int>(s.actions.size()) != p)
-    return "the schedule has " + std::to_string(s.actions.size()) + " lists of actions for " + std::to_string(p) +
-           " stages (one per rank)";
+    return "the schedule has " + std::to_string(s.actions.size()) + " lists of actions for " +
+           std::to_string(p) + " stages (one per rank)";
   const std::string kinds = s.split_backward ? "F, B and W" : "F and B";
   for (int r = 0; r < p; ++r) {
     std::map<std::tuple<int, int, int>, int> position;  // (kind, chunk, mb) -> index in the list
@@ -64,12 +65,16 @@ std::string structural_problem(const Schedule& s) {
       const std::string at = "rank " + std::to_string(r) + "'s action " + std::to_string(i) + " (" +
                              action_name(a, v) + ")";
       if (a.microbatch < 0 || a.microbatch >= m)
-        return at + ": micro-batch " + std::to_string(a.microbatch) + " is outside [0, " + std::to_string(m) + ")";
+        return at + ": micro-batch " + std::to_string(a.microbatch) + " is outside [0, " +
+               std::to_string(m) + ")";
       if (a.chunk < 0 || a.chunk >= v)
-        return at + ": chunk " + std::to_string(a.chunk) + " is outside [0, " + std::to_string(v) + ")";
+        return at + ": chunk " + std::to_string(a.chunk) + " is outside [0, " + std::to_string(v) +
+               ")";
       if (a.kind == ActionKind::weight && !s.split_backward)
-        return at + ": a W in a schedule that does not split the backward (set split_backward, or drop the W: "
-                    "B then computes the weight gradients too)";
+        return at +
+               ": a W in a schedule that does not split the backward (set split_backward, or drop "
+               "the W: "
+               "B then computes the weight gradients too)";
       const auto slot = std::make_tuple(static_cast<int>(a.kind), a.chunk, a.microbatch);
       if (position.count(slot))
         return "rank " + std::to_string(r) + " runs " + action_name(a, v) + " twice (actions " +
@@ -91,13 +96,13 @@ std::string structural_problem(const Schedule& s) {
         }
         if (at(ActionKind::backward) < at(ActionKind::forward))
           return "rank " + std::to_string(r) + " runs " + action_name(B(mb, c), v) + " (action " +
-                 std::to_string(at(ActionKind::backward)) + ") before its own " + action_name(F(mb, c), v) +
-                 " (action " + std::to_string(at(ActionKind::forward)) +
+                 std::to_string(at(ActionKind::backward)) + ") before its own " +
+                 action_name(F(mb, c), v) + " (action " + std::to_string(at(ActionKind::forward)) +
                  "): a backward needs the activations its forward saves";
         if (s.split_backward && at(ActionKind::weight) < at(ActionKind::backward))
           return "rank " + std::to_string(r) + " runs " + action_name(W(mb, c), v) + " (action " +
-                 std::to_string(at(ActionKind::weight)) + ") before its " + action_name(B(mb, c), v) +
-                 " (action " + std::to_string(at(ActionKind::backward)) +
+                 std::to_string(at(ActionKind::weight)) + ") before its " +
+                 action_name(B(mb, c), v) + " (action " + std::to_string(at(ActionKind::backward)) +
                  "): the weight gradient needs the output gradient B receives";
       }
     }
@@ -151,7 +156,8 @@ ScheduleReport simulate_schedule(const Schedule& s, const ActionCosts& costs) {
   }
   // Stuck: follow who waits for whom until a rank repeats; that is the cycle.
   for (int r = 0; r < p; ++r) {
-    if (next[static_cast<std::size_t>(r)] == s.actions[static_cast<std::size_t>(r)].size()) continue;
+    if (next[static_cast<std::size_t>(r)] == s.actions[static_cast<std::size_t>(r)].size())
+      continue;
     std::vector<int> path;
     std::map<int, std::size_t> seen;
     int at = r;
@@ -171,14 +177,15 @@ ScheduleReport simulate_schedule(const Schedule& s, const ActionCosts& costs) {
       const Action& a = s.actions[static_cast<std::size_t>(q)][next[static_cast<std::size_t>(q)]];
       for (const Key& d : dependencies(s, q, a))
         if (!end_time.count(d)) {
-          cycle += (cycle.empty() ? "" : "; ") + std::string("rank ") + std::to_string(q) + " waits at " +
-                   action_name(a, s.chunks) + " for " + name_on(s, d);
+          cycle += (cycle.empty() ? "" : "; ") + std::string("rank ") + std::to_string(q) +
+                   " waits at " + action_name(a, s.chunks) + " for " + name_on(s, d);
           break;
         }
     }
-    report.problem = "deadlock: " + cycle +
-                     ". Each waits for an action that comes later in the other's list: reorder so that "
-                     "what one rank waits for can run first";
+    report.problem =
+        "deadlock: " + cycle +
+        ". Each waits for an action that comes later in the other's list: reorder so that "
+        "what one rank waits for can run first";
     report.timeline.clear();
     report.busy.clear();
     return report;
@@ -207,8 +214,9 @@ int peak_alive(const std::vector<Action>& actions, bool split_backward) {
 
 void check_schedule(const Schedule& schedule) {
   const ScheduleReport report = simulate_schedule(schedule);
-  if (!report.ok()) throw Error(schedule.name + " schedule (p " + std::to_string(schedule.stages) + ", m " +
-                                std::to_string(schedule.microbatches) + "): " + report.problem);
+  if (!report.ok())
+    throw Error(schedule.name + " schedule (p " + std::to_string(schedule.stages) + ", m " +
+                std::to_string(schedule.microbatches) + "): " + report.problem);
 }
 
 std::string gantt_chart(const Schedule& s, const ScheduleReport& report, double unit) {
@@ -221,8 +229,10 @@ std::string gantt_chart(const Schedule& s, const ScheduleReport& report, double 
   for (int r = 0; r < s.stages; ++r) {
     std::string row(columns * static_cast<std::size_t>(width), '.');
     for (const TimedAction& t : report.timeline[static_cast<std::size_t>(r)]) {
-      const auto from = static_cast<std::size_t>(std::llround(t.start / unit)) * static_cast<std::size_t>(width);
-      const auto to = static_cast<std::size_t>(std::llround(t.end / unit)) * static_cast<std::size_t>(width);
+      const auto from =
+          static_cast<std::size_t>(std::llround(t.start / unit)) * static_cast<std::size_t>(width);
+      const auto to =
+          static_cast<std::size_t>(std::llround(t.end / unit)) * static_cast<std::size_t>(width);
       std::string label = action_letter(t.action.kind);
       // Interleaved: chunk 0 in upper case, chunk 1 in lower case, and so on.
       if (t.action.chunk % 2 == 1) label[0] = static_cast<char>(label[0] - 'A' + 'a');
@@ -235,7 +245,8 @@ std::string gantt_chart(const Schedule& s, const ScheduleReport& report, double 
     out << "rank " << r << " |" << row << "|\n";
   }
   char line[256];
-  std::snprintf(line, sizeof line, "makespan %.6g, bubble %.1f%% (idle share of %d ranks x makespan)", report.makespan,
+  std::snprintf(line, sizeof line,
+                "makespan %.6g, bubble %.1f%% (idle share of %d ranks x makespan)", report.makespan,
                 100.0 * report.bubble_fraction, s.stages);
   out << line << "\npeak micro-batches alive per rank:";
   for (int peak : report.peak_alive) out << ' ' << peak;

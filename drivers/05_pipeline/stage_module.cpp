@@ -29,10 +29,12 @@ struct StageModule::Saved {
 };
 
 std::vector<MicroBatch> split_microbatches(const Batch& batch, int microbatches) {
-  DTP_CHECK(microbatches >= 1, "split_microbatches: micro-batches must be at least 1, got ", microbatches);
+  DTP_CHECK(microbatches >= 1, "split_microbatches: micro-batches must be at least 1, got ",
+            microbatches);
   const std::int64_t rows = batch.inputs.size(0), seq = batch.inputs.size(1);
-  DTP_CHECK(rows % microbatches == 0, "split_microbatches: a batch of ", rows, " sequences does not split into ",
-            microbatches, " equal micro-batches (pick a batch that is a multiple of the micro-batches)");
+  DTP_CHECK(rows % microbatches == 0, "split_microbatches: a batch of ", rows,
+            " sequences does not split into ", microbatches,
+            " equal micro-batches (pick a batch that is a multiple of the micro-batches)");
   const std::int64_t b = rows / microbatches;
   std::vector<MicroBatch> out;
   for (int i = 0; i < microbatches; ++i) {
@@ -58,7 +60,8 @@ std::vector<double> unit_costs_by_time(GPT& model, const Batch& batch, int repea
     std::vector<double> start(units.size()), total(units.size(), 0.0);
     auto begin = [&](Unit& u) { start[static_cast<std::size_t>(u.index())] = now_seconds(); };
     auto finish = [&](Unit& u) {
-      total[static_cast<std::size_t>(u.index())] += now_seconds() - start[static_cast<std::size_t>(u.index())];
+      total[static_cast<std::size_t>(u.index())] +=
+          now_seconds() - start[static_cast<std::size_t>(u.index())];
     };
     stage.on_before_forward(begin);
     stage.on_after_forward(finish);
@@ -78,10 +81,12 @@ std::vector<double> unit_costs_by_time(GPT& model, const Batch& batch, int repea
   return costs;
 }
 
-StageModule::StageModule(GPT& model, UnitRange units, int chunk) : model_(&model), range_(units), chunk_(chunk) {
+StageModule::StageModule(GPT& model, UnitRange units, int chunk)
+    : model_(&model), range_(units), chunk_(chunk) {
   const int n = static_cast<int>(model.units().size());
-  DTP_CHECK(units.count >= 1 && units.first >= 0 && units.first + units.count <= n, "StageModule: units [",
-            units.first, ", ", units.first + units.count, ") are not a non-empty range of the model's ", n, " units");
+  DTP_CHECK(units.count >= 1 && units.first >= 0 && units.first + units.count <= n,
+            "StageModule: units [", units.first, ", ", units.first + units.count,
+            ") are not a non-empty range of the model's ", n, " units");
   wall_zero_ = now_seconds();
 }
 
@@ -104,7 +109,8 @@ std::vector<Unit*> StageModule::units() {
 
 Tensor StageModule::boundary_tensor(const MicroBatch& microbatch, bool gradient) const {
   const GPTConfig& c = model_->config();
-  return Tensor::empty(Shape{microbatch.inputs.size(0), microbatch.inputs.size(1), c.d_model}, c.dtype, c.device,
+  return Tensor::empty(Shape{microbatch.inputs.size(0), microbatch.inputs.size(1), c.d_model},
+                       c.dtype, c.device,
                        gradient ? MemoryCategory::other : MemoryCategory::activations);
 }
 
@@ -131,7 +137,8 @@ Tensor StageModule::forward(int index, const Tensor& input, const MicroBatch& mi
   DTP_CHECK(!saved_.count(index), "stage ", range_.first, "..: forward of micro-batch ", index,
             " again before its backward (each micro-batch runs F once per step)");
   DTP_CHECK(input.defined(), "stage forward of micro-batch ", index, ": the input is undefined (",
-            is_first() ? "the first stage reads the micro-batch's tokens" : "receive the previous stage's output",
+            is_first() ? "the first stage reads the micro-batch's tokens"
+                       : "receive the previous stage's output",
             ")");
   trace::Scope span(action_name(F(index, chunk_)), "pipeline");
   begin_action(F(index, chunk_));
@@ -156,7 +163,8 @@ Tensor StageModule::forward(int index, const Tensor& input, const MicroBatch& mi
 }
 
 double StageModule::loss(int index) const {
-  DTP_CHECK(is_last(), "StageModule::loss: only the last stage (the one with the head) computes a loss");
+  DTP_CHECK(is_last(),
+            "StageModule::loss: only the last stage (the one with the head) computes a loss");
   auto it = saved_.find(index);
   DTP_CHECK(it != saved_.end(), "StageModule::loss: micro-batch ", index,
             " has no saved forward (forward not run, or its backward already ran)");
@@ -165,8 +173,8 @@ double StageModule::loss(int index) const {
 
 Tensor StageModule::backward(int index, const Tensor& dy, double loss_scale, WeightGrads mode) {
   auto it = saved_.find(index);
-  DTP_CHECK(it != saved_.end() && !it->second->backward_done, "stage backward of micro-batch ", index,
-            ": no saved forward (a backward before its forward, or a second backward)");
+  DTP_CHECK(it != saved_.end() && !it->second->backward_done, "stage backward of micro-batch ",
+            index, ": no saved forward (a backward before its forward, or a second backward)");
   DTP_CHECK(is_last() || dy.defined(), "stage backward of micro-batch ", index,
             ": the output gradient is undefined (receive it from the next stage)");
   trace::Scope span(action_name(B(index, chunk_)), "pipeline");
@@ -182,14 +190,18 @@ Tensor StageModule::backward(int index, const Tensor& dy, double loss_scale, Wei
     if (auto* head = dynamic_cast<Head*>(&unit)) {
       dx = head->backward(saved.head, loss_scale);
     } else if (auto* b = dynamic_cast<Block*>(&unit)) {
-      dx = b->backward(dx, saved.blocks[--block], mode, loss_scale);  // a MoE block's balance loss too
+      dx = b->backward(dx, saved.blocks[--block], mode,
+                       loss_scale);  // a MoE block's balance loss too
     } else if (auto* embedding = dynamic_cast<Embedding*>(&unit)) {
       // All of the embedding's backward is weight gradient: W does it when deferred.
-      if (!defer) embedding->backward(dx, saved.embedding);
-      else saved.embedding_dx = dx;
+      if (!defer)
+        embedding->backward(dx, saved.embedding);
+      else
+        saved.embedding_dx = dx;
       dx = Tensor();
     }
-    if (!defer) for (auto& hook : grad_ready_) hook(unit);
+    if (!defer)
+      for (auto& hook : grad_ready_) hook(unit);
   }
   if (defer) {
     saved.backward_done = true;

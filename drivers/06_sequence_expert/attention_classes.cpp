@@ -8,8 +8,9 @@ namespace {
 // The group communicator of the hybrid, after checking its sizes.
 Comm hybrid_inner(Comm& sp, int ulysses_size, int heads) {
   const int n = sp.size();
-  DTP_CHECK(ulysses_size >= 1 && n % ulysses_size == 0, "hybrid attention: the Ulysses group size u = ",
-            ulysses_size, " must divide the n = ", n, " ranks (n / u groups form the ring)");
+  DTP_CHECK(ulysses_size >= 1 && n % ulysses_size == 0,
+            "hybrid attention: the Ulysses group size u = ", ulysses_size,
+            " must divide the n = ", n, " ranks (n / u groups form the ring)");
   DTP_CHECK(heads >= 1 && heads % ulysses_size == 0, "hybrid attention: H = ", heads,
             " heads do not split over a Ulysses group of u = ", ulysses_size, " ranks");
   return sp.split(sp.rank() / ulysses_size, sp.rank());
@@ -17,8 +18,9 @@ Comm hybrid_inner(Comm& sp, int ulysses_size, int heads) {
 }  // namespace
 
 UlyssesAttention::UlyssesAttention(Comm& sp, int heads) : sp_(sp), heads_(heads) {
-  DTP_CHECK(heads >= 1 && heads % sp.size() == 0, "Ulysses attention: H = ", heads, " heads do not split over n = ",
-            sp.size(), " ranks (each rank takes H / n whole heads; pick n dividing ", heads,
+  DTP_CHECK(heads >= 1 && heads % sp.size() == 0, "Ulysses attention: H = ", heads,
+            " heads do not split over n = ", sp.size(),
+            " ranks (each rank takes H / n whole heads; pick n dividing ", heads,
             ", or use ring attention, which has no such limit)");
 }
 

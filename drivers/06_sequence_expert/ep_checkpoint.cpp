@@ -9,9 +9,9 @@
 #include <string>
 
 #include "drivers/06_sequence_expert/ep_strategy.h"
-#include "dtp/train_checkpoint.h"
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
+#include "dtp/train_checkpoint.h"
 
 namespace dtp::ch06 {
 namespace {
@@ -23,7 +23,8 @@ const std::string kExpertTag = ".expert.";
 Tensor gather_regions(Comm& ep, const Tensor& region) {
   Tensor all;
   if (ep.rank() == 0)
-    all = Tensor::empty(Shape{region.numel() * ep.size()}, region.dtype(), region.device(), MemoryCategory::other);
+    all = Tensor::empty(Shape{region.numel() * ep.size()}, region.dtype(), region.device(),
+                        MemoryCategory::other);
   ep.gather(region, all, 0);
   return all;
 }
@@ -62,8 +63,9 @@ std::vector<NamedTensor> ExpertParallelTrainer::gather_checkpoint() {
     for (int r = 0; r < ep_.size(); ++r)
       for (const ParamView& p : unit->parameters())
         if (p.offset >= start)
-          tensors.push_back({parameter_entry(unit->name(), renumbered(p.name, r * local_)),
-                             all.slice(r * owned.numel() + p.offset - start, p.shape.numel()).view(p.shape)});
+          tensors.push_back(
+              {parameter_entry(unit->name(), renumbered(p.name, r * local_)),
+               all.slice(r * owned.numel() + p.offset - start, p.shape.numel()).view(p.shape)});
   }
   // Optimizer state: a block's replicated part ("<unit>") and its experts
   // ("<unit> experts") make one tensor of the single-device layout, the
@@ -78,10 +80,11 @@ std::vector<NamedTensor> ExpertParallelTrainer::gather_checkpoint() {
         if (root) tensors.push_back({name, replicated});
         continue;
       }
-      const Tensor all = gather_regions(ep_, state_tensor(optimizer, unit->name() + kExperts, kind));
+      const Tensor all =
+          gather_regions(ep_, state_tensor(optimizer, unit->name() + kExperts, kind));
       if (!root) continue;
-      Tensor full = Tensor::empty(Shape{replicated.numel() + all.numel()}, replicated.dtype(), replicated.device(),
-                                  MemoryCategory::other);
+      Tensor full = Tensor::empty(Shape{replicated.numel() + all.numel()}, replicated.dtype(),
+                                  replicated.device(), MemoryCategory::other);
       full.slice(0, replicated.numel()).copy_from(replicated);
       full.slice(replicated.numel(), all.numel()).copy_from(all);
       tensors.push_back({name, full});
@@ -95,7 +98,8 @@ void ExpertParallelTrainer::save(const std::string& path, const std::vector<RunS
   if (ep_.rank() == 0) trainer_->save_gathered(path, strategy, std::move(gathered));
 }
 
-void ExpertParallelTrainer::resume(const std::string& path, const std::vector<RunSetting>& strategy) {
+void ExpertParallelTrainer::resume(const std::string& path,
+                                   const std::vector<RunSetting>& strategy) {
   const Checkpoint checkpoint = trainer_->resume_gathered(path, strategy);
   GPT& model = trainer_->model();
   // Parameters: this rank's model names its experts as the single-device one does.
@@ -116,7 +120,8 @@ void ExpertParallelTrainer::resume(const std::string& path, const std::vector<Ru
                 " elements, the whole ", unit->name(), " of this model ", whole);
       replicated.copy_from(saved.slice(0, replicated.numel()));
       if (block)
-        experts.copy_from(saved.slice(replicated.numel() + ep_.rank() * experts.numel(), experts.numel()));
+        experts.copy_from(
+            saved.slice(replicated.numel() + ep_.rank() * experts.numel(), experts.numel()));
     }
   }
 }

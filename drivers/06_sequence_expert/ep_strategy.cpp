@@ -11,8 +11,8 @@
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
 #include "dtp/memory.h"
-#include "dtp/train_checkpoint.h"
 #include "dtp/trace.h"
+#include "dtp/train_checkpoint.h"
 
 namespace dtp::ch06 {
 
@@ -20,16 +20,22 @@ void validate_expert_parallel(const TrainConfig& config, const ExpertParallelRun
   const int m = options.world;
   DTP_CHECK(m >= 1, "ep: --world (expert-parallel ranks) must be at least 1, got ", m);
   const GPTConfig& model = config.model;
-  DTP_CHECK(model.experts > 0, "ep: --strategy ep spreads a mixture of experts over the ranks: give "
-            "--moe-experts E (a multiple of --world ", m, ")");
-  DTP_CHECK(model.experts % m == 0, "ep: --moe-experts ", model.experts, " do not split over --world ", m,
+  DTP_CHECK(model.experts > 0,
+            "ep: --strategy ep spreads a mixture of experts over the ranks: give "
+            "--moe-experts E (a multiple of --world ",
+            m, ")");
+  DTP_CHECK(model.experts % m == 0, "ep: --moe-experts ", model.experts,
+            " do not split over --world ", m,
             " (every rank holds the same number of experts: pick E a multiple of ", m, ")");
-  DTP_CHECK(config.batch % m == 0 && config.batch >= m, "ep: the global batch (--batch ", config.batch,
-            ") must split into --world ", m, " equal non-empty slices");
-  DTP_CHECK(model.expert_shards == 1, "ep: the model must hold every expert (GPTConfig::expert_shards 1, got ",
+  DTP_CHECK(config.batch % m == 0 && config.batch >= m, "ep: the global batch (--batch ",
+            config.batch, ") must split into --world ", m, " equal non-empty slices");
+  DTP_CHECK(model.expert_shards == 1,
+            "ep: the model must hold every expert (GPTConfig::expert_shards 1, got ",
             model.expert_shards, "); the ep trainer shards them itself");
-  DTP_CHECK(model.moe_groups == 1, "ep: --moe-groups ", model.moe_groups, " is not supported with --strategy ep "
-            "(each rank routes its own tokens as one group: ep on N ranks routes like --moe-groups N on one device)");
+  DTP_CHECK(model.moe_groups == 1, "ep: --moe-groups ", model.moe_groups,
+            " is not supported with --strategy ep "
+            "(each rank routes its own tokens as one group: ep on N ranks routes like --moe-groups "
+            "N on one device)");
 }
 
 namespace {
@@ -40,7 +46,8 @@ class ExpertCore : public MoeCore {
   ExpertCore(Comm& ep, const MoeMlp& weights) : moe_(ep, weights) {}
   Tensor forward(const Tensor& x) override { return moe_.forward(x); }
   Tensor backward(const Tensor& dy, double loss_scale) override {
-    DTP_CHECK(loss_scale == 1.0, "ep: expert parallelism's backward takes the loss unscaled (loss_scale 1, got ",
+    DTP_CHECK(loss_scale == 1.0,
+              "ep: expert parallelism's backward takes the loss unscaled (loss_scale 1, got ",
               loss_scale, "): gradient accumulation is not supported with --strategy ep");
     return moe_.backward(dy);
   }
@@ -72,7 +79,8 @@ ExpertParallelTrainer::ExpertParallelTrainer(const TrainConfig& config, Comm& ep
   // this rank's experts in order: the replicated part is one prefix and the
   // owned experts the rest.
   std::vector<ParamBuffer> buffers;
-  auto add = [&](std::vector<Chunk>& to, Unit& unit, std::int64_t offset, std::int64_t length, const char* what) {
+  auto add = [&](std::vector<Chunk>& to, Unit& unit, std::int64_t offset, std::int64_t length,
+                 const char* what) {
     to.push_back({unit.params().slice(offset, length), unit.grads().slice(offset, length)});
     buffers.push_back({unit.name() + what, to.back().params, to.back().grads});
   };
@@ -100,7 +108,8 @@ const TrainConfig& ExpertParallelTrainer::config() const { return trainer_->conf
 
 std::int64_t ExpertParallelTrainer::dropped() const {
   std::int64_t total = 0;
-  for (const auto& core : cores_) total += static_cast<const ExpertCore&>(*core).moe().routing().dropped();
+  for (const auto& core : cores_)
+    total += static_cast<const ExpertCore&>(*core).moe().routing().dropped();
   return total;
 }
 
@@ -129,8 +138,8 @@ StepRecord ExpertParallelTrainer::step() {
   StepRecord record;
   record.step = trainer_->steps_done() + 1;
   record.loss = forward_backward();
-  DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ", record.step,
-            "; try a lower --lr or a tighter --clip");
+  DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ",
+            record.step, "; try a lower --lr or a tighter --clip");
   // The global norm: the replicated part once, every rank's experts summed.
   std::vector<Tensor> replicated, owned;
   for (const Chunk& chunk : replicated_) replicated.push_back(chunk.grads);
@@ -169,7 +178,8 @@ class ExpertParallelRank : public drivers::RankRun {
   void resume(const std::string& path, const std::vector<RunSetting>& settings) override {
     trainer_.resume(path, settings);
   }
-  void save(Comm& world, const std::string& path, const std::vector<RunSetting>& settings) override {
+  void save(Comm& world, const std::string& path,
+            const std::vector<RunSetting>& settings) override {
     (void)world;
     trainer_.save(path, settings);  // collective
   }
@@ -185,18 +195,21 @@ class ExpertParallelRank : public drivers::RankRun {
   GroupStepRule group_rule() const override { return {{}, false}; }
 
   std::vector<double> report_values() override {
-    return {static_cast<double>(trainer_.dropped()), static_cast<double>(trainer_.bytes_moved() - bytes_before_)};
+    return {static_cast<double>(trainer_.dropped()),
+            static_cast<double>(trainer_.bytes_moved() - bytes_before_)};
   }
 
   void report(const std::vector<RankStepRow>& rows, drivers::StepReport& report) override {
     using drivers::ColumnUnit;
-    report.ranks.columns = {{"tokens", ColumnUnit::count}, {"dropped", ColumnUnit::count}, {"moved", ColumnUnit::mebibytes}};
+    report.ranks.columns = {{"tokens", ColumnUnit::count},
+                            {"dropped", ColumnUnit::count},
+                            {"moved", ColumnUnit::mebibytes}};
     const int local = trainer_.local_experts();
     for (std::size_t r = 0; r < rows.size(); ++r) {
       const int first = static_cast<int>(r) * local;
-      report.ranks.rows.push_back(
-          {std::to_string(r) + " (experts " + std::to_string(first) + "-" + std::to_string(first + local - 1) + ")",
-           {rows[r].tokens, rows[r].extra[0], rows[r].extra[1]}});
+      report.ranks.rows.push_back({std::to_string(r) + " (experts " + std::to_string(first) + "-" +
+                                       std::to_string(first + local - 1) + ")",
+                                   {rows[r].tokens, rows[r].extra[0], rows[r].extra[1]}});
     }
   }
 
@@ -208,15 +221,18 @@ class ExpertParallelRank : public drivers::RankRun {
 }  // namespace
 
 void ExpertParallelStrategy::add_flags(drivers::FlagGroup& flags) {
-  drivers::add_world_flag(flags, &options.world, "expert-parallel ranks; --moe-experts must divide by N");
-  flags.paragraph("Each of --world ranks trains its slice of the batch and holds 1 / world of every block's "
-                  "experts; tokens travel to their experts and back (6.7). Each rank routes its own tokens, so a "
-                  "run on N ranks equals one device with --moe-groups N. After each kept step, a row per rank: "
-                  "its experts, tokens, dropped choices and bytes moved.");
+  drivers::add_world_flag(flags, &options.world,
+                          "expert-parallel ranks; --moe-experts must divide by N");
+  flags.paragraph(
+      "Each of --world ranks trains its slice of the batch and holds 1 / world of every block's "
+      "experts; tokens travel to their experts and back (6.7). Each rank routes its own tokens, so "
+      "a "
+      "run on N ranks equals one device with --moe-groups N. After each kept step, a row per rank: "
+      "its experts, tokens, dropped choices and bytes moved.");
 }
 
-void ExpertParallelStrategy::resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
-                                     int processes) {
+void ExpertParallelStrategy::resolve(TrainConfig& config,
+                                     const std::vector<drivers::GivenFlag>& given, int processes) {
   (void)config;
   drivers::default_world_to_processes(options.world, given, processes);
 }
@@ -226,18 +242,21 @@ std::vector<RunSetting> ExpertParallelStrategy::settings(const TrainConfig& conf
   return {{"--world", std::to_string(options.world)}};
 }
 
-std::string ExpertParallelStrategy::header(const TrainConfig& config, const std::string& backend) const {
+std::string ExpertParallelStrategy::header(const TrainConfig& config,
+                                           const std::string& backend) const {
   const int m = options.world;
   char line[320];
   std::snprintf(line, sizeof line,
-                "ep: %d ranks (%s backend), each holds %d of every block's %d experts and %lld sequences of the "
+                "ep: %d ranks (%s backend), each holds %d of every block's %d experts and %lld "
+                "sequences of the "
                 "batch; tokens routed per rank (like --moe-groups %d on one device)",
                 m, backend.c_str(), config.model.experts / std::max(1, m), config.model.experts,
                 static_cast<long long>(config.batch / std::max(1, m)), m);
   return line;
 }
 
-std::unique_ptr<drivers::RankRun> ExpertParallelStrategy::start(const TrainConfig& config, Comm& world) const {
+std::unique_ptr<drivers::RankRun> ExpertParallelStrategy::start(const TrainConfig& config,
+                                                                Comm& world) const {
   return std::make_unique<ExpertParallelRank>(config, world);
 }
 

@@ -108,10 +108,15 @@ class ExpertParallelStrategy : public drivers::Strategy {
   std::string name() const override { return "ep"; }
   std::string title() const override { return "Expert parallel"; }
   std::string chapter() const override { return "06"; }
-  std::string save_note() const override { return "rank 0 gathers every rank's shards into one file"; }
+  std::string save_note() const override {
+    return "rank 0 gathers every rank's shards into one file";
+  }
   void add_flags(drivers::FlagGroup& flags) override;
-  void resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given, int processes) override;
-  void validate(const TrainConfig& config) const override { validate_expert_parallel(config, options); }
+  void resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
+               int processes) override;
+  void validate(const TrainConfig& config) const override {
+    validate_expert_parallel(config, options);
+  }
   int world_size() const override { return options.world; }
   std::vector<RunSetting> settings(const TrainConfig& config) const override;
   std::string header(const TrainConfig& config, const std::string& backend) const override;

@@ -5,7 +5,8 @@
 namespace dtp::ch06 {
 
 MoeLayer::MoeLayer(const MoeMlp& weights) : w_(weights) {
-  DTP_CHECK(!weights.experts.empty(), "MoeLayer: the MoeMlp has no experts (GPTConfig::experts is 0)");
+  DTP_CHECK(!weights.experts.empty(),
+            "MoeLayer: the MoeMlp has no experts (GPTConfig::experts is 0)");
 }
 
 ExpertParallelMoe::ExpertParallelMoe(Comm& ep, const MoeMlp& weights) : ep_(ep), w_(weights) {

@@ -11,17 +11,21 @@
 #include "drivers/06_sequence_expert/sp_strategy.h"
 #include "dtp/error.h"
 #include "dtp/memory.h"
-#include "dtp/train_checkpoint.h"
 #include "dtp/trace.h"
+#include "dtp/train_checkpoint.h"
 
 namespace dtp::ch06 {
 
 const char* sequence_parallel_kind_name(SequenceParallelKind kind) {
   switch (kind) {
-    case SequenceParallelKind::ring: return "ring";
-    case SequenceParallelKind::zigzag: return "zigzag";
-    case SequenceParallelKind::hybrid: return "hybrid";
-    default: return "ulysses";
+    case SequenceParallelKind::ring:
+      return "ring";
+    case SequenceParallelKind::zigzag:
+      return "zigzag";
+    case SequenceParallelKind::hybrid:
+      return "hybrid";
+    default:
+      return "ulysses";
   }
 }
 
@@ -29,16 +33,20 @@ SequenceParallelKind parse_sequence_parallel_kind(const std::string& name) {
   for (SequenceParallelKind kind : {SequenceParallelKind::ulysses, SequenceParallelKind::ring,
                                     SequenceParallelKind::zigzag, SequenceParallelKind::hybrid})
     if (name == sequence_parallel_kind_name(kind)) return kind;
-  DTP_CHECK(false, "unknown sequence-parallel kind '", name, "'; accepted: ulysses, ring, zigzag, hybrid");
+  DTP_CHECK(false, "unknown sequence-parallel kind '", name,
+            "'; accepted: ulysses, ring, zigzag, hybrid");
   return SequenceParallelKind::ulysses;
 }
 
-void validate_sequence_parallel(const TrainConfig& config, const SequenceParallelRunOptions& options) {
+void validate_sequence_parallel(const TrainConfig& config,
+                                const SequenceParallelRunOptions& options) {
   const int n = options.sp;
   DTP_CHECK(n >= 1, "sp: --sp (ranks per sequence-parallel group) must be at least 1, got ", n);
   const GPTConfig& m = config.model;
-  DTP_CHECK(m.experts == 0, "sp: --moe-experts is not supported with --strategy sp (each rank would route "
-            "its own positions' tokens with its own capacity: train a mixture of experts with --strategy ep)");
+  DTP_CHECK(m.experts == 0,
+            "sp: --moe-experts is not supported with --strategy sp (each rank would route "
+            "its own positions' tokens with its own capacity: train a mixture of experts with "
+            "--strategy ep)");
   const bool zigzag = options.kind == SequenceParallelKind::zigzag;
   const std::int64_t parts = zigzag ? 2 * n : n;
   DTP_CHECK(config.seq % parts == 0, "sp: --seq ", config.seq, " does not split into ",
@@ -66,7 +74,9 @@ class PuzzleCore : public AttentionCore {
  public:
   template <class... Args>
   explicit PuzzleCore(Args&&... args) : attention_(std::forward<Args>(args)...) {}
-  Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v) override { return attention_.forward(q, k, v); }
+  Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v) override {
+    return attention_.forward(q, k, v);
+  }
   void backward(const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) override {
     attention_.backward(dout, dq, dk, dv);
   }
@@ -81,7 +91,8 @@ std::int64_t moved(const Comm& comm) {
   return s.collective_bytes + s.bytes_sent;
 }
 
-std::unique_ptr<AttentionCore> make_core(Comm& sp, const GPTConfig& model, const SequenceParallelRunOptions& o) {
+std::unique_ptr<AttentionCore> make_core(Comm& sp, const GPTConfig& model,
+                                         const SequenceParallelRunOptions& o) {
   switch (o.kind) {
     case SequenceParallelKind::ring:
       return std::make_unique<PuzzleCore<RingAttention>>(sp, SequenceLayout::contiguous);
@@ -100,11 +111,13 @@ SequenceParallelTrainer::SequenceParallelTrainer(const TrainConfig& config, Comm
                                                  const SequenceParallelRunOptions& options)
     : sp_(sp) {
   validate_sequence_parallel(config, options);
-  DTP_CHECK(sp.size() == options.sp, "sp: the group has ", sp.size(), " ranks but --sp is ", options.sp);
+  DTP_CHECK(sp.size() == options.sp, "sp: the group has ", sp.size(), " ranks but --sp is ",
+            options.sp);
   // Every rank trains on the whole batch: one sampler of the whole world.
   trainer_ = std::make_unique<Trainer>(config);
-  const SequenceLayout layout =
-      options.kind == SequenceParallelKind::zigzag ? SequenceLayout::zigzag : SequenceLayout::contiguous;
+  const SequenceLayout layout = options.kind == SequenceParallelKind::zigzag
+                                    ? SequenceLayout::zigzag
+                                    : SequenceLayout::contiguous;
   positions_ = positions_of(config.seq, sp.size(), sp.rank(), layout);
   GPT& model = trainer_->model();
   for (int layer = 0; layer < model.num_blocks(); ++layer) {
@@ -153,8 +166,8 @@ StepRecord SequenceParallelTrainer::step() {
   StepRecord record;
   record.step = trainer_->steps_done() + 1;
   record.loss = forward_backward();
-  DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ", record.step,
-            "; try a lower --lr or a tighter --clip");
+  DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ",
+            record.step, "; try a lower --lr or a tighter --clip");
   // The gradients are replicated now: clipping and the update run alike everywhere.
   record.grad_norm = trainer_->optimizer().clip_gradients(c.grad_clip);
   record.lr = c.schedule().at(trainer_->steps_done());
@@ -176,7 +189,8 @@ SequenceLayout layout_of(SequenceParallelKind kind) {
 // One rank of the group: the whole model and batch, its positions.
 class SequenceParallelRank : public drivers::RankRun {
  public:
-  SequenceParallelRank(const TrainConfig& config, const SequenceParallelRunOptions& options, Comm& sp)
+  SequenceParallelRank(const TrainConfig& config, const SequenceParallelRunOptions& options,
+                       Comm& sp)
       : options_(options), trainer_(config, sp, options) {
     // Every rank holds the whole model and optimizer state: rank 0's are the
     // run's checkpoint, as under DDP.
@@ -198,19 +212,21 @@ class SequenceParallelRank : public drivers::RankRun {
 
   std::vector<double> report_values() override {
     return {static_cast<double>(current_memory_tracker()->peak(MemoryCategory::activations)),
-            static_cast<double>(trainer_.bytes_moved() - bytes_before_), static_cast<double>(block_computations())};
+            static_cast<double>(trainer_.bytes_moved() - bytes_before_),
+            static_cast<double>(block_computations())};
   }
 
   void report(const std::vector<RankStepRow>& rows, drivers::StepReport& report) override {
     using drivers::ColumnUnit;
     const bool ring = options_.kind != SequenceParallelKind::ulysses;
-    report.ranks.columns = {{"activation peak", ColumnUnit::mebibytes}, {"moved", ColumnUnit::mebibytes}};
+    report.ranks.columns = {{"activation peak", ColumnUnit::mebibytes},
+                            {"moved", ColumnUnit::mebibytes}};
     if (ring) report.ranks.columns.push_back({"attention blocks", ColumnUnit::count});
     const std::int64_t seq = trainer_.config().seq;
     for (std::size_t r = 0; r < rows.size(); ++r) {
       std::string label = std::to_string(r);
-      for (const PositionRange& p : positions_of(seq, static_cast<int>(rows.size()), static_cast<int>(r),
-                                                 layout_of(options_.kind)))
+      for (const PositionRange& p : positions_of(seq, static_cast<int>(rows.size()),
+                                                 static_cast<int>(r), layout_of(options_.kind)))
         label += " [" + std::to_string(p.start) + ", " + std::to_string(p.end()) + ")";
       std::vector<double> values = rows[r].extra;
       if (!ring) values.pop_back();
@@ -227,26 +243,33 @@ class SequenceParallelRank : public drivers::RankRun {
 }  // namespace
 
 void SequenceParallelStrategy::add_flags(drivers::FlagGroup& flags) {
-  flags.integer("--sp", &options.sp, 1, 1024, "N",
-                "ranks that split every sequence's positions (the world); --seq must divide by N (2 N for "
-                "zigzag); every rank holds the whole model and batch");
+  flags.integer(
+      "--sp", &options.sp, 1, 1024, "N",
+      "ranks that split every sequence's positions (the world); --seq must divide by N (2 N for "
+      "zigzag); every rank holds the whole model and batch");
   flags.custom("--sp-kind", "KIND",
-               "the attention across ranks: ulysses (6.1, default; --heads must divide by N), ring (6.2-6.3), "
+               "the attention across ranks: ulysses (6.1, default; --heads must divide by N), ring "
+               "(6.2-6.3), "
                "zigzag (6.4, load-balanced ring) or hybrid (6.5)",
                [this](const std::string& v) { options.kind = parse_sequence_parallel_kind(v); });
   flags.integer("--sp-ulysses", &options.ulysses, 1, 1024, "U",
-                "hybrid: ranks per Ulysses group; U must divide N and --heads; ring attention across the N / U "
+                "hybrid: ranks per Ulysses group; U must divide N and --heads; ring attention "
+                "across the N / U "
                 "groups");
-  flags.paragraph("After each kept step, a row per rank: its positions, its activation peak, the bytes it moved "
-                  "and (ring kinds) its attention blocks.");
+  flags.paragraph(
+      "After each kept step, a row per rank: its positions, its activation peak, the bytes it "
+      "moved "
+      "and (ring kinds) its attention blocks.");
 }
 
-void SequenceParallelStrategy::resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
+void SequenceParallelStrategy::resolve(TrainConfig& config,
+                                       const std::vector<drivers::GivenFlag>& given,
                                        int processes) {
   (void)config, (void)processes;
   if (cli::was_given(given, "--sp-ulysses") && options.kind != SequenceParallelKind::hybrid)
     throw drivers::UsageError(
-        "--sp-ulysses sets the Ulysses group of --sp-kind hybrid; this run's --sp-kind is not hybrid");
+        "--sp-ulysses sets the Ulysses group of --sp-kind hybrid; this run's --sp-kind is not "
+        "hybrid");
 }
 
 std::vector<RunSetting> SequenceParallelStrategy::settings(const TrainConfig& config) const {
@@ -256,22 +279,26 @@ std::vector<RunSetting> SequenceParallelStrategy::settings(const TrainConfig& co
           {"--sp-ulysses", std::to_string(options.ulysses)}};
 }
 
-std::string SequenceParallelStrategy::header(const TrainConfig& config, const std::string& backend) const {
+std::string SequenceParallelStrategy::header(const TrainConfig& config,
+                                             const std::string& backend) const {
   std::string hybrid;
   if (options.kind == SequenceParallelKind::hybrid)
     hybrid = " (Ulysses in groups of " + std::to_string(options.ulysses) + ", ring across " +
              std::to_string(options.sp / std::max(1, options.ulysses)) + " groups)";
   char line[320];
   std::snprintf(line, sizeof line,
-                "sp: %d ranks (%s backend), %s attention%s: each holds %lld of every sequence's %lld positions%s, "
+                "sp: %d ranks (%s backend), %s attention%s: each holds %lld of every sequence's "
+                "%lld positions%s, "
                 "the whole model and the whole batch",
-                options.sp, backend.c_str(), sequence_parallel_kind_name(options.kind), hybrid.c_str(),
-                static_cast<long long>(config.seq / options.sp), static_cast<long long>(config.seq),
+                options.sp, backend.c_str(), sequence_parallel_kind_name(options.kind),
+                hybrid.c_str(), static_cast<long long>(config.seq / options.sp),
+                static_cast<long long>(config.seq),
                 options.kind == SequenceParallelKind::zigzag ? " (two chunks)" : "");
   return line;
 }
 
-std::unique_ptr<drivers::RankRun> SequenceParallelStrategy::start(const TrainConfig& config, Comm& world) const {
+std::unique_ptr<drivers::RankRun> SequenceParallelStrategy::start(const TrainConfig& config,
+                                                                  Comm& world) const {
   return std::make_unique<SequenceParallelRank>(config, options, world);
 }
 

@@ -43,7 +43,8 @@ struct SequenceParallelRunOptions {
 /// (hybrid, whose group must divide sp); no mixture of experts (each rank
 /// would route a different share of the tokens). Each message names the
 /// flag. Throws dtp::Error.
-void validate_sequence_parallel(const TrainConfig& config, const SequenceParallelRunOptions& options);
+void validate_sequence_parallel(const TrainConfig& config,
+                                const SequenceParallelRunOptions& options);
 
 /// One rank of a sequence-parallel group: the whole model (replicated), the
 /// whole batch, and this rank's positions of every sequence. Each block's
@@ -55,7 +56,8 @@ class SequenceParallelTrainer {
  public:
   /// Builds the model from @p config (every rank the same) and one attention
   /// core per block. @p sp must outlive the trainer.
-  SequenceParallelTrainer(const TrainConfig& config, Comm& sp, const SequenceParallelRunOptions& options);
+  SequenceParallelTrainer(const TrainConfig& config, Comm& sp,
+                          const SequenceParallelRunOptions& options);
   ~SequenceParallelTrainer();
   /// Zeroes the gradients, runs forward and backward of the next step's
   /// batch on this rank's positions and averages the gradients over the
@@ -102,10 +104,15 @@ class SequenceParallelStrategy : public drivers::Strategy {
   std::string title() const override { return "Sequence parallel"; }
   std::string chapter() const override { return "06"; }
   void add_flags(drivers::FlagGroup& flags) override;
-  void resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given, int processes) override;
-  void validate(const TrainConfig& config) const override { validate_sequence_parallel(config, options); }
+  void resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
+               int processes) override;
+  void validate(const TrainConfig& config) const override {
+    validate_sequence_parallel(config, options);
+  }
   int world_size() const override { return options.sp; }
-  std::string world_text() const override { return "--sp " + std::to_string(options.sp) + " ranks"; }
+  std::string world_text() const override {
+    return "--sp " + std::to_string(options.sp) + " ranks";
+  }
   std::vector<RunSetting> settings(const TrainConfig& config) const override;
   std::string header(const TrainConfig& config, const std::string& backend) const override;
   std::unique_ptr<drivers::RankRun> start(const TrainConfig& config, Comm& world) const override;

@@ -23,9 +23,11 @@ LossScaler::LossScaler(ScalerConfig config) : config_(config), scale_(config.ini
 }
 
 void LossScaler::restore(double scale, std::int64_t good_steps) {
-  DTP_CHECK(std::isfinite(scale) && scale > 0, "LossScaler::restore: the scale must be finite and > 0, got ", scale);
-  DTP_CHECK(good_steps >= 0 && good_steps < config_.growth_interval, "LossScaler::restore: good steps must be in [0, ",
-            config_.growth_interval, "), got ", good_steps);
+  DTP_CHECK(std::isfinite(scale) && scale > 0,
+            "LossScaler::restore: the scale must be finite and > 0, got ", scale);
+  DTP_CHECK(good_steps >= 0 && good_steps < config_.growth_interval,
+            "LossScaler::restore: good steps must be in [0, ", config_.growth_interval, "), got ",
+            good_steps);
   scale_ = scale;
   good_steps_ = good_steps;
 }

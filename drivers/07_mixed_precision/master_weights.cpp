@@ -14,7 +14,8 @@ MasterWeights::MasterWeights(GPT& model) : model_(&model) {
             "MasterWeights: the model must be bf16 or f16 (its 16-bit working copy), got a ",
             dtype_name(dtype), " model");
   for (Unit* unit : model.units()) {
-    DTP_CHECK(unit->has_params(), "MasterWeights: unit ", unit->name(), " has its parameters released");
+    DTP_CHECK(unit->has_params(), "MasterWeights: unit ", unit->name(),
+              " has its parameters released");
     Tensor master = Tensor::empty(unit->params().shape(), DType::f32, unit->params().device(),
                                   MemoryCategory::optimizer);
     ops::cast(unit->params(), master);

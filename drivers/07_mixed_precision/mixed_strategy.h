@@ -27,7 +27,7 @@ struct LossScale {
   /// skipping; fixed: a static scale (steps that overflow are still skipped).
   enum class Kind { dynamic, none, fixed };
   Kind kind = Kind::none;  ///< which of the three
-  double value = 0;  ///< the scale of Kind::fixed
+  double value = 0;        ///< the scale of Kind::fixed
   /// "dynamic", "none" or the fixed scale.
   std::string str() const;
 };
@@ -77,8 +77,11 @@ class MixedPrecisionStrategy : public drivers::Strategy {
     return "the f32 masters take them as they are, the model their rounding";
   }
   void add_flags(drivers::FlagGroup& flags) override;
-  void resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given, int processes) override;
-  void validate(const TrainConfig& config) const override { validate_mixed_precision(config, options); }
+  void resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
+               int processes) override;
+  void validate(const TrainConfig& config) const override {
+    validate_mixed_precision(config, options);
+  }
   int world_size() const override { return options.world; }
   std::vector<RunSetting> settings(const TrainConfig& config) const override;
   std::string header(const TrainConfig& config, const std::string& backend) const override;

@@ -7,9 +7,13 @@
 
 namespace dtp::ch08 {
 
-Tensor LoraLinear::forward(const Tensor& x, Tensor& y) const { return lora_forward(x, a, b, scale, y); }
+Tensor LoraLinear::forward(const Tensor& x, Tensor& y) const {
+  return lora_forward(x, a, b, scale, y);
+}
 
-void LoraLinear::backward_input(const Tensor& dy, Tensor& dx) const { lora_backward_input(dy, a, b, scale, dx); }
+void LoraLinear::backward_input(const Tensor& dy, Tensor& dx) const {
+  lora_backward_input(dy, a, b, scale, dx);
+}
 
 void LoraLinear::backward_weight(const Tensor& dy, const Tensor& x, const Tensor& kept) const {
   Tensor da = grad_a, db = grad_b;  // views: writes land in the LoraModel's gradient buffer
@@ -17,7 +21,8 @@ void LoraLinear::backward_weight(const Tensor& dy, const Tensor& x, const Tensor
 }
 
 const std::vector<std::string>& all_lora_targets() {
-  static const std::vector<std::string> names = {"attn.q", "attn.k", "attn.v", "attn.proj", "mlp.fc", "mlp.proj"};
+  static const std::vector<std::string> names = {"attn.q",    "attn.k", "attn.v",
+                                                 "attn.proj", "mlp.fc", "mlp.proj"};
   return names;
 }
 
@@ -51,20 +56,25 @@ Linear& target_linear(Block& block, const std::string& target) {
   if (target == "attn.k") return block.attn.k;
   if (target == "attn.v") return block.attn.v;
   if (target == "attn.proj") return block.attn.proj;
-  DTP_CHECK(!block.is_moe() || (target != "mlp.fc" && target != "mlp.proj"), "LoRA: block ", block.layer(),
-            " is a mixture of experts; adapters go on its attention only (attn.q, attn.k, attn.v, attn.proj)");
+  DTP_CHECK(!block.is_moe() || (target != "mlp.fc" && target != "mlp.proj"), "LoRA: block ",
+            block.layer(),
+            " is a mixture of experts; adapters go on its attention only (attn.q, attn.k, attn.v, "
+            "attn.proj)");
   if (target == "mlp.fc") return block.mlp.fc;
   if (target == "mlp.proj") return block.mlp.proj;
   throw Error("LoRA: unknown target '" + target + "'; accepted: " + accepted());
 }
 
 std::int64_t lora_parameter_count(const GPTConfig& model, const LoraConfig& config) {
-  const std::int64_t d = model.d_model, hidden = static_cast<std::int64_t>(model.mlp_ratio) * model.d_model;
+  const std::int64_t d = model.d_model,
+                     hidden = static_cast<std::int64_t>(model.mlp_ratio) * model.d_model;
   std::int64_t per_block = 0;
   for (const std::string& target : config.targets) {
-    DTP_CHECK(std::find(all_lora_targets().begin(), all_lora_targets().end(), target) != all_lora_targets().end(),
+    DTP_CHECK(std::find(all_lora_targets().begin(), all_lora_targets().end(), target) !=
+                  all_lora_targets().end(),
               "LoRA: unknown target '", target, "'; accepted: ", accepted());
-    const std::int64_t in = target == "mlp.proj" ? hidden : d, out = target == "mlp.fc" ? hidden : d;
+    const std::int64_t in = target == "mlp.proj" ? hidden : d,
+                       out = target == "mlp.fc" ? hidden : d;
     per_block += config.rank * (in + out);
   }
   return model.layers * per_block;

@@ -49,9 +49,10 @@ class LoraRank : public drivers::RankRun {
   void report(const std::vector<RankStepRow>& rows, drivers::StepReport& report) override {
     if (rows.size() < 2) return;
     char line[160];
-    std::snprintf(line, sizeof line, "all-reduced %lld bytes: the %lld adapter gradients x %zu bytes",
-                  static_cast<long long>(all_reduced_), static_cast<long long>(lora_->trainable_parameters()),
-                  dtype_size(trainer_.config().model.dtype));
+    std::snprintf(
+        line, sizeof line, "all-reduced %lld bytes: the %lld adapter gradients x %zu bytes",
+        static_cast<long long>(all_reduced_), static_cast<long long>(lora_->trainable_parameters()),
+        dtype_size(trainer_.config().model.dtype));
     report.lines.push_back(line);
   }
 
@@ -75,9 +76,10 @@ class LoraRank : public drivers::RankRun {
 }  // namespace
 
 void validate_lora(const TrainConfig& config, const LoraRunOptions& options) {
-  DTP_CHECK(options.lora.rank >= 1, "lora: --lora-rank must be at least 1, got ", options.lora.rank);
-  DTP_CHECK(std::isfinite(options.lora.alpha) && options.lora.alpha > 0, "lora: --lora-alpha must be positive, got ",
-            options.lora.alpha);
+  DTP_CHECK(options.lora.rank >= 1, "lora: --lora-rank must be at least 1, got ",
+            options.lora.rank);
+  DTP_CHECK(std::isfinite(options.lora.alpha) && options.lora.alpha > 0,
+            "lora: --lora-alpha must be positive, got ", options.lora.alpha);
   DTP_CHECK(!options.lora.targets.empty(), "lora: --lora-targets names none");
   DTP_CHECK(options.world >= 1, "lora: --world must be at least 1, got ", options.world);
   DTP_CHECK(config.batch % options.world == 0, "lora: the global batch (--batch ", config.batch,
@@ -86,7 +88,8 @@ void validate_lora(const TrainConfig& config, const LoraRunOptions& options) {
   const bool mlp = std::find(targets.begin(), targets.end(), "mlp.fc") != targets.end() ||
                    std::find(targets.begin(), targets.end(), "mlp.proj") != targets.end();
   DTP_CHECK(config.model.experts == 0 || !mlp,
-            "lora: a mixture-of-experts model takes adapters on attention only (attn.q, attn.k, attn.v, attn.proj)");
+            "lora: a mixture-of-experts model takes adapters on attention only (attn.q, attn.k, "
+            "attn.v, attn.proj)");
 }
 
 bool LoraStrategy::chosen(const std::vector<drivers::GivenFlag>& given) const {
@@ -95,22 +98,27 @@ bool LoraStrategy::chosen(const std::vector<drivers::GivenFlag>& given) const {
 
 void LoraStrategy::add_flags(drivers::FlagGroup& flags) {
   flags.integer("--lora-rank", &options.lora.rank, 1, 4096, "R",
-                "fine-tune low-rank adapters of rank R on a frozen model: start from --load FILE's parameters, "
-                "train only the adapters; with --world N data parallel (8.4); --save writes the adapters and their "
+                "fine-tune low-rank adapters of rank R on a frozen model: start from --load FILE's "
+                "parameters, "
+                "train only the adapters; with --world N data parallel (8.4); --save writes the "
+                "adapters and their "
                 "optimizer state");
-  flags.real("--lora-alpha", &options.lora.alpha, 0, 1e6, "A", "the adapters' scale is A / R", cli::Ends::open_low,
-             "2R");
+  flags.real("--lora-alpha", &options.lora.alpha, 0, 1e6, "A", "the adapters' scale is A / R",
+             cli::Ends::open_low, "2R");
   flags.custom("--lora-targets", "LIST",
-               "the Linears of each block that get adapters: a comma list of attn.q, attn.k, attn.v, attn.proj, "
+               "the Linears of each block that get adapters: a comma list of attn.q, attn.k, "
+               "attn.v, attn.proj, "
                "mlp.fc, mlp.proj, or all (default attn.q,attn.v)",
                [this](const std::string& v) { options.lora.targets = parse_lora_targets(v); });
   drivers::add_world_flag(flags, &options.world, "data-parallel ranks (8.4)");
   flags.path("--save-merged", &options.save_merged_path, "FILE",
-             "at the end, write the merged model (W + (alpha/R) B A in every adapted Linear): a whole model for "
+             "at the end, write the merged model (W + (alpha/R) B A in every adapted Linear): a "
+             "whole model for "
              "--load");
 }
 
-void LoraStrategy::resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given, int processes) {
+void LoraStrategy::resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
+                           int processes) {
   drivers::default_world_to_processes(options.world, given, processes);
   if (!cli::was_given(given, "--lora-alpha")) options.lora.alpha = 2.0 * options.lora.rank;
   options.lora.seed = config.seed;
@@ -132,20 +140,23 @@ std::string LoraStrategy::header(const TrainConfig& config, const std::string& b
   const GPTConfig model = config.resolved_model();
   const std::int64_t trainable = lora_parameter_count(model, options.lora);
   char line[512];
-  std::snprintf(line, sizeof line,
-                "lora: rank %d, alpha %g (scale %g) on %s of every block: %lld trainable parameters (%.2f%% of "
-                "%lld), the base frozen%s; %d rank(s) (%s backend)",
-                options.lora.rank, options.lora.alpha, options.lora.scale(), targets.c_str(),
-                static_cast<long long>(trainable),
-                100.0 * static_cast<double>(trainable) / static_cast<double>(model.parameter_count()),
-                static_cast<long long>(model.parameter_count()),
-                config.load_path.empty() ? " (no --load: from the model's own initialization)"
-                                         : (", from " + config.load_path).c_str(),
-                options.world, backend.c_str());
+  std::snprintf(
+      line, sizeof line,
+      "lora: rank %d, alpha %g (scale %g) on %s of every block: %lld trainable parameters (%.2f%% "
+      "of "
+      "%lld), the base frozen%s; %d rank(s) (%s backend)",
+      options.lora.rank, options.lora.alpha, options.lora.scale(), targets.c_str(),
+      static_cast<long long>(trainable),
+      100.0 * static_cast<double>(trainable) / static_cast<double>(model.parameter_count()),
+      static_cast<long long>(model.parameter_count()),
+      config.load_path.empty() ? " (no --load: from the model's own initialization)"
+                               : (", from " + config.load_path).c_str(),
+      options.world, backend.c_str());
   return line;
 }
 
-std::unique_ptr<drivers::RankRun> LoraStrategy::start(const TrainConfig& config, Comm& world) const {
+std::unique_ptr<drivers::RankRun> LoraStrategy::start(const TrainConfig& config,
+                                                      Comm& world) const {
   return std::make_unique<LoraRank>(config, options, world);
 }
 

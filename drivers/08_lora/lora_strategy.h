@@ -44,7 +44,8 @@ class LoraStrategy : public drivers::Strategy {
   LoraStrategy() = default;
   explicit LoraStrategy(const LoraRunOptions& options) : options(options) {}
 
-  LoraRunOptions options;  ///< what --lora-rank, --lora-alpha, --lora-targets, --world, --save-merged set
+  LoraRunOptions
+      options;  ///< what --lora-rank, --lora-alpha, --lora-targets, --world, --save-merged set
 
   std::string name() const override { return "lora"; }
   std::string title() const override { return "LoRA"; }
@@ -58,7 +59,8 @@ class LoraStrategy : public drivers::Strategy {
     return {{"--save-merged", options.save_merged_path}};
   }
   void add_flags(drivers::FlagGroup& flags) override;
-  void resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given, int processes) override;
+  void resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
+               int processes) override;
   void validate(const TrainConfig& config) const override { validate_lora(config, options); }
   int world_size() const override { return options.world; }
   std::vector<RunSetting> settings(const TrainConfig& config) const override;

@@ -75,9 +75,7 @@ void BucketedAllReduce::finish() {
   throw dtp::NotSolved("2.3 bucketed_ddp");
 }
 
-std::int64_t BucketedAllReduce::bucket_count() const {
-  throw dtp::NotSolved("2.3 bucketed_ddp");
-}
+std::int64_t BucketedAllReduce::bucket_count() const { throw dtp::NotSolved("2.3 bucketed_ddp"); }
 
 const std::vector<BucketPiece>& BucketedAllReduce::bucket(std::int64_t bucket) const {
   (void)bucket;

@@ -28,7 +28,8 @@ namespace dtp::ch03 {
 // --- 3.1 ZeRO-1 ------------------------------------------------------------------
 
 Zero1::Zero1(Comm& comm, GPT& model, const TrainConfig& config)
-    : ShardedOptimizer("zero1", comm, model, config, parameter_shard_views(model, comm.size(), comm.rank())) {
+    : ShardedOptimizer("zero1", comm, model, config,
+                       parameter_shard_views(model, comm.size(), comm.rank())) {
   // Nothing more to do here: the shards are views into the full parameters.
   // Delete this line once finish_backward() and step() are written.
   throw dtp::NotSolved("3.1 zero1");
@@ -49,7 +50,8 @@ void Zero1::step(double lr) {
 // --- 3.2 ZeRO-2 ------------------------------------------------------------------
 
 Zero2::Zero2(Comm& comm, GPT& model, const TrainConfig& config)
-    : ShardedOptimizer("zero2", comm, model, config, parameter_shard_views(model, comm.size(), comm.rank())),
+    : ShardedOptimizer("zero2", comm, model, config,
+                       parameter_shard_views(model, comm.size(), comm.rank())),
       reduced_(model.units().size(), false) {
   // About 12 lines.
   // 1. Release every unit's full gradient: unit->set_buffers(unit->params(), Tensor()).
@@ -87,13 +89,15 @@ std::vector<Tensor> owned_parameter_shards(GPT& model, int world, int rank) {
 }
 
 Zero3::Zero3(std::string name, Comm& comm, GPT& model, const TrainConfig& config)
-    : ShardedOptimizer(std::move(name), comm, model, config, owned_parameter_shards(model, comm.size(), comm.rank())),
+    : ShardedOptimizer(std::move(name), comm, model, config,
+                       owned_parameter_shards(model, comm.size(), comm.rank())),
       reduced_(model.units().size(), false) {
   // 1 line: release every unit's full buffers, unit->set_buffers(Tensor(), Tensor()).
   throw dtp::NotSolved("3.3 zero3");
 }
 
-Zero3::Zero3(Comm& comm, GPT& model, const TrainConfig& config) : Zero3("zero3", comm, model, config) {
+Zero3::Zero3(Comm& comm, GPT& model, const TrainConfig& config)
+    : Zero3("zero3", comm, model, config) {
   // About 4 lines: the four hooks (gather_unit, release, gather_unit with a
   // gradient, reduce_and_release).
 }
@@ -164,7 +168,8 @@ std::vector<Tensor> host_parameter_shards(GPT& model, int world, int rank) {
 }
 
 Zero1Offload::Zero1Offload(Comm& comm, GPT& model, const TrainConfig& config)
-    : ShardedOptimizer("zero1-offload", comm, model, config, host_parameter_shards(model, comm.size(), comm.rank())) {
+    : ShardedOptimizer("zero1-offload", comm, model, config,
+                       host_parameter_shards(model, comm.size(), comm.rank())) {
   // About 5 lines: one zeroed gradient shard per unit on the model's device
   // (shard(u).length elements, MemoryCategory::grads) into device_gradient_shards_.
   throw dtp::NotSolved("3.5 zero1_offload");

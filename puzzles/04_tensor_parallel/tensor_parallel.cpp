@@ -24,8 +24,8 @@
 //   ops::add_bias(y, bias)  ops::bias_backward(dy, dbias)  ops::axpy(y, 1.0, x)
 //   ops::embedding_shard_forward / embedding_shard_backward / add_positions / positions_backward
 //   ops::row_max / vocab_shard_softmax_sums / vocab_shard_cross_entropy_backward
-//   ops::attention_forward / attention_backward (and the flash_ pair), as nn.h's attention uses them
-//   Tensor::empty(Shape{rows, cols}, like.dtype(), like.device(), MemoryCategory::activations)
+//   ops::attention_forward / attention_backward (and the flash_ pair), as nn.h's attention uses
+//   them Tensor::empty(Shape{rows, cols}, like.dtype(), like.device(), MemoryCategory::activations)
 // Under sequence parallelism a token shard is a 2-D [B*T/t, C] tensor.
 #include "04_tensor_parallel/tensor_parallel.h"
 
@@ -83,7 +83,8 @@ Tensor TensorParallelMlp::backward(const Tensor& dy, TensorParallelMlpSaved& sav
 
 // --- 4.4 attention, heads split ------------------------------------------------------
 
-TensorParallelAttention::TensorParallelAttention(Comm& tp, const GPTConfig& config, bool sequence_parallel) {
+TensorParallelAttention::TensorParallelAttention(Comm& tp, const GPTConfig& config,
+                                                 bool sequence_parallel) {
   // About 10 lines. Check that the heads split (even_split("attention heads",
   // config.heads, t, r) throws the message the checker wants); then q, k, v =
   // ColumnParallelLinear(tp, C, C, true, sp), proj = RowParallelLinear(tp, C,
@@ -92,7 +93,8 @@ TensorParallelAttention::TensorParallelAttention(Comm& tp, const GPTConfig& conf
   throw dtp::NotSolved("4.4 tensor_parallel_attention");
 }
 
-Tensor TensorParallelAttention::forward(const Tensor& x, AttentionSaved& saved, std::int64_t sequences) const {
+Tensor TensorParallelAttention::forward(const Tensor& x, AttentionSaved& saved,
+                                        std::int64_t sequences) const {
   // About 25 lines: nn.h's CausalSelfAttention::forward
   // (runtime/src/nn/self_attention.cpp) with local_heads heads of C / H
   // each, q.local / k.local / v.local instead of q / k / v, and the output
@@ -112,7 +114,8 @@ Tensor TensorParallelAttention::backward(const Tensor& dy, AttentionSaved& saved
 
 // --- 4.5 vocabulary-parallel embedding -----------------------------------------------
 
-Tensor VocabParallelEmbedding::forward(const Tensor& ids, VocabParallelEmbeddingSaved& saved) const {
+Tensor VocabParallelEmbedding::forward(const Tensor& ids,
+                                       VocabParallelEmbeddingSaved& saved) const {
   // About 12 lines. A [B, T, C] partial: ops::embedding_shard_forward, plus
   // the positions on rank 0 only; save the ids; all-reduce (with
   // sequence_parallel: reduce-scatter into [B*T/t, C]).
@@ -141,7 +144,8 @@ double VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& ta
   throw dtp::NotSolved("4.6 vocab_parallel_cross_entropy");
 }
 
-Tensor VocabParallelCrossEntropy::backward(VocabParallelCrossEntropySaved& saved, double loss_scale) const {
+Tensor VocabParallelCrossEntropy::backward(VocabParallelCrossEntropySaved& saved,
+                                           double loss_scale) const {
   // About 6 lines: ops::vocab_shard_cross_entropy_backward in place over the
   // saved logits, scaled by loss_scale / N; release saved.
   (void)saved, (void)loss_scale;
@@ -150,7 +154,8 @@ Tensor VocabParallelCrossEntropy::backward(VocabParallelCrossEntropySaved& saved
 
 // --- 4.7 the block, with sequence parallelism ---------------------------------------
 
-Tensor TensorParallelBlock::forward(const Tensor& x, TensorParallelBlockSaved& saved, std::int64_t sequences) const {
+Tensor TensorParallelBlock::forward(const Tensor& x, TensorParallelBlockSaved& saved,
+                                    std::int64_t sequences) const {
   // About 8 lines: the serial Block::forward (runtime/src/nn/units.cpp) with
   // this block's layers; pass sequences to attn.forward.
   (void)x, (void)saved, (void)sequences;

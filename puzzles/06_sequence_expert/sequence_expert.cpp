@@ -103,7 +103,8 @@ void HybridAttention::backward(const Tensor& dout, Tensor& dq, Tensor& dk, Tenso
 
 // --- 6.6 a mixture of experts on one rank ---------------------------------------------------
 
-MoeRouting route_tokens(const std::vector<double>& probs, int experts, int top_k, double capacity_factor) {
+MoeRouting route_tokens(const std::vector<double>& probs, int experts, int top_k,
+                        double capacity_factor) {
   // About 35 lines. N = probs.size() / experts (check it divides). Size every
   // field of MoeRouting; capacity = moe_capacity(...). Per token: the k
   // largest probabilities, ties to the lower index (std::stable_sort of the

@@ -168,13 +168,13 @@ bool found_on_any_rank(Comm& comm, bool found) {
 }
 
 MixedStep ddp_mixed_precision_step(Comm& comm, MasterWeights& masters, Optimizer& optimizer,
-                                   LossScaler* scaler, const Batch& batch, double lr, double max_norm,
-                                   DType reduce_dtype) {
+                                   LossScaler* scaler, const Batch& batch, double lr,
+                                   double max_norm, DType reduce_dtype) {
   // About 25 lines: 7.2's step with the average between backward and the
   // update. First refuse a reduce_dtype that is neither the model's dtype
-  // (masters.model().config().dtype) nor f32, naming reduce_dtype and both. In 16 bits, average each unit's grads before grads_to_master;
-  // in f32, average the optimizer's gradients after it. With a scaler, the
-  // found flag goes through found_on_any_rank before anyone decides.
+  // (masters.model().config().dtype) nor f32, naming reduce_dtype and both. In 16 bits, average
+  // each unit's grads before grads_to_master; in f32, average the optimizer's gradients after it.
+  // With a scaler, the found flag goes through found_on_any_rank before anyone decides.
   (void)comm;
   (void)masters;
   (void)optimizer;

@@ -29,14 +29,15 @@ Tensor lora_forward(const Tensor& x, const Tensor& a, const Tensor& b, double sc
   throw dtp::NotSolved("8.1 lora_linear");
 }
 
-void lora_backward_input(const Tensor& dy, const Tensor& a, const Tensor& b, double scale, Tensor& dx) {
+void lora_backward_input(const Tensor& dy, const Tensor& a, const Tensor& b, double scale,
+                         Tensor& dx) {
   // About 3 lines: g = dy B ([..., r]), then dx += scale * g A.
   (void)dy, (void)a, (void)b, (void)scale, (void)dx;
   throw dtp::NotSolved("8.1 lora_linear");
 }
 
-void lora_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& h, const Tensor& b, double scale,
-                          Tensor& grad_a, Tensor& grad_b) {
+void lora_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& h, const Tensor& b,
+                          double scale, Tensor& grad_a, Tensor& grad_b) {
   // About 4 lines: g = dy B again; dA += scale * g^T x; dB += scale * dy^T h.
   (void)dy, (void)x, (void)h, (void)b, (void)scale, (void)grad_a, (void)grad_b;
   throw dtp::NotSolved("8.1 lora_linear");
@@ -105,7 +106,8 @@ void LoraModel::unmerge_all() {
   throw dtp::NotSolved("8.2 merge");
 }
 
-LoraDataParallel::LoraDataParallel(Comm& comm, GPT& model, LoraModel& lora) : comm_(comm), model_(model), lora_(lora) {
+LoraDataParallel::LoraDataParallel(Comm& comm, GPT& model, LoraModel& lora)
+    : comm_(comm), model_(model), lora_(lora) {
   // About 4 lines: size requests_ and started_ per block, then
   // model_.on_grad_ready([this](Unit& u) { on_unit_ready(u); });
   throw dtp::NotSolved("8.4 lora_ddp");

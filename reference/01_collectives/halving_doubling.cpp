@@ -85,7 +85,8 @@ void halving_doubling_all_reduce(Comm& comm, Tensor& x) {
     const int partner = me ^ d;
     Tensor keep = blocks(flat, active, me & ~(d - 1), d);
     Tensor incoming = scratch.slice(0, keep.numel());
-    swap_with(comm, real(partner), blocks(flat, active, partner & ~(d - 1), d), incoming, kHalvingTag);
+    swap_with(comm, real(partner), blocks(flat, active, partner & ~(d - 1), d), incoming,
+              kHalvingTag);
     ops::accumulate(keep, incoming);
   }
 

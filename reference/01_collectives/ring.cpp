@@ -46,7 +46,8 @@ void all_gather_chunks(Comm& comm, std::vector<Tensor>& chunks, int tag) {
   const int right = wrap(rank + 1, world);
   const int left = wrap(rank - 1, world);
   for (int k = 0; k + 1 < world; ++k) {
-    exchange(comm, chunks[wrap(rank - k, world)], right, chunks[wrap(rank - k - 1, world)], left, tag);
+    exchange(comm, chunks[wrap(rank - k, world)], right, chunks[wrap(rank - k - 1, world)], left,
+             tag);
   }
 }
 
@@ -94,7 +95,8 @@ void ring_reduce_scatter(Comm& comm, const Tensor& full, Tensor& shard) {
     // sum that arrived in the round before.
     const Tensor outgoing =
         k == 0 ? chunks[send_index] : partials[(k + 1) % 2].slice(0, chunks[send_index].numel());
-    Tensor incoming = (k + 2 == world) ? mine : partials[k % 2].slice(0, chunks[recv_index].numel());
+    Tensor incoming =
+        (k + 2 == world) ? mine : partials[k % 2].slice(0, chunks[recv_index].numel());
     exchange(comm, outgoing, right, incoming, left, kReduceScatterTag);
     ops::accumulate(incoming, chunks[recv_index]);
   }

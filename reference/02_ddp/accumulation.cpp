@@ -15,9 +15,9 @@ double accumulation_step(GPT& model, const std::vector<Batch>& micro_batches,
   DTP_CHECK(k >= 1, "accumulation_step: needs at least one micro-batch, got none");
   for (std::size_t i = 1; i < k; ++i)
     DTP_CHECK(micro_batches[i].inputs.shape() == micro_batches[0].inputs.shape(),
-              "accumulation_step: micro-batch ", i, " has shape ", micro_batches[i].inputs.shape().str(),
-              " but micro-batch 0 has ", micro_batches[0].inputs.shape().str(),
-              "; 1/K weighting needs equal micro-batches");
+              "accumulation_step: micro-batch ", i, " has shape ",
+              micro_batches[i].inputs.shape().str(), " but micro-batch 0 has ",
+              micro_batches[0].inputs.shape().str(), "; 1/K weighting needs equal micro-batches");
   double loss_sum = 0;
   for (const Batch& micro : micro_batches) {
     loss_sum += model.forward(micro.inputs, micro.targets);

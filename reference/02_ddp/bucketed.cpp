@@ -18,13 +18,15 @@ BucketedAllReduce::BucketedAllReduce(Comm& comm, GPT& model, std::int64_t bucket
     : comm_(comm), model_(model) {
   DTP_CHECK(bucket_bytes >= 0, "BucketedAllReduce: bucket_bytes must be >= 0, got ", bucket_bytes);
   std::vector<Unit*> units = model.units();
-  const std::int64_t element_bytes = static_cast<std::int64_t>(units.front()->grads().element_size());
+  const std::int64_t element_bytes =
+      static_cast<std::int64_t>(units.front()->grads().element_size());
   Bucket current;
   std::int64_t current_bytes = 0;
   auto close = [&] {
     if (current.pieces.empty()) return;
-    current.buffer = Tensor::empty(Shape{current_bytes / element_bytes}, units.front()->grads().dtype(),
-                                   units.front()->grads().device(), MemoryCategory::comm);
+    current.buffer =
+        Tensor::empty(Shape{current_bytes / element_bytes}, units.front()->grads().dtype(),
+                      units.front()->grads().device(), MemoryCategory::comm);
     current.missing = static_cast<int>(current.pieces.size());
     buckets_.push_back(std::move(current));
     current = Bucket{};
@@ -63,13 +65,15 @@ void BucketedAllReduce::on_unit_ready(Unit& unit) {
     bool touched = false;
     for (const BucketPiece& piece : bucket.pieces) {
       if (piece.unit == unit.index()) {
-        bucket.buffer.slice(position, piece.numel).copy_from(unit.grads().slice(piece.offset, piece.numel));
+        bucket.buffer.slice(position, piece.numel)
+            .copy_from(unit.grads().slice(piece.offset, piece.numel));
         --bucket.missing;
         touched = true;
       }
       position += piece.numel;
     }
-    if (touched && bucket.missing == 0) bucket.request = comm_.iall_reduce(bucket.buffer, ReduceOp::avg);
+    if (touched && bucket.missing == 0)
+      bucket.request = comm_.iall_reduce(bucket.buffer, ReduceOp::avg);
   }
 }
 
@@ -83,7 +87,8 @@ void BucketedAllReduce::finish() {
     bucket.request.wait();
     std::int64_t position = 0;
     for (const BucketPiece& piece : bucket.pieces) {
-      Tensor target = units[static_cast<std::size_t>(piece.unit)]->grads().slice(piece.offset, piece.numel);
+      Tensor target =
+          units[static_cast<std::size_t>(piece.unit)]->grads().slice(piece.offset, piece.numel);
       target.copy_from(bucket.buffer.slice(position, piece.numel));
       position += piece.numel;
     }

@@ -12,7 +12,8 @@ namespace dtp::ch03 {
 std::vector<Tensor> host_parameter_shards(GPT& model, int world, int rank) {
   std::vector<Tensor> shards;
   for (const Tensor& view : parameter_shard_views(model, world, rank)) {
-    Tensor host = Tensor::empty(view.shape(), view.dtype(), Device::cpu(), MemoryCategory::optimizer);
+    Tensor host =
+        Tensor::empty(view.shape(), view.dtype(), Device::cpu(), MemoryCategory::optimizer);
     host.copy_from(view);
     shards.push_back(host);
   }
@@ -20,11 +21,13 @@ std::vector<Tensor> host_parameter_shards(GPT& model, int world, int rank) {
 }
 
 Zero1Offload::Zero1Offload(Comm& comm, GPT& model, const TrainConfig& config)
-    : ShardedOptimizer("zero1-offload", comm, model, config, host_parameter_shards(model, comm.size(), comm.rank())) {
+    : ShardedOptimizer("zero1-offload", comm, model, config,
+                       host_parameter_shards(model, comm.size(), comm.rank())) {
   for (Unit* unit : model.units()) {
     const Tensor& params = unit->params();
-    device_gradient_shards_.push_back(Tensor::zeros(Shape{shard(unit->index()).length}, params.dtype(),
-                                                    params.device(), MemoryCategory::grads));
+    device_gradient_shards_.push_back(Tensor::zeros(Shape{shard(unit->index()).length},
+                                                    params.dtype(), params.device(),
+                                                    MemoryCategory::grads));
   }
 }
 

@@ -25,7 +25,8 @@ Zero3Prefetch::Zero3Prefetch(Comm& comm, GPT& model, const TrainConfig& config)
     if (next >= 0 && next < units) {
       const Tensor& shard = parameter_shard(next);
       const std::int64_t numel = model_.units()[static_cast<std::size_t>(next)]->numel();
-      next_.full = Tensor::empty(Shape{numel}, shard.dtype(), shard.device(), MemoryCategory::params);
+      next_.full =
+          Tensor::empty(Shape{numel}, shard.dtype(), shard.device(), MemoryCategory::params);
       next_.request = comm_.iall_gather(shard, next_.full);
       next_.unit = next;
     }

@@ -11,7 +11,8 @@
 namespace dtp::ch03 {
 
 Zero1::Zero1(Comm& comm, GPT& model, const TrainConfig& config)
-    : ShardedOptimizer("zero1", comm, model, config, parameter_shard_views(model, comm.size(), comm.rank())) {}
+    : ShardedOptimizer("zero1", comm, model, config,
+                       parameter_shard_views(model, comm.size(), comm.rank())) {}
 
 void Zero1::finish_backward() {
   for (Unit* unit : model_.units())
@@ -21,7 +22,8 @@ void Zero1::finish_backward() {
 void Zero1::step(double lr) {
   update_shards(lr);
   // The shard is a view of this rank's own chunk of params(): an in-place all-gather.
-  for (Unit* unit : model_.units()) comm_.all_gather(parameter_shard(unit->index()), unit->params());
+  for (Unit* unit : model_.units())
+    comm_.all_gather(parameter_shard(unit->index()), unit->params());
 }
 
 }  // namespace dtp::ch03

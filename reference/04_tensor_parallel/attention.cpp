@@ -15,7 +15,8 @@ ColumnParallelLinear head_projection(Comm& tp, const GPTConfig& config, bool seq
 }
 }  // namespace
 
-TensorParallelAttention::TensorParallelAttention(Comm& tp, const GPTConfig& config, bool sequence_parallel)
+TensorParallelAttention::TensorParallelAttention(Comm& tp, const GPTConfig& config,
+                                                 bool sequence_parallel)
     : q(head_projection(tp, config, sequence_parallel)),
       k(head_projection(tp, config, sequence_parallel)),
       v(head_projection(tp, config, sequence_parallel)),
@@ -25,7 +26,8 @@ TensorParallelAttention::TensorParallelAttention(Comm& tp, const GPTConfig& conf
       tp(&tp),
       sequence_parallel(sequence_parallel) {}
 
-Tensor TensorParallelAttention::forward(const Tensor& x, AttentionSaved& saved, std::int64_t sequences) const {
+Tensor TensorParallelAttention::forward(const Tensor& x, AttentionSaved& saved,
+                                        std::int64_t sequences) const {
   const std::int64_t C = q.local.in_features;
   Tensor input = x;
   if (sequence_parallel) {
@@ -36,8 +38,8 @@ Tensor TensorParallelAttention::forward(const Tensor& x, AttentionSaved& saved, 
     tp->all_gather(x, all_tokens);  // once, for q, k and v
     input = all_tokens.view(Shape{sequences, tokens / sequences, C});
   }
-  DTP_CHECK(input.ndim() == 3 && input.size(2) == C, "tensor-parallel attention: input must be [B, T, ", C,
-            "], got ", input.describe());
+  DTP_CHECK(input.ndim() == 3 && input.size(2) == C,
+            "tensor-parallel attention: input must be [B, T, ", C, "], got ", input.describe());
   const std::int64_t B = input.size(0), T = input.size(1), D = C / (local_heads * tp->size());
   saved.q = q.local.forward(input, saved.q_in);
   saved.k = k.local.forward(input, saved.k_in);
@@ -47,8 +49,8 @@ Tensor TensorParallelAttention::forward(const Tensor& x, AttentionSaved& saved, 
   Tensor out4 = out.view(heads_shape);
   if (kind == AttentionKind::naive) {
     saved.probs = new_activation(Shape{B, local_heads, T, T}, input);
-    ops::attention_forward(saved.q.view(heads_shape), saved.k.view(heads_shape), saved.v.view(heads_shape),
-                           out4, saved.probs);
+    ops::attention_forward(saved.q.view(heads_shape), saved.k.view(heads_shape),
+                           saved.v.view(heads_shape), out4, saved.probs);
   } else {
     saved.row_max = new_activation(Shape{B, local_heads, T}, input);
     saved.row_sum = new_activation(Shape{B, local_heads, T}, input);
@@ -60,7 +62,8 @@ Tensor TensorParallelAttention::forward(const Tensor& x, AttentionSaved& saved, 
 
 Tensor TensorParallelAttention::backward(const Tensor& dy, AttentionSaved& saved) const {
   DTP_CHECK(saved.q.defined(),
-            "tensor-parallel attention backward: no saved activations (forward not run, or already released)");
+            "tensor-parallel attention backward: no saved activations (forward not run, or already "
+            "released)");
   const std::int64_t B = saved.q.size(0), T = saved.q.size(1), D = saved.q.size(2) / local_heads;
   const Shape heads_shape{B, T, local_heads, D};
   Tensor attention_out = saved.proj_in.input;
@@ -69,12 +72,14 @@ Tensor TensorParallelAttention::backward(const Tensor& dy, AttentionSaved& saved
          dv = new_gradient(saved.q.shape(), dout);
   Tensor dq4 = dq.view(heads_shape), dk4 = dk.view(heads_shape), dv4 = dv.view(heads_shape);
   if (kind == AttentionKind::naive) {
-    ops::attention_backward(saved.q.view(heads_shape), saved.k.view(heads_shape), saved.v.view(heads_shape),
-                            saved.probs, dout.view(heads_shape), dq4, dk4, dv4);
+    ops::attention_backward(saved.q.view(heads_shape), saved.k.view(heads_shape),
+                            saved.v.view(heads_shape), saved.probs, dout.view(heads_shape), dq4,
+                            dk4, dv4);
   } else {
     ops::flash_attention_backward(saved.q.view(heads_shape), saved.k.view(heads_shape),
-                                  saved.v.view(heads_shape), attention_out.view(heads_shape), saved.row_max,
-                                  saved.row_sum, dout.view(heads_shape), dq4, dk4, dv4);
+                                  saved.v.view(heads_shape), attention_out.view(heads_shape),
+                                  saved.row_max, saved.row_sum, dout.view(heads_shape), dq4, dk4,
+                                  dv4);
   }
   attention_out = dout = Tensor();
   saved.q = saved.k = saved.v = saved.probs = saved.row_max = saved.row_sum = Tensor();

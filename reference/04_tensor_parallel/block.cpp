@@ -7,7 +7,8 @@
 
 namespace dtp::ch04 {
 
-Tensor TensorParallelBlock::forward(const Tensor& x, TensorParallelBlockSaved& saved, std::int64_t sequences) const {
+Tensor TensorParallelBlock::forward(const Tensor& x, TensorParallelBlockSaved& saved,
+                                    std::int64_t sequences) const {
   require_params("forward");
   Tensor mid;
   {

@@ -9,7 +9,8 @@ namespace dtp::ch04 {
 
 namespace {
 // A [rows, features] buffer for every rank's tokens (or one rank's share).
-Tensor token_rows(std::int64_t rows, std::int64_t features, const Tensor& like, MemoryCategory category) {
+Tensor token_rows(std::int64_t rows, std::int64_t features, const Tensor& like,
+                  MemoryCategory category) {
   return Tensor::empty(Shape{rows, features}, like.dtype(), like.device(), category);
 }
 
@@ -21,7 +22,8 @@ std::int64_t last_dim(const Tensor& x) { return x.size(x.ndim() - 1); }
 Tensor ColumnParallelLinear::forward(const Tensor& x, LinearSaved& saved) const {
   if (!sequence_parallel) return local.forward(x, saved);
   const std::int64_t rows = x.numel() / local.in_features;
-  Tensor all_tokens = token_rows(rows * tp->size(), local.in_features, x, MemoryCategory::activations);
+  Tensor all_tokens =
+      token_rows(rows * tp->size(), local.in_features, x, MemoryCategory::activations);
   tp->all_gather(x, all_tokens);
   return local.forward(all_tokens, saved);
 }
@@ -61,7 +63,8 @@ Tensor RowParallelLinear::backward(const Tensor& dy, LinearSaved& saved) const {
   ops::bias_backward(dy, db);  // under sequence parallelism: this rank's tokens only
   Tensor all_dy = dy;
   if (sequence_parallel) {
-    all_dy = token_rows(dy.numel() / last_dim(dy) * tp->size(), last_dim(dy), dy, MemoryCategory::other);
+    all_dy =
+        token_rows(dy.numel() / last_dim(dy) * tp->size(), last_dim(dy), dy, MemoryCategory::other);
     tp->all_gather(dy, all_dy);
   }
   return local.backward(all_dy, saved);

@@ -7,8 +7,8 @@ namespace dtp::ch04 {
 
 Mesh make_mesh(Comm& world, int tp) {
   DTP_CHECK(tp >= 1 && world.size() % tp == 0, "make_mesh: a world of ", world.size(),
-            " ranks does not split into tensor-parallel groups of ", tp, " (", world.size(), " % ", tp,
-            " != 0)");
+            " ranks does not split into tensor-parallel groups of ", tp, " (", world.size(), " % ",
+            tp, " != 0)");
   const int w = world.rank();
   Comm tp_group = world.split(w / tp, w % tp);
   Comm dp_group = world.split(w % tp, w / tp);
@@ -16,11 +16,12 @@ Mesh make_mesh(Comm& world, int tp) {
 }
 
 double TensorParallelGPT::forward(const Tensor& tokens, const Tensor& targets) {
-  DTP_CHECK(tokens.defined() && tokens.ndim() == 2, "TensorParallelGPT forward: tokens must be i32 [B, T], got ",
-            tokens.describe());
+  DTP_CHECK(tokens.defined() && tokens.ndim() == 2,
+            "TensorParallelGPT forward: tokens must be i32 [B, T], got ", tokens.describe());
   sequences_ = tokens.size(0);
   Tensor x = embedding->layer.forward(tokens, embedding_saved_);
-  for (std::size_t i = 0; i < blocks.size(); ++i) x = blocks[i]->forward(x, block_saved_[i], sequences_);
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    x = blocks[i]->forward(x, block_saved_[i], sequences_);
   Tensor h = head->ln.forward(x, head_saved_.ln);
   x = Tensor();
   Tensor logits = head->lm.forward(h, head_saved_.lm);

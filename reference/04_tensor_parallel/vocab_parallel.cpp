@@ -11,7 +11,8 @@ namespace dtp::ch04 {
 
 // --- 4.5 -------------------------------------------------------------------------------
 
-Tensor VocabParallelEmbedding::forward(const Tensor& ids, VocabParallelEmbeddingSaved& saved) const {
+Tensor VocabParallelEmbedding::forward(const Tensor& ids,
+                                       VocabParallelEmbeddingSaved& saved) const {
   DTP_CHECK(ids.defined() && ids.dtype() == DType::i32 && ids.ndim() == 2,
             "vocabulary-parallel embedding: ids must be i32 [B, T], got ", ids.describe());
   const std::int64_t B = ids.size(0), T = ids.size(1), C = tokens.size(1);
@@ -31,7 +32,8 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids, VocabParallelEmbedding
 
 void VocabParallelEmbedding::backward(const Tensor& dx, VocabParallelEmbeddingSaved& saved) const {
   DTP_CHECK(saved.ids.defined(),
-            "vocabulary-parallel embedding backward: no saved ids (forward not run, or already released)");
+            "vocabulary-parallel embedding backward: no saved ids (forward not run, or already "
+            "released)");
   const std::int64_t B = saved.ids.size(0), T = saved.ids.size(1), C = tokens.size(1);
   Tensor all_dx = dx;
   if (sequence_parallel) {
@@ -49,8 +51,9 @@ void VocabParallelEmbedding::backward(const Tensor& dx, VocabParallelEmbeddingSa
 double VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& targets,
                                           VocabParallelCrossEntropySaved& saved) const {
   const std::int64_t slice = logits.size(logits.ndim() - 1), N = logits.numel() / slice;
-  DTP_CHECK(slice * tp->size() == vocab_size, "vocabulary-parallel cross-entropy: logits hold ", slice,
-            " token ids per row, expected this rank's ", vocab_size / tp->size(), " of ", vocab_size);
+  DTP_CHECK(slice * tp->size() == vocab_size, "vocabulary-parallel cross-entropy: logits hold ",
+            slice, " token ids per row, expected this rank's ", vocab_size / tp->size(), " of ",
+            vocab_size);
   Tensor row_max = new_activation(Shape{N}, logits);
   ops::row_max(logits, row_max);
   tp->all_reduce(row_max, ReduceOp::max);
@@ -69,13 +72,16 @@ double VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& ta
   return N > 0 ? total / static_cast<double>(N) : 0.0;
 }
 
-Tensor VocabParallelCrossEntropy::backward(VocabParallelCrossEntropySaved& saved, double loss_scale) const {
+Tensor VocabParallelCrossEntropy::backward(VocabParallelCrossEntropySaved& saved,
+                                           double loss_scale) const {
   DTP_CHECK(saved.logits.defined(),
-            "vocabulary-parallel cross-entropy backward: no saved logits (forward not run, or already released)");
+            "vocabulary-parallel cross-entropy backward: no saved logits (forward not run, or "
+            "already released)");
   Tensor dlogits = saved.logits;  // in place
   const std::int64_t rows = saved.targets.numel();
-  ops::vocab_shard_cross_entropy_backward(saved.logits, saved.targets, vocab_start, saved.row_max, saved.sum_exp,
-                                          rows > 0 ? loss_scale / static_cast<double>(rows) : 0.0, dlogits);
+  ops::vocab_shard_cross_entropy_backward(
+      saved.logits, saved.targets, vocab_start, saved.row_max, saved.sum_exp,
+      rows > 0 ? loss_scale / static_cast<double>(rows) : 0.0, dlogits);
   saved = VocabParallelCrossEntropySaved{};
   return dlogits;
 }

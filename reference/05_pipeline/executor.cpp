@@ -10,10 +10,11 @@ namespace dtp::ch05 {
 double execute_schedule(Comm& pp, const Schedule& schedule, const std::vector<StageModule*>& chunks,
                         const std::vector<MicroBatch>& microbatches) {
   const int p = schedule.stages, m = schedule.microbatches;
-  DTP_CHECK(pp.size() == p, "execute_schedule: the schedule has ", p, " stages but the pipeline group ",
-            pp.size(), " ranks");
-  DTP_CHECK(static_cast<int>(chunks.size()) == schedule.chunks, "execute_schedule: the schedule has ",
-            schedule.chunks, " chunk(s) per rank but ", chunks.size(), " stage modules were given");
+  DTP_CHECK(pp.size() == p, "execute_schedule: the schedule has ", p,
+            " stages but the pipeline group ", pp.size(), " ranks");
+  DTP_CHECK(static_cast<int>(chunks.size()) == schedule.chunks,
+            "execute_schedule: the schedule has ", schedule.chunks, " chunk(s) per rank but ",
+            chunks.size(), " stage modules were given");
   DTP_CHECK(static_cast<int>(microbatches.size()) == m, "execute_schedule: the schedule has ", m,
             " micro-batches but ", microbatches.size(), " were given");
   const int rank = pp.rank(), last = schedule.virtual_stages() - 1;
@@ -32,8 +33,10 @@ double execute_schedule(Comm& pp, const Schedule& schedule, const std::vector<St
           pp.recv(input, (vs - 1) % p, pipeline_tag(false, mb, vs - 1));
         }
         Tensor output = stage.forward(mb, input, batch);
-        if (vs < last) pp.send(output, (vs + 1) % p, pipeline_tag(false, mb, vs));
-        else loss_sum += stage.loss(mb);
+        if (vs < last)
+          pp.send(output, (vs + 1) % p, pipeline_tag(false, mb, vs));
+        else
+          loss_sum += stage.loss(mb);
         break;
       }
       case ActionKind::backward: {
@@ -47,7 +50,9 @@ double execute_schedule(Comm& pp, const Schedule& schedule, const std::vector<St
         if (vs > 0) pp.send(input_grad, (vs - 1) % p, pipeline_tag(true, mb, vs));
         break;
       }
-      case ActionKind::weight: stage.weight(mb); break;
+      case ActionKind::weight:
+        stage.weight(mb);
+        break;
     }
   }
   return loss_sum / m;

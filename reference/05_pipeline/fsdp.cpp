@@ -7,7 +7,9 @@
 namespace dtp::ch05 {
 namespace {
 
-int position(const StageModule& stage, const Unit& unit) { return unit.index() - stage.range().first; }
+int position(const StageModule& stage, const Unit& unit) {
+  return unit.index() - stage.range().first;
+}
 
 }  // namespace
 
@@ -15,10 +17,12 @@ PipelineFsdp::PipelineFsdp(Comm& dp, StageModule& stage) : dp_(dp), stage_(stage
   for (Unit* unit : stage.units()) {
     const ChunkRange range = chunk_range(unit->numel(), dp.size(), dp.rank());
     const Tensor& full = unit->params();
-    Tensor shard = Tensor::empty(Shape{range.length}, full.dtype(), full.device(), MemoryCategory::params);
+    Tensor shard =
+        Tensor::empty(Shape{range.length}, full.dtype(), full.device(), MemoryCategory::params);
     shard.copy_from(full.slice(range.offset, range.length));
     parameter_shards_.push_back(shard);
-    gradient_shards_.push_back(Tensor::zeros(Shape{range.length}, full.dtype(), full.device(), MemoryCategory::grads));
+    gradient_shards_.push_back(
+        Tensor::zeros(Shape{range.length}, full.dtype(), full.device(), MemoryCategory::grads));
     unit->set_buffers(Tensor(), Tensor());
   }
   stage.on_before_forward([this](Unit& unit) { gather_unit(position(stage_, unit)); });
@@ -30,7 +34,8 @@ PipelineFsdp::PipelineFsdp(Comm& dp, StageModule& stage) : dp_(dp), stage_(stage
   });
   stage.on_grad_ready([this](Unit& unit) {
     Tensor& shard = gradient_shards_[static_cast<std::size_t>(position(stage_, unit))];
-    Tensor reduced = Tensor::empty(shard.shape(), shard.dtype(), shard.device(), MemoryCategory::grads);
+    Tensor reduced =
+        Tensor::empty(shard.shape(), shard.dtype(), shard.device(), MemoryCategory::grads);
     dp_.reduce_scatter(unit.grads(), reduced, ReduceOp::avg);
     ops::axpy(shard, 1.0, reduced);  // the micro-batches accumulate in the shard
     unit.set_buffers(Tensor(), Tensor());
@@ -46,7 +51,8 @@ void PipelineFsdp::zero_grad() {
 void PipelineFsdp::gather_unit(int u) {
   Unit& unit = *stage_.units()[static_cast<std::size_t>(u)];
   const Tensor& shard = parameter_shards_[static_cast<std::size_t>(u)];
-  Tensor full = Tensor::empty(Shape{unit.numel()}, shard.dtype(), shard.device(), MemoryCategory::params);
+  Tensor full =
+      Tensor::empty(Shape{unit.numel()}, shard.dtype(), shard.device(), MemoryCategory::params);
   dp_.all_gather(shard, full);
   unit.set_buffers(full, Tensor());
 }

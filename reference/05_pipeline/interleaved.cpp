@@ -16,7 +16,8 @@ Schedule interleaved_schedule(int stages, int microbatches, int chunks) {
   Schedule schedule = empty_schedule("interleaved", stages, microbatches, chunks);
   DTP_CHECK(chunks >= 2, "interleaved schedule: ", chunks,
             " chunk per rank is plain 1F1B; interleaving needs v >= 2 chunks per rank");
-  DTP_CHECK(stages >= 2, "interleaved schedule: 1 stage has nobody to interleave with; it needs p >= 2 stages");
+  DTP_CHECK(stages >= 2,
+            "interleaved schedule: 1 stage has nobody to interleave with; it needs p >= 2 stages");
   DTP_CHECK(microbatches % stages == 0, "interleaved schedule: m = ", microbatches,
             " micro-batches must be a multiple of p = ", stages,
             " stages (they go through each chunk in groups of p)");

@@ -17,14 +17,22 @@ std::vector<UnitRange> partition_units(const std::vector<double>& costs, int sta
   DTP_CHECK(stages <= n, "partition_units: ", stages, " stages but only ", n,
             " units: each stage needs at least one");
   for (int u = 0; u < n; ++u)
-    DTP_CHECK(std::isfinite(costs[static_cast<std::size_t>(u)]) && costs[static_cast<std::size_t>(u)] >= 0,
+    DTP_CHECK(std::isfinite(costs[static_cast<std::size_t>(u)]) &&
+                  costs[static_cast<std::size_t>(u)] >= 0,
               "partition_units: unit ", u, "'s cost is ", costs[static_cast<std::size_t>(u)],
               "; costs must be finite and >= 0");
   std::vector<double> prefix(static_cast<std::size_t>(n) + 1, 0.0);
-  for (int u = 0; u < n; ++u) prefix[static_cast<std::size_t>(u) + 1] = prefix[static_cast<std::size_t>(u)] + costs[static_cast<std::size_t>(u)];
-  const auto sum = [&](int from, int to) { return prefix[static_cast<std::size_t>(to)] - prefix[static_cast<std::size_t>(from)]; };
+  for (int u = 0; u < n; ++u)
+    prefix[static_cast<std::size_t>(u) + 1] =
+        prefix[static_cast<std::size_t>(u)] + costs[static_cast<std::size_t>(u)];
+  const auto sum = [&](int from, int to) {
+    return prefix[static_cast<std::size_t>(to)] - prefix[static_cast<std::size_t>(from)];
+  };
   const double inf = std::numeric_limits<double>::infinity();
-  const auto at = [&](int k, int i) { return static_cast<std::size_t>(k) * static_cast<std::size_t>(n + 1) + static_cast<std::size_t>(i); };
+  const auto at = [&](int k, int i) {
+    return static_cast<std::size_t>(k) * static_cast<std::size_t>(n + 1) +
+           static_cast<std::size_t>(i);
+  };
   std::vector<double> best(at(stages + 1, 0), inf);
   std::vector<int> cut(best.size(), 0);
   best[at(0, 0)] = 0;

@@ -25,10 +25,12 @@ Tensor ExpertParallelMoe::forward(const Tensor& x) {
     packed.insert(packed.end(), rows.begin(), rows.end());
   }
   Tensor theirs = Tensor::empty({E}, DType::f64, x.device(), MemoryCategory::other);
-  ep_.all_to_all(Tensor::from_values(mine, DType::f64, x.device()), theirs);  // block i: rank i's rows per local expert
+  ep_.all_to_all(Tensor::from_values(mine, DType::f64, x.device()),
+                 theirs);  // block i: rank i's rows per local expert
   const std::vector<double> got = theirs.to_vector();
 
-  send_counts_.assign(static_cast<std::size_t>(m), 0), recv_counts_.assign(static_cast<std::size_t>(m), 0);
+  send_counts_.assign(static_cast<std::size_t>(m), 0),
+      recv_counts_.assign(static_cast<std::size_t>(m), 0);
   recv_rows_.assign(static_cast<std::size_t>(local_), {});
   std::int32_t at = 0;
   for (int j = 0; j < m; ++j)
@@ -37,19 +39,21 @@ Tensor ExpertParallelMoe::forward(const Tensor& x) {
       const auto came = static_cast<std::int64_t>(got[static_cast<std::size_t>(j * local_ + l)]);
       send_counts_[static_cast<std::size_t>(j)] += sent * C;
       recv_counts_[static_cast<std::size_t>(j)] += came * C;
-      for (std::int64_t i = 0; i < came; ++i) recv_rows_[static_cast<std::size_t>(l)].push_back(at++);
+      for (std::int64_t i = 0; i < came; ++i)
+        recv_rows_[static_cast<std::size_t>(l)].push_back(at++);
     }
 
   // Dispatch, run each local expert once on all its rows, combine.
   Tensor received = Tensor::empty({at, C}, x.dtype(), x.device(), MemoryCategory::activations);
   ep_.all_to_all_v(gather_rows(x, packed), send_counts_, received, recv_counts_);
-  Tensor results = Tensor::zeros(received.shape(), x.dtype(), x.device(), MemoryCategory::activations);
+  Tensor results =
+      Tensor::zeros(received.shape(), x.dtype(), x.device(), MemoryCategory::activations);
   saved_.assign(static_cast<std::size_t>(local_), MlpSaved{});
   for (int l = 0; l < local_; ++l) {
     const auto& rows = recv_rows_[static_cast<std::size_t>(l)];
     if (rows.empty()) continue;
-    scatter_add_rows(w_.experts[static_cast<std::size_t>(first_ + l)].forward(gather_rows(received, rows),
-                                                                               saved_[static_cast<std::size_t>(l)]),
+    scatter_add_rows(w_.experts[static_cast<std::size_t>(first_ + l)].forward(
+                         gather_rows(received, rows), saved_[static_cast<std::size_t>(l)]),
                      rows, results);
   }
   Tensor home = Tensor::empty({static_cast<std::int64_t>(packed.size()), C}, x.dtype(), x.device(),
@@ -62,17 +66,20 @@ Tensor ExpertParallelMoe::forward(const Tensor& x) {
   for (int e = 0; e < E; ++e) {
     const auto& rows = routing_.rows[static_cast<std::size_t>(e)];
     if (rows.empty()) continue;
-    outputs_[static_cast<std::size_t>(e)] = row_block(home, first, static_cast<std::int64_t>(rows.size()));
+    outputs_[static_cast<std::size_t>(e)] =
+        row_block(home, first, static_cast<std::int64_t>(rows.size()));
     first += static_cast<std::int64_t>(rows.size());
     Tensor weighted = outputs_[static_cast<std::size_t>(e)].clone();
-    ops::scale_rows(weighted, Tensor::from_values(routing_.weights[static_cast<std::size_t>(e)], x.dtype(), x.device()));
+    ops::scale_rows(weighted, Tensor::from_values(routing_.weights[static_cast<std::size_t>(e)],
+                                                  x.dtype(), x.device()));
     scatter_add_rows(weighted, rows, y);
   }
   return y;
 }
 
 Tensor ExpertParallelMoe::backward(const Tensor& dy) {
-  DTP_CHECK(probs_.defined(), "ExpertParallelMoe backward: no forward to go back through (or backward already ran)");
+  DTP_CHECK(probs_.defined(),
+            "ExpertParallelMoe backward: no forward to go back through (or backward already ran)");
   const int E = static_cast<int>(w_.experts.size());
   const std::int64_t C = dy.size(1);
   std::vector<double> d_probs = balance_loss_gradient(routing_, w_.aux_loss_coef);
@@ -89,19 +96,21 @@ Tensor ExpertParallelMoe::backward(const Tensor& dy) {
     Tensor block = row_block(send, first, static_cast<std::int64_t>(rows.size()));
     first += static_cast<std::int64_t>(rows.size());
     add_combine_weight_gradient(routing_, e, block, outputs_[static_cast<std::size_t>(e)], d_probs);
-    ops::scale_rows(block, Tensor::from_values(routing_.weights[static_cast<std::size_t>(e)], dy.dtype(), dy.device()));
+    ops::scale_rows(block, Tensor::from_values(routing_.weights[static_cast<std::size_t>(e)],
+                                               dy.dtype(), dy.device()));
   }
   std::int64_t arrived = 0;  // elements, as the forward received
   for (std::int64_t count : recv_counts_) arrived += count;
   Tensor received = Tensor::empty({arrived / C, C}, dy.dtype(), dy.device(), MemoryCategory::other);
   ep_.all_to_all_v(send, send_counts_, received, recv_counts_);
 
-  Tensor d_results = Tensor::zeros(received.shape(), dy.dtype(), dy.device(), MemoryCategory::other);
+  Tensor d_results =
+      Tensor::zeros(received.shape(), dy.dtype(), dy.device(), MemoryCategory::other);
   for (int l = 0; l < local_; ++l) {
     const auto& rows = recv_rows_[static_cast<std::size_t>(l)];
     if (rows.empty()) continue;
-    scatter_add_rows(w_.experts[static_cast<std::size_t>(first_ + l)].backward(gather_rows(received, rows),
-                                                                                saved_[static_cast<std::size_t>(l)]),
+    scatter_add_rows(w_.experts[static_cast<std::size_t>(first_ + l)].backward(
+                         gather_rows(received, rows), saved_[static_cast<std::size_t>(l)]),
                      rows, d_results);
   }
   Tensor home = Tensor::empty(send.shape(), dy.dtype(), dy.device(), MemoryCategory::other);

@@ -21,11 +21,11 @@ inline std::vector<double> balance_loss_gradient(const MoeRouting& routing, doub
 
 // y[n] += p[n][e] * out_e[n] for the kept rows of expert e, so d p[n][e] =
 // dy[n] . out_e[n]: @p d_out holds dy's rows of the expert, @p out its outputs.
-inline void add_combine_weight_gradient(const MoeRouting& routing, int expert, const Tensor& d_out, const Tensor& out,
-                                        std::vector<double>& d_probs) {
+inline void add_combine_weight_gradient(const MoeRouting& routing, int expert, const Tensor& d_out,
+                                        const Tensor& out, std::vector<double>& d_probs) {
   const auto& rows = routing.rows[static_cast<std::size_t>(expert)];
-  Tensor dots = Tensor::empty({static_cast<std::int64_t>(rows.size())}, d_out.dtype(), d_out.device(),
-                              MemoryCategory::other);
+  Tensor dots = Tensor::empty({static_cast<std::int64_t>(rows.size())}, d_out.dtype(),
+                              d_out.device(), MemoryCategory::other);
   ops::row_dot(d_out, out, dots);
   const std::vector<double> host = dots.to_vector();
   for (std::size_t i = 0; i < rows.size(); ++i)

@@ -9,14 +9,17 @@
 
 namespace dtp::ch06 {
 
-MoeRouting route_tokens(const std::vector<double>& probs, int experts, int top_k, double capacity_factor) {
-  DTP_CHECK(experts >= 1 && probs.size() % static_cast<std::size_t>(experts) == 0, "route_tokens: ",
-            probs.size(), " probabilities do not split into rows of E = ", experts, " experts");
+MoeRouting route_tokens(const std::vector<double>& probs, int experts, int top_k,
+                        double capacity_factor) {
+  DTP_CHECK(experts >= 1 && probs.size() % static_cast<std::size_t>(experts) == 0,
+            "route_tokens: ", probs.size(),
+            " probabilities do not split into rows of E = ", experts, " experts");
   const auto N = static_cast<std::int64_t>(probs.size()) / experts;
   const auto E = static_cast<std::size_t>(experts), k = static_cast<std::size_t>(top_k);
   MoeRouting r;
   r.tokens = N, r.experts = experts, r.top_k = top_k;
-  r.capacity = moe_capacity(N, experts, top_k, capacity_factor);  // also checks top_k and the factor
+  r.capacity =
+      moe_capacity(N, experts, top_k, capacity_factor);  // also checks top_k and the factor
   r.choice.resize(static_cast<std::size_t>(N) * k), r.weight.resize(r.choice.size());
   r.kept.assign(r.choice.size(), 0);
   r.rows.assign(E, {}), r.weights.assign(E, {});
@@ -51,7 +54,8 @@ MoeRouting route_tokens(const std::vector<double>& probs, int experts, int top_k
 
 Tensor MoeLayer::forward(const Tensor& x) {
   probs_ = router_probabilities(w_, x, router_saved_);
-  routing_ = route_tokens(probs_.to_vector(), static_cast<int>(w_.experts.size()), w_.top_k, w_.capacity_factor);
+  routing_ = route_tokens(probs_.to_vector(), static_cast<int>(w_.experts.size()), w_.top_k,
+                          w_.capacity_factor);
   aux_loss_ = w_.aux_loss_coef * routing_.balance_loss();
   Tensor y = Tensor::zeros(x.shape(), x.dtype(), x.device(), MemoryCategory::activations);
   outputs_.assign(w_.experts.size(), Tensor());
@@ -68,7 +72,8 @@ Tensor MoeLayer::forward(const Tensor& x) {
 }
 
 Tensor MoeLayer::backward(const Tensor& dy) {
-  DTP_CHECK(probs_.defined(), "MoeLayer backward: no forward to go back through (or backward already ran)");
+  DTP_CHECK(probs_.defined(),
+            "MoeLayer backward: no forward to go back through (or backward already ran)");
   std::vector<double> d_probs = balance_loss_gradient(routing_, w_.aux_loss_coef);
   Tensor dx = Tensor::zeros(dy.shape(), dy.dtype(), dy.device(), MemoryCategory::other);
   for (std::size_t e = 0; e < w_.experts.size(); ++e) {

@@ -12,7 +12,8 @@ namespace {
 Tensor pack(const std::vector<Tensor>& parts) {
   std::int64_t total = 0;
   for (const Tensor& p : parts) total += p.numel();
-  Tensor flat = Tensor::empty({total}, parts[0].dtype(), parts[0].device(), MemoryCategory::activations);
+  Tensor flat =
+      Tensor::empty({total}, parts[0].dtype(), parts[0].device(), MemoryCategory::activations);
   std::int64_t at = 0;
   for (const Tensor& p : parts) {
     flat.slice(at, p.numel()).copy_from(p.flatten());
@@ -35,8 +36,8 @@ std::vector<Tensor> zeros_like(const std::vector<Tensor>& pieces) {
 
 Tensor RingAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v) {
   DTP_CHECK(q.defined() && q.ndim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(),
-            "ring attention: q, k and v must be [B, T_local, H, D] alike, got ", q.describe(), ", ", k.describe(),
-            ", ", v.describe());
+            "ring attention: q, k and v must be [B, T_local, H, D] alike, got ", q.describe(), ", ",
+            k.describe(), ", ", v.describe());
   const int n = sp_.size(), r = sp_.rank();
   T_ = q.size(1) * n;
   const std::vector<PositionRange> mine = positions_of(T_, n, r, layout_);
@@ -52,7 +53,8 @@ Tensor RingAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v)
     Tensor next;
     Request sent, received;
     if (step < n - 1) {
-      next = Tensor::empty(block.shape(), block.dtype(), block.device(), MemoryCategory::activations);
+      next =
+          Tensor::empty(block.shape(), block.dtype(), block.device(), MemoryCategory::activations);
       received = sp_.irecv(next, (r - 1 + n) % n);
       sent = sp_.isend(block, (r + 1) % n);
     }
@@ -93,13 +95,14 @@ void RingAttention::backward(const Tensor& dout, Tensor& dq, Tensor& dk, Tensor&
     for (std::size_t i = 0; i < mine.size(); ++i)
       for (std::size_t j = 0; j < theirs.size(); ++j)
         if (block_visible(mine[i], theirs[j]))
-          attend_block_backward(sp_, q_[i], mine[i], keys[j], values[j], theirs[j], result_[i], douts[i], dqs[i],
-                                dkeys[j], dvalues[j]);
+          attend_block_backward(sp_, q_[i], mine[i], keys[j], values[j], theirs[j], result_[i],
+                                douts[i], dqs[i], dkeys[j], dvalues[j]);
     Tensor block_dk = part(block, 2, shape), block_dv = part(block, 3, shape);
     ops::axpy(block_dk, 1.0, join_positions(dkeys));
     ops::axpy(block_dv, 1.0, join_positions(dvalues));
     if (step < n - 1) {
-      Tensor next = Tensor::empty(block.shape(), block.dtype(), block.device(), MemoryCategory::activations);
+      Tensor next =
+          Tensor::empty(block.shape(), block.dtype(), block.device(), MemoryCategory::activations);
       Request received = sp_.irecv(next, (r - 1 + n) % n);
       Request sent = sp_.isend(block, (r + 1) % n);
       sent.wait();

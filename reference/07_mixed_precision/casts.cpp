@@ -38,7 +38,9 @@ std::uint16_t f32_to_bf16_bits(float x) {
   return static_cast<std::uint16_t>((sign >> 16) | round_off(bits & 0x7FFFFFFFu, 16));
 }
 
-float bf16_bits_to_f32(std::uint16_t bits) { return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16); }
+float bf16_bits_to_f32(std::uint16_t bits) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
+}
 
 std::uint16_t f32_to_f16_bits(float x) {
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
@@ -47,15 +49,15 @@ std::uint16_t f32_to_f16_bits(float x) {
   const std::uint32_t mantissa = bits & 0x7FFFFFu;
   if (field == 0xFF) return static_cast<std::uint16_t>(sign | (mantissa != 0 ? 0x7E00u : 0x7C00u));
   if (field == 0) return sign;  // f32 zero or subnormal (< 2^-126): far below f16's 2^-25
-  const int e = field - 127;                         // x = m x 2^(e - 23)
-  const std::uint32_t m = 0x800000u | mantissa;      // 24-bit significand
+  const int e = field - 127;    // x = m x 2^(e - 23)
+  const std::uint32_t m = 0x800000u | mantissa;                    // 24-bit significand
   if (e >= 16) return static_cast<std::uint16_t>(sign | 0x7C00u);  // >= 2^16: past 65504
   if (e >= -14) {
     // Normal: exponent field e + 15 above 10 mantissa bits; the significand
     // keeps 11 bits (its leading 1 lands on the exponent's lowest bit, which
     // is why the field is e + 14 plus that bit). A carry from rounding moves
     // into the exponent; from 65520 up it reaches 0x7C00, infinity.
-    const std::uint32_t kept = round_off(m, 13);     // 11 bits, or 2^11 after a carry
+    const std::uint32_t kept = round_off(m, 13);  // 11 bits, or 2^11 after a carry
     return static_cast<std::uint16_t>(sign | ((static_cast<std::uint32_t>(e + 14) << 10) + kept));
   }
   // Subnormal: value = kept x 2^-24, kept = m x 2^(e - 23 + 24) rounded. A
@@ -66,7 +68,8 @@ std::uint16_t f32_to_f16_bits(float x) {
 float f16_bits_to_f32(std::uint16_t bits) {
   const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
   const std::uint32_t field = (bits >> 10) & 0x1Fu, mantissa = bits & 0x3FFu;
-  if (field == 0x1F) return std::bit_cast<float>(sign | 0x7F800000u | (mantissa << 13));  // inf, NaN
+  if (field == 0x1F)
+    return std::bit_cast<float>(sign | 0x7F800000u | (mantissa << 13));  // inf, NaN
   if (field == 0) {  // zero or subnormal: mantissa x 2^-24, a normal f32 unless zero
     const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
     return std::bit_cast<float>(sign | std::bit_cast<std::uint32_t>(magnitude));

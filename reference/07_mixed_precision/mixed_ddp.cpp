@@ -23,8 +23,8 @@ void average(Comm& comm, Tensor& grads) {
 }  // namespace
 
 MixedStep ddp_mixed_precision_step(Comm& comm, MasterWeights& masters, Optimizer& optimizer,
-                                   LossScaler* scaler, const Batch& batch, double lr, double max_norm,
-                                   DType reduce_dtype) {
+                                   LossScaler* scaler, const Batch& batch, double lr,
+                                   double max_norm, DType reduce_dtype) {
   GPT& model = masters.model();
   const DType model_dtype = model.config().dtype;
   DTP_CHECK(reduce_dtype == model_dtype || reduce_dtype == DType::f32,

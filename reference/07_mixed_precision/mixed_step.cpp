@@ -11,7 +11,8 @@ void MasterWeights::grads_to_master(Optimizer& optimizer) const {
   std::vector<Unit*> units = model_->units();
   for (std::size_t i = 0; i < units.size(); ++i) {
     const Tensor& grads16 = units[i]->grads();
-    Tensor grads32 = Tensor::empty(grads16.shape(), DType::f32, grads16.device(), MemoryCategory::other);
+    Tensor grads32 =
+        Tensor::empty(grads16.shape(), DType::f32, grads16.device(), MemoryCategory::other);
     ops::cast(grads16, grads32);
     optimizer.set_grads(i, grads32);
   }

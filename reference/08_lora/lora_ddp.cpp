@@ -34,7 +34,8 @@ void LoraDataParallel::on_unit_ready(Unit& unit) {
 
 void LoraDataParallel::finish() {
   for (std::size_t block = 0; block < requests_.size(); ++block) {
-    DTP_CHECK(started_[block], "LoRA DDP: block ", block, "'s adapter gradients were never all-reduced since the "
+    DTP_CHECK(started_[block], "LoRA DDP: block ", block,
+              "'s adapter gradients were never all-reduced since the "
               "last finish() (did its grad-ready hook run? finish() once per backward)");
     requests_[block].wait();
     started_[block] = false;

@@ -10,10 +10,12 @@ namespace dtp::ch08 {
 
 LoraModel::LoraModel(GPT& model, const LoraConfig& config) : model_(model), config_(config) {
   DTP_CHECK(config.rank >= 1, "LoRA: the rank must be at least 1, got ", config.rank);
-  DTP_CHECK(std::isfinite(config.alpha) && config.alpha > 0, "LoRA: alpha must be positive, got ", config.alpha);
+  DTP_CHECK(std::isfinite(config.alpha) && config.alpha > 0, "LoRA: alpha must be positive, got ",
+            config.alpha);
   DTP_CHECK(!config.targets.empty(), "LoRA: no targets");
   for (int i = 0; i < model.num_blocks(); ++i)
-    for (const std::string& name : config.targets) target_linear(model.block(i), name);  // throws for a bad one
+    for (const std::string& name : config.targets)
+      target_linear(model.block(i), name);  // throws for a bad one
 
   for (Unit* unit : model.units()) unit->freeze();
   const GPTConfig& shape = model.config();
@@ -43,7 +45,8 @@ LoraModel::LoraModel(GPT& model, const LoraConfig& config) : model_(model), conf
       adapter->grad_b = take(linear.out_features, r, grads_.back());
       offset += linear.out_features * r;
       adapter->scale = config.scale();
-      ops::fill_normal(adapter->a, 0.0, 1.0 / std::sqrt(static_cast<double>(linear.in_features)), rng);
+      ops::fill_normal(adapter->a, 0.0, 1.0 / std::sqrt(static_cast<double>(linear.in_features)),
+                       rng);
       linear.adapter = adapter.get();
       targets_.push_back({i, name, &linear, std::move(adapter)});
     }
@@ -76,8 +79,8 @@ const LoraLinear& LoraModel::adapter(int block, const std::string& target) const
     if (t.block == block && t.name == target) return *t.adapter;
   std::string names;
   for (const std::string& name : config_.targets) names += (names.empty() ? "" : ", ") + name;
-  DTP_CHECK(false, "LoRA: no adapter on block ", block, "'s ", target, "; blocks 0 to ", model_.num_blocks() - 1,
-            " have adapters on ", names);
+  DTP_CHECK(false, "LoRA: no adapter on block ", block, "'s ", target, "; blocks 0 to ",
+            model_.num_blocks() - 1, " have adapters on ", names);
   throw;  // not reached
 }
 

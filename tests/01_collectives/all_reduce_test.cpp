@@ -13,8 +13,8 @@ using AllReduce = std::function<void(Comm&, Tensor&)>;
 
 // Every rank's x is its pattern; afterwards every rank must hold the sum.
 std::vector<RankOutcome> run_all_reduce(const std::string& name, const AllReduce& all_reduce, int n,
-                                        std::int64_t numel, DType dtype = DType::f64, CostModel cost = {},
-                                        Shape shape = {}) {
+                                        std::int64_t numel, DType dtype = DType::f64,
+                                        CostModel cost = {}, Shape shape = {}) {
   return run_puzzle(
       n, describe_run(name, n, numel, dtype),
       [&](Comm& comm) {
@@ -27,12 +27,15 @@ std::vector<RankOutcome> run_all_reduce(const std::string& name, const AllReduce
       cost);
 }
 
-void expect_all_reduce(const std::string& name, const AllReduce& all_reduce, int n, std::int64_t numel,
-                       DType dtype = DType::f64, Shape shape = {}, const std::string& detail = "") {
-  const std::vector<RankOutcome> outcomes = run_all_reduce(name, all_reduce, n, numel, dtype, {}, shape);
+void expect_all_reduce(const std::string& name, const AllReduce& all_reduce, int n,
+                       std::int64_t numel, DType dtype = DType::f64, Shape shape = {},
+                       const std::string& detail = "") {
+  const std::vector<RankOutcome> outcomes =
+      run_all_reduce(name, all_reduce, n, numel, dtype, {}, shape);
   const std::vector<double> sum = pattern_sum(n, numel, dtype);
-  EXPECT_TRUE(ranks_hold(describe_run(name, n, numel, dtype) + detail, outcomes, [&](int) { return sum; }, n,
-                         sums_of(n, dtype)));
+  EXPECT_TRUE(ranks_hold(
+      describe_run(name, n, numel, dtype) + detail, outcomes, [&](int) { return sum; }, n,
+      sums_of(n, dtype)));
 }
 
 // The sweeps every all-reduce gets.
@@ -62,7 +65,8 @@ void dtypes(const std::string& name, const AllReduce& all_reduce) {
 void uses_only_send_recv(const std::string& name, const AllReduce& all_reduce) {
   for (int n : all_world_sizes()) {
     const std::int64_t numel = 3 * n + 2;
-    EXPECT_TRUE(only_send_recv(name, describe_run(name, n, numel), run_all_reduce(name, all_reduce, n, numel)));
+    EXPECT_TRUE(only_send_recv(name, describe_run(name, n, numel),
+                               run_all_reduce(name, all_reduce, n, numel)));
   }
 }
 
@@ -70,8 +74,8 @@ void uses_only_send_recv(const std::string& name, const AllReduce& all_reduce) {
 // @p at_most is false).
 void expect_rounds(const std::string& name, const AllReduce& all_reduce, int n, double expected,
                    const std::string& formula_text, bool at_most = false) {
-  const std::vector<RankOutcome> outcomes =
-      run_all_reduce(name, all_reduce, n, kDivisibleLength, DType::f64, CostModel::latency_rounds());
+  const std::vector<RankOutcome> outcomes = run_all_reduce(name, all_reduce, n, kDivisibleLength,
+                                                           DType::f64, CostModel::latency_rounds());
   EXPECT_TRUE(clock_matches(cat(name, " on N=", n), outcomes, ClockUnit::latency_rounds, expected,
                             formula(formula_text, expected), at_most));
 }
@@ -82,8 +86,9 @@ void expect_bytes(const std::string& name, const AllReduce& all_reduce, int n, d
                   const std::string& formula_text, bool at_most = false) {
   const std::vector<RankOutcome> outcomes =
       run_all_reduce(name, all_reduce, n, kDivisibleLength, DType::f64, CostModel::bytes());
-  EXPECT_TRUE(clock_matches(describe_run(name, n, kDivisibleLength), outcomes, ClockUnit::critical_path_bytes,
-                            expected, formula(formula_text, expected), at_most));
+  EXPECT_TRUE(clock_matches(describe_run(name, n, kDivisibleLength), outcomes,
+                            ClockUnit::critical_path_bytes, expected,
+                            formula(formula_text, expected), at_most));
 }
 
 constexpr std::int64_t kS = kDivisibleLength;
@@ -96,7 +101,9 @@ AllReduce parameter_server(int root) {
 }
 const std::string kParameterServer = "parameter_server_all_reduce";
 
-TEST(Puzzle1_7_parameter_server_all_reduce, ExactResults) { exact_results(kParameterServer, parameter_server(0)); }
+TEST(Puzzle1_7_parameter_server_all_reduce, ExactResults) {
+  exact_results(kParameterServer, parameter_server(0));
+}
 
 TEST(Puzzle1_7_parameter_server_all_reduce, AnyRoot) {
   for (int n : all_world_sizes()) {
@@ -112,12 +119,14 @@ TEST(Puzzle1_7_parameter_server_all_reduce, AnyRoot) {
 
 TEST(Puzzle1_7_parameter_server_all_reduce, LargeBuffer) {
   for (int n : large_world_sizes()) {
-    expect_all_reduce(kParameterServer, parameter_server(root_in(n, 1)), n, kLargeLength, DType::f64, {},
-                      cat(", root ", root_in(n, 1)));
+    expect_all_reduce(kParameterServer, parameter_server(root_in(n, 1)), n, kLargeLength,
+                      DType::f64, {}, cat(", root ", root_in(n, 1)));
     if (stop_sweep()) return;
   }
 }
-TEST(Puzzle1_7_parameter_server_all_reduce, Dtypes) { dtypes(kParameterServer, parameter_server(fit_world(5) - 1)); }
+TEST(Puzzle1_7_parameter_server_all_reduce, Dtypes) {
+  dtypes(kParameterServer, parameter_server(fit_world(5) - 1));
+}
 TEST(Puzzle1_7_parameter_server_all_reduce, UsesOnlySendRecv) {
   uses_only_send_recv(kParameterServer, parameter_server(0));
 }
@@ -136,8 +145,8 @@ TEST(Puzzle1_7_parameter_server_all_reduce, LatencyRounds) {
 TEST(Puzzle1_7_parameter_server_all_reduce, CriticalPathBytes) {
   for (int n : all_world_sizes()) {
     const double bound = n == 1 ? 0.0 : static_cast<double>(n * kS * kElem);
-    expect_bytes(kParameterServer, parameter_server(0), n, bound, cat("N*S*elem_size = ", n, "*", kS, "*8"),
-                 true);
+    expect_bytes(kParameterServer, parameter_server(0), n, bound,
+                 cat("N*S*elem_size = ", n, "*", kS, "*8"), true);
   }
 }
 
@@ -180,12 +189,14 @@ TEST(Puzzle1_8_ring_all_reduce, CriticalPathBytesUnevenChunks) {
     const std::int64_t ceil_chunk = (numel + n - 1) / n;
     const double upper = static_cast<double>(2 * (n - 1) * ceil_chunk * kElem);
     const double lower = static_cast<double>(2 * (n - 1) * (numel / n) * kElem);
-    EXPECT_TRUE(clock_matches(context, outcomes, ClockUnit::critical_path_bytes, upper,
-                              formula(cat("2(N-1)*ceil(S/N)*elem_size = 2*", n - 1, "*", ceil_chunk, "*8"), upper),
-                              true));
+    EXPECT_TRUE(clock_matches(
+        context, outcomes, ClockUnit::critical_path_bytes, upper,
+        formula(cat("2(N-1)*ceil(S/N)*elem_size = 2*", n - 1, "*", ceil_chunk, "*8"), upper),
+        true));
     if (!measured(outcomes)) continue;
     EXPECT_GE(max_clock(outcomes), lower)
-        << context << " took " << max_clock(outcomes) << " bytes on the critical path; a ring moves at least "
+        << context << " took " << max_clock(outcomes)
+        << " bytes on the critical path; a ring moves at least "
         << "2(N-1)*floor(S/N)*elem_size = " << lower << " (is every chunk really sent?)";
   }
 }
@@ -200,7 +211,8 @@ TEST(Puzzle1_8_ring_all_reduce, BytesSentPerRank) {
       EXPECT_EQ(outcomes[static_cast<std::size_t>(rank)].stats.bytes_sent, expected)
           << describe_run(kRingName, n, kS) << ": rank " << rank << " sent "
           << outcomes[static_cast<std::size_t>(rank)].stats.bytes_sent
-          << " bytes; expected 2(N-1)/N*S*elem_size = 2*" << n - 1 << "*" << kS / n << "*8 = " << expected;
+          << " bytes; expected 2(N-1)/N*S*elem_size = 2*" << n - 1 << "*" << kS / n
+          << "*8 = " << expected;
     }
     if (stop_sweep()) return;
   }
@@ -228,18 +240,27 @@ TEST(Puzzle1_9_tree_all_reduce, LatencyRounds) {
 TEST(Puzzle1_9_tree_all_reduce, CriticalPathBytes) {
   for (int n : all_world_sizes()) {
     expect_bytes(kTreeName, kTree, n, static_cast<double>(2 * ceil_log2(n) * kS * kElem),
-                 cat("2*ceil(log2 N)*S*elem_size = 2*", ceil_log2(n), "*", kS, "*8"), !is_power_of_two(n));
+                 cat("2*ceil(log2 N)*S*elem_size = 2*", ceil_log2(n), "*", kS, "*8"),
+                 !is_power_of_two(n));
   }
 }
 
 // --- 1.10 halving_doubling_all_reduce -------------------------------------------------
 
-const AllReduce kHalvingDoubling = [](Comm& comm, Tensor& x) { dtp::ch01::halving_doubling_all_reduce(comm, x); };
+const AllReduce kHalvingDoubling = [](Comm& comm, Tensor& x) {
+  dtp::ch01::halving_doubling_all_reduce(comm, x);
+};
 const std::string kHalvingDoublingName = "halving_doubling_all_reduce";
 
-TEST(Puzzle1_10_halving_doubling_all_reduce, ExactResults) { exact_results(kHalvingDoublingName, kHalvingDoubling); }
-TEST(Puzzle1_10_halving_doubling_all_reduce, LargeBuffer) { large_buffer(kHalvingDoublingName, kHalvingDoubling); }
-TEST(Puzzle1_10_halving_doubling_all_reduce, Dtypes) { dtypes(kHalvingDoublingName, kHalvingDoubling); }
+TEST(Puzzle1_10_halving_doubling_all_reduce, ExactResults) {
+  exact_results(kHalvingDoublingName, kHalvingDoubling);
+}
+TEST(Puzzle1_10_halving_doubling_all_reduce, LargeBuffer) {
+  large_buffer(kHalvingDoublingName, kHalvingDoubling);
+}
+TEST(Puzzle1_10_halving_doubling_all_reduce, Dtypes) {
+  dtypes(kHalvingDoublingName, kHalvingDoubling);
+}
 TEST(Puzzle1_10_halving_doubling_all_reduce, UsesOnlySendRecv) {
   uses_only_send_recv(kHalvingDoublingName, kHalvingDoubling);
 }
@@ -252,7 +273,8 @@ TEST(Puzzle1_10_halving_doubling_all_reduce, LatencyRounds) {
     if (is_power_of_two(n)) {
       expect_rounds(kHalvingDoublingName, kHalvingDoubling, n, 2 * floor_log2(n), "2*log2 N");
     } else {
-      expect_rounds(kHalvingDoublingName, kHalvingDoubling, n, 2 * floor_log2(n) + 2, "2*floor(log2 N)+2", true);
+      expect_rounds(kHalvingDoublingName, kHalvingDoubling, n, 2 * floor_log2(n) + 2,
+                    "2*floor(log2 N)+2", true);
     }
   }
 }
@@ -267,7 +289,8 @@ TEST(Puzzle1_10_halving_doubling_all_reduce, CriticalPathBytes) {
       expect_bytes(kHalvingDoublingName, kHalvingDoubling, n, static_cast<double>(halves),
                    cat("2(N-1)/N*S*elem_size = 2*", n - 1, "*", kS / n, "*8"));
     } else {
-      expect_bytes(kHalvingDoublingName, kHalvingDoubling, n, static_cast<double>(halves + 2 * kS * kElem),
+      expect_bytes(kHalvingDoublingName, kHalvingDoubling, n,
+                   static_cast<double>(halves + 2 * kS * kElem),
                    cat("(2(P-1)/P + 2)*S*elem_size with P = ", p, ", S = ", kS), true);
     }
   }

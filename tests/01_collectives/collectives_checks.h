@@ -29,8 +29,10 @@ inline constexpr double kPoison = -1.0;
 /// fewer than N (N-1 is 0 elements when N = 1), exactly N, and a prime.
 inline std::vector<std::int64_t> exact_lengths(int n) {
   std::vector<std::int64_t> lengths;
-  for (std::int64_t length : {std::int64_t{1}, std::int64_t{n - 1}, std::int64_t{n}, std::int64_t{1009}}) {
-    if (std::find(lengths.begin(), lengths.end(), length) == lengths.end()) lengths.push_back(length);
+  for (std::int64_t length :
+       {std::int64_t{1}, std::int64_t{n - 1}, std::int64_t{n}, std::int64_t{1009}}) {
+    if (std::find(lengths.begin(), lengths.end(), length) == lengths.end())
+      lengths.push_back(length);
   }
   return lengths;
 }
@@ -86,9 +88,9 @@ inline std::string describe_run(const std::string& puzzle, int n, std::int64_t n
 
 /// What one rank ended with: the values the checker reads and its CommStats.
 /// On the thread backend every rank runs in this process. Under mpi (or nccl
-/// across processes) only this process's rank has values (`here`); the counters and clocks of the others
-/// are exchanged after the puzzle returns (`has_stats`), so the clock checks
-/// see every rank. A process that sat a smaller world out has neither.
+/// across processes) only this process's rank has values (`here`); the counters and clocks of the
+/// others are exchanged after the puzzle returns (`has_stats`), so the clock checks see every rank.
+/// A process that sat a smaller world out has neither.
 struct RankOutcome {
   bool here = false;
   bool has_stats = false;
@@ -114,7 +116,8 @@ inline CommStats row_to_stats(const double* row) {
   stats.bytes_sent = static_cast<std::int64_t>(row[2]);
   stats.messages_received = static_cast<std::int64_t>(row[3]);
   stats.bytes_received = static_cast<std::int64_t>(row[4]);
-  if (row[5] > 0) stats.collective_calls["(a library collective)"] = static_cast<std::int64_t>(row[5]);
+  if (row[5] > 0)
+    stats.collective_calls["(a library collective)"] = static_cast<std::int64_t>(row[5]);
   return stats;
 }
 }  // namespace detail
@@ -145,7 +148,8 @@ inline std::vector<RankOutcome> run_puzzle(int n, const std::string& context,
           std::vector<double> row(detail::kStatFields);
           detail::stats_to_row(stats, row.data());
           const Tensor mine = Tensor::from_values(row, DType::f64).to(comm.device());
-          Tensor all = Tensor::zeros(Shape{detail::kStatFields * comm.size()}, DType::f64, comm.device());
+          Tensor all =
+              Tensor::zeros(Shape{detail::kStatFields * comm.size()}, DType::f64, comm.device());
           comm.all_gather(mine, all);
           tables[static_cast<std::size_t>(comm.rank())] = all.to_vector();
         },
@@ -166,7 +170,8 @@ inline std::vector<RankOutcome> run_puzzle(int n, const std::string& context,
     for (int rank = 0; rank < n; ++rank) {
       RankOutcome& outcome = outcomes[static_cast<std::size_t>(rank)];
       if (outcome.has_stats) continue;
-      outcome.stats = detail::row_to_stats(&table[static_cast<std::size_t>(rank * detail::kStatFields)]);
+      outcome.stats =
+          detail::row_to_stats(&table[static_cast<std::size_t>(rank * detail::kStatFields)]);
       outcome.has_stats = true;
     }
     break;
@@ -177,13 +182,15 @@ inline std::vector<RankOutcome> run_puzzle(int n, const std::string& context,
 /// False when this process sat the run out (mpi, a world smaller than the
 /// process count): it has no rank's counters to check.
 inline bool measured(const std::vector<RankOutcome>& outcomes) {
-  return std::any_of(outcomes.begin(), outcomes.end(), [](const RankOutcome& outcome) { return outcome.has_stats; });
+  return std::any_of(outcomes.begin(), outcomes.end(),
+                     [](const RankOutcome& outcome) { return outcome.has_stats; });
 }
 
 /// Chapter 01 builds collectives from send/recv: no rank may have called a
 /// library collective, and with two or more ranks some rank must have sent a
 /// message (when @p expect_messages).
-inline ::testing::AssertionResult only_send_recv(const std::string& puzzle, const std::string& context,
+inline ::testing::AssertionResult only_send_recv(const std::string& puzzle,
+                                                 const std::string& context,
                                                  const std::vector<RankOutcome>& outcomes,
                                                  bool expect_messages = true) {
   std::int64_t messages = 0;
@@ -197,7 +204,8 @@ inline ::testing::AssertionResult only_send_recv(const std::string& puzzle, cons
     bool first = true;
     for (const auto& [kind, calls] : stats.collective_calls) {
       if (calls == 0) continue;
-      failure << (first ? " " : ", ") << (kind.front() == '(' ? kind : "Comm::" + kind) << " (" << calls << "x)";
+      failure << (first ? " " : ", ") << (kind.front() == '(' ? kind : "Comm::" + kind) << " ("
+              << calls << "x)";
       first = false;
     }
     failure << "; chapter 01 builds collectives from send/recv only";
@@ -272,7 +280,8 @@ inline std::vector<double> gathered_pattern(int n, std::int64_t numel, DType dty
   std::vector<double> full;
   full.reserve(static_cast<std::size_t>(numel));
   for (int rank = 0; rank < n; ++rank) {
-    const std::vector<double> shard = pattern_values(rank, chunk_range(numel, n, rank).length, dtype);
+    const std::vector<double> shard =
+        pattern_values(rank, chunk_range(numel, n, rank).length, dtype);
     full.insert(full.end(), shard.begin(), shard.end());
   }
   return full;
@@ -280,7 +289,8 @@ inline std::vector<double> gathered_pattern(int n, std::int64_t numel, DType dty
 
 /// Elements [offset, offset + length) of @p values.
 inline std::vector<double> slice_of(const std::vector<double>& values, ChunkRange range) {
-  return std::vector<double>(values.begin() + range.offset, values.begin() + range.offset + range.length);
+  return std::vector<double>(values.begin() + range.offset,
+                             values.begin() + range.offset + range.length);
 }
 
 /// Every rank in @p ranks (all ranks when empty) that ran in this process must
@@ -288,12 +298,13 @@ inline std::vector<double> slice_of(const std::vector<double>& values, ChunkRang
 /// Reports the first few wrong ranks through values_equal, with chunk
 /// locations when @p chunks > 0 and values decoded in words under @p key
 /// ("got 16777217 = rank 1's element 0 alone").
-inline ::testing::AssertionResult ranks_hold(const std::string& context,
-                                             const std::vector<RankOutcome>& outcomes,
-                                             const std::function<std::vector<double>(int)>& expected,
-                                             int chunks, PatternKey key, std::vector<int> ranks = {}) {
+inline ::testing::AssertionResult ranks_hold(
+    const std::string& context, const std::vector<RankOutcome>& outcomes,
+    const std::function<std::vector<double>(int)>& expected, int chunks, PatternKey key,
+    std::vector<int> ranks = {}) {
   if (ranks.empty()) {
-    for (std::size_t rank = 0; rank < outcomes.size(); ++rank) ranks.push_back(static_cast<int>(rank));
+    for (std::size_t rank = 0; rank < outcomes.size(); ++rank)
+      ranks.push_back(static_cast<int>(rank));
   }
   constexpr int kShownRanks = 3;
   int wrong_ranks = 0;
@@ -301,13 +312,15 @@ inline ::testing::AssertionResult ranks_hold(const std::string& context,
   for (int rank : ranks) {
     if (!outcomes[static_cast<std::size_t>(rank)].here) continue;  // another process checks it
     ::testing::AssertionResult same =
-        values_equal(context, rank, expected(rank), outcomes[static_cast<std::size_t>(rank)].values, chunks, key);
+        values_equal(context, rank, expected(rank), outcomes[static_cast<std::size_t>(rank)].values,
+                     chunks, key);
     if (same) continue;
     if (wrong_ranks < kShownRanks) report << (wrong_ranks ? "\n" : "") << same.message();
     ++wrong_ranks;
   }
   if (wrong_ranks == 0) return ::testing::AssertionSuccess();
-  if (wrong_ranks > kShownRanks) report << "\n(" << wrong_ranks - kShownRanks << " more ranks wrong)";
+  if (wrong_ranks > kShownRanks)
+    report << "\n(" << wrong_ranks - kShownRanks << " more ranks wrong)";
   return ::testing::AssertionFailure() << report.str();
 }
 
@@ -320,7 +333,9 @@ std::string cat(const Parts&... parts) {
 }
 
 /// Keys for decoding values in messages: the collective copies or sums.
-inline PatternKey copies_of(int n, DType dtype) { return PatternKey{n, dtype, PatternMeaning::copies}; }
+inline PatternKey copies_of(int n, DType dtype) {
+  return PatternKey{n, dtype, PatternMeaning::copies};
+}
 inline PatternKey sums_of(int n, DType dtype) { return PatternKey{n, dtype, PatternMeaning::sums}; }
 
 /// The dtypes every puzzle is also run with besides f64.

@@ -35,9 +35,9 @@ std::vector<double> expected_out(int n, std::int64_t chunk, int rank, DType dtyp
 
 void expect_all_to_all(int n, std::int64_t chunk, DType dtype = DType::f64) {
   const std::vector<RankOutcome> outcomes = run_all_to_all(n, chunk, dtype);
-  EXPECT_TRUE(ranks_hold(describe_run("pairwise_all_to_all", n, n * chunk, dtype), outcomes,
-                         [&](int rank) { return expected_out(n, chunk, rank, dtype); }, n,
-                         copies_of(n, dtype)));
+  EXPECT_TRUE(ranks_hold(
+      describe_run("pairwise_all_to_all", n, n * chunk, dtype), outcomes,
+      [&](int rank) { return expected_out(n, chunk, rank, dtype); }, n, copies_of(n, dtype)));
 }
 
 // Sizes must divide by N, so the sweep is over the chunk each pair exchanges:
@@ -68,17 +68,19 @@ TEST(Puzzle1_6_pairwise_all_to_all, Dtypes) {
 // in is [N, 2, 3] and out [2*N, 3]: chunks are taken from the flattened elements.
 TEST(Puzzle1_6_pairwise_all_to_all, TwoDimensionalShape) {
   const int n = fit_world(3);
-  const std::string context = cat("pairwise_all_to_all on N=", n, " with shapes [", n, ", 2, 3] -> [", 2 * n, ", 3]");
+  const std::string context =
+      cat("pairwise_all_to_all on N=", n, " with shapes [", n, ", 2, 3] -> [", 2 * n, ", 3]");
   const std::vector<RankOutcome> outcomes = run_puzzle(n, context, [&](Comm& comm) {
-    const Tensor in = pattern_tensor(comm.rank(), 6 * n, DType::f64, comm.device()).view(Shape{n, 2, 3});
+    const Tensor in =
+        pattern_tensor(comm.rank(), 6 * n, DType::f64, comm.device()).view(Shape{n, 2, 3});
     Tensor out = Tensor::full(Shape{2 * n, 3}, kPoison, DType::f64, comm.device());
     comm.reset_stats();
     dtp::ch01::pairwise_all_to_all(comm, in, out);
     return out.to_vector();
   });
-  EXPECT_TRUE(ranks_hold(context, outcomes,
-                         [&](int rank) { return expected_out(n, 6, rank, DType::f64); }, n,
-                         copies_of(n, DType::f64)));
+  EXPECT_TRUE(ranks_hold(
+      context, outcomes, [&](int rank) { return expected_out(n, 6, rank, DType::f64); }, n,
+      copies_of(n, DType::f64)));
 }
 
 // What one rank saw when handed bad sizes.
@@ -113,7 +115,8 @@ void expect_rejected(int n, std::int64_t in_numel, std::int64_t out_numel, const
     const BadSizeOutcome& outcome = outcomes[static_cast<std::size_t>(rank)];
     if (!outcome.here) continue;  // another process checks it
     EXPECT_TRUE(outcome.threw_dtp_error)
-        << context << " must throw dtp::Error on every rank; on rank " << rank << " " << outcome.what;
+        << context << " must throw dtp::Error on every rank; on rank " << rank << " "
+        << outcome.what;
     if (!outcome.threw_dtp_error) continue;
     const bool names_sizes = outcome.what.find(std::to_string(in_numel)) != std::string::npos ||
                              outcome.what.find(std::to_string(out_numel)) != std::string::npos;
@@ -146,20 +149,22 @@ TEST(Puzzle1_6_pairwise_all_to_all, UsesOnlySendRecv) {
 // send to r+k, receive from r-k) reaches it.
 TEST(Puzzle1_6_pairwise_all_to_all, LatencyRounds) {
   for (int n : all_world_sizes()) {
-    const std::vector<RankOutcome> outcomes = run_all_to_all(n, 5, DType::f64, CostModel::latency_rounds());
-    EXPECT_TRUE(clock_matches(cat("pairwise_all_to_all on N=", n), outcomes, ClockUnit::latency_rounds, n - 1,
-                              formula("N-1", n - 1)));
+    const std::vector<RankOutcome> outcomes =
+        run_all_to_all(n, 5, DType::f64, CostModel::latency_rounds());
+    EXPECT_TRUE(clock_matches(cat("pairwise_all_to_all on N=", n), outcomes,
+                              ClockUnit::latency_rounds, n - 1, formula("N-1", n - 1)));
   }
 }
 
 TEST(Puzzle1_6_pairwise_all_to_all, CriticalPathBytes) {
   const std::int64_t chunk = 105;
   for (int n : all_world_sizes()) {
-    const std::vector<RankOutcome> outcomes = run_all_to_all(n, chunk, DType::f64, CostModel::bytes());
+    const std::vector<RankOutcome> outcomes =
+        run_all_to_all(n, chunk, DType::f64, CostModel::bytes());
     const double expected = static_cast<double>((n - 1) * chunk * 8);
-    EXPECT_TRUE(clock_matches(describe_run("pairwise_all_to_all", n, n * chunk), outcomes,
-                              ClockUnit::critical_path_bytes, expected,
-                              formula(cat("(N-1)*(S/N)*elem_size = ", n - 1, "*", chunk, "*8"), expected)));
+    EXPECT_TRUE(clock_matches(
+        describe_run("pairwise_all_to_all", n, n * chunk), outcomes, ClockUnit::critical_path_bytes,
+        expected, formula(cat("(N-1)*(S/N)*elem_size = ", n - 1, "*", chunk, "*8"), expected)));
   }
 }
 

@@ -15,8 +15,10 @@ std::vector<RankOutcome> run_all_gather(int n, std::int64_t numel, DType dtype =
   return run_puzzle(
       n, describe_run("ring_all_gather", n, numel, dtype),
       [&](Comm& comm) {
-        const Tensor shard = pattern_tensor(comm.rank(), chunk_range(numel, n, comm.rank()).length, dtype, comm.device());
-        Tensor full = Tensor::full(full_shape.ndim() > 0 ? full_shape : Shape{numel}, kPoison, dtype, comm.device());
+        const Tensor shard = pattern_tensor(comm.rank(), chunk_range(numel, n, comm.rank()).length,
+                                            dtype, comm.device());
+        Tensor full = Tensor::full(full_shape.ndim() > 0 ? full_shape : Shape{numel}, kPoison,
+                                   dtype, comm.device());
         comm.reset_stats();
         dtp::ch01::ring_all_gather(comm, shard, full);
         return full.to_vector();
@@ -27,8 +29,9 @@ std::vector<RankOutcome> run_all_gather(int n, std::int64_t numel, DType dtype =
 void expect_all_gather(int n, std::int64_t numel, DType dtype = DType::f64, Shape full_shape = {}) {
   const std::vector<RankOutcome> outcomes = run_all_gather(n, numel, dtype, {}, full_shape);
   const std::vector<double> expected = gathered_pattern(n, numel, dtype);
-  EXPECT_TRUE(ranks_hold(describe_run("ring_all_gather", n, numel, dtype), outcomes,
-                         [&](int) { return expected; }, n, copies_of(n, dtype)));
+  EXPECT_TRUE(ranks_hold(
+      describe_run("ring_all_gather", n, numel, dtype), outcomes, [&](int) { return expected; }, n,
+      copies_of(n, dtype)));
 }
 
 TEST(Puzzle1_4_ring_all_gather, ExactResults) {
@@ -71,19 +74,20 @@ TEST(Puzzle1_4_ring_all_gather, LatencyRounds) {
   for (int n : all_world_sizes()) {
     const std::vector<RankOutcome> outcomes =
         run_all_gather(n, kDivisibleLength, DType::f64, CostModel::latency_rounds());
-    EXPECT_TRUE(clock_matches(cat("ring_all_gather on N=", n), outcomes, ClockUnit::latency_rounds, n - 1,
-                              formula("N-1", n - 1)));
+    EXPECT_TRUE(clock_matches(cat("ring_all_gather on N=", n), outcomes, ClockUnit::latency_rounds,
+                              n - 1, formula("N-1", n - 1)));
   }
 }
 
 TEST(Puzzle1_4_ring_all_gather, CriticalPathBytes) {
   const std::int64_t numel = kDivisibleLength;
   for (int n : all_world_sizes()) {
-    const std::vector<RankOutcome> outcomes = run_all_gather(n, numel, DType::f64, CostModel::bytes());
+    const std::vector<RankOutcome> outcomes =
+        run_all_gather(n, numel, DType::f64, CostModel::bytes());
     const double expected = static_cast<double>((n - 1) * (numel / n) * 8);
-    EXPECT_TRUE(clock_matches(describe_run("ring_all_gather", n, numel), outcomes,
-                              ClockUnit::critical_path_bytes, expected,
-                              formula(cat("(N-1)*(S/N)*elem_size = ", n - 1, "*", numel / n, "*8"), expected)));
+    EXPECT_TRUE(clock_matches(
+        describe_run("ring_all_gather", n, numel), outcomes, ClockUnit::critical_path_bytes,
+        expected, formula(cat("(N-1)*(S/N)*elem_size = ", n - 1, "*", numel / n, "*8"), expected)));
   }
 }
 
@@ -97,7 +101,8 @@ std::vector<RankOutcome> run_reduce_scatter(int n, std::int64_t numel, DType dty
       n, describe_run("ring_reduce_scatter", n, numel, dtype),
       [&](Comm& comm) {
         const Tensor full = pattern_tensor(comm.rank(), numel, dtype, comm.device());
-        Tensor shard = Tensor::full(Shape{chunk_range(numel, n, comm.rank()).length}, kPoison, dtype, comm.device());
+        Tensor shard = Tensor::full(Shape{chunk_range(numel, n, comm.rank()).length}, kPoison,
+                                    dtype, comm.device());
         comm.reset_stats();
         dtp::ch01::ring_reduce_scatter(comm, full, shard);
         std::vector<double> values = shard.to_vector();
@@ -116,7 +121,8 @@ void expect_reduce_scatter(int n, std::int64_t numel, DType dtype = DType::f64) 
     RankOutcome& outcome = outcomes[static_cast<std::size_t>(rank)];
     if (!outcome.here) continue;  // another process checks it
     const ChunkRange mine = chunk_range(numel, n, rank);
-    const std::vector<double> full_after(outcome.values.begin() + mine.length, outcome.values.end());
+    const std::vector<double> full_after(outcome.values.begin() + mine.length,
+                                         outcome.values.end());
     outcome.values.resize(static_cast<std::size_t>(mine.length));
     EXPECT_TRUE(values_equal(context + " (full is an input and must not be modified)", rank,
                              pattern_values(rank, numel, dtype), full_after, n));
@@ -161,19 +167,20 @@ TEST(Puzzle1_5_ring_reduce_scatter, LatencyRounds) {
   for (int n : all_world_sizes()) {
     const std::vector<RankOutcome> outcomes =
         run_reduce_scatter(n, kDivisibleLength, DType::f64, CostModel::latency_rounds());
-    EXPECT_TRUE(clock_matches(cat("ring_reduce_scatter on N=", n), outcomes, ClockUnit::latency_rounds, n - 1,
-                              formula("N-1", n - 1)));
+    EXPECT_TRUE(clock_matches(cat("ring_reduce_scatter on N=", n), outcomes,
+                              ClockUnit::latency_rounds, n - 1, formula("N-1", n - 1)));
   }
 }
 
 TEST(Puzzle1_5_ring_reduce_scatter, CriticalPathBytes) {
   const std::int64_t numel = kDivisibleLength;
   for (int n : all_world_sizes()) {
-    const std::vector<RankOutcome> outcomes = run_reduce_scatter(n, numel, DType::f64, CostModel::bytes());
+    const std::vector<RankOutcome> outcomes =
+        run_reduce_scatter(n, numel, DType::f64, CostModel::bytes());
     const double expected = static_cast<double>((n - 1) * (numel / n) * 8);
-    EXPECT_TRUE(clock_matches(describe_run("ring_reduce_scatter", n, numel), outcomes,
-                              ClockUnit::critical_path_bytes, expected,
-                              formula(cat("(N-1)*(S/N)*elem_size = ", n - 1, "*", numel / n, "*8"), expected)));
+    EXPECT_TRUE(clock_matches(
+        describe_run("ring_reduce_scatter", n, numel), outcomes, ClockUnit::critical_path_bytes,
+        expected, formula(cat("(N-1)*(S/N)*elem_size = ", n - 1, "*", numel / n, "*8"), expected)));
   }
 }
 

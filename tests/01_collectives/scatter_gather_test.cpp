@@ -17,7 +17,8 @@ std::vector<RankOutcome> run_scatter(int n, std::int64_t numel, int root, DType 
       n, context,
       [&](Comm& comm) {
         const Tensor full = pattern_tensor(comm.rank(), numel, dtype, comm.device());
-        Tensor shard = Tensor::full(Shape{chunk_range(numel, n, comm.rank()).length}, kPoison, dtype, comm.device());
+        Tensor shard = Tensor::full(Shape{chunk_range(numel, n, comm.rank()).length}, kPoison,
+                                    dtype, comm.device());
         comm.reset_stats();
         dtp::ch01::scatter(comm, full, shard, root);
         return shard.to_vector();
@@ -30,8 +31,8 @@ void expect_scatter(int n, std::int64_t numel, int root, DType dtype = DType::f6
   const std::vector<RankOutcome> outcomes = run_scatter(n, numel, root, dtype);
   const std::vector<double> root_full = pattern_values(root, numel, dtype);
   EXPECT_TRUE(ranks_hold(
-      context, outcomes, [&](int rank) { return slice_of(root_full, chunk_range(numel, n, rank)); }, 0,
-      copies_of(n, dtype)));
+      context, outcomes, [&](int rank) { return slice_of(root_full, chunk_range(numel, n, rank)); },
+      0, copies_of(n, dtype)));
 }
 
 // Rank r's shard is its pattern over chunk r's length. Every rank's full
@@ -43,7 +44,8 @@ std::vector<RankOutcome> run_gather(int n, std::int64_t numel, int root, DType d
   return run_puzzle(
       n, context,
       [&](Comm& comm) {
-        const Tensor shard = pattern_tensor(comm.rank(), chunk_range(numel, n, comm.rank()).length, dtype, comm.device());
+        const Tensor shard = pattern_tensor(comm.rank(), chunk_range(numel, n, comm.rank()).length,
+                                            dtype, comm.device());
         Tensor full = Tensor::full(Shape{numel}, kPoison, dtype, comm.device());
         comm.reset_stats();
         dtp::ch01::gather(comm, shard, full, root);
@@ -57,7 +59,8 @@ void expect_gather(int n, std::int64_t numel, int root, DType dtype = DType::f64
   const std::vector<RankOutcome> outcomes = run_gather(n, numel, root, dtype);
   const std::vector<double> gathered = gathered_pattern(n, numel, dtype);
   const std::vector<double> untouched(static_cast<std::size_t>(numel), kPoison);
-  EXPECT_TRUE(ranks_hold(context, outcomes, [&](int) { return gathered; }, n, copies_of(n, dtype), {root}));
+  EXPECT_TRUE(
+      ranks_hold(context, outcomes, [&](int) { return gathered; }, n, copies_of(n, dtype), {root}));
   for (int rank = 0; rank < n; ++rank) {
     if (rank == root || !outcomes[static_cast<std::size_t>(rank)].here) continue;
     EXPECT_TRUE(values_equal(context + " (a non-root full must stay untouched)", rank, untouched,
@@ -124,8 +127,10 @@ TEST(Puzzle1_3_scatter_gather, Dtypes) {
 TEST(Puzzle1_3_scatter_gather, UsesOnlySendRecv) {
   for (int n : all_world_sizes()) {
     const std::int64_t numel = 3 * n + 2;
-    EXPECT_TRUE(only_send_recv("scatter", describe_run("scatter", n, numel), run_scatter(n, numel, n / 2)));
-    EXPECT_TRUE(only_send_recv("gather", describe_run("gather", n, numel), run_gather(n, numel, n / 2)));
+    EXPECT_TRUE(
+        only_send_recv("scatter", describe_run("scatter", n, numel), run_scatter(n, numel, n / 2)));
+    EXPECT_TRUE(
+        only_send_recv("gather", describe_run("gather", n, numel), run_gather(n, numel, n / 2)));
   }
 }
 
@@ -136,9 +141,11 @@ TEST(Puzzle1_3_scatter_gather, LatencyRounds) {
   for (int n : all_world_sizes()) {
     const CostModel cost = CostModel::latency_rounds();
     const double bound = n - 1;
-    EXPECT_TRUE(clock_matches(cat("scatter on N=", n), run_scatter(n, kDivisibleLength, 0, DType::f64, cost),
+    EXPECT_TRUE(clock_matches(cat("scatter on N=", n),
+                              run_scatter(n, kDivisibleLength, 0, DType::f64, cost),
                               ClockUnit::latency_rounds, bound, formula("N-1", bound), true));
-    EXPECT_TRUE(clock_matches(cat("gather on N=", n), run_gather(n, kDivisibleLength, n - 1, DType::f64, cost),
+    EXPECT_TRUE(clock_matches(cat("gather on N=", n),
+                              run_gather(n, kDivisibleLength, n - 1, DType::f64, cost),
                               ClockUnit::latency_rounds, bound, formula("N-1", bound), true));
   }
 }
@@ -150,10 +157,13 @@ TEST(Puzzle1_3_scatter_gather, CriticalPathBytes) {
   for (int n : all_world_sizes()) {
     const CostModel cost = CostModel::bytes();
     const double bound = static_cast<double>((n - 1) * (numel / n) * 8);
-    const std::string text = formula(cat("(N-1)*(S/N)*elem_size = ", n - 1, "*", numel / n, "*8"), bound);
-    EXPECT_TRUE(clock_matches(describe_run("scatter", n, numel), run_scatter(n, numel, 0, DType::f64, cost),
+    const std::string text =
+        formula(cat("(N-1)*(S/N)*elem_size = ", n - 1, "*", numel / n, "*8"), bound);
+    EXPECT_TRUE(clock_matches(describe_run("scatter", n, numel),
+                              run_scatter(n, numel, 0, DType::f64, cost),
                               ClockUnit::critical_path_bytes, bound, text, true));
-    EXPECT_TRUE(clock_matches(describe_run("gather", n, numel), run_gather(n, numel, 0, DType::f64, cost),
+    EXPECT_TRUE(clock_matches(describe_run("gather", n, numel),
+                              run_gather(n, numel, 0, DType::f64, cost),
                               ClockUnit::critical_path_bytes, bound, text, true));
   }
 }

@@ -11,8 +11,9 @@ using namespace dtp::testing::ch01;
 
 // Every rank starts with its own pattern, so a rank that is never written to
 // keeps values that cannot be mistaken for root's.
-std::vector<RankOutcome> run_broadcast(int n, std::int64_t numel, int root, DType dtype = DType::f64,
-                                       CostModel cost = {}, Shape shape = {}) {
+std::vector<RankOutcome> run_broadcast(int n, std::int64_t numel, int root,
+                                       DType dtype = DType::f64, CostModel cost = {},
+                                       Shape shape = {}) {
   const std::string context = cat(describe_run("tree_broadcast", n, numel, dtype), ", root ", root);
   return run_puzzle(
       n, context,
@@ -26,11 +27,13 @@ std::vector<RankOutcome> run_broadcast(int n, std::int64_t numel, int root, DTyp
       cost);
 }
 
-void expect_broadcast(int n, std::int64_t numel, int root, DType dtype = DType::f64, Shape shape = {}) {
+void expect_broadcast(int n, std::int64_t numel, int root, DType dtype = DType::f64,
+                      Shape shape = {}) {
   const std::string context = cat(describe_run("tree_broadcast", n, numel, dtype), ", root ", root);
   const std::vector<RankOutcome> outcomes = run_broadcast(n, numel, root, dtype, {}, shape);
   const std::vector<double> expected = pattern_values(root, numel, dtype);
-  EXPECT_TRUE(ranks_hold(context, outcomes, [&](int) { return expected; }, n, copies_of(n, dtype)));
+  EXPECT_TRUE(ranks_hold(
+      context, outcomes, [&](int) { return expected; }, n, copies_of(n, dtype)));
 }
 
 TEST(Puzzle1_1_tree_broadcast, ExactResults) {
@@ -75,7 +78,8 @@ TEST(Puzzle1_1_tree_broadcast, UsesOnlySendRecv) {
   for (int n : all_world_sizes()) {
     const std::int64_t numel = 3 * n + 2;
     const std::vector<RankOutcome> outcomes = run_broadcast(n, numel, n / 2);
-    EXPECT_TRUE(only_send_recv("tree_broadcast", describe_run("tree_broadcast", n, numel), outcomes));
+    EXPECT_TRUE(
+        only_send_recv("tree_broadcast", describe_run("tree_broadcast", n, numel), outcomes));
   }
 }
 
@@ -94,12 +98,13 @@ TEST(Puzzle1_1_tree_broadcast, LatencyRounds) {
 TEST(Puzzle1_1_tree_broadcast, CriticalPathBytes) {
   const std::int64_t numel = kDivisibleLength;
   for (int n : all_world_sizes()) {
-    const std::vector<RankOutcome> outcomes = run_broadcast(n, numel, 0, DType::f64, CostModel::bytes());
+    const std::vector<RankOutcome> outcomes =
+        run_broadcast(n, numel, 0, DType::f64, CostModel::bytes());
     const double expected = static_cast<double>(ceil_log2(n) * numel * 8);
-    EXPECT_TRUE(clock_matches(describe_run("tree_broadcast", n, numel), outcomes,
-                              ClockUnit::critical_path_bytes, expected,
-                              formula(cat("ceil(log2 N)*S*elem_size = ", ceil_log2(n), "*", numel, "*8"),
-                                      expected)));
+    EXPECT_TRUE(clock_matches(
+        describe_run("tree_broadcast", n, numel), outcomes, ClockUnit::critical_path_bytes,
+        expected,
+        formula(cat("ceil(log2 N)*S*elem_size = ", ceil_log2(n), "*", numel, "*8"), expected)));
   }
 }
 
@@ -124,7 +129,8 @@ void expect_reduce(int n, std::int64_t numel, int root, DType dtype = DType::f64
   const std::string context = cat(describe_run("tree_reduce", n, numel, dtype), ", root ", root);
   const std::vector<RankOutcome> outcomes = run_reduce(n, numel, root, dtype);
   const std::vector<double> expected = pattern_sum(n, numel, dtype);
-  EXPECT_TRUE(ranks_hold(context, outcomes, [&](int) { return expected; }, n, sums_of(n, dtype), {root}));
+  EXPECT_TRUE(
+      ranks_hold(context, outcomes, [&](int) { return expected; }, n, sums_of(n, dtype), {root}));
 }
 
 TEST(Puzzle1_2_tree_reduce, ExactResults) {
@@ -198,11 +204,14 @@ TEST(Puzzle1_2_tree_reduce, BinomialTreeMessageCounts) {
       const std::int64_t sends = rank == root ? 0 : 1;
       EXPECT_EQ(stats.messages_sent, sends)
           << "tree_reduce on N=" << n << " to root " << root << ": rank " << rank << " sent "
-          << stats.messages_sent << " messages; in a binomial tree " << (rank == root ? "root sends none" : "every other rank sends its partial sum exactly once");
+          << stats.messages_sent << " messages; in a binomial tree "
+          << (rank == root ? "root sends none"
+                           : "every other rank sends its partial sum exactly once");
       EXPECT_LE(stats.messages_received, ceil_log2(n))
           << "tree_reduce on N=" << n << " to root " << root << ": rank " << rank << " received "
-          << stats.messages_received << " messages; in a binomial tree a rank has at most ceil(log2 N) = "
-          << ceil_log2(n) << " children";
+          << stats.messages_received
+          << " messages; in a binomial tree a rank has at most ceil(log2 N) = " << ceil_log2(n)
+          << " children";
     }
     if (stop_sweep()) return;
   }
@@ -211,13 +220,13 @@ TEST(Puzzle1_2_tree_reduce, BinomialTreeMessageCounts) {
 TEST(Puzzle1_2_tree_reduce, CriticalPathBytes) {
   const std::int64_t numel = kDivisibleLength;
   for (int n : all_world_sizes()) {
-    const std::vector<RankOutcome> outcomes = run_reduce(n, numel, 0, DType::f64, CostModel::bytes());
+    const std::vector<RankOutcome> outcomes =
+        run_reduce(n, numel, 0, DType::f64, CostModel::bytes());
     const double expected = static_cast<double>(ceil_log2(n) * numel * 8);
-    EXPECT_TRUE(clock_matches(describe_run("tree_reduce", n, numel), outcomes, ClockUnit::critical_path_bytes,
-                              expected,
-                              formula(cat("ceil(log2 N)*S*elem_size = ", ceil_log2(n), "*", numel, "*8"),
-                                      expected),
-                              !is_power_of_two(n)));
+    EXPECT_TRUE(clock_matches(
+        describe_run("tree_reduce", n, numel), outcomes, ClockUnit::critical_path_bytes, expected,
+        formula(cat("ceil(log2 N)*S*elem_size = ", ceil_log2(n), "*", numel, "*8"), expected),
+        !is_power_of_two(n)));
   }
 }
 

@@ -42,8 +42,8 @@ AccumulationRun train_accumulating(Comm& comm, Trainer& trainer, std::int64_t k)
       for (Unit* unit : model.units()) comm.all_reduce(unit->grads(), ReduceOp::avg);
     });
     const StepComm c = comm_between(before, comm.stats());
-    const std::string where = "rank " + std::to_string(comm.rank()) + ", step " + std::to_string(s + 1) +
-                              ", K = " + std::to_string(k) + ": ";
+    const std::string where = "rank " + std::to_string(comm.rank()) + ", step " +
+                              std::to_string(s + 1) + ", K = " + std::to_string(k) + ": ";
     if (run.failure.empty() && syncs != 1)
       run.failure = where + "synchronize_gradients was called " + std::to_string(syncs) +
                     " time(s); expected exactly once per optimizer step";
@@ -52,11 +52,13 @@ AccumulationRun train_accumulating(Comm& comm, Trainer& trainer, std::int64_t k)
                     " backward pass(es); expected after all " + std::to_string(k) +
                     " (the first K-1 micro-steps must not communicate)";
     if (run.failure.empty() && backwards != k)
-      run.failure = where + std::to_string(backwards) + " backward pass(es); expected " + std::to_string(k);
+      run.failure =
+          where + std::to_string(backwards) + " backward pass(es); expected " + std::to_string(k);
     if (run.failure.empty() && (c.all_reduces != static_cast<std::int64_t>(model.units().size()) ||
                                 c.other_collectives != 0))
-      run.failure = where + "expected only the synchronization's " + std::to_string(model.units().size()) +
-                    " all-reduces; got " + std::to_string(c.all_reduces) + " all-reduces and " +
+      run.failure = where + "expected only the synchronization's " +
+                    std::to_string(model.units().size()) + " all-reduces; got " +
+                    std::to_string(c.all_reduces) + " all-reduces and " +
                     std::to_string(c.other_collectives) + " other collective call(s)";
     trainer.optimizer().step(trainer.config().schedule().at(s));
     run.losses.push_back(loss);
@@ -87,22 +89,23 @@ TEST(Puzzle2_4_gradient_accumulation, FirstStepGradientsAreTheBigBatchMean) {
   const TrainConfig config = tiny_config(12 * k, 1);
   const UnitGradients expected = first_step_gradients(config);
   for (int world : {1, 2, 3}) {
-    run_and_report("2.4 accumulation_step, K = 2, first-step gradients vs the single-device mean", world,
-                   [&](Comm& comm) {
-                     const UnitGradients local = first_step_gradients(config, comm.rank(), comm.size());
-                     Trainer trainer(config, comm.rank(), comm.size());
-                     GPT& model = trainer.model();
-                     const BatchSampler& sampler = trainer.sampler();
-                     const std::int64_t micro = sampler.local_batch() / k;
-                     std::vector<Batch> micro_batches;
-                     for (std::int64_t i = 0; i < k; ++i)
-                       micro_batches.push_back(sampler.samples(0, sampler.first_sample() + i * micro, micro));
-                     model.zero_grad();
-                     dtp::ch02::accumulation_step(model, micro_batches, [&] {
-                       for (Unit* unit : model.units()) comm.all_reduce(unit->grads(), ReduceOp::avg);
-                     });
-                     return check_first_step_gradients(expected, local, model, comm.rank(), comm.size(), k);
-                   });
+    run_and_report(
+        "2.4 accumulation_step, K = 2, first-step gradients vs the single-device mean", world,
+        [&](Comm& comm) {
+          const UnitGradients local = first_step_gradients(config, comm.rank(), comm.size());
+          Trainer trainer(config, comm.rank(), comm.size());
+          GPT& model = trainer.model();
+          const BatchSampler& sampler = trainer.sampler();
+          const std::int64_t micro = sampler.local_batch() / k;
+          std::vector<Batch> micro_batches;
+          for (std::int64_t i = 0; i < k; ++i)
+            micro_batches.push_back(sampler.samples(0, sampler.first_sample() + i * micro, micro));
+          model.zero_grad();
+          dtp::ch02::accumulation_step(model, micro_batches, [&] {
+            for (Unit* unit : model.units()) comm.all_reduce(unit->grads(), ReduceOp::avg);
+          });
+          return check_first_step_gradients(expected, local, model, comm.rank(), comm.size(), k);
+        });
   }
 }
 
@@ -129,16 +132,19 @@ TEST(Puzzle2_4_gradient_accumulation, BadMicroBatchesAreClearErrors) {
     const std::string rank = "rank " + std::to_string(comm.rank()) + ": ";
     // A valid call first: a stub must fail here, not pass the error checks below.
     dtp::ch02::accumulation_step(model, {sampler.samples(0, 0, 2), sampler.samples(0, 2, 2)}, sync);
-    if (syncs != 1) return rank + "a valid 2-micro-batch call synchronized " + std::to_string(syncs) + " times";
+    if (syncs != 1)
+      return rank + "a valid 2-micro-batch call synchronized " + std::to_string(syncs) + " times";
     try {
       dtp::ch02::accumulation_step(model, {}, sync);
       return rank + "no micro-batches: expected a dtp::Error, got a loss";
     } catch (const dtp::Error&) {
     }
     try {
-      dtp::ch02::accumulation_step(model, {sampler.samples(0, 0, 2), sampler.samples(0, 2, 1)}, sync);
-      return rank + "micro-batches of 2 and 1 sequences: expected a dtp::Error (1/K weighting needs equal "
-                    "micro-batches), got a loss";
+      dtp::ch02::accumulation_step(model, {sampler.samples(0, 0, 2), sampler.samples(0, 2, 1)},
+                                   sync);
+      return rank +
+             "micro-batches of 2 and 1 sequences: expected a dtp::Error (1/K weighting needs equal "
+             "micro-batches), got a loss";
     } catch (const dtp::Error&) {
     }
     if (model.has_saved_activations() || syncs != 1)

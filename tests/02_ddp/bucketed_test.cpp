@@ -8,8 +8,8 @@
 #include <limits>
 #include <memory>
 
-#include "dtp/trace.h"
 #include "ddp_checks.h"
+#include "dtp/trace.h"
 
 namespace {
 
@@ -59,8 +59,8 @@ std::string check_plan(const BucketedAllReduce& buckets, GPT& model, std::int64_
       const bool same = i < got.size() && i < plan[b].size() && got[i].unit == plan[b][i].unit &&
                         got[i].offset == plan[b][i].offset && got[i].numel == plan[b][i].numel;
       if (!same)
-        return head + "bucket " + std::to_string(b) + " piece " + std::to_string(i) + ": expected " +
-               (i < plan[b].size() ? describe(plan[b][i]) : "nothing") + ", got " +
+        return head + "bucket " + std::to_string(b) + " piece " + std::to_string(i) +
+               ": expected " + (i < plan[b].size() ? describe(plan[b][i]) : "nothing") + ", got " +
                (i < got.size() ? describe(got[i]) : "nothing") +
                " (buckets take whole parameters in readiness order: units last to first, "
                "parameters last to first)";
@@ -73,8 +73,8 @@ TEST(Puzzle2_3_bucketed_ddp, PlansBucketsInReadinessOrder) {
   run_and_report("2.3 bucket plan", 1, [&](Comm& comm) -> std::string {
     GPT model(tiny_config().model);
     const std::int64_t params = parameter_tensors(model);
-    for (std::int64_t bytes : {std::int64_t{0}, std::int64_t{1}, std::int64_t{1000}, std::int64_t{4096},
-                               std::int64_t{20000}, kHuge}) {
+    for (std::int64_t bytes : {std::int64_t{0}, std::int64_t{1}, std::int64_t{1000},
+                               std::int64_t{4096}, std::int64_t{20000}, kHuge}) {
       BucketedAllReduce buckets(comm, model, bytes);
       if (std::string f = check_plan(buckets, model, bytes); !f.empty()) return f;
       if (bytes == 0 && buckets.bucket_count() != params)
@@ -94,7 +94,8 @@ std::vector<std::int64_t> running_bytes(GPT& model, int count) {
   std::vector<Unit*> units = model.units();
   for (auto u = units.rbegin(); u != units.rend() && static_cast<int>(totals.size()) < count; ++u) {
     const auto& parameters = (*u)->parameters();
-    for (auto p = parameters.rbegin(); p != parameters.rend() && static_cast<int>(totals.size()) < count; ++p) {
+    for (auto p = parameters.rbegin();
+         p != parameters.rend() && static_cast<int>(totals.size()) < count; ++p) {
       bytes += p->shape.numel() * static_cast<std::int64_t>((*u)->grads().element_size());
       totals.push_back(bytes);
     }
@@ -112,8 +113,8 @@ TEST(Puzzle2_3_bucketed_ddp, PlansBucketsAtParameterBoundaries) {
       for (std::int64_t bytes : {total - 1, total, total + 1}) {
         BucketedAllReduce buckets(comm, model, bytes);
         if (std::string f = check_plan(buckets, model, bytes); !f.empty())
-          return f + " [the first parameters in readiness order add up to " + std::to_string(total) +
-                 " bytes: a bucket closes once it holds >= bucket_bytes]";
+          return f + " [the first parameters in readiness order add up to " +
+                 std::to_string(total) + " bytes: a bucket closes once it holds >= bucket_bytes]";
       }
     }
     return "";
@@ -128,7 +129,8 @@ TEST(Puzzle2_3_bucketed_ddp, PlansBucketsOfSingleElementParameters) {
     config.d_model = 1;
     config.heads = 1;
     GPT model(config);
-    const std::int64_t element = static_cast<std::int64_t>(model.units().front()->grads().element_size());
+    const std::int64_t element =
+        static_cast<std::int64_t>(model.units().front()->grads().element_size());
     for (std::int64_t bytes : {std::int64_t{0}, element - 1, element, element + 1, 3 * element}) {
       BucketedAllReduce buckets(comm, model, bytes);
       if (std::string f = check_plan(buckets, model, bytes); !f.empty()) return "d_model 1, " + f;
@@ -141,28 +143,30 @@ TEST(Puzzle2_3_bucketed_ddp, PlansBucketsOfSingleElementParameters) {
 // and the per-step communication with the plan.
 void expect_bucketed_matches(int world, std::int64_t bucket_bytes, const ModelState& expected,
                              const TrainConfig& config) {
-  run_and_report("2.3 bucketed DDP, bucket_bytes " + std::to_string(bucket_bytes), world,
-                 [&](Comm& comm) -> std::string {
-                   Trainer trainer(config, comm.rank(), comm.size());
-                   BucketedAllReduce buckets(comm, trainer.model(), bucket_bytes);
-                   trainer.on_after_backward([&] { buckets.finish(); });
-                   std::vector<double> losses;
-                   const std::vector<StepComm> steps = train_rank(comm, trainer, losses);
-                   // The count comes from the checker's own plan, never from bucket_count().
-                   const auto planned = static_cast<std::int64_t>(expected_plan(trainer.model(), bucket_bytes).size());
-                   std::string failure =
-                       check_step_comm(steps, planned, gradient_bytes(trainer.model()),
-                                       "one per bucket of the plan", comm.rank());
-                   const std::vector<double> mean = mean_over_ranks(comm, losses);
-                   if (!failure.empty()) return failure;
-                   return compare_with_single(expected, trainer.model(), mean, comm.rank());
-                 });
+  run_and_report(
+      "2.3 bucketed DDP, bucket_bytes " + std::to_string(bucket_bytes), world,
+      [&](Comm& comm) -> std::string {
+        Trainer trainer(config, comm.rank(), comm.size());
+        BucketedAllReduce buckets(comm, trainer.model(), bucket_bytes);
+        trainer.on_after_backward([&] { buckets.finish(); });
+        std::vector<double> losses;
+        const std::vector<StepComm> steps = train_rank(comm, trainer, losses);
+        // The count comes from the checker's own plan, never from bucket_count().
+        const auto planned =
+            static_cast<std::int64_t>(expected_plan(trainer.model(), bucket_bytes).size());
+        std::string failure = check_step_comm(steps, planned, gradient_bytes(trainer.model()),
+                                              "one per bucket of the plan", comm.rank());
+        const std::vector<double> mean = mean_over_ranks(comm, losses);
+        if (!failure.empty()) return failure;
+        return compare_with_single(expected, trainer.model(), mean, comm.rank());
+      });
 }
 
 TEST(Puzzle2_3_bucketed_ddp, FirstStepGradientsAreTheSingleDeviceMean) {
   expect_first_step_gradients("2.3 BucketedAllReduce(bucket_bytes 1000)",
                               [](Comm& comm, Trainer& trainer) -> std::shared_ptr<void> {
-                                auto buckets = std::make_shared<BucketedAllReduce>(comm, trainer.model(), 1000);
+                                auto buckets = std::make_shared<BucketedAllReduce>(
+                                    comm, trainer.model(), 1000);
                                 trainer.on_after_backward([raw = buckets.get()] { raw->finish(); });
                                 return buckets;
                               });
@@ -205,9 +209,10 @@ TEST(Puzzle2_3_bucketed_ddp, StartsEachBucketAsSoonAsItIsComplete) {
       }
       const std::int64_t started = all_reduce_calls(comm.stats()) - step_start_calls;
       if (failure.empty() && started != complete)
-        failure = "rank " + std::to_string(comm.rank()) + ", step " + std::to_string(trainer.steps_done() + 1) +
-                  ": right after unit '" + unit.name() + "' became ready, " + std::to_string(complete) +
-                  " bucket(s) were complete but " + std::to_string(started) +
+        failure = "rank " + std::to_string(comm.rank()) + ", step " +
+                  std::to_string(trainer.steps_done() + 1) + ": right after unit '" + unit.name() +
+                  "' became ready, " + std::to_string(complete) + " bucket(s) were complete but " +
+                  std::to_string(started) +
                   " all-reduce(s) had been started (start each bucket's iall_reduce in the hook, "
                   "as soon as its last piece arrives, not in finish())";
     });
@@ -240,9 +245,11 @@ TEST(Puzzle2_3_bucketed_ddp, StartsEachBucketAsSoonAsItIsComplete) {
 //     waits in its hooks never computes while its bucket travels.
 TEST(Puzzle2_3_bucketed_ddp, TraceShowsAllReducesRunningDuringBackward) {
   if (World::from_env(2).backend != Backend::thread)
-    GTEST_SKIP() << "mpi/nccl progress iall_reduce inside library calls, with no span of their own; "
-                    "the thread flavour of this checker sees the overlap (StartsEachBucketAsSoonAsItIsComplete "
-                    "runs everywhere)";
+    GTEST_SKIP()
+        << "mpi/nccl progress iall_reduce inside library calls, with no span of their own; "
+           "the thread flavour of this checker sees the overlap "
+           "(StartsEachBucketAsSoonAsItIsComplete "
+           "runs everywhere)";
   constexpr int kSteps = 4;
   TrainConfig config = tiny_config(8, kSteps);
   config.model.d_model = 64;
@@ -274,13 +281,15 @@ TEST(Puzzle2_3_bucketed_ddp, TraceShowsAllReducesRunningDuringBackward) {
     for (const BucketPiece& p : bucket) lowest = std::min(lowest, p.unit);
     completing.push_back(lowest);
   }
-  const auto early = static_cast<std::size_t>(std::count_if(completing.begin(), completing.end(),
-                                                            [](int unit) { return unit >= 2; }));
-  ASSERT_GE(early, 2u) << "checker setup: expected at least 2 buckets before block.0, the plan has " << early;
+  const auto early = static_cast<std::size_t>(
+      std::count_if(completing.begin(), completing.end(), [](int unit) { return unit >= 2; }));
+  ASSERT_GE(early, 2u) << "checker setup: expected at least 2 buckets before block.0, the plan has "
+                       << early;
   const std::vector<trace::Span> spans = trace::spans();
   for (int rank = 0; rank < 2; ++rank) {
     std::vector<trace::Span> comm_spans, backward_spans, waits;
-    std::vector<std::pair<double, double>> backward_passes;  // head backward start .. embedding backward end
+    std::vector<std::pair<double, double>>
+        backward_passes;  // head backward start .. embedding backward end
     for (const trace::Span& s : spans) {
       if (s.rank != rank) continue;
       if (s.lane == 1 && s.name == "all_reduce") comm_spans.push_back(s);
@@ -294,19 +303,24 @@ TEST(Puzzle2_3_bucketed_ddp, TraceShowsAllReducesRunningDuringBackward) {
     std::sort(comm_spans.begin(), comm_spans.end(),
               [](const trace::Span& a, const trace::Span& b) { return a.start_us < b.start_us; });
     ASSERT_EQ(comm_spans.size(), plan.size() * kSteps)
-        << "rank " << rank << ": expected one all-reduce per bucket and step on the communication thread "
-        << "(trace lane 1), " << plan.size() << " buckets x " << kSteps << " steps; got " << comm_spans.size()
-        << (comm_spans.empty() ? " (use comm.iall_reduce: a blocking all_reduce runs on the rank's own thread)"
-                               : "");
+        << "rank " << rank
+        << ": expected one all-reduce per bucket and step on the communication thread "
+        << "(trace lane 1), " << plan.size() << " buckets x " << kSteps << " steps; got "
+        << comm_spans.size()
+        << (comm_spans.empty()
+                ? " (use comm.iall_reduce: a blocking all_reduce runs on the rank's own thread)"
+                : "");
     std::size_t waits_during_backward = 0;
     std::string where;
     for (const trace::Span& w : waits) {
       bool inside = false;
-      for (const auto& [begin, end] : backward_passes) inside = inside || (w.start_us >= begin && w.start_us < end);
+      for (const auto& [begin, end] : backward_passes)
+        inside = inside || (w.start_us >= begin && w.start_us < end);
       if (!inside) continue;
       if (waits_during_backward++ < 3) {
         char line[120];
-        std::snprintf(line, sizeof line, "%s%.0f-%.0f us", where.empty() ? "" : ", ", w.start_us, w.end_us);
+        std::snprintf(line, sizeof line, "%s%.0f-%.0f us", where.empty() ? "" : ", ", w.start_us,
+                      w.end_us);
         where += line;
       }
     }
@@ -317,27 +331,33 @@ TEST(Puzzle2_3_bucketed_ddp, TraceShowsAllReducesRunningDuringBackward) {
       if (b >= early) continue;
       const trace::Span& c = comm_spans[i];
       bool overlaps = false;
-      for (const trace::Span& s : backward_spans) overlaps = overlaps || (s.start_us < c.end_us && c.start_us < s.end_us);
+      for (const trace::Span& s : backward_spans)
+        overlaps = overlaps || (s.start_us < c.end_us && c.start_us < s.end_us);
       overlapped += overlaps ? 1 : 0;
       if (i < plan.size()) {  // the first step's timeline is enough to read
         char line[160];
-        std::snprintf(line, sizeof line, "\n    step 1, bucket %zu (complete after '%s'): all-reduce %.0f-%.0f us%s", b,
-                      unit_names[static_cast<std::size_t>(completing[b])].c_str(), c.start_us, c.end_us,
-                      overlaps ? ", overlaps backward" : "");
+        std::snprintf(line, sizeof line,
+                      "\n    step 1, bucket %zu (complete after '%s'): all-reduce %.0f-%.0f us%s",
+                      b, unit_names[static_cast<std::size_t>(completing[b])].c_str(), c.start_us,
+                      c.end_us, overlaps ? ", overlaps backward" : "");
         timeline += line;
       }
     }
     char ended[64];
-    std::snprintf(ended, sizeof ended, "%.0f", backward_passes.empty() ? -1.0 : backward_passes.front().second);
+    std::snprintf(ended, sizeof ended, "%.0f",
+                  backward_passes.empty() ? -1.0 : backward_passes.front().second);
     EXPECT_EQ(waits_during_backward, 0u)
         << "rank " << rank << ": the rank thread waited on a request " << waits_during_backward
         << " time(s) while backward was running (at " << where
-        << "): a hook that waits stops backward until the bucket has travelled, so nothing overlaps. "
-           "Start each bucket with iall_reduce in the hook and return at once; wait only in finish().";
-    EXPECT_GE(overlapped, 1u) << "rank " << rank << ": in " << kSteps << " steps, none of the " << early
-                              << " buckets complete before 'block.0' had its all-reduce running while a "
-                                 "backward span computed on the rank's thread (step 1's backward ended at "
-                              << ended << " us):" << timeline;
+        << "): a hook that waits stops backward until the bucket has travelled, so nothing "
+           "overlaps. "
+           "Start each bucket with iall_reduce in the hook and return at once; wait only in "
+           "finish().";
+    EXPECT_GE(overlapped, 1u)
+        << "rank " << rank << ": in " << kSteps << " steps, none of the " << early
+        << " buckets complete before 'block.0' had its all-reduce running while a "
+           "backward span computed on the rank's thread (step 1's backward ended at "
+        << ended << " us):" << timeline;
   }
 }
 
@@ -348,7 +368,8 @@ TEST(Puzzle2_3_bucketed_ddp, BadInputIsAClearError) {
       BucketedAllReduce buckets(comm, model, 1000);  // a stub fails here
       try {
         buckets.finish();
-        return "finish() before any backward: expected a dtp::Error (no bucket is complete), got none";
+        return "finish() before any backward: expected a dtp::Error (no bucket is complete), got "
+               "none";
       } catch (const dtp::Error&) {
       }
     }

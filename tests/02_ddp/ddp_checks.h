@@ -23,17 +23,19 @@ inline void expect_first_step_gradients(const std::string& what, const Install& 
   const TrainConfig config = tiny_config(12, 1);
   const UnitGradients expected = first_step_gradients(config);
   for (int world : {2, 3, 4}) {
-    run_and_report(what + ", first-step gradients vs the single-device mean", world, [&](Comm& comm) {
-      const UnitGradients local = first_step_gradients(config, comm.rank(), comm.size());
-      Trainer trainer(config, comm.rank(), comm.size());
-      const std::shared_ptr<void> keep = install(comm, trainer);
-      std::string failure = "rank " + std::to_string(comm.rank()) + ": backward never finished";
-      trainer.on_after_backward([&] {
-        failure = check_first_step_gradients(expected, local, trainer.model(), comm.rank(), comm.size());
-      });
-      trainer.step();
-      return failure;
-    });
+    run_and_report(
+        what + ", first-step gradients vs the single-device mean", world, [&](Comm& comm) {
+          const UnitGradients local = first_step_gradients(config, comm.rank(), comm.size());
+          Trainer trainer(config, comm.rank(), comm.size());
+          const std::shared_ptr<void> keep = install(comm, trainer);
+          std::string failure = "rank " + std::to_string(comm.rank()) + ": backward never finished";
+          trainer.on_after_backward([&] {
+            failure = check_first_step_gradients(expected, local, trainer.model(), comm.rank(),
+                                                 comm.size());
+          });
+          trainer.step();
+          return failure;
+        });
   }
 }
 

@@ -24,7 +24,8 @@ void expect_matches_single(const std::string& name, const Sync& sync) {
       trainer.on_after_backward([&] { sync(comm, trainer.model()); });
       std::vector<double> losses;
       train_rank(comm, trainer, losses);
-      return compare_with_single(expected, trainer.model(), mean_over_ranks(comm, losses), comm.rank());
+      return compare_with_single(expected, trainer.model(), mean_over_ranks(comm, losses),
+                                 comm.rank());
     });
   }
 }
@@ -40,8 +41,8 @@ void expect_communication(const std::string& name, const Sync& sync,
       trainer.on_after_backward([&] { sync(comm, trainer.model()); });
       std::vector<double> losses;
       const std::vector<StepComm> steps = train_rank(comm, trainer, losses);
-      return check_step_comm(steps, calls_per_step(trainer.model()), gradient_bytes(trainer.model()),
-                             formula, comm.rank());
+      return check_step_comm(steps, calls_per_step(trainer.model()),
+                             gradient_bytes(trainer.model()), formula, comm.rank());
     });
   }
 }

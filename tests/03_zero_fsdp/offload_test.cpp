@@ -11,9 +11,15 @@ using namespace dtp;
 using namespace dtp::testing;
 using namespace dtp::testing::ch03;
 
-TEST(Puzzle3_5_zero1_offload, FirstStepGradientShardsAreTheSingleDeviceMean) { expect_first_step_shards(Stage::offload); }
-TEST(Puzzle3_5_zero1_offload, MatchesSingleDeviceSgdMomentum) { expect_matches_single(Stage::offload, tiny_config(), {1, 2, 3, 4}); }
-TEST(Puzzle3_5_zero1_offload, MatchesSingleDeviceAdamW) { expect_matches_single(Stage::offload, adamw_config(), {1, 2, 3, 4}); }
+TEST(Puzzle3_5_zero1_offload, FirstStepGradientShardsAreTheSingleDeviceMean) {
+  expect_first_step_shards(Stage::offload);
+}
+TEST(Puzzle3_5_zero1_offload, MatchesSingleDeviceSgdMomentum) {
+  expect_matches_single(Stage::offload, tiny_config(), {1, 2, 3, 4});
+}
+TEST(Puzzle3_5_zero1_offload, MatchesSingleDeviceAdamW) {
+  expect_matches_single(Stage::offload, adamw_config(), {1, 2, 3, 4});
+}
 TEST(Puzzle3_5_zero1_offload, OptimizerLivesOnTheHost) { expect_memory(Stage::offload); }
 TEST(Puzzle3_5_zero1_offload, CommunicationPerStep) { expect_communication(Stage::offload); }
 
@@ -23,8 +29,9 @@ TEST(Puzzle3_5_zero1_offload, ShardOptimizerBuffersAreHostTensors) {
     run.trainer->step();
     for (const ParamBuffer& buffer : run.stage->shard_optimizer().buffers())
       if (!buffer.params.device().is_cpu() || !buffer.grads.device().is_cpu())
-        return "rank " + std::to_string(comm.rank()) + ": the shard optimizer's buffer '" + buffer.name +
-               "' is on " + buffer.params.device().str() + "; expected host memory (Device::cpu())";
+        return "rank " + std::to_string(comm.rank()) + ": the shard optimizer's buffer '" +
+               buffer.name + "' is on " + buffer.params.device().str() +
+               "; expected host memory (Device::cpu())";
     return "";
   });
 }

@@ -27,9 +27,10 @@ TrainConfig traced_config() {
 // All-gathers that ran on rank `rank`'s communication thread (lane 1): the
 // ones started with Comm::iall_gather.
 std::size_t gathers_on_comm_lane(const std::vector<trace::Span>& spans, int rank) {
-  return static_cast<std::size_t>(std::count_if(spans.begin(), spans.end(), [rank](const trace::Span& s) {
-    return s.rank == rank && s.lane == 1 && s.name == "all_gather";
-  }));
+  return static_cast<std::size_t>(
+      std::count_if(spans.begin(), spans.end(), [rank](const trace::Span& s) {
+        return s.rank == rank && s.lane == 1 && s.name == "all_gather";
+      }));
 }
 
 // Trains `stage` for traced_config().steps steps on 2 ranks with the trace on.
@@ -49,38 +50,61 @@ std::vector<trace::Span> traced_run(Stage stage, std::vector<std::string>& unit_
 
 bool thread_backend() { return World::from_env(2).backend == Backend::thread; }
 
-TEST(Puzzle3_3_zero3, FirstStepGradientShardsAreTheSingleDeviceMean) { expect_first_step_shards(Stage::zero3); }
-TEST(Puzzle3_3_zero3, EachUnitRunsWithItsOwnParameters) { expect_each_unit_runs_with_its_own_parameters(Stage::zero3); }
-TEST(Puzzle3_3_zero3, MatchesSingleDeviceSgdMomentum) { expect_matches_single(Stage::zero3, tiny_config(), {1, 2, 3, 4}); }
-TEST(Puzzle3_3_zero3, MatchesSingleDeviceAdamW) { expect_matches_single(Stage::zero3, adamw_config(), {1, 2, 3, 4}); }
+TEST(Puzzle3_3_zero3, FirstStepGradientShardsAreTheSingleDeviceMean) {
+  expect_first_step_shards(Stage::zero3);
+}
+TEST(Puzzle3_3_zero3, EachUnitRunsWithItsOwnParameters) {
+  expect_each_unit_runs_with_its_own_parameters(Stage::zero3);
+}
+TEST(Puzzle3_3_zero3, MatchesSingleDeviceSgdMomentum) {
+  expect_matches_single(Stage::zero3, tiny_config(), {1, 2, 3, 4});
+}
+TEST(Puzzle3_3_zero3, MatchesSingleDeviceAdamW) {
+  expect_matches_single(Stage::zero3, adamw_config(), {1, 2, 3, 4});
+}
 TEST(Puzzle3_3_zero3, MemoryPerRankMatchesTheFormulas) { expect_memory(Stage::zero3); }
 TEST(Puzzle3_3_zero3, CommunicationPerStep) { expect_communication(Stage::zero3); }
-TEST(Puzzle3_3_zero3, UnitsSmallerThanTheWorld) { expect_units_smaller_than_the_world(Stage::zero3); }
-TEST(Puzzle3_3_zero3, FinishWithoutBackwardIsAClearError) { expect_finish_without_backward_is_an_error(Stage::zero3); }
+TEST(Puzzle3_3_zero3, UnitsSmallerThanTheWorld) {
+  expect_units_smaller_than_the_world(Stage::zero3);
+}
+TEST(Puzzle3_3_zero3, FinishWithoutBackwardIsAClearError) {
+  expect_finish_without_backward_is_an_error(Stage::zero3);
+}
 
 // Without prefetch every gather is the blocking one a unit waits for: none
 // runs on the communication lane.
 TEST(Puzzle3_3_zero3, GathersOnDemandWithoutPrefetch) {
-  if (!thread_backend()) GTEST_SKIP() << "the trace lanes are the thread backend's; the thread flavour checks this";
+  if (!thread_backend())
+    GTEST_SKIP() << "the trace lanes are the thread backend's; the thread flavour checks this";
   std::vector<std::string> units;
   const std::vector<trace::Span> spans = traced_run(Stage::zero3, units);
   if (::testing::Test::HasFailure()) return;
   for (int rank = 0; rank < 2; ++rank) {
     const std::size_t gathers = gathers_on_comm_lane(spans, rank);
-    EXPECT_EQ(gathers, 0u)
-        << "rank " << rank << ": " << gathers
-        << " all-gathers ran on the communication thread; Zero3 gathers a unit with the blocking all_gather "
-           "right before it runs (prefetching is puzzle 3.4)";
+    EXPECT_EQ(gathers, 0u) << "rank " << rank << ": " << gathers
+                           << " all-gathers ran on the communication thread; Zero3 gathers a unit "
+                              "with the blocking all_gather "
+                              "right before it runs (prefetching is puzzle 3.4)";
   }
 }
 
-TEST(Puzzle3_4_zero3_prefetch, FirstStepGradientShardsAreTheSingleDeviceMean) { expect_first_step_shards(Stage::prefetch); }
-TEST(Puzzle3_4_zero3_prefetch, EachUnitRunsWithItsOwnParameters) { expect_each_unit_runs_with_its_own_parameters(Stage::prefetch); }
-TEST(Puzzle3_4_zero3_prefetch, MatchesSingleDeviceSgdMomentum) { expect_matches_single(Stage::prefetch, tiny_config(), {1, 2, 3, 4}); }
-TEST(Puzzle3_4_zero3_prefetch, MatchesSingleDeviceAdamW) { expect_matches_single(Stage::prefetch, adamw_config(), {1, 2, 3, 4}); }
+TEST(Puzzle3_4_zero3_prefetch, FirstStepGradientShardsAreTheSingleDeviceMean) {
+  expect_first_step_shards(Stage::prefetch);
+}
+TEST(Puzzle3_4_zero3_prefetch, EachUnitRunsWithItsOwnParameters) {
+  expect_each_unit_runs_with_its_own_parameters(Stage::prefetch);
+}
+TEST(Puzzle3_4_zero3_prefetch, MatchesSingleDeviceSgdMomentum) {
+  expect_matches_single(Stage::prefetch, tiny_config(), {1, 2, 3, 4});
+}
+TEST(Puzzle3_4_zero3_prefetch, MatchesSingleDeviceAdamW) {
+  expect_matches_single(Stage::prefetch, adamw_config(), {1, 2, 3, 4});
+}
 TEST(Puzzle3_4_zero3_prefetch, MemoryPerRankMatchesTheFormulas) { expect_memory(Stage::prefetch); }
 TEST(Puzzle3_4_zero3_prefetch, CommunicationPerStep) { expect_communication(Stage::prefetch); }
-TEST(Puzzle3_4_zero3_prefetch, UnitsSmallerThanTheWorld) { expect_units_smaller_than_the_world(Stage::prefetch); }
+TEST(Puzzle3_4_zero3_prefetch, UnitsSmallerThanTheWorld) {
+  expect_units_smaller_than_the_world(Stage::prefetch);
+}
 
 // With prefetch, the gather of the unit that runs next is travelling while
 // the current unit computes. Read exactly, from the order of events on the
@@ -89,12 +113,13 @@ TEST(Puzzle3_4_zero3_prefetch, UnitsSmallerThanTheWorld) { expect_units_smaller_
 // it has not been waited on yet (the "wait" spans so far are only for the
 // units already computed). In forward the next unit is k+1; in backward k-1.
 struct Pass {
-  std::vector<double> posts, waits;                    // lane-0 start times, in order
+  std::vector<double> posts, waits;                        // lane-0 start times, in order
   std::vector<std::pair<std::string, trace::Span>> units;  // unit compute spans, in run order
 };
 
 // Splits rank `rank`'s lane-0 events into passes: forward, backward, forward, ...
-std::vector<Pass> passes_of(const std::vector<trace::Span>& spans, int rank, const std::vector<std::string>& units) {
+std::vector<Pass> passes_of(const std::vector<trace::Span>& spans, int rank,
+                            const std::vector<std::string>& units) {
   std::vector<trace::Span> lane0;
   for (const trace::Span& s : spans)
     if (s.rank == rank && s.lane == 0) lane0.push_back(s);
@@ -119,11 +144,13 @@ std::vector<Pass> passes_of(const std::vector<trace::Span>& spans, int rank, con
 }
 
 std::size_t count_before(const std::vector<double>& times, double t) {
-  return static_cast<std::size_t>(std::count_if(times.begin(), times.end(), [t](double x) { return x < t; }));
+  return static_cast<std::size_t>(
+      std::count_if(times.begin(), times.end(), [t](double x) { return x < t; }));
 }
 
 TEST(Puzzle3_4_zero3_prefetch, NextUnitsGatherTravelsWhileTheCurrentUnitComputes) {
-  if (!thread_backend()) GTEST_SKIP() << "the trace lanes are the thread backend's; the thread flavour checks this";
+  if (!thread_backend())
+    GTEST_SKIP() << "the trace lanes are the thread backend's; the thread flavour checks this";
   std::vector<std::string> units;
   const std::vector<trace::Span> spans = traced_run(Stage::prefetch, units);
   if (::testing::Test::HasFailure()) return;
@@ -132,16 +159,19 @@ TEST(Puzzle3_4_zero3_prefetch, NextUnitsGatherTravelsWhileTheCurrentUnitComputes
   for (int rank = 0; rank < 2; ++rank) {
     const std::size_t gathers = gathers_on_comm_lane(spans, rank);
     // Per step: n-1 prefetches in forward (units 1..n-1) and n-1 in backward.
-    ASSERT_EQ(gathers, 2 * (n - 1) * steps)
-        << "rank " << rank << ": expected " << 2 * (n - 1)
-        << " all-gathers per step on the communication thread (Comm::iall_gather of the next unit, in forward "
-           "and in backward), got " << gathers << " in " << steps << " steps";
+    ASSERT_EQ(gathers, 2 * (n - 1) * steps) << "rank " << rank << ": expected " << 2 * (n - 1)
+                                            << " all-gathers per step on the communication thread "
+                                               "(Comm::iall_gather of the next unit, in forward "
+                                               "and in backward), got "
+                                            << gathers << " in " << steps << " steps";
     const std::vector<Pass> passes = passes_of(spans, rank, units);
-    ASSERT_EQ(passes.size(), 2 * steps) << "rank " << rank << ": expected a forward and a backward pass per step";
+    ASSERT_EQ(passes.size(), 2 * steps)
+        << "rank " << rank << ": expected a forward and a backward pass per step";
     for (std::size_t p = 0; p < passes.size(); ++p) {
       const Pass& pass = passes[p];
       const bool forward = p % 2 == 0;
-      const std::string where = "rank " + std::to_string(rank) + ", step " + std::to_string(p / 2 + 1) + ", " +
+      const std::string where = "rank " + std::to_string(rank) + ", step " +
+                                std::to_string(p / 2 + 1) + ", " +
                                 (forward ? "forward" : "backward");
       ASSERT_EQ(pass.units.size(), n) << where << ": expected one span per unit";
       // Every unit but the last of the pass has a successor to prefetch.
@@ -150,17 +180,20 @@ TEST(Puzzle3_4_zero3_prefetch, NextUnitsGatherTravelsWhileTheCurrentUnitComputes
         const std::string next = pass.units[k + 1].first;
         const std::size_t posted = count_before(pass.posts, compute.start_us);
         const std::size_t waited = count_before(pass.waits, compute.end_us);
-        EXPECT_GE(posted, k + 1) << where << ": when unit '" << name << "' began to compute, " << posted
-                                 << " iall_gather(s) had been posted in this pass, expected " << k + 1
-                                 << " (one for every unit after the first, up to and including '" << next
-                                 << "'). Post the next unit's gather in the hook before '" << name
-                                 << "' runs, so it travels meanwhile";
-        EXPECT_LE(waited, k) << where << ": when unit '" << name << "' finished computing, " << waited
-                             << " request(s) had been waited on in this pass, expected at most " << k
-                             << " (one for each unit after the first that already ran): the gather of '" << next
-                             << "' was waited on before '" << name
-                             << "' computed, so nothing overlapped it. Wait for it in the hook before '" << next
-                             << "' runs";
+        EXPECT_GE(posted, k + 1) << where << ": when unit '" << name << "' began to compute, "
+                                 << posted
+                                 << " iall_gather(s) had been posted in this pass, expected "
+                                 << k + 1
+                                 << " (one for every unit after the first, up to and including '"
+                                 << next << "'). Post the next unit's gather in the hook before '"
+                                 << name << "' runs, so it travels meanwhile";
+        EXPECT_LE(waited, k)
+            << where << ": when unit '" << name << "' finished computing, " << waited
+            << " request(s) had been waited on in this pass, expected at most " << k
+            << " (one for each unit after the first that already ran): the gather of '" << next
+            << "' was waited on before '" << name
+            << "' computed, so nothing overlapped it. Wait for it in the hook before '" << next
+            << "' runs";
         if (::testing::Test::HasFailure()) return;  // one pass tells the story
       }
     }

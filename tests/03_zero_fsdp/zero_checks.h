@@ -22,22 +22,33 @@ enum class Stage { zero1, zero2, zero3, prefetch, offload };
 
 inline std::string stage_name(Stage stage) {
   switch (stage) {
-    case Stage::zero1: return "3.1 Zero1";
-    case Stage::zero2: return "3.2 Zero2";
-    case Stage::zero3: return "3.3 Zero3";
-    case Stage::prefetch: return "3.4 Zero3Prefetch";
-    case Stage::offload: return "3.5 Zero1Offload";
+    case Stage::zero1:
+      return "3.1 Zero1";
+    case Stage::zero2:
+      return "3.2 Zero2";
+    case Stage::zero3:
+      return "3.3 Zero3";
+    case Stage::prefetch:
+      return "3.4 Zero3Prefetch";
+    case Stage::offload:
+      return "3.5 Zero1Offload";
   }
   return "?";
 }
 
-inline std::unique_ptr<ShardedOptimizer> make_stage(Stage stage, Comm& comm, GPT& model, const TrainConfig& config) {
+inline std::unique_ptr<ShardedOptimizer> make_stage(Stage stage, Comm& comm, GPT& model,
+                                                    const TrainConfig& config) {
   switch (stage) {
-    case Stage::zero1: return std::make_unique<dtp::ch03::Zero1>(comm, model, config);
-    case Stage::zero2: return std::make_unique<dtp::ch03::Zero2>(comm, model, config);
-    case Stage::zero3: return std::make_unique<dtp::ch03::Zero3>(comm, model, config);
-    case Stage::prefetch: return std::make_unique<dtp::ch03::Zero3Prefetch>(comm, model, config);
-    case Stage::offload: return std::make_unique<dtp::ch03::Zero1Offload>(comm, model, config);
+    case Stage::zero1:
+      return std::make_unique<dtp::ch03::Zero1>(comm, model, config);
+    case Stage::zero2:
+      return std::make_unique<dtp::ch03::Zero2>(comm, model, config);
+    case Stage::zero3:
+      return std::make_unique<dtp::ch03::Zero3>(comm, model, config);
+    case Stage::prefetch:
+      return std::make_unique<dtp::ch03::Zero3Prefetch>(comm, model, config);
+    case Stage::offload:
+      return std::make_unique<dtp::ch03::Zero1Offload>(comm, model, config);
   }
   return nullptr;
 }
@@ -79,8 +90,8 @@ inline UnitGradients gathered_parameters(Comm& comm, GPT& model, ShardedOptimize
 }
 
 // "" when this rank's flat values equal every other rank's, bit for bit.
-inline std::string bitwise_across_ranks(Comm& comm, const std::vector<double>& mine, const std::string& what,
-                                        std::int64_t step) {
+inline std::string bitwise_across_ranks(Comm& comm, const std::vector<double>& mine,
+                                        const std::string& what, std::int64_t step) {
   const auto n = static_cast<std::int64_t>(mine.size());
   Tensor local = Tensor::from_values(mine, DType::f64).to(comm.device());
   Tensor all = Tensor::empty(Shape{n * comm.size()}, DType::f64, comm.device());
@@ -90,10 +101,12 @@ inline std::string bitwise_across_ranks(Comm& comm, const std::vector<double>& m
     for (std::int64_t i = 0; i < n; ++i) {
       const double theirs = everyone[static_cast<std::size_t>(r * n + i)];
       if (std::memcmp(&theirs, &mine[static_cast<std::size_t>(i)], sizeof(double)) != 0)
-        return "rank " + std::to_string(comm.rank()) + ", after step " + std::to_string(step) + ": " + what +
-               " element " + std::to_string(i) + " is " + number(mine[static_cast<std::size_t>(i)]) +
-               " here but " + number(theirs) + " on rank " + std::to_string(r) +
-               ": the replicas drifted apart (every rank must apply the same update to the same shard)";
+        return "rank " + std::to_string(comm.rank()) + ", after step " + std::to_string(step) +
+               ": " + what + " element " + std::to_string(i) + " is " +
+               number(mine[static_cast<std::size_t>(i)]) + " here but " + number(theirs) +
+               " on rank " + std::to_string(r) +
+               ": the replicas drifted apart (every rank must apply the same update to the same "
+               "shard)";
     }
   }
   return "";

@@ -14,23 +14,24 @@ inline void expect_first_step_shards(Stage stage) {
   const TrainConfig config = tiny_config(12, 1);
   const UnitGradients expected = first_step_gradients(config);
   for (int world : {2, 3, 4}) {
-    run_and_report(stage_name(stage) + ", first-step gradient shards vs the single-device mean", world,
-                   [&](Comm& comm) {
-                     const UnitGradients local = first_step_gradients(config, comm.rank(), comm.size());
-                     StagedTrainer run = plug(stage, comm, config);
-                     GPT& model = run.trainer->model();
-                     std::string failure = "rank " + std::to_string(comm.rank()) + ": backward never finished";
-                     run.trainer->on_after_backward([&] {
-                       UnitGradients got;
-                       for (Unit* unit : model.units())
-                         got.push_back(run.stage->gradient_shard(unit->index()).to_vector());
-                       failure = check_first_step_gradient_shards(
-                           expected, local, model, shard_ranges(model, comm.size(), comm.rank()), got,
-                           comm.rank(), comm.size());
-                     });
-                     run.trainer->step();
-                     return failure;
-                   });
+    run_and_report(
+        stage_name(stage) + ", first-step gradient shards vs the single-device mean", world,
+        [&](Comm& comm) {
+          const UnitGradients local = first_step_gradients(config, comm.rank(), comm.size());
+          StagedTrainer run = plug(stage, comm, config);
+          GPT& model = run.trainer->model();
+          std::string failure = "rank " + std::to_string(comm.rank()) + ": backward never finished";
+          run.trainer->on_after_backward([&] {
+            UnitGradients got;
+            for (Unit* unit : model.units())
+              got.push_back(run.stage->gradient_shard(unit->index()).to_vector());
+            failure = check_first_step_gradient_shards(
+                expected, local, model, shard_ranges(model, comm.size(), comm.rank()), got,
+                comm.rank(), comm.size());
+          });
+          run.trainer->step();
+          return failure;
+        });
   }
 }
 
@@ -38,48 +39,55 @@ inline void expect_first_step_shards(Stage stage) {
 //    parameters the model holds where the stage keeps them) and the losses
 //    equal single-device training; after every step the parameters are
 //    bitwise identical on every rank.
-inline void expect_matches_single(Stage stage, const TrainConfig& config, const std::vector<int>& worlds) {
+inline void expect_matches_single(Stage stage, const TrainConfig& config,
+                                  const std::vector<int>& worlds) {
   const ModelState expected = single_device(config);
   const bool keeps_full = stage == Stage::zero1 || stage == Stage::zero2 || stage == Stage::offload;
   for (int world : worlds) {
-    run_and_report(stage_name(stage) + " (" + config.optimizer + ") vs single device", world,
-                   [&](Comm& comm) -> std::string {
-                     StagedTrainer run = plug(stage, comm, config);
-                     GPT& model = run.trainer->model();
-                     std::vector<double> losses;
-                     std::string failure;
-                     for (std::int64_t s = 1; s <= config.steps; ++s) {
-                       losses.push_back(run.trainer->step().loss);
-                       const UnitGradients full = gathered_parameters(comm, model, *run.stage);
-                       std::string drift = bitwise_across_ranks(comm, flatten(full), "the gathered parameters", s);
-                       if (drift.empty() && keeps_full) {
-                         UnitGradients held;
-                         for (Unit* unit : model.units()) held.push_back(unit->params().to_vector());
-                         drift = bitwise_across_ranks(comm, flatten(held), "the full parameters the model holds", s);
-                         if (drift.empty() && held != full)
-                           drift = "rank " + std::to_string(comm.rank()) + ", after step " + std::to_string(s) +
-                                   ": the model's full parameters differ from the updated shards (every "
-                                   "rank's shard must be all-gathered into params() after the update)";
-                       }
-                       if (failure.empty()) failure = drift;
-                     }
-                     const std::vector<double> mean = mean_over_ranks(comm, losses);
-                     if (!failure.empty()) return failure;
-                     ModelState got;
-                     got.losses = mean;
-                     got.params = gathered_parameters(comm, model, *run.stage);
-                     std::string message;
-                     for (std::size_t s = 0; s < expected.losses.size(); ++s)
-                       if (!close_enough(expected.losses[s], got.losses[s]))
-                         message += "\n    step " + std::to_string(s + 1) + " loss (mean over ranks): expected " +
-                                    number(expected.losses[s]) + ", got " + number(got.losses[s]);
-                     message += compare_units("parameter (gathered from the shards) after the last step", model,
-                                              expected.params, got.params);
-                     if (message.empty()) return "";
-                     return "rank " + std::to_string(comm.rank()) +
-                            " differs from single-device training on the same global batch (tolerance |diff| "
-                            "<= 1e-10 + 1e-8 |expected|):" + message;
-                   });
+    run_and_report(
+        stage_name(stage) + " (" + config.optimizer + ") vs single device", world,
+        [&](Comm& comm) -> std::string {
+          StagedTrainer run = plug(stage, comm, config);
+          GPT& model = run.trainer->model();
+          std::vector<double> losses;
+          std::string failure;
+          for (std::int64_t s = 1; s <= config.steps; ++s) {
+            losses.push_back(run.trainer->step().loss);
+            const UnitGradients full = gathered_parameters(comm, model, *run.stage);
+            std::string drift =
+                bitwise_across_ranks(comm, flatten(full), "the gathered parameters", s);
+            if (drift.empty() && keeps_full) {
+              UnitGradients held;
+              for (Unit* unit : model.units()) held.push_back(unit->params().to_vector());
+              drift = bitwise_across_ranks(comm, flatten(held),
+                                           "the full parameters the model holds", s);
+              if (drift.empty() && held != full)
+                drift = "rank " + std::to_string(comm.rank()) + ", after step " +
+                        std::to_string(s) +
+                        ": the model's full parameters differ from the updated shards (every "
+                        "rank's shard must be all-gathered into params() after the update)";
+            }
+            if (failure.empty()) failure = drift;
+          }
+          const std::vector<double> mean = mean_over_ranks(comm, losses);
+          if (!failure.empty()) return failure;
+          ModelState got;
+          got.losses = mean;
+          got.params = gathered_parameters(comm, model, *run.stage);
+          std::string message;
+          for (std::size_t s = 0; s < expected.losses.size(); ++s)
+            if (!close_enough(expected.losses[s], got.losses[s]))
+              message += "\n    step " + std::to_string(s + 1) +
+                         " loss (mean over ranks): expected " + number(expected.losses[s]) +
+                         ", got " + number(got.losses[s]);
+          message += compare_units("parameter (gathered from the shards) after the last step",
+                                   model, expected.params, got.params);
+          if (message.empty()) return "";
+          return "rank " + std::to_string(comm.rank()) +
+                 " differs from single-device training on the same global batch (tolerance |diff| "
+                 "<= 1e-10 + 1e-8 |expected|):" +
+                 message;
+        });
   }
 }
 
@@ -96,21 +104,23 @@ inline void expect_memory(Stage stage) {
       const auto e = static_cast<std::int64_t>(dtype_size(config.model.dtype));
       const std::int64_t states = optimizer_states(config);
       MemoryTracker& tracker = *current_memory_tracker();
-      const std::string where = "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) +
-                                " (Psi = " + std::to_string(size.total) + " elements, this rank's shards S = " +
-                                std::to_string(size.shards) + ", largest unit U = " +
-                                std::to_string(size.largest_unit) + ", " + std::to_string(e) + " bytes each): ";
-      auto expect = [&](const char* what, std::int64_t got, std::int64_t want, const std::string& formula,
-                        const std::string& hint) -> std::string {
+      const std::string where = "rank " + std::to_string(comm.rank()) + " of " +
+                                std::to_string(comm.size()) +
+                                " (Psi = " + std::to_string(size.total) +
+                                " elements, this rank's shards S = " + std::to_string(size.shards) +
+                                ", largest unit U = " + std::to_string(size.largest_unit) + ", " +
+                                std::to_string(e) + " bytes each): ";
+      auto expect = [&](const char* what, std::int64_t got, std::int64_t want,
+                        const std::string& formula, const std::string& hint) -> std::string {
         if (got == want) return "";
         return where + what + " is " + std::to_string(got) + " bytes, expected " + formula + " = " +
                std::to_string(want) + " (" + hint + ")";
       };
-      auto at_most = [&](const char* what, std::int64_t got, std::int64_t bound, const std::string& formula,
-                         const std::string& hint) -> std::string {
+      auto at_most = [&](const char* what, std::int64_t got, std::int64_t bound,
+                         const std::string& formula, const std::string& hint) -> std::string {
         if (got <= bound) return "";
-        return where + what + " is " + std::to_string(got) + " bytes, more than " + formula + " = " +
-               std::to_string(bound) + " (" + hint + ")";
+        return where + what + " is " + std::to_string(got) + " bytes, more than " + formula +
+               " = " + std::to_string(bound) + " (" + hint + ")";
       };
       const std::int64_t optimizer = tracker.live(MemoryCategory::optimizer);
       const std::int64_t params = tracker.live(MemoryCategory::params);
@@ -122,20 +132,27 @@ inline void expect_memory(Stage stage) {
       switch (stage) {
         case Stage::zero1:
           f = expect("optimizer state", optimizer, states * size.shards * e, "2 S e", whole_model);
-          if (f.empty()) f = expect("parameters", params, size.total * e, "Psi e", "ZeRO-1 keeps the full parameters");
+          if (f.empty())
+            f = expect("parameters", params, size.total * e, "Psi e",
+                       "ZeRO-1 keeps the full parameters");
           if (f.empty())
             f = expect("gradients", grads, (size.total + size.shards) * e, "(Psi + S) e",
                        "full gradients plus this rank's gradient shards");
           break;
         case Stage::zero2:
           f = expect("optimizer state", optimizer, states * size.shards * e, "2 S e", whole_model);
-          if (f.empty()) f = expect("parameters", params, size.total * e, "Psi e", "ZeRO-2 keeps the full parameters");
           if (f.empty())
-            f = expect("gradients between steps", grads, size.shards * e, "S e",
-                       "only the shards: release each unit's full gradient right after reducing it");
+            f = expect("parameters", params, size.total * e, "Psi e",
+                       "ZeRO-2 keeps the full parameters");
           if (f.empty())
-            f = at_most("the gradient peak", grads_peak, (size.shards + size.largest_unit) * e, "(S + U) e",
-                        "at most one unit's full gradient at a time: reduce and release it in its grad-ready hook");
+            f = expect(
+                "gradients between steps", grads, size.shards * e, "S e",
+                "only the shards: release each unit's full gradient right after reducing it");
+          if (f.empty())
+            f = at_most("the gradient peak", grads_peak, (size.shards + size.largest_unit) * e,
+                        "(S + U) e",
+                        "at most one unit's full gradient at a time: reduce and release it in its "
+                        "grad-ready hook");
           break;
         case Stage::zero3:
         case Stage::prefetch: {
@@ -143,35 +160,42 @@ inline void expect_memory(Stage stage) {
           const std::int64_t units = size.largest_unit + (two ? size.second_unit : 0);
           f = expect("optimizer state", optimizer, states * size.shards * e, "2 S e", whole_model);
           if (f.empty())
-            f = expect("parameters between steps", params, size.shards * e, "S e",
-                       params == size.total * e
-                           ? "only the shards; got exactly Psi e, one whole model: are the parameter shards views "
-                             "into the full buffers (parameter_shard_views)? A view keeps its whole buffer alive "
-                             "after set_buffers(Tensor(), Tensor()); copy each shard into a tensor of its own"
-                       : params == (size.total + size.shards) * e
-                           ? "only the shards; got (Psi + S) e, the shards plus every unit's full parameters: "
-                             "release each unit's full buffers (set_buffers(Tensor(), Tensor())) in the "
-                             "constructor and after each forward and backward"
-                           : "only the shards: release every unit's full parameters after it ran");
+            f = expect(
+                "parameters between steps", params, size.shards * e, "S e",
+                params == size.total * e ? "only the shards; got exactly Psi e, one whole model: "
+                                           "are the parameter shards views "
+                                           "into the full buffers (parameter_shard_views)? A view "
+                                           "keeps its whole buffer alive "
+                                           "after set_buffers(Tensor(), Tensor()); copy each shard "
+                                           "into a tensor of its own"
+                : params == (size.total + size.shards) * e
+                    ? "only the shards; got (Psi + S) e, the shards plus every unit's full "
+                      "parameters: "
+                      "release each unit's full buffers (set_buffers(Tensor(), Tensor())) in the "
+                      "constructor and after each forward and backward"
+                    : "only the shards: release every unit's full parameters after it ran");
           if (f.empty())
             f = at_most("the parameter peak", params_peak, (size.shards + units) * e,
                         two ? "(S + two largest units) e" : "(S + U) e",
                         two ? "the unit computing and the one arriving, no more"
-                            : "one unit's full parameters at a time: release after forward and after backward");
+                            : "one unit's full parameters at a time: release after forward and "
+                              "after backward");
           if (f.empty())
             f = expect("gradients between steps", grads, size.shards * e, "S e", "only the shards");
           if (f.empty())
-            f = at_most("the gradient peak", grads_peak, (size.shards + size.largest_unit) * e, "(S + U) e",
-                        "one unit's full gradient at a time");
+            f = at_most("the gradient peak", grads_peak, (size.shards + size.largest_unit) * e,
+                        "(S + U) e", "one unit's full gradient at a time");
           break;
         }
         case Stage::offload: {
-          f = expect("optimizer state (host)", tracker.live(MemoryCategory::optimizer, Device::Kind::cpu),
+          f = expect("optimizer state (host)",
+                     tracker.live(MemoryCategory::optimizer, Device::Kind::cpu),
                      (states + 1) * size.shards * e, "3 S e",
                      "the two AdamW states and the host master copy of the parameter shards");
           if (f.empty() && comm.device().is_cuda())
-            f = expect("optimizer state on the device", tracker.live(MemoryCategory::optimizer, Device::Kind::cuda), 0,
-                       "0", "offloaded: nothing of the optimizer on the GPU");
+            f = expect("optimizer state on the device",
+                       tracker.live(MemoryCategory::optimizer, Device::Kind::cuda), 0, "0",
+                       "offloaded: nothing of the optimizer on the GPU");
           break;
         }
       }
@@ -186,46 +210,53 @@ inline void expect_communication(Stage stage) {
   const TrainConfig config = tiny_config(12, 2);
   const bool gathers_twice = stage == Stage::zero3 || stage == Stage::prefetch;
   for (int world : {2, 3}) {
-    run_and_report(stage_name(stage) + " communication per step", world, [&](Comm& comm) -> std::string {
-      StagedTrainer run = plug(stage, comm, config);
-      GPT& model = run.trainer->model();
-      const ShardSizes size = shard_sizes(model, comm.size(), comm.rank());
-      const auto units = static_cast<std::int64_t>(model.units().size());
-      const auto e = static_cast<std::int64_t>(dtype_size(config.model.dtype));
-      for (std::int64_t s = 1; s <= config.steps; ++s) {
-        const CommStats before = comm.stats();
-        run.trainer->step();
-        const CommStats after = comm.stats();
-        auto calls = [&](const char* kind) {
-          auto count = [&](const CommStats& stats) {
-            auto it = stats.collective_calls.find(kind);
-            return it == stats.collective_calls.end() ? std::int64_t{0} : it->second;
-          };
-          return count(after) - count(before);
-        };
-        const std::int64_t gathers = calls("all_gather"), scatters = calls("reduce_scatter");
-        const std::int64_t reduces = calls("all_reduce");
-        const std::int64_t others = after.total_collective_calls() - before.total_collective_calls() - gathers -
-                                    scatters - reduces;
-        const std::int64_t want_gathers = (gathers_twice ? 2 : 1) * units;
-        const std::int64_t bytes = after.collective_bytes - before.collective_bytes;
-        // CommStats counts each call's full unit buffer, so per pass over the
-        // units: Psi elements. Gather passes (1 or 2) + one reduce-scatter pass,
-        // plus the gradient norm's one f64.
-        const std::int64_t passes = (gathers_twice ? 2 : 1) + 1;
-        const std::int64_t want_bytes = passes * size.total * e + 8;
-        if (gathers != want_gathers || scatters != units || reduces != 1 || others != 0 || bytes != want_bytes)
-          return "rank " + std::to_string(comm.rank()) + ", step " + std::to_string(s) + ": expected " +
-                 std::to_string(units) + " reduce-scatters (one per unit), " + std::to_string(want_gathers) +
-                 " all-gathers (" + (gathers_twice ? "two per unit: before forward and before backward" : "one per unit") +
-                 "), 1 all-reduce (the gradient norm, one number) and nothing else, " + std::to_string(want_bytes) +
-                 " bytes counted; got " + std::to_string(scatters) + " reduce-scatters, " + std::to_string(gathers) +
-                 " all-gathers, " + std::to_string(reduces) + " all-reduces, " + std::to_string(others) +
-                 " other collectives, " + std::to_string(bytes) + " bytes" +
-                 (reduces > 1 ? " (an all-reduce of gradients is DDP's, not ZeRO's)" : "");
-      }
-      return "";
-    });
+    run_and_report(
+        stage_name(stage) + " communication per step", world, [&](Comm& comm) -> std::string {
+          StagedTrainer run = plug(stage, comm, config);
+          GPT& model = run.trainer->model();
+          const ShardSizes size = shard_sizes(model, comm.size(), comm.rank());
+          const auto units = static_cast<std::int64_t>(model.units().size());
+          const auto e = static_cast<std::int64_t>(dtype_size(config.model.dtype));
+          for (std::int64_t s = 1; s <= config.steps; ++s) {
+            const CommStats before = comm.stats();
+            run.trainer->step();
+            const CommStats after = comm.stats();
+            auto calls = [&](const char* kind) {
+              auto count = [&](const CommStats& stats) {
+                auto it = stats.collective_calls.find(kind);
+                return it == stats.collective_calls.end() ? std::int64_t{0} : it->second;
+              };
+              return count(after) - count(before);
+            };
+            const std::int64_t gathers = calls("all_gather"), scatters = calls("reduce_scatter");
+            const std::int64_t reduces = calls("all_reduce");
+            const std::int64_t others = after.total_collective_calls() -
+                                        before.total_collective_calls() - gathers - scatters -
+                                        reduces;
+            const std::int64_t want_gathers = (gathers_twice ? 2 : 1) * units;
+            const std::int64_t bytes = after.collective_bytes - before.collective_bytes;
+            // CommStats counts each call's full unit buffer, so per pass over the
+            // units: Psi elements. Gather passes (1 or 2) + one reduce-scatter pass,
+            // plus the gradient norm's one f64.
+            const std::int64_t passes = (gathers_twice ? 2 : 1) + 1;
+            const std::int64_t want_bytes = passes * size.total * e + 8;
+            if (gathers != want_gathers || scatters != units || reduces != 1 || others != 0 ||
+                bytes != want_bytes)
+              return "rank " + std::to_string(comm.rank()) + ", step " + std::to_string(s) +
+                     ": expected " + std::to_string(units) + " reduce-scatters (one per unit), " +
+                     std::to_string(want_gathers) + " all-gathers (" +
+                     (gathers_twice ? "two per unit: before forward and before backward"
+                                    : "one per unit") +
+                     "), 1 all-reduce (the gradient norm, one number) and nothing else, " +
+                     std::to_string(want_bytes) + " bytes counted; got " +
+                     std::to_string(scatters) + " reduce-scatters, " + std::to_string(gathers) +
+                     " all-gathers, " + std::to_string(reduces) + " all-reduces, " +
+                     std::to_string(others) + " other collectives, " + std::to_string(bytes) +
+                     " bytes" +
+                     (reduces > 1 ? " (an all-reduce of gradients is DDP's, not ZeRO's)" : "");
+          }
+          return "";
+        });
   }
 }
 
@@ -244,18 +275,20 @@ inline void expect_units_smaller_than_the_world(Stage stage) {
 
 // 6. Bad input: finish_backward() with no backward since the last step.
 inline void expect_finish_without_backward_is_an_error(Stage stage) {
-  run_and_report(stage_name(stage) + " finish_backward without a backward", 2, [&](Comm& comm) -> std::string {
-    StagedTrainer run = plug(stage, comm, tiny_config(12, 1));  // a stub fails here
-    run.trainer->step();
-    try {
-      run.stage->finish_backward();
-      return "rank " + std::to_string(comm.rank()) +
-             ": finish_backward() after a step with no new backward: expected a dtp::Error naming a unit "
-             "that was not reduced, got none";
-    } catch (const dtp::Error&) {
-    }
-    return "";
-  });
+  run_and_report(stage_name(stage) + " finish_backward without a backward", 2,
+                 [&](Comm& comm) -> std::string {
+                   StagedTrainer run = plug(stage, comm, tiny_config(12, 1));  // a stub fails here
+                   run.trainer->step();
+                   try {
+                     run.stage->finish_backward();
+                     return "rank " + std::to_string(comm.rank()) +
+                            ": finish_backward() after a step with no new backward: expected a "
+                            "dtp::Error naming a unit "
+                            "that was not reduced, got none";
+                   } catch (const dtp::Error&) {
+                   }
+                   return "";
+                 });
 }
 
 // 7. (FSDP) When a unit's forward starts, it holds its own full parameters:
@@ -271,28 +304,34 @@ inline void expect_each_unit_runs_with_its_own_parameters(Stage stage) {
   std::vector<std::vector<double>> own;
   for (Unit* unit : initial.units()) own.push_back(unit->params().to_vector());
   for (int world : {2, 3}) {
-    run_and_report(stage_name(stage) + " parameters at each unit's forward", world, [&](Comm& comm) -> std::string {
-      StagedTrainer run = plug(stage, comm, config);
-      GPT& model = run.trainer->model();
-      std::string failure;
-      model.on_before_forward([&](Unit& unit) {
-        if (!failure.empty()) return;
-        if (!unit.has_params()) {
-          failure = "rank " + std::to_string(comm.rank()) + ", step 1: unit '" + unit.name() +
-                    "' had no parameters when its forward started (gather them in on_before_forward)";
-          return;
-        }
-        const std::vector<double> got = unit.params().to_vector();
-        if (got == own[static_cast<std::size_t>(unit.index())]) return;
-        std::string whose;
-        for (std::size_t u = 0; u < own.size(); ++u)
-          if (got == own[u]) whose = " (they are unit '" + initial.units()[u]->name() + "''s: the wrong unit was gathered)";
-        failure = "rank " + std::to_string(comm.rank()) + ", step 1: when unit '" + unit.name() +
-                  "''s forward started, its parameters were not its own initial parameters" + whose;
-      });
-      run.trainer->step();
-      return failure;
-    });
+    run_and_report(
+        stage_name(stage) + " parameters at each unit's forward", world,
+        [&](Comm& comm) -> std::string {
+          StagedTrainer run = plug(stage, comm, config);
+          GPT& model = run.trainer->model();
+          std::string failure;
+          model.on_before_forward([&](Unit& unit) {
+            if (!failure.empty()) return;
+            if (!unit.has_params()) {
+              failure =
+                  "rank " + std::to_string(comm.rank()) + ", step 1: unit '" + unit.name() +
+                  "' had no parameters when its forward started (gather them in on_before_forward)";
+              return;
+            }
+            const std::vector<double> got = unit.params().to_vector();
+            if (got == own[static_cast<std::size_t>(unit.index())]) return;
+            std::string whose;
+            for (std::size_t u = 0; u < own.size(); ++u)
+              if (got == own[u])
+                whose = " (they are unit '" + initial.units()[u]->name() +
+                        "''s: the wrong unit was gathered)";
+            failure =
+                "rank " + std::to_string(comm.rank()) + ", step 1: when unit '" + unit.name() +
+                "''s forward started, its parameters were not its own initial parameters" + whose;
+          });
+          run.trainer->step();
+          return failure;
+        });
   }
 }
 

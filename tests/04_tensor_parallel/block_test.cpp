@@ -18,7 +18,8 @@ namespace {
 //   the LayerNorm statistics (4 N);
 //   sequence parallel: those on this rank's tokens only (2 N C / t, 4 N / t).
 std::int64_t activation_bound(int t, bool sp) {
-  const std::int64_t shared = 4 * kN * kC / t + 8 * kN * kC / t + kB * kHeads * kT * kT / t + 2 * kN * kC;
+  const std::int64_t shared =
+      4 * kN * kC / t + 8 * kN * kC / t + kB * kHeads * kT * kT / t + 2 * kN * kC;
   const std::int64_t sharded_by_sp = 2 * kN * kC + 4 * kN;
   return 8 * (shared + (sp ? sharded_by_sp / t : sharded_by_sp));
 }
@@ -37,8 +38,10 @@ std::string block_on(Comm& comm, bool sp) {
     dx_full = values(serial.backward(tensor_of(dy, Shape{kB, kT, kC}), saved));
   }
   TensorParallelBlock block(comm, serial, TensorParallelOptions{sp});
-  Tensor my_x = sp ? tensor_of(my_tokens(x, kC, t, r), Shape{kN / t, kC}) : tensor_of(x, Shape{kB, kT, kC});
-  Tensor my_dy = sp ? tensor_of(my_tokens(dy, kC, t, r), Shape{kN / t, kC}) : tensor_of(dy, Shape{kB, kT, kC});
+  Tensor my_x =
+      sp ? tensor_of(my_tokens(x, kC, t, r), Shape{kN / t, kC}) : tensor_of(x, Shape{kB, kT, kC});
+  Tensor my_dy =
+      sp ? tensor_of(my_tokens(dy, kC, t, r), Shape{kN / t, kC}) : tensor_of(dy, Shape{kB, kT, kC});
   std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
   TensorParallelBlockSaved saved;
   const std::int64_t activations_before = tracker->live(MemoryCategory::activations);
@@ -56,14 +59,17 @@ std::string block_on(Comm& comm, bool sp) {
   m += check_values("4.7 block output", r, mine(y_full), values(y));
   m += check_values("4.7 block input gradient", r, mine(dx_full), values(dx));
   const std::string replicated_hint =
-      sp ? "(a replicated parameter: under sequence parallelism each rank's backward sees only its own tokens, so "
+      sp ? "(a replicated parameter: under sequence parallelism each rank's backward sees only its "
+           "own tokens, so "
            "reduce_replicated_gradients() must all-reduce it over the group)"
          : "(a replicated parameter: without sequence parallelism every rank computes it whole; "
            "reduce_replicated_gradients() must leave it alone)";
   m += check_unit_slices("gradient", r, t, serial, block, true, replicated_hint);
   std::vector<std::pair<std::string, Tensor>> replicated;
-  const char* names[] = {"ln1.weight", "ln1.bias", "attn.proj.bias", "ln2.weight", "ln2.bias", "mlp.proj.bias"};
-  for (const char* name : names) replicated.push_back({std::string("4.7 gradient of ") + name, block.parameter(name).grad});
+  const char* names[] = {"ln1.weight", "ln1.bias", "attn.proj.bias",
+                         "ln2.weight", "ln2.bias", "mlp.proj.bias"};
+  for (const char* name : names)
+    replicated.push_back({std::string("4.7 gradient of ") + name, block.parameter(name).grad});
   if (m.empty()) m += check_replicas_agree(comm, replicated, replicated_hint);
 
   const std::int64_t bytes = kN * kC * 8;
@@ -72,40 +78,49 @@ std::string block_on(Comm& comm, bool sp) {
                     "one all-reduce for attention and one for the MLP");
     m += check_comm("4.7 block backward", r, comm_use(s1, s2), {{"all_reduce", 2}}, 2 * bytes,
                     "one all-reduce for the MLP and one for attention");
-    m += check_comm("4.7 reduce_replicated_gradients without sequence parallelism", r, comm_use(s2, s3), {}, 0,
-                    "the replicated gradients are whole already");
+    m += check_comm("4.7 reduce_replicated_gradients without sequence parallelism", r,
+                    comm_use(s2, s3), {}, 0, "the replicated gradients are whole already");
   } else {
     m += check_comm("4.7 sequence-parallel block forward", r, comm_use(s0, s1),
                     {{"all_gather", 2}, {"reduce_scatter", 2}}, 4 * bytes,
-                    "no all-reduce: an all-gather before and a reduce-scatter after attention and the MLP each, the "
+                    "no all-reduce: an all-gather before and a reduce-scatter after attention and "
+                    "the MLP each, the "
                     "same bytes as plain TP's two all-reduces");
     m += check_comm("4.7 sequence-parallel block backward", r, comm_use(s1, s2),
                     {{"all_gather", 2}, {"reduce_scatter", 2}}, 4 * bytes,
-                    "no all-reduce: the mirror of the forward (the replicated gradients are summed later, once)");
+                    "no all-reduce: the mirror of the forward (the replicated gradients are summed "
+                    "later, once)");
     const CommUse reduce = comm_use(s2, s3);
     if (reduce.bytes != 6 * kC * 8 || reduce.count("all_reduce") < 1 || reduce.calls.size() != 1)
-      m += "\n    rank " + std::to_string(r) + ": 4.7 reduce_replicated_gradients made " + reduce.str() +
-           ", expected all-reduces of the six replicated gradients (ln1, ln2 weight and bias, the two row-parallel "
-           "biases: 6 x C x 8 = " + std::to_string(6 * kC * 8) + " bytes in all)";
+      m += "\n    rank " + std::to_string(r) + ": 4.7 reduce_replicated_gradients made " +
+           reduce.str() +
+           ", expected all-reduces of the six replicated gradients (ln1, ln2 weight and bias, the "
+           "two row-parallel "
+           "biases: 6 x C x 8 = " +
+           std::to_string(6 * kC * 8) + " bytes in all)";
   }
   const std::int64_t bound = activation_bound(t, sp);
   if (held > bound)
-    m += "\n    rank " + std::to_string(r) + ": 4.7 the block's forward left " + std::to_string(held) +
-         " bytes of activations, above the lesson's bound of " + std::to_string(bound) + " for t = " +
-         std::to_string(t) + (sp ? " with" : " without") + " sequence parallelism (" +
-         std::to_string(held - bound) + " bytes more; a whole [N, C] is " + std::to_string(bytes) +
+    m += "\n    rank " + std::to_string(r) + ": 4.7 the block's forward left " +
+         std::to_string(held) + " bytes of activations, above the lesson's bound of " +
+         std::to_string(bound) + " for t = " + std::to_string(t) + (sp ? " with" : " without") +
+         " sequence parallelism (" + std::to_string(held - bound) +
+         " bytes more; a whole [N, C] is " + std::to_string(bytes) +
          "). Something is kept whole that the design holds as a shard, or kept twice";
   return m;
 }
 
 TEST(Puzzle4_7_sequence_parallel_block, PlainTensorParallelBlockEqualsTheSerialBlock) {
   for (int t : tp_sizes())
-    run_and_report("4.7 TensorParallelBlock, plain", t, [](Comm& comm) { return block_on(comm, false); });
+    run_and_report("4.7 TensorParallelBlock, plain", t,
+                   [](Comm& comm) { return block_on(comm, false); });
 }
 
-TEST(Puzzle4_7_sequence_parallel_block, SequenceParallelBlockEqualsTheSerialBlockAndItsReplicasAgree) {
+TEST(Puzzle4_7_sequence_parallel_block,
+     SequenceParallelBlockEqualsTheSerialBlockAndItsReplicasAgree) {
   for (int t : tp_sizes())
-    run_and_report("4.7 TensorParallelBlock, sequence-parallel", t, [](Comm& comm) { return block_on(comm, true); });
+    run_and_report("4.7 TensorParallelBlock, sequence-parallel", t,
+                   [](Comm& comm) { return block_on(comm, true); });
 }
 
 }  // namespace

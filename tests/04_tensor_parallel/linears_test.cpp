@@ -6,7 +6,6 @@
 namespace dtp::testing::ch04 {
 namespace {
 
-
 // The sum over ranks of every rank's slice: what an all-reduce of slices gives.
 std::vector<double> sum_of_slices(const std::vector<double>& full, std::int64_t K, int t) {
   const std::int64_t n = K / t;
@@ -30,7 +29,8 @@ std::string column_parallel_on(Comm& comm, bool sp) {
   load_rows(layer, full, t, r);
   // b_r on every token: what a mistake's output is built from.
   const std::vector<double> my_bias = every_token(rows_of(values(full.bias), 1, r * n, n));
-  Tensor my_x = sp ? Tensor::from_values(my_tokens(values(x), in, t, r)).view(Shape{kN / t, in}) : x;
+  Tensor my_x =
+      sp ? Tensor::from_values(my_tokens(values(x), in, t, r)).view(Shape{kN / t, in}) : x;
   Tensor my_dy = Tensor::from_values(columns_of(values(dy), out, r * n, n)).view(Shape{kN, n});
   LinearSaved saved;
   const CommStats s0 = comm.stats();
@@ -40,28 +40,37 @@ std::string column_parallel_on(Comm& comm, bool sp) {
   const CommStats s2 = comm.stats();
 
   std::string m;
-  m += check_values("4.1 forward output (this rank's columns of y)", r, columns_of(y_full, out, r * n, n), values(y),
-                    {{"the sum over ranks of every rank's columns: the output was all-reduced, but a column-parallel "
-                      "forward needs no communication (its reduction is in the backward)",
-                      sum_of_slices(y_full, out, t)},
-                     {"t x W_r^T + b_r: the input was all-reduced in forward (it is already whole on every rank); "
-                      "the column-parallel forward needs no communication",
-                      plus(times(plus(columns_of(y_full, out, r * n, n), my_bias, -1.0), t), my_bias)}});
+  m += check_values(
+      "4.1 forward output (this rank's columns of y)", r, columns_of(y_full, out, r * n, n),
+      values(y),
+      {{"the sum over ranks of every rank's columns: the output was all-reduced, but a "
+        "column-parallel "
+        "forward needs no communication (its reduction is in the backward)",
+        sum_of_slices(y_full, out, t)},
+       {"t x W_r^T + b_r: the input was all-reduced in forward (it is already whole on every "
+        "rank); "
+        "the column-parallel forward needs no communication",
+        plus(times(plus(columns_of(y_full, out, r * n, n), my_bias, -1.0), t), my_bias)}});
   // This rank's part of dx, the all-reduce's input.
   Tensor partial = Tensor::empty(Shape{kN, in}, DType::f64);
   ops::matmul(my_dy, layer.local.weight, partial);
   const std::vector<double> expected_dx = sp ? my_tokens(dx_full, in, t, r) : dx_full;
-  m += check_values(std::string("4.1 input gradient dx") + (sp ? " (this rank's tokens)" : ""), r, expected_dx,
-                    values(dx),
-                    {{"this rank's part dy_r W_r alone: dx must be summed over the group (all-reduce in backward)",
-                      sp ? my_tokens(values(partial), in, t, r) : values(partial)},
-                     {std::to_string(t) + "x the true gradient: summed twice?", times(expected_dx, t)}});
-  m += check_values("4.1 weight gradient (this rank's rows)", r, grad_rows(full, t, r), values(layer.local.weight_grad),
-                    {{std::to_string(t) + "x: the weight gradient needs no reduction (each rank owns its rows); or the "
-                      "saved input was t x (an all-reduce of the input in forward)",
-                      times(grad_rows(full, t, r), t)}});
-  m += check_values("4.1 bias gradient (this rank's rows)", r, rows_of(values(full.bias_grad), 1, r * n, n),
-                    values(layer.local.bias_grad));
+  m += check_values(
+      std::string("4.1 input gradient dx") + (sp ? " (this rank's tokens)" : ""), r, expected_dx,
+      values(dx),
+      {{"this rank's part dy_r W_r alone: dx must be summed over the group (all-reduce in "
+        "backward)",
+        sp ? my_tokens(values(partial), in, t, r) : values(partial)},
+       {std::to_string(t) + "x the true gradient: summed twice?", times(expected_dx, t)}});
+  m += check_values(
+      "4.1 weight gradient (this rank's rows)", r, grad_rows(full, t, r),
+      values(layer.local.weight_grad),
+      {{std::to_string(t) +
+            "x: the weight gradient needs no reduction (each rank owns its rows); or the "
+            "saved input was t x (an all-reduce of the input in forward)",
+        times(grad_rows(full, t, r), t)}});
+  m += check_values("4.1 bias gradient (this rank's rows)", r,
+                    rows_of(values(full.bias_grad), 1, r * n, n), values(layer.local.bias_grad));
   const std::int64_t activation_bytes = kN * in * 8;
   if (!sp) {
     m += check_comm("4.1 forward", r, comm_use(s0, s1), {}, 0,
@@ -69,10 +78,11 @@ std::string column_parallel_on(Comm& comm, bool sp) {
     m += check_comm("4.1 backward", r, comm_use(s1, s2), {{"all_reduce", 1}}, activation_bytes,
                     "one all-reduce of dx [N, in] (all-reduce backward)");
   } else {
-    m += check_comm("4.1 sequence-parallel forward", r, comm_use(s0, s1), {{"all_gather", 1}}, activation_bytes,
-                    "one all-gather of the tokens into [N, in] before the matmul");
-    m += check_comm("4.1 sequence-parallel backward", r, comm_use(s1, s2), {{"reduce_scatter", 1}}, activation_bytes,
-                    "one reduce-scatter of dx [N, in] into this rank's tokens");
+    m +=
+        check_comm("4.1 sequence-parallel forward", r, comm_use(s0, s1), {{"all_gather", 1}},
+                   activation_bytes, "one all-gather of the tokens into [N, in] before the matmul");
+    m += check_comm("4.1 sequence-parallel backward", r, comm_use(s1, s2), {{"reduce_scatter", 1}},
+                    activation_bytes, "one reduce-scatter of dx [N, in] into this rank's tokens");
   }
   return m;
 }
@@ -91,7 +101,8 @@ std::string row_parallel_on(Comm& comm, bool sp) {
   RowParallelLinear layer(comm, in, out, sp);
   load_columns(layer, full, t, r);
   Tensor my_x = Tensor::from_values(columns_of(values(x), in, r * n, n)).view(Shape{kN, n});
-  Tensor my_dy = sp ? Tensor::from_values(my_tokens(values(dy), out, t, r)).view(Shape{kN / t, out}) : dy;
+  Tensor my_dy =
+      sp ? Tensor::from_values(my_tokens(values(dy), out, t, r)).view(Shape{kN / t, out}) : dy;
   LinearSaved saved;
   const CommStats s0 = comm.stats();
   Tensor y = layer.forward(my_x, saved);
@@ -105,31 +116,37 @@ std::string row_parallel_on(Comm& comm, bool sp) {
   ops::matmul(my_x, layer.local.weight, partial, false, true);
   auto mine = [&](const std::vector<double>& v) { return sp ? my_tokens(v, out, t, r) : v; };
   std::string m;
-  m += check_values(std::string("4.2 forward output y") + (sp ? " (this rank's tokens)" : ""), r, mine(y_full),
-                    values(y),
-                    {{"y plus " + std::to_string(t - 1) + " extra biases: the bias was added on every rank before "
-                      "the reduction (add it once, after)",
-                      mine(plus(y_full, bias_rows, t - 1))},
-                     {"this rank's partial sum x_r W_r^T + b: the partial outputs were not summed over the group",
-                      mine(plus(values(partial), bias_rows))}});
-  m += check_values("4.2 input gradient dx_r (this rank's columns)", r, columns_of(dx_full, in, r * n, n), values(dx),
-                    {{"the sum over ranks of every rank's columns: dx was all-reduced, but a row-parallel backward "
+  m += check_values(
+      std::string("4.2 forward output y") + (sp ? " (this rank's tokens)" : ""), r, mine(y_full),
+      values(y),
+      {{"y plus " + std::to_string(t - 1) +
+            " extra biases: the bias was added on every rank before "
+            "the reduction (add it once, after)",
+        mine(plus(y_full, bias_rows, t - 1))},
+       {"this rank's partial sum x_r W_r^T + b: the partial outputs were not summed over the group",
+        mine(plus(values(partial), bias_rows))}});
+  m += check_values("4.2 input gradient dx_r (this rank's columns)", r,
+                    columns_of(dx_full, in, r * n, n), values(dx),
+                    {{"the sum over ranks of every rank's columns: dx was all-reduced, but a "
+                      "row-parallel backward "
                       "needs no communication (its reduction is in the forward)",
                       sum_of_slices(dx_full, in, t)}});
   m += check_values("4.2 weight gradient (this rank's columns)", r, grad_columns(full, t, r),
                     values(layer.local.weight_grad));
   if (!sp) {
-    m += check_values("4.2 bias gradient (replicated: the whole dy's column sums)", r, values(full.bias_grad),
-                      values(layer.bias_grad),
+    m += check_values("4.2 bias gradient (replicated: the whole dy's column sums)", r,
+                      values(full.bias_grad), values(layer.bias_grad),
                       {{std::to_string(t) + "x: the bias gradient needs no reduction here",
                         times(values(full.bias_grad), t)}});
   } else {
-    m += check_values("4.2 sequence-parallel bias gradient (column sums of this rank's tokens of dy only; the block "
-                      "sums them over the group in 4.7)",
-                      r, column_sums(values(my_dy), out), values(layer.bias_grad),
-                      {{"the whole batch's bias gradient: under sequence parallelism it is summed over the group "
-                        "once per step by the block (4.7), not in the linear",
-                        values(full.bias_grad)}});
+    m += check_values(
+        "4.2 sequence-parallel bias gradient (column sums of this rank's tokens of dy only; the "
+        "block "
+        "sums them over the group in 4.7)",
+        r, column_sums(values(my_dy), out), values(layer.bias_grad),
+        {{"the whole batch's bias gradient: under sequence parallelism it is summed over the group "
+          "once per step by the block (4.7), not in the linear",
+          values(full.bias_grad)}});
   }
   const std::int64_t activation_bytes = kN * out * 8;
   if (!sp) {
@@ -138,17 +155,19 @@ std::string row_parallel_on(Comm& comm, bool sp) {
     m += check_comm("4.2 backward", r, comm_use(s1, s2), {}, 0,
                     "a row-parallel backward needs no communication (identity backward)");
   } else {
-    m += check_comm("4.2 sequence-parallel forward", r, comm_use(s0, s1), {{"reduce_scatter", 1}}, activation_bytes,
+    m += check_comm("4.2 sequence-parallel forward", r, comm_use(s0, s1), {{"reduce_scatter", 1}},
+                    activation_bytes,
                     "one reduce-scatter of the partial output [N, out] into this rank's tokens");
-    m += check_comm("4.2 sequence-parallel backward", r, comm_use(s1, s2), {{"all_gather", 1}}, activation_bytes,
-                    "one all-gather of dy's token shards into [N, out]");
+    m += check_comm("4.2 sequence-parallel backward", r, comm_use(s1, s2), {{"all_gather", 1}},
+                    activation_bytes, "one all-gather of dy's token shards into [N, out]");
   }
   return m;
 }
 
 TEST(Puzzle4_1_column_parallel_linear, EqualsTheUnshardedLinearForwardAndBackward) {
   for (int t : tp_sizes())
-    run_and_report("4.1 ColumnParallelLinear, plain", t, [](Comm& comm) { return column_parallel_on(comm, false); });
+    run_and_report("4.1 ColumnParallelLinear, plain", t,
+                   [](Comm& comm) { return column_parallel_on(comm, false); });
 }
 
 TEST(Puzzle4_1_column_parallel_linear, SequenceParallelGathersTokensForwardAndScattersBackward) {
@@ -159,12 +178,14 @@ TEST(Puzzle4_1_column_parallel_linear, SequenceParallelGathersTokensForwardAndSc
 
 TEST(Puzzle4_2_row_parallel_linear, EqualsTheUnshardedLinearForwardAndBackward) {
   for (int t : tp_sizes())
-    run_and_report("4.2 RowParallelLinear, plain", t, [](Comm& comm) { return row_parallel_on(comm, false); });
+    run_and_report("4.2 RowParallelLinear, plain", t,
+                   [](Comm& comm) { return row_parallel_on(comm, false); });
 }
 
 TEST(Puzzle4_2_row_parallel_linear, SequenceParallelScattersTokensForwardAndGathersBackward) {
   for (int t : tp_sizes())
-    run_and_report("4.2 RowParallelLinear, sequence-parallel", t, [](Comm& comm) { return row_parallel_on(comm, true); });
+    run_and_report("4.2 RowParallelLinear, sequence-parallel", t,
+                   [](Comm& comm) { return row_parallel_on(comm, true); });
 }
 
 }  // namespace

@@ -30,8 +30,8 @@ Io inputs(bool sp, int t, int r, const std::vector<double>& x, const std::vector
   return io;
 }
 
-std::string check_pair_comm(const std::string& what, int r, bool sp, const CommUse& forward, const CommUse& backward,
-                            const std::string& backward_why) {
+std::string check_pair_comm(const std::string& what, int r, bool sp, const CommUse& forward,
+                            const CommUse& backward, const std::string& backward_why) {
   const std::int64_t bytes = kN * kC * 8;
   std::string m;
   if (!sp) {
@@ -39,10 +39,12 @@ std::string check_pair_comm(const std::string& what, int r, bool sp, const CommU
                     "exactly one all-reduce of [N, C] (the row-parallel output)");
     m += check_comm(what + " backward", r, backward, {{"all_reduce", 1}}, bytes, backward_why);
   } else {
-    m += check_comm(what + " sequence-parallel forward", r, forward, {{"all_gather", 1}, {"reduce_scatter", 1}},
-                    2 * bytes, "one all-gather of the input tokens and one reduce-scatter of the output");
-    m += check_comm(what + " sequence-parallel backward", r, backward, {{"all_gather", 1}, {"reduce_scatter", 1}},
-                    2 * bytes, "one all-gather of dy's tokens and one reduce-scatter of dx");
+    m += check_comm(what + " sequence-parallel forward", r, forward,
+                    {{"all_gather", 1}, {"reduce_scatter", 1}}, 2 * bytes,
+                    "one all-gather of the input tokens and one reduce-scatter of the output");
+    m += check_comm(what + " sequence-parallel backward", r, backward,
+                    {{"all_gather", 1}, {"reduce_scatter", 1}}, 2 * bytes,
+                    "one all-gather of dy's tokens and one reduce-scatter of dx");
   }
   return m;
 }
@@ -57,7 +59,8 @@ std::string mlp_on(Comm& comm, bool sp) {
   const std::vector<double> dy = values(random_tensor(Shape{kB, kT, kC}, 22));
   MlpSaved serial;
   const std::vector<double> y_full = values(full.forward(tensor_of(x, Shape{kB, kT, kC}), serial));
-  const std::vector<double> dx_full = values(full.backward(tensor_of(dy, Shape{kB, kT, kC}), serial));
+  const std::vector<double> dx_full =
+      values(full.backward(tensor_of(dy, Shape{kB, kT, kC}), serial));
 
   TensorParallelMlp mlp(comm, config, sp);
   load_rows(mlp.fc, full.fc, t, r);
@@ -75,8 +78,8 @@ std::string mlp_on(Comm& comm, bool sp) {
                     {{std::to_string(t) + "x the true gradient: reduced twice?", times(io.dx, t)}});
   m += check_values("4.3 fc weight gradient (this rank's rows)", r, grad_rows(full.fc, t, r),
                     values(mlp.fc.local.weight_grad));
-  m += check_values("4.3 proj weight gradient (this rank's columns)", r, grad_columns(full.proj, t, r),
-                    values(mlp.proj.local.weight_grad));
+  m += check_values("4.3 proj weight gradient (this rank's columns)", r,
+                    grad_columns(full.proj, t, r), values(mlp.proj.local.weight_grad));
   m += check_pair_comm("4.3 MLP", r, sp, comm_use(s0, s1), comm_use(s1, s2),
                        "exactly one all-reduce of [N, C] (fc's input gradient)");
   return m;
@@ -92,7 +95,8 @@ std::string attention_on(Comm& comm, bool sp, AttentionKind kind) {
   const std::vector<double> dy = values(random_tensor(Shape{kB, kT, kC}, 24));
   AttentionSaved serial;
   const std::vector<double> y_full = values(full.forward(tensor_of(x, Shape{kB, kT, kC}), serial));
-  const std::vector<double> dx_full = values(full.backward(tensor_of(dy, Shape{kB, kT, kC}), serial));
+  const std::vector<double> dx_full =
+      values(full.backward(tensor_of(dy, Shape{kB, kT, kC}), serial));
 
   TensorParallelAttention attn(comm, config, sp);
   load_rows(attn.q, full.q, t, r);
@@ -117,27 +121,28 @@ std::string attention_on(Comm& comm, bool sp, AttentionKind kind) {
     m += check_values(std::string("4.4 ") + name + " weight gradient (this rank's heads' rows)", r,
                       grad_rows(*serial_layer, t, r), values(mine[i]->local.weight_grad));
   }
-  m += check_values("4.4 proj weight gradient (this rank's heads' columns)", r, grad_columns(full.proj, t, r),
-                    values(attn.proj.local.weight_grad));
-  m += check_pair_comm("4.4 attention", r, sp, comm_use(s0, s1), comm_use(s1, s2),
-                       "exactly one all-reduce of [N, C]: q, k and v read the same input, so add their three input "
-                       "gradients on the rank and reduce the sum once");
+  m += check_values("4.4 proj weight gradient (this rank's heads' columns)", r,
+                    grad_columns(full.proj, t, r), values(attn.proj.local.weight_grad));
+  m += check_pair_comm(
+      "4.4 attention", r, sp, comm_use(s0, s1), comm_use(s1, s2),
+      "exactly one all-reduce of [N, C]: q, k and v read the same input, so add their three input "
+      "gradients on the rank and reduce the sum once");
   return m;
 }
 
 TEST(Puzzle4_3_tensor_parallel_mlp, EqualsTheSerialMlpWithOneReductionEachWay) {
   for (bool sp : {false, true})
     for (int t : tp_sizes())
-      run_and_report(std::string("4.3 TensorParallelMlp, ") + (sp ? "sequence-parallel" : "plain"), t,
-                     [sp](Comm& comm) { return mlp_on(comm, sp); });
+      run_and_report(std::string("4.3 TensorParallelMlp, ") + (sp ? "sequence-parallel" : "plain"),
+                     t, [sp](Comm& comm) { return mlp_on(comm, sp); });
 }
 
 TEST(Puzzle4_4_tensor_parallel_attention, EqualsTheSerialAttentionWithOneReductionEachWay) {
   for (AttentionKind kind : {AttentionKind::naive, AttentionKind::flash})
     for (bool sp : {false, true})
       for (int t : tp_sizes())
-        run_and_report(std::string("4.4 TensorParallelAttention, ") + attention_kind_name(kind) + ", " +
-                           (sp ? "sequence-parallel" : "plain"),
+        run_and_report(std::string("4.4 TensorParallelAttention, ") + attention_kind_name(kind) +
+                           ", " + (sp ? "sequence-parallel" : "plain"),
                        t, [sp, kind](Comm& comm) { return attention_on(comm, sp, kind); });
 }
 
@@ -152,10 +157,13 @@ TEST(Puzzle4_4_tensor_parallel_attention, HeadsThatDoNotSplitAreAnErrorNamingBot
       if (text.find("heads") != std::string::npos && text.find('6') != std::string::npos &&
           text.find('4') != std::string::npos)
         return "";
-      return "\n    rank " + std::to_string(comm.rank()) + ": the error for 6 heads over 4 ranks should say 'heads' "
-             "and name both numbers, got: " + text;
+      return "\n    rank " + std::to_string(comm.rank()) +
+             ": the error for 6 heads over 4 ranks should say 'heads' "
+             "and name both numbers, got: " +
+             text;
     }
-    return "\n    rank " + std::to_string(comm.rank()) + ": TensorParallelAttention accepted 6 heads over 4 ranks; "
+    return "\n    rank " + std::to_string(comm.rank()) +
+           ": TensorParallelAttention accepted 6 heads over 4 ranks; "
            "each rank must own whole heads: throw a dtp::Error naming both (even_split does)";
   });
 }

@@ -22,7 +22,8 @@ struct Layout {
   int tp, dp;
   bool sp;
   std::string str() const {
-    return "tp " + std::to_string(tp) + " x dp " + std::to_string(dp) + (sp ? ", sequence-parallel" : "");
+    return "tp " + std::to_string(tp) + " x dp " + std::to_string(dp) +
+           (sp ? ", sequence-parallel" : "");
   }
 };
 
@@ -47,30 +48,33 @@ std::string mesh_on(Comm& world, int tp) {
   std::vector<double> tp_expected, dp_expected;
   for (int i = 0; i < tp; ++i) tp_expected.push_back(w / tp * tp + i);
   for (int i = 0; i < world.size() / tp; ++i) dp_expected.push_back(w % tp + i * tp);
-  const std::string where = "world rank " + std::to_string(w) + " of " + std::to_string(world.size()) + ", tp " +
-                            std::to_string(tp) + ": ";
+  const std::string where = "world rank " + std::to_string(w) + " of " +
+                            std::to_string(world.size()) + ", tp " + std::to_string(tp) + ": ";
   if (mesh.tp.size() != tp || mesh.tp.rank() != w % tp)
     m += "\n    " + where + "TP group size " + std::to_string(mesh.tp.size()) + " and rank " +
-         std::to_string(mesh.tp.rank()) + ", expected " + std::to_string(tp) + " and " + std::to_string(w % tp) +
-         " (TP groups are consecutive ranks: TP rank = world rank % tp)";
+         std::to_string(mesh.tp.rank()) + ", expected " + std::to_string(tp) + " and " +
+         std::to_string(w % tp) + " (TP groups are consecutive ranks: TP rank = world rank % tp)";
   else if (members(mesh.tp, w) != tp_expected)
     m += "\n    " + where + "TP group holds world ranks " + number(members(mesh.tp, w).front()) +
-         "... expected the consecutive ranks from " + number(tp_expected.front()) + " (split color = rank / tp)";
+         "... expected the consecutive ranks from " + number(tp_expected.front()) +
+         " (split color = rank / tp)";
   if (mesh.dp.size() != world.size() / tp || mesh.dp.rank() != w / tp)
     m += "\n    " + where + "DP group size " + std::to_string(mesh.dp.size()) + " and rank " +
-         std::to_string(mesh.dp.rank()) + ", expected " + std::to_string(world.size() / tp) + " and " +
-         std::to_string(w / tp) + " (DP groups hold the ranks with the same TP rank: color = rank % tp)";
+         std::to_string(mesh.dp.rank()) + ", expected " + std::to_string(world.size() / tp) +
+         " and " + std::to_string(w / tp) +
+         " (DP groups hold the ranks with the same TP rank: color = rank % tp)";
   else if (members(mesh.dp, w) != dp_expected)
-    m += "\n    " + where + "DP group does not hold world ranks " + number(dp_expected.front()) + ", " +
-         number(dp_expected.front() + tp) + ", ... (every tp-th rank)";
+    m += "\n    " + where + "DP group does not hold world ranks " + number(dp_expected.front()) +
+         ", " + number(dp_expected.front() + tp) + ", ... (every tp-th rank)";
   return m;
 }
 
 TEST(Puzzle4_8_tensor_parallel_gpt, MakeMeshSplitsTheWorldIntoConsecutiveTensorParallelGroups) {
-  for (auto [world, tp] : std::vector<std::pair<int, int>>{{4, 2}, {4, 4}, {4, 1}, {8, 2}, {8, 4}, {6, 3}})
+  for (auto [world, tp] :
+       std::vector<std::pair<int, int>>{{4, 2}, {4, 4}, {4, 1}, {8, 2}, {8, 4}, {6, 3}})
     if (world_fits(world))
-      run_and_report("4.8 make_mesh, world " + std::to_string(world) + " tp " + std::to_string(tp), world,
-                     [tp = tp](Comm& comm) { return mesh_on(comm, tp); });
+      run_and_report("4.8 make_mesh, world " + std::to_string(world) + " tp " + std::to_string(tp),
+                     world, [tp = tp](Comm& comm) { return mesh_on(comm, tp); });
 }
 
 TEST(Puzzle4_8_tensor_parallel_gpt, MakeMeshOfAWorldThatDoesNotSplitIsAnErrorNamingBoth) {
@@ -80,9 +84,11 @@ TEST(Puzzle4_8_tensor_parallel_gpt, MakeMeshOfAWorldThatDoesNotSplitIsAnErrorNam
     } catch (const dtp::Error& e) {
       const std::string text = e.what();
       if (text.find('3') != std::string::npos && text.find('2') != std::string::npos) return "";
-      return "\n    the error for a world of 3 in TP groups of 2 should name both numbers, got: " + text;
+      return "\n    the error for a world of 3 in TP groups of 2 should name both numbers, got: " +
+             text;
     }
-    return "\n    make_mesh accepted a world of 3 ranks in TP groups of 2: throw a dtp::Error naming both";
+    return "\n    make_mesh accepted a world of 3 ranks in TP groups of 2: throw a dtp::Error "
+           "naming both";
   });
 }
 
@@ -101,28 +107,32 @@ TEST(Puzzle4_8_tensor_parallel_gpt, FirstStepGradientsEqualTheSingleDeviceGradie
   std::unique_ptr<Trainer> serial = serial_after_first_backward(config);
   std::vector<Unit*> serial_units = serial->model().units();
   for (const Layout& layout : layouts())
-    run_and_report("4.8 first-step gradients, " + layout.str(), layout.tp * layout.dp, [&](Comm& world) {
-      Mesh mesh = make_mesh(world, layout.tp);
-      TensorParallelTrainer trainer(config, mesh, TensorParallelOptions{layout.sp});
-      Batch batch = trainer.sampler().batch(0);
-      TensorParallelGPT& model = trainer.model();
-      model.zero_grad();
-      model.forward(batch.inputs, batch.targets);
-      model.backward();
-      model.finish_backward(mesh.dp);
-      std::string m;
-      std::vector<Unit*> units = model.units();
-      for (std::size_t u = 0; u < units.size(); ++u)
-        m += check_unit_slices("first-step gradient", mesh.tp.rank(), layout.tp, *serial_units[u], *units[u], true,
-                               layout.sp ? "(replicated: under sequence parallelism sum it over the TP group in "
-                                           "finish_backward: the blocks' and the head's LayerNorm)"
-                                         : "");
-      if (m.empty()) return std::string();
-      return "world rank " + std::to_string(world.rank()) + " (TP rank " + std::to_string(mesh.tp.rank()) +
-             ", DP rank " + std::to_string(mesh.dp.rank()) +
-             ") differs from the single-device gradient of the same global batch (a k.00x ratio: a mean taken "
-             "as a sum, or a reduction done twice):" + m;
-    });
+    run_and_report(
+        "4.8 first-step gradients, " + layout.str(), layout.tp * layout.dp, [&](Comm& world) {
+          Mesh mesh = make_mesh(world, layout.tp);
+          TensorParallelTrainer trainer(config, mesh, TensorParallelOptions{layout.sp});
+          Batch batch = trainer.sampler().batch(0);
+          TensorParallelGPT& model = trainer.model();
+          model.zero_grad();
+          model.forward(batch.inputs, batch.targets);
+          model.backward();
+          model.finish_backward(mesh.dp);
+          std::string m;
+          std::vector<Unit*> units = model.units();
+          for (std::size_t u = 0; u < units.size(); ++u)
+            m += check_unit_slices(
+                "first-step gradient", mesh.tp.rank(), layout.tp, *serial_units[u], *units[u], true,
+                layout.sp ? "(replicated: under sequence parallelism sum it over the TP group in "
+                            "finish_backward: the blocks' and the head's LayerNorm)"
+                          : "");
+          if (m.empty()) return std::string();
+          return "world rank " + std::to_string(world.rank()) + " (TP rank " +
+                 std::to_string(mesh.tp.rank()) + ", DP rank " + std::to_string(mesh.dp.rank()) +
+                 ") differs from the single-device gradient of the same global batch (a k.00x "
+                 "ratio: a mean taken "
+                 "as a sum, or a reduction done twice):" +
+                 m;
+        });
 }
 
 TEST(Puzzle4_8_tensor_parallel_gpt, TrainingEqualsSingleDeviceTrainingAndReplicasAgreeEveryStep) {
@@ -145,23 +155,28 @@ TEST(Puzzle4_8_tensor_parallel_gpt, TrainingEqualsSingleDeviceTrainingAndReplica
         std::vector<std::pair<std::string, Tensor>> replicated, everything;
         for (std::size_t u = 0; u < units.size(); ++u)
           for (const ParamView& p : units[u]->parameters()) {
-            const std::string name = "step " + std::to_string(s + 1) + " unit '" + units[u]->name() + "' '" + p.name + "'";
-            if (p.shape == serial_units[u]->parameter(p.name).shape) replicated.push_back({name, p.value});
+            const std::string name = "step " + std::to_string(s + 1) + " unit '" +
+                                     units[u]->name() + "' '" + p.name + "'";
+            if (p.shape == serial_units[u]->parameter(p.name).shape)
+              replicated.push_back({name, p.value});
             everything.push_back({name, p.value});
           }
-        m += check_replicas_agree(mesh.tp, replicated,
-                                  "Its gradient must be the same on every TP rank (under sequence parallelism: "
-                                  "summed over the group) before the update.");
+        m += check_replicas_agree(
+            mesh.tp, replicated,
+            "Its gradient must be the same on every TP rank (under sequence parallelism: "
+            "summed over the group) before the update.");
         m += check_replicas_agree(mesh.dp, everything,
-                                  "(across the DP group) Every gradient must be averaged over the DP group before the update.");
+                                  "(across the DP group) Every gradient must be averaged over the "
+                                  "DP group before the update.");
       }
       if (m.empty())
         for (std::size_t u = 0; u < units.size(); ++u)
-          m += check_unit_slices("value after " + std::to_string(config.steps) + " steps", mesh.tp.rank(), layout.tp,
-                                 *serial_units[u], *units[u], false);
+          m += check_unit_slices("value after " + std::to_string(config.steps) + " steps",
+                                 mesh.tp.rank(), layout.tp, *serial_units[u], *units[u], false);
       if (m.empty()) return std::string();
-      return "world rank " + std::to_string(world.rank()) + " (TP rank " + std::to_string(mesh.tp.rank()) +
-             ", DP rank " + std::to_string(mesh.dp.rank()) + ") differs from single-device training:" + m;
+      return "world rank " + std::to_string(world.rank()) + " (TP rank " +
+             std::to_string(mesh.tp.rank()) + ", DP rank " + std::to_string(mesh.dp.rank()) +
+             ") differs from single-device training:" + m;
     });
 }
 

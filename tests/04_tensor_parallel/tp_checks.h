@@ -41,18 +41,20 @@ inline GPTConfig layer_config(AttentionKind kind = AttentionKind::naive) {
   return c;
 }
 
-inline Tensor random_tensor(const Shape& shape, std::uint64_t seed, double low = -1.0, double high = 1.0) {
+inline Tensor random_tensor(const Shape& shape, std::uint64_t seed, double low = -1.0,
+                            double high = 1.0) {
   return Tensor::random_uniform(shape, seed, low, high, DType::f64);
 }
 
 // Rows [r0, r0 + n) of a row-major matrix with `row_length` columns (or of a vector: row_length 1).
-inline std::vector<double> rows_of(const std::vector<double>& full, std::int64_t row_length, std::int64_t r0,
-                                   std::int64_t n) {
+inline std::vector<double> rows_of(const std::vector<double>& full, std::int64_t row_length,
+                                   std::int64_t r0, std::int64_t n) {
   return {full.begin() + r0 * row_length, full.begin() + (r0 + n) * row_length};
 }
 
 // Columns [c0, c0 + n) of a row-major [R, K] matrix.
-inline std::vector<double> columns_of(const std::vector<double>& full, std::int64_t K, std::int64_t c0, std::int64_t n) {
+inline std::vector<double> columns_of(const std::vector<double>& full, std::int64_t K,
+                                      std::int64_t c0, std::int64_t n) {
   std::vector<double> out;
   for (std::int64_t i = 0; i < static_cast<std::int64_t>(full.size()) / K; ++i)
     out.insert(out.end(), full.begin() + i * K + c0, full.begin() + i * K + c0 + n);
@@ -70,7 +72,8 @@ inline std::vector<double> every_token(const std::vector<double>& row) {
 }
 
 // This rank's token shard of a [N, K] activation: rows chunk r.
-inline std::vector<double> my_tokens(const std::vector<double>& full, std::int64_t K, int t, int r) {
+inline std::vector<double> my_tokens(const std::vector<double>& full, std::int64_t K, int t,
+                                     int r) {
   const std::int64_t rows = static_cast<std::int64_t>(full.size()) / K / t;
   return rows_of(full, K, r * rows, rows);
 }
@@ -89,7 +92,8 @@ inline bool all_close(const std::vector<double>& a, const std::vector<double>& b
 }
 
 // Adds element-wise.
-inline std::vector<double> plus(std::vector<double> a, const std::vector<double>& b, double scale = 1.0) {
+inline std::vector<double> plus(std::vector<double> a, const std::vector<double>& b,
+                                double scale = 1.0) {
   for (std::size_t i = 0; i < a.size(); ++i) a[i] += scale * b[i];
   return a;
 }
@@ -101,11 +105,12 @@ inline std::vector<double> times(std::vector<double> a, double factor) {
 // "" when got matches expected; else names the rank, what, the first wrong
 // element, how many are wrong and, when got is exactly one of the known
 // mistakes, says which.
-inline std::string check_values(const std::string& what, int rank, const std::vector<double>& expected,
-                                const std::vector<double>& got, const std::vector<Mistake>& mistakes = {}) {
+inline std::string check_values(const std::string& what, int rank,
+                                const std::vector<double>& expected, const std::vector<double>& got,
+                                const std::vector<Mistake>& mistakes = {}) {
   if (got.size() != expected.size())
-    return "\n    rank " + std::to_string(rank) + ": " + what + " has " + std::to_string(got.size()) +
-           " elements, expected " + std::to_string(expected.size());
+    return "\n    rank " + std::to_string(rank) + ": " + what + " has " +
+           std::to_string(got.size()) + " elements, expected " + std::to_string(expected.size());
   std::int64_t wrong = 0, first = -1;
   for (std::size_t i = 0; i < expected.size(); ++i)
     if (!close_enough(expected[i], got[i])) {
@@ -114,9 +119,10 @@ inline std::string check_values(const std::string& what, int rank, const std::ve
     }
   if (wrong == 0) return "";
   const auto f = static_cast<std::size_t>(first);
-  std::string message = "\n    rank " + std::to_string(rank) + ": " + what + " element " + std::to_string(first) +
-                        ": expected " + number(expected[f]) + ", got " + number(got[f]) + " (" +
-                        std::to_string(wrong) + " of " + std::to_string(expected.size()) + " elements wrong)";
+  std::string message = "\n    rank " + std::to_string(rank) + ": " + what + " element " +
+                        std::to_string(first) + ": expected " + number(expected[f]) + ", got " +
+                        number(got[f]) + " (" + std::to_string(wrong) + " of " +
+                        std::to_string(expected.size()) + " elements wrong)";
   for (const Mistake& m : mistakes)
     if (all_close(m.values, got)) return message + "\n      = " + m.what;
   if (all_close(times(expected, 0), got)) return message + "\n      = all zeros: never written";
@@ -135,7 +141,8 @@ struct CommUse {
     std::string s;
     for (const auto& [kind, n] : calls)
       if (n > 0) s += (s.empty() ? "" : ", ") + std::to_string(n) + " " + kind;
-    return (s.empty() ? std::string("no collectives") : s) + " (" + std::to_string(bytes) + " bytes)";
+    return (s.empty() ? std::string("no collectives") : s) + " (" + std::to_string(bytes) +
+           " bytes)";
   }
 };
 
@@ -170,7 +177,8 @@ inline std::string check_comm(const std::string& when, int rank, const CommUse& 
 inline std::vector<double> values(const Tensor& t) { return t.to_vector(); }
 
 // Fresh shard tensors for a Linear whose weight is [out, in] (bias [out] when has_bias).
-inline void give_linear(Linear& layer, const std::vector<double>& weight, const std::vector<double>& bias) {
+inline void give_linear(Linear& layer, const std::vector<double>& weight,
+                        const std::vector<double>& bias) {
   const auto make = [](const std::vector<double>& v, const Shape& shape) {
     return Tensor::from_values(v, DType::f64).view(shape);
   };
@@ -227,14 +235,16 @@ inline std::vector<double> expected_slice(const std::vector<double>& full, const
                                           const Shape& shard_shape, int t, int r) {
   if (full_shape == shard_shape) return full;
   const std::int64_t row_length = full_shape.ndim() == 2 ? full_shape[1] : 1;
-  if (shard_shape[0] * t == full_shape[0]) return rows_of(full, row_length, r * shard_shape[0], shard_shape[0]);
+  if (shard_shape[0] * t == full_shape[0])
+    return rows_of(full, row_length, r * shard_shape[0], shard_shape[0]);
   return columns_of(full, row_length, r * shard_shape[1], shard_shape[1]);
 }
 
 // Compares every parameter's gradient (or value) of a TP unit with its slice
 // of the serial unit's. `what` is "gradient" or "value".
-inline std::string check_unit_slices(const std::string& what, int rank, int t, const Unit& serial, const Unit& tp,
-                                     bool gradients, const std::string& hint_for_replicated = "") {
+inline std::string check_unit_slices(const std::string& what, int rank, int t, const Unit& serial,
+                                     const Unit& tp, bool gradients,
+                                     const std::string& hint_for_replicated = "") {
   std::string m;
   for (const ParamView& p : tp.parameters()) {
     const ParamView& f = serial.parameter(p.name);
@@ -243,11 +253,14 @@ inline std::string check_unit_slices(const std::string& what, int rank, int t, c
     const std::vector<double> got = values(gradients ? p.grad : p.value);
     std::vector<Mistake> mistakes;
     for (int k : {2, 3, 4, 8})
-      if (k <= 2 * t) mistakes.push_back({std::to_string(k) + ".00x the single-device " + what, times(expected, k)});
+      if (k <= 2 * t)
+        mistakes.push_back(
+            {std::to_string(k) + ".00x the single-device " + what, times(expected, k)});
     mistakes.push_back({"half the single-device " + what, times(expected, 0.5)});
-    std::string one = check_values("unit '" + tp.name() + "' " + what + " of '" + p.name + "'", rank, expected, got,
-                                   mistakes);
-    if (!one.empty() && p.shape == f.shape && !hint_for_replicated.empty()) one += "\n      " + hint_for_replicated;
+    std::string one = check_values("unit '" + tp.name() + "' " + what + " of '" + p.name + "'",
+                                   rank, expected, got, mistakes);
+    if (!one.empty() && p.shape == f.shape && !hint_for_replicated.empty())
+      one += "\n      " + hint_for_replicated;
     m += one;
   }
   return m;

@@ -15,7 +15,8 @@ struct Layout {
 };
 
 std::string describe(const Layout& l) {
-  return "pp " + std::to_string(l.pp) + " x dp " + std::to_string(l.dp) + " with FSDP, " + schedule_kind_name(l.kind);
+  return "pp " + std::to_string(l.pp) + " x dp " + std::to_string(l.dp) + " with FSDP, " +
+         schedule_kind_name(l.kind);
 }
 
 PipelineOptions fsdp_options(const Layout& l) {
@@ -28,11 +29,14 @@ PipelineOptions fsdp_options(const Layout& l) {
   return options;
 }
 
-const std::vector<Layout> kLayouts = {{2, 2, ScheduleKind::one_f_one_b}, {2, 2, ScheduleKind::afab},
-                                      {2, 1, ScheduleKind::one_f_one_b}, {1, 2, ScheduleKind::one_f_one_b},
+const std::vector<Layout> kLayouts = {{2, 2, ScheduleKind::one_f_one_b},
+                                      {2, 2, ScheduleKind::afab},
+                                      {2, 1, ScheduleKind::one_f_one_b},
+                                      {1, 2, ScheduleKind::one_f_one_b},
                                       {2, 2, ScheduleKind::interleaved}};
 
-TEST(Puzzle5_8_pipeline_fsdp, FirstStepGradientShardsAreTheSingleDeviceMeanAndCollectivesAsCounted) {
+TEST(Puzzle5_8_pipeline_fsdp,
+     FirstStepGradientShardsAreTheSingleDeviceMeanAndCollectivesAsCounted) {
   for (const Layout& l : kLayouts) {
     if (!world_fits(l.pp * l.dp)) continue;
     const PipelineOptions options = fsdp_options(l);
@@ -46,9 +50,11 @@ TEST(Puzzle5_8_pipeline_fsdp, FirstStepGradientShardsAreTheSingleDeviceMeanAndCo
       TrainConfig one = config;
       std::vector<GradientPiece> pieces;
       std::vector<std::vector<double>> got;
-      const auto microbatches = split_microbatches(trainer.sampler().batch(0), options.microbatches);
+      const auto microbatches =
+          split_microbatches(trainer.sampler().batch(0), options.microbatches);
       for (StageModule* chunk : trainer.chunks()) chunk->zero_grad();
-      for (int c = 0; c < static_cast<int>(trainer.chunks().size()); ++c) trainer.fsdp(c)->zero_grad();
+      for (int c = 0; c < static_cast<int>(trainer.chunks().size()); ++c)
+        trainer.fsdp(c)->zero_grad();
       execute_schedule(mesh.pp, trainer.schedule(), trainer.chunks(), microbatches);
       const CommStats after = mesh.dp.stats();
       std::string message;
@@ -62,23 +68,25 @@ TEST(Puzzle5_8_pipeline_fsdp, FirstStepGradientShardsAreTheSingleDeviceMeanAndCo
           const ChunkRange range = chunk_range(unit.numel(), l.dp, mesh.dp.rank());
           const Tensor& shard = fsdp.gradient_shards()[u];
           if (shard.numel() != range.length) {
-            message += "\n    unit '" + unit.name() + "' gradient shard holds " + std::to_string(shard.numel()) +
-                       " elements; expected " + std::to_string(range.length) + " (chunk_range(numel, d, rank))";
+            message += "\n    unit '" + unit.name() + "' gradient shard holds " +
+                       std::to_string(shard.numel()) + " elements; expected " +
+                       std::to_string(range.length) + " (chunk_range(numel, d, rank))";
             continue;
           }
           got.push_back(shard.to_vector());
           const auto& want = expected[static_cast<std::size_t>(unit.index())];
           const auto o = static_cast<std::size_t>(range.offset);
           const Unit* at = &unit;
-          pieces.push_back(GradientPiece{"'" + unit.name() + "' shard", &want[o], &want[o], got.back().data(),
-                                         range.length, [at, range](std::int64_t i) {
-                                           return "unit '" + at->name() + "' " + locate(*at, range.offset + i);
-                                         }});
+          pieces.push_back(
+              GradientPiece{"'" + unit.name() + "' shard", &want[o], &want[o], got.back().data(),
+                            range.length, [at, range](std::int64_t i) {
+                              return "unit '" + at->name() + "' " + locate(*at, range.offset + i);
+                            }});
         }
       }
       if (message.empty())
-        message = judge_gradient_pieces(pieces, "gradient shards after the step's micro-batches", world.rank(),
-                                        l.dp, options.microbatches);
+        message = judge_gradient_pieces(pieces, "gradient shards after the step's micro-batches",
+                                        world.rank(), l.dp, options.microbatches);
       // Per micro-batch and unit: two all-gathers (forward, backward) and one reduce-scatter.
       const auto calls = [&](const CommStats& s, const char* kind) {
         auto it = s.collective_calls.find(kind);
@@ -86,13 +94,17 @@ TEST(Puzzle5_8_pipeline_fsdp, FirstStepGradientShardsAreTheSingleDeviceMeanAndCo
       };
       const std::int64_t m = options.microbatches;
       const std::int64_t gathers = calls(after, "all_gather") - calls(before, "all_gather");
-      const std::int64_t scatters = calls(after, "reduce_scatter") - calls(before, "reduce_scatter");
+      const std::int64_t scatters =
+          calls(after, "reduce_scatter") - calls(before, "reduce_scatter");
       if (message.empty() && (gathers != 2 * m * units || scatters != m * units))
-        message = "world rank " + std::to_string(world.rank()) + ": " + std::to_string(gathers) + " all-gathers and " +
-                  std::to_string(scatters) + " reduce-scatters over the stage's DP group in one step; expected 2 x m " +
-                  "x units = " + std::to_string(2 * m * units) + " and m x units = " + std::to_string(m * units) +
-                  " (each of the " + std::to_string(units) + " units gathered before its forward and its backward " +
-                  "of each of the m = " + std::to_string(m) + " micro-batches, its gradient reduce-scattered after)";
+        message = "world rank " + std::to_string(world.rank()) + ": " + std::to_string(gathers) +
+                  " all-gathers and " + std::to_string(scatters) +
+                  " reduce-scatters over the stage's DP group in one step; expected 2 x m " +
+                  "x units = " + std::to_string(2 * m * units) +
+                  " and m x units = " + std::to_string(m * units) + " (each of the " +
+                  std::to_string(units) + " units gathered before its forward and its backward " +
+                  "of each of the m = " + std::to_string(m) +
+                  " micro-batches, its gradient reduce-scattered after)";
       return message;
     });
   }
@@ -137,9 +149,12 @@ TEST(Puzzle5_8_pipeline_fsdp, ShardsHoldOneDthOfTheStage) {
       const std::int64_t want = chunk_range(units[u]->numel(), 2, mesh.dp.rank()).length;
       const std::int64_t got = trainer.fsdp()->parameter_shards()[u].numel();
       if (got != want || units[u]->has_params())
-        message += "\n    world rank " + std::to_string(world.rank()) + ": unit '" + units[u]->name() + "' keeps " +
-                   std::to_string(got) + " parameters in its shard (expected " + std::to_string(want) + ")" +
-                   (units[u]->has_params() ? " and still holds its full parameters (release them: set_buffers)" : "");
+        message += "\n    world rank " + std::to_string(world.rank()) + ": unit '" +
+                   units[u]->name() + "' keeps " + std::to_string(got) +
+                   " parameters in its shard (expected " + std::to_string(want) + ")" +
+                   (units[u]->has_params()
+                        ? " and still holds its full parameters (release them: set_buffers)"
+                        : "");
     }
     return message;
   });

@@ -68,24 +68,31 @@ std::string check_partition(const std::vector<double>& costs, int stages) {
              std::to_string(r.first) + ", expected " + std::to_string(next) +
              " (stages are contiguous and in order, each where the previous ends)";
     double sum = 0;
-    for (int u = r.first; u < r.first + r.count && u < static_cast<int>(costs.size()); ++u) sum += costs[static_cast<std::size_t>(u)];
+    for (int u = r.first; u < r.first + r.count && u < static_cast<int>(costs.size()); ++u)
+      sum += costs[static_cast<std::size_t>(u)];
     if (sum > worst) worst = sum, worst_stage = s;
     next = r.first + r.count;
   }
   if (next != static_cast<int>(costs.size()))
-    return what + " = " + show(got) + ": the stages end at unit " + std::to_string(next) + " but there are " +
-           std::to_string(costs.size()) + " units";
+    return what + " = " + show(got) + ": the stages end at unit " + std::to_string(next) +
+           " but there are " + std::to_string(costs.size()) + " units";
   const auto [best, ranges] = best_split(costs, stages);
   if (worst > best * (1 + 1e-12) + 1e-12)
-    return what + " = " + show(got) + ": its slowest stage (stage " + std::to_string(worst_stage) + ") costs " +
-           number(worst) + "; the best split's slowest costs " + number(best) + ", e.g. " + show(ranges);
+    return what + " = " + show(got) + ": its slowest stage (stage " + std::to_string(worst_stage) +
+           ") costs " + number(worst) + "; the best split's slowest costs " + number(best) +
+           ", e.g. " + show(ranges);
   return "";
 }
 
 TEST(Puzzle5_1_partition, SplitsMakeTheSlowestStageAsCheapAsPossible) {
   std::vector<std::vector<double>> cases = {
-      {1, 1, 1, 1},          {5, 1, 1, 1, 1, 5},   {1, 2, 3, 4, 5, 6, 7, 8}, {10, 1, 1, 1, 1, 1, 1, 10},
-      {0, 0, 3, 0, 0},       {7},                  {2, 9, 2, 2, 9, 2, 2, 2, 9, 2},
+      {1, 1, 1, 1},
+      {5, 1, 1, 1, 1, 5},
+      {1, 2, 3, 4, 5, 6, 7, 8},
+      {10, 1, 1, 1, 1, 1, 1, 10},
+      {0, 0, 3, 0, 0},
+      {7},
+      {2, 9, 2, 2, 9, 2, 2, 2, 9, 2},
   };
   // A GPT's own units by parameters: a light embedding, equal blocks, a heavy head.
   TrainConfig config = pipeline_config(6, 4);
@@ -118,8 +125,8 @@ TEST(Puzzle5_1_partition, BadRequestsAreErrorsThatSayWhy) {
           << what << "'s error should name " << word << "; it says: " << e.what();
     }
   };
-  expect_error({1, 1, 1, 1}, 5, "5");      // more stages than units: names the stages
-  expect_error({1, 1, 1, 1}, 5, "4");      // ... and the units
+  expect_error({1, 1, 1, 1}, 5, "5");  // more stages than units: names the stages
+  expect_error({1, 1, 1, 1}, 5, "4");  // ... and the units
   expect_error({1, 1, 1}, 0, "0");
   expect_error({1, -2, 1}, 2, "unit 1");
   expect_error({1, 2, NAN}, 2, "unit 2");

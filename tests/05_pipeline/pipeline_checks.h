@@ -22,21 +22,25 @@ using namespace dtp::ch05;
 
 // "afab(p 4, m 8)".
 inline std::string call(const std::string& what, int p, int m, int v = 0) {
-  return what + "(p " + std::to_string(p) + ", m " + std::to_string(m) + (v ? ", v " + std::to_string(v) : "") + ")";
+  return what + "(p " + std::to_string(p) + ", m " + std::to_string(m) +
+         (v ? ", v " + std::to_string(v) : "") + ")";
 }
 
 // "" or what is wrong with the shape of a schedule a puzzle returned.
-inline std::string check_shape(const Schedule& s, const std::string& what, int p, int m, int v, bool split) {
+inline std::string check_shape(const Schedule& s, const std::string& what, int p, int m, int v,
+                               bool split) {
   std::string problem;
   if (s.stages != p || s.microbatches != m || s.chunks != v)
-    problem = "has stages " + std::to_string(s.stages) + ", micro-batches " + std::to_string(s.microbatches) +
-              ", chunks " + std::to_string(s.chunks) + "; expected " + std::to_string(p) + ", " + std::to_string(m) +
-              ", " + std::to_string(v) + " (start from empty_schedule)";
+    problem = "has stages " + std::to_string(s.stages) + ", micro-batches " +
+              std::to_string(s.microbatches) + ", chunks " + std::to_string(s.chunks) +
+              "; expected " + std::to_string(p) + ", " + std::to_string(m) + ", " +
+              std::to_string(v) + " (start from empty_schedule)";
   else if (s.split_backward != split)
     problem = split ? "must split the backward (split_backward = true, a W after each B)"
                     : "must not split the backward (split_backward = false, no W)";
   else if (static_cast<int>(s.actions.size()) != p)
-    problem = "has " + std::to_string(s.actions.size()) + " lists for " + std::to_string(p) + " ranks";
+    problem =
+        "has " + std::to_string(s.actions.size()) + " lists for " + std::to_string(p) + " ranks";
   return problem.empty() ? "" : what + " " + problem;
 }
 
@@ -45,7 +49,8 @@ inline std::string check_shape(const Schedule& s, const std::string& what, int p
 inline std::string explain_pipeline_failure(const std::string& text) {
   std::string out;
   std::vector<int> seen;
-  for (std::size_t at = text.find("tag "); at != std::string::npos; at = text.find("tag ", at + 4)) {
+  for (std::size_t at = text.find("tag "); at != std::string::npos;
+       at = text.find("tag ", at + 4)) {
     std::size_t end = at + 4;
     while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
     if (end == at + 4) continue;
@@ -55,8 +60,10 @@ inline std::string explain_pipeline_failure(const std::string& text) {
     out += "\n    tag " + std::to_string(tag) + " is " + describe_pipeline_tag(tag);
   }
   if (text.find("send: x is an undefined tensor") != std::string::npos)
-    out += "\n    an undefined tensor has nothing to send: virtual stage 0's backward has no input gradient to send "
-           "back, and the last virtual stage sends nothing on";
+    out +=
+        "\n    an undefined tensor has nothing to send: virtual stage 0's backward has no input "
+        "gradient to send "
+        "back, and the last virtual stage sends nothing on";
   return out;
 }
 
@@ -91,7 +98,8 @@ inline Schedule random_schedule(int p, int m, int v, bool split, std::uint64_t s
       if (ready(todo[i])) candidates.push_back(i);
     const std::size_t pick = candidates[rng() % candidates.size()];
     const auto [k, vs, mb] = todo[pick];
-    s.actions[static_cast<std::size_t>(vs % p)].push_back(Action{static_cast<ActionKind>(k), mb, vs / p});
+    s.actions[static_cast<std::size_t>(vs % p)].push_back(
+        Action{static_cast<ActionKind>(k), mb, vs / p});
     done[todo[pick]] = true;
     todo.erase(todo.begin() + static_cast<std::ptrdiff_t>(pick));
   }
@@ -129,19 +137,23 @@ struct HandPipeline {
     trainer = std::make_unique<Trainer>(config);
     GPT& model = trainer->model();
     const auto units = model.units();
-    const std::vector<UnitRange> split = even_stages(static_cast<int>(units.size()), s.virtual_stages());
+    const std::vector<UnitRange> split =
+        even_stages(static_cast<int>(units.size()), s.virtual_stages());
     mine.assign(units.size(), false);
     for (int c = 0; c < s.chunks; ++c) {
       const UnitRange range = split[static_cast<std::size_t>(s.virtual_stage(pp.rank(), c))];
       chunks.push_back(std::make_unique<StageModule>(model, range, c));
       chunks.back()->set_clock(pp, ActionCosts{}, s.split_backward);
       pointers.push_back(chunks.back().get());
-      for (int u = range.first; u < range.first + range.count; ++u) mine[static_cast<std::size_t>(u)] = true;
+      for (int u = range.first; u < range.first + range.count; ++u)
+        mine[static_cast<std::size_t>(u)] = true;
     }
     for (Unit* unit : units)
       if (!mine[static_cast<std::size_t>(unit->index())]) unit->set_buffers(Tensor(), Tensor());
   }
-  std::vector<MicroBatch> microbatches(int m) { return split_microbatches(trainer->sampler().batch(0), m); }
+  std::vector<MicroBatch> microbatches(int m) {
+    return split_microbatches(trainer->sampler().batch(0), m);
+  }
 };
 
 // Per unit: the gradient of each micro-batch alone, scaled by 1/m (what the
@@ -185,11 +197,14 @@ inline std::string check_stage_gradients(const MicroBatchGradients& expected, GP
     if (right) continue;
     for (int k = 0; k < m; ++k) {
       bool alone = true;
-      for (std::size_t i = 0; i < got.size() && alone; ++i) alone = close_enough(expected.scaled[static_cast<std::size_t>(k)][u][i], got[i]);
+      for (std::size_t i = 0; i < got.size() && alone; ++i)
+        alone = close_enough(expected.scaled[static_cast<std::size_t>(k)][u][i], got[i]);
       if (alone && m > 1)
-        return "rank " + std::to_string(rank) + ", step 1: unit '" + units[u]->name() + "' holds micro-batch " +
-               std::to_string(k) + "'s gradient alone, not the sum over the " + std::to_string(m) +
-               " micro-batches: the gradients were not accumulated (zeroed or overwritten between micro-batches?)";
+        return "rank " + std::to_string(rank) + ", step 1: unit '" + units[u]->name() +
+               "' holds micro-batch " + std::to_string(k) +
+               "'s gradient alone, not the sum over the " + std::to_string(m) +
+               " micro-batches: the gradients were not accumulated (zeroed or overwritten between "
+               "micro-batches?)";
     }
   }
   // Otherwise the chapter-02 verdicts, on this rank's units only.
@@ -202,9 +217,9 @@ inline std::string check_stage_gradients(const MicroBatchGradients& expected, GP
     for (const ParamView& p : units[u]->parameters()) {
       const auto o = static_cast<std::size_t>(p.offset);
       const std::string name = "'" + units[u]->name() + "' '" + p.name + "'";
-      pieces.push_back(GradientPiece{name, &expected.mean[u][o], &expected.scaled.back()[u][o], &got[u][o],
-                                     p.shape.numel(),
-                                     [name](std::int64_t i) { return "unit " + name + " element " + std::to_string(i); }});
+      pieces.push_back(GradientPiece{
+          name, &expected.mean[u][o], &expected.scaled.back()[u][o], &got[u][o], p.shape.numel(),
+          [name](std::int64_t i) { return "unit " + name + " element " + std::to_string(i); }});
     }
   }
   GradientWording words;
@@ -212,35 +227,43 @@ inline std::string check_stage_gradients(const MicroBatchGradients& expected, GP
   words.loss_scale = "StageModule::backward's loss_scale";
   words.local = "the last micro-batch's share alone (the others were lost: not accumulated?)";
   words.local_example = "the last micro-batch's share";
-  words.other = "neither the mean, a multiple of it, nor one micro-batch's share (a micro-batch's activation or "
-                "gradient used for another's: are the messages told apart by pipeline_tag()?)";
-  return judge_gradient_pieces(pieces, "gradients after the pipeline step (this rank's units)", rank, 1, m, words);
+  words.other =
+      "neither the mean, a multiple of it, nor one micro-batch's share (a micro-batch's activation "
+      "or "
+      "gradient used for another's: are the messages told apart by pipeline_tag()?)";
+  return judge_gradient_pieces(pieces, "gradients after the pipeline step (this rank's units)",
+                               rank, 1, m, words);
 }
 
 // "" or what the step's loss is instead of the batch mean.
 inline std::string check_step_loss(const MicroBatchGradients& expected, double got, int m) {
   if (close_enough(expected.loss, got)) return "";
   std::string why;
-  if (m > 1 && close_enough(expected.loss * m, got)) why = ": the micro-batches' losses summed, not averaged (divide by m)";
-  if (why.empty() && close_enough(expected.loss * 2, got)) why = ": every micro-batch's loss counted twice (2.00x the mean)";
+  if (m > 1 && close_enough(expected.loss * m, got))
+    why = ": the micro-batches' losses summed, not averaged (divide by m)";
+  if (why.empty() && close_enough(expected.loss * 2, got))
+    why = ": every micro-batch's loss counted twice (2.00x the mean)";
   for (int k = 0; k < m && why.empty(); ++k)
-    if (m > 1 && close_enough(expected.loss + expected.losses[static_cast<std::size_t>(k)] / m, got))
+    if (m > 1 &&
+        close_enough(expected.loss + expected.losses[static_cast<std::size_t>(k)] / m, got))
       why = ": micro-batch " + std::to_string(k) + "'s loss counted twice";
   for (int k = 0; k < m && why.empty(); ++k)
     if (m > 1 && close_enough(expected.losses[static_cast<std::size_t>(k)], got))
       why = ": micro-batch " + std::to_string(k) + "'s loss alone (average all m)";
   if (why.empty() && got == 0) why = ": 0 (the rank holding the last stage must return the loss)";
-  return "the step's loss: expected " + number(expected.loss) + " (the mean of the " + std::to_string(m) +
-         " micro-batches' losses), got " + number(got) + why;
+  return "the step's loss: expected " + number(expected.loss) + " (the mean of the " +
+         std::to_string(m) + " micro-batches' losses), got " + number(got) + why;
 }
 
 // After K steps: this rank's units against single-device training.
-inline std::string compare_stage(const ModelState& expected, GPT& model, const std::vector<bool>& mine,
-                                 const std::vector<double>& losses, int rank) {
+inline std::string compare_stage(const ModelState& expected, GPT& model,
+                                 const std::vector<bool>& mine, const std::vector<double>& losses,
+                                 int rank) {
   std::string message;
   for (std::size_t s = 0; s < expected.losses.size(); ++s)
     if (s >= losses.size() || !close_enough(expected.losses[s], losses[s]))
-      message += "\n    step " + std::to_string(s + 1) + " loss: expected " + number(expected.losses[s]) + ", got " +
+      message += "\n    step " + std::to_string(s + 1) + " loss: expected " +
+                 number(expected.losses[s]) + ", got " +
                  (s < losses.size() ? number(losses[s]) : std::string("nothing"));
   std::vector<Unit*> units = model.units();
   UnitGradients params, want;
@@ -250,7 +273,8 @@ inline std::string compare_stage(const ModelState& expected, GPT& model, const s
   }
   message += compare_units("parameter after the last step", model, want, params);
   if (message.empty()) return "";
-  return "rank " + std::to_string(rank) + " differs from single-device training on the same batch " +
+  return "rank " + std::to_string(rank) +
+         " differs from single-device training on the same batch " +
          "(tolerance |diff| <= 1e-10 + 1e-8 |expected|):" + message;
 }
 

@@ -26,7 +26,8 @@ void sweep(const std::string& name, Make make, Check check, int step_m = 1) {
         continue;
       }
       const ScheduleReport report = simulate_schedule(s);
-      std::string problem = report.ok() ? check(s, report, p, m) : "the verifier rejects it: " + report.problem;
+      std::string problem =
+          report.ok() ? check(s, report, p, m) : "the verifier rejects it: " + report.problem;
       if (!problem.empty()) {
         ADD_FAILURE() << call(name, p, m) << ": " << problem << chart_of(s, report)
                       << "\n    (draw yours: ./dtp schedule --kind " << name << " --stages " << p
@@ -39,8 +40,8 @@ void sweep(const std::string& name, Make make, Check check, int step_m = 1) {
 
 std::string bubble_is(const ScheduleReport& report, double expected, const std::string& formula) {
   if (std::fabs(report.bubble_fraction - expected) <= 1e-12) return "";
-  return "bubble " + number(report.bubble_fraction) + " (makespan " + number(report.makespan) + "), expected " +
-         formula + " = " + number(expected);
+  return "bubble " + number(report.bubble_fraction) + " (makespan " + number(report.makespan) +
+         "), expected " + formula + " = " + number(expected);
 }
 
 TEST(Puzzle5_3_afab, EveryScheduleIsValidWithTheGPipeBubbleAndAllMicroBatchesAlive) {
@@ -51,14 +52,17 @@ TEST(Puzzle5_3_afab, EveryScheduleIsValidWithTheGPipeBubbleAndAllMicroBatchesAli
       if (r.peak_alive[static_cast<std::size_t>(rank)] != m)
         problem = "rank " + std::to_string(rank) + " holds at most " +
                   std::to_string(r.peak_alive[static_cast<std::size_t>(rank)]) +
-                  " micro-batches; AFAB runs all m = " + std::to_string(m) + " forwards before any backward";
+                  " micro-batches; AFAB runs all m = " + std::to_string(m) +
+                  " forwards before any backward";
     return problem;
   });
 }
 
 TEST(Puzzle5_3_afab, NoStagesOrNoMicroBatchesIsAnError) {
-  EXPECT_THROW(afab_schedule(0, 4), dtp::Error) << "afab_schedule(0, 4): start from empty_schedule, which checks";
-  EXPECT_THROW(afab_schedule(4, 0), dtp::Error) << "afab_schedule(4, 0): start from empty_schedule, which checks";
+  EXPECT_THROW(afab_schedule(0, 4), dtp::Error)
+      << "afab_schedule(0, 4): start from empty_schedule, which checks";
+  EXPECT_THROW(afab_schedule(4, 0), dtp::Error)
+      << "afab_schedule(4, 0): start from empty_schedule, which checks";
 }
 
 TEST(Puzzle5_4_one_f_one_b, EveryScheduleIsValidWithTheGPipeBubbleAndAtMostPMinusRAlive) {
@@ -67,12 +71,14 @@ TEST(Puzzle5_4_one_f_one_b, EveryScheduleIsValidWithTheGPipeBubbleAndAtMostPMinu
     if (problem.empty()) {
       problem = bubble_is(r, (p - 1.0) / (m + p - 1.0), "(p-1)/(m+p-1), AFAB's");
       if (!problem.empty() && r.bubble_fraction > (p - 1.0) / (m + p - 1.0))
-        problem += " (the pipeline stalls: too few warm-up forwards? rank r needs min(p - r - 1, m))";
+        problem +=
+            " (the pipeline stalls: too few warm-up forwards? rank r needs min(p - r - 1, m))";
     }
     for (int rank = 0; rank < p && problem.empty(); ++rank) {
       const int peak = r.peak_alive[static_cast<std::size_t>(rank)], limit = std::min(p - rank, m);
       if (peak > limit)
-        problem = "rank " + std::to_string(rank) + " holds " + std::to_string(peak) + " micro-batches at once; 1F1B " +
+        problem = "rank " + std::to_string(rank) + " holds " + std::to_string(peak) +
+                  " micro-batches at once; 1F1B " +
                   "holds at most min(p - r, m) = " + std::to_string(limit) +
                   " (too many warm-up forwards: rank r needs p - r - 1)";
     }
@@ -94,11 +100,12 @@ TEST(Puzzle5_5_interleaved, EveryScheduleIsValidWithTheInterleavedBubble) {
         const ScheduleReport r = simulate_schedule(s);
         std::string problem = check_shape(s, "the schedule", p, m, v, false);
         if (problem.empty() && !r.ok()) problem = "the verifier rejects it: " + r.problem;
-        if (problem.empty()) problem = bubble_is(r, (p - 1.0) / (v * m + p - 1.0), "(p-1)/(v m+p-1)");
+        if (problem.empty())
+          problem = bubble_is(r, (p - 1.0) / (v * m + p - 1.0), "(p-1)/(v m+p-1)");
         if (!problem.empty()) {
           ADD_FAILURE() << call("interleaved", p, m, v) << ": " << problem << chart_of(s, r)
-                        << "\n    (draw yours: ./dtp schedule --kind interleaved --stages " << p << " --microbatches "
-                        << m << " --chunks " << v << ")";
+                        << "\n    (draw yours: ./dtp schedule --kind interleaved --stages " << p
+                        << " --microbatches " << m << " --chunks " << v << ")";
           ++failures;
         }
       }
@@ -110,19 +117,21 @@ TEST(Puzzle5_5_interleaved, ConditionsItNeedsAreErrorsNamingTheNumbers) {
   auto expect_error = [](int p, int m, int v, const std::vector<std::string>& words) {
     try {
       interleaved_schedule(p, m, v);
-      ADD_FAILURE() << call("interleaved", p, m, v) << " returned a schedule; expected a dtp::Error";
+      ADD_FAILURE() << call("interleaved", p, m, v)
+                    << " returned a schedule; expected a dtp::Error";
     } catch (const dtp::NotSolved&) {
       throw;
     } catch (const dtp::Error& e) {
       for (const std::string& w : words)
         EXPECT_NE(std::string(e.what()).find(w), std::string::npos)
-            << call("interleaved", p, m, v) << "'s error should name " << w << "; it says: " << e.what();
+            << call("interleaved", p, m, v) << "'s error should name " << w
+            << "; it says: " << e.what();
     }
   };
   expect_error(4, 6, 2, {"6", "4"});  // m not a multiple of p
   expect_error(3, 4, 2, {"4", "3"});
-  expect_error(4, 8, 1, {"1"});       // one chunk is 1F1B
-  expect_error(1, 4, 2, {"1"});       // nobody to interleave with
+  expect_error(4, 8, 1, {"1"});  // one chunk is 1F1B
+  expect_error(1, 4, 2, {"1"});  // nobody to interleave with
   EXPECT_THROW(interleaved_schedule(0, 4, 2), dtp::Error);
 }
 
@@ -133,14 +142,16 @@ TEST(Puzzle5_6_zb_h1, EveryScheduleIsValidWithAtMostTheLessonsBubbleAndAtMostPAl
     const double idle = (p - 1.0) + std::max(0, p - m);
     const double bound = idle / (3.0 * m + idle);
     if (problem.empty() && r.bubble_fraction > bound + 1e-12)
-      problem = "bubble " + number(r.bubble_fraction) + " (makespan " + number(r.makespan) + ") is above the bound " +
-                number(bound) + " ((p-1) + max(0, p-m) idle units per rank; 1F1B's split schedule idles 3(p-1)): " +
+      problem = "bubble " + number(r.bubble_fraction) + " (makespan " + number(r.makespan) +
+                ") is above the bound " + number(bound) +
+                " ((p-1) + max(0, p-m) idle units per rank; 1F1B's split schedule idles 3(p-1)): " +
                 "are the W's held back so that every B runs as early as in 1F1B?";
     for (int rank = 0; rank < p && problem.empty(); ++rank) {
       const int peak = r.peak_alive[static_cast<std::size_t>(rank)];
       if (peak > std::min(p, m))
         problem = "rank " + std::to_string(rank) + " holds " + std::to_string(peak) +
-                  " micro-batches at once (until their W); ZB-H1 keeps 1F1B's peak, at most p = " + std::to_string(p);
+                  " micro-batches at once (until their W); ZB-H1 keeps 1F1B's peak, at most p = " +
+                  std::to_string(p);
     }
     return problem;
   });

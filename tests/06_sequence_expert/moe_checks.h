@@ -25,7 +25,8 @@ namespace dtp::testing::ch06 {
 using namespace dtp::ch06;
 
 // A tiny f64 model config with E experts, top-k and a capacity factor.
-inline GPTConfig moe_config(int experts, int top_k, double capacity_factor, double aux_loss_coef = 0.3) {
+inline GPTConfig moe_config(int experts, int top_k, double capacity_factor,
+                            double aux_loss_coef = 0.3) {
   GPTConfig c = tiny_f64_config();
   c.seed = 606;
   c.experts = experts;
@@ -48,18 +49,20 @@ inline std::string case_name(int experts, int top_k, double capacity_factor) {
 }
 
 // N tokens x [N, C] in f64, seeded.
-inline Tensor random_tokens(std::int64_t N, std::int64_t C, std::uint64_t seed, double scale = 1.0) {
+inline Tensor random_tokens(std::int64_t N, std::int64_t C, std::uint64_t seed,
+                            double scale = 1.0) {
   return Tensor::random_uniform({N, C}, seed, -scale, scale, DType::f64);
 }
 
 // The (token, expert) choices a MoeRouting kept and dropped.
-inline std::pair<std::set<std::pair<std::int64_t, int>>, std::set<std::pair<std::int64_t, int>>> choice_sets(
-    const MoeRouting& r) {
+inline std::pair<std::set<std::pair<std::int64_t, int>>, std::set<std::pair<std::int64_t, int>>>
+choice_sets(const MoeRouting& r) {
   std::set<std::pair<std::int64_t, int>> kept, dropped;
   for (std::int64_t n = 0; n < r.tokens; ++n)
     for (int j = 0; j < r.top_k; ++j) {
       const auto at = static_cast<std::size_t>(n * r.top_k + j);
-      if (at < r.kept.size() && at < r.choice.size()) (r.kept[at] ? kept : dropped).insert({n, r.choice[at]});
+      if (at < r.kept.size() && at < r.choice.size())
+        (r.kept[at] ? kept : dropped).insert({n, r.choice[at]});
     }
   return {kept, dropped};
 }
@@ -70,8 +73,8 @@ inline void expect_pass(const std::string& failure) {
 }
 
 // "" or what is wrong with the kept/dropped split of `got`, with the mistake it looks like.
-inline std::string compare_drops(const std::string& who, const MoeRouting& got, const std::vector<double>& probs,
-                                 int E, int k, double cf) {
+inline std::string compare_drops(const std::string& who, const MoeRouting& got,
+                                 const std::vector<double>& probs, int E, int k, double cf) {
   const HostRouting rules = host_route(probs, E, k, cf);
   const auto [kept, dropped] = choice_sets(got);
   if (dropped == rules.dropped && kept == rules.kept) return "";
@@ -80,17 +83,21 @@ inline std::string compare_drops(const std::string& who, const MoeRouting& got, 
                       std::inserter(wrongly_dropped, wrongly_dropped.end()));
   std::set_difference(kept.begin(), kept.end(), rules.kept.begin(), rules.kept.end(),
                       std::inserter(wrongly_kept, wrongly_kept.end()));
-  std::string message = who + " keeps and drops the wrong choices (capacity " + std::to_string(rules.capacity) +
+  std::string message = who + " keeps and drops the wrong choices (capacity " +
+                        std::to_string(rules.capacity) +
                         "): dropped but the rules keep: " + describe_choices(wrongly_dropped) +
                         "; kept but the rules drop: " + describe_choices(wrongly_kept) +
                         "\n    the rules drop: " + describe_choices(rules.dropped);
   const std::pair<RoutingRule, const char*> mistakes[] = {
       {RoutingRule::token_by_token,
-       "admission token by token (all of token 0's choices, then token 1's, ...); the rules admit round by "
+       "admission token by token (all of token 0's choices, then token 1's, ...); the rules admit "
+       "round by "
        "round: every token's first choice in token order, then every second choice"},
-      {RoutingRule::ties_to_higher_index, "ties given to the HIGHER expert index; they go to the lower one"},
+      {RoutingRule::ties_to_higher_index,
+       "ties given to the HIGHER expert index; they go to the lower one"},
       {RoutingRule::capacity_rounded_down, "a capacity rounded down; it is ceil(cf N k / E)"},
-      {RoutingRule::unlimited_capacity, "no capacity limit at all; an expert takes at most the capacity"}};
+      {RoutingRule::unlimited_capacity,
+       "no capacity limit at all; an expert takes at most the capacity"}};
   for (const auto& [rule, mistake] : mistakes) {
     const HostRouting alike = host_route(probs, E, k, cf, rule);
     if (alike.dropped == dropped && alike.kept == kept && alike.dropped != rules.dropped)
@@ -100,33 +107,35 @@ inline std::string compare_drops(const std::string& who, const MoeRouting& got, 
 }
 
 // "" or the first field of `got` that breaks the rules, for probs [N, E].
-inline std::string compare_routing(const MoeRouting& got, const std::vector<double>& probs, int E, int k,
-                                   double cf) {
+inline std::string compare_routing(const MoeRouting& got, const std::vector<double>& probs, int E,
+                                   int k, double cf) {
   const std::string who = "route_tokens (" + case_name(E, k, cf) + ", N " +
                           std::to_string(probs.size() / static_cast<std::size_t>(E)) + ")";
   const HostRouting rules = host_route(probs, E, k, cf);
   const auto N = static_cast<std::int64_t>(probs.size()) / E;
   const auto Nk = static_cast<std::size_t>(N * k);
   if (got.tokens != N || got.experts != E || got.top_k != k)
-    return who + ": tokens, experts, top_k must be " + std::to_string(N) + ", " + std::to_string(E) + ", " +
-           std::to_string(k) + "; got " + std::to_string(got.tokens) + ", " + std::to_string(got.experts) + ", " +
-           std::to_string(got.top_k);
+    return who + ": tokens, experts, top_k must be " + std::to_string(N) + ", " +
+           std::to_string(E) + ", " + std::to_string(k) + "; got " + std::to_string(got.tokens) +
+           ", " + std::to_string(got.experts) + ", " + std::to_string(got.top_k);
   if (got.capacity != rules.capacity)
-    return who + ": capacity must be ceil(" + number(cf) + " x " + std::to_string(N) + " x " + std::to_string(k) +
-           " / " + std::to_string(E) + ") = " + std::to_string(rules.capacity) + " (moe_capacity), got " +
-           std::to_string(got.capacity);
+    return who + ": capacity must be ceil(" + number(cf) + " x " + std::to_string(N) + " x " +
+           std::to_string(k) + " / " + std::to_string(E) + ") = " + std::to_string(rules.capacity) +
+           " (moe_capacity), got " + std::to_string(got.capacity);
   if (got.choice.size() != Nk || got.weight.size() != Nk || got.kept.size() != Nk)
-    return who + ": choice, weight and kept must have N k = " + std::to_string(Nk) + " entries (token n's j-th at n k + j); got " +
-           std::to_string(got.choice.size()) + ", " + std::to_string(got.weight.size()) + ", " +
-           std::to_string(got.kept.size());
+    return who + ": choice, weight and kept must have N k = " + std::to_string(Nk) +
+           " entries (token n's j-th at n k + j); got " + std::to_string(got.choice.size()) + ", " +
+           std::to_string(got.weight.size()) + ", " + std::to_string(got.kept.size());
   for (std::int64_t n = 0; n < N; ++n)
     for (int j = 0; j < k; ++j) {
       const auto at = static_cast<std::size_t>(n * k + j);
-      const int want = rules.choices[static_cast<std::size_t>(n)][static_cast<std::size_t>(j)], had = got.choice[at];
+      const int want = rules.choices[static_cast<std::size_t>(n)][static_cast<std::size_t>(j)],
+                had = got.choice[at];
       if (had == want) continue;
-      std::string message = who + ": token " + std::to_string(n) + "'s choice " + std::to_string(j) +
-                            " must be expert " + std::to_string(want) + " (p = " + number(probs[n * E + want]) +
-                            "), got " + std::to_string(had);
+      std::string message = who + ": token " + std::to_string(n) + "'s choice " +
+                            std::to_string(j) + " must be expert " + std::to_string(want) +
+                            " (p = " + number(probs[n * E + want]) + "), got " +
+                            std::to_string(had);
       if (had >= 0 && had < E && probs[n * E + had] == probs[n * E + want])
         message += "\n    experts " + std::to_string(want) + " and " + std::to_string(had) +
                    " have the same probability: ties go to the lower index";
@@ -137,41 +146,51 @@ inline std::string compare_routing(const MoeRouting& got, const std::vector<doub
   for (std::size_t at = 0; at < Nk; ++at)
     if (got.weight[at] != probs[at / static_cast<std::size_t>(k) * static_cast<std::size_t>(E) +
                                 static_cast<std::size_t>(got.choice[at])])
-      return who + ": weight[" + std::to_string(at) + "] (token " + std::to_string(at / k) + ", expert " +
-             std::to_string(got.choice[at]) + ") must be that expert's probability, " +
-             number(probs[at / k * E + got.choice[at]]) + " (not renormalized), got " + number(got.weight[at]);
+      return who + ": weight[" + std::to_string(at) + "] (token " + std::to_string(at / k) +
+             ", expert " + std::to_string(got.choice[at]) +
+             ") must be that expert's probability, " + number(probs[at / k * E + got.choice[at]]) +
+             " (not renormalized), got " + number(got.weight[at]);
   std::string drops = compare_drops(who, got, probs, E, k, cf);
   if (!drops.empty()) return drops;
-  if (got.rows.size() != static_cast<std::size_t>(E) || got.weights.size() != static_cast<std::size_t>(E))
-    return who + ": rows and weights must have one entry per expert (" + std::to_string(E) + "), got " +
-           std::to_string(got.rows.size()) + " and " + std::to_string(got.weights.size());
+  if (got.rows.size() != static_cast<std::size_t>(E) ||
+      got.weights.size() != static_cast<std::size_t>(E))
+    return who + ": rows and weights must have one entry per expert (" + std::to_string(E) +
+           "), got " + std::to_string(got.rows.size()) + " and " +
+           std::to_string(got.weights.size());
   for (int e = 0; e < E; ++e) {
     const auto& want = rules.rows[static_cast<std::size_t>(e)];
     const auto& had = got.rows[static_cast<std::size_t>(e)];
     if (had != want) {
       std::ostringstream out;
-      out << who << ": rows[" << e << "] must list expert " << e << "'s tokens in the order they were admitted:";
+      out << who << ": rows[" << e << "] must list expert " << e
+          << "'s tokens in the order they were admitted:";
       for (auto n : want) out << ' ' << n;
       out << "; got";
       for (auto n : had) out << ' ' << n;
-      out << "\n    admission goes round by round: every token's first choice in token order, then every second "
+      out << "\n    admission goes round by round: every token's first choice in token order, then "
+             "every second "
              "choice, ...";
       return out.str();
     }
     for (std::size_t i = 0; i < want.size(); ++i) {
-      const double p = probs[static_cast<std::size_t>(want[i]) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e)];
-      if (got.weights[static_cast<std::size_t>(e)].size() != want.size() || got.weights[static_cast<std::size_t>(e)][i] != p)
-        return who + ": weights[" + std::to_string(e) + "] must hold the probabilities of rows[" + std::to_string(e) +
-               "], in the same order (token " + std::to_string(want[i]) + ": " + number(p) + ")";
+      const double p = probs[static_cast<std::size_t>(want[i]) * static_cast<std::size_t>(E) +
+                             static_cast<std::size_t>(e)];
+      if (got.weights[static_cast<std::size_t>(e)].size() != want.size() ||
+          got.weights[static_cast<std::size_t>(e)][i] != p)
+        return who + ": weights[" + std::to_string(e) + "] must hold the probabilities of rows[" +
+               std::to_string(e) + "], in the same order (token " + std::to_string(want[i]) + ": " +
+               number(p) + ")";
     }
   }
-  if (got.load.size() != static_cast<std::size_t>(E) || got.importance.size() != static_cast<std::size_t>(E))
+  if (got.load.size() != static_cast<std::size_t>(E) ||
+      got.importance.size() != static_cast<std::size_t>(E))
     return who + ": load and importance must have one entry per expert (" + std::to_string(E) + ")";
   for (int e = 0; e < E; ++e) {
     const auto se = static_cast<std::size_t>(e);
     if (std::abs(got.load[se] - rules.load[se]) > 1e-14)
-      return who + ": load[" + std::to_string(e) + "] must be the share of the N k choices that picked expert " +
-             std::to_string(e) + ", dropped ones included: " + number(rules.load[se]) + ", got " + number(got.load[se]);
+      return who + ": load[" + std::to_string(e) +
+             "] must be the share of the N k choices that picked expert " + std::to_string(e) +
+             ", dropped ones included: " + number(rules.load[se]) + ", got " + number(got.load[se]);
     if (std::abs(got.importance[se] - rules.importance[se]) > 1e-14)
       return who + ": importance[" + std::to_string(e) + "] must be expert " + std::to_string(e) +
              "'s mean probability over the N tokens: " + number(rules.importance[se]) + ", got " +
@@ -181,11 +200,13 @@ inline std::string compare_routing(const MoeRouting& got, const std::vector<doub
 }
 
 // "" or where rows x C values `got` first differ from `expected` (row r = token r).
-inline std::string compare_token_rows(const std::string& what, const std::vector<double>& expected, const Tensor& got_tensor,
-                                      std::int64_t C, double rtol = 1e-9, double atol = 1e-10) {
+inline std::string compare_token_rows(const std::string& what, const std::vector<double>& expected,
+                                      const Tensor& got_tensor, std::int64_t C, double rtol = 1e-9,
+                                      double atol = 1e-10) {
   if (!got_tensor.defined() || got_tensor.numel() != static_cast<std::int64_t>(expected.size()))
-    return what + " must have " + std::to_string(expected.size() / static_cast<std::size_t>(C)) + " rows of " +
-           std::to_string(C) + ", got " + (got_tensor.defined() ? got_tensor.describe() : std::string("an undefined tensor"));
+    return what + " must have " + std::to_string(expected.size() / static_cast<std::size_t>(C)) +
+           " rows of " + std::to_string(C) + ", got " +
+           (got_tensor.defined() ? got_tensor.describe() : std::string("an undefined tensor"));
   const std::vector<double> got = got_tensor.to_vector();
   std::int64_t wrong = 0, first = -1;
   for (std::size_t i = 0; i < got.size(); ++i)
@@ -193,16 +214,20 @@ inline std::string compare_token_rows(const std::string& what, const std::vector
       first = static_cast<std::int64_t>(i);
   if (wrong == 0) return "";
   bool row_zero = true;
-  for (std::int64_t c = 0; c < C; ++c) row_zero = row_zero && got[static_cast<std::size_t>(first / C * C + c)] == 0.0;
-  return what + " differs in " + std::to_string(wrong) + " of " + std::to_string(got.size()) + " elements; first at token " +
-         std::to_string(first / C) + ", channel " + std::to_string(first % C) + ": expected " + number(expected[first]) +
-         ", got " + number(got[first]) + (row_zero ? " (that token's whole row is 0: nothing was added back to it)" : "");
+  for (std::int64_t c = 0; c < C; ++c)
+    row_zero = row_zero && got[static_cast<std::size_t>(first / C * C + c)] == 0.0;
+  return what + " differs in " + std::to_string(wrong) + " of " + std::to_string(got.size()) +
+         " elements; first at token " + std::to_string(first / C) + ", channel " +
+         std::to_string(first % C) + ": expected " + number(expected[first]) + ", got " +
+         number(got[first]) +
+         (row_zero ? " (that token's whole row is 0: nothing was added back to it)" : "");
 }
 
 // "" or the first parameter of `unit` (named, with its element) whose gradient
 // differs from `expected` (flat, the unit's layout).
-inline std::string compare_unit_gradients(const std::string& who, const Unit& unit, const std::vector<double>& expected,
-                                          double rtol = 1e-6, double atol = 1e-8) {
+inline std::string compare_unit_gradients(const std::string& who, const Unit& unit,
+                                          const std::vector<double>& expected, double rtol = 1e-6,
+                                          double atol = 1e-8) {
   const std::vector<double> got = unit.grads().to_vector();
   for (const ParamView& p : unit.parameters()) {
     const std::int64_t n = p.value.numel();
@@ -213,10 +238,12 @@ inline std::string compare_unit_gradients(const std::string& who, const Unit& un
       std::int64_t bad = 0;
       for (std::int64_t j = 0; j < n; ++j) {
         const auto aj = static_cast<std::size_t>(p.offset + j);
-        bad += !(std::abs(got[aj] - expected[aj]) <= rtol * std::max(std::abs(got[aj]), std::abs(expected[aj])) + atol);
+        bad += !(std::abs(got[aj] - expected[aj]) <=
+                 rtol * std::max(std::abs(got[aj]), std::abs(expected[aj])) + atol);
       }
-      return who + ": the gradient of " + p.name + " differs in " + std::to_string(bad) + " of " + std::to_string(n) +
-             " elements; first at element " + std::to_string(i) + ": expected " + number(b) + ", got " + number(a) +
+      return who + ": the gradient of " + p.name + " differs in " + std::to_string(bad) + " of " +
+             std::to_string(n) + " elements; first at element " + std::to_string(i) +
+             ": expected " + number(b) + ", got " + number(a) +
              (a == 0 ? " (0: no gradient reached it)" : "");
     }
   }

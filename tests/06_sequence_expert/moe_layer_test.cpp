@@ -18,8 +18,10 @@ TEST(Puzzle6_6_moe_layer, RouteTokensFollowsTheRulesOnTheLessonsExample) {
   expect_pass(failure);
   if (!failure.empty()) return;
   // The lesson's numbers, once more, written out: t3 -> e0 and t1 -> e1 dropped, loss 1.03125.
-  EXPECT_EQ(got.dropped(), 2) << "the lesson drops token 3's first choice (expert 0) and token 1's second (expert 1)";
-  EXPECT_NEAR(got.balance_loss(), 1.03125, 1e-15) << "3 x (0.375 x 0.425 + 0.375 x 0.325 + 0.25 x 0.25)";
+  EXPECT_EQ(got.dropped(), 2)
+      << "the lesson drops token 3's first choice (expert 0) and token 1's second (expert 1)";
+  EXPECT_NEAR(got.balance_loss(), 1.03125, 1e-15)
+      << "3 x (0.375 x 0.425 + 0.375 x 0.325 + 0.25 x 0.25)";
 }
 
 // probs [N, E] with some exact ties: rows drawn from a few values.
@@ -29,16 +31,21 @@ std::vector<double> tied_probs(std::int64_t N, int E, std::uint64_t seed) {
   for (std::int64_t n = 0; n < N; ++n) {
     std::vector<double> row(static_cast<std::size_t>(E));
     double sum = 0;
-    for (double& p : row) sum += p = 1.0 + std::floor(4.0 * rng.uniform());  // 1..4: ties are common
+    for (double& p : row)
+      sum += p = 1.0 + std::floor(4.0 * rng.uniform());  // 1..4: ties are common
     for (double p : row) probs.push_back(p / sum);
   }
   return probs;
 }
 
 TEST(Puzzle6_6_moe_layer, RouteTokensOnRandomBatchesWithTies) {
-  struct Case { std::int64_t N; int E, k; double cf; };
-  const Case cases[] = {{40, 4, 1, 1.0}, {40, 4, 2, 0.5}, {37, 8, 2, 1.25}, {24, 4, 3, 0.8}, {16, 4, 2, 2.0},
-                        {30, 6, 1, 0.3}};
+  struct Case {
+    std::int64_t N;
+    int E, k;
+    double cf;
+  };
+  const Case cases[] = {{40, 4, 1, 1.0}, {40, 4, 2, 0.5}, {37, 8, 2, 1.25},
+                        {24, 4, 3, 0.8}, {16, 4, 2, 2.0}, {30, 6, 1, 0.3}};
   std::uint64_t seed = 1;
   for (const Case& c : cases) {
     const std::vector<double> probs = tied_probs(c.N, c.E, seed++);
@@ -46,9 +53,14 @@ TEST(Puzzle6_6_moe_layer, RouteTokensOnRandomBatchesWithTies) {
   }
   // Bad sizes are refused with a message naming them.
   const std::string error = error_of([] { route_tokens({0.5, 0.5, 1.0}, 2, 1, 1.0); });
-  EXPECT_NE(error.find("3"), std::string::npos) << "route_tokens of 3 probabilities over E = 2 experts should be a "
-                                                  "dtp::Error naming the 3; got: " << error;
-  EXPECT_NE(error_of([] { route_tokens({0.5, 0.5}, 2, 3, 1.0); }), "")
+  EXPECT_NE(error.find("3"), std::string::npos)
+      << "route_tokens of 3 probabilities over E = 2 experts should be a "
+         "dtp::Error naming the 3; got: "
+      << error;
+  EXPECT_NE(error_of([] {
+              route_tokens({0.5, 0.5}, 2, 3, 1.0);
+            }),
+            "")
       << "top_k = 3 of E = 2 experts should be refused (moe_capacity checks it)";
 }
 
@@ -66,16 +78,19 @@ void expect_forward_matches_host(int E, int k, double cf, bool expect_drops) {
   std::string failure = compare_drops(who + "'s routing()", layer.routing(), host.probs, E, k, cf);
   if (failure.empty()) {
     failure = compare_token_rows(who + "'s output y", host.y, y, config.d_model);
-    const HostMoeResult undropped = host_moe_forward(HostMoeWeights::from_unit(block, "moe", E), x.to_vector(), k, cf,
-                                                     RoutingRule::unlimited_capacity);
-    if (!failure.empty() && expect_drops && compare_token_rows("", undropped.y, y, config.d_model).empty())
-      failure += "\n    it equals the output with nothing dropped: dropped choices were still added to y";
+    const HostMoeResult undropped =
+        host_moe_forward(HostMoeWeights::from_unit(block, "moe", E), x.to_vector(), k, cf,
+                         RoutingRule::unlimited_capacity);
+    if (!failure.empty() && expect_drops &&
+        compare_token_rows("", undropped.y, y, config.d_model).empty())
+      failure +=
+          "\n    it equals the output with nothing dropped: dropped choices were still added to y";
   }
   expect_pass(failure);
   if (!failure.empty()) return;
   EXPECT_NEAR(layer.aux_loss(), config.aux_loss_coef * host.balance_loss, 1e-13)
-      << who << ": aux_loss() must be aux_loss_coef (" << config.aux_loss_coef << ") x E sum_e f_e P_e = "
-      << config.aux_loss_coef << " x " << host.balance_loss;
+      << who << ": aux_loss() must be aux_loss_coef (" << config.aux_loss_coef
+      << ") x E sum_e f_e P_e = " << config.aux_loss_coef << " x " << host.balance_loss;
 }
 
 TEST(Puzzle6_6_moe_layer, ForwardEqualsTheDenseMixtureWhenNothingIsDropped) {
@@ -105,7 +120,8 @@ void expect_gradients_match(int E, int k, double cf, bool main_loss) {
   const Tensor x = random_tokens(12, config.d_model, 21);
   Tensor dy = random_tokens(12, config.d_model, 22);
   if (!main_loss) dy.fill(0.0);
-  const std::string who = "MoeLayer (" + case_name(E, k, cf) + (main_loss ? "" : ", the balance loss alone") + ")";
+  const std::string who =
+      "MoeLayer (" + case_name(E, k, cf) + (main_loss ? "" : ", the balance loss alone") + ")";
 
   block.zero_grad();
   MoeLayer layer(block.moe);
@@ -117,7 +133,9 @@ void expect_gradients_match(int E, int k, double cf, bool main_loss) {
     MoeSaved saved;  // the probabilities the routing was decided from, by the finished layer
     block.moe.forward(x, saved);
     const std::string routing = compare_routing(layer.routing(), saved.probs.to_vector(), E, k, cf);
-    if (!routing.empty()) return expect_pass(who + "'s routing is wrong, so its gradients cannot be right; first:\n    " + routing);
+    if (!routing.empty())
+      return expect_pass(
+          who + "'s routing is wrong, so its gradients cannot be right; first:\n    " + routing);
   }
   const Tensor dx = layer.backward(dy);
   auto loss = [&] { return runtime_loss(block.moe, x, dy); };
@@ -136,13 +154,16 @@ void expect_gradients_match(int E, int k, double cf, bool main_loss) {
     for (const ParamView& p : block.parameters())
       if (p.name.find("router") != std::string::npos)
         for (std::int64_t i = 0; i < p.value.numel(); ++i)
-          same = same && std::abs(got[p.offset + i] - without_aux[p.offset + i]) <= 1e-6 * std::abs(without_aux[p.offset + i]) + 1e-8;
+          same = same && std::abs(got[p.offset + i] - without_aux[p.offset + i]) <=
+                             1e-6 * std::abs(without_aux[p.offset + i]) + 1e-8;
     if (same)
-      failure += "\n    the router's gradient equals the main loss's alone: the balance loss's share "
-                 "(aux_loss_coef x E f_e / N for every token) never reached d probs";
+      failure +=
+          "\n    the router's gradient equals the main loss's alone: the balance loss's share "
+          "(aux_loss_coef x E f_e / N for every token) never reached d probs";
   }
   if (failure.empty())
-    failure = compare_token_rows(who + "'s dx", numeric_gradient(x, loss), dx, config.d_model, 1e-6, 1e-8);
+    failure = compare_token_rows(who + "'s dx", numeric_gradient(x, loss), dx, config.d_model, 1e-6,
+                                 1e-8);
   expect_pass(failure);
 }
 

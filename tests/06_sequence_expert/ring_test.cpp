@@ -13,8 +13,8 @@ namespace {
 std::string count_line(int r, const std::string& what, std::int64_t got, std::int64_t expected,
                        const std::string& why) {
   if (got == expected) return "";
-  return "rank " + std::to_string(r) + " " + what + ": expected " + std::to_string(expected) + ", got " +
-         std::to_string(got) + " (" + why + ")";
+  return "rank " + std::to_string(r) + " " + what + ": expected " + std::to_string(expected) +
+         ", got " + std::to_string(got) + " (" + why + ")";
 }
 
 TEST(Puzzle6_2_ring_forward, EqualsSingleDeviceAttentionForEveryDegree) {
@@ -26,19 +26,23 @@ TEST(Puzzle6_2_ring_forward, MakesNMinusOneTransfersAndSkipsFutureBlocks) {
   const Case c = make_case(Dims{2, 48, 2, 4}, 72);
   for (int n : degrees({2, 4, 8})) {
     check_ring(c, n, false, false,
-               [&](Comm& sp, std::int64_t blocks, std::int64_t, const CommStats& s, const CommStats&) -> std::string {
+               [&](Comm& sp, std::int64_t blocks, std::int64_t, const CommStats& s,
+                   const CommStats&) -> std::string {
                  const int r = sp.rank();
-                 const std::int64_t block_bytes = 2 * c.d.numel() / n * 8;  // k and v of one shard, f64
+                 const std::int64_t block_bytes =
+                     2 * c.d.numel() / n * 8;  // k and v of one shard, f64
                  for (const std::string& line :
                       {count_line(r, "messages sent in forward", s.messages_sent, n - 1,
                                   "one key/value block to rank r + 1 per step but the last"),
                        count_line(r, "bytes sent in forward", s.bytes_sent, (n - 1) * block_bytes,
-                                  "n - 1 blocks of k and v, " + std::to_string(block_bytes) + " bytes each"),
+                                  "n - 1 blocks of k and v, " + std::to_string(block_bytes) +
+                                      " bytes each"),
                        count_line(r, "collective calls", s.total_collective_calls(), 0,
                                   "the ring is point-to-point only"),
                        count_line(r, "blocks computed in forward", blocks, r + 1,
                                   "its queries see the blocks of ranks 0.." + std::to_string(r) +
-                                      "; later blocks lie wholly in the causal future: skip them (block_visible)")})
+                                      "; later blocks lie wholly in the causal future: skip them "
+                                      "(block_visible)")})
                    if (!line.empty()) return line;
                  return "";
                });
@@ -53,23 +57,25 @@ TEST(Puzzle6_3_ring_backward, GradientsEqualSingleDeviceAttentionForEveryDegree)
 TEST(Puzzle6_3_ring_backward, GradientsTravelWithTheirBlocksAndComeHome) {
   const Case c = make_case(Dims{2, 48, 2, 4}, 74);
   for (int n : degrees({1, 2, 4, 8})) {
-    check_ring(c, n, false, true,
-               [&](Comm& sp, std::int64_t, std::int64_t blocks, const CommStats&, const CommStats& s) -> std::string {
-                 const int r = sp.rank();
-                 const std::int64_t shard_bytes = c.d.numel() / n * 8;
-                 const std::int64_t messages = n > 1 ? n : 0;
-                 const std::int64_t bytes = n > 1 ? (n - 1) * 4 * shard_bytes + 2 * shard_bytes : 0;
-                 for (const std::string& line :
-                      {count_line(r, "messages sent in backward", s.messages_sent, messages,
-                                  "n - 1 transfers of (k, v, dk, dv), then (dk, dv) home to their owner"),
-                       count_line(r, "bytes sent in backward", s.bytes_sent, bytes,
-                                  std::to_string(n - 1) + " x 4 shards + 2 shards of " + std::to_string(shard_bytes) +
-                                      " bytes"),
-                       count_line(r, "blocks computed in backward", blocks, r + 1,
-                                  "the same visible blocks as the forward")})
-                   if (!line.empty()) return line;
-                 return "";
-               });
+    check_ring(
+        c, n, false, true,
+        [&](Comm& sp, std::int64_t, std::int64_t blocks, const CommStats&,
+            const CommStats& s) -> std::string {
+          const int r = sp.rank();
+          const std::int64_t shard_bytes = c.d.numel() / n * 8;
+          const std::int64_t messages = n > 1 ? n : 0;
+          const std::int64_t bytes = n > 1 ? (n - 1) * 4 * shard_bytes + 2 * shard_bytes : 0;
+          for (const std::string& line :
+               {count_line(r, "messages sent in backward", s.messages_sent, messages,
+                           "n - 1 transfers of (k, v, dk, dv), then (dk, dv) home to their owner"),
+                count_line(r, "bytes sent in backward", s.bytes_sent, bytes,
+                           std::to_string(n - 1) + " x 4 shards + 2 shards of " +
+                               std::to_string(shard_bytes) + " bytes"),
+                count_line(r, "blocks computed in backward", blocks, r + 1,
+                           "the same visible blocks as the forward")})
+            if (!line.empty()) return line;
+          return "";
+        });
   }
 }
 

@@ -29,30 +29,35 @@ struct Dims {
 };
 
 // The positions rank r of n holds, by the chapter's rules, as (start, length) pairs.
-inline std::vector<std::pair<std::int64_t, std::int64_t>> rows_of_rank(std::int64_t T, int n, int r, bool zigzag) {
+inline std::vector<std::pair<std::int64_t, std::int64_t>> rows_of_rank(std::int64_t T, int n, int r,
+                                                                       bool zigzag) {
   if (!zigzag) return {{r * (T / n), T / n}};
   const std::int64_t c = T / (2 * n);
   return {{r * c, c}, {(2 * n - 1 - r) * c, c}};
 }
 
 // The rows of `ranges` of a whole [B, T, row] tensor, concatenated per batch row.
-inline std::vector<double> shard_of(const std::vector<double>& full, const Dims& d,
-                                    const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges) {
+inline std::vector<double> shard_of(
+    const std::vector<double>& full, const Dims& d,
+    const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges) {
   std::vector<double> out;
   for (std::int64_t b = 0; b < d.B; ++b)
     for (const auto& [start, length] : ranges)
-      out.insert(out.end(), full.begin() + (b * d.T + start) * d.row(), full.begin() + (b * d.T + start + length) * d.row());
+      out.insert(out.end(), full.begin() + (b * d.T + start) * d.row(),
+                 full.begin() + (b * d.T + start + length) * d.row());
   return out;
 }
 
 // Attention over a whole sequence on the host, with any visibility rule: the
 // checker's own arithmetic, for the "your result looks like ..." decodes.
-inline std::vector<double> host_attention(const std::vector<double>& q, const std::vector<double>& k,
-                                          const std::vector<double>& v, const Dims& d,
-                                          const std::function<bool(std::int64_t, std::int64_t)>& visible) {
+inline std::vector<double> host_attention(
+    const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+    const Dims& d, const std::function<bool(std::int64_t, std::int64_t)>& visible) {
   std::vector<double> out(static_cast<std::size_t>(d.numel()), 0.0);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d.D));
-  auto at = [&](std::int64_t b, std::int64_t t, std::int64_t h) { return ((b * d.T + t) * d.H + h) * d.D; };
+  auto at = [&](std::int64_t b, std::int64_t t, std::int64_t h) {
+    return ((b * d.T + t) * d.H + h) * d.D;
+  };
   for (std::int64_t b = 0; b < d.B; ++b)
     for (std::int64_t h = 0; h < d.H; ++h)
       for (std::int64_t i = 0; i < d.T; ++i) {
@@ -71,7 +76,8 @@ inline std::vector<double> host_attention(const std::vector<double>& q, const st
           sum += w[j];
         }
         for (std::int64_t j = 0; j < d.T; ++j)
-          for (std::int64_t c = 0; c < d.D; ++c) out[at(b, i, h) + c] += w[j] / sum * v[at(b, j, h) + c];
+          for (std::int64_t c = 0; c < d.D; ++c)
+            out[at(b, i, h) + c] += w[j] / sum * v[at(b, j, h) + c];
       }
   return out;
 }
@@ -79,9 +85,9 @@ inline std::vector<double> host_attention(const std::vector<double>& q, const st
 // One attention problem and its single-device answer (runtime naive attention).
 struct Case {
   Dims d;
-  Tensor q, k, v, dout;                              // whole sequence [B, T, H, D], f64
-  std::vector<double> out, dq, dk, dv;               // single-device results
-  std::vector<double> qv, kv, vv;                    // the inputs as vectors
+  Tensor q, k, v, dout;                 // whole sequence [B, T, H, D], f64
+  std::vector<double> out, dq, dk, dv;  // single-device results
+  std::vector<double> qv, kv, vv;       // the inputs as vectors
 };
 
 inline Case make_case(const Dims& d, std::uint64_t seed) {
@@ -92,7 +98,8 @@ inline Case make_case(const Dims& d, std::uint64_t seed) {
   c.k = Tensor::random_uniform(shape, seed + 1, -1.5, 1.5, DType::f64);
   c.v = Tensor::random_uniform(shape, seed + 2, -1.0, 1.0, DType::f64);
   c.dout = Tensor::random_uniform(shape, seed + 3, -1.0, 1.0, DType::f64);
-  Tensor out = Tensor::empty(shape, DType::f64), probs = Tensor::empty({d.B, d.H, d.T, d.T}, DType::f64);
+  Tensor out = Tensor::empty(shape, DType::f64),
+         probs = Tensor::empty({d.B, d.H, d.T, d.T}, DType::f64);
   ops::attention_forward(c.q, c.k, c.v, out, probs);
   Tensor dq = Tensor::empty(shape, DType::f64), dk = Tensor::empty(shape, DType::f64),
          dv = Tensor::empty(shape, DType::f64);
@@ -119,15 +126,17 @@ inline bool close(double a, double b) { return std::abs(a - b) <= 1e-10 + 1e-9 *
 // "" when got (this rank's rows) equals expected; else where it differs
 // first (batch row, global position, head, channel), expected and got, how
 // many differ, and which look-alike it equals, if any.
-inline std::string compare_rows(const std::string& what, int rank, const Dims& d, int n, bool zigzag,
-                                const std::vector<double>& expected, const Tensor& got_tensor,
+inline std::string compare_rows(const std::string& what, int rank, const Dims& d, int n,
+                                bool zigzag, const std::vector<double>& expected,
+                                const Tensor& got_tensor,
                                 const std::vector<LookAlike>& look_alikes = {}) {
   const std::string head = "rank " + std::to_string(rank) + "'s " + what;
   if (!got_tensor.defined()) return head + " is an undefined tensor (never assigned)";
   if (got_tensor.numel() != static_cast<std::int64_t>(expected.size()))
     return head + " has " + std::to_string(got_tensor.numel()) + " elements, expected " +
-           std::to_string(expected.size()) + " ([" + std::to_string(d.B) + ", " + std::to_string(d.T / n) + ", " +
-           std::to_string(d.H) + ", " + std::to_string(d.D) + "]); got " + got_tensor.describe();
+           std::to_string(expected.size()) + " ([" + std::to_string(d.B) + ", " +
+           std::to_string(d.T / n) + ", " + std::to_string(d.H) + ", " + std::to_string(d.D) +
+           "]); got " + got_tensor.describe();
   const std::vector<double> got = got_tensor.to_vector();
   std::int64_t wrong = 0, first = -1;
   for (std::size_t i = 0; i < got.size(); ++i)
@@ -138,8 +147,8 @@ inline std::string compare_rows(const std::string& what, int rank, const Dims& d
   if (wrong == 0) return "";
   // Locate the first wrong element: local row -> global position through the ranges.
   const std::int64_t Tl = d.T / n, per_row = d.row();
-  const std::int64_t b = first / (Tl * per_row), local = first / per_row % Tl, h = first % per_row / d.D,
-                     c = first % d.D;
+  const std::int64_t b = first / (Tl * per_row), local = first / per_row % Tl,
+                     h = first % per_row / d.D, c = first % d.D;
   std::int64_t position = local;
   for (const auto& [start, length] : rows_of_rank(d.T, n, rank, zigzag)) {
     if (position < length) {
@@ -148,11 +157,12 @@ inline std::string compare_rows(const std::string& what, int rank, const Dims& d
     }
     position -= length;
   }
-  std::string message = head + " differs from single-device causal attention in " + std::to_string(wrong) + " of " +
-                        std::to_string(got.size()) + " elements; first at batch row " + std::to_string(b) +
-                        ", position " + std::to_string(position) + " (local row " + std::to_string(local) + "), head " +
-                        std::to_string(h) + ", channel " + std::to_string(c) + ": expected " +
-                        number(expected[first]) + ", got " + number(got[first]);
+  std::string message = head + " differs from single-device causal attention in " +
+                        std::to_string(wrong) + " of " + std::to_string(got.size()) +
+                        " elements; first at batch row " + std::to_string(b) + ", position " +
+                        std::to_string(position) + " (local row " + std::to_string(local) +
+                        "), head " + std::to_string(h) + ", channel " + std::to_string(c) +
+                        ": expected " + number(expected[first]) + ", got " + number(got[first]);
   for (const LookAlike& alike : look_alikes) {
     bool same = alike.values.size() == got.size();
     for (std::size_t i = 0; same && i < got.size(); ++i) same = close(got[i], alike.values[i]);
@@ -173,35 +183,42 @@ inline std::vector<LookAlike> forward_look_alikes(const Case& c, int n, int r, b
       if (j >= start && j < start + length) return true;
     return false;
   };
-  return {{"causal attention over this rank's own keys only: the other ranks' key/value blocks never "
-           "arrived, or were not merged (ops::attention_merge inside attend_block)",
-           shard_of(host_attention(c.qv, c.kv, c.vv, c.d, [&](std::int64_t i, std::int64_t j) { return j <= i && own(j); }),
-                    c.d, mine)},
-          {"attention WITHOUT the causal mask (every query sees every key)",
-           shard_of(host_attention(c.qv, c.kv, c.vv, c.d, [](std::int64_t, std::int64_t) { return true; }), c.d, mine)}};
+  return {
+      {"causal attention over this rank's own keys only: the other ranks' key/value blocks never "
+       "arrived, or were not merged (ops::attention_merge inside attend_block)",
+       shard_of(host_attention(c.qv, c.kv, c.vv, c.d,
+                               [&](std::int64_t i, std::int64_t j) { return j <= i && own(j); }),
+                c.d, mine)},
+      {"attention WITHOUT the causal mask (every query sees every key)",
+       shard_of(
+           host_attention(c.qv, c.kv, c.vv, c.d, [](std::int64_t, std::int64_t) { return true; }),
+           c.d, mine)}};
 }
 
 // Look-alikes of a gradient on rank r: another rank's rows of the right answer.
-inline std::vector<LookAlike> gradient_look_alikes(const std::vector<double>& full, const Dims& d, int n, int r,
-                                                   bool zigzag, const std::string& name) {
+inline std::vector<LookAlike> gradient_look_alikes(const std::vector<double>& full, const Dims& d,
+                                                   int n, int r, bool zigzag,
+                                                   const std::string& name) {
   std::vector<LookAlike> out;
   for (int j = 0; j < n; ++j)
     if (j != r)
-      out.push_back({"rank " + std::to_string(j) + "'s " + name + " rows: the gradients went home to the wrong rank",
+      out.push_back({"rank " + std::to_string(j) + "'s " + name +
+                         " rows: the gradients went home to the wrong rank",
                      shard_of(full, d, rows_of_rank(d.T, n, j, zigzag))});
   return out;
 }
 
 // The four checks of a sequence-parallel attention run on rank r.
-inline std::string compare_attention(const Case& c, int n, int r, bool zigzag, const Tensor& out, const Tensor& dq,
-                                     const Tensor& dk, const Tensor& dv) {
+inline std::string compare_attention(const Case& c, int n, int r, bool zigzag, const Tensor& out,
+                                     const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const auto mine = rows_of_rank(c.d.T, n, r, zigzag);
   std::string failure = compare_rows("output", r, c.d, n, zigzag, shard_of(c.out, c.d, mine), out,
                                      forward_look_alikes(c, n, r, zigzag));
   if (!failure.empty() || !dq.defined()) return failure;
-  for (const auto& [name, full, got] : {std::tuple<std::string, const std::vector<double>*, const Tensor*>{"dq", &c.dq, &dq},
-                                        {"dk", &c.dk, &dk},
-                                        {"dv", &c.dv, &dv}}) {
+  for (const auto& [name, full, got] :
+       {std::tuple<std::string, const std::vector<double>*, const Tensor*>{"dq", &c.dq, &dq},
+        {"dk", &c.dk, &dk},
+        {"dv", &c.dv, &dv}}) {
     failure = compare_rows(name, r, c.d, n, zigzag, shard_of(*full, c.d, mine), *got,
                            gradient_look_alikes(*full, c.d, n, r, zigzag, name));
     if (!failure.empty()) return failure;
@@ -219,9 +236,10 @@ inline std::vector<int> degrees(std::initializer_list<int> wanted) {
 
 // Runs ring attention (forward, and backward when `backward`) at degree n and
 // compares everything; `extra` adds per-rank checks of the counts.
-inline void check_ring(const Case& c, int n, bool zigzag, bool backward,
-                       const std::function<std::string(Comm&, std::int64_t fwd_blocks, std::int64_t bwd_blocks,
-                                                       const CommStats& fwd, const CommStats& bwd)>& extra) {
+inline void check_ring(
+    const Case& c, int n, bool zigzag, bool backward,
+    const std::function<std::string(Comm&, std::int64_t fwd_blocks, std::int64_t bwd_blocks,
+                                    const CommStats& fwd, const CommStats& bwd)>& extra) {
   const std::string what = std::string(zigzag ? "zigzag" : "contiguous") + " ring attention" +
                            (backward ? ", forward and backward" : ", forward");
   run_and_report(what, n, [&](Comm& sp) -> std::string {
@@ -229,8 +247,9 @@ inline void check_ring(const Case& c, int n, bool zigzag, bool backward,
     RingAttention ring(sp, zigzag ? SequenceLayout::zigzag : SequenceLayout::contiguous);
     sp.reset_stats();
     reset_block_computations();
-    const Tensor out = ring.forward(shard_tensor(c.q, c.d, n, r, zigzag), shard_tensor(c.k, c.d, n, r, zigzag),
-                                    shard_tensor(c.v, c.d, n, r, zigzag));
+    const Tensor out =
+        ring.forward(shard_tensor(c.q, c.d, n, r, zigzag), shard_tensor(c.k, c.d, n, r, zigzag),
+                     shard_tensor(c.v, c.d, n, r, zigzag));
     const CommStats forward = sp.stats();
     const std::int64_t forward_blocks = block_computations();
     Tensor dq, dk, dv;
@@ -256,11 +275,13 @@ inline void check_refusal(int n, std::int64_t local, bool zigzag, const std::str
   const std::string error = error_of([&] {
     run_ranks(n, [&](Comm& sp) {
       const Tensor x = Tensor::zeros({1, local, 2, 4}, DType::f64);
-      RingAttention(sp, zigzag ? SequenceLayout::zigzag : SequenceLayout::contiguous).forward(x, x, x);
+      RingAttention(sp, zigzag ? SequenceLayout::zigzag : SequenceLayout::contiguous)
+          .forward(x, x, x);
     });
   });
   EXPECT_NE(error.find(expected), std::string::npos)
-      << "ring attention on " << n << " ranks of " << local << " positions should be refused with \"" << expected
+      << "ring attention on " << n << " ranks of " << local
+      << " positions should be refused with \"" << expected
       << "\" (positions_of says it); got: " << error;
 }
 

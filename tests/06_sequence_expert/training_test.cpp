@@ -30,7 +30,8 @@ struct SpCase {
   int n;
   int ulysses = 2;
   std::string str() const {
-    return std::string("--sp-kind ") + sequence_parallel_kind_name(kind) + " --sp " + std::to_string(n) +
+    return std::string("--sp-kind ") + sequence_parallel_kind_name(kind) + " --sp " +
+           std::to_string(n) +
            (kind == SequenceParallelKind::hybrid ? " --sp-ulysses " + std::to_string(ulysses) : "");
   }
   SequenceParallelRunOptions options() const { return {.sp = n, .kind = kind, .ulysses = ulysses}; }
@@ -50,18 +51,23 @@ std::vector<SpCase> sp_cases(SequenceParallelKind kind) {
 
 GradientWording sp_wording() {
   GradientWording w;
-  w.local = "this rank's own gradient (the loss of its positions alone), never averaged over the group";
+  w.local =
+      "this rank's own gradient (the loss of its positions alone), never averaged over the group";
   w.local_example = "this rank's own gradient";
-  w.other = "neither the single-device gradient, a multiple of it, nor this rank's own: are the attention's "
-            "dk and dv for other ranks' positions lost or sent to the wrong rank (the backward), or the "
-            "output of some positions wrong (the forward)?";
+  w.other =
+      "neither the single-device gradient, a multiple of it, nor this rank's own: are the "
+      "attention's "
+      "dk and dv for other ranks' positions lost or sent to the wrong rank (the backward), or the "
+      "output of some positions wrong (the forward)?";
   return w;
 }
 
 // Every unit's gradient as its backward finishes: before the group's average.
 void capture_local(GPT& model, UnitGradients& local) {
   local.assign(model.units().size(), {});
-  model.on_grad_ready([&local](Unit& unit) { local[static_cast<std::size_t>(unit.index())] = unit.grads().to_vector(); });
+  model.on_grad_ready([&local](Unit& unit) {
+    local[static_cast<std::size_t>(unit.index())] = unit.grads().to_vector();
+  });
 }
 
 void first_step_equals_single_device(SequenceParallelKind kind, const std::string& puzzle) {
@@ -73,7 +79,8 @@ void first_step_equals_single_device(SequenceParallelKind kind, const std::strin
       UnitGradients local;
       capture_local(trainer.model(), local);
       trainer.forward_backward();
-      return check_first_step_gradients(expected, local, trainer.model(), sp.rank(), sp.size(), 1, sp_wording());
+      return check_first_step_gradients(expected, local, trainer.model(), sp.rank(), sp.size(), 1,
+                                        sp_wording());
     });
 }
 
@@ -81,26 +88,28 @@ void training_equals_single_device(SequenceParallelKind kind, const std::string&
   const TrainConfig config = sp_config();
   const ModelState expected = single_device(config);
   for (const SpCase& c : sp_cases(kind))
-    run_and_report(puzzle + " in the GPT, " + std::to_string(config.steps) + " steps, " + c.str(), c.n,
-                   [&](Comm& sp) {
-                     SequenceParallelTrainer trainer(config, sp, c.options());
-                     std::vector<double> losses;
-                     for (std::int64_t s = 0; s < config.steps; ++s) {
-                       losses.push_back(trainer.step().loss);
-                       std::vector<std::pair<std::string, Tensor>> params;
-                       for (Unit* unit : trainer.model().units())
-                         for (const ParamView& p : unit->parameters())
-                           params.push_back({"step " + std::to_string(s + 1) + " unit '" + unit->name() + "' '" +
-                                                 p.name + "'",
-                                             p.value});
-                       const std::string m = check_replicas_agree(
-                           sp, params, "The ranks' gradients are averaged before the update, so their attention "
-                                       "results must be the same numbers: does one rank compute in another order?",
-                           "SP");
-                       if (!m.empty()) return "rank " + std::to_string(sp.rank()) + ":" + m;
-                     }
-                     return compare_with_single(expected, trainer.model(), losses, sp.rank());
-                   });
+    run_and_report(
+        puzzle + " in the GPT, " + std::to_string(config.steps) + " steps, " + c.str(), c.n,
+        [&](Comm& sp) {
+          SequenceParallelTrainer trainer(config, sp, c.options());
+          std::vector<double> losses;
+          for (std::int64_t s = 0; s < config.steps; ++s) {
+            losses.push_back(trainer.step().loss);
+            std::vector<std::pair<std::string, Tensor>> params;
+            for (Unit* unit : trainer.model().units())
+              for (const ParamView& p : unit->parameters())
+                params.push_back({"step " + std::to_string(s + 1) + " unit '" + unit->name() +
+                                      "' '" + p.name + "'",
+                                  p.value});
+            const std::string m = check_replicas_agree(
+                sp, params,
+                "The ranks' gradients are averaged before the update, so their attention "
+                "results must be the same numbers: does one rank compute in another order?",
+                "SP");
+            if (!m.empty()) return "rank " + std::to_string(sp.rank()) + ":" + m;
+          }
+          return compare_with_single(expected, trainer.model(), losses, sp.rank());
+        });
 }
 
 TEST(Puzzle6_1_ulysses, InTheGptFirstStepGradientsEqualTheSingleDeviceGradients) {
@@ -177,7 +186,8 @@ WholeLayout whole_layout(const TrainConfig& config) {
 }
 
 bool owned(int expert, const ExpertParallelTrainer& trainer) {
-  return expert >= trainer.first_expert() && expert < trainer.first_expert() + trainer.local_experts();
+  return expert >= trainer.first_expert() &&
+         expert < trainer.first_expert() + trainer.local_experts();
 }
 
 // "" when this rank's tracker holds the parameters and gradients of the
@@ -192,9 +202,11 @@ std::string check_ep_memory(const WholeLayout& whole, const ExpertParallelTraine
   for (MemoryCategory c : {MemoryCategory::params, MemoryCategory::grads}) {
     const std::int64_t got = current_memory_tracker()->live(c);
     if (got == want) continue;
-    m += "\n    live " + std::string(memory_category_name(c)) + " bytes: expected " + std::to_string(want) +
-         " (everything but the other ranks' experts), got " + std::to_string(got) +
-         (got - want == others * whole.element_size ? ": every expert's, the other ranks' too" : "");
+    m +=
+        "\n    live " + std::string(memory_category_name(c)) + " bytes: expected " +
+        std::to_string(want) + " (everything but the other ranks' experts), got " +
+        std::to_string(got) +
+        (got - want == others * whole.element_size ? ": every expert's, the other ranks' too" : "");
   }
   return m;
 }
@@ -203,9 +215,11 @@ GradientWording ep_wording() {
   GradientWording w;
   w.local = "this rank's own gradient (its tokens alone), never averaged over the group";
   w.local_example = "this rank's own gradient";
-  w.other = "neither the single-device gradient, a multiple of it, nor this rank's own: does an expert "
-            "miss the share of some rank's tokens (the backward's exchange), or a token the gradient of an "
-            "expert on another rank (the combine's backward)?";
+  w.other =
+      "neither the single-device gradient, a multiple of it, nor this rank's own: does an expert "
+      "miss the share of some rank's tokens (the backward's exchange), or a token the gradient of "
+      "an "
+      "expert on another rank (the combine's backward)?";
   return w;
 }
 
@@ -213,28 +227,30 @@ TEST(Puzzle6_7_expert_parallel, InTheGptFirstStepGradientsEqualSingleDeviceRouti
   for (int m : ep_worlds()) {
     const UnitGradients expected = first_step_gradients(ep_config(m));
     const WholeLayout whole = whole_layout(ep_config(m));
-    run_and_report("6.7 expert parallelism in the GPT, first-step gradients, --world " + std::to_string(m), m,
-                   [&](Comm& ep) {
-                     ExpertParallelTrainer trainer(ep_config(1), ep);
-                     UnitGradients local;
-                     capture_local(trainer.model(), local);
-                     trainer.forward_backward();
-                     const UnitGradients got = gradients_of(trainer.model());
-                     std::vector<Unit*> units = trainer.model().units();
-                     std::vector<GradientPiece> pieces;
-                     for (std::size_t u = 0; u < units.size(); ++u)
-                       for (const ParamView& p : units[u]->parameters()) {  // this rank's experts only
-                         const auto o = static_cast<std::size_t>(p.offset);
-                         const auto on_one_device = static_cast<std::size_t>(whole.offset[u].at(p.name));
-                         const std::string name = "'" + units[u]->name() + "' '" + p.name + "'";
-                         pieces.push_back({name, &expected[u][on_one_device], &local[u][o], &got[u][o],
-                                           p.shape.numel(), [name](std::int64_t i) {
-                                             return "unit " + name + " element " + std::to_string(i);
-                                           }});
-                       }
-                     return judge_gradient_pieces(pieces, "gradients after synchronization (experts on their owner)",
-                                                  ep.rank(), m, 1, ep_wording());
-                   });
+    run_and_report(
+        "6.7 expert parallelism in the GPT, first-step gradients, --world " + std::to_string(m), m,
+        [&](Comm& ep) {
+          ExpertParallelTrainer trainer(ep_config(1), ep);
+          UnitGradients local;
+          capture_local(trainer.model(), local);
+          trainer.forward_backward();
+          const UnitGradients got = gradients_of(trainer.model());
+          std::vector<Unit*> units = trainer.model().units();
+          std::vector<GradientPiece> pieces;
+          for (std::size_t u = 0; u < units.size(); ++u)
+            for (const ParamView& p : units[u]->parameters()) {  // this rank's experts only
+              const auto o = static_cast<std::size_t>(p.offset);
+              const auto on_one_device = static_cast<std::size_t>(whole.offset[u].at(p.name));
+              const std::string name = "'" + units[u]->name() + "' '" + p.name + "'";
+              pieces.push_back({name, &expected[u][on_one_device], &local[u][o], &got[u][o],
+                                p.shape.numel(), [name](std::int64_t i) {
+                                  return "unit " + name + " element " + std::to_string(i);
+                                }});
+            }
+          return judge_gradient_pieces(pieces,
+                                       "gradients after synchronization (experts on their owner)",
+                                       ep.rank(), m, 1, ep_wording());
+        });
   }
 }
 
@@ -242,53 +258,64 @@ TEST(Puzzle6_7_expert_parallel, InTheGptTrainingEqualsSingleDeviceTrainingRoutin
   for (int m : ep_worlds()) {
     const ModelState expected = single_device(ep_config(m));
     const WholeLayout whole = whole_layout(ep_config(m));
-    run_and_report("6.7 expert parallelism in the GPT, 3 steps, --world " + std::to_string(m), m, [&](Comm& ep) {
-      ExpertParallelTrainer trainer(ep_config(1), ep);
-      const std::string who = "rank " + std::to_string(ep.rank()) + " (experts " +
-                              std::to_string(trainer.first_expert()) + ".." +
-                              std::to_string(trainer.first_expert() + trainer.local_experts() - 1) + ")";
-      if (const std::string m = check_ep_memory(whole, trainer); !m.empty())
-        return who + " holds the wrong share of the model:" + m;
-      std::vector<double> losses;
-      std::vector<Unit*> units = trainer.model().units();
-      for (std::int64_t s = 0; s < 3; ++s) {
-        losses.push_back(trainer.step().loss);
-        std::vector<std::pair<std::string, Tensor>> replicated;
-        for (Unit* unit : units)
-          for (const ParamView& p : unit->parameters())
-            if (expert_of(p.name) < 0)
-              replicated.push_back({"step " + std::to_string(s + 1) + " unit '" + unit->name() + "' '" + p.name + "'",
-                                    p.value});
-        const std::string m = check_replicas_agree(
-            ep, replicated, "Everything but the experts is replicated: the router's gradient must be averaged "
-                            "over the group like every other one.", "EP");
-        if (!m.empty()) return who + ":" + m;
-      }
-      std::string m;
-      for (std::size_t s = 0; s < losses.size(); ++s)
-        if (!close_enough(expected.losses[s], losses[s]))
-          m += "\n    step " + std::to_string(s + 1) + " loss (mean over ranks, balance losses included): expected " +
-               number(expected.losses[s]) + ", got " + number(losses[s]);
-      for (std::size_t u = 0; u < units.size(); ++u) {
-        const std::vector<double> params = units[u]->params().to_vector(), grads = units[u]->grads().to_vector();
-        for (const ParamView& p : units[u]->parameters()) {  // this rank's experts only
-          for (std::int64_t i = 0; i < p.shape.numel(); ++i) {
-            const auto at = static_cast<std::size_t>(p.offset + i);
-            const auto want = static_cast<std::size_t>(whole.offset[u].at(p.name) + i);  // on one device
-            const bool param_ok = close_enough(expected.params[u][want], params[at]);
-            if (param_ok && close_enough(expected.grads[u][want], grads[at])) continue;
-            m += "\n    unit '" + units[u]->name() + "' '" + p.name + "' element " + std::to_string(i) + " " +
-                 (param_ok ? "gradient" : "value") + " after 3 steps: expected " +
-                 number(param_ok ? expected.grads[u][want] : expected.params[u][want]) + ", got " +
-                 number(param_ok ? grads[at] : params[at]);
-            break;
+    run_and_report(
+        "6.7 expert parallelism in the GPT, 3 steps, --world " + std::to_string(m), m,
+        [&](Comm& ep) {
+          ExpertParallelTrainer trainer(ep_config(1), ep);
+          const std::string who =
+              "rank " + std::to_string(ep.rank()) + " (experts " +
+              std::to_string(trainer.first_expert()) + ".." +
+              std::to_string(trainer.first_expert() + trainer.local_experts() - 1) + ")";
+          if (const std::string m = check_ep_memory(whole, trainer); !m.empty())
+            return who + " holds the wrong share of the model:" + m;
+          std::vector<double> losses;
+          std::vector<Unit*> units = trainer.model().units();
+          for (std::int64_t s = 0; s < 3; ++s) {
+            losses.push_back(trainer.step().loss);
+            std::vector<std::pair<std::string, Tensor>> replicated;
+            for (Unit* unit : units)
+              for (const ParamView& p : unit->parameters())
+                if (expert_of(p.name) < 0)
+                  replicated.push_back({"step " + std::to_string(s + 1) + " unit '" + unit->name() +
+                                            "' '" + p.name + "'",
+                                        p.value});
+            const std::string m = check_replicas_agree(
+                ep, replicated,
+                "Everything but the experts is replicated: the router's gradient must be averaged "
+                "over the group like every other one.",
+                "EP");
+            if (!m.empty()) return who + ":" + m;
           }
-        }
-      }
-      if (m.empty()) return std::string();
-      return who + " differs from single-device training routed in " + std::to_string(ep.size()) +
-             " groups (GPTConfig::moe_groups) on the same global batch:" + m;
-    });
+          std::string m;
+          for (std::size_t s = 0; s < losses.size(); ++s)
+            if (!close_enough(expected.losses[s], losses[s]))
+              m += "\n    step " + std::to_string(s + 1) +
+                   " loss (mean over ranks, balance losses included): expected " +
+                   number(expected.losses[s]) + ", got " + number(losses[s]);
+          for (std::size_t u = 0; u < units.size(); ++u) {
+            const std::vector<double> params = units[u]->params().to_vector(),
+                                      grads = units[u]->grads().to_vector();
+            for (const ParamView& p : units[u]->parameters()) {  // this rank's experts only
+              for (std::int64_t i = 0; i < p.shape.numel(); ++i) {
+                const auto at = static_cast<std::size_t>(p.offset + i);
+                const auto want =
+                    static_cast<std::size_t>(whole.offset[u].at(p.name) + i);  // on one device
+                const bool param_ok = close_enough(expected.params[u][want], params[at]);
+                if (param_ok && close_enough(expected.grads[u][want], grads[at])) continue;
+                m += "\n    unit '" + units[u]->name() + "' '" + p.name + "' element " +
+                     std::to_string(i) + " " + (param_ok ? "gradient" : "value") +
+                     " after 3 steps: expected " +
+                     number(param_ok ? expected.grads[u][want] : expected.params[u][want]) +
+                     ", got " + number(param_ok ? grads[at] : params[at]);
+                break;
+              }
+            }
+          }
+          if (m.empty()) return std::string();
+          return who + " differs from single-device training routed in " +
+                 std::to_string(ep.size()) +
+                 " groups (GPTConfig::moe_groups) on the same global batch:" + m;
+        });
   }
 }
 

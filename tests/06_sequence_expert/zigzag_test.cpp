@@ -24,9 +24,10 @@ TEST(Puzzle6_4_zigzag, EveryRankComputesTheSameNumberOfBlocks) {
                  const int r = sp.rank();
                  const std::int64_t expected = 2 * n + 1;
                  const std::string why =
-                     " (its chunks " + std::to_string(r) + " and " + std::to_string(2 * n - 1 - r) + " see " +
-                     std::to_string(r + 1) + " and " + std::to_string(2 * n - r) +
-                     " chunks of keys: every (query chunk, key chunk) pair with some visible key is one block)";
+                     " (its chunks " + std::to_string(r) + " and " + std::to_string(2 * n - 1 - r) +
+                     " see " + std::to_string(r + 1) + " and " + std::to_string(2 * n - r) +
+                     " chunks of keys: every (query chunk, key chunk) pair with some visible key "
+                     "is one block)";
                  if (forward != expected)
                    return "rank " + std::to_string(r) + " computed " + std::to_string(forward) +
                           " blocks in forward, expected " + std::to_string(expected) + why;

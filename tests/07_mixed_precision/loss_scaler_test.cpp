@@ -46,8 +46,9 @@ std::string flags(const std::vector<bool>& bad, std::size_t upto) {
 TEST(Puzzle7_3_loss_scaler, UpdateFollowsTheGradScalerSchedule) {
   const ScalerConfig config{1024.0, 2.0, 0.5, 3};
   // . good step, X a step with a non-finite gradient.
-  const std::vector<bool> bad = {false, false, false, false, true,  false, false, true,  false,
-                                 false, false, false, false, false, true,  true,  false, false, false};
+  const std::vector<bool> bad = {false, false, false, false, true,  false, false,
+                                 true,  false, false, false, false, false, false,
+                                 true,  true,  false, false, false};
   LossScaler scaler(config);
   Schedule want{config.initial_scale};
   for (std::size_t i = 0; i < bad.size(); ++i) {
@@ -64,14 +65,15 @@ TEST(Puzzle7_3_loss_scaler, UpdateFollowsTheGradScalerSchedule) {
     else if (!bad[i] && want.scale != before.scale && scaler.scale() == got_before)
       why = "the scale should grow here: growth_interval (3) good steps in a row";
     else if (!bad[i] && want.scale == before.scale && scaler.scale() != got_before)
-      why = "the scale grew too early: it grows only after growth_interval (3) good steps in a row, "
-            "counted since the last growth or backoff";
+      why =
+          "the scale grew too early: it grows only after growth_interval (3) good steps in a row, "
+          "counted since the last growth or backoff";
     else if (!bad[i] && want.good == 0 && scaler.good_steps() != 0)
       why = "after growing, the count of good steps restarts at 0";
     FAIL() << "LossScaler(initial 1024, growth 2, backoff 0.5, interval 3): after update #" << i + 1
            << " (history " << flags(bad, i) << ", X = non-finite) expected scale " << want.scale
-           << " and good_steps " << want.good << ", got scale " << scaler.scale() << " and good_steps "
-           << scaler.good_steps() << (why.empty() ? "" : "\n    -> " + why);
+           << " and good_steps " << want.good << ", got scale " << scaler.scale()
+           << " and good_steps " << scaler.good_steps() << (why.empty() ? "" : "\n    -> " + why);
   }
 }
 
@@ -92,7 +94,8 @@ struct Grads {
 };
 Grads scaled_grads(double scale) {
   Grads g;
-  const std::vector<std::pair<Shape, DType>> specs = {{{5}, DType::f32}, {{7}, DType::f64}, {{3, 4}, DType::f32}};
+  const std::vector<std::pair<Shape, DType>> specs = {
+      {{5}, DType::f32}, {{7}, DType::f64}, {{3, 4}, DType::f32}};
   for (std::size_t t = 0; t < specs.size(); ++t) {
     Tensor values = Tensor::random_uniform(specs[t].first, 40 + t, -2.0, 2.0, specs[t].second,
                                            dtp::testing::checker_device());
@@ -112,10 +115,12 @@ std::string check_unscaled(const Grads& g, double scale, int skip) {
     for (std::size_t i = 0; i < got.size(); ++i) {
       if (got[i] == g.values[t][i]) continue;
       std::ostringstream out;
-      out << "gradient " << t << ", element " << i << ": expected " << g.values[t][i] << " (unscaled), got "
-          << got[i];
-      if (got[i] == g.values[t][i] * scale) out << " = still scaled: it was never divided by the scale " << scale;
-      else if (got[i] == g.values[t][i] / scale) out << " = divided by the scale twice";
+      out << "gradient " << t << ", element " << i << ": expected " << g.values[t][i]
+          << " (unscaled), got " << got[i];
+      if (got[i] == g.values[t][i] * scale)
+        out << " = still scaled: it was never divided by the scale " << scale;
+      else if (got[i] == g.values[t][i] / scale)
+        out << " = divided by the scale twice";
       return out.str();
     }
   }
@@ -140,11 +145,13 @@ TEST(Puzzle7_3_loss_scaler, UnscaleDividesEveryGradientAndFindsInfAndNaN) {
         const std::int64_t i = last ? g.tensors[t].numel() - 1 : 0;
         g.tensors[t].flatten().set_item(i, bad);
         const bool found = scaler.unscale(g.tensors);
-        EXPECT_TRUE(found) << "unscale missed a " << bad << " in gradient " << t << " at element " << i
-                           << " (its " << (last ? "last" : "first") << "): every element of every gradient counts";
+        EXPECT_TRUE(found) << "unscale missed a " << bad << " in gradient " << t << " at element "
+                           << i << " (its " << (last ? "last" : "first")
+                           << "): every element of every gradient counts";
         const std::string wrong = check_unscaled(g, scale, t);
-        EXPECT_EQ(wrong, "") << "with a " << bad << " in gradient " << t << ", the other gradients must still be "
-                             << "unscaled (the step is skipped, but nothing may be left half done): " << wrong;
+        EXPECT_EQ(wrong, "")
+            << "with a " << bad << " in gradient " << t << ", the other gradients must still be "
+            << "unscaled (the step is skipped, but nothing may be left half done): " << wrong;
         if (::testing::Test::HasFailure()) return;
       }
     }
@@ -158,8 +165,10 @@ struct Model {
 Model make_model(double scale) {
   Model m;
   for (int b = 0; b < 2; ++b) {
-    Tensor params = Tensor::random_uniform({16 + 8 * b}, 50 + b, -1.0, 1.0, DType::f32, dtp::testing::checker_device());
-    Tensor grads = Tensor::random_uniform({16 + 8 * b}, 60 + b, -0.5, 0.5, DType::f32, dtp::testing::checker_device());
+    Tensor params = Tensor::random_uniform({16 + 8 * b}, 50 + b, -1.0, 1.0, DType::f32,
+                                           dtp::testing::checker_device());
+    Tensor grads = Tensor::random_uniform({16 + 8 * b}, 60 + b, -0.5, 0.5, DType::f32,
+                                          dtp::testing::checker_device());
     ops::scale(grads, scale);
     m.buffers.push_back({"unit" + std::to_string(b), params, grads});
   }
@@ -167,7 +176,8 @@ Model make_model(double scale) {
 }
 Model copy_of(const Model& m) {
   Model c;
-  for (const ParamBuffer& b : m.buffers) c.buffers.push_back({b.name, b.params.clone(), b.grads.clone()});
+  for (const ParamBuffer& b : m.buffers)
+    c.buffers.push_back({b.name, b.params.clone(), b.grads.clone()});
   return c;
 }
 std::vector<double> all_params(const std::vector<ParamBuffer>& buffers) {
@@ -220,9 +230,11 @@ TEST(Puzzle7_3_loss_scaler, StepUnscalesThenClipsThenSteps) {
     EXPECT_EQ(scaler.good_steps(), 1) << "step() must call update(): one good step so far";
     return;
   }
-  std::string why = "unscale, then clip (optimizer.clip_gradients(max_norm)), then optimizer.step(lr)";
+  std::string why =
+      "unscale, then clip (optimizer.clip_gradients(max_norm)), then optimizer.step(lr)";
   if (got == expected_params(original, scale, max_norm, lr, true))
-    why = "clipped before unscaling: the scaled gradients' norm is " + std::to_string(static_cast<long long>(scale)) +
+    why = "clipped before unscaling: the scaled gradients' norm is " +
+          std::to_string(static_cast<long long>(scale)) +
           "x too large, so they were clipped far too hard; unscale first";
   else if (got == expected_params(original, scale, 0, lr))
     why = "not clipped: call optimizer.clip_gradients(max_norm) after unscaling";
@@ -230,8 +242,11 @@ TEST(Puzzle7_3_loss_scaler, StepUnscalesThenClipsThenSteps) {
     why = "the gradients were never unscaled";
   else if (got == all_params(original.buffers))
     why = "the parameters did not move: optimizer.step(lr) was not called";
-  FAIL() << "after LossScaler::step(adam, lr " << lr << ", max_norm " << max_norm << ") with scale " << scale
-         << ", the parameters differ from unscale -> clip -> AdamW step done by the checker:\n    -> " << why;
+  FAIL()
+      << "after LossScaler::step(adam, lr " << lr << ", max_norm " << max_norm << ") with scale "
+      << scale
+      << ", the parameters differ from unscale -> clip -> AdamW step done by the checker:\n    -> "
+      << why;
 }
 
 TEST(Puzzle7_3_loss_scaler, ANonFiniteGradientSkipsTheStepAndLeavesEverythingAsItWas) {
@@ -242,32 +257,38 @@ TEST(Puzzle7_3_loss_scaler, ANonFiniteGradientSkipsTheStepAndLeavesEverythingAsI
   ASSERT_TRUE(scaler.step(adam, 0.01, 0.0)) << "a first, good step was skipped";
   // Scaled gradients again for the second step, one of them NaN.
   for (ParamBuffer& b : mine.buffers) {
-    b.grads.copy_from(Tensor::random_uniform(b.grads.shape(), 70, -0.5, 0.5, DType::f32, b.grads.device()));
+    b.grads.copy_from(
+        Tensor::random_uniform(b.grads.shape(), 70, -0.5, 0.5, DType::f32, b.grads.device()));
     ops::scale(b.grads, scaler.scale());
   }
   mine.buffers[1].grads.set_item(3, std::numeric_limits<double>::quiet_NaN());
-  const std::vector<double> params_before = all_params(mine.buffers), state_before = all_state(adam);
+  const std::vector<double> params_before = all_params(mine.buffers),
+                            state_before = all_state(adam);
   const double scale_before = scaler.scale();
   const bool taken = scaler.step(adam, 0.01, 1.0);
   EXPECT_FALSE(taken) << "step() returned true although gradient unit1 element 3 is NaN";
-  EXPECT_EQ(adam.steps(), 1) << "the optimizer stepped on a NaN gradient: a skipped step must not call "
-                                "optimizer.step (its count went from 1 to "
-                             << adam.steps() << ")";
+  EXPECT_EQ(adam.steps(), 1)
+      << "the optimizer stepped on a NaN gradient: a skipped step must not call "
+         "optimizer.step (its count went from 1 to "
+      << adam.steps() << ")";
   const std::vector<double> params_after = all_params(mine.buffers), state_after = all_state(adam);
   for (std::size_t i = 0; i < params_after.size(); ++i)
     if (!(params_after[i] == params_before[i])) {
-      ADD_FAILURE() << "skipped step: parameter element " << i << " changed from " << params_before[i] << " to "
-                    << params_after[i] << " (a skipped step leaves the parameters bitwise as they were)";
+      ADD_FAILURE() << "skipped step: parameter element " << i << " changed from "
+                    << params_before[i] << " to " << params_after[i]
+                    << " (a skipped step leaves the parameters bitwise as they were)";
       break;
     }
   for (std::size_t i = 0; i < state_after.size(); ++i)
     if (!(state_after[i] == state_before[i])) {
-      ADD_FAILURE() << "skipped step: AdamW state element " << i << " (m then v, buffer by buffer) changed from "
-                    << state_before[i] << " to " << state_after[i]
+      ADD_FAILURE() << "skipped step: AdamW state element " << i
+                    << " (m then v, buffer by buffer) changed from " << state_before[i] << " to "
+                    << state_after[i]
                     << " (clipping or stepping on a non-finite gradient poisons the moments)";
       break;
     }
-  EXPECT_EQ(scaler.scale(), scale_before * 0.5) << "a skipped step must halve the scale (backoff 0.5)";
+  EXPECT_EQ(scaler.scale(), scale_before * 0.5)
+      << "a skipped step must halve the scale (backoff 0.5)";
   EXPECT_EQ(scaler.good_steps(), 0) << "a skipped step restarts the count of good steps";
 }
 
@@ -277,13 +298,15 @@ TEST(Puzzle7_3_loss_scaler, StepGrowsTheScaleAfterTheInterval) {
   LossScaler scaler({256.0, 2.0, 0.5, 2});
   for (int s = 1; s <= 2; ++s) {
     for (ParamBuffer& b : mine.buffers) {
-      b.grads.copy_from(Tensor::random_uniform(b.grads.shape(), 80 + s, -0.5, 0.5, DType::f32, b.grads.device()));
+      b.grads.copy_from(
+          Tensor::random_uniform(b.grads.shape(), 80 + s, -0.5, 0.5, DType::f32, b.grads.device()));
       ops::scale(b.grads, scaler.scale());
     }
     ASSERT_TRUE(scaler.step(sgd, 0.1, 0.0)) << "good step " << s << " was skipped";
   }
-  EXPECT_EQ(scaler.scale(), 512.0) << "two good steps with growth_interval 2: step() must update() the "
-                                      "schedule, and the scale doubles";
+  EXPECT_EQ(scaler.scale(), 512.0)
+      << "two good steps with growth_interval 2: step() must update() the "
+         "schedule, and the scale doubles";
 }
 
 }  // namespace

@@ -49,9 +49,11 @@ void expect_replicated(Comm& comm, MasterWeights& masters, const std::string& wh
     const std::string master_diff = differs_across_ranks(comm, masters.buffers()[i].params);
     const std::string model_diff = differs_across_ranks(comm, masters.model().units()[i]->params());
     require(master_diff.empty(), when + ": the f32 masters of " + name +
-                                     " differ across ranks (min vs max over ranks: " + master_diff + ")");
+                                     " differ across ranks (min vs max over ranks: " + master_diff +
+                                     ")");
     require(model_diff.empty(), when + ": the 16-bit parameters of " + name +
-                                    " differ across ranks (min vs max over ranks: " + model_diff + ")");
+                                    " differ across ranks (min vs max over ranks: " + model_diff +
+                                    ")");
   }
 }
 
@@ -59,12 +61,14 @@ TEST(Puzzle7_4_mixed_ddp, FoundOnAnyRankIsTrueEverywhereWhenOneRankFoundOne) {
   for (int world = 1; world <= 4; ++world) {
     if (!dtp::testing::world_fits(world)) continue;
     dtp::testing::run_ranks(world, [&](Comm& comm) {
-      require(!found_on_any_rank(comm, false), "world " + std::to_string(world) +
-                                                   ": no rank found anything, but found_on_any_rank returned true");
+      require(!found_on_any_rank(comm, false),
+              "world " + std::to_string(world) +
+                  ": no rank found anything, but found_on_any_rank returned true");
       for (int r = 0; r < world; ++r)
         require(found_on_any_rank(comm, comm.rank() == r),
                 "world " + std::to_string(world) + ": only rank " + std::to_string(r) +
-                    " found a non-finite gradient; every rank must get true (all_reduce the flag with max)");
+                    " found a non-finite gradient; every rank must get true (all_reduce the flag "
+                    "with max)");
     });
   }
 }
@@ -82,7 +86,8 @@ void expect_step_matches(int world, DType model_dtype, DType reduce_dtype) {
     for (int step = 1; step <= 2; ++step) {
       const Batch batch = batch_of(config, 2, 100 * step + comm.rank());
       comm.reset_stats();
-      const MixedStep got = ddp_mixed_precision_step(comm, masters, adam, nullptr, batch, 3e-3, 1.0, reduce_dtype);
+      const MixedStep got =
+          ddp_mixed_precision_step(comm, masters, adam, nullptr, batch, 3e-3, 1.0, reduce_dtype);
       const std::int64_t bytes = comm.stats().collective_bytes;
 
       // The checker's step: local gradients, averaged in reduce_dtype.
@@ -108,23 +113,27 @@ void expect_step_matches(int world, DType model_dtype, DType reduce_dtype) {
       const std::int64_t want_bytes = N * static_cast<std::int64_t>(dtype_size(reduce_dtype));
       if (world > 1)
         require(bytes >= want_bytes && bytes <= want_bytes + 64,
-                label + ", step " + std::to_string(step) + ": the step's collectives moved " + std::to_string(bytes) +
-                    " bytes; averaging " + std::to_string(N) + " gradients in " + dtype_name(reduce_dtype) +
-                    " moves " + std::to_string(want_bytes) +
+                label + ", step " + std::to_string(step) + ": the step's collectives moved " +
+                    std::to_string(bytes) + " bytes; averaging " + std::to_string(N) +
+                    " gradients in " + dtype_name(reduce_dtype) + " moves " +
+                    std::to_string(want_bytes) +
                     (bytes >= 2 * want_bytes - 64 && bytes <= 2 * want_bytes + 64
                          ? " (twice that: reduced in f32 where the model's 16 bits were asked for?)"
                      : bytes * 2 >= want_bytes - 64 && bytes * 2 <= want_bytes + 64
                          ? " (half that: reduced the 16-bit gradients where f32 was asked for?)"
                          : ""));
-      require(got.loss == want.loss, label + ": the loss must be this rank's forward on its own batch");
-      require(got.grad_norm == want.grad_norm,
-              label + ", step " + std::to_string(step) + ": grad_norm " + std::to_string(got.grad_norm) +
-                  " must be the norm of the averaged gradients, " + std::to_string(want.grad_norm));
+      require(got.loss == want.loss,
+              label + ": the loss must be this rank's forward on its own batch");
+      require(got.grad_norm == want.grad_norm, label + ", step " + std::to_string(step) +
+                                                   ": grad_norm " + std::to_string(got.grad_norm) +
+                                                   " must be the norm of the averaged gradients, " +
+                                                   std::to_string(want.grad_norm));
       for (std::size_t i = 0; i < units.size(); ++i) {
         const std::string diff = first_difference(expected.masters[i], masters.buffers()[i].params);
-        require(diff.empty(), label + ", step " + std::to_string(step) + ", master of " + units[i]->name() + ": " +
-                                  diff + " (expected: the gradients summed over ranks in " +
-                                  dtype_name(reduce_dtype) + ", divided by the world, then clip and AdamW)");
+        require(diff.empty(),
+                label + ", step " + std::to_string(step) + ", master of " + units[i]->name() +
+                    ": " + diff + " (expected: the gradients summed over ranks in " +
+                    dtype_name(reduce_dtype) + ", divided by the world, then clip and AdamW)");
       }
       expect_replicated(comm, masters, label + ", after step " + std::to_string(step));
     }
@@ -150,27 +159,34 @@ TEST(Puzzle7_4_mixed_ddp, AnOverflowOnOneRankIsASkipOnEveryRank) {
     for (DType reduce : {DType::f16, DType::f32}) {
       dtp::testing::run_ranks(world, [&](Comm& comm) {
         const GPTConfig config = small_config(DType::f16, comm.device());
-        const std::string label = "world " + std::to_string(world) + ", reduce in " + dtype_name(reduce);
+        const std::string label =
+            "world " + std::to_string(world) + ", reduce in " + dtype_name(reduce);
         GPT model(config);
         MasterWeights masters(model);
         AdamW adam(masters.buffers());
         LossScaler scaler({1024.0, 2.0, 0.5, 100});
-        MixedStep first = ddp_mixed_precision_step(comm, masters, adam, &scaler, batch_of(config, 2, 7 + comm.rank()),
-                                                   3e-3, 1.0, reduce);
-        require(first.stepped, label + ": a first step with finite gradients everywhere was skipped");
+        MixedStep first = ddp_mixed_precision_step(
+            comm, masters, adam, &scaler, batch_of(config, 2, 7 + comm.rank()), 3e-3, 1.0, reduce);
+        require(first.stepped,
+                label + ": a first step with finite gradients everywhere was skipped");
         // The last rank's block.0 gradient gets an inf during the next backward.
         if (comm.rank() == world - 1)
           model.on_grad_ready([](Unit& unit) {
-            if (unit.name() == "block.0") unit.grads().set_item(0, std::numeric_limits<double>::infinity());
+            if (unit.name() == "block.0")
+              unit.grads().set_item(0, std::numeric_limits<double>::infinity());
           });
         std::vector<std::vector<double>> before;
         for (const ParamBuffer& b : masters.buffers()) before.push_back(b.params.to_vector());
-        const MixedStep second = ddp_mixed_precision_step(comm, masters, adam, &scaler,
-                                                          batch_of(config, 2, 17 + comm.rank()), 3e-3, 1.0, reduce);
-        require(!second.stepped, label + ": rank " + std::to_string(world - 1) +
-                                     " had an inf in block.0's gradient; every rank must skip the step");
-        require(scaler.scale() == 512.0, label + ": after the skipped step the scale must be 512 (halved) on every "
-                                                 "rank, got " + std::to_string(scaler.scale()));
+        const MixedStep second = ddp_mixed_precision_step(
+            comm, masters, adam, &scaler, batch_of(config, 2, 17 + comm.rank()), 3e-3, 1.0, reduce);
+        require(!second.stepped,
+                label + ": rank " + std::to_string(world - 1) +
+                    " had an inf in block.0's gradient; every rank must skip the step");
+        require(scaler.scale() == 512.0,
+                label +
+                    ": after the skipped step the scale must be 512 (halved) on every "
+                    "rank, got " +
+                    std::to_string(scaler.scale()));
         require(adam.steps() == 1, label + ": the optimizer stepped on the skipped step");
         for (std::size_t i = 0; i < before.size(); ++i)
           require(masters.buffers()[i].params.to_vector() == before[i],
@@ -188,12 +204,16 @@ TEST(Puzzle7_4_mixed_ddp, AReduceDtypeOtherThanTheModelsOrF32IsRefused) {
     MasterWeights masters(model);
     AdamW adam(masters.buffers());
     const std::string message = dtp::testing::error_of([&] {
-      ddp_mixed_precision_step(comm, masters, adam, nullptr, batch_of(config, 2, 1), 1e-3, 1.0, DType::f16);
+      ddp_mixed_precision_step(comm, masters, adam, nullptr, batch_of(config, 2, 1), 1e-3, 1.0,
+                               DType::f16);
     });
-    require(message.find("reduce_dtype") != std::string::npos && message.find("bf16") != std::string::npos &&
+    require(message.find("reduce_dtype") != std::string::npos &&
+                message.find("bf16") != std::string::npos &&
                 message.find("f32") != std::string::npos,
-            "a bf16 model with reduce_dtype f16 must be refused naming reduce_dtype, the model's bf16 and f32; "
-            "got: " + message);
+            "a bf16 model with reduce_dtype f16 must be refused naming reduce_dtype, the model's "
+            "bf16 and f32; "
+            "got: " +
+                message);
   });
 }
 

@@ -42,14 +42,18 @@ TEST(Puzzle7_2_mixed_step, GradsToMasterCastsEachUnitsGradientsUpExactly) {
   const std::vector<Unit*> units = model.units();
   for (std::size_t i = 0; i < units.size(); ++i) {
     const Tensor& g = adam.buffers()[i].grads;
-    ASSERT_TRUE(g.defined()) << "after grads_to_master, optimizer buffer " << i << " (" << units[i]->name()
-                             << ") has no gradients: attach them with optimizer.set_grads(" << i << ", ...)";
+    ASSERT_TRUE(g.defined()) << "after grads_to_master, optimizer buffer " << i << " ("
+                             << units[i]->name()
+                             << ") has no gradients: attach them with optimizer.set_grads(" << i
+                             << ", ...)";
     EXPECT_EQ(g.dtype(), DType::f32) << "buffer " << i << ": the optimizer's gradients must be f32";
     EXPECT_EQ(g.category(), MemoryCategory::other)
-        << "buffer " << i << ": the f32 gradients live for one update: charge them to MemoryCategory::other";
+        << "buffer " << i
+        << ": the f32 gradients live for one update: charge them to MemoryCategory::other";
     const std::string diff = first_difference(units[i]->grads(), g);
     EXPECT_EQ(diff, "") << "buffer " << i << " (" << units[i]->name()
-                        << "): the f32 gradients must equal the unit's bf16 gradients exactly: " << diff;
+                        << "): the f32 gradients must equal the unit's bf16 gradients exactly: "
+                        << diff;
   }
   masters.release_grads(adam);
   for (std::size_t i = 0; i < units.size(); ++i) EXPECT_FALSE(adam.buffers()[i].grads.defined());
@@ -71,13 +75,16 @@ TEST(Puzzle7_2_mixed_step, MasterToModelRoundsEachMasterToNearestEven) {
     const float m = static_cast<float>(before[i]);
     const double expected = bf16_to_float(float_to_bf16(m));
     if (params[i] != expected) {
-      const double truncated = bf16_to_float(bf16{static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(m) >> 16)});
+      const double truncated =
+          bf16_to_float(bf16{static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(m) >> 16)});
       FAIL() << "unit " << model.units()[0]->name() << " element " << i << ": master " << m
-             << " must become the bf16 " << expected << " (nearest, ties to even), got " << params[i]
+             << " must become the bf16 " << expected << " (nearest, ties to even), got "
+             << params[i]
              << (params[i] == truncated ? ": truncated instead of rounded (use ops::cast)" : "");
     }
   }
-  EXPECT_EQ(master.to_vector(), before) << "master_to_model must not change the masters: they keep every bit";
+  EXPECT_EQ(master.to_vector(), before)
+      << "master_to_model must not change the masters: they keep every bit";
 }
 
 TEST(Puzzle7_2_mixed_step, ThreeStepsMatchTheCheckersOwnStepBitForBit) {
@@ -91,29 +98,38 @@ TEST(Puzzle7_2_mixed_step, ThreeStepsMatchTheCheckersOwnStepBitForBit) {
     const Batch batch = batch_of(config, 4, step);
     const MixedStep got = mixed_precision_step(masters, adam, nullptr, batch, lr, max_norm);
     const CheckerRun::Step want = expected.step(batch, 1.0, lr, max_norm);
-    ASSERT_EQ(got.loss, want.loss) << "step " << step << ": the loss must be the model's forward on the batch";
+    ASSERT_EQ(got.loss, want.loss)
+        << "step " << step << ": the loss must be the model's forward on the batch";
     ASSERT_EQ(got.grad_norm, want.grad_norm)
-        << "step " << step << ": grad_norm must be the global norm of the f32 gradients before clipping";
+        << "step " << step
+        << ": grad_norm must be the global norm of the f32 gradients before clipping";
     ASSERT_TRUE(got.stepped) << "step " << step << ": without a scaler every step is taken";
     for (std::size_t i = 0; i < expected.masters.size(); ++i) {
       const std::string diff = first_difference(expected.masters[i], masters.buffers()[i].params);
       if (!diff.empty()) {
-        const bool unmoved = first_difference(expected.masters_before[i], masters.buffers()[i].params).empty();
+        const bool unmoved =
+            first_difference(expected.masters_before[i], masters.buffers()[i].params).empty();
         FAIL() << "step " << step << ", master of " << model.units()[i]->name() << ": " << diff
-               << (unmoved ? "\n    -> the masters did not move: the optimizer must step on the f32 gradients "
+               << (unmoved ? "\n    -> the masters did not move: the optimizer must step on the "
+                             "f32 gradients "
                              "grads_to_master attached"
-                           : "\n    -> expected: cast up, clip_gradients(max_norm), step(lr), in that order");
+                           : "\n    -> expected: cast up, clip_gradients(max_norm), step(lr), in "
+                             "that order");
       }
-      const std::string model_diff = first_difference(expected.model.units()[i]->params(), model.units()[i]->params());
+      const std::string model_diff =
+          first_difference(expected.model.units()[i]->params(), model.units()[i]->params());
       if (!model_diff.empty())
-        FAIL() << "step " << step << ", bf16 parameters of " << model.units()[i]->name() << ": " << model_diff
-               << "\n    -> after the update the model must be the masters cast down (master_to_model)";
+        FAIL() << "step " << step << ", bf16 parameters of " << model.units()[i]->name() << ": "
+               << model_diff
+               << "\n    -> after the update the model must be the masters cast down "
+                  "(master_to_model)";
     }
     EXPECT_EQ(adam.steps(), step) << "one optimizer step per call";
     for (std::size_t i = 0; i < adam.buffers().size(); ++i)
       EXPECT_FALSE(adam.buffers()[i].grads.defined())
           << "step " << step << ": the f32 gradients of buffer " << i
-          << " are still attached: release them after the update (masters.release_grads) so they are freed";
+          << " are still attached: release them after the update (masters.release_grads) so they "
+             "are freed";
   }
 }
 
@@ -128,13 +144,15 @@ TEST(Puzzle7_2_mixed_step, F16WithTheScalerMatchesTheScaledStepAndSkipsAnOverflo
   const MixedStep got = mixed_precision_step(masters, adam, &scaler, batch, 3e-3, 1.0);
   const CheckerRun::Step want = expected.step(batch, 1024.0, 3e-3, 1.0);
   ASSERT_TRUE(got.stepped) << "a good first step was skipped";
-  EXPECT_EQ(got.grad_norm, want.grad_norm) << "grad_norm is the norm of the true gradients: the f32 norm / scale";
+  EXPECT_EQ(got.grad_norm, want.grad_norm)
+      << "grad_norm is the norm of the true gradients: the f32 norm / scale";
   for (std::size_t i = 0; i < expected.masters.size(); ++i) {
     const std::string diff = first_difference(expected.masters[i], masters.buffers()[i].params);
-    ASSERT_EQ(diff, "") << "master of " << model.units()[i]->name()
-                        << " after a step with scale 1024: backward must be called with the scaler's scale "
-                           "(model.backward(scaler->scale())) and the f32 gradients unscaled by scaler->step: "
-                        << diff;
+    ASSERT_EQ(diff, "")
+        << "master of " << model.units()[i]->name()
+        << " after a step with scale 1024: backward must be called with the scaler's scale "
+           "(model.backward(scaler->scale())) and the f32 gradients unscaled by scaler->step: "
+        << diff;
   }
 
   // Now an inf in one gradient, put there as backward finishes the head.
@@ -148,7 +166,8 @@ TEST(Puzzle7_2_mixed_step, F16WithTheScalerMatchesTheScaledStepAndSkipsAnOverflo
     moments_before.push_back(adam.first_moment(i).to_vector());
     moments_before.push_back(adam.second_moment(i).to_vector());
   }
-  const MixedStep skipped = mixed_precision_step(masters, adam, &scaler, batch_of(config, 4, 2), 3e-3, 1.0);
+  const MixedStep skipped =
+      mixed_precision_step(masters, adam, &scaler, batch_of(config, 4, 2), 3e-3, 1.0);
   EXPECT_FALSE(skipped.stepped) << "the head's gradient held an inf: the step must be skipped";
   EXPECT_FALSE(std::isfinite(skipped.grad_norm)) << "grad_norm of an overflowed step is inf or NaN";
   EXPECT_EQ(scaler.scale(), 512.0) << "a skipped step halves the scale";
@@ -158,8 +177,10 @@ TEST(Puzzle7_2_mixed_step, F16WithTheScalerMatchesTheScaledStepAndSkipsAnOverflo
     EXPECT_EQ(model.units()[i]->params().to_vector(), params_before[i])
         << "skipped step: the f16 parameters of " << model.units()[i]->name()
         << " changed (cast the masters down only after a step that was taken)";
-    EXPECT_EQ(adam.first_moment(i).to_vector(), moments_before[2 * i]) << "skipped step: AdamW m changed";
-    EXPECT_EQ(adam.second_moment(i).to_vector(), moments_before[2 * i + 1]) << "skipped step: AdamW v changed";
+    EXPECT_EQ(adam.first_moment(i).to_vector(), moments_before[2 * i])
+        << "skipped step: AdamW m changed";
+    EXPECT_EQ(adam.second_moment(i).to_vector(), moments_before[2 * i + 1])
+        << "skipped step: AdamW v changed";
   }
 }
 
@@ -200,15 +221,17 @@ double fraction_lost(LossScaler* scaler) {
 
 TEST(Puzzle7_2_mixed_step, F16WithoutScalingLosesSmallGradientsAndWithScalingKeepsThem) {
   const double unscaled = fraction_lost(nullptr);
-  EXPECT_GT(unscaled, 0.05) << "the constructed case: without loss scaling, f16 backward flushes the gradients "
-                               "below 2^-24 to zero; expected more than 5% of the masters that f32 moves to stay "
-                               "put, got "
-                            << 100 * unscaled << "% (is backward really running in f16?)";
+  EXPECT_GT(unscaled, 0.05)
+      << "the constructed case: without loss scaling, f16 backward flushes the gradients "
+         "below 2^-24 to zero; expected more than 5% of the masters that f32 moves to stay "
+         "put, got "
+      << 100 * unscaled << "% (is backward really running in f16?)";
   LossScaler scaler;  // 2^16
   const double scaled = fraction_lost(&scaler);
-  EXPECT_LT(scaled, 0.001) << "with the loss scaled by 2^16, those gradients are normal f16 numbers; expected under "
-                              "0.1% of the masters to stay put, got "
-                           << 100 * scaled << "% (backward must use the scaler's scale)";
+  EXPECT_LT(scaled, 0.001)
+      << "with the loss scaled by 2^16, those gradients are normal f16 numbers; expected under "
+         "0.1% of the masters to stay put, got "
+      << 100 * scaled << "% (backward must use the scaler's scale)";
 }
 
 TEST(Puzzle7_2_mixed_step, MemoryPerParameterIsTwoPlusTwoPlusTwelveBytes) {
@@ -226,13 +249,15 @@ TEST(Puzzle7_2_mixed_step, MemoryPerParameterIsTwoPlusTwoPlusTwelveBytes) {
   mixed_precision_step(masters, adam, nullptr, batch_of(config, 2, 1), 1e-3, 1.0);
   EXPECT_EQ(tracker->live(MemoryCategory::params) - params0, 2 * N)
       << "params: the bf16 working copy, 2 bytes per parameter (" << N << " parameters)";
-  EXPECT_EQ(tracker->live(MemoryCategory::grads) - grads0, 2 * N) << "grads: the bf16 gradients, 2 bytes per parameter";
+  EXPECT_EQ(tracker->live(MemoryCategory::grads) - grads0, 2 * N)
+      << "grads: the bf16 gradients, 2 bytes per parameter";
   EXPECT_EQ(tracker->live(MemoryCategory::optimizer) - optimizer0, 12 * N)
       << "optimizer: the f32 master and AdamW's f32 m and v, 12 bytes per parameter";
   EXPECT_EQ(tracker->live(MemoryCategory::other), other0)
       << "after the step nothing else stays: the f32 gradients are freed (release_grads)";
   EXPECT_GE(tracker->peak(MemoryCategory::other) - other0, 4 * N)
-      << "during the step the f32 gradients (4 bytes per parameter) are charged to MemoryCategory::other";
+      << "during the step the f32 gradients (4 bytes per parameter) are charged to "
+         "MemoryCategory::other";
 }
 
 // bf16 training follows f32 training: the default `dtp train` model and
@@ -255,22 +280,26 @@ TEST(Puzzle7_2_mixed_step, Bf16LossCurveFollowsF32OverTwoHundredFortySteps) {
   for (std::int64_t step = 0; step < config.steps; ++step) {
     f32_sum += f32_trainer.step().loss;
     const Batch batch = bf16_trainer.sampler().batch(step, config.model.device);
-    bf16_sum += mixed_precision_step(masters, *optimizer, nullptr, batch, config.schedule().at(step),
-                                     config.grad_clip)
+    bf16_sum += mixed_precision_step(masters, *optimizer, nullptr, batch,
+                                     config.schedule().at(step), config.grad_clip)
                     .loss;
     if ((step + 1) % window == 0) {
       const double f32_mean = f32_sum / window, bf16_mean = bf16_sum / window;
       if (step + 1 == window) first_f32 = f32_mean;
       last_f32 = f32_mean;
       ASSERT_LT(std::abs(bf16_mean - f32_mean), 0.015 * f32_mean + 0.01)
-          << "steps " << step + 2 - window << "-" << step + 1 << ": mean loss f32 " << f32_mean << ", bf16 "
-          << bf16_mean << ": bf16 with f32 masters must stay within 1.5% (+0.01) of f32 (measured: within 0.15%)";
-      std::printf("steps %3lld-%3lld  mean loss f32 %.4f  bf16 %.4f\n", static_cast<long long>(step + 2 - window),
-                  static_cast<long long>(step + 1), f32_mean, bf16_mean);
+          << "steps " << step + 2 - window << "-" << step + 1 << ": mean loss f32 " << f32_mean
+          << ", bf16 " << bf16_mean
+          << ": bf16 with f32 masters must stay within 1.5% (+0.01) of f32 (measured: within "
+             "0.15%)";
+      std::printf("steps %3lld-%3lld  mean loss f32 %.4f  bf16 %.4f\n",
+                  static_cast<long long>(step + 2 - window), static_cast<long long>(step + 1),
+                  f32_mean, bf16_mean);
       f32_sum = bf16_sum = 0;
     }
   }
-  EXPECT_LT(last_f32, first_f32 - 0.3) << "the f32 run must learn for the comparison to mean anything";
+  EXPECT_LT(last_f32, first_f32 - 0.3)
+      << "the f32 run must learn for the comparison to mean anything";
 }
 
 }  // namespace

@@ -35,7 +35,8 @@ inline GPTConfig small_config(DType dtype, Device device = dtp::testing::checker
 /// @p rows sequences of the full context, token ids drawn from @p seed, on the model's device.
 inline Batch batch_of(const GPTConfig& config, std::int64_t rows, std::uint64_t seed) {
   Rng rng(seed);
-  Batch b{Tensor::empty({rows, config.context}, DType::i32), Tensor::empty({rows, config.context}, DType::i32)};
+  Batch b{Tensor::empty({rows, config.context}, DType::i32),
+          Tensor::empty({rows, config.context}, DType::i32)};
   for (std::int64_t i = 0; i < b.inputs.numel(); ++i) {
     b.inputs.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng.below(config.vocab_size));
     b.targets.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng.below(config.vocab_size));
@@ -59,7 +60,8 @@ inline std::string first_difference(const Tensor& expected, const Tensor& got) {
   std::ostringstream out;
   out.precision(9);
   out << "element " << first << " is " << g[static_cast<std::size_t>(first)] << ", expected "
-      << e[static_cast<std::size_t>(first)] << " (" << count << " of " << e.size() << " elements differ)";
+      << e[static_cast<std::size_t>(first)] << " (" << count << " of " << e.size()
+      << " elements differ)";
   return out.str();
 }
 

@@ -66,7 +66,9 @@ inline Tensor seeded(Shape shape, std::uint64_t seed, double scale = 1.0) {
 /// "" when @p got holds exactly @p expected's values, else the first element that differs.
 inline std::string bitwise(const std::string& what, const Tensor& expected, const Tensor& got) {
   const std::vector<double> e = expected.to_vector(), g = got.to_vector();
-  if (e.size() != g.size()) return what + ": " + std::to_string(g.size()) + " elements, expected " + std::to_string(e.size());
+  if (e.size() != g.size())
+    return what + ": " + std::to_string(g.size()) + " elements, expected " +
+           std::to_string(e.size());
   for (std::size_t i = 0; i < e.size(); ++i)
     if (!(e[i] == g[i])) {
       std::ostringstream m;
@@ -82,7 +84,9 @@ struct Matrix {
   std::int64_t rows = 0, cols = 0;
   std::vector<double> v;
   double& at(std::int64_t r, std::int64_t c) { return v[static_cast<std::size_t>(r * cols + c)]; }
-  double at(std::int64_t r, std::int64_t c) const { return v[static_cast<std::size_t>(r * cols + c)]; }
+  double at(std::int64_t r, std::int64_t c) const {
+    return v[static_cast<std::size_t>(r * cols + c)];
+  }
 };
 inline Matrix matrix(const Tensor& t) {
   Matrix m;
@@ -91,7 +95,9 @@ inline Matrix matrix(const Tensor& t) {
   m.v = t.to_vector();
   return m;
 }
-inline Matrix zeros(std::int64_t rows, std::int64_t cols) { return {rows, cols, std::vector<double>(rows * cols, 0.0)}; }
+inline Matrix zeros(std::int64_t rows, std::int64_t cols) {
+  return {rows, cols, std::vector<double>(rows * cols, 0.0)};
+}
 /// op(a) op(b) in plain loops (the checker's own product).
 inline Matrix product(const Matrix& a, bool ta, const Matrix& b, bool tb) {
   const std::int64_t m = ta ? a.cols : a.rows, k = ta ? a.rows : a.cols, n = tb ? b.rows : b.cols;
@@ -99,7 +105,8 @@ inline Matrix product(const Matrix& a, bool ta, const Matrix& b, bool tb) {
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t j = 0; j < n; ++j) {
       double sum = 0;
-      for (std::int64_t p = 0; p < k; ++p) sum += (ta ? a.at(p, i) : a.at(i, p)) * (tb ? b.at(j, p) : b.at(p, j));
+      for (std::int64_t p = 0; p < k; ++p)
+        sum += (ta ? a.at(p, i) : a.at(i, p)) * (tb ? b.at(j, p) : b.at(p, j));
       out.at(i, j) = sum;
     }
   return out;
@@ -119,10 +126,11 @@ inline Matrix effective_weight(const Tensor& w, const Tensor& a, const Tensor& b
 /// largest expected magnitude; else the first wrong element, both values,
 /// and what the whole tensor looks like against @p expected and @p base
 /// (the value without the adapter's part): missing, scaled, or another sign.
-inline std::string compare(const std::string& what, const Matrix& expected, const Matrix& got, double tolerance,
-                           const Matrix* base = nullptr) {
+inline std::string compare(const std::string& what, const Matrix& expected, const Matrix& got,
+                           double tolerance, const Matrix* base = nullptr) {
   if (expected.v.size() != got.v.size())
-    return what + ": expected " + std::to_string(expected.v.size()) + " elements, got " + std::to_string(got.v.size());
+    return what + ": expected " + std::to_string(expected.v.size()) + " elements, got " +
+           std::to_string(got.v.size());
   double largest = 0;
   for (double e : expected.v) largest = std::max(largest, std::fabs(e));
   std::int64_t first = -1, wrong = 0;
@@ -135,31 +143,38 @@ inline std::string compare(const std::string& what, const Matrix& expected, cons
   std::ostringstream m;
   m.precision(12);
   const std::size_t f = static_cast<std::size_t>(first);
-  m << what << ": element " << first << " (row " << first / expected.cols << ", column " << first % expected.cols
-    << ") is " << got.v[f] << ", expected " << expected.v[f] << "; " << wrong << " of " << expected.v.size()
-    << " elements are off by more than " << tolerance << " of the largest (" << largest << ")";
+  m << what << ": element " << first << " (row " << first / expected.cols << ", column "
+    << first % expected.cols << ") is " << got.v[f] << ", expected " << expected.v[f] << "; "
+    << wrong << " of " << expected.v.size() << " elements are off by more than " << tolerance
+    << " of the largest (" << largest << ")";
   if (base) {  // got = expected - base: the value that was there is gone
     bool overwrote = true;
     for (std::size_t i = 0; i < expected.v.size() && overwrote; ++i)
-      overwrote = std::fabs(got.v[i] - (expected.v[i] - base->v[i])) <= tolerance * std::max(largest, 1e-300) + 1e-12;
+      overwrote = std::fabs(got.v[i] - (expected.v[i] - base->v[i])) <=
+                  tolerance * std::max(largest, 1e-300) + 1e-12;
     if (overwrote)
-      return m.str() + ". got is exactly the expected change without what the tensor held before: it was "
-                       "overwritten, not added to (matmul's beta = 1 accumulates)";
+      return m.str() +
+             ". got is exactly the expected change without what the tensor held before: it was "
+             "overwritten, not added to (matmul's beta = 1 accumulates)";
   }
   // The ratio of got's adapter part to expected's, fitted over all elements.
   double num = 0, den = 0;
   for (std::size_t i = 0; i < expected.v.size(); ++i) {
-    const double e = expected.v[i] - (base ? base->v[i] : 0.0), g = got.v[i] - (base ? base->v[i] : 0.0);
+    const double e = expected.v[i] - (base ? base->v[i] : 0.0),
+                 g = got.v[i] - (base ? base->v[i] : 0.0);
     num += e * g;
     den += e * e;
   }
   if (den > 0) {
     const double ratio = num / den;
-    m << ". Fitted over every element, got" << (base ? "'s adapter part" : "") << " is " << std::setprecision(3)
-      << ratio << "x the expected";
-    if (std::fabs(ratio) < 1e-9) m << (base ? ": the adapter's part is missing" : ": zero");
-    else if (std::fabs(ratio + 1) < 1e-6) m << ": the sign is flipped";
-    else if (std::fabs(ratio - 1) > 1e-6) m << ": a wrong scale (s = alpha / r applied twice, or not at all?)";
+    m << ". Fitted over every element, got" << (base ? "'s adapter part" : "") << " is "
+      << std::setprecision(3) << ratio << "x the expected";
+    if (std::fabs(ratio) < 1e-9)
+      m << (base ? ": the adapter's part is missing" : ": zero");
+    else if (std::fabs(ratio + 1) < 1e-6)
+      m << ": the sign is flipped";
+    else if (std::fabs(ratio - 1) > 1e-6)
+      m << ": a wrong scale (s = alpha / r applied twice, or not at all?)";
   }
   return m.str();
 }

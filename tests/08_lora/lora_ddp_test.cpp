@@ -56,14 +56,15 @@ TEST(Puzzle8_4_lora_ddp, OneAllReducePerBlockMovingExactlyTheAdapterGradients) {
       for (std::size_t s = 0; s < steps.size(); ++s) {
         const testing::StepComm& c = steps[s];
         if (c.all_reduces != blocks || c.bytes != bytes || c.other_collectives != 0)
-          return "rank " + std::to_string(comm.rank()) + ", step " + std::to_string(s + 1) + ": expected " +
-                 std::to_string(blocks) + " all-reduces (one per block) moving " + std::to_string(bytes) +
-                 " bytes (the adapters' gradients: " + std::to_string(run.lora.trainable_parameters()) + " x " +
-                 std::to_string(element) + ") and no other collective; got " + std::to_string(c.all_reduces) +
-                 " all-reduce(s) of " +
-                 std::to_string(c.bytes) + " bytes and " + std::to_string(c.other_collectives) +
-                 " other collective(s)" +
-                 (c.bytes > bytes ? ". More bytes than the adapters have: are base weights or gradients travelling? "
+          return "rank " + std::to_string(comm.rank()) + ", step " + std::to_string(s + 1) +
+                 ": expected " + std::to_string(blocks) + " all-reduces (one per block) moving " +
+                 std::to_string(bytes) + " bytes (the adapters' gradients: " +
+                 std::to_string(run.lora.trainable_parameters()) + " x " + std::to_string(element) +
+                 ") and no other collective; got " + std::to_string(c.all_reduces) +
+                 " all-reduce(s) of " + std::to_string(c.bytes) + " bytes and " +
+                 std::to_string(c.other_collectives) + " other collective(s)" +
+                 (c.bytes > bytes ? ". More bytes than the adapters have: are base weights or "
+                                    "gradients travelling? "
                                     "The frozen base is the same on every rank and has no gradients"
                                   : "");
       }
@@ -103,11 +104,14 @@ TEST(Puzzle8_4_lora_ddp, TrainingEqualsSingleDeviceLoraTrainingAndReplicasAgreeE
         for (std::size_t i = 0; i < got.size() && first_step.empty(); ++i)
           if (!ddp_close(single_gradients[i], got[i])) {
             const double ratio = got[i] / single_gradients[i];
-            first_step = "rank " + std::to_string(comm.rank()) + ": after step 1's backward, adapter gradient element " +
-                         std::to_string(i) + " is " + testing::number(got[i]) + ", the single-device gradient is " +
-                         testing::number(single_gradients[i]) + " (x" + testing::number(ratio) + ")" +
-                         (std::fabs(ratio - comm.size()) < 1e-6 ? ": summed over the ranks, not averaged (ReduceOp::avg)"
-                                                                 : "; this rank's own gradient, never averaged?");
+            first_step = "rank " + std::to_string(comm.rank()) +
+                         ": after step 1's backward, adapter gradient element " +
+                         std::to_string(i) + " is " + testing::number(got[i]) +
+                         ", the single-device gradient is " + testing::number(single_gradients[i]) +
+                         " (x" + testing::number(ratio) + ")" +
+                         (std::fabs(ratio - comm.size()) < 1e-6
+                              ? ": summed over the ranks, not averaged (ReduceOp::avg)"
+                              : "; this rank's own gradient, never averaged?");
           }
       });
       std::vector<double> losses;
@@ -115,23 +119,27 @@ TEST(Puzzle8_4_lora_ddp, TrainingEqualsSingleDeviceLoraTrainingAndReplicasAgreeE
         losses.push_back(run.trainer.step().loss);
         if (!first_step.empty()) return first_step;
         const std::string apart = testing::check_replicas_agree(
-            comm, run.adapters(), "Each rank must apply the same averaged adapter gradients (step " +
-                                      std::to_string(s + 1) + ").", "DP");
+            comm, run.adapters(),
+            "Each rank must apply the same averaged adapter gradients (step " +
+                std::to_string(s + 1) + ").",
+            "DP");
         if (!apart.empty()) return "rank " + std::to_string(comm.rank()) + ":" + apart;
       }
       const std::vector<double> mean = testing::mean_over_ranks(comm, losses);
       for (int s = 0; s < 3; ++s)
-        if (!ddp_close(single_losses[static_cast<std::size_t>(s)], mean[static_cast<std::size_t>(s)]))
-          return "step " + std::to_string(s + 1) + ": the mean loss over ranks is " + testing::number(mean[s]) +
-                 ", single-device LoRA's is " + testing::number(single_losses[static_cast<std::size_t>(s)]);
+        if (!ddp_close(single_losses[static_cast<std::size_t>(s)],
+                       mean[static_cast<std::size_t>(s)]))
+          return "step " + std::to_string(s + 1) + ": the mean loss over ranks is " +
+                 testing::number(mean[s]) + ", single-device LoRA's is " +
+                 testing::number(single_losses[static_cast<std::size_t>(s)]);
       const auto got = run.adapters();
       for (std::size_t b = 0; b < got.size(); ++b) {
         const std::vector<double> e = expected[b].second.to_vector(), g = got[b].second.to_vector();
         for (std::size_t i = 0; i < e.size(); ++i)
           if (!ddp_close(e[i], g[i]))
-            return "rank " + std::to_string(comm.rank()) + ": after 3 steps " + got[b].first + " element " +
-                   std::to_string(i) + " is " + testing::number(g[i]) + ", single-device LoRA has " +
-                   testing::number(e[i]) +
+            return "rank " + std::to_string(comm.rank()) + ": after 3 steps " + got[b].first +
+                   " element " + std::to_string(i) + " is " + testing::number(g[i]) +
+                   ", single-device LoRA has " + testing::number(e[i]) +
                    (std::fabs(g[i] - e[i]) > 0 && std::fabs(e[i]) > 0
                         ? " (x" + testing::number(g[i] / e[i]) + "; summed instead of averaged?)"
                         : "");

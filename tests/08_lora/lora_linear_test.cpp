@@ -13,12 +13,12 @@ constexpr std::int64_t kIn = 6, kOut = 5, kRank = 3;
 constexpr double kScale = 16.0 / kRank;  // alpha 16
 
 struct Case {
-  Tensor x = seeded({2, 4, kIn}, 11);         // [B, T, in]: the adapter sees rows of in
+  Tensor x = seeded({2, 4, kIn}, 11);  // [B, T, in]: the adapter sees rows of in
   Tensor w = seeded({kOut, kIn}, 12, 0.5);
   Tensor bias = seeded({kOut}, 13);
   Tensor a = seeded({kRank, kIn}, 14, 0.4);
   Tensor b = seeded({kOut, kRank}, 15, 0.3);
-  Tensor dy = seeded({2, 4, kOut}, 16);       // the loss is sum(y * dy)
+  Tensor dy = seeded({2, 4, kOut}, 16);  // the loss is sum(y * dy)
 
   /// y = x W^T + b, with the runtime's own ops (what a Linear computes).
   Tensor base_output() const {
@@ -36,11 +36,15 @@ TEST(Puzzle8_1_lora_linear, WithBZeroTheOutputIsTheBaseOutputBitForBit) {
   const Tensor base = y.clone();
   const Tensor h = ch08::lora_forward(c.x, c.a, zero_b, kScale, y);
   const std::string changed = bitwise("y", base, y);
-  ASSERT_EQ(changed, "") << "with B = 0 the adapter adds exactly zero: y must stay the base output x W^T + b bit for "
-                            "bit (did the forward overwrite y instead of adding to it?)";
+  ASSERT_EQ(changed, "")
+      << "with B = 0 the adapter adds exactly zero: y must stay the base output x W^T + b bit for "
+         "bit (did the forward overwrite y instead of adding to it?)";
   ASSERT_TRUE(h.defined() && h.numel() == 8 * kRank)
-      << "lora_forward returns h = x A^T, [rows, r] = [8, " << kRank << "]; got " << (h.defined() ? h.describe() : "nothing");
-  EXPECT_EQ(compare("h = x A^T", product(matrix(c.x), false, matrix(c.a), true), matrix(h), tolerance(1e-14)), "");
+      << "lora_forward returns h = x A^T, [rows, r] = [8, " << kRank << "]; got "
+      << (h.defined() ? h.describe() : "nothing");
+  EXPECT_EQ(compare("h = x A^T", product(matrix(c.x), false, matrix(c.a), true), matrix(h),
+                    tolerance(1e-14)),
+            "");
 }
 
 TEST(Puzzle8_1_lora_linear, TheOutputIsTheFullRankUpdatesOutput) {
@@ -52,8 +56,10 @@ TEST(Puzzle8_1_lora_linear, TheOutputIsTheFullRankUpdatesOutput) {
   Matrix expected = product(matrix(c.x), false, effective_weight(c.w, c.a, c.b, kScale), true);
   const std::vector<double> bias = c.bias.to_vector();
   for (std::int64_t r = 0; r < expected.rows; ++r)
-    for (std::int64_t o = 0; o < expected.cols; ++o) expected.at(r, o) += bias[static_cast<std::size_t>(o)];
-  EXPECT_EQ(compare("y = x W^T + b + s (x A^T) B^T", expected, matrix(y), tolerance(1e-13), &base), "");
+    for (std::int64_t o = 0; o < expected.cols; ++o)
+      expected.at(r, o) += bias[static_cast<std::size_t>(o)];
+  EXPECT_EQ(compare("y = x W^T + b + s (x A^T) B^T", expected, matrix(y), tolerance(1e-13), &base),
+            "");
 }
 
 TEST(Puzzle8_1_lora_linear, GradientsEqualTheFullRankChainRule) {
@@ -65,8 +71,10 @@ TEST(Puzzle8_1_lora_linear, GradientsEqualTheFullRankChainRule) {
   const Matrix expected_da = plus(zeros(kRank, kIn), 1.0, product(matrix(c.b), true, g, false));
   const Matrix expected_db = product(g, false, matrix(c.a), true);
   Matrix da_full = zeros(kRank, kIn), db_full = zeros(kOut, kRank);
-  for (std::size_t i = 0; i < da_full.v.size(); ++i) da_full.v[i] = 0.25 + kScale * expected_da.v[i];
-  for (std::size_t i = 0; i < db_full.v.size(); ++i) db_full.v[i] = 0.25 + kScale * expected_db.v[i];
+  for (std::size_t i = 0; i < da_full.v.size(); ++i)
+    da_full.v[i] = 0.25 + kScale * expected_da.v[i];
+  for (std::size_t i = 0; i < db_full.v.size(); ++i)
+    db_full.v[i] = 0.25 + kScale * expected_db.v[i];
 
   Tensor y = c.base_output();
   const Tensor h = ch08::lora_forward(c.x, c.a, c.b, kScale, y);
@@ -74,17 +82,21 @@ TEST(Puzzle8_1_lora_linear, GradientsEqualTheFullRankChainRule) {
   ops::matmul(c.dy, c.w, dx);  // the Linear's own part, dy W
   const Matrix dx_base = matrix(dx);
   ch08::lora_backward_input(c.dy, c.a, c.b, kScale, dx);
-  EXPECT_EQ(compare("dx = dy W + s (dy B) A", product(matrix(c.dy), false, effective_weight(c.w, c.a, c.b, kScale), false),
+  EXPECT_EQ(compare("dx = dy W + s (dy B) A",
+                    product(matrix(c.dy), false, effective_weight(c.w, c.a, c.b, kScale), false),
                     matrix(dx), tolerance(1e-13), &dx_base),
             "");
-  Tensor da = Tensor::full({kRank, kIn}, 0.25, dtype(), device()), db = Tensor::full({kOut, kRank}, 0.25, dtype(), device());
+  Tensor da = Tensor::full({kRank, kIn}, 0.25, dtype(), device()),
+         db = Tensor::full({kOut, kRank}, 0.25, dtype(), device());
   ch08::lora_backward_weight(c.dy, c.x, h, c.b, kScale, da, db);
   Matrix start_a = zeros(kRank, kIn), start_b = zeros(kOut, kRank);
   for (double& v : start_a.v) v = 0.25;
   for (double& v : start_b.v) v = 0.25;
-  EXPECT_EQ(compare("dA (accumulated onto 0.25)", da_full, matrix(da), tolerance(1e-13), &start_a), "")
+  EXPECT_EQ(compare("dA (accumulated onto 0.25)", da_full, matrix(da), tolerance(1e-13), &start_a),
+            "")
       << "dA = s (dy B)^T x, added to what dA held";
-  EXPECT_EQ(compare("dB (accumulated onto 0.25)", db_full, matrix(db), tolerance(1e-13), &start_b), "")
+  EXPECT_EQ(compare("dB (accumulated onto 0.25)", db_full, matrix(db), tolerance(1e-13), &start_b),
+            "")
       << "dB = s dy^T h with h = x A^T, added to what dB held";
 }
 
@@ -103,11 +115,13 @@ TEST(Puzzle8_1_lora_linear, GradientsEqualFiniteDifferences) {
   };
   Tensor y = c.base_output();
   const Tensor h = ch08::lora_forward(c.x, c.a, c.b, kScale, y);
-  Tensor da = Tensor::zeros({kRank, kIn}, dtype(), device()), db = Tensor::zeros({kOut, kRank}, dtype(), device());
+  Tensor da = Tensor::zeros({kRank, kIn}, dtype(), device()),
+         db = Tensor::zeros({kOut, kRank}, dtype(), device());
   ch08::lora_backward_weight(c.dy, c.x, h, c.b, kScale, da, db);
   Matrix a = matrix(c.a), b = matrix(c.b);
   const double eps = 1e-6;
-  for (auto [name, param, grad] : {std::tuple<const char*, Matrix*, const Tensor*>{"A", &a, &da}, {"B", &b, &db}}) {
+  for (auto [name, param, grad] :
+       {std::tuple<const char*, Matrix*, const Tensor*>{"A", &a, &da}, {"B", &b, &db}}) {
     const std::vector<double> backward = grad->to_vector();
     for (std::size_t i = 0; i < param->v.size(); ++i) {
       const double keep = param->v[i];
@@ -118,8 +132,9 @@ TEST(Puzzle8_1_lora_linear, GradientsEqualFiniteDifferences) {
       param->v[i] = keep;
       const double numeric = (up - down) / (2 * eps);
       ASSERT_NEAR(backward[i], numeric, tolerance(1e-7, 5e-3) * std::max(1.0, std::fabs(numeric)))
-          << "d" << name << " element " << i << " (row " << i / param->cols << ", column " << i % param->cols
-          << "): the backward gives " << backward[i] << ", finite differences " << numeric;
+          << "d" << name << " element " << i << " (row " << i / param->cols << ", column "
+          << i % param->cols << "): the backward gives " << backward[i] << ", finite differences "
+          << numeric;
     }
   }
 }
@@ -132,10 +147,12 @@ TEST(Puzzle8_2_merge, MergeThenUnmergeRestoresWExactlyWhenTheArithmeticIsExact) 
   // exactly and unmerging gives W back bit for bit, on any device.
   auto dyadic = [](Shape shape, int seed) {
     std::vector<double> v(static_cast<std::size_t>(shape.numel()));
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(static_cast<int>((i * 7 + seed) % 17) - 8) / 8.0;
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<double>(static_cast<int>((i * 7 + seed) % 17) - 8) / 8.0;
     return on_device(v, shape);
   };
-  const Tensor w0 = dyadic({kOut, kIn}, 1), a = dyadic({kRank, kIn}, 2), b = dyadic({kOut, kRank}, 3);
+  const Tensor w0 = dyadic({kOut, kIn}, 1), a = dyadic({kRank, kIn}, 2),
+               b = dyadic({kOut, kRank}, 3);
   Tensor w = w0.clone();
   ch08::merge(w, a, b, 2.0);
   EXPECT_EQ(compare("merged W = W + s B A", effective_weight(w0, a, b, 2.0), matrix(w), 0.0), "");
@@ -152,27 +169,33 @@ TEST(Puzzle8_2_merge, MergeThenUnmergeRestoresWWithinRoundingOtherwise) {
   Case c;
   Tensor w = c.w.clone();
   ch08::merge(w, c.a, c.b, kScale);
-  EXPECT_EQ(compare("merged W = W + s B A", effective_weight(c.w, c.a, c.b, kScale), matrix(w), tolerance(1e-15)), "");
+  EXPECT_EQ(compare("merged W = W + s B A", effective_weight(c.w, c.a, c.b, kScale), matrix(w),
+                    tolerance(1e-15)),
+            "");
   ch08::unmerge(w, c.a, c.b, kScale);
   const Matrix update = product(matrix(c.b), false, matrix(c.a), false);
   const std::vector<double> before = c.w.to_vector(), after = w.to_vector();
   for (std::size_t i = 0; i < before.size(); ++i)
     ASSERT_LE(std::fabs(after[i] - before[i]),
               8 * unit_roundoff() * (std::fabs(before[i]) + kScale * std::fabs(update.v[i])))
-        << "W element " << i << " is " << after[i] << " after merge then unmerge, was " << before[i];
+        << "W element " << i << " is " << after[i] << " after merge then unmerge, was "
+        << before[i];
 }
 
 TEST(Puzzle8_2_merge, AMergedLinearComputesWhatTheAdaptedOneDid) {
   // The adapted output x W^T + b + s (x A^T) B^T, by the checker's own loops.
   Case c;
-  Matrix adapted = plus(matrix(c.base_output()), kScale,
-                        product(product(matrix(c.x), false, matrix(c.a), true), false, matrix(c.b), true));
+  Matrix adapted =
+      plus(matrix(c.base_output()), kScale,
+           product(product(matrix(c.x), false, matrix(c.a), true), false, matrix(c.b), true));
   Tensor w = c.w.clone();
   ch08::merge(w, c.a, c.b, kScale);
   Tensor merged = Tensor::empty({2, 4, kOut}, dtype(), device());
   ops::matmul(c.x, w, merged, false, true);
   ops::add_bias(merged, c.bias);
-  EXPECT_EQ(compare("x W'^T + b with the merged W'", adapted, matrix(merged), tolerance(1e-13, 1e-2)), "");
+  EXPECT_EQ(
+      compare("x W'^T + b with the merged W'", adapted, matrix(merged), tolerance(1e-13, 1e-2)),
+      "");
 }
 
 }  // namespace

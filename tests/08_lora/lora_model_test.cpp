@@ -11,7 +11,8 @@ using namespace testing::ch08;
 
 Batch a_batch(const GPTConfig& config, std::uint64_t seed) {
   Rng rng(seed);
-  Batch b{Tensor::empty({3, config.context}, DType::i32), Tensor::empty({3, config.context}, DType::i32)};
+  Batch b{Tensor::empty({3, config.context}, DType::i32),
+          Tensor::empty({3, config.context}, DType::i32)};
   for (std::int64_t i = 0; i < b.inputs.numel(); ++i) {
     b.inputs.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng.below(config.vocab_size));
     b.targets.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng.below(config.vocab_size));
@@ -46,10 +47,13 @@ TEST(Puzzle8_3_lora_model, WithBZeroTheAdaptedGptIsTheBaseGptBitForBit) {
   const double expected = base.forward(batch.inputs, batch.targets);
   ch08::LoraModel lora(adapted, lora_config(ch08::all_lora_targets()));
   const double got = adapted.forward(batch.inputs, batch.targets);
-  EXPECT_EQ(got, expected) << "B starts at 0, so every adapter adds exactly 0: the loss must be the base model's, "
-                              "bit for bit (got " << got << ", base " << expected << ")";
+  EXPECT_EQ(got, expected)
+      << "B starts at 0, so every adapter adds exactly 0: the loss must be the base model's, "
+         "bit for bit (got "
+      << got << ", base " << expected << ")";
   for (Unit* unit : adapted.units())
-    EXPECT_TRUE(unit->frozen()) << unit->name() << " is not frozen: LoraModel must freeze every unit of the base";
+    EXPECT_TRUE(unit->frozen()) << unit->name()
+                                << " is not frozen: LoraModel must freeze every unit of the base";
 }
 
 TEST(Puzzle8_3_lora_model, LayoutCountsAndInitialization) {
@@ -60,17 +64,19 @@ TEST(Puzzle8_3_lora_model, LayoutCountsAndInitialization) {
   const std::int64_t c = config.d_model, hidden = config.mlp_ratio * c, r = 2;
   const std::int64_t per_block = r * (c + c) + r * (c + hidden);
   ASSERT_EQ(ch08::lora_parameter_count(config, lora_config(targets)), config.layers * per_block)
-      << "the provided count from the shapes (drivers/08_lora) disagrees with the checker's formula";
+      << "the provided count from the shapes (drivers/08_lora) disagrees with the checker's "
+         "formula";
   EXPECT_EQ(lora.trainable_parameters(), config.layers * per_block)
-      << "blocks x sum over targets of r (in + out): " << config.layers << " x (2 (" << c << " + " << c << ") + 2 ("
-      << c << " + " << hidden << "))";
+      << "blocks x sum over targets of r (in + out): " << config.layers << " x (2 (" << c << " + "
+      << c << ") + 2 (" << c << " + " << hidden << "))";
   const auto buffers = lora.buffers();
   ASSERT_EQ(buffers.size(), static_cast<std::size_t>(config.layers)) << "one ParamBuffer per block";
   for (int i = 0; i < config.layers; ++i) {
     const ParamBuffer& buffer = buffers[static_cast<std::size_t>(i)];
     EXPECT_EQ(buffer.name, "block." + std::to_string(i) + ".lora");
     ASSERT_EQ(buffer.params.numel(), per_block) << buffer.name;
-    ASSERT_TRUE(buffer.grads.defined() && buffer.grads.numel() == per_block) << buffer.name << " needs a gradient buffer";
+    ASSERT_TRUE(buffer.grads.defined() && buffer.grads.numel() == per_block)
+        << buffer.name << " needs a gradient buffer";
     // Layout A then B per target; A drawn by the checker the same way.
     Rng rng(Rng::derive(5, static_cast<std::uint64_t>(i)));
     std::int64_t offset = 0;
@@ -80,13 +86,17 @@ TEST(Puzzle8_3_lora_model, LayoutCountsAndInitialization) {
       EXPECT_EQ(adapter.a.shape(), Shape({r, in})) << name << "'s A";
       EXPECT_EQ(adapter.b.shape(), Shape({out, r})) << name << "'s B";
       EXPECT_EQ(adapter.scale, 2.0) << "alpha / r = 4 / 2";
-      Tensor expected_a = Tensor::empty({r, in}, dtype());  // drawn on the host in the model's dtype, as the model does
+      Tensor expected_a = Tensor::empty(
+          {r, in}, dtype());  // drawn on the host in the model's dtype, as the model does
       ops::fill_normal(expected_a, 0.0, 1.0 / std::sqrt(static_cast<double>(in)), rng);
-      EXPECT_EQ(compare(name + "'s A (normal(0, 1/sqrt(in)) from Rng::derive(seed, block), targets in order)",
-                        matrix(expected_a), matrix(adapter.a), 0.0),
-                "");
-      EXPECT_EQ(adapter.a.raw(), static_cast<const void*>(static_cast<const char*>(buffer.params.raw()) +
-                                                            offset * adapter.a.element_size()))
+      EXPECT_EQ(
+          compare(
+              name + "'s A (normal(0, 1/sqrt(in)) from Rng::derive(seed, block), targets in order)",
+              matrix(expected_a), matrix(adapter.a), 0.0),
+          "");
+      EXPECT_EQ(adapter.a.raw(),
+                static_cast<const void*>(static_cast<const char*>(buffer.params.raw()) +
+                                         offset * adapter.a.element_size()))
           << name << "'s A must be a view of the block's buffer at element " << offset;
       offset += r * in;
       for (double v : adapter.b.to_vector()) ASSERT_EQ(v, 0.0) << name << "'s B must start at zero";
@@ -110,8 +120,8 @@ TEST(Puzzle8_3_lora_model, AdapterGradientsFollowTheFullRankChainRule) {
     for (const std::string& name : lora.config().targets) {
       const ch08::LoraLinear& adapter = lora.adapter(i, name);
       Linear& linear = ch08::target_linear(full.block(i), name);
-      linear.weight.copy_from(on_device(effective_weight(linear.weight, adapter.a, adapter.b, 2.0).v,
-                                        linear.weight.shape()));
+      linear.weight.copy_from(on_device(
+          effective_weight(linear.weight, adapter.a, adapter.b, 2.0).v, linear.weight.shape()));
     }
   const Batch batch = a_batch(config, 2);
   full.zero_grad();
@@ -124,7 +134,8 @@ TEST(Puzzle8_3_lora_model, AdapterGradientsFollowTheFullRankChainRule) {
     for (const std::string& name : lora.config().targets) {
       const ch08::LoraLinear& adapter = lora.adapter(i, name);
       const Matrix g = matrix(ch08::target_linear(full.block(i), name).weight_grad);
-      Matrix da = product(matrix(adapter.b), true, g, false), db = product(g, false, matrix(adapter.a), true);
+      Matrix da = product(matrix(adapter.b), true, g, false),
+             db = product(g, false, matrix(adapter.a), true);
       for (double& v : da.v) v *= 2.0;
       for (double& v : db.v) v *= 2.0;
       const std::string where = "block " + std::to_string(i) + " " + name;
@@ -152,8 +163,9 @@ TEST(Puzzle8_3_lora_model, OnlyAdaptersTrainAndTheirStateIsAllTheMemory) {
   trainer.on_zero_grad([&] { lora.zero_grad(); });
   const std::int64_t adapter_bytes = lora.trainable_parameters() * element;
   EXPECT_EQ(tracker->live(MemoryCategory::grads) - grads_before, adapter_bytes - base_grad_bytes)
-      << "gradient memory: the base's " << base_grad_bytes << " bytes must be released (frozen) and only the "
-      << lora.trainable_parameters() << " adapter parameters x " << element << " bytes added";
+      << "gradient memory: the base's " << base_grad_bytes
+      << " bytes must be released (frozen) and only the " << lora.trainable_parameters()
+      << " adapter parameters x " << element << " bytes added";
   EXPECT_EQ(tracker->live(MemoryCategory::optimizer) - optimizer_before, 2 * adapter_bytes)
       << "AdamW over the adapters only: m and v, 2 x " << adapter_bytes << " bytes";
 
@@ -164,7 +176,8 @@ TEST(Puzzle8_3_lora_model, OnlyAdaptersTrainAndTheirStateIsAllTheMemory) {
         << "they changed in training: the base must stay frozen, bit for bit";
   double moved = 0;
   for (double v : lora.adapter(0, "attn.q").b.to_vector()) moved += std::fabs(v);
-  EXPECT_GT(moved, 0) << "after 3 steps block 0's attn.q B is still all zero: the adapters did not train";
+  EXPECT_GT(moved, 0)
+      << "after 3 steps block 0's attn.q B is still all zero: the adapters did not train";
 }
 
 TEST(Puzzle8_3_lora_model, AMergedModelComputesWhatTheAdaptedOneDid) {
@@ -175,13 +188,15 @@ TEST(Puzzle8_3_lora_model, AMergedModelComputesWhatTheAdaptedOneDid) {
   const Batch batch = a_batch(config, 3);
   std::vector<Tensor> weights;
   for (int i = 0; i < config.layers; ++i)
-    for (const std::string& name : ch08::all_lora_targets()) weights.push_back(ch08::target_linear(model.block(i), name).weight.clone());
+    for (const std::string& name : ch08::all_lora_targets())
+      weights.push_back(ch08::target_linear(model.block(i), name).weight.clone());
   const Tensor adapted = model.logits(batch.inputs);
   lora.merge_all();
   EXPECT_TRUE(lora.merged());
-  EXPECT_EQ(model.block(0).attn.q.adapter, nullptr) << "merge_all detaches the adapters (they are in W now)";
-  EXPECT_EQ(compare("logits of the merged model", matrix(adapted), matrix(model.logits(batch.inputs)),
-                    tolerance(1e-12, 1e-2)),
+  EXPECT_EQ(model.block(0).attn.q.adapter, nullptr)
+      << "merge_all detaches the adapters (they are in W now)";
+  EXPECT_EQ(compare("logits of the merged model", matrix(adapted),
+                    matrix(model.logits(batch.inputs)), tolerance(1e-12, 1e-2)),
             "");
   // Unmerging subtracts what merging added: W comes back up to the rounding
   // of W + s B A (s B A is larger than W here), within 1e-14 of the largest
@@ -192,10 +207,12 @@ TEST(Puzzle8_3_lora_model, AMergedModelComputesWhatTheAdaptedOneDid) {
   std::size_t k = 0;
   for (int i = 0; i < config.layers; ++i)
     for (const std::string& name : ch08::all_lora_targets())
-      EXPECT_EQ(compare("block " + std::to_string(i) + " " + name + ".weight after merge_all then unmerge_all",
-                        matrix(weights[k++]), matrix(ch08::target_linear(model.block(i), name).weight),
-                        tolerance(1e-14, 1e-5)),
-                "");
+      EXPECT_EQ(
+          compare("block " + std::to_string(i) + " " + name +
+                      ".weight after merge_all then unmerge_all",
+                  matrix(weights[k++]), matrix(ch08::target_linear(model.block(i), name).weight),
+                  tolerance(1e-14, 1e-5)),
+          "");
   EXPECT_EQ(compare("logits after unmerge_all", matrix(adapted), matrix(model.logits(batch.inputs)),
                     tolerance(1e-12, 1e-2)),
             "");
@@ -214,7 +231,8 @@ TEST(Puzzle8_3_lora_model, BadSettingsAreRefusedBeforeTheModelChanges) {
     EXPECT_NE(std::string(e.what()).find("attn.x"), std::string::npos) << e.what();
   }
   for (Unit* unit : model.units())
-    EXPECT_FALSE(unit->frozen()) << unit->name() << " was frozen by a LoraModel that then refused its settings";
+    EXPECT_FALSE(unit->frozen()) << unit->name()
+                                 << " was frozen by a LoraModel that then refused its settings";
   EXPECT_EQ(model.block(0).attn.q.adapter, nullptr) << "a refused LoraModel must attach nothing";
 }
 

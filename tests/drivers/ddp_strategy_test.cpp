@@ -79,20 +79,25 @@ TEST(DdpDriverOptions, TheDefaultModelsDefaultBucketPlanHasSeveralBuckets) {
   // overlap of communication with backward.
   const TrainConfig defaults;
   const DdpOptions options;
-  ASSERT_EQ(options.bucket_bytes, kAutoBucketBytes) << "the default bucket is chosen from the model";
+  ASSERT_EQ(options.bucket_bytes, kAutoBucketBytes)
+      << "the default bucket is chosen from the model";
   std::int64_t buckets = 0, bytes = 0, gradient_bytes = 0;
   dtp::testing::run_ranks(1, [&](Comm& comm) {
     GPT model(defaults.model);
-    for (const Unit* unit : model.units()) gradient_bytes += static_cast<std::int64_t>(unit->grads().nbytes());
+    for (const Unit* unit : model.units())
+      gradient_bytes += static_cast<std::int64_t>(unit->grads().nbytes());
     bytes = resolve_bucket_bytes(options, model);
     BucketedAllReduce plan(comm, model, bytes);
     buckets = plan.bucket_count();
   });
   EXPECT_EQ(bytes, gradient_bytes / kDefaultBucketCount)
-      << "the default bucket is the gradient bytes (" << gradient_bytes << ") / " << kDefaultBucketCount;
-  EXPECT_GE(buckets, 3) << "default model: " << gradient_bytes << " gradient bytes, bucket " << bytes
-                        << " bytes gave " << buckets << " bucket(s); expected about " << kDefaultBucketCount;
-  EXPECT_LE(buckets, kDefaultBucketCount + 1) << "bucket " << bytes << " bytes gave " << buckets << " buckets";
+      << "the default bucket is the gradient bytes (" << gradient_bytes << ") / "
+      << kDefaultBucketCount;
+  EXPECT_GE(buckets, 3) << "default model: " << gradient_bytes << " gradient bytes, bucket "
+                        << bytes << " bytes gave " << buckets << " bucket(s); expected about "
+                        << kDefaultBucketCount;
+  EXPECT_LE(buckets, kDefaultBucketCount + 1)
+      << "bucket " << bytes << " bytes gave " << buckets << " buckets";
 }
 
 struct Reported {
@@ -126,23 +131,28 @@ void expect_matches_single_device(const TrainConfig& config, int world, std::int
   options.accumulate = accumulate;
   options.mode = mode;
   const Reported got = run_strategy(config, options);
-  const std::string where = "world " + std::to_string(world) + ", accumulate " + std::to_string(accumulate);
+  const std::string where =
+      "world " + std::to_string(world) + ", accumulate " + std::to_string(accumulate);
   ASSERT_EQ(got.steps.size(), expected.steps.size()) << where;
   ASSERT_EQ(got.ranks.size(), expected.steps.size()) << where << ": one report per step";
   for (std::size_t s = 0; s < got.steps.size(); ++s) {
     const StepRecord& r = got.steps[s];
     EXPECT_EQ(r.step, static_cast<std::int64_t>(s) + 1) << where;
-    EXPECT_NEAR(r.loss, expected.steps[s].loss, 1e-9) << where << ", step " << s + 1
+    EXPECT_NEAR(r.loss, expected.steps[s].loss, 1e-9)
+        << where << ", step " << s + 1
         << ": the reported loss must be the global batch's mean loss (single device: "
         << expected.steps[s].loss << ")";
     double mean = 0;
-    ASSERT_EQ(got.ranks[s].rows.size(), static_cast<std::size_t>(world)) << where << ": a row per rank";
+    ASSERT_EQ(got.ranks[s].rows.size(), static_cast<std::size_t>(world))
+        << where << ": a row per rank";
     for (int rank = 0; rank < world; ++rank) mean += got.ranks[s].at(rank, "loss") / world;
-    EXPECT_NEAR(r.loss, mean, 1e-12) << where << ": the reported loss is the mean of the ranks' losses";
+    EXPECT_NEAR(r.loss, mean, 1e-12)
+        << where << ": the reported loss is the mean of the ranks' losses";
     EXPECT_EQ(r.tokens, config.batch * config.seq)
         << where << ": tokens must count every rank's tokens (the global batch), got " << r.tokens;
     ASSERT_GT(r.seconds, 0) << where;
-    EXPECT_NEAR(r.tokens_per_second, static_cast<double>(r.tokens) / r.seconds, 1e-6 * r.tokens_per_second)
+    EXPECT_NEAR(r.tokens_per_second, static_cast<double>(r.tokens) / r.seconds,
+                1e-6 * r.tokens_per_second)
         << where << ": tokens/s is the global tokens over the slowest rank's step time";
     EXPECT_EQ(r.lr, expected.steps[s].lr) << where;
   }
@@ -180,15 +190,18 @@ TEST(DdpDriverReports, CommunicationPerStepIsReportedPerRank) {
   }
   for (const drivers::ReportTable& step : got.ranks)
     for (int rank = 0; rank < 2; ++rank) {
-      EXPECT_EQ(step.at(rank, "all-reduces"), units) << "rank " << rank << ": flat mode is one all-reduce per unit";
+      EXPECT_EQ(step.at(rank, "all-reduces"), units)
+          << "rank " << rank << ": flat mode is one all-reduce per unit";
       EXPECT_EQ(step.at(rank, "all-reduced"), gradient_bytes)
           << "rank " << rank << ": flat mode moves the gradient bytes";
       EXPECT_GE(step.at(rank, "exposed"), 0) << "rank " << rank;
     }
   ASSERT_FALSE(got.ranks.empty());
   const std::string printed = got.ranks.front().str();
-  EXPECT_NE(printed.find("rank    loss  all-reduces  all-reduced MiB  exposed ms"), std::string::npos)
-      << "the table dtp train prints:\n" << printed;
+  EXPECT_NE(printed.find("rank    loss  all-reduces  all-reduced MiB  exposed ms"),
+            std::string::npos)
+      << "the table dtp train prints:\n"
+      << printed;
   EXPECT_NE(printed.find("\n    1  "), std::string::npos) << "a row for rank 1:\n" << printed;
 }
 
@@ -196,8 +209,10 @@ TEST(DdpDriverReports, BadOptionsFailBeforeLaunching) {
   TrainConfig config = tiny_config(8, 1);
   DdpOptions options;
   options.world = 0;  // was a division by zero (SIGFPE) inside the driver
-  const std::string message = error_of([&] { drivers::run_strategy(config, DdpStrategy(options)); });
-  EXPECT_NE(message.find("--world (ranks) must be at least 1, got 0"), std::string::npos) << message;
+  const std::string message =
+      error_of([&] { drivers::run_strategy(config, DdpStrategy(options)); });
+  EXPECT_NE(message.find("--world (ranks) must be at least 1, got 0"), std::string::npos)
+      << message;
 }
 
 // --- checkpoints: --save, --resume, --stop-after under ddp -------------------------------
@@ -216,7 +231,8 @@ TEST(DdpDriverCheckpoints, ThreeStepsThenResumingEqualsEightStepsBitForBit) {
     options.world = 2;
     options.accumulate = accumulate;
     testing::expect_slices_equal_straight_run(adamw_run(8), 3, folder,
-                                              "world 2, accumulate " + std::to_string(accumulate), run_with(options));
+                                              "world 2, accumulate " + std::to_string(accumulate),
+                                              run_with(options));
   }
 }
 
@@ -233,16 +249,19 @@ TEST(DdpDriverCheckpoints, ResumingOnAnotherWorldOrModeNamesTheSetting) {
   options.world = 4;
   options.mode = DdpMode::flat;
   const std::string message = error_of([&] { run_with(options)(second); });
-  EXPECT_NE(message.find("strategy_settings.--world \"2\" in the saved run, \"4\" in this one"), std::string::npos)
+  EXPECT_NE(message.find("strategy_settings.--world \"2\" in the saved run, \"4\" in this one"),
+            std::string::npos)
       << message;
-  EXPECT_NE(message.find("strategy_settings.--ddp-mode \"bucketed\" in the saved run, \"flat\" in this one"),
+  EXPECT_NE(message.find(
+                "strategy_settings.--ddp-mode \"bucketed\" in the saved run, \"flat\" in this one"),
             std::string::npos)
       << message;
   TrainConfig single = adamw_run(4);
   single.strategy = "single";
   single.resume_path = first.save_path;
   const std::string from_single = error_of([&] { train(single); });
-  EXPECT_NE(from_single.find("strategy \"ddp\" in the saved run, \"single\" in this one"), std::string::npos)
+  EXPECT_NE(from_single.find("strategy \"ddp\" in the saved run, \"single\" in this one"),
+            std::string::npos)
       << from_single;
 }
 

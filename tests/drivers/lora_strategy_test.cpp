@@ -13,8 +13,8 @@
 #include "08_lora/lora.h"
 #include "drivers/08_lora/lora_strategy.h"
 #include "dtp/checkpoint.h"
-#include "dtp/train_checkpoint.h"
 #include "dtp/dtp.h"
+#include "dtp/train_checkpoint.h"
 #include "support/checkpoints.h"
 #include "support/harness.h"
 #include "support/training.h"
@@ -44,7 +44,8 @@ LoraRunOptions lora_options(int world) {
 
 // The strategy with @p options, as `dtp train --lora-rank` runs it.
 testing::RunFn run_with(const LoraRunOptions& options) {
-  return [options](const TrainConfig& c) { return drivers::run_strategy(c, LoraStrategy(options)); };
+  return
+      [options](const TrainConfig& c) { return drivers::run_strategy(c, LoraStrategy(options)); };
 }
 
 // A LoRA run on @p base: its step losses.
@@ -84,10 +85,12 @@ TEST_F(LoraDriverCheckpoints, SaveHoldsTheAdaptersAndTheirOptimizerStateNotTheBa
   std::vector<std::string> names;
   for (const NamedTensor& t : saved.tensors) names.push_back(t.name);
   for (const std::string& name : names)
-    EXPECT_NE(name.rfind("params/", 0), 0u) << "the frozen base must not be saved (--load gives it), found " << name;
+    EXPECT_NE(name.rfind("params/", 0), 0u)
+        << "the frozen base must not be saved (--load gives it), found " << name;
   for (std::int64_t b = 0; b < blocks; ++b) {
     const std::string adapter = "extra/block." + std::to_string(b) + ".lora";
-    EXPECT_TRUE(saved.has(adapter)) << "block " << b << "'s adapters are the run's trained parameters: " << adapter;
+    EXPECT_TRUE(saved.has(adapter))
+        << "block " << b << "'s adapters are the run's trained parameters: " << adapter;
   }
   const JsonValue* settings = saved.config.find("strategy_settings");
   ASSERT_NE(settings, nullptr) << "the file records the LoRA settings";
@@ -98,15 +101,16 @@ TEST_F(LoraDriverCheckpoints, SaveHoldsTheAdaptersAndTheirOptimizerStateNotTheBa
     load_parameters(into, saved, config.save_path);
   });
   EXPECT_NE(message.find("it is a LoRA run's checkpoint"), std::string::npos)
-      << "--load of an adapter file must say what it is:\n" << message;
+      << "--load of an adapter file must say what it is:\n"
+      << message;
 }
 
 TEST_F(LoraDriverCheckpoints, ThreeStepsThenResumingEqualsSevenStepsBitForBit) {
   for (const int world : {1, 2}) {
     TrainConfig config = from_base(7);  // resumed with the base from --load again
     config.strategy = "lora";
-    testing::expect_slices_equal_straight_run(config, 3, folder_, "LoRA, world " + std::to_string(world),
-                                              run_with(lora_options(world)));
+    testing::expect_slices_equal_straight_run(
+        config, 3, folder_, "LoRA, world " + std::to_string(world), run_with(lora_options(world)));
   }
 }
 
@@ -129,7 +133,8 @@ TEST_F(LoraDriverCheckpoints, ResumingWithAnotherRankOrBaseNamesTheSetting) {
   std::filesystem::copy_file(base_path(), moved.load_path);
   const std::string base = error_of([&] { train_lora(moved, lora_options(1)); });
   EXPECT_NE(base.find("strategy_settings.--load"), std::string::npos)
-      << "the base a run resumes on must be the one it was saved on:\n" << base;
+      << "the base a run resumes on must be the one it was saved on:\n"
+      << base;
 }
 
 TEST_F(LoraDriverCheckpoints, SaveMergedWritesAWholeModelForLoad) {
@@ -145,7 +150,8 @@ TEST_F(LoraDriverCheckpoints, SaveMergedWritesAWholeModelForLoad) {
   const Tensor& q_base = base.tensor("params/block.0.attn.q.weight");
   const Tensor& q_merged = merged.tensor("params/block.0.attn.q.weight");
   EXPECT_NE(std::memcmp(q_base.raw(), q_merged.raw(), q_base.nbytes()), 0)
-      << "an adapted weight of the merged model must differ from the base's (B is no longer 0 after 2 steps)";
+      << "an adapted weight of the merged model must differ from the base's (B is no longer 0 "
+         "after 2 steps)";
 }
 
 }  // namespace

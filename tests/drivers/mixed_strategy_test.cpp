@@ -22,7 +22,9 @@ using testing::error_of;
 
 // The strategy with @p options, as `dtp train --precision` runs it.
 testing::RunFn run_with(const MixedPrecisionRunOptions& options) {
-  return [options](const TrainConfig& c) { return drivers::run_strategy(c, MixedPrecisionStrategy(options)); };
+  return [options](const TrainConfig& c) {
+    return drivers::run_strategy(c, MixedPrecisionStrategy(options));
+  };
 }
 
 TrainConfig tiny_run(DType precision, std::int64_t steps) {
@@ -40,12 +42,14 @@ TrainConfig tiny_run(DType precision, std::int64_t steps) {
 
 TEST(MixedDriverOptions, RefusesBadSettingsNamingThem) {
   MixedPrecisionRunOptions options;
-  EXPECT_NE(error_of([&] { validate_mixed_precision(tiny_run(DType::f32, 1), options); })
-                .find("the model must be bf16 or f16"),
+  EXPECT_NE(error_of([&] {
+              validate_mixed_precision(tiny_run(DType::f32, 1), options);
+            }).find("the model must be bf16 or f16"),
             std::string::npos);
   for (const char* bad : {"-4", "0", "inf", "nan", "big", "12x", ""})
-    EXPECT_NE(error_of([&] { parse_loss_scale(bad); })
-                  .find(std::string("expected dynamic, none or a number > 0, got '") + bad + "'"),
+    EXPECT_NE(error_of([&] {
+                parse_loss_scale(bad);
+              }).find(std::string("expected dynamic, none or a number > 0, got '") + bad + "'"),
               std::string::npos)
         << bad;
   EXPECT_EQ(parse_loss_scale("1024").value, 1024.0);
@@ -53,18 +57,21 @@ TEST(MixedDriverOptions, RefusesBadSettingsNamingThem) {
   EXPECT_EQ(loss_scale_for(options, DType::f16).kind, LossScale::Kind::dynamic) << "f16's default";
   EXPECT_EQ(loss_scale_for(options, DType::bf16).kind, LossScale::Kind::none) << "bf16's default";
   options.loss_scale = LossScale{LossScale::Kind::fixed, -1.0};
-  EXPECT_NE(error_of([&] { validate_mixed_precision(tiny_run(DType::f16, 1), options); })
-                .find("a fixed --loss-scale must be finite and > 0, got -1"),
+  EXPECT_NE(error_of([&] {
+              validate_mixed_precision(tiny_run(DType::f16, 1), options);
+            }).find("a fixed --loss-scale must be finite and > 0, got -1"),
             std::string::npos);
   options.loss_scale = parse_loss_scale("1024");
-  EXPECT_EQ(error_of([&] { validate_mixed_precision(tiny_run(DType::f16, 1), options); }), "(no error)");
+  EXPECT_EQ(error_of([&] { validate_mixed_precision(tiny_run(DType::f16, 1), options); }),
+            "(no error)");
   TrainConfig on_gpu = tiny_run(DType::bf16, 1);
   on_gpu.model.device = Device::cuda(0);
   EXPECT_EQ(error_of([&] { validate_mixed_precision(on_gpu, options); }), "(no error)")
       << "the CUDA kernels take bf16 and f16";
   options.world = 3;
-  EXPECT_NE(error_of([&] { validate_mixed_precision(tiny_run(DType::f16, 1), options); })
-                .find("must divide evenly by --world 3"),
+  EXPECT_NE(error_of([&] {
+              validate_mixed_precision(tiny_run(DType::f16, 1), options);
+            }).find("must divide evenly by --world 3"),
             std::string::npos);
 }
 
@@ -73,13 +80,16 @@ TEST(MixedDriverRun, ReportsTheScaleOfEveryStepAndNoneForBf16) {
   const TrainResult f16 = run(tiny_run(DType::f16, 3));
   ASSERT_EQ(f16.steps.size(), 3u);
   for (const StepRecord& r : f16.steps) {
-    EXPECT_EQ(r.loss_scale, 65536.0) << "step " << r.step << ": f16's default is the dynamic scale from 2^16";
+    EXPECT_EQ(r.loss_scale, 65536.0)
+        << "step " << r.step << ": f16's default is the dynamic scale from 2^16";
     EXPECT_FALSE(r.skipped) << "step " << r.step;
     EXPECT_TRUE(std::isfinite(r.loss) && r.loss > 0) << "step " << r.step;
   }
   const TrainResult bf16 = run(tiny_run(DType::bf16, 2));
-  for (const StepRecord& r : bf16.steps) EXPECT_EQ(r.loss_scale, 0.0) << "bf16 runs without a scale by default";
-  EXPECT_NE(step_json(f16.steps[0]).find("\"loss_scale\":65536"), std::string::npos) << step_json(f16.steps[0]);
+  for (const StepRecord& r : bf16.steps)
+    EXPECT_EQ(r.loss_scale, 0.0) << "bf16 runs without a scale by default";
+  EXPECT_NE(step_json(f16.steps[0]).find("\"loss_scale\":65536"), std::string::npos)
+      << step_json(f16.steps[0]);
   EXPECT_NE(format_step(f16.steps[0], 3).find("scale 65536"), std::string::npos);
 }
 
@@ -88,10 +98,12 @@ TEST(MixedDriverRun, AStaticScaleThatOverflowsSkipsEveryStepAndSaysSo) {
   options.loss_scale = parse_loss_scale("1e30");  // every f16 gradient overflows
   const TrainResult run = run_with(options)(tiny_run(DType::f16, 2));
   for (const StepRecord& r : run.steps) {
-    EXPECT_TRUE(r.skipped) << "step " << r.step << ": a scale of 1e30 overflows f16, so the step is skipped";
+    EXPECT_TRUE(r.skipped) << "step " << r.step
+                           << ": a scale of 1e30 overflows f16, so the step is skipped";
     EXPECT_EQ(r.loss_scale, 1e30) << "a static scale stays where it is";
   }
-  EXPECT_NE(format_summary(run).find("2 of 2 steps skipped"), std::string::npos) << format_summary(run);
+  EXPECT_NE(format_summary(run).find("2 of 2 steps skipped"), std::string::npos)
+      << format_summary(run);
   EXPECT_NE(step_json(run.steps[0]).find("\"skipped\":true"), std::string::npos);
 }
 
@@ -164,7 +176,8 @@ TEST(MixedDriverCheckpoints, Bf16OnTwoRanksResumesBitForBit) {
   TrainConfig other = tiny_run(DType::bf16, 6);
   other.resume_path = folder.file("slice.ckpt");
   const std::string message = error_of([&] { run_with(options)(other); });
-  EXPECT_NE(message.find("strategy_settings.--reduce-dtype \"f32\" in the saved run, \"bf16\" in this one"),
+  EXPECT_NE(message.find(
+                "strategy_settings.--reduce-dtype \"f32\" in the saved run, \"bf16\" in this one"),
             std::string::npos)
       << message;
 }
@@ -194,21 +207,27 @@ TEST(MixedDriverCheckpoints, LoadingAnF32FileStartsTheMastersFromItsValues) {
   for (Unit* unit : model.units()) {
     const std::vector<double> master = tuned.tensor("extra/master/" + unit->name()).to_vector();
     for (const ParamView& p : unit->parameters()) {
-      const std::vector<double> want = base.tensor("params/" + unit->name() + "." + p.name).to_vector();
-      const std::vector<double> model16 = tuned.tensor("params/" + unit->name() + "." + p.name).to_vector();
+      const std::vector<double> want =
+          base.tensor("params/" + unit->name() + "." + p.name).to_vector();
+      const std::vector<double> model16 =
+          tuned.tensor("params/" + unit->name() + "." + p.name).to_vector();
       for (std::size_t i = 0; i < want.size(); ++i) {
         if (std::fabs(want[i]) < 1e-6) continue;
         ++compared;
         rounded += model16[i] != want[i];
         ASSERT_EQ(master[static_cast<std::size_t>(p.offset) + i], want[i])
-            << unit->name() << "." << p.name << " element " << i << ": the f32 file holds " << want[i]
-            << "; the master started from " << master[static_cast<std::size_t>(p.offset) + i]
-            << (master[static_cast<std::size_t>(p.offset) + i] == model16[i] ? " (its bf16 rounding)" : "");
+            << unit->name() << "." << p.name << " element " << i << ": the f32 file holds "
+            << want[i] << "; the master started from "
+            << master[static_cast<std::size_t>(p.offset) + i]
+            << (master[static_cast<std::size_t>(p.offset) + i] == model16[i]
+                    ? " (its bf16 rounding)"
+                    : "");
       }
     }
   }
   EXPECT_GT(compared, 1000);
-  EXPECT_GT(rounded, compared / 2) << "the case must hold values that bf16 rounds (else it shows nothing)";
+  EXPECT_GT(rounded, compared / 2)
+      << "the case must hold values that bf16 rounds (else it shows nothing)";
 }
 
 }  // namespace

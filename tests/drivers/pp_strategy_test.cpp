@@ -20,22 +20,28 @@ namespace {
 using dtp::testing::error_of;
 using dtp::testing::tiny_config;
 
-bool says(const std::string& text, const std::string& words) { return text.find(words) != std::string::npos; }
+bool says(const std::string& text, const std::string& words) {
+  return text.find(words) != std::string::npos;
+}
 
 TEST(PipelineVerifier, FindsMissingRepeatedAndMisorderedActions) {
   Schedule s = empty_schedule("hand", 2, 2);
   s.actions[0] = {F(0), F(1), B(0), B(1)};
   s.actions[1] = {F(0), B(0), F(1)};
-  EXPECT_TRUE(says(simulate_schedule(s).problem, "rank 1 never runs B1")) << simulate_schedule(s).problem;
+  EXPECT_TRUE(says(simulate_schedule(s).problem, "rank 1 never runs B1"))
+      << simulate_schedule(s).problem;
   s.actions[1] = {F(0), B(0), F(1), B(1), B(1)};
-  EXPECT_TRUE(says(simulate_schedule(s).problem, "rank 1 runs B1 twice")) << simulate_schedule(s).problem;
+  EXPECT_TRUE(says(simulate_schedule(s).problem, "rank 1 runs B1 twice"))
+      << simulate_schedule(s).problem;
   s.actions[1] = {B(0), F(0), F(1), B(1)};
   EXPECT_TRUE(says(simulate_schedule(s).problem, "rank 1 runs B0 (action 0) before its own F0"))
       << simulate_schedule(s).problem;
   s.actions[1] = {F(0), B(0), F(1), W(1), B(1)};
-  EXPECT_TRUE(says(simulate_schedule(s).problem, "a W in a schedule that does not split")) << simulate_schedule(s).problem;
+  EXPECT_TRUE(says(simulate_schedule(s).problem, "a W in a schedule that does not split"))
+      << simulate_schedule(s).problem;
   s.actions[1] = {F(0), B(0), F(2), B(1)};
-  EXPECT_TRUE(says(simulate_schedule(s).problem, "micro-batch 2 is outside [0, 2)")) << simulate_schedule(s).problem;
+  EXPECT_TRUE(says(simulate_schedule(s).problem, "micro-batch 2 is outside [0, 2)"))
+      << simulate_schedule(s).problem;
 }
 
 TEST(PipelineVerifier, ReportsADeadlockWithItsCycle) {
@@ -68,9 +74,12 @@ TEST(PipelineVerifier, SimulatesTheClockBubbleAndMemoryOfAHandSchedule) {
 }
 
 TEST(PipelineVerifier, EmptyScheduleAndParsingNameWhatIsWrong) {
-  EXPECT_TRUE(says(error_of([] { empty_schedule("x", 0, 4); }), "stages (p) must be at least 1, got 0"));
-  EXPECT_TRUE(says(error_of([] { empty_schedule("x", 2, 0); }), "micro-batches (m) must be at least 1, got 0"));
-  EXPECT_TRUE(says(error_of([] { parse_schedule_kind("gpipe"); }), "afab, 1f1b, interleaved, zb-h1"));
+  EXPECT_TRUE(
+      says(error_of([] { empty_schedule("x", 0, 4); }), "stages (p) must be at least 1, got 0"));
+  EXPECT_TRUE(says(error_of([] { empty_schedule("x", 2, 0); }),
+                   "micro-batches (m) must be at least 1, got 0"));
+  EXPECT_TRUE(
+      says(error_of([] { parse_schedule_kind("gpipe"); }), "afab, 1f1b, interleaved, zb-h1"));
   EXPECT_EQ(parse_schedule_kind("zb-h1"), ScheduleKind::zb_h1);
 }
 
@@ -79,10 +88,13 @@ TEST(PipelineDriver, TagsAreDistinctAndReadBackInWords) {
             "the activation of micro-batch 0 sent by virtual stage 0 on to virtual stage 1");
   EXPECT_EQ(describe_pipeline_tag(pipeline_tag(true, 5, 3)),
             "the input gradient of micro-batch 5 sent by virtual stage 3 back to virtual stage 2");
-  EXPECT_TRUE(says(describe_pipeline_tag(pipeline_tag(false, 49, 0) + 1), "not a tag of a pipeline message"));
+  EXPECT_TRUE(says(describe_pipeline_tag(pipeline_tag(false, 49, 0) + 1),
+                   "not a tag of a pipeline message"));
   EXPECT_NE(pipeline_tag(false, 4095, 127), pipeline_tag(true, 4095, 127));
-  EXPECT_TRUE(says(error_of([] { pipeline_tag(false, 4096, 0); }), "micro-batch 4096 is outside [0, 4096)"));
-  EXPECT_TRUE(says(error_of([] { pipeline_tag(true, 0, 128); }), "virtual stage 128 is outside [0, 128)"));
+  EXPECT_TRUE(says(error_of([] { pipeline_tag(false, 4096, 0); }),
+                   "micro-batch 4096 is outside [0, 4096)"));
+  EXPECT_TRUE(
+      says(error_of([] { pipeline_tag(true, 0, 128); }), "virtual stage 128 is outside [0, 128)"));
 }
 
 TEST(PipelineDriver, ValidationNamesTheFlag) {
@@ -95,22 +107,32 @@ TEST(PipelineDriver, ValidationNamesTheFlag) {
   };
   EXPECT_TRUE(says(refusal(8, [](PipelineOptions& o) { o.pp = 5; }), "raise --layers"));
   EXPECT_TRUE(says(refusal(8, [](PipelineOptions& o) { o.microbatches = 3; }), "--microbatches 3"));
-  EXPECT_TRUE(says(refusal(6, [](PipelineOptions& o) { o.schedule = ScheduleKind::interleaved, o.microbatches = 3; }),
+  EXPECT_TRUE(says(refusal(6,
+                           [](PipelineOptions& o) {
+                             o.schedule = ScheduleKind::interleaved, o.microbatches = 3;
+                           }),
                    "multiple of --pp"));
-  EXPECT_TRUE(says(refusal(8, [](PipelineOptions& o) { o.schedule = ScheduleKind::zb_h1, o.fsdp = true; }),
-                   "--fsdp cannot run --schedule zb-h1"));
+  EXPECT_TRUE(
+      says(refusal(8, [](PipelineOptions& o) { o.schedule = ScheduleKind::zb_h1, o.fsdp = true; }),
+           "--fsdp cannot run --schedule zb-h1"));
   EXPECT_TRUE(says(refusal(8192, [](PipelineOptions& o) { o.microbatches = 8192; }),
                    "--microbatches 8192 is more than the 4096"));
-  EXPECT_TRUE(says(refusal(8, [](PipelineOptions& o) { o.schedule = ScheduleKind::interleaved, o.pp = 64, o.chunks = 4; }),
+  EXPECT_TRUE(says(refusal(8,
+                           [](PipelineOptions& o) {
+                             o.schedule = ScheduleKind::interleaved, o.pp = 64, o.chunks = 4;
+                           }),
                    "--pp 64 x --chunks 4 virtual stages"));
-  EXPECT_TRUE(says(error_of([&] { split_microbatches(Batch{Tensor::zeros(Shape{6, 4}, DType::i32),
-                                                           Tensor::zeros(Shape{6, 4}, DType::i32)}, 4); }),
+  EXPECT_TRUE(says(error_of([&] {
+                     split_microbatches(Batch{Tensor::zeros(Shape{6, 4}, DType::i32),
+                                              Tensor::zeros(Shape{6, 4}, DType::i32)},
+                                        4);
+                   }),
                    "6 sequences does not split into 4"));
 }
 
 TEST(PipelineDriver, AnExecutedStepsClockBubbleEqualsTheVerifiers) {
-  for (ScheduleKind kind : {ScheduleKind::afab, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
-                            ScheduleKind::zb_h1}) {
+  for (ScheduleKind kind : {ScheduleKind::afab, ScheduleKind::one_f_one_b,
+                            ScheduleKind::interleaved, ScheduleKind::zb_h1}) {
     TrainConfig config = tiny_config(8, 1);
     config.model.layers = 6;
     PipelineOptions o;
@@ -168,7 +190,9 @@ testing::RunFn run_variant(const PpVariant& v) {
   options.schedule = v.schedule;
   options.fsdp = v.fsdp;
   options.microbatches = 4;
-  return [options](const TrainConfig& c) { return drivers::run_strategy(c, PipelineStrategy(options)); };
+  return [options](const TrainConfig& c) {
+    return drivers::run_strategy(c, PipelineStrategy(options));
+  };
 }
 
 // What `dtp train --strategy pp` prints after a step: the bubble, a row per
@@ -186,7 +210,8 @@ TEST(PipelineDriver, AStepReportsTheBubbleARowPerRankAndTheChart) {
   EXPECT_EQ(r.record.tokens, 8 * pp_run(2).seq) << "both replicas' tokens, each counted once";
   ASSERT_EQ(r.ranks.rows.size(), 4u) << "a row per rank";
   EXPECT_EQ(r.ranks.rows[0].label, "0 (stage 0, dp 0: embedding .. block.1)");
-  EXPECT_EQ(r.ranks.rows[1].label, "1 (stage 0, dp 1: embedding .. block.1)") << "a stage's replicas are consecutive";
+  EXPECT_EQ(r.ranks.rows[1].label, "1 (stage 0, dp 1: embedding .. block.1)")
+      << "a stage's replicas are consecutive";
   EXPECT_EQ(r.ranks.rows[2].label, "2 (stage 1, dp 0: block.2 .. head)");
   for (std::size_t rank = 0; rank < 4; ++rank) {
     EXPECT_GT(r.ranks.at(rank, "params"), 0) << "rank " << rank;
@@ -217,8 +242,9 @@ TEST(PipelineDriverCheckpoints, AConsolidatedCheckpointHasTheSingleDeviceLayoutA
   single.strategy = "single";
   const Checkpoint expected = testing::saved_checkpoint(single, folder);
   for (const PpVariant& v : kPpVariants) {
-    testing::expect_single_device_layout(expected, testing::saved_checkpoint(pp_run(2), folder, run_variant(v)), v.flags,
-                                         "another stage's unit, or a shard at the wrong offset?");
+    testing::expect_single_device_layout(
+        expected, testing::saved_checkpoint(pp_run(2), folder, run_variant(v)), v.flags,
+        "another stage's unit, or a shard at the wrong offset?");
   }
 }
 

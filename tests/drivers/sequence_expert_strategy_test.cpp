@@ -29,21 +29,30 @@ testing::RunFn run_with(const Options& options) {
 
 TEST(SequenceParallelDriver, ValidateNamesTheFlagOfEverySizeThatDoesNotSplit) {
   TrainConfig config = tiny_config(4, 2);  // heads 2, seq 8
-  auto message = [&](SequenceParallelRunOptions o) { return error_of([&] { validate_sequence_parallel(config, o); }); };
+  auto message = [&](SequenceParallelRunOptions o) {
+    return error_of([&] { validate_sequence_parallel(config, o); });
+  };
   EXPECT_NE(message({.sp = 4}).find("sp: --heads 2 do not split over --sp 4"), std::string::npos);
-  EXPECT_NE(message({.sp = 0}).find("--sp (ranks per sequence-parallel group) must be at least 1"), std::string::npos);
-  EXPECT_NE(message({.sp = 3, .kind = SequenceParallelKind::ring}).find("--seq 8 does not split into --sp 3"),
+  EXPECT_NE(message({.sp = 0}).find("--sp (ranks per sequence-parallel group) must be at least 1"),
             std::string::npos);
-  EXPECT_NE(message({.sp = 8, .kind = SequenceParallelKind::zigzag}).find("2 x --sp = 16 zigzag chunks"),
+  EXPECT_NE(message({.sp = 3, .kind = SequenceParallelKind::ring})
+                .find("--seq 8 does not split into --sp 3"),
             std::string::npos);
-  EXPECT_NE(message({.sp = 4, .kind = SequenceParallelKind::hybrid, .ulysses = 3}).find("--sp-ulysses 3 does not divide"),
+  EXPECT_NE(
+      message({.sp = 8, .kind = SequenceParallelKind::zigzag}).find("2 x --sp = 16 zigzag chunks"),
+      std::string::npos);
+  EXPECT_NE(message({.sp = 4, .kind = SequenceParallelKind::hybrid, .ulysses = 3})
+                .find("--sp-ulysses 3 does not divide"),
             std::string::npos);
   EXPECT_EQ(message({.sp = 4, .kind = SequenceParallelKind::ring}), "(no error)");
   EXPECT_EQ(message({.sp = 4, .kind = SequenceParallelKind::hybrid, .ulysses = 2}), "(no error)");
   config.model.experts = 2;
-  EXPECT_NE(message({.sp = 2}).find("--moe-experts is not supported with --strategy sp"), std::string::npos);
+  EXPECT_NE(message({.sp = 2}).find("--moe-experts is not supported with --strategy sp"),
+            std::string::npos);
   EXPECT_EQ(parse_sequence_parallel_kind("zigzag"), SequenceParallelKind::zigzag);
-  EXPECT_NE(error_of([] { parse_sequence_parallel_kind("tree"); }).find("accepted: ulysses, ring, zigzag, hybrid"),
+  EXPECT_NE(error_of([] {
+              parse_sequence_parallel_kind("tree");
+            }).find("accepted: ulysses, ring, zigzag, hybrid"),
             std::string::npos);
 }
 
@@ -57,8 +66,9 @@ TEST(SequenceParallelDriver, TrainReportsTheSingleDeviceLossPositionsAndBalanced
     SCOPED_TRACE(sequence_parallel_kind_name(kind));
     const SequenceParallelRunOptions options{.sp = 4, .kind = kind, .ulysses = 2};
     std::vector<drivers::ReportTable> reports;
-    const TrainResult result = drivers::run_strategy(config, SequenceParallelStrategy(options),
-                                                     [&](const drivers::StepReport& r) { reports.push_back(r.ranks); });
+    const TrainResult result =
+        drivers::run_strategy(config, SequenceParallelStrategy(options),
+                              [&](const drivers::StepReport& r) { reports.push_back(r.ranks); });
     ASSERT_EQ(result.steps.size(), 3u);
     for (std::size_t s = 0; s < 3; ++s) {
       EXPECT_NEAR(result.steps[s].loss, single[s], 1e-10) << "step " << s + 1;
@@ -69,10 +79,11 @@ TEST(SequenceParallelDriver, TrainReportsTheSingleDeviceLossPositionsAndBalanced
     ASSERT_EQ(table.rows.size(), 4u) << "a row per rank";
     for (int r = 0; r < 4; ++r) {
       // seq 8 on 4 ranks: [2r, 2r + 2); zigzag: [r, r + 1) and its mirror [7 - r, 8 - r).
-      const std::string positions = kind == SequenceParallelKind::zigzag
-                                        ? "[" + std::to_string(r) + ", " + std::to_string(r + 1) + ") [" +
-                                              std::to_string(7 - r) + ", " + std::to_string(8 - r) + ")"
-                                        : "[" + std::to_string(2 * r) + ", " + std::to_string(2 * r + 2) + ")";
+      const std::string positions =
+          kind == SequenceParallelKind::zigzag
+              ? "[" + std::to_string(r) + ", " + std::to_string(r + 1) + ") [" +
+                    std::to_string(7 - r) + ", " + std::to_string(8 - r) + ")"
+              : "[" + std::to_string(2 * r) + ", " + std::to_string(2 * r + 2) + ")";
       EXPECT_EQ(table.rows[static_cast<std::size_t>(r)].label, std::to_string(r) + " " + positions);
       EXPECT_GT(table.at(r, "moved"), 0) << "rank " << r;
       EXPECT_GT(table.at(r, "activation peak"), 0) << "rank " << r;
@@ -92,16 +103,22 @@ TEST(SequenceParallelDriver, TrainReportsTheSingleDeviceLossPositionsAndBalanced
 
 TEST(ExpertParallelDriver, ValidateNamesTheFlagOfEverySizeThatDoesNotSplit) {
   TrainConfig config = tiny_config(8, 2);
-  auto message = [&](ExpertParallelRunOptions o) { return error_of([&] { validate_expert_parallel(config, o); }); };
-  EXPECT_NE(message({.world = 2}).find("give --moe-experts E (a multiple of --world 2)"), std::string::npos);
+  auto message = [&](ExpertParallelRunOptions o) {
+    return error_of([&] { validate_expert_parallel(config, o); });
+  };
+  EXPECT_NE(message({.world = 2}).find("give --moe-experts E (a multiple of --world 2)"),
+            std::string::npos);
   config.model.experts = 6;
-  EXPECT_NE(message({.world = 4}).find("--moe-experts 6 do not split over --world 4"), std::string::npos);
+  EXPECT_NE(message({.world = 4}).find("--moe-experts 6 do not split over --world 4"),
+            std::string::npos);
   EXPECT_EQ(message({.world = 2}), "(no error)");
   config.batch = 6;
   EXPECT_EQ(message({.world = 3}), "(no error)");
-  EXPECT_NE(message({.world = 0}).find("--world (expert-parallel ranks) must be at least 1"), std::string::npos);
+  EXPECT_NE(message({.world = 0}).find("--world (expert-parallel ranks) must be at least 1"),
+            std::string::npos);
   config.batch = 3;
-  EXPECT_NE(message({.world = 2}).find("the global batch (--batch 3) must split into --world 2"), std::string::npos);
+  EXPECT_NE(message({.world = 2}).find("the global batch (--batch 3) must split into --world 2"),
+            std::string::npos);
   config.batch = 8;
   config.model.moe_groups = 2;
   EXPECT_NE(message({.world = 2}).find("--moe-groups 2 is not supported"), std::string::npos);
@@ -117,8 +134,9 @@ TEST(ExpertParallelDriver, TrainReportsTheLossOfOneDeviceRoutingInGroupsAndEvery
   std::vector<double> single;
   for (const StepRecord& s : train(grouped).steps) single.push_back(s.loss);
   std::vector<drivers::ReportTable> reports;
-  const TrainResult result = drivers::run_strategy(config, ExpertParallelStrategy({.world = 2}),
-                                                   [&](const drivers::StepReport& r) { reports.push_back(r.ranks); });
+  const TrainResult result =
+      drivers::run_strategy(config, ExpertParallelStrategy({.world = 2}),
+                            [&](const drivers::StepReport& r) { reports.push_back(r.ranks); });
   ASSERT_EQ(result.steps.size(), 3u);
   for (std::size_t s = 0; s < 3; ++s) {
     EXPECT_NEAR(result.steps[s].loss, single[s], 1e-10) << "step " << s + 1;
@@ -128,9 +146,11 @@ TEST(ExpertParallelDriver, TrainReportsTheLossOfOneDeviceRoutingInGroupsAndEvery
   ASSERT_EQ(reports[0].rows.size(), 2u) << "a row per rank";
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(reports[0].rows[static_cast<std::size_t>(r)].label,
-              std::to_string(r) + " (experts " + std::to_string(2 * r) + "-" + std::to_string(2 * r + 1) + ")");
+              std::to_string(r) + " (experts " + std::to_string(2 * r) + "-" +
+                  std::to_string(2 * r + 1) + ")");
     EXPECT_EQ(reports[0].at(r, "tokens"), config.batch * config.seq / 2);
-    EXPECT_GT(reports[0].at(r, "dropped"), 0) << "rank " << r << ": capacity factor 0.75 must drop choices";
+    EXPECT_GT(reports[0].at(r, "dropped"), 0)
+        << "rank " << r << ": capacity factor 0.75 must drop choices";
     EXPECT_GT(reports[0].at(r, "moved"), 0) << "rank " << r;
   }
 }
@@ -152,7 +172,8 @@ TEST(SequenceParallelDriverCheckpoints, ThreeStepsThenResumingEqualsEightStepsBi
   for (SequenceParallelKind kind : {SequenceParallelKind::ring, SequenceParallelKind::hybrid}) {
     testing::expect_slices_equal_straight_run(
         config, 3, folder, std::string("--sp 4 --sp-kind ") + sequence_parallel_kind_name(kind),
-        run_with<SequenceParallelStrategy>(SequenceParallelRunOptions{.sp = 4, .kind = kind, .ulysses = 2}));
+        run_with<SequenceParallelStrategy>(
+            SequenceParallelRunOptions{.sp = 4, .kind = kind, .ulysses = 2}));
   }
 }
 
@@ -170,8 +191,9 @@ TEST(ExpertParallelDriverCheckpoints, ThreeStepsThenResumingEqualsEightStepsBitF
   testing::TempFolder folder;
   TrainConfig config = moe_run(8);
   config.strategy = "ep";
-  testing::expect_slices_equal_straight_run(config, 3, folder, "ep --world 2",
-                                            run_with<ExpertParallelStrategy>(ExpertParallelRunOptions{.world = 2}));
+  testing::expect_slices_equal_straight_run(
+      config, 3, folder, "ep --world 2",
+      run_with<ExpertParallelStrategy>(ExpertParallelRunOptions{.world = 2}));
 }
 
 // The file is a single-device run's: every expert of every block, named and
@@ -185,9 +207,9 @@ TEST(ExpertParallelDriverCheckpoints, AConsolidatedCheckpointHasTheSingleDeviceL
   config.strategy = "ep";
   testing::expect_single_device_layout(
       testing::saved_checkpoint(single, folder),
-      testing::saved_checkpoint(config, folder, run_with<ExpertParallelStrategy>(ExpertParallelRunOptions{.world = 2})),
-      "ep --world 2",
-                                       "another rank's expert, or the wrong region?");
+      testing::saved_checkpoint(
+          config, folder, run_with<ExpertParallelStrategy>(ExpertParallelRunOptions{.world = 2})),
+      "ep --world 2", "another rank's expert, or the wrong region?");
 }
 
 }  // namespace

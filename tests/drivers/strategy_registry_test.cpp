@@ -22,7 +22,8 @@ namespace {
 TEST(StrategyRegistry, ListsEveryStrategyOnceInTheOrderOfTheCMakeLines) {
   std::vector<std::string> names;
   for (const Strategy* s : registered_strategies()) names.push_back(s->name());
-  const std::vector<std::string> expected = {"single", "ddp", "zero", "tp", "pp", "sp", "ep", "mixed", "lora"};
+  const std::vector<std::string> expected = {"single", "ddp", "zero",  "tp",  "pp",
+                                             "sp",     "ep",  "mixed", "lora"};
   EXPECT_EQ(names, expected) << "drivers/CMakeLists.txt's dtp_strategy() lines, in order";
   for (const std::string& name : expected) {
     const Strategy* found = find_strategy(name);
@@ -38,8 +39,10 @@ TEST(StrategyRegistry, EveryStrategyDeclaresItsFlagsOnceEachWithHelp) {
     s->add_flags(flags);
     std::set<std::string> seen;
     for (const cli::Flag& flag : flags.flags()) {
-      EXPECT_TRUE(seen.insert(flag.name).second) << s->name() << " declares " << flag.name << " twice";
-      EXPECT_EQ(flag.name.rfind("--", 0), 0u) << s->name() << ": '" << flag.name << "' is not a long flag";
+      EXPECT_TRUE(seen.insert(flag.name).second)
+          << s->name() << " declares " << flag.name << " twice";
+      EXPECT_EQ(flag.name.rfind("--", 0), 0u)
+          << s->name() << ": '" << flag.name << "' is not a long flag";
       EXPECT_FALSE(flag.help.empty()) << s->name() << ": " << flag.name << " has no help";
       EXPECT_TRUE(flag.set) << s->name() << ": " << flag.name << " sets nothing";
     }
@@ -47,7 +50,8 @@ TEST(StrategyRegistry, EveryStrategyDeclaresItsFlagsOnceEachWithHelp) {
     const std::string by = s->chosen_by();
     if (by != "--strategy " + s->name()) {
       const std::string flag = by.substr(0, by.find(' '));
-      EXPECT_NE(flags.find(flag), nullptr) << s->name() << " is chosen by " << by << " but does not declare " << flag;
+      EXPECT_NE(flags.find(flag), nullptr)
+          << s->name() << " is chosen by " << by << " but does not declare " << flag;
     }
   }
 }
@@ -65,10 +69,13 @@ TEST(ReportTable, PrintsAlignedColumnsInTheirUnitsAndADashForNone) {
       "    0     1.5000      3      2.000      12.50\n"
       "    DDP   0.2500     12          -    1000.00\n";
   EXPECT_EQ(table.str(), expected);
-  EXPECT_EQ(table.at(0, "moved"), 2 * 1048576.0) << "at() gives the number in bytes, not as printed";
+  EXPECT_EQ(table.at(0, "moved"), 2 * 1048576.0)
+      << "at() gives the number in bytes, not as printed";
   EXPECT_EQ(table.at(1, "calls"), 12);
   const std::string missing = testing::error_of([&] { (void)table.at(0, "bytes"); });
-  EXPECT_NE(missing.find("no column 'bytes' (it has loss, calls, moved, waited)"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("no column 'bytes' (it has loss, calls, moved, waited)"),
+            std::string::npos)
+      << missing;
   EXPECT_EQ(ReportTable{}.str(), "") << "a table without rows prints nothing";
 }
 
@@ -77,7 +84,8 @@ TEST(ReportTable, PrintsAlignedColumnsInTheirUnitsAndADashForNone) {
 // all-reduced bytes and a line.
 class EchoRank : public RankRun {
  public:
-  EchoRank(const TrainConfig& config, Comm& comm) : comm_(comm), trainer_(config, comm.rank(), comm.size()) {
+  EchoRank(const TrainConfig& config, Comm& comm)
+      : comm_(comm), trainer_(config, comm.rank(), comm.size()) {
     trainer_.on_after_backward([this] {
       for (Unit* unit : trainer_.model().units()) comm_.all_reduce(unit->grads(), ReduceOp::avg);
     });
@@ -92,7 +100,8 @@ class EchoRank : public RankRun {
   }
   void report(const std::vector<RankStepRow>& rows, StepReport& report) override {
     report.ranks.columns = {{"moved", ColumnUnit::mebibytes}};
-    for (std::size_t r = 0; r < rows.size(); ++r) report.ranks.rows.push_back({std::to_string(r), rows[r].extra});
+    for (std::size_t r = 0; r < rows.size(); ++r)
+      report.ranks.rows.push_back({std::to_string(r), rows[r].extra});
     report.lines.push_back("echo of step " + std::to_string(report.record.step));
     report.once = "once\n";
   }
@@ -110,10 +119,13 @@ class EchoStrategy : public Strategy {
   std::string title() const override { return "Echo"; }
   void add_flags(FlagGroup& flags) override { add_world_flag(flags, &world, "ranks"); }
   void validate(const TrainConfig& config) const override {
-    DTP_CHECK(config.batch % world == 0, "echo: --batch ", config.batch, " does not split over --world ", world);
+    DTP_CHECK(config.batch % world == 0, "echo: --batch ", config.batch,
+              " does not split over --world ", world);
   }
   int world_size() const override { return world; }
-  std::vector<RunSetting> settings(const TrainConfig&) const override { return {{"--world", std::to_string(world)}}; }
+  std::vector<RunSetting> settings(const TrainConfig&) const override {
+    return {{"--world", std::to_string(world)}};
+  }
   std::string header(const TrainConfig&, const std::string&) const override { return "echo"; }
   std::unique_ptr<RankRun> start(const TrainConfig& config, Comm& comm) const override {
     return std::make_unique<EchoRank>(config, comm);
@@ -125,21 +137,25 @@ TEST(RunStrategy, ANewStrategyRunsThroughTheSharedLoopAndEqualsOneDevice) {
   const TrainResult single = train(config);
   EchoStrategy echo;
   std::vector<StepReport> reports;
-  const TrainResult result = run_strategy(config, echo, [&](const StepReport& r) { reports.push_back(r); });
+  const TrainResult result =
+      run_strategy(config, echo, [&](const StepReport& r) { reports.push_back(r); });
   ASSERT_EQ(result.steps.size(), 3u);
   ASSERT_EQ(reports.size(), 3u) << "one report per step, on rank 0";
   std::int64_t gradient_bytes = 0;
   {
     GPT model(config.resolved_model());
-    for (const Unit* unit : model.units()) gradient_bytes += static_cast<std::int64_t>(unit->grads().nbytes());
+    for (const Unit* unit : model.units())
+      gradient_bytes += static_cast<std::int64_t>(unit->grads().nbytes());
   }
   for (std::size_t s = 0; s < reports.size(); ++s) {
     const StepReport& r = reports[s];
     EXPECT_EQ(r.record.step, static_cast<std::int64_t>(s) + 1);
     EXPECT_TRUE(testing::close_enough(single.steps[s].loss, r.record.loss))
-        << "step " << s + 1 << ": the group's loss is the mean of the ranks', the batch's mean: one device "
+        << "step " << s + 1
+        << ": the group's loss is the mean of the ranks', the batch's mean: one device "
         << single.steps[s].loss << ", got " << r.record.loss;
-    EXPECT_EQ(r.record.tokens, config.batch * config.seq) << "step " << s + 1 << ": every rank's tokens";
+    EXPECT_EQ(r.record.tokens, config.batch * config.seq)
+        << "step " << s + 1 << ": every rank's tokens";
     ASSERT_EQ(r.ranks.rows.size(), 2u) << "a row per rank";
     for (std::size_t rank = 0; rank < 2; ++rank)
       EXPECT_EQ(r.ranks.at(rank, "moved"), static_cast<double>(gradient_bytes))
@@ -154,7 +170,8 @@ TEST(RunStrategy, ChecksTheStrategyFirstAndRefusesResumeWithLoad) {
   TrainConfig config = testing::tiny_config(3, 1);
   EchoStrategy echo;
   const std::string message = testing::error_of([&] { run_strategy(config, echo); });
-  EXPECT_NE(message.find("echo: --batch 3 does not split over --world 2"), std::string::npos) << message;
+  EXPECT_NE(message.find("echo: --batch 3 does not split over --world 2"), std::string::npos)
+      << message;
   config.batch = 4;
   config.resume_path = "a.ckpt";
   config.load_path = "b.ckpt";

@@ -23,7 +23,9 @@ using dtp::testing::tiny_config;
 
 // The strategy with @p options, as the checkpoint checks run it.
 testing::RunFn run_with(const TensorParallelRunOptions& options) {
-  return [options](const TrainConfig& c) { return drivers::run_strategy(c, TensorParallelStrategy(options)); };
+  return [options](const TrainConfig& c) {
+    return drivers::run_strategy(c, TensorParallelStrategy(options));
+  };
 }
 
 TEST(TensorParallelDriver, EvenSplitGivesEqualPartsAndNamesWhatDoesNotSplit) {
@@ -31,28 +33,36 @@ TEST(TensorParallelDriver, EvenSplitGivesEqualPartsAndNamesWhatDoesNotSplit) {
   EXPECT_EQ(r.offset, 9);
   EXPECT_EQ(r.length, 3);
   const std::string e = error_of([] { even_split("attention heads", 6, 4, 0); });
-  EXPECT_NE(e.find("attention heads: 6 do not split over 4 tensor-parallel ranks"), std::string::npos) << e;
-  EXPECT_NE(error_of([] { even_split("x", 8, 4, 4); }).find("rank 4 is outside the group of 4"), std::string::npos);
+  EXPECT_NE(e.find("attention heads: 6 do not split over 4 tensor-parallel ranks"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(error_of([] { even_split("x", 8, 4, 4); }).find("rank 4 is outside the group of 4"),
+            std::string::npos);
   EXPECT_NE(error_of([] { even_split("x", 8, 0, 0); }).find("at least 1 rank"), std::string::npos);
 }
 
 TEST(TensorParallelDriver, ReplicatedParametersAreTheLayerNormsPositionsAndRowParallelBiases) {
-  for (const char* name : {"ln1.weight", "ln2.bias", "ln.weight", "positions", "attn.proj.bias", "mlp.proj.bias"})
+  for (const char* name :
+       {"ln1.weight", "ln2.bias", "ln.weight", "positions", "attn.proj.bias", "mlp.proj.bias"})
     EXPECT_TRUE(is_replicated(name)) << name;
-  for (const char* name : {"tokens", "lm.weight", "attn.q.weight", "attn.v.bias", "attn.proj.weight", "mlp.fc.bias"})
+  for (const char* name :
+       {"tokens", "lm.weight", "attn.q.weight", "attn.v.bias", "attn.proj.weight", "mlp.fc.bias"})
     EXPECT_FALSE(is_replicated(name)) << name;
 }
 
 TEST(TensorParallelDriver, ValidateNamesTheFlagOfEverySizeThatDoesNotSplit) {
   TrainConfig config = tiny_config(8, 2);  // heads 2, vocab 32, d_model 16
-  auto message = [&](TensorParallelRunOptions o) { return error_of([&] { validate_tensor_parallel(config, o); }); };
+  auto message = [&](TensorParallelRunOptions o) {
+    return error_of([&] { validate_tensor_parallel(config, o); });
+  };
   EXPECT_NE(message({.tp = 4}).find("--heads 2 do not split over --tp 4"), std::string::npos);
   EXPECT_NE(message({.tp = 0}).find("--tp"), std::string::npos);
   EXPECT_NE(message({.tp = 2, .dp = 3}).find("--dp 3"), std::string::npos);
   EXPECT_EQ(message({.tp = 2, .dp = 2}), "(no error)");
   config.seq = 3;
   config.batch = 1;
-  EXPECT_NE(message({.tp = 2, .dp = 1, .sequence_parallel = true}).find("--sequence-parallel"), std::string::npos);
+  EXPECT_NE(message({.tp = 2, .dp = 1, .sequence_parallel = true}).find("--sequence-parallel"),
+            std::string::npos);
 }
 
 TEST(TensorParallelDriver, TrainReportsTheSingleDeviceLossAndEveryRanksBytes) {
@@ -62,12 +72,14 @@ TEST(TensorParallelDriver, TrainReportsTheSingleDeviceLossAndEveryRanksBytes) {
   for (const StepRecord& s : train(config).steps) single.push_back(s.loss);
   const TensorParallelRunOptions options{.tp = 2, .dp = 2, .sequence_parallel = true};
   std::vector<drivers::ReportTable> reports;
-  TrainResult result = drivers::run_strategy(config, TensorParallelStrategy(options),
-                                             [&](const drivers::StepReport& r) { reports.push_back(r.ranks); });
+  TrainResult result =
+      drivers::run_strategy(config, TensorParallelStrategy(options),
+                            [&](const drivers::StepReport& r) { reports.push_back(r.ranks); });
   ASSERT_EQ(result.steps.size(), 3u);
   for (std::size_t s = 0; s < 3; ++s) {
     EXPECT_NEAR(result.steps[s].loss, single[s], 1e-10) << "step " << s + 1;
-    EXPECT_EQ(result.steps[s].tokens, config.batch * config.seq) << "every DP group's tokens, each TP group once";
+    EXPECT_EQ(result.steps[s].tokens, config.batch * config.seq)
+        << "every DP group's tokens, each TP group once";
   }
   ASSERT_EQ(reports.size(), 3u);
   ASSERT_EQ(reports[0].rows.size(), 4u) << "a row per rank";
@@ -119,8 +131,9 @@ TEST(TensorParallelDriverCheckpoints, AConsolidatedCheckpointHasTheSingleDeviceL
   single.strategy = "single";
   const Checkpoint expected = testing::saved_checkpoint(single, folder);
   for (const TensorParallelRunOptions& o : kTpVariants) {
-    testing::expect_single_device_layout(expected, testing::saved_checkpoint(tp_run(2), folder, run_with(o)), flags(o),
-                                         "a slice put back in the wrong rows or columns?");
+    testing::expect_single_device_layout(
+        expected, testing::saved_checkpoint(tp_run(2), folder, run_with(o)), flags(o),
+        "a slice put back in the wrong rows or columns?");
   }
 }
 

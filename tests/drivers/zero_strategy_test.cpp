@@ -66,10 +66,12 @@ TEST(ZeroDriverOptions, TheFlagsSelectOneOfFiveVariantsAndRefuseTheRest) {
       {3, true, true, "--offload is implemented for --stage 1 (puzzle 3.5), got --stage 3"},
   };
   for (const Case& c : cases) {
-    const std::string message = error_of([&] { (void)zero_variant(c.stage, c.prefetch, c.offload); });
+    const std::string message =
+        error_of([&] { (void)zero_variant(c.stage, c.prefetch, c.offload); });
     EXPECT_NE(message.find(c.expected), std::string::npos)
-        << "--stage " << c.stage << (c.prefetch ? " --prefetch" : "") << (c.offload ? " --offload" : "")
-        << ": expected an error containing '" << c.expected << "', got '" << message << "'";
+        << "--stage " << c.stage << (c.prefetch ? " --prefetch" : "")
+        << (c.offload ? " --offload" : "") << ": expected an error containing '" << c.expected
+        << "', got '" << message << "'";
   }
 }
 
@@ -88,14 +90,16 @@ TEST(ZeroDriverOptions, RejectsBadWorldsAndBatchesWithClearErrors) {
   };
   for (const Case& c : cases) {
     config.batch = c.batch;
-    const std::string message = error_of([&] { validate_zero(config, zero_options(c.world, ZeroVariant::zero1)); });
+    const std::string message =
+        error_of([&] { validate_zero(config, zero_options(c.world, ZeroVariant::zero1)); });
     EXPECT_NE(message.find(c.expected), std::string::npos)
-        << "world " << c.world << ", batch " << c.batch << ": expected an error containing '" << c.expected
-        << "', got '" << message << "'";
+        << "world " << c.world << ", batch " << c.batch << ": expected an error containing '"
+        << c.expected << "', got '" << message << "'";
   }
   config.batch = 12;
   for (const Variant& v : kVariants)
-    EXPECT_NO_THROW(validate_zero(config, zero_options(3, v.variant))) << v.flags << " --world 3 --batch 12 is valid";
+    EXPECT_NO_THROW(validate_zero(config, zero_options(3, v.variant)))
+        << v.flags << " --world 3 --batch 12 is valid";
 }
 
 TEST(ZeroDriverOptions, NamesTheStageAndItsPuzzle) {
@@ -112,14 +116,16 @@ TEST(ZeroDriverOptions, NamesTheStageAndItsPuzzle) {
 
 TEST(ZeroDriverReports, BadOptionsFailBeforeLaunching) {
   TrainConfig config = tiny_config(8, 1);
-  const std::string message =
-      error_of([&] { drivers::run_strategy(config, ZeroStrategy(zero_options(3, ZeroVariant::zero2))); });
-  EXPECT_NE(message.find("(--batch 8) must divide evenly by --world 3"), std::string::npos) << message;
+  const std::string message = error_of(
+      [&] { drivers::run_strategy(config, ZeroStrategy(zero_options(3, ZeroVariant::zero2))); });
+  EXPECT_NE(message.find("(--batch 8) must divide evenly by --world 3"), std::string::npos)
+      << message;
 }
 
 // The strategy with @p options, as the checkpoint checks run it.
 testing::RunFn run_with(const ZeroOptions& options) {
-  return [options](const TrainConfig& c) { return drivers::run_strategy(c, ZeroStrategy(options)); };
+  return
+      [options](const TrainConfig& c) { return drivers::run_strategy(c, ZeroStrategy(options)); };
 }
 
 struct Reported {
@@ -129,10 +135,11 @@ struct Reported {
 
 Reported run_strategy(const TrainConfig& config, const ZeroOptions& options) {
   Reported out;
-  TrainResult result = drivers::run_strategy(config, ZeroStrategy(options), [&](const drivers::StepReport& r) {
-    out.steps.push_back(r.record);
-    out.ranks.push_back(r.ranks);
-  });
+  TrainResult result =
+      drivers::run_strategy(config, ZeroStrategy(options), [&](const drivers::StepReport& r) {
+        out.steps.push_back(r.record);
+        out.ranks.push_back(r.ranks);
+      });
   EXPECT_EQ(result.steps.size(), out.steps.size());
   return out;
 }
@@ -158,13 +165,17 @@ TEST(ZeroDriverReports, GlobalLossAndTokensAsTheSingleDeviceRun) {
         const StepRecord& r = got.steps[s];
         EXPECT_EQ(r.step, static_cast<std::int64_t>(s) + 1) << where;
         EXPECT_TRUE(dtp::testing::close_enough(expected.steps[s].loss, r.loss))
-            << where << ", step " << s + 1 << ": the reported loss must be the global batch's mean loss "
+            << where << ", step " << s + 1
+            << ": the reported loss must be the global batch's mean loss "
             << "(single device " << expected.steps[s].loss << "), got " << r.loss;
-        ASSERT_EQ(got.ranks[s].rows.size(), static_cast<std::size_t>(world) + 1) << where << ": a row per rank, then DDP's";
+        ASSERT_EQ(got.ranks[s].rows.size(), static_cast<std::size_t>(world) + 1)
+            << where << ": a row per rank, then DDP's";
         EXPECT_EQ(r.tokens, config.batch * config.seq)
-            << where << ": tokens must count every rank's tokens (the global batch), got " << r.tokens;
+            << where << ": tokens must count every rank's tokens (the global batch), got "
+            << r.tokens;
         ASSERT_GT(r.seconds, 0) << where;
-        EXPECT_NEAR(r.tokens_per_second, static_cast<double>(r.tokens) / r.seconds, 1e-6 * r.tokens_per_second)
+        EXPECT_NEAR(r.tokens_per_second, static_cast<double>(r.tokens) / r.seconds,
+                    1e-6 * r.tokens_per_second)
             << where << ": tokens/s is the global tokens over the slowest rank's step time";
         EXPECT_EQ(r.lr, expected.steps[s].lr) << where;
       }
@@ -201,8 +212,9 @@ Sizes sizes_of(const TrainConfig& config, int world, int rank) {
 // the gradient norm (one f64 all-reduce).
 TEST(ZeroDriverReports, MemoryPerRankAgainstTheFormulasAndDdp) {
   TrainConfig config = tiny_config(6, 2);
-  config.optimizer = "adamw";  // two states per element: an optimizer over the whole model holds 2 Psi
-  const std::int64_t e = 8;    // f64
+  config.optimizer =
+      "adamw";  // two states per element: an optimizer over the whole model holds 2 Psi
+  const std::int64_t e = 8;  // f64
   for (const Variant& v : kVariants) {
     for (int world : {1, 2, 3}) {
       const Reported got = run_strategy(config, zero_options(world, v.variant));
@@ -210,18 +222,23 @@ TEST(ZeroDriverReports, MemoryPerRankAgainstTheFormulasAndDdp) {
       for (std::size_t s = 0; s < got.ranks.size(); ++s) {
         const drivers::ReportTable& table = got.ranks[s];
         ASSERT_EQ(table.rows.size(), static_cast<std::size_t>(world) + 1) << describe(v, world);
-        ASSERT_EQ(table.rows.back().label, "DDP") << describe(v, world) << ": the last row is DDP's";
+        ASSERT_EQ(table.rows.back().label, "DDP")
+            << describe(v, world) << ": the last row is DDP's";
         const Sizes whole = sizes_of(config, world, 0);
-        const std::string ddp = describe(v, world) + ", step " + std::to_string(s + 1) + ", the DDP row";
-        EXPECT_EQ(table.at(world, "params peak"), whole.total * e) << ddp << ": DDP holds every parameter";
-        EXPECT_EQ(table.at(world, "grads peak"), whole.total * e) << ddp << ": DDP holds every gradient";
+        const std::string ddp =
+            describe(v, world) + ", step " + std::to_string(s + 1) + ", the DDP row";
+        EXPECT_EQ(table.at(world, "params peak"), whole.total * e)
+            << ddp << ": DDP holds every parameter";
+        EXPECT_EQ(table.at(world, "grads peak"), whole.total * e)
+            << ddp << ": DDP holds every gradient";
         EXPECT_EQ(table.at(world, "optimizer peak"), 2 * whole.total * e)
             << ddp << ": DDP's AdamW holds m and v of every element";
         for (int rank = 0; rank < world; ++rank) {
           // This rank's row, as numbers.
           const struct {
             int rank;
-            double params_peak, grads_peak, optimizer_peak, bytes_moved, ddp_params, ddp_grads, ddp_optimizer;
+            double params_peak, grads_peak, optimizer_peak, bytes_moved, ddp_params, ddp_grads,
+                ddp_optimizer;
           } r{rank,
               table.at(rank, "params peak"),
               table.at(rank, "grads peak"),
@@ -231,31 +248,40 @@ TEST(ZeroDriverReports, MemoryPerRankAgainstTheFormulasAndDdp) {
               table.at(world, "grads peak"),
               table.at(world, "optimizer peak")};
           const Sizes n = sizes_of(config, world, r.rank);
-          const std::string where = describe(v, world) + ", step " + std::to_string(s + 1) + ", rank " +
-                                    std::to_string(r.rank) + " (Psi " + std::to_string(n.total) + ", S " +
-                                    std::to_string(n.shards) + ", U " + std::to_string(n.largest_unit) +
+          const std::string where = describe(v, world) + ", step " + std::to_string(s + 1) +
+                                    ", rank " + std::to_string(r.rank) + " (Psi " +
+                                    std::to_string(n.total) + ", S " + std::to_string(n.shards) +
+                                    ", U " + std::to_string(n.largest_unit) +
                                     " elements of 8 bytes)";
-          EXPECT_EQ(table.rows[static_cast<std::size_t>(rank)].label, std::to_string(rank)) << where;
+          EXPECT_EQ(table.rows[static_cast<std::size_t>(rank)].label, std::to_string(rank))
+              << where;
           const bool gathers_twice = v.stage == 3;  // before forward and before backward
           EXPECT_EQ(r.bytes_moved, (gathers_twice ? 3 : 2) * n.total * e + 8)
-              << where << ": per unit one reduce-scatter and " << (gathers_twice ? "two all-gathers" : "one all-gather")
+              << where << ": per unit one reduce-scatter and "
+              << (gathers_twice ? "two all-gathers" : "one all-gather")
               << " of its full buffer, plus the gradient norm";
-          // Optimizer state: m and v of the shards; offload adds the host master copy of the parameter shards.
-          EXPECT_EQ(r.optimizer_peak, (v.offload ? 3 : 2) * n.shards * e) << where << ": optimizer state";
+          // Optimizer state: m and v of the shards; offload adds the host master copy of the
+          // parameter shards.
+          EXPECT_EQ(r.optimizer_peak, (v.offload ? 3 : 2) * n.shards * e)
+              << where << ": optimizer state";
           switch (v.stage) {
             case 1:
-              EXPECT_EQ(r.params_peak, n.total * e) << where << ": ZeRO-1 keeps the full parameters";
+              EXPECT_EQ(r.params_peak, n.total * e)
+                  << where << ": ZeRO-1 keeps the full parameters";
               // Full gradients, the reduce-scatter targets, and (offload) their host copies.
-              EXPECT_EQ(r.grads_peak, (n.total + (v.offload ? 2 : 1) * n.shards) * e) << where << ": gradients";
+              EXPECT_EQ(r.grads_peak, (n.total + (v.offload ? 2 : 1) * n.shards) * e)
+                  << where << ": gradients";
               break;
             case 2:
-              EXPECT_EQ(r.params_peak, n.total * e) << where << ": ZeRO-2 keeps the full parameters";
+              EXPECT_EQ(r.params_peak, n.total * e)
+                  << where << ": ZeRO-2 keeps the full parameters";
               EXPECT_EQ(r.grads_peak, (n.shards + n.largest_unit) * e)
                   << where << ": the gradient shards and one unit's full gradient at a time";
               break;
             default:
               if (v.prefetch) {
-                EXPECT_GE(r.params_peak, (n.shards + n.largest_unit) * e) << where << ": every unit is gathered";
+                EXPECT_GE(r.params_peak, (n.shards + n.largest_unit) * e)
+                    << where << ": every unit is gathered";
                 EXPECT_LE(r.params_peak, (n.shards + n.two_largest) * e)
                     << where << ": the unit computing and the one arriving, no more";
               } else {
@@ -311,10 +337,11 @@ TEST(ZeroDriverCheckpoints, AConsolidatedCheckpointHasTheSingleDeviceLayoutAndVa
   const Checkpoint expected = testing::saved_checkpoint(single, folder);
   for (const Variant& v : kVariants) {
     const std::string where = describe(v, 3);
-    const Checkpoint got = testing::saved_checkpoint(adamw_run(2), folder, run_with(zero_options(3, v.variant)));
+    const Checkpoint got =
+        testing::saved_checkpoint(adamw_run(2), folder, run_with(zero_options(3, v.variant)));
     EXPECT_EQ(got.step, 2) << where;
-    testing::expect_single_device_layout(expected, got, where,
-                                         "a shard gathered to the wrong offset, or another rank's shard?");
+    testing::expect_single_device_layout(
+        expected, got, where, "a shard gathered to the wrong offset, or another rank's shard?");
   }
 }
 
@@ -326,10 +353,13 @@ TEST(ZeroDriverCheckpoints, ResumingUnderAnotherStageOrWorldNamesTheSetting) {
   run_with(zero_options(3, ZeroVariant::zero1))(first);
   TrainConfig second = adamw_run(4);
   second.resume_path = first.save_path;
-  const std::string message = error_of([&] { run_with(zero_options(2, ZeroVariant::zero3))(second); });
-  EXPECT_NE(message.find("strategy_settings.--world \"3\" in the saved run, \"2\" in this one"), std::string::npos)
+  const std::string message =
+      error_of([&] { run_with(zero_options(2, ZeroVariant::zero3))(second); });
+  EXPECT_NE(message.find("strategy_settings.--world \"3\" in the saved run, \"2\" in this one"),
+            std::string::npos)
       << message;
-  EXPECT_NE(message.find("strategy_settings.--stage \"1\" in the saved run, \"3\" in this one"), std::string::npos)
+  EXPECT_NE(message.find("strategy_settings.--stage \"1\" in the saved run, \"3\" in this one"),
+            std::string::npos)
       << message;
 }
 

@@ -135,7 +135,7 @@ struct Block {
     float c[32][4];
   };
   std::vector<MmaRegisters> mma;  // one set per warp, for mma.sync
-  std::vector<float> storage;  // dynamic shared memory, NaN until written
+  std::vector<float> storage;     // dynamic shared memory, NaN until written
   std::size_t shared_bytes;
   float* shared;  // its 128-byte aligned start
   std::mutex error_mutex;
@@ -179,14 +179,19 @@ inline void watch(Block& state, unsigned threads, dim3 block_index) {
     if (state.phases.load() != seen) {
       seen = state.phases.load();
       last_progress = std::chrono::steady_clock::now();
-    } else if (state.finished.load() < threads && std::chrono::steady_clock::now() - last_progress > barrier_timeout) {
+    } else if (state.finished.load() < threads &&
+               std::chrono::steady_clock::now() - last_progress > barrier_timeout) {
       std::fprintf(stderr,
-                   "CUDA emulator: block (%u, %u, %u): no barrier completed for %lld ms; threads wait at different "
-                   "kinds of barrier (a __syncwarp, shuffle or mma.sync that only some lanes of a warp reach, while "
+                   "CUDA emulator: block (%u, %u, %u): no barrier completed for %lld ms; threads "
+                   "wait at different "
+                   "kinds of barrier (a __syncwarp, shuffle or mma.sync that only some lanes of a "
+                   "warp reach, while "
                    "the others are at __syncthreads):\n",
-                   block_index.x, block_index.y, block_index.z, static_cast<long long>(barrier_timeout.count()));
+                   block_index.x, block_index.y, block_index.z,
+                   static_cast<long long>(barrier_timeout.count()));
       for (unsigned t = 0; t < threads; ++t)
-        if (const char* where = state.waiting_at[t].load()) std::fprintf(stderr, "  thread %u waits at %s\n", t, where);
+        if (const char* where = state.waiting_at[t].load())
+          std::fprintf(stderr, "  thread %u waits at %s\n", t, where);
       std::abort();
     }
   }
@@ -270,10 +275,12 @@ class WorkerPool {
 };
 
 /// Runs kernel() as a block of block.x * block.y * block.z threads for every block of grid.
-inline void launch(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<void()>& kernel) {
+inline void launch(dim3 grid, dim3 block, std::size_t shared_bytes,
+                   const std::function<void()>& kernel) {
   const unsigned threads_per_block = block.x * block.y * block.z;
   if (threads_per_block == 0 || threads_per_block > 1024)
-    throw std::invalid_argument("a block of " + std::to_string(threads_per_block) + " threads (CUDA allows 1 to 1024)");
+    throw std::invalid_argument("a block of " + std::to_string(threads_per_block) +
+                                " threads (CUDA allows 1 to 1024)");
   gridDim = grid;
   blockDim = block;
   for (unsigned z = 0; z < grid.z; ++z)
@@ -305,10 +312,12 @@ inline void launch(dim3 grid, dim3 block, std::size_t shared_bytes, const std::f
 
 /// Fails (and returns false) unless [p, p + bytes) lies inside the block's shared memory.
 inline bool check_in_shared(const void* p, std::size_t bytes, const char* what) {
-  const auto base = reinterpret_cast<std::uintptr_t>(current->shared), c = reinterpret_cast<std::uintptr_t>(p);
+  const auto base = reinterpret_cast<std::uintptr_t>(current->shared),
+             c = reinterpret_cast<std::uintptr_t>(p);
   const std::size_t size = current->shared_bytes;
   if (c >= base && c + bytes <= base + size) return true;
-  fail(std::string(what) + " reaches outside the block's " + std::to_string(size) + " bytes of shared memory");
+  fail(std::string(what) + " reaches outside the block's " + std::to_string(size) +
+       " bytes of shared memory");
   return false;
 }
 
@@ -383,7 +392,8 @@ inline void __syncthreads() { dtp::emu::wait_at(dtp::emu::current->barrier, "__s
 inline void __syncwarp(unsigned = 0xffffffffu) { dtp::emu::sync_warp(); }
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
-  if (mask != 0xffffffffu) dtp::emu::fail("__shfl_xor_sync: the emulator supports full-warp masks only");
+  if (mask != 0xffffffffu)
+    dtp::emu::fail("__shfl_xor_sync: the emulator supports full-warp masks only");
   return dtp::emu::shfl_xor(value, lane_mask);
 }
 
@@ -427,14 +437,17 @@ namespace detail {
 // Returns false for a span outside shared memory: the access must not happen.
 template <typename E>
 bool check_pointer(const E* p, unsigned ldm, std::size_t bytes, const char* op) {
-  if (reinterpret_cast<std::uintptr_t>(p) % 32 != 0) dtp::emu::fail(std::string(op) + ": pointer not 32-byte aligned");
+  if (reinterpret_cast<std::uintptr_t>(p) % 32 != 0)
+    dtp::emu::fail(std::string(op) + ": pointer not 32-byte aligned");
   if (ldm * sizeof(E) % 16 != 0)
-    dtp::emu::fail(std::string(op) + ": ldm " + std::to_string(ldm) + " is not a multiple of 16 bytes");
+    dtp::emu::fail(std::string(op) + ": ldm " + std::to_string(ldm) +
+                   " is not a multiple of 16 bytes");
   return dtp::emu::check_in_shared(p, bytes, op);
 }
 template <typename Frag, typename E>
 std::size_t span_bytes(unsigned ldm, bool row_major) {
-  const int major = row_major ? Frag::rows : Frag::cols, minor = row_major ? Frag::cols : Frag::rows;
+  const int major = row_major ? Frag::rows : Frag::cols,
+            minor = row_major ? Frag::cols : Frag::rows;
   return sizeof(E) * ((major - 1) * static_cast<std::size_t>(ldm) + minor);
 }
 template <typename Frag, typename E>
@@ -454,23 +467,28 @@ using Element = std::conditional_t<std::is_same_v<T, precision::tf32>, float, T>
 
 template <typename Use, int M, int N, int K, typename T, typename E>
 void load_matrix_sync(fragment<Use, M, N, K, T, row_major>& f, const E* p, unsigned ldm) {
-  static_assert(std::is_same_v<E, detail::Element<T>>, "the pointer's type must be the fragment's element type");
+  static_assert(std::is_same_v<E, detail::Element<T>>,
+                "the pointer's type must be the fragment's element type");
   detail::load(f, p, ldm, true);
 }
 template <typename Use, int M, int N, int K, typename T, typename E>
 void load_matrix_sync(fragment<Use, M, N, K, T, col_major>& f, const E* p, unsigned ldm) {
-  static_assert(std::is_same_v<E, detail::Element<T>>, "the pointer's type must be the fragment's element type");
+  static_assert(std::is_same_v<E, detail::Element<T>>,
+                "the pointer's type must be the fragment's element type");
   detail::load(f, p, ldm, false);
 }
 template <int M, int N, int K>
-void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* p, unsigned ldm, layout_t layout) {
+void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* p, unsigned ldm,
+                      layout_t layout) {
   detail::load(f, p, ldm, layout == mem_row_major);
 }
 template <int M, int N, int K>
-void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm, layout_t layout) {
+void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm,
+                       layout_t layout) {
   using Frag = fragment<accumulator, M, N, K, float>;
   const bool row = layout == mem_row_major;
-  const bool inside = detail::check_pointer(p, ldm, detail::span_bytes<Frag, float>(ldm, row), "store_matrix_sync");
+  const bool inside =
+      detail::check_pointer(p, ldm, detail::span_bytes<Frag, float>(ldm, row), "store_matrix_sync");
   // The warp executes a store together, as on a GPU: no lane is still loading
   // the tile (an accumulator's load and store give each lane the same
   // elements there). Then lane 0 alone writes: readers in other lanes still
@@ -487,7 +505,8 @@ void fill_fragment(fragment<Use, M, N, K, T, L>& f, float value) {
 /// d = a b + c with f32 accumulation in k order (the hardware's order is unspecified).
 template <int M, int N, int K, typename T, typename LA, typename LB>
 void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, T, LA>& a,
-              const fragment<matrix_b, M, N, K, T, LB>& b, const fragment<accumulator, M, N, K, float>& c) {
+              const fragment<matrix_b, M, N, K, T, LB>& b,
+              const fragment<accumulator, M, N, K, float>& c) {
   float out[M * N];
   for (int r = 0; r < M; ++r)
     for (int n = 0; n < N; ++n) {

@@ -46,7 +46,9 @@ Tensor random(std::int64_t n, std::uint64_t seed, DType dtype, double low = -3, 
 
 // Lengths around the chunk width W: one element, whole chunks, the
 // shortest and the longest tail, and more chunks than threads with a tail.
-std::vector<std::int64_t> lengths(int W) { return {1, 3 * W, 5 * W + 1, 5 * W + W - 1, 64 * 3 * W + 5}; }
+std::vector<std::int64_t> lengths(int W) {
+  return {1, 3 * W, 5 * W + 1, 5 * W + W - 1, 64 * 3 * W + 5};
+}
 
 // Elements equal bit for bit (the vector instance, W elements per access,
 // against the scalar one). A difference names its chunk, or the tail.
@@ -56,15 +58,18 @@ void expect_same_bits(const Tensor& got, const Tensor& want, int W, const std::s
   const std::int64_t n = got.numel(), whole = n / W * W;
   const std::vector<double> g = got.to_vector(), w = want.to_vector();
   for (std::int64_t i = 0; i < n; ++i) {
-    if (std::memcmp(static_cast<const char*>(got.raw()) + i * size, static_cast<const char*>(want.raw()) + i * size,
-                    size) == 0)
+    if (std::memcmp(static_cast<const char*>(got.raw()) + i * size,
+                    static_cast<const char*>(want.raw()) + i * size, size) == 0)
       continue;
-    ADD_FAILURE() << what << ": element " << i << " of " << n << " is " << g[i] << " from the vector kernel and "
-                  << w[i] << " from the scalar one" << (W == 1 ? "" : "; it is ")
-                  << (W == 1 ? "" : i < whole ? "element " + std::to_string(i % W) + " of chunk " + std::to_string(i / W) +
-                                      " (" + std::to_string(W) + " elements per access)"
-                                : "in the tail, the " + std::to_string(n - whole) +
-                                      " elements after the last whole chunk (one thread each)");
+    ADD_FAILURE() << what << ": element " << i << " of " << n << " is " << g[i]
+                  << " from the vector kernel and " << w[i] << " from the scalar one"
+                  << (W == 1 ? "" : "; it is ")
+                  << (W == 1      ? ""
+                      : i < whole ? "element " + std::to_string(i % W) + " of chunk " +
+                                        std::to_string(i / W) + " (" + std::to_string(W) +
+                                        " elements per access)"
+                                  : "in the tail, the " + std::to_string(n - whole) +
+                                        " elements after the last whole chunk (one thread each)");
     return;
   }
 }
@@ -106,8 +111,8 @@ void check_kernel(const std::string& name, std::int64_t n, const std::vector<Ten
   run_kernel(std::integral_constant<int, 1>{}, scalar);
   cpu(on_cpu);
   for (int w : written) {
-    const std::string what =
-        name + " " + dtype_name(inputs[0].dtype()) + " n " + std::to_string(n) + ", output " + std::to_string(w);
+    const std::string what = name + " " + dtype_name(inputs[0].dtype()) + " n " +
+                             std::to_string(n) + ", output " + std::to_string(w);
     expect_same_bits(vector[w], scalar[w], kWidth<T>, what);
     expect_close(scalar[w], on_cpu[w], what);
   }
@@ -118,17 +123,22 @@ TEST(EmulatedElementwise, AddAxpyScaleMatchScalarAndCpu) {
     with_element(dtype, [&](auto zero) {
       using T = decltype(zero);
       for (std::int64_t n : lengths(kWidth<T>)) {
-        const std::vector<Tensor> in = {random(n, 1, dtype), random(n, 2, dtype), random(n, 3, dtype)};
+        const std::vector<Tensor> in = {random(n, 1, dtype), random(n, 2, dtype),
+                                        random(n, 3, dtype)};
         check_kernel<T>(
             "add", n, in, {2},
             [&](auto w, std::vector<Tensor>& t) {
-              launch([&] { ew::add_kernel<T, decltype(w)::value>(ptr<T>(t[0]), ptr<T>(t[1]), ptr<T>(t[2]), n); });
+              launch([&] {
+                ew::add_kernel<T, decltype(w)::value>(ptr<T>(t[0]), ptr<T>(t[1]), ptr<T>(t[2]), n);
+              });
             },
             [&](std::vector<Tensor>& t) { ops::add(t[0], t[1], t[2]); });
         check_kernel<T>(
             "axpy", n, in, {0},
             [&](auto w, std::vector<Tensor>& t) {
-              launch([&] { ew::axpy_kernel<T, decltype(w)::value>(ptr<T>(t[0]), -0.75f, ptr<T>(t[1]), n); });
+              launch([&] {
+                ew::axpy_kernel<T, decltype(w)::value>(ptr<T>(t[0]), -0.75f, ptr<T>(t[1]), n);
+              });
             },
             [&](std::vector<Tensor>& t) { ops::axpy(t[0], -0.75, t[1]); });
         check_kernel<T>(
@@ -154,7 +164,9 @@ TEST(EmulatedElementwise, AddBiasMatchesScalarAndCpu) {
           check_kernel<T>(
               "add_bias cols " + std::to_string(cols), n, in, {0},
               [&](auto w, std::vector<Tensor>& t) {
-                launch([&] { ew::add_bias_kernel<T, decltype(w)::value>(ptr<T>(t[0]), ptr<T>(t[1]), n, cols); });
+                launch([&] {
+                  ew::add_bias_kernel<T, decltype(w)::value>(ptr<T>(t[0]), ptr<T>(t[1]), n, cols);
+                });
               },
               [&](std::vector<Tensor>& t) {
                 Tensor x = t[0].view(Shape{rows, cols});
@@ -169,18 +181,22 @@ TEST(EmulatedElementwise, GeluForwardBackwardMatchScalarAndCpu) {
     with_element(dtype, [&](auto zero) {
       using T = decltype(zero);
       for (std::int64_t n : lengths(kWidth<T>)) {
-        const std::vector<Tensor> in = {random(n, 6, dtype), random(n, 7, dtype), random(n, 8, dtype)};
+        const std::vector<Tensor> in = {random(n, 6, dtype), random(n, 7, dtype),
+                                        random(n, 8, dtype)};
         check_kernel<T>(
             "gelu_forward", n, in, {1},
             [&](auto w, std::vector<Tensor>& t) {
-              launch([&] { ew::gelu_forward_kernel<T, decltype(w)::value>(ptr<T>(t[0]), ptr<T>(t[1]), n); });
+              launch([&] {
+                ew::gelu_forward_kernel<T, decltype(w)::value>(ptr<T>(t[0]), ptr<T>(t[1]), n);
+              });
             },
             [&](std::vector<Tensor>& t) { ops::gelu_forward(t[0], t[1]); });
         check_kernel<T>(
             "gelu_backward", n, in, {2},
             [&](auto w, std::vector<Tensor>& t) {
               launch([&] {
-                ew::gelu_backward_kernel<T, decltype(w)::value>(ptr<T>(t[0]), ptr<T>(t[1]), ptr<T>(t[2]), n);
+                ew::gelu_backward_kernel<T, decltype(w)::value>(ptr<T>(t[0]), ptr<T>(t[1]),
+                                                                ptr<T>(t[2]), n);
               });
             },
             [&](std::vector<Tensor>& t) { ops::gelu_backward(t[0], t[1], t[2]); });
@@ -206,25 +222,31 @@ TEST(EmulatedElementwise, OptimizerUpdatesMatchScalarAndCpu) {
         "adamw", n, in, {0, 2, 3},
         [&](auto w, std::vector<Tensor>& t) {
           launch([&] {
-            ew::adamw_kernel<T, decltype(w)::value>(ptr<T>(t[0]), ptr<T>(t[1]), ptr<T>(t[2]), ptr<T>(t[3]), n, s);
+            ew::adamw_kernel<T, decltype(w)::value>(ptr<T>(t[0]), ptr<T>(t[1]), ptr<T>(t[2]),
+                                                    ptr<T>(t[3]), n, s);
           });
         },
-        [&](std::vector<Tensor>& t) { ops::adamw_update(t[0], t[1], t[2], t[3], lr, beta1, beta2, eps, decay, step); });
+        [&](std::vector<Tensor>& t) {
+          ops::adamw_update(t[0], t[1], t[2], t[3], lr, beta1, beta2, eps, decay, step);
+        });
     for (bool nesterov : {false, true})
       check_kernel<T>(
           nesterov ? "sgd nesterov" : "sgd momentum", n, in, {0, 2},
           [&](auto w, std::vector<Tensor>& t) {
             launch([&] {
-              ew::sgd_kernel<T, decltype(w)::value>(ptr<T>(t[0]), ptr<T>(t[1]), ptr<T>(t[2]), n, 0.1f, 0.9f, 0.01f,
-                                                    nesterov);
+              ew::sgd_kernel<T, decltype(w)::value>(ptr<T>(t[0]), ptr<T>(t[1]), ptr<T>(t[2]), n,
+                                                    0.1f, 0.9f, 0.01f, nesterov);
             });
           },
-          [&](std::vector<Tensor>& t) { ops::sgd_update(t[0], t[1], t[2], 0.1, 0.9, 0.01, nesterov); });
+          [&](std::vector<Tensor>& t) {
+            ops::sgd_update(t[0], t[1], t[2], 0.1, 0.9, 0.01, nesterov);
+          });
     check_kernel<T>(
         "sgd plain", n, in, {0},
         [&](auto w, std::vector<Tensor>& t) {
           launch([&] {
-            ew::sgd_kernel<T, decltype(w)::value>(ptr<T>(t[0]), ptr<T>(t[1]), nullptr, n, 0.1f, 0.f, 0.01f, false);
+            ew::sgd_kernel<T, decltype(w)::value>(ptr<T>(t[0]), ptr<T>(t[1]), nullptr, n, 0.1f, 0.f,
+                                                  0.01f, false);
           });
         },
         [&](std::vector<Tensor>& t) {
@@ -246,12 +268,13 @@ TEST(EmulatedElementwise, CastsMatchScalarAndCpu) {
         using D = decltype(dst_zero);
         constexpr int W = kWidth<std::conditional_t<(sizeof(S) > sizeof(D)), S, D>>;
         for (std::int64_t n : lengths(W)) {
-          // Values past f16's range and below its normals too: overflow and subnormals round as on the CPU.
+          // Values past f16's range and below its normals too: overflow and subnormals round as on
+          // the CPU.
           Tensor src = random(n, 13, from, -7e4, 7e4);
           if (n > 2) src.slice(1, 1).fill(3e-6);
           Tensor dst = Tensor::zeros({n}, to);
-          const std::string what =
-              std::string("cast ") + dtype_name(from) + " -> " + dtype_name(to) + " n " + std::to_string(n);
+          const std::string what = std::string("cast ") + dtype_name(from) + " -> " +
+                                   dtype_name(to) + " n " + std::to_string(n);
           Tensor vector = dst.clone(), scalar = dst.clone(), on_cpu = dst.clone();
           launch([&] { ew::cast_kernel<S, D, W>(ptr<S>(src), ptr<D>(vector), n); });
           launch([&] { ew::cast_kernel<S, D, 1>(ptr<S>(src), ptr<D>(scalar), n); });
@@ -283,7 +306,8 @@ TEST(EmulatedElementwise, NonFiniteFoundInAnyChunkOrTail) {
             });
             EXPECT_EQ(found, at >= 0 ? 1 : 0)
                 << dtype_name(dtype) << " width " << width << ": " << (at >= 0 ? "a " : "no ")
-                << (at >= 0 ? std::to_string(bad) + " at element " + std::to_string(at) : std::string("non-finite"))
+                << (at >= 0 ? std::to_string(bad) + " at element " + std::to_string(at)
+                            : std::string("non-finite"))
                 << " of " << n << (at >= 0 ? " was not found" : " element, yet one was reported");
           }
         }
@@ -295,13 +319,17 @@ TEST(EmulatedElementwise, WidthIsVectorOnlyWhenEveryPointerIsAligned) {
   alignas(16) float f[8] = {};
   alignas(16) std::uint16_t h[16] = {};
   EXPECT_TRUE(cuda::all_aligned(4, f, f + 4));
-  EXPECT_FALSE(cuda::all_aligned(4, f, f + 1)) << "a view 1 f32 past an aligned start is not 16-byte aligned";
+  EXPECT_FALSE(cuda::all_aligned(4, f, f + 1))
+      << "a view 1 f32 past an aligned start is not 16-byte aligned";
   EXPECT_TRUE(cuda::all_aligned(8, h, h + 8));
-  EXPECT_FALSE(cuda::all_aligned(8, h + 8, h + 4)) << "one of two pointers misaligned must give the scalar kernel";
+  EXPECT_FALSE(cuda::all_aligned(8, h + 8, h + 4))
+      << "one of two pointers misaligned must give the scalar kernel";
   int chosen = 0;
-  cuda::with_width<float>([&](auto w) { chosen = decltype(w)::value; }, f, static_cast<const float*>(f + 2));
+  cuda::with_width<float>([&](auto w) { chosen = decltype(w)::value; }, f,
+                          static_cast<const float*>(f + 2));
   EXPECT_EQ(chosen, 1);
-  cuda::with_width<float>([&](auto w) { chosen = decltype(w)::value; }, f, static_cast<const float*>(f + 4));
+  cuda::with_width<float>([&](auto w) { chosen = decltype(w)::value; }, f,
+                          static_cast<const float*>(f + 4));
   EXPECT_EQ(chosen, 4);
 }
 

@@ -10,9 +10,12 @@ namespace dtp::emulated {
 /// emulator's bf16 and f16 structs.
 template <typename Fn>
 void with_element(DType dtype, Fn&& fn) {
-  if (dtype == DType::bf16) fn(__nv_bfloat16{});
-  else if (dtype == DType::f16) fn(__half{});
-  else fn(float{});
+  if (dtype == DType::bf16)
+    fn(__nv_bfloat16{});
+  else if (dtype == DType::f16)
+    fn(__half{});
+  else
+    fn(float{});
 }
 
 /// A CPU tensor's storage as the kernel's pointer type.

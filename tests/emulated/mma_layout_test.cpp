@@ -26,8 +26,10 @@ void run_and_check(const char* type) {
   const std::vector<T> a = to16(c.a), keys = to16(c.keys), values = to16(c.values);
   std::vector<float> scores(c.scores.size(), -1.f), out(c.out.size(), -1.f);
   emu::launch(dim3(1), dim3(cuda::flash::kThreads),
-              cuda::flash::shared_bytes<cuda::flash::MmaShared<T, kLayoutWidth>>(),
-              [&] { mma_layout_kernel<T>(a.data(), keys.data(), values.data(), scores.data(), out.data()); });
+              cuda::flash::shared_bytes<cuda::flash::MmaShared<T, kLayoutWidth>>(), [&] {
+                mma_layout_kernel<T>(a.data(), keys.data(), values.data(), scores.data(),
+                                     out.data());
+              });
   expect_layout_result(scores, c.scores, std::string("S = A K^T (") + type + ")");
   expect_layout_result(out, c.out, std::string("O = S V (") + type + ")");
 }

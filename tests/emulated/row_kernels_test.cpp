@@ -44,7 +44,8 @@ double tolerance(DType dtype) {
   return 1e-5;
 }
 
-void expect_close(const Tensor& got, const Tensor& want, const std::string& what, std::int64_t cols) {
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what,
+                  std::int64_t cols) {
   const std::vector<double> g = got.to_vector(), w = want.to_vector();
   ASSERT_EQ(g.size(), w.size()) << what;
   double scale = 0;
@@ -53,8 +54,8 @@ void expect_close(const Tensor& got, const Tensor& want, const std::string& what
   for (std::size_t i = 0; i < g.size(); ++i) {
     if (std::abs(g[i] - w[i]) <= tol * (std::abs(w[i]) + scale)) continue;
     ADD_FAILURE() << what << ": row " << i / cols << ", column " << i % cols << " is " << g[i]
-                  << " from the kernel and " << w[i] << " from the CPU op (allowed " << tol << " x (|cpu| + " << scale
-                  << "))";
+                  << " from the kernel and " << w[i] << " from the CPU op (allowed " << tol
+                  << " x (|cpu| + " << scale << "))";
     return;
   }
 }
@@ -64,10 +65,10 @@ void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& 
   ASSERT_EQ(got.numel(), want.numel()) << what;
   const std::vector<double> g = got.to_vector(), w = want.to_vector();
   for (std::int64_t i = 0; i < got.numel(); ++i)
-    if (std::memcmp(static_cast<const char*>(got.raw()) + i * size, static_cast<const char*>(want.raw()) + i * size,
-                    size) != 0) {
-      ADD_FAILURE() << what << ": column " << i << " is " << g[i] << " with the vector width and " << w[i]
-                    << " with W = 1: a column's additions must not depend on the width";
+    if (std::memcmp(static_cast<const char*>(got.raw()) + i * size,
+                    static_cast<const char*>(want.raw()) + i * size, size) != 0) {
+      ADD_FAILURE() << what << ": column " << i << " is " << g[i] << " with the vector width and "
+                    << w[i] << " with W = 1: a column's additions must not depend on the width";
       return;
     }
 }
@@ -96,14 +97,15 @@ TEST(EmulatedRowKernels, LayerNormForwardAndBackwardMatchTheCpu) {
         Tensor dw_by_width[2], db_by_width[2];
         auto run = [&](auto width, int which) {
           constexpr int W = decltype(width)::value;
-          const std::string what = std::string(dtype_name(dtype)) + " " + std::to_string(rows) + " x " +
-                                   std::to_string(cols) + " W " + std::to_string(W);
+          const std::string what = std::string(dtype_name(dtype)) + " " + std::to_string(rows) +
+                                   " x " + std::to_string(cols) + " W " + std::to_string(W);
           Tensor ky = Tensor::zeros({rows, cols}, dtype), km = Tensor::zeros({rows}, dtype),
                  kr = Tensor::zeros({rows}, dtype);
           const unsigned blocks = static_cast<unsigned>((rows + 7) / 8);
           emu::launch(dim3(blocks), dim3(256), 0, [&] {
-            cuda::layernorm::forward_kernel<T, W>(ptr<T>(x), ptr<T>(w), ptr<T>(b), ptr<T>(ky), ptr<T>(km), ptr<T>(kr),
-                                                  rows, static_cast<int>(cols), 1e-5f);
+            cuda::layernorm::forward_kernel<T, W>(ptr<T>(x), ptr<T>(w), ptr<T>(b), ptr<T>(ky),
+                                                  ptr<T>(km), ptr<T>(kr), rows,
+                                                  static_cast<int>(cols), 1e-5f);
           });
           expect_close(ky, y, "layernorm forward y " + what, cols);
           expect_close(km, mean, "layernorm forward mean " + what, 1);
@@ -111,8 +113,9 @@ TEST(EmulatedRowKernels, LayerNormForwardAndBackwardMatchTheCpu) {
           // The backward from the CPU's statistics, so only its own arithmetic is compared.
           Tensor kdx = Tensor::zeros({rows, cols}, dtype);
           emu::launch(dim3(blocks), dim3(256), 0, [&] {
-            cuda::layernorm::backward_kernel<T, W>(ptr<T>(dy), ptr<T>(x), ptr<T>(w), ptr<T>(mean), ptr<T>(rstd),
-                                                   ptr<T>(kdx), rows, static_cast<int>(cols));
+            cuda::layernorm::backward_kernel<T, W>(ptr<T>(dy), ptr<T>(x), ptr<T>(w), ptr<T>(mean),
+                                                   ptr<T>(rstd), ptr<T>(kdx), rows,
+                                                   static_cast<int>(cols));
           });
           expect_close(kdx, dx, "layernorm backward dx " + what, cols);
           // Two slices of rows (the second shorter), as many column blocks as W needs.
@@ -122,14 +125,17 @@ TEST(EmulatedRowKernels, LayerNormForwardAndBackwardMatchTheCpu) {
                  partial_db = Tensor::zeros({slices * cols}, DType::f32);
           emu::launch(dim3(static_cast<unsigned>(column_blocks), static_cast<unsigned>(slices)),
                       cuda::nn::RowSlices::block(), 0, [&] {
-                        cuda::layernorm::param_partial_kernel<T, W>(ptr<T>(dy), ptr<T>(x), ptr<T>(mean), ptr<T>(rstd),
-                                                                    ptr<float>(partial_dw), ptr<float>(partial_db),
-                                                                    rows, cols, rows_per_slice);
+                        cuda::layernorm::param_partial_kernel<T, W>(
+                            ptr<T>(dy), ptr<T>(x), ptr<T>(mean), ptr<T>(rstd),
+                            ptr<float>(partial_dw), ptr<float>(partial_db), rows, cols,
+                            rows_per_slice);
                       });
           Tensor kdw = Tensor::zeros({cols}, dtype), kdb = Tensor::zeros({cols}, dtype);
           emu::launch(dim3(2), dim3(64), 0, [&] {
-            cuda::nn::add_column_partials_kernel<T>(ptr<float>(partial_dw), ptr<T>(kdw), slices, cols);
-            cuda::nn::add_column_partials_kernel<T>(ptr<float>(partial_db), ptr<T>(kdb), slices, cols);
+            cuda::nn::add_column_partials_kernel<T>(ptr<float>(partial_dw), ptr<T>(kdw), slices,
+                                                    cols);
+            cuda::nn::add_column_partials_kernel<T>(ptr<float>(partial_db), ptr<T>(kdb), slices,
+                                                    cols);
           });
           expect_close(kdw, dw, "layernorm backward dweight " + what, cols);
           expect_close(kdb, db, "layernorm backward dbias " + what, cols);
@@ -152,30 +158,34 @@ TEST(EmulatedRowKernels, BiasGradientIsTheSameAtEveryWidthAndMatchesTheCpu) {
       for (std::int64_t cols : kCols) {
         const std::int64_t rows = 13, rows_per_slice = 5, slices = 3;
         const Tensor dy = Tensor::random_uniform({rows, cols}, 5, -1, 1, dtype);
-        const Tensor start = Tensor::random_uniform({cols}, 6, -1, 1, dtype);  // bias_backward accumulates
+        const Tensor start =
+            Tensor::random_uniform({cols}, 6, -1, 1, dtype);  // bias_backward accumulates
         Tensor want = start.clone();
         ops::bias_backward(dy, want);
         Tensor by_width[2];
         auto run = [&](auto width, int which) {
           constexpr int W = decltype(width)::value;
           Tensor partial = Tensor::zeros({slices * cols}, DType::f32), got = start.clone();
-          emu::launch(dim3(static_cast<unsigned>((cols + 32 * W - 1) / (32 * W)), static_cast<unsigned>(slices)),
+          emu::launch(dim3(static_cast<unsigned>((cols + 32 * W - 1) / (32 * W)),
+                           static_cast<unsigned>(slices)),
                       cuda::nn::RowSlices::block(), 0, [&] {
-                        cuda::elementwise::bias_partial_kernel<T, W>(ptr<T>(dy), ptr<float>(partial), rows, cols,
-                                                                     rows_per_slice);
+                        cuda::elementwise::bias_partial_kernel<T, W>(
+                            ptr<T>(dy), ptr<float>(partial), rows, cols, rows_per_slice);
                       });
-          emu::launch(dim3(1), dim3(64), 0,
-                      [&] { cuda::nn::add_column_partials_kernel<T>(ptr<float>(partial), ptr<T>(got), slices, cols); });
+          emu::launch(dim3(1), dim3(64), 0, [&] {
+            cuda::nn::add_column_partials_kernel<T>(ptr<float>(partial), ptr<T>(got), slices, cols);
+          });
           expect_close(got, want,
-                       std::string("bias_backward ") + dtype_name(dtype) + " cols " + std::to_string(cols) + " W " +
-                           std::to_string(W),
+                       std::string("bias_backward ") + dtype_name(dtype) + " cols " +
+                           std::to_string(cols) + " W " + std::to_string(W),
                        cols);
           by_width[which] = got;
         };
         run(std::integral_constant<int, kWidth<T>>{}, 0);
         run(std::integral_constant<int, 1>{}, 1);
-        expect_same_bits(by_width[0], by_width[1],
-                         std::string("bias_backward ") + dtype_name(dtype) + " cols " + std::to_string(cols));
+        expect_same_bits(
+            by_width[0], by_width[1],
+            std::string("bias_backward ") + dtype_name(dtype) + " cols " + std::to_string(cols));
       }
     });
 }
@@ -191,33 +201,34 @@ TEST(EmulatedRowKernels, CrossEntropyForwardAndBackwardMatchTheCpu) {
       for (std::int64_t V : {std::int64_t{40}, std::int64_t{64 * 8 + 8}}) {
         const std::int64_t N = 2;
         const Tensor logits = Tensor::random_uniform({N, V}, 7, -4, 4, dtype);
-        const Tensor targets =
-            Tensor::from_values({static_cast<double>(V - 1), static_cast<double>(V / 3)}, DType::i32);
+        const Tensor targets = Tensor::from_values(
+            {static_cast<double>(V - 1), static_cast<double>(V / 3)}, DType::i32);
         Tensor losses = Tensor::zeros({N}, dtype);
         ops::cross_entropy_forward(logits, targets, losses);
         Tensor dlogits = Tensor::zeros({N, V}, dtype);
         ops::cross_entropy_backward(logits, targets, 4.0, dlogits);
         auto run = [&](auto width, bool in_place) {
           constexpr int W = decltype(width)::value;
-          const std::string what =
-              std::string(dtype_name(dtype)) + " V " + std::to_string(V) + " W " + std::to_string(W);
+          const std::string what = std::string(dtype_name(dtype)) + " V " + std::to_string(V) +
+                                   " W " + std::to_string(W);
           Tensor klosses = Tensor::zeros({N}, dtype), row_loss = Tensor::zeros({N}, DType::f64);
           emu::launch(dim3(static_cast<unsigned>(N)), dim3(threads), 0, [&] {
-            cuda::cross_entropy::forward_kernel<T, W>(ptr<T>(logits), ptr<std::int32_t>(targets), ptr<T>(klosses),
-                                                      ptr<double>(row_loss), V);
+            cuda::cross_entropy::forward_kernel<T, W>(ptr<T>(logits), ptr<std::int32_t>(targets),
+                                                      ptr<T>(klosses), ptr<double>(row_loss), V);
           });
           expect_close(klosses, losses, "cross-entropy losses " + what, 1);
           Tensor kd = Tensor::zeros({N, V}, dtype);
           emu::launch(dim3(static_cast<unsigned>(N)), dim3(threads), 0, [&] {
-            cuda::cross_entropy::backward_kernel<T, W>(ptr<T>(logits), ptr<std::int32_t>(targets), 4.f, ptr<T>(kd), V);
+            cuda::cross_entropy::backward_kernel<T, W>(ptr<T>(logits), ptr<std::int32_t>(targets),
+                                                       4.f, ptr<T>(kd), V);
           });
           expect_close(kd, dlogits, "cross-entropy dlogits " + what, V);
           if (!in_place) return;
           // In place, as the head's backward runs it: the gradient overwrites the logits.
           Tensor in_place_grad = logits.clone();
           emu::launch(dim3(static_cast<unsigned>(N)), dim3(threads), 0, [&] {
-            cuda::cross_entropy::backward_kernel<T, W>(ptr<T>(in_place_grad), ptr<std::int32_t>(targets), 4.f,
-                                                       ptr<T>(in_place_grad), V);
+            cuda::cross_entropy::backward_kernel<T, W>(
+                ptr<T>(in_place_grad), ptr<std::int32_t>(targets), 4.f, ptr<T>(in_place_grad), V);
           });
           expect_close(in_place_grad, dlogits, "cross-entropy dlogits in place " + what, V);
         };
@@ -244,7 +255,8 @@ TEST(EmulatedRowKernels, RunningMaxSumAddsLikeMerge) {
   }
   cuda::nn::MaxSum nan_row{-inf, 0.f};
   for (float x : {1.f, std::nanf(""), 2.f}) cuda::nn::add_to(nan_row, x);
-  EXPECT_TRUE(std::isnan(nan_row.s)) << "a NaN logit must make the loss NaN (loss scaling looks for it)";
+  EXPECT_TRUE(std::isnan(nan_row.s))
+      << "a NaN logit must make the loss NaN (loss scaling looks for it)";
 }
 
 }  // namespace

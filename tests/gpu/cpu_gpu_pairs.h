@@ -17,8 +17,8 @@ namespace dtp::testing {
 
 inline const Device kGpu = Device::cuda(0);
 
-inline Tensor rand_on(Device device, const Shape& shape, std::uint64_t seed, double low = -1, double high = 1,
-               DType dtype = DType::f32) {
+inline Tensor rand_on(Device device, const Shape& shape, std::uint64_t seed, double low = -1,
+                      double high = 1, DType dtype = DType::f32) {
   return Tensor::random_uniform(shape, seed, low, high, dtype, device);
 }
 
@@ -27,8 +27,9 @@ struct Pair {
   Tensor cpu, gpu;
 };
 inline Pair rand_pair(const Shape& shape, std::uint64_t seed, double low = -1, double high = 1,
-               DType dtype = DType::f32) {
-  return {rand_on(Device::cpu(), shape, seed, low, high, dtype), rand_on(kGpu, shape, seed, low, high, dtype)};
+                      DType dtype = DType::f32) {
+  return {rand_on(Device::cpu(), shape, seed, low, high, dtype),
+          rand_on(kGpu, shape, seed, low, high, dtype)};
 }
 inline Pair zeros_pair(const Shape& shape, DType dtype = DType::f32) {
   return {Tensor::zeros(shape, dtype), Tensor::zeros(shape, dtype, kGpu)};
@@ -41,7 +42,8 @@ inline double max_abs(const std::vector<double>& v) {
 }
 
 // Element-wise |gpu - cpu| <= atol + rtol |cpu|; reports the worst element.
-inline void expect_close(const Tensor& gpu, const Tensor& cpu, double rtol, double atol, const std::string& what) {
+inline void expect_close(const Tensor& gpu, const Tensor& cpu, double rtol, double atol,
+                         const std::string& what) {
   ASSERT_EQ(gpu.numel(), cpu.numel()) << what;
   ASSERT_TRUE(gpu.device().is_cuda()) << what;
   const std::vector<double> g = gpu.to_vector(), c = cpu.to_vector();
@@ -55,8 +57,8 @@ inline void expect_close(const Tensor& gpu, const Tensor& cpu, double rtol, doub
     }
   }
   EXPECT_LT(worst, 0) << what << ": element " << worst << " is " << (worst >= 0 ? g[worst] : 0)
-                      << " on the GPU and " << (worst >= 0 ? c[worst] : 0) << " on the CPU (rtol " << rtol
-                      << ", atol " << atol << ")";
+                      << " on the GPU and " << (worst >= 0 ? c[worst] : 0) << " on the CPU (rtol "
+                      << rtol << ", atol " << atol << ")";
 }
 
 /// The GPT the GPU checkers train: vocabulary 96, context 48, C = 64 with 4

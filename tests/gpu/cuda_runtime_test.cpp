@@ -37,7 +37,8 @@ TEST(CudaTensor, CopiesFillsAndRandomValuesMatchTheCpu) {
     copy.set_item(7, 5);
     EXPECT_EQ(copy.item(7), 5);
   }
-  for (DType dtype : {DType::f32, DType::f64}) {  // f64 shows an ulp of a fused multiply-add on the device
+  for (DType dtype :
+       {DType::f32, DType::f64}) {  // f64 shows an ulp of a fused multiply-add on the device
     SCOPED_TRACE(dtype_name(dtype));
     Tensor cpu = Tensor::random_uniform({4097}, 42, -2, 3, dtype);
     Tensor gpu = Tensor::random_uniform({4097}, 42, -2, 3, dtype, Device::cuda(0));
@@ -51,16 +52,18 @@ TEST(CudaTensor, FreedMemoryStaysInThePoolAcrossSynchronizations) {
   cudaMemPool_t pool = nullptr;
   ASSERT_EQ(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
   {
-    Tensor big = Tensor::zeros({16 << 20}, DType::f32, Device::cuda(0));  // 64 MiB, freed at the brace
+    Tensor big =
+        Tensor::zeros({16 << 20}, DType::f32, Device::cuda(0));  // 64 MiB, freed at the brace
     EXPECT_EQ(big.item(0), 0);
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::uint64_t reserved = 0;
-  ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved), cudaSuccess);
+  ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved),
+            cudaSuccess);
   // With the default release threshold (0) the synchronization would have
   // handed the 64 MiB back to the driver, and the next step would map them again.
-  EXPECT_GE(reserved, std::uint64_t{64} << 20)
-      << "the device pool released freed memory at a synchronization (release threshold not raised)";
+  EXPECT_GE(reserved, std::uint64_t{64} << 20) << "the device pool released freed memory at a "
+                                                  "synchronization (release threshold not raised)";
 }
 #endif
 
@@ -96,7 +99,8 @@ TEST(CudaTensor, DeviceMemoryIsChargedToTheGpuSideOfTheTracker) {
 TEST(CudaOps, AccumulateAndScaleMatchTheCpu) {
   DTP_REQUIRE_GPU();
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min}) {
-    Tensor a = testing::pattern_tensor(1, 777, DType::f32), b = testing::pattern_tensor(2, 777, DType::f32);
+    Tensor a = testing::pattern_tensor(1, 777, DType::f32),
+           b = testing::pattern_tensor(2, 777, DType::f32);
     Tensor ga = a.to(Device::cuda(0)), gb = b.to(Device::cuda(0));
     ops::accumulate(a, b, op);
     ops::accumulate(ga, gb, op);
@@ -122,8 +126,8 @@ TEST(CudaThreadBackend, SendRecvBetweenRanksSharingOneGpu) {
     got[r] = in.to_vector();
   });
   for (int r = 0; r < 4; ++r)
-    EXPECT_TRUE(testing::values_equal("gpu ring exchange", r, testing::pattern_values((r + 3) % 4, 10007, DType::f32),
-                                      got[r]));
+    EXPECT_TRUE(testing::values_equal(
+        "gpu ring exchange", r, testing::pattern_values((r + 3) % 4, 10007, DType::f32), got[r]));
 }
 
 class CudaLibraryCollectives : public ::testing::TestWithParam<int> {};
@@ -131,7 +135,8 @@ class CudaLibraryCollectives : public ::testing::TestWithParam<int> {};
 TEST_P(CudaLibraryCollectives, MatchTheExactSums) {
   DTP_REQUIRE_GPU();
   const int n = GetParam();
-  for (std::int64_t len : {std::int64_t{1}, std::int64_t{n + 3}, std::int64_t{4 * 1024 * 1024 + 5}}) {
+  for (std::int64_t len :
+       {std::int64_t{1}, std::int64_t{n + 3}, std::int64_t{4 * 1024 * 1024 + 5}}) {
     std::vector<std::vector<double>> reduced(n), gathered(n), scattered(n);
     launch(gpu_world(n), [&](Comm& comm) {
       const int r = comm.rank();
@@ -150,10 +155,12 @@ TEST_P(CudaLibraryCollectives, MatchTheExactSums) {
     for (int r = 0; r < n; ++r) {
       ChunkRange mine = chunk_range(len, n, r);
       EXPECT_TRUE(testing::values_equal("gpu all_reduce", r, sum, reduced[r], n));
-      EXPECT_TRUE(testing::values_equal("gpu all_gather of reduce_scatter", r, sum, gathered[r], n));
+      EXPECT_TRUE(
+          testing::values_equal("gpu all_gather of reduce_scatter", r, sum, gathered[r], n));
       EXPECT_TRUE(testing::values_equal(
           "gpu reduce_scatter", r,
-          std::vector<double>(sum.begin() + mine.offset, sum.begin() + mine.offset + mine.length), scattered[r]));
+          std::vector<double>(sum.begin() + mine.offset, sum.begin() + mine.offset + mine.length),
+          scattered[r]));
     }
   }
 }

@@ -16,8 +16,10 @@
 namespace dtp::testing {
 
 struct MmaLayoutCase {
-  std::vector<float> a, keys, values;  // kLayoutRows x kLayoutWidth, then two kLayoutWidth squares; row-major
-  std::vector<float> scores, out;      // expected: A K^T, then (A K^T) V, kLayoutRows x kLayoutWidth each
+  std::vector<float> a, keys,
+      values;  // kLayoutRows x kLayoutWidth, then two kLayoutWidth squares; row-major
+  std::vector<float> scores,
+      out;  // expected: A K^T, then (A K^T) V, kLayoutRows x kLayoutWidth each
 };
 
 /// Integers in [-2, 2] with no symmetry a transposed or shifted load could hide behind.
@@ -55,9 +57,11 @@ inline void expect_layout_result(const std::vector<float>& got, const std::vecto
   ASSERT_EQ(got.size(), want.size()) << what;
   for (std::size_t i = 0; i < want.size(); ++i)
     if (got[i] != want[i]) {
-      ADD_FAILURE() << what << ": row " << i / kLayoutWidth << ", column " << i % kLayoutWidth << " is " << got[i] << ", expected "
-                    << want[i] << " (exact: the inputs are small integers). Rows 8 apart or columns 8 apart "
-                    << "swapped point at the g / g + 8 halves or the second register of a fragment.";
+      ADD_FAILURE()
+          << what << ": row " << i / kLayoutWidth << ", column " << i % kLayoutWidth << " is "
+          << got[i] << ", expected " << want[i]
+          << " (exact: the inputs are small integers). Rows 8 apart or columns 8 apart "
+          << "swapped point at the g / g + 8 halves or the second register of a fragment.";
       return;
     }
 }

@@ -13,12 +13,13 @@ namespace dtp::testing {
 namespace {
 
 void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) throw Error(std::string("mma layout check: ") + what + ": " + cudaGetErrorString(status));
+  if (status != cudaSuccess)
+    throw Error(std::string("mma layout check: ") + what + ": " + cudaGetErrorString(status));
 }
 
 template <typename T>
-void run(const std::vector<float>& a, const std::vector<float>& keys, const std::vector<float>& values,
-         std::vector<float>& scores, std::vector<float>& out) {
+void run(const std::vector<float>& a, const std::vector<float>& keys,
+         const std::vector<float>& values, std::vector<float>& scores, std::vector<float>& out) {
   auto to16 = [](const std::vector<float>& v) {
     std::vector<T> r;
     for (float x : v) r.push_back(static_cast<T>(x));  // small integers: exact in bf16 and f16
@@ -30,17 +31,21 @@ void run(const std::vector<float>& a, const std::vector<float>& keys, const std:
   const std::size_t result_count = static_cast<std::size_t>(kLayoutRows) * kLayoutWidth;
   for (int i = 0; i < 3; ++i) {
     check(cudaMalloc(&in[i], host[i].size() * sizeof(T)), "cudaMalloc");
-    check(cudaMemcpy(in[i], host[i].data(), host[i].size() * sizeof(T), cudaMemcpyHostToDevice), "copy in");
+    check(cudaMemcpy(in[i], host[i].data(), host[i].size() * sizeof(T), cudaMemcpyHostToDevice),
+          "copy in");
   }
   for (float*& r : result) check(cudaMalloc(&r, result_count * sizeof(float)), "cudaMalloc");
   const std::size_t bytes = cuda::flash::shared_bytes<cuda::flash::MmaShared<T, kLayoutWidth>>();
-  mma_layout_kernel<T><<<1, cuda::flash::kThreads, bytes>>>(in[0], in[1], in[2], result[0], result[1]);
+  mma_layout_kernel<T>
+      <<<1, cuda::flash::kThreads, bytes>>>(in[0], in[1], in[2], result[0], result[1]);
   check(cudaGetLastError(), "launch");
   check(cudaDeviceSynchronize(), "kernel");
   scores.resize(result_count);
   out.resize(result_count);
-  check(cudaMemcpy(scores.data(), result[0], result_count * sizeof(float), cudaMemcpyDeviceToHost), "copy out");
-  check(cudaMemcpy(out.data(), result[1], result_count * sizeof(float), cudaMemcpyDeviceToHost), "copy out");
+  check(cudaMemcpy(scores.data(), result[0], result_count * sizeof(float), cudaMemcpyDeviceToHost),
+        "copy out");
+  check(cudaMemcpy(out.data(), result[1], result_count * sizeof(float), cudaMemcpyDeviceToHost),
+        "copy out");
   for (T* p : in) cudaFree(p);
   for (float* p : result) cudaFree(p);
 }
@@ -48,9 +53,12 @@ void run(const std::vector<float>& a, const std::vector<float>& keys, const std:
 }  // namespace
 
 void run_mma_layout_check(bool bf16, const std::vector<float>& a, const std::vector<float>& keys,
-                          const std::vector<float>& values, std::vector<float>& scores, std::vector<float>& out) {
-  if (bf16) run<__nv_bfloat16>(a, keys, values, scores, out);
-  else run<__half>(a, keys, values, scores, out);
+                          const std::vector<float>& values, std::vector<float>& scores,
+                          std::vector<float>& out) {
+  if (bf16)
+    run<__nv_bfloat16>(a, keys, values, scores, out);
+  else
+    run<__half>(a, keys, values, scores, out);
 }
 
 }  // namespace dtp::testing

@@ -7,6 +7,7 @@
 namespace dtp::testing {
 
 void run_mma_layout_check(bool bf16, const std::vector<float>& a, const std::vector<float>& keys,
-                          const std::vector<float>& values, std::vector<float>& scores, std::vector<float>& out);
+                          const std::vector<float>& values, std::vector<float>& scores,
+                          std::vector<float>& out);
 
 }  // namespace dtp::testing

@@ -14,7 +14,8 @@
 namespace dtp::testing {
 
 template <typename T>
-__global__ void mma_layout_kernel(const T* a, const T* keys, const T* values, float* scores, float* out) {
+__global__ void mma_layout_kernel(const T* a, const T* keys, const T* values, float* scores,
+                                  float* out) {
   namespace flash = cuda::flash;
   constexpr int W = kLayoutWidth;
   DTP_DYNAMIC_SHARED(float, smem);

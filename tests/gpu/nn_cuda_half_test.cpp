@@ -53,7 +53,8 @@ class CudaHalfOps : public ::testing::TestWithParam<DType> {
   }
   void expect_bitwise(const Tensor& gpu, const Tensor& cpu, const std::string& what) const {
     EXPECT_EQ(gpu.to_vector(), cpu.to_vector())
-        << what << " (" << dtype_name(dtype()) << "): one f32 operation and one rounding must give the same bits";
+        << what << " (" << dtype_name(dtype())
+        << "): one f32 operation and one rounding must give the same bits";
   }
 };
 
@@ -91,12 +92,14 @@ TEST_P(CudaHalfOps, ElementwiseOpsMatchTheCpuAndOptimizersRefuseSixteenBits) {
 
   // Optimizers update f32 or f64 parameters on every device (16-bit ones
   // would lose small updates: chapter 07 steps f32 masters instead).
-  Pair p = rand({5000}, 60), g = rand({5000}, 61), m = rand({5000}, 62), v = rand({5000}, 63, 0, 0.01);
+  Pair p = rand({5000}, 60), g = rand({5000}, 61), m = rand({5000}, 62),
+       v = rand({5000}, 63, 0, 0.01);
   Tensor none;
   for (bool gpu : {false, true}) {
     Tensor &params = gpu ? p.gpu : p.cpu, &grads = gpu ? g.gpu : g.cpu;
     const std::string adamw = error_of([&] {
-      ops::adamw_update(params, grads, gpu ? m.gpu : m.cpu, gpu ? v.gpu : v.cpu, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1);
+      ops::adamw_update(params, grads, gpu ? m.gpu : m.cpu, gpu ? v.gpu : v.cpu, 1e-3, 0.9, 0.95,
+                        1e-8, 0.1, 1);
     });
     EXPECT_NE(adamw.find("optimizers update f32 or f64 parameters"), std::string::npos)
         << params.describe() << ": " << adamw;
@@ -111,10 +114,12 @@ TEST_P(CudaHalfOps, MatmulOnTensorCoresMatchesTheCpu) {
   const std::int64_t M = 67, N = 45, K = 130;
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
-      SCOPED_TRACE(std::string("transpose_a ") + (ta ? "1" : "0") + " transpose_b " + (tb ? "1" : "0"));
+      SCOPED_TRACE(std::string("transpose_a ") + (ta ? "1" : "0") + " transpose_b " +
+                   (tb ? "1" : "0"));
       Pair a = rand(ta ? Shape{K, M} : Shape{M, K}, 7), b = rand(tb ? Shape{N, K} : Shape{K, N}, 8);
       Pair c = rand({M, N}, 9);
-      ops::matmul(a.cpu, b.cpu, c.cpu, ta, tb, 0.5, 1.0);  // accumulates into c: read, add, round once
+      ops::matmul(a.cpu, b.cpu, c.cpu, ta, tb, 0.5,
+                  1.0);  // accumulates into c: read, add, round once
       ops::matmul(a.gpu, b.gpu, c.gpu, ta, tb, 0.5, 1.0);
       expect_near_ulps(c.gpu, c.cpu, "matmul beta=1");
     }
@@ -154,11 +159,13 @@ TEST_P(CudaHalfOps, LayerNormSoftmaxAndCrossEntropyMatchTheCpu) {
   expect_near_ulps(ds.gpu, ds.cpu, "softmax backward");
 
   const std::int64_t V = 50304, rows = 24;
-  Pair logits = rand({2, rows / 2, V}, 50, -4, 4), targets = rand_pair({2, rows / 2}, 51, 0, V, DType::i32);
+  Pair logits = rand({2, rows / 2, V}, 50, -4, 4),
+       targets = rand_pair({2, rows / 2}, 51, 0, V, DType::i32);
   Pair losses = zeros({rows});
   const double cpu = ops::cross_entropy_forward(logits.cpu, targets.cpu, losses.cpu);
   const double gpu = ops::cross_entropy_forward(logits.gpu, targets.gpu, losses.gpu);
-  EXPECT_NEAR(gpu, cpu, 1e-5 * std::abs(cpu)) << "the mean loss is summed from f32 row losses on both";
+  EXPECT_NEAR(gpu, cpu, 1e-5 * std::abs(cpu))
+      << "the mean loss is summed from f32 row losses on both";
   expect_near_ulps(losses.gpu, losses.cpu, "per-row losses");
   ops::cross_entropy_backward(logits.cpu, targets.cpu, 1.0 / rows, logits.cpu);
   ops::cross_entropy_backward(logits.gpu, targets.gpu, 1.0 / rows, logits.gpu);
@@ -196,8 +203,10 @@ TEST_P(CudaHalfOps, AttentionBothKernelsMatchTheCpu) {
     expect_near_ulps(l.gpu, l.cpu, flash + "row_sum");
     for (Pair* saved : {&out, &m, &l}) saved->gpu.copy_from(saved->cpu);
     Pair dq = zeros(qs), dk = zeros(qs), dv = zeros(qs);
-    ops::flash_attention_backward(q.cpu, k.cpu, v.cpu, out.cpu, m.cpu, l.cpu, dout.cpu, dq.cpu, dk.cpu, dv.cpu);
-    ops::flash_attention_backward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu, dout.gpu, dq.gpu, dk.gpu, dv.gpu);
+    ops::flash_attention_backward(q.cpu, k.cpu, v.cpu, out.cpu, m.cpu, l.cpu, dout.cpu, dq.cpu,
+                                  dk.cpu, dv.cpu);
+    ops::flash_attention_backward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu, dout.gpu, dq.gpu,
+                                  dk.gpu, dv.gpu);
     expect_near_ulps(dq.gpu, dq.cpu, flash + "dq");
     expect_near_ulps(dk.gpu, dk.cpu, flash + "dk");
     expect_near_ulps(dv.gpu, dv.cpu, flash + "dv");
@@ -220,7 +229,8 @@ TEST_P(CudaHalfOps, AttentionBothKernelsMatchTheCpu) {
 TEST_P(CudaHalfOps, EmbeddingMatchesTheCpu) {
   DTP_REQUIRE_GPU();
   const std::int64_t V = 50, C = 24, B = 3, T = 40;
-  Pair ids = rand_pair({B, T}, 40, 0, V, DType::i32);  // many repeated ids: their rows add up in f32
+  Pair ids =
+      rand_pair({B, T}, 40, 0, V, DType::i32);  // many repeated ids: their rows add up in f32
   Pair table = rand({V, C}, 41), out = zeros({B, T, C});
   ops::embedding_forward(ids.cpu, table.cpu, out.cpu);
   ops::embedding_forward(ids.gpu, table.gpu, out.gpu);

@@ -88,13 +88,15 @@ TEST(CudaNnOps, ElementwiseOnUnalignedViewsMatchTheCpu) {
   Tensor b_cpu = b.cpu.slice(1, 3000), b_gpu = b.gpu.slice(1, 3000);
   ops::axpy(a_cpu, 0.5, b_cpu);
   ops::axpy(a_gpu, 0.5, b_gpu);
-  expect_close(a.gpu, a.cpu, kTight, kTight, "axpy on views at element 1 (and element 0 untouched)");
+  expect_close(a.gpu, a.cpu, kTight, kTight,
+               "axpy on views at element 1 (and element 0 untouched)");
   ops::gelu_forward(b_cpu, a_cpu);
   ops::gelu_forward(b_gpu, a_gpu);
   expect_close(a.gpu, a.cpu, kTight, kTight, "gelu_forward on views at element 1");
   for (std::int64_t cols : {771, 768}) {
     SCOPED_TRACE("rows of " + std::to_string(cols));
-    Pair x = rand_pair({9, cols}, 23), w = rand_pair({cols}, 24, 0.5, 1.5), bias = rand_pair({cols}, 25);
+    Pair x = rand_pair({9, cols}, 23), w = rand_pair({cols}, 24, 0.5, 1.5),
+         bias = rand_pair({cols}, 25);
     Pair y = zeros_pair({9, cols}), mean = zeros_pair({9}), rstd = zeros_pair({9});
     ops::layernorm_forward(x.cpu, w.cpu, bias.cpu, y.cpu, mean.cpu, rstd.cpu);
     ops::layernorm_forward(x.gpu, w.gpu, bias.gpu, y.gpu, mean.gpu, rstd.gpu);
@@ -108,12 +110,13 @@ TEST(CudaNnOps, ElementwiseOnUnalignedViewsMatchTheCpu) {
 // The batched forms wait once for many tensors; each result is the one-tensor op's.
 TEST(CudaNnOps, SumSquaresAndFiniteCheckOfManyTensorsMatchOneByOne) {
   DTP_REQUIRE_GPU();
-  std::vector<Tensor> xs = {rand_on(kGpu, {1000}, 31), rand_on(kGpu, {1}, 32), rand_on(kGpu, {0}, 33),
-                            rand_on(kGpu, {70001}, 34)};
+  std::vector<Tensor> xs = {rand_on(kGpu, {1000}, 31), rand_on(kGpu, {1}, 32),
+                            rand_on(kGpu, {0}, 33), rand_on(kGpu, {70001}, 34)};
   const std::vector<double> sums = ops::sum_squares(xs);
   ASSERT_EQ(sums.size(), xs.size());
   for (std::size_t i = 0; i < xs.size(); ++i)
-    EXPECT_EQ(sums[i], ops::sum_squares(xs[i])) << "tensor " << i << ": the batched sum must be the same bits";
+    EXPECT_EQ(sums[i], ops::sum_squares(xs[i]))
+        << "tensor " << i << ": the batched sum must be the same bits";
   EXPECT_TRUE(ops::all_finite(xs));
   xs[3].set_item(70000, std::nan(""));
   EXPECT_FALSE(ops::all_finite(xs)) << "a NaN in the last element of the last tensor";
@@ -132,7 +135,8 @@ TEST(CudaNnOps, BiasBackwardOverManyRowsMatchesTheCpuAndRepeatsBitForBit) {
   // Sums of ~8k f32 values of size ~1 in two different orders: ~1e-3 apart at worst.
   expect_close(dbias.gpu, dbias.cpu, 1e-4, 2e-3, "bias_backward (sum of 8195 rows, accumulated)");
   ops::bias_backward(dy.gpu, again);
-  EXPECT_EQ(again.to_vector(), dbias.gpu.to_vector()) << "bias_backward: two runs on the same input differ";
+  EXPECT_EQ(again.to_vector(), dbias.gpu.to_vector())
+      << "bias_backward: two runs on the same input differ";
 }
 
 TEST(CudaNnOps, CastsMatchTheCpu) {
@@ -156,8 +160,10 @@ TEST(CudaNnOps, MatmulMatchesTheCpuWithinTf32) {
   const std::int64_t M = 67, N = 45, K = 130;
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
-      SCOPED_TRACE(std::string("transpose_a ") + (ta ? "1" : "0") + " transpose_b " + (tb ? "1" : "0"));
-      Pair a = rand_pair(ta ? Shape{K, M} : Shape{M, K}, 7), b = rand_pair(tb ? Shape{N, K} : Shape{K, N}, 8);
+      SCOPED_TRACE(std::string("transpose_a ") + (ta ? "1" : "0") + " transpose_b " +
+                   (tb ? "1" : "0"));
+      Pair a = rand_pair(ta ? Shape{K, M} : Shape{M, K}, 7),
+           b = rand_pair(tb ? Shape{N, K} : Shape{K, N}, 8);
       Pair c = rand_pair({M, N}, 9);
       ops::matmul(a.cpu, b.cpu, c.cpu, ta, tb, 0.5, 1.0);  // accumulate into existing values
       ops::matmul(a.gpu, b.gpu, c.gpu, ta, tb, 0.5, 1.0);
@@ -175,12 +181,14 @@ TEST(CudaNnOps, MatmulMatchesTheCpuWithinTf32) {
 
 TEST(CudaNnOps, UnsupportedDtypesFailClearly) {
   DTP_REQUIRE_GPU();
-  Tensor a = rand_on(kGpu, {4, 4}, 1, -1, 1, DType::f64), out = Tensor::zeros({4, 4}, DType::f64, kGpu);
+  Tensor a = rand_on(kGpu, {4, 4}, 1, -1, 1, DType::f64),
+         out = Tensor::zeros({4, 4}, DType::f64, kGpu);
   try {
     ops::gelu_forward(a, out);
     FAIL() << "f64 gelu on CUDA should fail";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("support f32, bf16 and f16"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("support f32, bf16 and f16"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -196,7 +204,8 @@ TEST(CudaNnOps, LayerNormAndSoftmaxMatchTheCpu) {
     expect_close(y.gpu, y.cpu, kTight, kTight, "layernorm y");
     expect_close(mean.gpu, mean.cpu, kTight, kTight, "layernorm mean");
     expect_close(rstd.gpu, rstd.cpu, kTight, kTight, "layernorm rstd");
-    Pair dy = rand_pair(shape, 15), dx = zeros_pair(shape), dw = rand_pair({C}, 16), db = rand_pair({C}, 17);
+    Pair dy = rand_pair(shape, 15), dx = zeros_pair(shape), dw = rand_pair({C}, 16),
+         db = rand_pair({C}, 17);
     ops::layernorm_backward(dy.cpu, x.cpu, w.cpu, mean.cpu, rstd.cpu, dx.cpu, dw.cpu, db.cpu);
     ops::layernorm_backward(dy.gpu, x.gpu, w.gpu, mean.gpu, rstd.gpu, dx.gpu, dw.gpu, db.gpu);
     expect_close(dx.gpu, dx.cpu, kTight, kTight, "layernorm dx");
@@ -221,28 +230,32 @@ struct AttentionCase {
 std::vector<AttentionCase> attention_cases() {
   return {{2, 40, 40, 3, 16, {}},
           {1, 70, 70, 2, 64, {}},
-          {1, 300, 300, 2, 64, {}},                    // five 64-row tiles each way: GPT-2's head width
-          {2, 33, 33, 2, 80, {}},                      // head dim not a power of two
-          {1, 37, 37, 2, 128, {}},                     // the widest head: 4 lanes per row in the backward
-          {1, 20, 45, 2, 32, {true, 30, 0}},           // a later block of queries (ring attention)
-          {1, 25, 30, 2, 16, {true, 0, 10}},           // keys after queries: early rows see nothing
-          {2, 17, 29, 1, 8, {false, 0, 0}}};           // no mask
+          {1, 300, 300, 2, 64, {}},           // five 64-row tiles each way: GPT-2's head width
+          {2, 33, 33, 2, 80, {}},             // head dim not a power of two
+          {1, 37, 37, 2, 128, {}},            // the widest head: 4 lanes per row in the backward
+          {1, 20, 45, 2, 32, {true, 30, 0}},  // a later block of queries (ring attention)
+          {1, 25, 30, 2, 16, {true, 0, 10}},  // keys after queries: early rows see nothing
+          {2, 17, 29, 1, 8, {false, 0, 0}}};  // no mask
 }
 
 TEST(CudaNnOps, NaiveAttentionMatchesTheCpu) {
   DTP_REQUIRE_GPU();
   for (const AttentionCase& c : attention_cases()) {
-    SCOPED_TRACE("Tq " + std::to_string(c.Tq) + " Tk " + std::to_string(c.Tk) + " D " + std::to_string(c.D));
+    SCOPED_TRACE("Tq " + std::to_string(c.Tq) + " Tk " + std::to_string(c.Tk) + " D " +
+                 std::to_string(c.D));
     const Shape qs{c.B, c.Tq, c.H, c.D}, ks{c.B, c.Tk, c.H, c.D};
-    Pair q = rand_pair(qs, 20), k = rand_pair(ks, 21), v = rand_pair(ks, 22), dout = rand_pair(qs, 23);
+    Pair q = rand_pair(qs, 20), k = rand_pair(ks, 21), v = rand_pair(ks, 22),
+         dout = rand_pair(qs, 23);
     Pair out = zeros_pair(qs), probs = zeros_pair({c.B, c.H, c.Tq, c.Tk});
     ops::attention_forward(q.cpu, k.cpu, v.cpu, out.cpu, probs.cpu, c.mask);
     ops::attention_forward(q.gpu, k.gpu, v.gpu, out.gpu, probs.gpu, c.mask);
     expect_close(probs.gpu, probs.cpu, kTf32, 1e-3, "probs (TF32 scores)");
     expect_close_tf32(out.gpu, out.cpu, "out");
     Pair dq = zeros_pair(qs), dk = zeros_pair(ks), dv = zeros_pair(ks);
-    ops::attention_backward(q.cpu, k.cpu, v.cpu, probs.cpu, dout.cpu, dq.cpu, dk.cpu, dv.cpu, c.mask);
-    ops::attention_backward(q.gpu, k.gpu, v.gpu, probs.gpu, dout.gpu, dq.gpu, dk.gpu, dv.gpu, c.mask);
+    ops::attention_backward(q.cpu, k.cpu, v.cpu, probs.cpu, dout.cpu, dq.cpu, dk.cpu, dv.cpu,
+                            c.mask);
+    ops::attention_backward(q.gpu, k.gpu, v.gpu, probs.gpu, dout.gpu, dq.gpu, dk.gpu, dv.gpu,
+                            c.mask);
     expect_close_tf32(dq.gpu, dq.cpu, "dq");
     expect_close_tf32(dk.gpu, dk.cpu, "dk");
     expect_close_tf32(dv.gpu, dv.cpu, "dv");
@@ -252,9 +265,11 @@ TEST(CudaNnOps, NaiveAttentionMatchesTheCpu) {
 TEST(CudaNnOps, FlashAttentionMatchesTheCpu) {
   DTP_REQUIRE_GPU();
   for (const AttentionCase& c : attention_cases()) {
-    SCOPED_TRACE("Tq " + std::to_string(c.Tq) + " Tk " + std::to_string(c.Tk) + " D " + std::to_string(c.D));
+    SCOPED_TRACE("Tq " + std::to_string(c.Tq) + " Tk " + std::to_string(c.Tk) + " D " +
+                 std::to_string(c.D));
     const Shape qs{c.B, c.Tq, c.H, c.D}, ks{c.B, c.Tk, c.H, c.D}, stat{c.B, c.H, c.Tq};
-    Pair q = rand_pair(qs, 30), k = rand_pair(ks, 31), v = rand_pair(ks, 32), dout = rand_pair(qs, 33);
+    Pair q = rand_pair(qs, 30), k = rand_pair(ks, 31), v = rand_pair(ks, 32),
+         dout = rand_pair(qs, 33);
     Pair out = zeros_pair(qs), m = zeros_pair(stat), l = zeros_pair(stat);
     ops::flash_attention_forward(q.cpu, k.cpu, v.cpu, out.cpu, m.cpu, l.cpu, c.mask);
     ops::flash_attention_forward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu, c.mask);
@@ -263,14 +278,17 @@ TEST(CudaNnOps, FlashAttentionMatchesTheCpu) {
     // row_max is -inf for rows that see no key: compare where finite.
     const auto mg = m.gpu.to_vector(), mc = m.cpu.to_vector();
     for (std::size_t i = 0; i < mg.size(); ++i) {
-      if (std::isinf(mc[i])) EXPECT_TRUE(std::isinf(mg[i]) && mg[i] < 0) << "row_max of row " << i << ": " << mg[i];
-      else EXPECT_NEAR(mg[i], mc[i], kTf32 * (1 + std::abs(mc[i]))) << "row_max of row " << i << " (TF32 scores)";
+      if (std::isinf(mc[i]))
+        EXPECT_TRUE(std::isinf(mg[i]) && mg[i] < 0) << "row_max of row " << i << ": " << mg[i];
+      else
+        EXPECT_NEAR(mg[i], mc[i], kTf32 * (1 + std::abs(mc[i])))
+            << "row_max of row " << i << " (TF32 scores)";
     }
     Pair dq = zeros_pair(qs), dk = zeros_pair(ks), dv = zeros_pair(ks);
-    ops::flash_attention_backward(q.cpu, k.cpu, v.cpu, out.cpu, m.cpu, l.cpu, dout.cpu, dq.cpu, dk.cpu, dv.cpu,
-                                  c.mask);
-    ops::flash_attention_backward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu, dout.gpu, dq.gpu, dk.gpu, dv.gpu,
-                                  c.mask);
+    ops::flash_attention_backward(q.cpu, k.cpu, v.cpu, out.cpu, m.cpu, l.cpu, dout.cpu, dq.cpu,
+                                  dk.cpu, dv.cpu, c.mask);
+    ops::flash_attention_backward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu, dout.gpu, dq.gpu,
+                                  dk.gpu, dv.gpu, c.mask);
     expect_close_tf32(dq.gpu, dq.cpu, "dq");
     expect_close_tf32(dk.gpu, dk.cpu, "dk");
     expect_close_tf32(dv.gpu, dv.cpu, "dv");
@@ -313,14 +331,16 @@ TEST(CudaNnOps, CrossEntropyMatchesTheCpu) {
   for (std::int64_t V : {100, 50304}) {
     SCOPED_TRACE("V = " + std::to_string(V));
     const std::int64_t N = 24;
-    Pair logits = rand_pair({2, N / 2, V}, 50, -4, 4), targets = rand_pair({2, N / 2}, 51, 0, V, DType::i32);
+    Pair logits = rand_pair({2, N / 2, V}, 50, -4, 4),
+         targets = rand_pair({2, N / 2}, 51, 0, V, DType::i32);
     Pair losses = zeros_pair({N});
     const double cpu = ops::cross_entropy_forward(logits.cpu, targets.cpu, losses.cpu);
     const double gpu = ops::cross_entropy_forward(logits.gpu, targets.gpu, losses.gpu);
     EXPECT_NEAR(gpu, cpu, 1e-5 * std::abs(cpu));
     expect_close(losses.gpu, losses.cpu, kTight, kTight, "per-row losses");
     Tensor none;
-    EXPECT_NEAR(ops::cross_entropy_forward(logits.gpu, targets.gpu, none), cpu, 1e-5 * std::abs(cpu));
+    EXPECT_NEAR(ops::cross_entropy_forward(logits.gpu, targets.gpu, none), cpu,
+                1e-5 * std::abs(cpu));
     // In place, as the model does it.
     ops::cross_entropy_backward(logits.cpu, targets.cpu, 1.0 / N, logits.cpu);
     ops::cross_entropy_backward(logits.gpu, targets.gpu, 1.0 / N, logits.gpu);
@@ -380,7 +400,8 @@ void check_training_step(AttentionKind kind) {
   // error. A wrong k.bias gradient would be of the size of q.bias's (1e-4).
   for (std::size_t u = 0; u < cpu_units.size(); ++u) {
     double unit_scale = 0;
-    for (const ParamView& c : cpu_units[u]->parameters()) unit_scale = std::max(unit_scale, max_abs(c.grad.to_vector()));
+    for (const ParamView& c : cpu_units[u]->parameters())
+      unit_scale = std::max(unit_scale, max_abs(c.grad.to_vector()));
     for (std::size_t i = 0; i < cpu_units[u]->parameters().size(); ++i) {
       const ParamView& c = cpu_units[u]->parameters()[i];
       const ParamView& g = gpu_units[u]->parameters()[i];
@@ -402,8 +423,8 @@ void check_training_step(AttentionKind kind) {
       if (err > 1e-5) ++loose;
     }
     EXPECT_LE(worst, 2 * lr + 1e-6) << cpu_units[u]->name();
-    EXPECT_LE(loose, pc.size() / 100) << cpu_units[u]->name() << ": " << loose << " of " << pc.size()
-                                      << " parameters differ by more than 1e-5";
+    EXPECT_LE(loose, pc.size() / 100) << cpu_units[u]->name() << ": " << loose << " of "
+                                      << pc.size() << " parameters differ by more than 1e-5";
   }
 }
 
@@ -432,7 +453,8 @@ TEST(CudaNnTraining, TwoGptStepsOnTheGpuAgreeBitForBit) {
       Tensor tokens = rand_on(kGpu, {3, 40}, 70, 0, config.vocab_size, DType::i32);
       Tensor targets = rand_on(kGpu, {3, 40}, 71, 0, config.vocab_size, DType::i32);
       GPT first(config), second(config);
-      EXPECT_EQ(first.forward(tokens, targets), second.forward(tokens, targets)) << "the losses differ";
+      EXPECT_EQ(first.forward(tokens, targets), second.forward(tokens, targets))
+          << "the losses differ";
       first.backward();
       second.backward();
       const auto a = first.units(), b = second.units();
@@ -448,13 +470,15 @@ TEST(CudaNnOps, PermuteMatchesTheCpuBitForBit) {
   DTP_REQUIRE_GPU();
   for (DType dtype : {DType::f32, DType::f64, DType::bf16}) {
     const Pair in = rand_pair({3, 5, 4, 6}, 11, -1, 1, dtype);
-    for (std::array<int, 4> order : {std::array<int, 4>{2, 0, 1, 3}, {1, 0, 2, 3}, {3, 2, 1, 0}, {0, 1, 2, 3}}) {
-      const Shape shape{in.cpu.size(order[0]), in.cpu.size(order[1]), in.cpu.size(order[2]), in.cpu.size(order[3])};
+    for (std::array<int, 4> order :
+         {std::array<int, 4>{2, 0, 1, 3}, {1, 0, 2, 3}, {3, 2, 1, 0}, {0, 1, 2, 3}}) {
+      const Shape shape{in.cpu.size(order[0]), in.cpu.size(order[1]), in.cpu.size(order[2]),
+                        in.cpu.size(order[3])};
       Pair out = zeros_pair(shape, dtype);
       ops::permute(in.cpu, order, out.cpu);
       ops::permute(in.gpu, order, out.gpu);
-      EXPECT_EQ(out.gpu.to_vector(), out.cpu.to_vector()) << dtype_name(dtype) << " order " << order[0] << order[1]
-                                                          << order[2] << order[3];
+      EXPECT_EQ(out.gpu.to_vector(), out.cpu.to_vector())
+          << dtype_name(dtype) << " order " << order[0] << order[1] << order[2] << order[3];
     }
   }
 }

@@ -29,19 +29,21 @@ bool current_process_takes_part(const World& world) {
 
 // The failure launch must raise; none for a process that sits out a world
 // smaller than the number of processes.
-std::optional<RankFailure> launch_failure(const World& world, const std::function<void(Comm&)>& fn) {
+std::optional<RankFailure> launch_failure(const World& world,
+                                          const std::function<void(Comm&)>& fn) {
   try {
     launch(world, fn);
   } catch (const RankFailure& failure) {
     return failure;
   }
-  if (current_process_takes_part(world)) ADD_FAILURE() << "launch was expected to fail but it succeeded";
+  if (current_process_takes_part(world))
+    ADD_FAILURE() << "launch was expected to fail but it succeeded";
   return std::nullopt;
 }
 
-
 void expect_contains(const std::string& text, const std::string& part) {
-  EXPECT_NE(text.find(part), std::string::npos) << "expected to find\n  " << part << "\nin\n" << text;
+  EXPECT_NE(text.find(part), std::string::npos) << "expected to find\n  " << part << "\nin\n"
+                                                << text;
 }
 
 TEST(MpiBackend, RunsUnderMpiexecWithFourProcesses) {
@@ -57,25 +59,31 @@ TEST(MpiBackend, PointToPointRingAndClock) {
     comm.send(out, (r + 1) % n, 3);
     out.fill(0);  // eager: reusing the buffer is safe
     comm.recv(in, (r + n - 1) % n, 3);
-    EXPECT_TRUE(testing::values_equal("ring exchange", r, testing::pattern_values((r + n - 1) % n, 1000),
-                                      in.to_vector()));
+    EXPECT_TRUE(testing::values_equal(
+        "ring exchange", r, testing::pattern_values((r + n - 1) % n, 1000), in.to_vector()));
     EXPECT_EQ(comm.stats().messages_sent, 1);
     EXPECT_EQ(comm.stats().bytes_received, 8000);
   });
 }
 
 TEST(MpiBackend, AlphaBetaClockTravelsWithMessages) {
-  launch([] { World w = mpi_world(3); w.cost = CostModel{1.0, 0.5}; return w; }(), [](Comm& comm) {
-    Tensor x = Tensor::zeros({10}, DType::f32);  // 40 bytes: each send costs 21
-    if (comm.rank() == 0) {
-      comm.send(x, 1);
-      comm.send(x, 2);
-    } else {
-      comm.recv(x, 0);
-    }
-    const double expected[] = {42, 21, 42};
-    EXPECT_DOUBLE_EQ(comm.stats().clock, expected[comm.rank()]) << "rank " << comm.rank();
-  });
+  launch(
+      [] {
+        World w = mpi_world(3);
+        w.cost = CostModel{1.0, 0.5};
+        return w;
+      }(),
+      [](Comm& comm) {
+        Tensor x = Tensor::zeros({10}, DType::f32);  // 40 bytes: each send costs 21
+        if (comm.rank() == 0) {
+          comm.send(x, 1);
+          comm.send(x, 2);
+        } else {
+          comm.recv(x, 0);
+        }
+        const double expected[] = {42, 21, 42};
+        EXPECT_DOUBLE_EQ(comm.stats().clock, expected[comm.rank()]) << "rank " << comm.rank();
+      });
 }
 
 TEST(MpiBackend, IsendIrecvAndPostOrder) {
@@ -107,11 +115,13 @@ TEST(MpiBackend, SyncSendReturnsOnlyOnceTheReceiveIsPosted) {
     if (comm.rank() == 0) {
       auto start = std::chrono::steady_clock::now();
       comm.send(x, 1, 0);
-      send_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      send_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       Request request = comm.isend(x, 1, 1);
       start = std::chrono::steady_clock::now();
       request.wait();
-      isend_wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      isend_wait_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       comm.recv(x, 0, 0);
@@ -134,7 +144,8 @@ TEST(MpiBackend, LibraryCollectivesOnUnevenLengths) {
       const std::int64_t len = 23;
       Tensor x = testing::pattern_tensor(r, len);
       comm.all_reduce(x);
-      EXPECT_TRUE(testing::values_equal("all_reduce", r, testing::pattern_sum(n, len), x.to_vector(), n));
+      EXPECT_TRUE(
+          testing::values_equal("all_reduce", r, testing::pattern_sum(n, len), x.to_vector(), n));
 
       Tensor avg = Tensor::full({5}, r + 1.0, DType::f32);
       comm.all_reduce(avg, ReduceOp::avg);
@@ -148,7 +159,8 @@ TEST(MpiBackend, LibraryCollectivesOnUnevenLengths) {
       Tensor full = Tensor::zeros({len}, DType::f64);
       Tensor shard = testing::pattern_tensor(0, len).slice(mine.offset, mine.length).clone();
       comm.all_gather(shard, full);
-      EXPECT_TRUE(testing::values_equal("all_gather", r, testing::pattern_values(0, len), full.to_vector(), n));
+      EXPECT_TRUE(testing::values_equal("all_gather", r, testing::pattern_values(0, len),
+                                        full.to_vector(), n));
 
       Tensor reduced = Tensor::zeros({mine.length}, DType::f64);
       comm.reduce_scatter(testing::pattern_tensor(r, len), reduced);
@@ -160,18 +172,21 @@ TEST(MpiBackend, LibraryCollectivesOnUnevenLengths) {
 
       Tensor b = testing::pattern_tensor(r, 7);
       comm.broadcast(b, n - 1);
-      EXPECT_TRUE(testing::values_equal("broadcast", r, testing::pattern_values(n - 1, 7), b.to_vector()));
+      EXPECT_TRUE(
+          testing::values_equal("broadcast", r, testing::pattern_values(n - 1, 7), b.to_vector()));
 
       Tensor red = testing::pattern_tensor(r, 7);
       comm.reduce(red, 0);
       if (r == 0) {
-        EXPECT_TRUE(testing::values_equal("reduce", r, testing::pattern_sum(n, 7), red.to_vector()));
+        EXPECT_TRUE(
+            testing::values_equal("reduce", r, testing::pattern_sum(n, 7), red.to_vector()));
       }
 
       Tensor gathered = Tensor::zeros({len}, DType::f64);
       comm.gather(shard, gathered, 0);
       if (r == 0) {
-        EXPECT_TRUE(testing::values_equal("gather", r, testing::pattern_values(0, len), gathered.to_vector()));
+        EXPECT_TRUE(testing::values_equal("gather", r, testing::pattern_values(0, len),
+                                          gathered.to_vector()));
       }
 
       Tensor piece = Tensor::zeros({mine.length}, DType::f64);
@@ -180,7 +195,8 @@ TEST(MpiBackend, LibraryCollectivesOnUnevenLengths) {
 
       Tensor in = testing::pattern_tensor(r, 2 * n), out = Tensor::zeros({2 * n}, DType::f64);
       comm.all_to_all(in, out);
-      for (int i = 0; i < n; ++i) EXPECT_EQ(out.item(2 * i + 1), testing::pattern_value(i, 2 * r + 1, DType::f64));
+      for (int i = 0; i < n; ++i)
+        EXPECT_EQ(out.item(2 * i + 1), testing::pattern_value(i, 2 * r + 1, DType::f64));
       comm.barrier();
     });
   }
@@ -199,13 +215,16 @@ TEST(MpiBackend, AllToAllVMovesEveryBlockWithItsOwnCount) {
 TEST(MpiDiagnostics, AllToAllVCountsThatDisagreeFailEveryRank) {
   // Every rank reaches the same verdict, so every rank throws (none hangs).
   launch(mpi_world(3), [](Comm& comm) {
-    std::vector<std::int64_t> send{1, 1, comm.rank() == 0 ? 2 : 1}, recv{comm.rank() == 2 ? 3 : 1, 1, 1};
-    Tensor in = Tensor::zeros({send[0] + send[1] + send[2]}), out = Tensor::zeros({recv[0] + recv[1] + recv[2]});
+    std::vector<std::int64_t> send{1, 1, comm.rank() == 0 ? 2 : 1},
+        recv{comm.rank() == 2 ? 3 : 1, 1, 1};
+    Tensor in = Tensor::zeros({send[0] + send[1] + send[2]}),
+           out = Tensor::zeros({recv[0] + recv[1] + recv[2]});
     try {
       comm.all_to_all_v(in, send, out, recv);
       ADD_FAILURE() << "rank " << comm.rank() << ": counts that disagree must throw on every rank";
     } catch (const CommMismatch& e) {
-      expect_contains(e.what(), "rank 0 sends 2 elements to rank 2 (its send_counts[2]) but rank 2 expects 3");
+      expect_contains(
+          e.what(), "rank 0 sends 2 elements to rank 2 (its send_counts[2]) but rank 2 expects 3");
     }
   });
 }
@@ -217,14 +236,17 @@ TEST(MpiBackend, AllReducesSmallEnoughToRideWithTheCheckAndOneElementLarger) {
     launch(mpi_world(n), [n](Comm& comm) {
       const int r = comm.rank();
       for (DType dtype : {DType::f32, DType::f64, DType::i32, DType::bf16}) {
-        const std::int64_t carried = 1024 / static_cast<std::int64_t>(dtype_size(dtype == DType::bf16 ? DType::f32 : dtype));
+        const std::int64_t carried =
+            1024 / static_cast<std::int64_t>(dtype_size(dtype == DType::bf16 ? DType::f32 : dtype));
         for (std::int64_t len : {std::int64_t{0}, std::int64_t{1}, carried, carried + 1}) {
           const std::string what = std::string(dtype_name(dtype)) + " x " + std::to_string(len);
           Tensor x = testing::pattern_tensor(r, len, dtype);
           comm.all_reduce(x);
-          EXPECT_TRUE(testing::values_equal("all_reduce " + what, r, testing::pattern_sum(n, len, dtype), x.to_vector(),
-                                            0, {n, dtype, testing::PatternMeaning::sums}));
-          Tensor high = Tensor::full({len}, r + 1.0, dtype), low = Tensor::full({len}, r + 1.0, dtype);
+          EXPECT_TRUE(testing::values_equal("all_reduce " + what, r,
+                                            testing::pattern_sum(n, len, dtype), x.to_vector(), 0,
+                                            {n, dtype, testing::PatternMeaning::sums}));
+          Tensor high = Tensor::full({len}, r + 1.0, dtype),
+                 low = Tensor::full({len}, r + 1.0, dtype);
           comm.all_reduce(high, ReduceOp::max);
           comm.all_reduce(low, ReduceOp::min);
           // avg of 2r over ranks is n - 1; i32 has no avg, its sum is n(n - 1).
@@ -246,7 +268,8 @@ TEST(MpiBackend, AllReducesSmallEnoughToRideWithTheCheckAndOneElementLarger) {
 TEST(MpiBackend, NonBlockingAllReduceOverlapsPointToPoint) {
   launch(mpi_world(2), [](Comm& comm) {
     // 8 KB: more than the collective check carries, so MPI_Iallreduce moves it.
-    Tensor x = Tensor::full({1000}, comm.rank() + 1.0, DType::f64), note = Tensor::zeros({1}, DType::f64);
+    Tensor x = Tensor::full({1000}, comm.rank() + 1.0, DType::f64),
+           note = Tensor::zeros({1}, DType::f64);
     if (comm.rank() == 0) {
       Request pending = comm.iall_reduce(x, ReduceOp::avg);
       comm.send(note, 1);
@@ -268,8 +291,10 @@ TEST(MpiBackend, NonBlockingAllGatherAndReduceScatterOnUnevenLengths) {
         ChunkRange mine = chunk_range(len, n, r);
         Tensor shard = testing::pattern_tensor(0, len).slice(mine.offset, mine.length).clone();
         Tensor full = Tensor::zeros({len}, DType::f64);
-        Tensor contribution = testing::pattern_tensor(r, len), summed = Tensor::zeros({mine.length}, DType::f64);
-        Tensor half_in = Tensor::full({len}, r + 1.0, DType::bf16), half_out = Tensor::zeros({mine.length}, DType::bf16);
+        Tensor contribution = testing::pattern_tensor(r, len),
+               summed = Tensor::zeros({mine.length}, DType::f64);
+        Tensor half_in = Tensor::full({len}, r + 1.0, DType::bf16),
+               half_out = Tensor::zeros({mine.length}, DType::bf16);
         Tensor norm = Tensor::full({1}, r + 1.0, DType::f64);
         comm.reset_stats();
         Request g = comm.iall_gather(shard, full);
@@ -280,21 +305,24 @@ TEST(MpiBackend, NonBlockingAllGatherAndReduceScatterOnUnevenLengths) {
         s.wait();
         g.wait();
         EXPECT_EQ(norm.item(0), n * (n + 1) / 2.0);
-        EXPECT_TRUE(testing::values_equal("iall_gather", r, testing::pattern_values(0, len), full.to_vector(), n));
+        EXPECT_TRUE(testing::values_equal("iall_gather", r, testing::pattern_values(0, len),
+                                          full.to_vector(), n));
         std::vector<double> sum = testing::pattern_sum(n, len);
         EXPECT_TRUE(testing::values_equal(
             "ireduce_scatter", r,
             std::vector<double>(sum.begin() + mine.offset, sum.begin() + mine.offset + mine.length),
             summed.to_vector()));
         for (std::int64_t i = 0; i < mine.length; ++i) EXPECT_EQ(half_out.item(i), (n + 1) / 2.0);
-        EXPECT_TRUE(testing::values_equal("ireduce_scatter's input afterwards", r, testing::pattern_values(r, len),
+        EXPECT_TRUE(testing::values_equal("ireduce_scatter's input afterwards", r,
+                                          testing::pattern_values(r, len),
                                           contribution.to_vector()));
         // Counted as the blocking ones are.
         CommStats stats = comm.stats();
         EXPECT_EQ(stats.collective_calls["all_gather"], 1);
         EXPECT_EQ(stats.collective_calls["reduce_scatter"], 2);
-        EXPECT_EQ(stats.collective_bytes, static_cast<std::int64_t>(full.nbytes() + contribution.nbytes() +
-                                                                    half_in.nbytes() + norm.nbytes()));
+        EXPECT_EQ(stats.collective_bytes,
+                  static_cast<std::int64_t>(full.nbytes() + contribution.nbytes() +
+                                            half_in.nbytes() + norm.nbytes()));
       }
     });
   }
@@ -308,8 +336,10 @@ TEST(MpiBackend, NonBlockingShardedCollectivesOverlapPointToPoint) {
     Tensor note = Tensor::zeros({1}, DType::f64);
     Request g = comm.iall_gather(shard, full);
     Request s = comm.ireduce_scatter(grads, mine);
-    if (r == 0) comm.send(note, 1);
-    else comm.recv(note, 0);
+    if (r == 0)
+      comm.send(note, 1);
+    else
+      comm.recv(note, 0);
     g.wait();
     s.wait();
     EXPECT_EQ(full.item(7), 2.0);

@@ -73,7 +73,8 @@ TEST(RanksAgree, SettingsCoverWhatAReplicaComputes) {
   for (const RunSetting& s : run_settings(config)) flags += s.flag + " ";
   for (const char* flag : {"--seed", "--batch", "--seq", "--steps", "--lr", "--data", "--d-model",
                            "--layers", "--heads", "--optimizer", "--dtype"})
-    EXPECT_NE(flags.find(std::string(flag) + " "), std::string::npos) << flag << " missing from: " << flags;
+    EXPECT_NE(flags.find(std::string(flag) + " "), std::string::npos)
+        << flag << " missing from: " << flags;
   EXPECT_EQ(flags.find("--json"), std::string::npos) << "--json is rank 0's alone: " << flags;
   EXPECT_EQ(flags.find("--trace"), std::string::npos) << "--trace is rank 0's alone: " << flags;
 }

@@ -23,8 +23,10 @@ TEST(AsyncAllReduce, SeveralInFlightCompleteWithExactSums) {
       EXPECT_EQ(comm.stats().collective_calls.at("all_reduce"), 2);
     });
     for (int r = 0; r < n; ++r) {
-      EXPECT_TRUE(testing::values_equal("iall_reduce sum", r, testing::pattern_sum(n, 1000), first[r], n));
-      EXPECT_TRUE(testing::values_equal("iall_reduce max", r, testing::pattern_values(n - 1, 37), second[r], n));
+      EXPECT_TRUE(
+          testing::values_equal("iall_reduce sum", r, testing::pattern_sum(n, 1000), first[r], n));
+      EXPECT_TRUE(testing::values_equal("iall_reduce max", r, testing::pattern_values(n - 1, 37),
+                                        second[r], n));
     }
   }
 }
@@ -81,7 +83,8 @@ TEST(AsyncAllReduce, AMismatchOnTheCommThreadFailsTheWait) {
     });
     FAIL() << "mismatched sizes must fail";
   } catch (const RankFailure& failure) {
-    EXPECT_NE(std::string(failure.what()).find("collective mismatch"), std::string::npos) << failure.what();
+    EXPECT_NE(std::string(failure.what()).find("collective mismatch"), std::string::npos)
+        << failure.what();
   }
 }
 

@@ -24,7 +24,8 @@ std::vector<double> chunk_of(const std::vector<double>& values, int parts, int r
 TEST(AsyncShardedCollectives, ResultsMatchTheLayoutOnEveryWorldAndLength) {
   for (int n : testing::all_world_sizes()) {
     // 3 < 8: a full smaller than the world leaves trailing ranks empty shards.
-    for (std::int64_t len : {std::int64_t{1}, std::int64_t{3}, std::int64_t{n}, std::int64_t{23}, std::int64_t{1000}}) {
+    for (std::int64_t len : {std::int64_t{1}, std::int64_t{3}, std::int64_t{n}, std::int64_t{23},
+                             std::int64_t{1000}}) {
       SCOPED_TRACE("world " + std::to_string(n) + ", " + std::to_string(len) + " elements");
       Results gathered(n), reduced(n), maxed(n), shard_after(n), full_after(n);
       testing::run_ranks(n, [&](Comm& comm) {
@@ -52,14 +53,18 @@ TEST(AsyncShardedCollectives, ResultsMatchTheLayoutOnEveryWorldAndLength) {
       const std::vector<double> sum = testing::pattern_sum(n, len);
       const std::vector<double> last = testing::pattern_values(n - 1, len, DType::f32);
       for (int r = 0; r < n; ++r) {
-        EXPECT_TRUE(testing::values_equal("iall_gather", r, testing::pattern_values(0, len), gathered[r], n));
-        EXPECT_TRUE(testing::values_equal("ireduce_scatter sum", r, chunk_of(sum, n, r), reduced[r]));
-        EXPECT_TRUE(testing::values_equal("ireduce_scatter max (f32)", r, chunk_of(last, n, r), maxed[r]));
+        EXPECT_TRUE(testing::values_equal("iall_gather", r, testing::pattern_values(0, len),
+                                          gathered[r], n));
+        EXPECT_TRUE(
+            testing::values_equal("ireduce_scatter sum", r, chunk_of(sum, n, r), reduced[r]));
+        EXPECT_TRUE(
+            testing::values_equal("ireduce_scatter max (f32)", r, chunk_of(last, n, r), maxed[r]));
         // Inputs are read, never written.
         EXPECT_TRUE(testing::values_equal("iall_gather's shard afterwards", r,
-                                          chunk_of(testing::pattern_values(0, len), n, r), shard_after[r]));
-        EXPECT_TRUE(testing::values_equal("ireduce_scatter's full afterwards", r, testing::pattern_values(r, len),
-                                          full_after[r]));
+                                          chunk_of(testing::pattern_values(0, len), n, r),
+                                          shard_after[r]));
+        EXPECT_TRUE(testing::values_equal("ireduce_scatter's full afterwards", r,
+                                          testing::pattern_values(r, len), full_after[r]));
       }
     }
   }
@@ -147,16 +152,21 @@ TEST(AsyncShardedCollectives, TheyRunOnTheCommunicationThreadsLane) {
   trace::disable();
   int gather_on_comm_lane = 0, scatter_on_comm_lane = 0, elsewhere = 0, posted_on_rank_lane = 0;
   for (const trace::Span& span : trace::spans()) {
-    if ((span.name == "iall_gather" || span.name == "ireduce_scatter") && span.lane == 0) ++posted_on_rank_lane;
+    if ((span.name == "iall_gather" || span.name == "ireduce_scatter") && span.lane == 0)
+      ++posted_on_rank_lane;
     if (span.name != "all_gather" && span.name != "reduce_scatter") continue;
-    if (span.lane != 1) ++elsewhere;
-    else if (span.name == "all_gather") ++gather_on_comm_lane;
-    else ++scatter_on_comm_lane;
+    if (span.lane != 1)
+      ++elsewhere;
+    else if (span.name == "all_gather")
+      ++gather_on_comm_lane;
+    else
+      ++scatter_on_comm_lane;
   }
   EXPECT_EQ(gather_on_comm_lane, 3);
   EXPECT_EQ(scatter_on_comm_lane, 3);
   EXPECT_EQ(elsewhere, 0) << "the caller's thread must not record them: it only queues the work";
-  EXPECT_EQ(posted_on_rank_lane, 6) << "each call leaves a short span named after it where it was posted";
+  EXPECT_EQ(posted_on_rank_lane, 6)
+      << "each call leaves a short span named after it where it was posted";
 }
 
 // ZeRO-1/2 gather the updated shards into the parameters they are a view of:
@@ -173,7 +183,8 @@ TEST(AsyncShardedCollectives, AllGatherInPlaceFromTheRanksOwnChunk) {
         for (bool async : {false, true}) {
           // Only this rank's own chunk holds the pattern; the rest is -1.
           Tensor full = Tensor::full({len}, -1.0, DType::f64);
-          full.slice(mine.offset, mine.length).copy_from(testing::pattern_tensor(0, len).slice(mine.offset, mine.length));
+          full.slice(mine.offset, mine.length)
+              .copy_from(testing::pattern_tensor(0, len).slice(mine.offset, mine.length));
           Tensor shard = full.slice(mine.offset, mine.length);
           if (async) {
             comm.iall_gather(shard, full).wait();
@@ -185,8 +196,10 @@ TEST(AsyncShardedCollectives, AllGatherInPlaceFromTheRanksOwnChunk) {
         }
       });
       for (int r = 0; r < n; ++r) {
-        EXPECT_TRUE(testing::values_equal("in-place all_gather", r, testing::pattern_values(0, len), blocking[r], n));
-        EXPECT_TRUE(testing::values_equal("in-place iall_gather", r, testing::pattern_values(0, len), nonblocking[r], n));
+        EXPECT_TRUE(testing::values_equal("in-place all_gather", r, testing::pattern_values(0, len),
+                                          blocking[r], n));
+        EXPECT_TRUE(testing::values_equal("in-place iall_gather", r,
+                                          testing::pattern_values(0, len), nonblocking[r], n));
       }
     }
   }
@@ -202,7 +215,8 @@ TEST(AsyncShardedCollectives, OverlapOtherThanTheOwnChunkIsAnErrorAtTheCall) {
       ADD_FAILURE() << "a shard inside full but not this rank's chunk must throw";
     } catch (const Error& e) {
       EXPECT_TRUE(testing::contains(e.what(), "shares memory with full")) << e.what();
-      EXPECT_TRUE(testing::contains(e.what(), "passes full's own chunk " + std::to_string(r))) << e.what();
+      EXPECT_TRUE(testing::contains(e.what(), "passes full's own chunk " + std::to_string(r)))
+          << e.what();
     }
     Tensor own = full.slice(r == 0 ? 0 : 5, 5);
     try {
@@ -227,7 +241,8 @@ TEST(AsyncShardedCollectives, InterleavedWithBlockingCollectivesForManyIteration
       ChunkRange mine = chunk_range(len, n, r);
       for (int it = 0; it < 150; ++it) {
         Tensor shard = Tensor::zeros({mine.length}, DType::f64);
-        for (std::int64_t i = 0; i < mine.length; ++i) shard.set_item(i, it * 1000.0 + mine.offset + i);
+        for (std::int64_t i = 0; i < mine.length; ++i)
+          shard.set_item(i, it * 1000.0 + mine.offset + i);
         Tensor full = Tensor::zeros({len}, DType::f64);
         Tensor grads = Tensor::full({len}, r + it, DType::f64);
         Tensor grad_shard = Tensor::zeros({mine.length}, DType::f64);
@@ -276,7 +291,8 @@ TEST(AsyncShardedCollectives, BadShapesThrowAtTheCallAndMismatchesFailTheWait) {
     EXPECT_THROW(comm.ireduce_scatter(ids, ids_shard, ReduceOp::avg), Error);
   });
   RankFailure failure = testing::launch_failure(testing::thread_world(2), [](Comm& comm) {
-    Tensor full = Tensor::zeros({comm.rank() == 0 ? 10 : 12}), shard = Tensor::zeros({comm.rank() == 0 ? 5 : 6});
+    Tensor full = Tensor::zeros({comm.rank() == 0 ? 10 : 12}),
+           shard = Tensor::zeros({comm.rank() == 0 ? 5 : 6});
     comm.iall_gather(shard, full).wait();
   });
   EXPECT_TRUE(testing::contains(failure.what(), "collective mismatch"));

@@ -29,7 +29,8 @@ void expect_error_containing(const std::function<void()>& fn, const std::string&
     ADD_FAILURE() << "expected a dtp::Error containing \"" << part << "\", but nothing was thrown";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-        << "expected \"" << part << "\" in the error:\n" << e.what();
+        << "expected \"" << part << "\" in the error:\n"
+        << e.what();
   }
 }
 
@@ -47,30 +48,42 @@ void write_bytes(const std::string& path, const std::string& bytes) {
 
 TEST(Json, ParsesWhatTheWritersWrite) {
   JsonLine line;
-  line.add("name", "a \"quoted\"\\path\n").add("count", std::int64_t{9007199254740993}).add("x", 0.1)
-      .add("ok", true).add("dims", std::vector<std::int64_t>{2, 3}).raw("none", "null");
+  line.add("name", "a \"quoted\"\\path\n")
+      .add("count", std::int64_t{9007199254740993})
+      .add("x", 0.1)
+      .add("ok", true)
+      .add("dims", std::vector<std::int64_t>{2, 3})
+      .raw("none", "null");
   const JsonValue value = parse_json(line.str());
   EXPECT_EQ(value.at("name").as_string("name"), "a \"quoted\"\\path\n");
-  EXPECT_EQ(value.at("count").as_int("count"), 9007199254740993) << "integers past 2^53 read back exactly";
+  EXPECT_EQ(value.at("count").as_int("count"), 9007199254740993)
+      << "integers past 2^53 read back exactly";
   EXPECT_EQ(value.at("x").as_number("x"), 0.1);
   EXPECT_TRUE(value.at("ok").boolean);
   ASSERT_EQ(value.at("dims").items.size(), 2u);
   EXPECT_EQ(value.at("dims").items[1].as_int("dims"), 3);
   EXPECT_EQ(value.at("none").kind, JsonValue::Kind::null);
-  EXPECT_EQ(parse_json(value.dump()).dump(), value.dump()) << "dump() writes what parse_json() reads";
-  EXPECT_EQ(parse_json(R"("\u00e9\ud83d\ude00")").text, "\xc3\xa9\xf0\x9f\x98\x80") << "\\u escapes become UTF-8";
+  EXPECT_EQ(parse_json(value.dump()).dump(), value.dump())
+      << "dump() writes what parse_json() reads";
+  EXPECT_EQ(parse_json(R"("\u00e9\ud83d\ude00")").text, "\xc3\xa9\xf0\x9f\x98\x80")
+      << "\\u escapes become UTF-8";
 }
 
 TEST(Json, ErrorsNameTheByteAndWhatWasExpected) {
-  expect_error_containing([] { parse_json(R"({"a": 1,})"); }, "expected a member name in quotes at byte 8");
-  expect_error_containing([] { parse_json(R"({"a" 1})"); }, "expected ':' after a member name at byte 5");
-  expect_error_containing([] { parse_json("[1, 2"); }, "expected ',' or ']' at byte 5, found the end");
+  expect_error_containing([] { parse_json(R"({"a": 1,})"); },
+                          "expected a member name in quotes at byte 8");
+  expect_error_containing([] { parse_json(R"({"a" 1})"); },
+                          "expected ':' after a member name at byte 5");
+  expect_error_containing([] { parse_json("[1, 2"); },
+                          "expected ',' or ']' at byte 5, found the end");
   expect_error_containing([] { parse_json("01"); }, "expected the end of the text at byte 1");
   expect_error_containing([] { parse_json("\"abc"); }, "a closing '\"'");
   expect_error_containing([] { parse_json("tru"); }, "expected a value at byte 0");
-  expect_error_containing([] { parse_json(std::string(100, '[') + std::string(100, ']')); }, "less nesting");
+  expect_error_containing([] { parse_json(std::string(100, '[') + std::string(100, ']')); },
+                          "less nesting");
   expect_error_containing([] { parse_json("{}").at("missing"); }, "no member 'missing'");
-  expect_error_containing([] { parse_json("1.5").as_int("step"); }, "step: expected an integer that fits 64 bits, got 1.5");
+  expect_error_containing([] { parse_json("1.5").as_int("step"); },
+                          "step: expected an integer that fits 64 bits, got 1.5");
 }
 
 // --- the file ---------------------------------------------------------------------------
@@ -94,7 +107,8 @@ TEST(CheckpointFile, RoundTripKeepsEveryBitNameShapeAndDtype) {
   TempFolder folder;
   const Checkpoint saved = sample_checkpoint();
   write_checkpoint(folder.file("x.ckpt"), saved);
-  EXPECT_FALSE(fs::exists(folder.file("x.ckpt.tmp"))) << "the temporary file is renamed, not left behind";
+  EXPECT_FALSE(fs::exists(folder.file("x.ckpt.tmp")))
+      << "the temporary file is renamed, not left behind";
   const Checkpoint loaded = read_checkpoint(folder.file("x.ckpt"));
   EXPECT_EQ(loaded.kind, "training");
   EXPECT_EQ(loaded.step, 12);
@@ -106,9 +120,11 @@ TEST(CheckpointFile, RoundTripKeepsEveryBitNameShapeAndDtype) {
     EXPECT_EQ(loaded.tensors[i].name, saved.tensors[i].name);
     EXPECT_EQ(b.shape(), a.shape()) << saved.tensors[i].name;
     EXPECT_EQ(b.dtype(), a.dtype()) << saved.tensors[i].name;
-    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << saved.tensors[i].name << ": the bytes differ";
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0)
+        << saved.tensors[i].name << ": the bytes differ";
   }
-  expect_error_containing([&] { loaded.tensor("params/zz"); }, "no tensor 'params/zz' (it has params/a, params/b");
+  expect_error_containing([&] { loaded.tensor("params/zz"); },
+                          "no tensor 'params/zz' (it has params/a, params/b");
 }
 
 TEST(CheckpointFile, AFailedSaveLeavesTheOldFileAsItWas) {
@@ -153,20 +169,27 @@ TEST(CheckpointFile, EveryKindOfDamageIsAClearError) {
     copy.replace(copy.find(from), from.size(), to);
     return copy;
   };
-  damaged(edited("\"bytes\":16", "\"bytes\":17"), "tensor 'params/a' is 17 bytes, but [2, 2] of f32 needs 16");
+  damaged(edited("\"bytes\":16", "\"bytes\":17"),
+          "tensor 'params/a' is 17 bytes, but [2, 2] of f32 needs 16");
   // The checksum covers the data; a damaged header is caught by its own checks.
   damaged(edited("\"offset\":16", "\"offset\":12"),
           "tensor 'params/b' starts at data byte 12, but the tensor before it ends at byte 16");
-  damaged(edited("\"bytes\"", "\"bytXs\""), "the header's list of tensors is damaged (a corrupt file)");
-  damaged(edited("\"dtype\":\"f64\"", "\"dtype\":\"f65\""), "the header's list of tensors is damaged");
+  damaged(edited("\"bytes\"", "\"bytXs\""),
+          "the header's list of tensors is damaged (a corrupt file)");
+  damaged(edited("\"dtype\":\"f64\"", "\"dtype\":\"f65\""),
+          "the header's list of tensors is damaged");
   // Fields that parse but cannot be: a negative step would resume with
   // negative learning rates; an unknown kind; two tensors of one name.
   // (Each edit keeps the header's length, which its first line states.)
-  damaged(edited("\"step\":12", "\"step\":-5"), "the header says step -5; a step count is 0 or more");
-  damaged(edited("\"kind\":\"training\"", "\"kind\":\"kindless\""), "the header's kind is 'kindless'");
-  damaged(edited("\"name\":\"params/b\"", "\"name\":\"params/a\""), "two tensors are called 'params/a'");
+  damaged(edited("\"step\":12", "\"step\":-5"),
+          "the header says step -5; a step count is 0 or more");
+  damaged(edited("\"kind\":\"training\"", "\"kind\":\"kindless\""),
+          "the header's kind is 'kindless'");
+  damaged(edited("\"name\":\"params/b\"", "\"name\":\"params/a\""),
+          "two tensors are called 'params/a'");
   // A header length that overflows when added to the first line's length.
-  damaged("DTPCKPT 1 9223372036854775807\n{}\n", "too short for its 9223372036854775807-byte header");
+  damaged("DTPCKPT 1 9223372036854775807\n{}\n",
+          "too short for its 9223372036854775807-byte header");
   expect_error_containing([&] { read_checkpoint(folder.file("missing.ckpt")); }, "no such file");
   expect_error_containing([&] { read_checkpoint("/dev/null"); }, "/dev/null is not a regular file");
   expect_error_containing([&] { read_checkpoint(folder.path.string()); }, "is not a regular file");
@@ -192,7 +215,8 @@ TrainConfig tiny_run(const std::string& optimizer) {
 void expect_same_parameters(GPT& a, GPT& b, const std::string& what) {
   const auto ua = a.units(), ub = b.units();
   for (std::size_t u = 0; u < ua.size(); ++u)
-    ASSERT_EQ(std::memcmp(ua[u]->params().raw(), ub[u]->params().raw(), ua[u]->params().nbytes()), 0)
+    ASSERT_EQ(std::memcmp(ua[u]->params().raw(), ub[u]->params().raw(), ua[u]->params().nbytes()),
+              0)
         << what << ": unit " << ua[u]->name() << "'s parameters differ";
 }
 
@@ -208,14 +232,18 @@ TEST(CheckpointTraining, ResumingEqualsTheRunThatWasNeverStoppedBitForBit) {
     Trainer second(config);
     second.resume(folder.file(optimizer + ".ckpt"));
     EXPECT_EQ(second.steps_done(), 4);
-    EXPECT_EQ(second.optimizer().steps(), 4) << optimizer << ": the bias correction continues from step 4";
+    EXPECT_EQ(second.optimizer().steps(), 4)
+        << optimizer << ": the bias correction continues from step 4";
     for (int s = 4; s < 8; ++s)
-      EXPECT_EQ(second.step().loss, losses[s]) << optimizer << ": step " << s + 1 << "'s loss after resuming";
+      EXPECT_EQ(second.step().loss, losses[s])
+          << optimizer << ": step " << s + 1 << "'s loss after resuming";
     expect_same_parameters(whole.model(), second.model(), optimizer + " after 4 + 4 steps");
     const auto state_a = whole.optimizer().state(), state_b = second.optimizer().state();
     ASSERT_EQ(state_a.size(), state_b.size());
     for (std::size_t i = 0; i < state_a.size(); ++i)
-      EXPECT_EQ(std::memcmp(state_a[i].tensor.raw(), state_b[i].tensor.raw(), state_a[i].tensor.nbytes()), 0)
+      EXPECT_EQ(
+          std::memcmp(state_a[i].tensor.raw(), state_b[i].tensor.raw(), state_a[i].tensor.nbytes()),
+          0)
           << optimizer << ": optimizer state " << state_a[i].name << " differs";
   }
 }
@@ -256,13 +284,15 @@ TEST(CheckpointTraining, ResumingWithOtherSettingsNamesEachOne) {
   } catch (const Error& e) {
     const std::string text = e.what();
     EXPECT_NE(text.find("batch 4 in the saved run, 8 in this one"), std::string::npos) << text;
-    EXPECT_NE(text.find("model.d_model 32 in the saved run, 64 in this one"), std::string::npos) << text;
+    EXPECT_NE(text.find("model.d_model 32 in the saved run, 64 in this one"), std::string::npos)
+        << text;
     EXPECT_EQ(text.find("\n  steps"), std::string::npos) << "steps may change: " << text;
   }
   TrainConfig short_run = config;
   short_run.steps = 1;
   Trainer done(short_run);
-  expect_error_containing([&] { done.resume(folder.file("run.ckpt")); }, "at step 1, so --steps 1 leaves nothing");
+  expect_error_containing([&] { done.resume(folder.file("run.ckpt")); },
+                          "at step 1, so --steps 1 leaves nothing");
 }
 
 TEST(CheckpointTraining, LoadingParametersStartsANewRunFromThem) {
@@ -274,15 +304,19 @@ TEST(CheckpointTraining, LoadingParametersStartsANewRunFromThem) {
   TrainConfig finetune = config;
   finetune.seed = 99;  // other data; the weights come from the file
   Trainer tuned(finetune);
-  load_parameters(tuned.model(), read_checkpoint(folder.file("base.ckpt")), folder.file("base.ckpt"));
+  load_parameters(tuned.model(), read_checkpoint(folder.file("base.ckpt")),
+                  folder.file("base.ckpt"));
   expect_same_parameters(pretrained.model(), tuned.model(), "after --load");
   EXPECT_EQ(tuned.steps_done(), 0);
   TrainConfig wider = config;
   wider.model.d_model = 64;
   Trainer mismatched(wider);
   expect_error_containing(
-      [&] { load_parameters(mismatched.model(), read_checkpoint(folder.file("base.ckpt")), "base.ckpt"); },
-      "this model's params/embedding.tokens is [64, 64] f32 but the checkpoint holds [64, 32] f32; the model "
+      [&] {
+        load_parameters(mismatched.model(), read_checkpoint(folder.file("base.ckpt")), "base.ckpt");
+      },
+      "this model's params/embedding.tokens is [64, 64] f32 but the checkpoint holds [64, 32] f32; "
+      "the model "
       "settings differ:\n  model.d_model 32 in the saved run, 64 in this one");
 }
 
@@ -303,14 +337,15 @@ TEST(CheckpointTraining, LoadingCastsParametersOfAnotherFloatDtype) {
     load_parameters(tuned.model(), f32, "f32.ckpt");
     for (Unit* unit : tuned.model().units()) {
       for (const ParamView& p : unit->parameters()) {
-        const std::vector<double> want = f32.tensor("params/" + unit->name() + "." + p.name).to_vector();
+        const std::vector<double> want =
+            f32.tensor("params/" + unit->name() + "." + p.name).to_vector();
         const std::vector<double> got = p.value.to_vector();
         ASSERT_EQ(got.size(), want.size()) << p.name;
         for (std::size_t i = 0; i < want.size(); ++i) {
           const double bound = dtype == DType::f64 ? 0.0 : std::ldexp(std::fabs(want[i]), -8);
           ASSERT_LE(std::fabs(got[i] - want[i]), bound)
-              << dtype_name(dtype) << " model, " << unit->name() << "." << p.name << " element " << i
-              << ": the f32 file holds " << want[i] << ", the loaded parameter is " << got[i];
+              << dtype_name(dtype) << " model, " << unit->name() << "." << p.name << " element "
+              << i << ": the f32 file holds " << want[i] << ", the loaded parameter is " << got[i];
         }
       }
     }

@@ -50,7 +50,8 @@ TEST(MixedCollectives, NonBlockingBesideBlockingIsExactThousandsOfTimes) {
         comm.all_reduce(c);
         pending_a.wait();
         pending_b.wait();
-        if (!all_equal(a, triangle(n) + n * i) || !all_equal(b, 10.0 * n) || !all_equal(c, triangle(n)))
+        if (!all_equal(a, triangle(n) + n * i) || !all_equal(b, 10.0 * n) ||
+            !all_equal(c, triangle(n)))
           ++wrong_sums;
       }
     });
@@ -87,7 +88,8 @@ TEST(UnwaitedFailures, ATimedOutNonBlockingCollectiveFailsTheLaunch) {
   EXPECT_EQ(failure.rank(), 0);
   // The communication thread is left waiting for a rank that has returned:
   // it may be diagnosed as a timeout or, at once, as a deadlock.
-  EXPECT_TRUE(original_is<CommTimeout>(failure) || original_is<CommDeadlock>(failure)) << failure.what();
+  EXPECT_TRUE(original_is<CommTimeout>(failure) || original_is<CommDeadlock>(failure))
+      << failure.what();
   EXPECT_TRUE(contains(failure.what(), "all_reduce(4 x f32, sum)"));
   EXPECT_TRUE(contains(failure.what(), "never waited"));
 }

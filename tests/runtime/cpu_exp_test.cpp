@@ -35,8 +35,10 @@ TEST(CpuExp, WithinTwoUlpOfStdExp) {
 TEST(CpuExp, EdgesUnderflowOverflowAndNaN) {
   const float inf = std::numeric_limits<float>::infinity();
   // 11 values: one whole vector and a partial one (the padded tail).
-  const std::vector<float> xs = {-inf, -100.0f, -87.4f, 0.0f, 1.0f, 88.8f, 100.0f, inf,
-                                 std::numeric_limits<float>::quiet_NaN(), -1.0f, 2.0f};
+  const std::vector<float> xs = {-inf,   -100.0f, -87.4f,
+                                 0.0f,   1.0f,    88.8f,
+                                 100.0f, inf,     std::numeric_limits<float>::quiet_NaN(),
+                                 -1.0f,  2.0f};
   const std::vector<float> got = exp8_of(xs);
   EXPECT_EQ(got[0], 0.0f) << "e^-inf";
   EXPECT_EQ(got[1], 0.0f) << "e^-100 is below the smallest normal float: 0";
@@ -46,7 +48,8 @@ TEST(CpuExp, EdgesUnderflowOverflowAndNaN) {
   EXPECT_EQ(got[5], inf) << "e^88.8 is past the largest float";
   EXPECT_EQ(got[6], inf) << "e^100";
   EXPECT_EQ(got[7], inf) << "e^inf";
-  EXPECT_TRUE(std::isnan(got[8])) << "a NaN must stay NaN (a diverging run must show), got " << got[8];
+  EXPECT_TRUE(std::isnan(got[8])) << "a NaN must stay NaN (a diverging run must show), got "
+                                  << got[8];
   EXPECT_NEAR(got[9], std::exp(-1.0f), 1e-7f) << "e^-1 in the partial last vector";
   EXPECT_NEAR(got[10], std::exp(2.0f), 1e-6f) << "e^2 in the partial last vector";
 }

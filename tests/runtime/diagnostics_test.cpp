@@ -21,7 +21,8 @@ using testing::original_is;
 using testing::thread_world;
 
 void expect_contains(const std::string& text, const std::string& part) {
-  EXPECT_NE(text.find(part), std::string::npos) << "expected to find\n  " << part << "\nin\n" << text;
+  EXPECT_NE(text.find(part), std::string::npos) << "expected to find\n  " << part << "\nin\n"
+                                                << text;
 }
 
 TEST(Diagnostics, RecvTimeoutReportsWhatEveryRankIsDoing) {
@@ -39,7 +40,8 @@ TEST(Diagnostics, RecvTimeoutReportsWhatEveryRankIsDoing) {
     }
     // Rank 1 is busy computing until rank 0 gave up; then its send is refused.
     if (comm.rank() == 1) {
-      for (int i = 0; i < 400 && !timed_out; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+      for (int i = 0; i < 400 && !timed_out; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(25));
       comm.send(x, 0, 7);
     }
   });
@@ -92,7 +94,10 @@ TEST(Diagnostics, MismatchedCollectivesNameEveryRanksCall) {
       {"kind",
        [](Comm& c) {
          Tensor x = Tensor::zeros({10});
-         if (c.rank() == 0) c.all_reduce(x); else c.broadcast(x, 0);
+         if (c.rank() == 0)
+           c.all_reduce(x);
+         else
+           c.broadcast(x, 0);
        },
        "all_reduce(10 x f32, sum)", "broadcast(10 x f32, root 0)"},
       {"size",
@@ -134,7 +139,8 @@ TEST(Diagnostics, AllToAllVCountsThatDisagreeFailEveryRankNamingBothSides) {
   // Rank 0 sends 2 elements to rank 2, which expects 3 from it.
   std::vector<std::string> reports(3);
   launch(thread_world(3), [&](Comm& comm) {
-    std::vector<std::int64_t> send{1, 1, comm.rank() == 0 ? 2 : 1}, recv{comm.rank() == 2 ? 3 : 1, 1, 1};
+    std::vector<std::int64_t> send{1, 1, comm.rank() == 0 ? 2 : 1},
+        recv{comm.rank() == 2 ? 3 : 1, 1, 1};
     std::int64_t sent = 0, received = 0;
     for (int r = 0; r < 3; ++r) sent += send[r], received += recv[r];
     Tensor in = Tensor::zeros({sent}), out = Tensor::zeros({received});
@@ -148,21 +154,32 @@ TEST(Diagnostics, AllToAllVCountsThatDisagreeFailEveryRankNamingBothSides) {
   for (int r = 0; r < 3; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     expect_contains(reports[r], "the ranks disagree on 1 count:");
-    expect_contains(reports[r], "rank 0 sends 2 elements to rank 2 (its send_counts[2]) but rank 2 expects 3 from "
-                                "rank 0 (its recv_counts[0])");
+    expect_contains(
+        reports[r],
+        "rank 0 sends 2 elements to rank 2 (its send_counts[2]) but rank 2 expects 3 from "
+        "rank 0 (its recv_counts[0])");
   }
 }
 
 TEST(Diagnostics, AllToAllVArgumentsSayWhatWasExpected) {
   launch(thread_world(2), [](Comm& comm) {
     Tensor four = Tensor::zeros({4}), doubles = Tensor::zeros({4}, DType::f64);
-    expect_contains(error_of([&] { comm.all_to_all_v(four, {4}, four, {2, 2}); }),
+    expect_contains(error_of([&] {
+                      comm.all_to_all_v(four, {4}, four, {2, 2});
+                    }),
                     "send_counts has 1 entries but the communicator has 2 ranks");
-    expect_contains(error_of([&] { comm.all_to_all_v(four, {5, -1}, four, {2, 2}); }),
+    expect_contains(error_of([&] {
+                      comm.all_to_all_v(four, {5, -1}, four, {2, 2});
+                    }),
                     "send_counts[1] is -1; counts must be >= 0");
-    expect_contains(error_of([&] { comm.all_to_all_v(four, {2, 2}, four, {2, 3}); }),
+    expect_contains(error_of([&] {
+                      comm.all_to_all_v(four, {2, 2}, four, {2, 3});
+                    }),
                     "recv_counts add up to 5 elements but out holds 4");
-    expect_contains(error_of([&] { comm.all_to_all_v(four, {2, 2}, doubles, {2, 2}); }), "dtypes must match");
+    expect_contains(error_of([&] {
+                      comm.all_to_all_v(four, {2, 2}, doubles, {2, 2});
+                    }),
+                    "dtypes must match");
   });
 }
 

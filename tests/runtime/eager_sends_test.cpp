@@ -81,14 +81,21 @@ struct BackendProtocol : Protocol {
   EagerSends sends;
   std::vector<NcclGroupPlan> plan(const Action& a, int id) override {
     switch (a.kind) {
-      case Action::Kind::send: sends.queue(a.peer, id); return {};
-      case Action::Kind::recv: return {sends.receive(a.peer, id)};
-      case Action::Kind::collective: return {sends.collective(), the_collective()};
-      case Action::Kind::wait_sends: return {sends.flush()};
+      case Action::Kind::send:
+        sends.queue(a.peer, id);
+        return {};
+      case Action::Kind::recv:
+        return {sends.receive(a.peer, id)};
+      case Action::Kind::collective:
+        return {sends.collective(), the_collective()};
+      case Action::Kind::wait_sends:
+        return {sends.flush()};
     }
     return {};
   }
-  NcclGroupPlan finish() override { return sends.collective(); }  // NcclComm::finish: counts exchanged with the sends
+  NcclGroupPlan finish() override {
+    return sends.collective();
+  }  // NcclComm::finish: counts exchanged with the sends
 };
 
 // A naive protocol: a receive sends the queued messages in one group with
@@ -154,7 +161,8 @@ class Model {
       const Rank& rank = ranks_[r];
       if (rank.finished && rank.stream.empty()) continue;
       stuck << "rank " << r << " stuck at action " << rank.next << " of " << programs_[r].size()
-            << (rank.waiting ? ", its host waiting" : "") << ", " << rank.stream.size() << " group(s) on its stream";
+            << (rank.waiting ? ", its host waiting" : "") << ", " << rank.stream.size()
+            << " group(s) on its stream";
       if (!rank.stream.empty()) {
         stuck << ", head:";
         for (const ModelCall& c : rank.stream.front().calls)
@@ -178,11 +186,16 @@ class Model {
 
   static std::string name(const ModelCall& c) {
     switch (c.kind) {
-      case P2pCall::Kind::send_header: return "header " + std::to_string(c.src) + "->" + std::to_string(c.dst);
-      case P2pCall::Kind::send_payload: return "payload " + std::to_string(c.src) + "->" + std::to_string(c.dst);
-      case P2pCall::Kind::recv_header: return "recv header " + std::to_string(c.dst) + "<-" + std::to_string(c.src);
-      case P2pCall::Kind::recv_payload: return "recv payload " + std::to_string(c.dst) + "<-" + std::to_string(c.src);
-      case P2pCall::Kind::collective: return "collective #" + std::to_string(c.k);
+      case P2pCall::Kind::send_header:
+        return "header " + std::to_string(c.src) + "->" + std::to_string(c.dst);
+      case P2pCall::Kind::send_payload:
+        return "payload " + std::to_string(c.src) + "->" + std::to_string(c.dst);
+      case P2pCall::Kind::recv_header:
+        return "recv header " + std::to_string(c.dst) + "<-" + std::to_string(c.src);
+      case P2pCall::Kind::recv_payload:
+        return "recv payload " + std::to_string(c.dst) + "<-" + std::to_string(c.src);
+      case P2pCall::Kind::collective:
+        return "collective #" + std::to_string(c.k);
     }
     return "?";
   }
@@ -196,16 +209,20 @@ class Model {
         case P2pCall::Kind::send_header:
         case P2pCall::Kind::send_payload:
           c.src = r, c.dst = call.peer;
-          c.bytes = call.kind == P2pCall::Kind::send_header ? kHeaderBytes : rank.payload_bytes.at(call.message);
+          c.bytes = call.kind == P2pCall::Kind::send_header ? kHeaderBytes
+                                                            : rank.payload_bytes.at(call.message);
           c.k = sends_[{c.src, c.dst}]++;
           break;
         case P2pCall::Kind::recv_header:
         case P2pCall::Kind::recv_payload:
           c.src = call.peer, c.dst = r;
-          c.bytes = call.kind == P2pCall::Kind::recv_header ? kHeaderBytes : rank.payload_bytes.at(call.message);
+          c.bytes = call.kind == P2pCall::Kind::recv_header ? kHeaderBytes
+                                                            : rank.payload_bytes.at(call.message);
           c.k = recvs_[{c.src, c.dst}]++;
           break;
-        case P2pCall::Kind::collective: c.k = collectives_[r]++; break;
+        case P2pCall::Kind::collective:
+          c.k = collectives_[r]++;
+          break;
       }
       group.calls.push_back(c);
     }
@@ -227,7 +244,8 @@ class Model {
     }
     const Action& action = programs_[r][rank.next++];
     const int id = rank.next_id++;
-    if (action.kind == Action::Kind::send || action.kind == Action::Kind::recv) rank.payload_bytes[id] = action.bytes;
+    if (action.kind == Action::Kind::send || action.kind == Action::Kind::recv)
+      rank.payload_bytes[id] = action.bytes;
     for (const NcclGroupPlan& plan : rank.protocol->plan(action, id)) issue(r, plan);
     return true;
   }
@@ -246,17 +264,20 @@ class Model {
     for (int s = 0; s < n_; ++s) {
       if (ranks_[s].stream.empty()) continue;
       for (ModelCall& send : ranks_[s].stream.front().calls) {
-        if (send.done || (send.kind != P2pCall::Kind::send_header && send.kind != P2pCall::Kind::send_payload))
+        if (send.done ||
+            (send.kind != P2pCall::Kind::send_header && send.kind != P2pCall::Kind::send_payload))
           continue;
         if (done_pairs_[{send.src, send.dst}] != send.k) continue;  // an earlier message first
         Rank& dst = ranks_[send.dst];
         if (dst.stream.empty()) continue;
         for (ModelCall& recv : dst.stream.front().calls) {
-          const bool is_recv = recv.kind == P2pCall::Kind::recv_header || recv.kind == P2pCall::Kind::recv_payload;
+          const bool is_recv =
+              recv.kind == P2pCall::Kind::recv_header || recv.kind == P2pCall::Kind::recv_payload;
           if (recv.done || !is_recv || recv.src != send.src || recv.k != send.k) continue;
           if (recv.bytes != send.bytes) {
-            error_ = "size mismatch (NCCL would hang): " + name(send) + " of " + std::to_string(send.bytes) +
-                     " bytes met " + name(recv) + " of " + std::to_string(recv.bytes);
+            error_ = "size mismatch (NCCL would hang): " + name(send) + " of " +
+                     std::to_string(send.bytes) + " bytes met " + name(recv) + " of " +
+                     std::to_string(recv.bytes);
             return false;
           }
           send.done = recv.done = true;
@@ -333,11 +354,13 @@ std::vector<Program> pairwise(int n) {
 }
 
 TEST(EagerSendsOnNccl, RingsOfTwoToEightRanksFinish) {
-  for (int n = 2; n <= 8; ++n) EXPECT_EQ(run_backend(ring(n, 2 * (n - 1))), "") << "ring of " << n << " ranks";
+  for (int n = 2; n <= 8; ++n)
+    EXPECT_EQ(run_backend(ring(n, 2 * (n - 1))), "") << "ring of " << n << " ranks";
 }
 
 TEST(EagerSendsOnNccl, PairwiseExchangesOfTwoToEightRanksFinish) {
-  for (int n = 2; n <= 8; ++n) EXPECT_EQ(run_backend(pairwise(n)), "") << "pairwise exchange on " << n << " ranks";
+  for (int n = 2; n <= 8; ++n)
+    EXPECT_EQ(run_backend(pairwise(n)), "") << "pairwise exchange on " << n << " ranks";
 }
 
 TEST(EagerSendsOnNccl, TheLessonsIrecvIsendExchangeFinishes) {
@@ -346,8 +369,8 @@ TEST(EagerSendsOnNccl, TheLessonsIrecvIsendExchangeFinishes) {
   for (int n = 2; n <= 8; ++n) {
     std::vector<Program> programs(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r)
-      programs[r] = {send_to((r + 1) % n, size_of(r, 0)), recv_from((r - 1 + n) % n, size_of((r - 1 + n) % n, 0)),
-                     wait_sends()};
+      programs[r] = {send_to((r + 1) % n, size_of(r, 0)),
+                     recv_from((r - 1 + n) % n, size_of((r - 1 + n) % n, 0)), wait_sends()};
     EXPECT_EQ(run_backend(programs), "") << "irecv/isend ring of " << n << " ranks";
   }
 }
@@ -380,7 +403,8 @@ TEST(EagerSendsOnNccl, PipelineForwardsAndBackwardsThenACollectiveFinish) {
 
 TEST(EagerSendsOnNccl, AReceiveBeforeACollectiveFinishes) {
   // Rank 0 sends, then both enter a collective; rank 1 receives before it.
-  const std::vector<Program> programs = {{send_to(1, 100), collective()}, {recv_from(0, 100), collective()}};
+  const std::vector<Program> programs = {{send_to(1, 100), collective()},
+                                         {recv_from(0, 100), collective()}};
   EXPECT_EQ(run_backend(programs), "");
 }
 

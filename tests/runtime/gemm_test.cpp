@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
-#include <stdexcept>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include "cpu/gemm.h"
@@ -28,23 +28,27 @@ std::vector<T> random_values(std::size_t n, std::uint32_t seed) {
 
 // C is M x N inside rows of ldc elements; the padding must come through untouched.
 template <typename T>
-void expect_fast_equals_definition(cpu::VectorIsa isa, std::int64_t M, std::int64_t N, std::int64_t K, bool ta,
-                                   bool tb, T alpha, std::int64_t ldc, bool accumulate) {
+void expect_fast_equals_definition(cpu::VectorIsa isa, std::int64_t M, std::int64_t N,
+                                   std::int64_t K, bool ta, bool tb, T alpha, std::int64_t ldc,
+                                   bool accumulate) {
   const auto A = random_values<T>(static_cast<std::size_t>(M * K), 1);
   const auto B = random_values<T>(static_cast<std::size_t>(K * N), 2);
   const auto C0 = random_values<T>(static_cast<std::size_t>(M * ldc), 3);  // += onto a nonzero C
   const cpu::Strides a = ta ? cpu::Strides{1, M} : cpu::Strides{K, 1};
   const cpu::Strides b = tb ? cpu::Strides{1, K} : cpu::Strides{N, 1};
   std::vector<T> want = C0, got = C0;
-  cpu::gemm_definition(M, N, K, alpha, A.data(), a, B.data(), b, cpu::Output<T>{want.data(), ldc, accumulate});
-  cpu::gemm(M, N, K, alpha, A.data(), a, B.data(), b, cpu::Output<T>{got.data(), ldc, accumulate}, isa);
+  cpu::gemm_definition(M, N, K, alpha, A.data(), a, B.data(), b,
+                       cpu::Output<T>{want.data(), ldc, accumulate});
+  cpu::gemm(M, N, K, alpha, A.data(), a, B.data(), b, cpu::Output<T>{got.data(), ldc, accumulate},
+            isa);
   for (std::int64_t i = 0; i < M; ++i)
     for (std::int64_t j = 0; j < ldc; ++j) {
       const std::size_t e = static_cast<std::size_t>(i * ldc + j);
       ASSERT_EQ(std::memcmp(&want[e], &got[e], sizeof(T)), 0)
-          << sizeof(T) * 8 << "-bit " << cpu::to_string(isa) << " gemm " << M << "x" << N << "x" << K
-          << (ta ? " A^T" : "") << (tb ? " B^T" : "") << (accumulate ? " C +=" : " C =") << " ldc " << ldc
-          << " with " << compute_threads() << " thread(s): C[" << i << ", " << j << "] is " << got[e]
+          << sizeof(T) * 8 << "-bit " << cpu::to_string(isa) << " gemm " << M << "x" << N << "x"
+          << K << (ta ? " A^T" : "") << (tb ? " B^T" : "") << (accumulate ? " C +=" : " C =")
+          << " ldc " << ldc << " with " << compute_threads() << " thread(s): C[" << i << ", " << j
+          << "] is " << got[e]
           << (j < N ? " but the definition gives " : " but this padding element was ") << want[e];
     }
 }
@@ -52,8 +56,8 @@ void expect_fast_equals_definition(cpu::VectorIsa isa, std::int64_t M, std::int6
 TEST(CpuGemm, FastPathEqualsTheDefinitionBitwise) {
   // Edges: rows not a multiple of 6, columns not a multiple of a tile's
   // width (4 to 32), K over one 256-tile.
-  const std::int64_t shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {6, 16, 256}, {7, 17, 257}, {13, 33, 300},
-                                    {64, 64, 64}, {97, 130, 513}, {200, 9, 40}};
+  const std::int64_t shapes[][3] = {{1, 1, 1},     {5, 7, 3},    {6, 16, 256},   {7, 17, 257},
+                                    {13, 33, 300}, {64, 64, 64}, {97, 130, 513}, {200, 9, 40}};
   for (cpu::VectorIsa isa : cpu::supported_isas())
     for (int threads : {1, 2, 3}) {
       set_compute_threads(threads);
@@ -63,8 +67,10 @@ TEST(CpuGemm, FastPathEqualsTheDefinitionBitwise) {
             expect_fast_equals_definition<float>(isa, s[0], s[1], s[2], ta, tb, 0.5f, s[1], true);
             expect_fast_equals_definition<double>(isa, s[0], s[1], s[2], ta, tb, 1.0, s[1], true);
             // C = ..., into rows wider than N (attention writes a head's columns of [T, H * D])
-            expect_fast_equals_definition<float>(isa, s[0], s[1], s[2], ta, tb, 0.5f, s[1] + 5, false);
-            expect_fast_equals_definition<double>(isa, s[0], s[1], s[2], ta, tb, 1.0, s[1] + 3, false);
+            expect_fast_equals_definition<float>(isa, s[0], s[1], s[2], ta, tb, 0.5f, s[1] + 5,
+                                                 false);
+            expect_fast_equals_definition<double>(isa, s[0], s[1], s[2], ta, tb, 1.0, s[1] + 3,
+                                                  false);
           }
     }
   set_compute_threads(default_compute_threads());
@@ -74,8 +80,8 @@ TEST(CpuGemm, TheFastestInstructionSetIsOneThisCpuRuns) {
   const std::vector<cpu::VectorIsa> isas = cpu::supported_isas();
   ASSERT_FALSE(isas.empty());
   EXPECT_EQ(isas.front(), cpu::VectorIsa::baseline) << "every CPU runs the baseline";
-  EXPECT_EQ(cpu::fastest_isa(), isas.back()) << "the default should be the widest supported set, "
-                                             << cpu::to_string(isas.back());
+  EXPECT_EQ(cpu::fastest_isa(), isas.back())
+      << "the default should be the widest supported set, " << cpu::to_string(isas.back());
 }
 
 TEST(CpuGemm, AnEmptySumLeavesCOrZeroesIt) {
@@ -128,7 +134,8 @@ TEST(Parallel, ALoopInsideAPartRunsOnThatThreadAlone) {
       });
     }
   });
-  for (std::size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i], 1) << "item " << i % 100 << " of outer item " << i / 100;
+  for (std::size_t i = 0; i < hits.size(); ++i)
+    ASSERT_EQ(hits[i], 1) << "item " << i % 100 << " of outer item " << i / 100;
   for (int t : inner_threads) EXPECT_EQ(t, 1) << "a part's own loop must not start a second team";
   EXPECT_EQ(compute_threads(), 2) << "the caller's thread count comes back after the loop";
   set_compute_threads(default_compute_threads());

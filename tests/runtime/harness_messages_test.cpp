@@ -33,15 +33,18 @@ TEST(HarnessMessages, OneRanksValueAloneInsteadOfTheSum) {
   // The example: 2 ranks, element 0; the sum is 16777218.
   std::vector<double> got = pattern_sum(2, 3);
   got[0] = pattern_value(1, 0, DType::f64);  // 16777217
-  const std::string message = message_of(values_equal("all_reduce", 1, pattern_sum(2, 3), got, 0, kSumsOf2));
-  EXPECT_NE(message.find("expected 16777218 = the sum over all 2 ranks of element 0"), std::string::npos)
+  const std::string message =
+      message_of(values_equal("all_reduce", 1, pattern_sum(2, 3), got, 0, kSumsOf2));
+  EXPECT_NE(message.find("expected 16777218 = the sum over all 2 ranks of element 0"),
+            std::string::npos)
       << message;
   EXPECT_NE(message.find("got 16777217 = rank 1's element 0 alone"), std::string::npos) << message;
 }
 
 TEST(HarnessMessages, PartialSumNamesTheRanksItHas) {
   const double partial = pattern_value(0, 5, DType::f64) + pattern_value(2, 5, DType::f64);
-  EXPECT_EQ(describe_pattern_value(partial, kSumsOf4, 5), "the sum over ranks 0 and 2 only of element 5");
+  EXPECT_EQ(describe_pattern_value(partial, kSumsOf4, 5),
+            "the sum over ranks 0 and 2 only of element 5");
 }
 
 TEST(HarnessMessages, RankCountedTwice) {
@@ -62,9 +65,11 @@ TEST(HarnessMessages, CopyFromTheWrongPlaceIsNamed) {
   std::vector<double> expected = pattern_values(1, 3);
   std::vector<double> got = expected;
   got[1] = pattern_value(2, 1, DType::f64);
-  const std::string message = message_of(values_equal("all_gather", 0, expected, got, 0, kCopiesOf4));
-  EXPECT_NE(message.find("expected 16777218 = rank 1's element 1, got 33554434 = rank 2's element 1"),
-            std::string::npos)
+  const std::string message =
+      message_of(values_equal("all_gather", 0, expected, got, 0, kCopiesOf4));
+  EXPECT_NE(
+      message.find("expected 16777218 = rank 1's element 1, got 33554434 = rank 2's element 1"),
+      std::string::npos)
       << message;
 }
 

@@ -19,10 +19,12 @@ TEST(HostBlockCache, SizeClassesAreMultiplesOf64AtMostAQuarterAboveTheRequest) {
   EXPECT_EQ(HostBlockCache::size_class(65), 128u);
   EXPECT_EQ(HostBlockCache::size_class(129), 192u);
   EXPECT_EQ(HostBlockCache::size_class(1025), 1280u);  // 1024 + a quarter
-  for (std::size_t bytes : {65u, 100u, 1000u, 4097u, 100000u, 1u << 20, (1u << 20) + 1, 12345679u}) {
+  for (std::size_t bytes :
+       {65u, 100u, 1000u, 4097u, 100000u, 1u << 20, (1u << 20) + 1, 12345679u}) {
     const std::size_t size = HostBlockCache::size_class(bytes);
     EXPECT_GE(size, bytes) << "a request of " << bytes << " bytes got a smaller class";
-    EXPECT_EQ(size % 64, 0u) << "the class of " << bytes << " bytes (" << size << ") is not 64-byte aligned";
+    EXPECT_EQ(size % 64, 0u) << "the class of " << bytes << " bytes (" << size
+                             << ") is not 64-byte aligned";
     if (bytes > 256) {
       EXPECT_LE(size, bytes + bytes / 4) << "the class of " << bytes << " bytes wastes over 25%";
     }
@@ -85,12 +87,14 @@ TEST(HostBlockCache, TensorsReuseMemoryAndTheTrackerCountsOnlyLiveTensors) {
       first = t.raw();
       EXPECT_EQ(tracker->live(MemoryCategory::activations), 400000);
     }
-    EXPECT_EQ(tracker->live(MemoryCategory::activations), 0) << "a cached block still counted as live";
+    EXPECT_EQ(tracker->live(MemoryCategory::activations), 0)
+        << "a cached block still counted as live";
     Tensor again = Tensor::empty({100000}, DType::f32, Device::cpu(), MemoryCategory::grads);
     EXPECT_EQ(tracker->live(MemoryCategory::grads), 400000);
     EXPECT_EQ(tracker->peak(MemoryCategory::activations), 400000);
     if (current_host_cache()->limit() > 0) {
-      EXPECT_EQ(again.raw(), first) << "the second tensor of the same size did not reuse the first's memory";
+      EXPECT_EQ(again.raw(), first)
+          << "the second tensor of the same size did not reuse the first's memory";
     }
     set_current_memory_tracker(nullptr);
   });
@@ -105,7 +109,8 @@ TEST(HostBlockCache, ABlockFreedOnAnotherThreadReturnsToItsOwnCache) {
     made = Tensor::empty({5000}, DType::f64);
   });
   rank.join();
-  if (owner->limit() == 0) GTEST_SKIP() << "the host cache is off (AddressSanitizer or DTP_HOST_CACHE=0)";
+  if (owner->limit() == 0)
+    GTEST_SKIP() << "the host cache is off (AddressSanitizer or DTP_HOST_CACHE=0)";
   made = Tensor();  // freed here, on the test's thread
   EXPECT_EQ(owner->cached_bytes(), HostBlockCache::size_class(40000));
 }

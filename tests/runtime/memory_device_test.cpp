@@ -63,7 +63,8 @@ TEST(MemoryTrackerDevices, SummaryShowsTheSplitOnlyWhereBothSidesWereUsed) {
   EXPECT_TRUE(testing::contains(optimizer_line.substr(0, optimizer_line.find('\n')),
                                 "(cpu live 2.000 peak 2.000 MiB, cuda live 1.000 peak 1.000 MiB)"));
   const std::string params_line = text.substr(text.find("params"));
-  EXPECT_EQ(params_line.substr(0, params_line.find('\n')).find("cpu live"), std::string::npos) << text;
+  EXPECT_EQ(params_line.substr(0, params_line.find('\n')).find("cpu live"), std::string::npos)
+      << text;
 }
 
 TEST(MemoryTrackerDevices, DeviceKindsHaveNames) {

@@ -18,7 +18,8 @@ GPTConfig tiny_model() { return testing::tiny_f64_config(); }
 
 Tensor ids(std::uint64_t seed) {
   Tensor t = Tensor::empty({2, 6}, DType::i32);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 5 + seed) % 7);
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    t.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 5 + seed) % 7);
   return t;
 }
 
@@ -32,7 +33,9 @@ class ExtraWeight : public LinearAdapter {
     ops::matmul(x, m, y, false, true, 1.0, 1.0);
     return Tensor();
   }
-  void backward_input(const Tensor& dy, Tensor& dx) const override { ops::matmul(dy, m, dx, false, false, 1.0, 1.0); }
+  void backward_input(const Tensor& dy, Tensor& dx) const override {
+    ops::matmul(dy, m, dx, false, false, 1.0, 1.0);
+  }
   void backward_weight(const Tensor& dy, const Tensor& x, const Tensor&) const override {
     Tensor g = m_grad;
     ops::matmul(dy, x, g, true, false, 1.0, 1.0);
@@ -61,7 +64,8 @@ TEST(NnFrozenUnits, AFrozenModelKeepsNoGradientsAndItsAdapterGetsTheWeightsGradi
   Linear& q = frozen.block(1).attn.q;
   ExtraWeight extra(q.out_features, q.in_features);
   q.adapter = &extra;
-  EXPECT_EQ(frozen.forward(ids(1), ids(2)), loss) << "an adapter with M = 0 must not change the loss";
+  EXPECT_EQ(frozen.forward(ids(1), ids(2)), loss)
+      << "an adapter with M = 0 must not change the loss";
   frozen.backward();
   const Tensor& expected = trained.block(1).attn.q.weight_grad;
   ASSERT_EQ(std::memcmp(extra.m_grad.raw(), expected.raw(), expected.nbytes()), 0)

@@ -74,9 +74,10 @@ TEST(NnHalfOps, CastsToAndFromF32HaveTheScalarCastsBits) {
     }
   }
   std::vector<std::uint32_t> patterns;
-  const std::uint32_t mantissas[] = {0,      1,      0xFFF,  0x1000, 0x1001, 0x1FFF, 0x2000,   0x2001,
-                                     0x3000, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x10000, 0x18000, 0x7FFFFF,
-                                     0x400000, 0x400001, 0x7FE000, 0x7FF000, 0x7FEFFF};
+  const std::uint32_t mantissas[] = {0,        1,        0xFFF,   0x1000,   0x1001,   0x1FFF,
+                                     0x2000,   0x2001,   0x3000,  0x7FFF,   0x8000,   0x8001,
+                                     0xFFFF,   0x10000,  0x18000, 0x7FFFFF, 0x400000, 0x400001,
+                                     0x7FE000, 0x7FF000, 0x7FEFFF};
   for (std::uint32_t sign : {0u, 0x80000000u})
     for (std::uint32_t exponent = 0; exponent < 256; ++exponent)
       for (std::uint32_t m : mantissas) patterns.push_back(sign | exponent << 23 | m);
@@ -144,11 +145,12 @@ TEST(NnHalfOps, LayerNormAndCrossEntropyRoundTheirOutputs) {
     const Tensor x = cast_to(random_tensor({4, 6}, rng, 2.0, DType::f32), half);
     const Tensor w = cast_to(random_tensor({6}, rng, 1.0, DType::f32), half);
     const Tensor b = cast_to(random_tensor({6}, rng, 1.0, DType::f32), half);
-    Tensor y = Tensor::empty({4, 6}, half), mean = Tensor::empty({4}, half), rstd = Tensor::empty({4}, half);
+    Tensor y = Tensor::empty({4, 6}, half), mean = Tensor::empty({4}, half),
+           rstd = Tensor::empty({4}, half);
     ops::layernorm_forward(x, w, b, y, mean, rstd);
     Tensor yf = Tensor::empty({4, 6}), meanf = Tensor::empty({4}), rstdf = Tensor::empty({4});
-    ops::layernorm_forward(cast_to(x, DType::f32), cast_to(w, DType::f32), cast_to(b, DType::f32), yf,
-                           meanf, rstdf);
+    ops::layernorm_forward(cast_to(x, DType::f32), cast_to(w, DType::f32), cast_to(b, DType::f32),
+                           yf, meanf, rstdf);
     expect_rounded_once("layernorm_forward y", yf, y);
     expect_rounded_once("layernorm_forward rstd", rstdf, rstd);
 
@@ -185,7 +187,8 @@ TEST(NnHalfModel, LossAndGradientsFollowTheF64Model) {
       Rng rng(5);
       const Tensor tokens = random_ids({2, 6}, c.vocab_size, rng);
       const Tensor targets = random_ids({2, 6}, c.vocab_size, rng);
-      const std::string label = std::string(dtype_name(half)) + " " + attention_kind_name(attention);
+      const std::string label =
+          std::string(dtype_name(half)) + " " + attention_kind_name(attention);
 
       const double ref_loss = reference.forward(tokens, targets);
       reference.backward();
@@ -207,7 +210,8 @@ TEST(NnHalfModel, LossAndGradientsFollowTheF64Model) {
         }
         ASSERT_GT(rr, 0) << label << " unit " << units[u]->name() << ": f64 gradient is zero";
         EXPECT_GT(dot / std::sqrt(gg * rr), 0.99)
-            << label << " unit " << units[u]->name() << ": the gradient's direction differs from f64's";
+            << label << " unit " << units[u]->name()
+            << ": the gradient's direction differs from f64's";
       }
     }
   }

@@ -235,13 +235,16 @@ TEST(NnModel, EmbeddingAtPositionRangesAddsThoseRowsOfThePositionTable) {
   const std::int64_t at[] = {0, 4, 5}, C = config.d_model;
   EmbeddingSaved saved;
   const std::vector<double> x = embedding.forward(ids, saved, ranges).to_vector();
-  const std::vector<double> tokens = embedding.tokens.to_vector(), positions = embedding.positions.to_vector();
+  const std::vector<double> tokens = embedding.tokens.to_vector(),
+                            positions = embedding.positions.to_vector();
   for (std::int64_t b = 0; b < 2; ++b)
     for (std::int64_t t = 0; t < 3; ++t)
       for (std::int64_t c = 0; c < C; ++c) {
         const auto id = static_cast<std::int64_t>(ids.item(b * 3 + t));
-        const double want = tokens[static_cast<std::size_t>(id * C + c)] + positions[static_cast<std::size_t>(at[t] * C + c)];
-        ASSERT_EQ(x[static_cast<std::size_t>((b * 3 + t) * C + c)], want) << "batch " << b << " token " << t << " channel " << c;
+        const double want = tokens[static_cast<std::size_t>(id * C + c)] +
+                            positions[static_cast<std::size_t>(at[t] * C + c)];
+        ASSERT_EQ(x[static_cast<std::size_t>((b * 3 + t) * C + c)], want)
+            << "batch " << b << " token " << t << " channel " << c;
       }
   Tensor dx = random_tensor({2, 3, 8}, rng);
   auto loss = [&] {
@@ -253,11 +256,13 @@ TEST(NnModel, EmbeddingAtPositionRangesAddsThoseRowsOfThePositionTable) {
   EXPECT_TRUE(gradients_match("Embedding gradients at position ranges", embedding.grads(),
                               numeric_gradient(embedding.params(), loss)));
   EmbeddingSaved s;
-  EXPECT_NE(testing::error_of([&] { embedding.forward(ids, s, {{0, 1}, {5, 2}}); })
-                .find("positions [5, 7) are not inside the model's context [0, 6)"),
+  EXPECT_NE(testing::error_of([&] {
+              embedding.forward(ids, s, {{0, 1}, {5, 2}});
+            }).find("positions [5, 7) are not inside the model's context [0, 6)"),
             std::string::npos);
-  EXPECT_NE(testing::error_of([&] { embedding.forward(ids, s, {{0, 2}}); })
-                .find("the position ranges hold 2 positions but the ids have T = 3"),
+  EXPECT_NE(testing::error_of([&] {
+              embedding.forward(ids, s, {{0, 2}});
+            }).find("the position ranges hold 2 positions but the ids have T = 3"),
             std::string::npos);
 }
 
@@ -472,7 +477,8 @@ TEST(NnModel, ConfigAndInputErrorsAreClear) {
     GPT model(config);
     FAIL() << "an i32 model must be rejected";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("dtype must be f64, f32, bf16 or f16, got i32"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("dtype must be f64, f32, bf16 or f16, got i32"),
+              std::string::npos)
         << e.what();
   }
   config = tiny_config();

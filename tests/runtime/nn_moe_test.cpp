@@ -73,12 +73,17 @@ TEST(MoeRouting, CapacityFormulaAndBadArguments) {
   EXPECT_EQ(moe_capacity(10, 1, 1, 1.1), 11);  // 1.1 * 10 is 11.000000000000002 in floating point
   EXPECT_EQ(moe_capacity(5, 2, 1, 1.0), 3);    // ceil(2.5)
   EXPECT_EQ(moe_capacity(6, 4, 2, 2.0), 6);    // E / k: room for every token
-  EXPECT_NE(testing::error_of([] { moe_capacity(8, 4, 5, 1.0); }).find("top_k must be in [1, experts = 4], got 5"),
+  EXPECT_NE(testing::error_of([] {
+              moe_capacity(8, 4, 5, 1.0);
+            }).find("top_k must be in [1, experts = 4], got 5"),
             std::string::npos);
-  EXPECT_NE(testing::error_of([] { moe_capacity(8, 4, 1, 0.0); }).find("capacity_factor must be positive, got 0"),
+  EXPECT_NE(testing::error_of([] {
+              moe_capacity(8, 4, 1, 0.0);
+            }).find("capacity_factor must be positive, got 0"),
             std::string::npos);
-  EXPECT_NE(testing::error_of([] { moe_route({0.5, 0.5, 1.0}, 2, 1, 1.0); })
-                .find("3 probabilities do not split into rows of E = 2 experts"),
+  EXPECT_NE(testing::error_of([] {
+              moe_route({0.5, 0.5, 1.0}, 2, 1, 1.0);
+            }).find("3 probabilities do not split into rows of E = 2 experts"),
             std::string::npos);
 }
 
@@ -92,8 +97,9 @@ void expect_matches_host(int experts, int top_k, double capacity_factor, bool ex
   Tensor x = random_tensor({3, 6, 8}, rng);
   MoeSaved saved;
   Tensor y = block.moe.forward(x, saved);
-  const auto host = testing::host_moe_forward(testing::HostMoeWeights::from_unit(block, "moe", experts),
-                                              x.to_vector(), top_k, capacity_factor);
+  const auto host =
+      testing::host_moe_forward(testing::HostMoeWeights::from_unit(block, "moe", experts),
+                                x.to_vector(), top_k, capacity_factor);
   EXPECT_EQ(saved.routing.capacity, host.capacity);
   std::set<std::pair<std::int64_t, int>> kept, dropped;
   for (std::int64_t n = 0; n < saved.routing.tokens; ++n)
@@ -101,12 +107,13 @@ void expect_matches_host(int experts, int top_k, double capacity_factor, bool ex
       const std::size_t at = static_cast<std::size_t>(n * top_k + j);
       (saved.routing.kept[at] ? kept : dropped).insert({n, saved.routing.choice[at]});
     }
-  EXPECT_EQ(dropped, host.dropped) << "dropped: " << testing::describe_choices(dropped) << "\nexpected "
-                                   << testing::describe_choices(host.dropped);
+  EXPECT_EQ(dropped, host.dropped) << "dropped: " << testing::describe_choices(dropped)
+                                   << "\nexpected " << testing::describe_choices(host.dropped);
   EXPECT_EQ(kept, host.kept);
   EXPECT_EQ(!host.dropped.empty(), expect_drops) << "the case does not test what it says";
   double worst = 0;
-  for (std::int64_t i = 0; i < y.numel(); ++i) worst = std::max(worst, std::abs(y.item(i) - host.y[i]));
+  for (std::int64_t i = 0; i < y.numel(); ++i)
+    worst = std::max(worst, std::abs(y.item(i) - host.y[i]));
   EXPECT_LE(worst, 1e-12);
   EXPECT_NEAR(saved.aux_loss, config.aux_loss_coef * host.balance_loss, 1e-14);
 }
@@ -180,12 +187,15 @@ TEST(MoeMlp, RoutingGroupsEqualEachGroupRoutedAlone) {
   std::int64_t dropped = 0;
   const std::vector<double> xs = x.to_vector();
   for (int g = 0; g < 2; ++g) {
-    Tensor half = Tensor::from_values(std::vector<double>(xs.begin() + g * 48, xs.begin() + (g + 1) * 48), DType::f64)
-                      .view({6, 8});
+    Tensor half =
+        Tensor::from_values(std::vector<double>(xs.begin() + g * 48, xs.begin() + (g + 1) * 48),
+                            DType::f64)
+            .view({6, 8});
     MoeSaved s;
     const std::vector<double> want = alone.moe.forward(half, s).to_vector();
     for (std::size_t i = 0; i < want.size(); ++i)
-      ASSERT_NEAR(y[static_cast<std::size_t>(g) * 48 + i], want[i], 1e-14) << "group " << g << " element " << i;
+      ASSERT_NEAR(y[static_cast<std::size_t>(g) * 48 + i], want[i], 1e-14)
+          << "group " << g << " element " << i;
     aux += s.aux_loss / 2;
     dropped += s.routing.dropped();
   }
@@ -196,10 +206,13 @@ TEST(MoeMlp, RoutingGroupsEqualEachGroupRoutedAlone) {
   bad.moe_groups = 5;
   Block five(bad, 0);
   MoeSaved s5;
-  EXPECT_NE(testing::error_of([&] { five.moe.forward(x, s5); }).find("12 tokens do not split into 5 equal routing groups"),
+  EXPECT_NE(testing::error_of([&] {
+              five.moe.forward(x, s5);
+            }).find("12 tokens do not split into 5 equal routing groups"),
             std::string::npos);
   bad.moe_groups = 0;
-  EXPECT_NE(testing::error_of([&] { bad.validate(); }).find("moe_groups must be at least 1"), std::string::npos);
+  EXPECT_NE(testing::error_of([&] { bad.validate(); }).find("moe_groups must be at least 1"),
+            std::string::npos);
 }
 
 TEST(MoeMlp, RoutingGroupsGradientsByFiniteDifferences) {
@@ -230,13 +243,17 @@ TEST(MoeMlp, WholeModelGradientsAndLossIncludeTheBalanceLoss) {
 
 TEST(MoeMlp, ConfigErrorsNameTheField) {
   GPTConfig c = moe_config(4, 5, 1.0);
-  EXPECT_NE(testing::error_of([&] { c.validate(); }).find("top_k must be in [1, experts = 4], got 5"),
-            std::string::npos);
+  EXPECT_NE(
+      testing::error_of([&] { c.validate(); }).find("top_k must be in [1, experts = 4], got 5"),
+      std::string::npos);
   c = moe_config(4, 1, 0.0);
-  EXPECT_NE(testing::error_of([&] { c.validate(); }).find("capacity_factor must be positive"), std::string::npos);
+  EXPECT_NE(testing::error_of([&] { c.validate(); }).find("capacity_factor must be positive"),
+            std::string::npos);
   c = moe_config(-1, 1, 1.0);
-  EXPECT_NE(testing::error_of([&] { c.validate(); }).find("experts must be >= 0"), std::string::npos);
-  EXPECT_NE(moe_config(4, 2, 1.25).describe().find("4 experts top-2 capacity factor 1.25"), std::string::npos);
+  EXPECT_NE(testing::error_of([&] { c.validate(); }).find("experts must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(moe_config(4, 2, 1.25).describe().find("4 experts top-2 capacity factor 1.25"),
+            std::string::npos);
 }
 
 TEST(MoeMlp, ExpertShardsHoldTheirExpertsAsInTheWholeModel) {
@@ -258,9 +275,11 @@ TEST(MoeMlp, ExpertShardsHoldTheirExpertsAsInTheWholeModel) {
         if (e >= 0 && e / 2 != shard) continue;  // experts 0, 1 on shard 0; 2, 3 on shard 1
         held += p.shape.numel();
         // The same weights as the whole model's, whatever was drawn before them.
-        EXPECT_EQ(mine.parameter(p.name).value.to_vector(), p.value.to_vector()) << "unit " << all.name() << " " << p.name;
+        EXPECT_EQ(mine.parameter(p.name).value.to_vector(), p.value.to_vector())
+            << "unit " << all.name() << " " << p.name;
       }
-      EXPECT_EQ(mine.numel(), held) << "unit " << all.name() << ": only its experts, no memory for the others";
+      EXPECT_EQ(mine.numel(), held)
+          << "unit " << all.name() << ": only its experts, no memory for the others";
       for (const ParamView& p : mine.parameters()) {
         const auto at = p.name.find(".expert.");
         if (at != std::string::npos) {
@@ -272,8 +291,8 @@ TEST(MoeMlp, ExpertShardsHoldTheirExpertsAsInTheWholeModel) {
     Rng rng(5);
     Tensor tokens = random_ids({1, 4}, 7, rng), targets = random_ids({1, 4}, 7, rng);
     const std::string error = testing::error_of([&] { part.forward(tokens, targets); });
-    EXPECT_NE(error.find("holds only experts " + std::to_string(2 * shard) + " to " + std::to_string(2 * shard + 1) +
-                         " of 4"),
+    EXPECT_NE(error.find("holds only experts " + std::to_string(2 * shard) + " to " +
+                         std::to_string(2 * shard + 1) + " of 4"),
               std::string::npos)
         << error;
   }
@@ -282,11 +301,14 @@ TEST(MoeMlp, ExpertShardsHoldTheirExpertsAsInTheWholeModel) {
 TEST(MoeMlp, ExpertShardErrorsNameTheField) {
   GPTConfig c = moe_config(4, 2, 1.0);
   c.expert_shards = 3;
-  EXPECT_NE(testing::error_of([&] { c.validate(); }).find("expert_shards (3) must be at least 1 and divide experts (4)"),
+  EXPECT_NE(testing::error_of([&] {
+              c.validate();
+            }).find("expert_shards (3) must be at least 1 and divide experts (4)"),
             std::string::npos);
   c.expert_shards = 2;
   c.expert_shard = 2;
-  EXPECT_NE(testing::error_of([&] { c.validate(); }).find("expert_shard must be in [0, 2), got 2"), std::string::npos);
+  EXPECT_NE(testing::error_of([&] { c.validate(); }).find("expert_shard must be in [0, 2), got 2"),
+            std::string::npos);
   c = testing::tiny_f64_config();
   c.expert_shards = 2;
   EXPECT_NE(testing::error_of([&] { c.validate(); }).find("needs experts"), std::string::npos);
@@ -301,7 +323,9 @@ TEST(MoeOps, ScaleRowsAndRowDot) {
   ops::scale_rows(x, w);
   EXPECT_EQ(x.to_vector(), (std::vector<double>{2, 4, -3, -4, 2.5, 3}));
   Tensor short_w = Tensor::from_values({1, 2});
-  EXPECT_NE(testing::error_of([&] { ops::scale_rows(x, short_w); }).find("w must have 3 elements (one weight per row of x)"),
+  EXPECT_NE(testing::error_of([&] {
+              ops::scale_rows(x, short_w);
+            }).find("w must have 3 elements (one weight per row of x)"),
             std::string::npos);
 }
 

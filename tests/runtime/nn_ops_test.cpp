@@ -202,9 +202,11 @@ TEST(NnOps, F32GeluMatchesF64AtEveryTailLength) {
     for (std::int64_t i = 0; i < n; ++i) {
       const char* part = i < n / 8 * 8 ? "a whole vector" : "the padded last vector";
       ASSERT_NEAR(y.item(i), y64.item(i), 1e-5 * (1 + std::abs(y64.item(i))))
-          << "gelu_forward f32, n " << n << ": element " << i << " (in " << part << ") of x " << x.item(i);
+          << "gelu_forward f32, n " << n << ": element " << i << " (in " << part << ") of x "
+          << x.item(i);
       ASSERT_NEAR(dx.item(i), dx64.item(i), 1e-5 * (1 + std::abs(dx64.item(i))))
-          << "gelu_backward f32, n " << n << ": element " << i << " (in " << part << ") of x " << x.item(i);
+          << "gelu_backward f32, n " << n << ": element " << i << " (in " << part << ") of x "
+          << x.item(i);
     }
   }
 }
@@ -561,11 +563,13 @@ TEST(NnOps, PermuteMovesEveryElementForEveryOrderAndElementSize) {
   const std::int64_t size[4] = {2, 3, 4, 5};
   for (DType dtype : {DType::f64, DType::i32, DType::bf16}) {
     std::vector<double> values(120);
-    for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(i);  // exact in bf16 up to 256
+    for (std::size_t i = 0; i < values.size(); ++i)
+      values[i] = static_cast<double>(i);  // exact in bf16 up to 256
     const Tensor in = Tensor::from_values(values, dtype).view({2, 3, 4, 5});
     std::array<int, 4> order{0, 1, 2, 3};
     do {
-      Tensor out = Tensor::zeros({size[order[0]], size[order[1]], size[order[2]], size[order[3]]}, dtype);
+      Tensor out =
+          Tensor::zeros({size[order[0]], size[order[1]], size[order[2]], size[order[3]]}, dtype);
       ops::permute(in, order, out);
       std::int64_t i[4];
       for (i[0] = 0; i[0] < out.size(0); ++i[0])
@@ -574,10 +578,12 @@ TEST(NnOps, PermuteMovesEveryElementForEveryOrderAndElementSize) {
             for (i[3] = 0; i[3] < out.size(3); ++i[3]) {
               std::int64_t j[4];
               for (int k = 0; k < 4; ++k) j[order[k]] = i[k];
-              const std::int64_t at = ((i[0] * out.size(1) + i[1]) * out.size(2) + i[2]) * out.size(3) + i[3];
+              const std::int64_t at =
+                  ((i[0] * out.size(1) + i[1]) * out.size(2) + i[2]) * out.size(3) + i[3];
               const double want = static_cast<double>(((j[0] * 3 + j[1]) * 4 + j[2]) * 5 + j[3]);
-              ASSERT_EQ(out.item(at), want) << dtype_name(dtype) << ", order " << order[0] << order[1] << order[2]
-                                            << order[3] << ", out element " << at;
+              ASSERT_EQ(out.item(at), want)
+                  << dtype_name(dtype) << ", order " << order[0] << order[1] << order[2] << order[3]
+                  << ", out element " << at;
             }
     } while (std::next_permutation(order.begin(), order.end()));
   }
@@ -589,8 +595,10 @@ TEST(NnOps, PermuteErrorsNameTheOrderOrTheShape) {
   auto error_of = [&](const std::array<int, 4>& order, Tensor& o) {
     return testing::error_of([&] { ops::permute(in, order, o); });
   };
-  EXPECT_NE(error_of({2, 0, 1, 1}, out).find("a permutation of 0, 1, 2, 3, got 2, 0, 1, 1"), std::string::npos);
-  EXPECT_NE(error_of({1, 0, 2, 3}, out).find("out's axis 0 is in's axis 1 (size 3)"), std::string::npos);
+  EXPECT_NE(error_of({2, 0, 1, 1}, out).find("a permutation of 0, 1, 2, 3, got 2, 0, 1, 1"),
+            std::string::npos);
+  EXPECT_NE(error_of({1, 0, 2, 3}, out).find("out's axis 0 is in's axis 1 (size 3)"),
+            std::string::npos);
   Tensor flat = Tensor::zeros({120});
   EXPECT_NE(error_of({0, 1, 2, 3}, flat).find("must be 4-D"), std::string::npos);
   EXPECT_EQ(error_of({2, 0, 1, 3}, out), "(no error)");

@@ -149,14 +149,17 @@ TEST(NnOptim, SixteenBitParametersAreRefusedNamingMasterWeights) {
     Tensor p = Tensor::from_values({1.0, 2.0}, dtype), g = Tensor::from_values({0.5, 0.5}, dtype);
     Tensor m = Tensor::zeros({2}, dtype), v = Tensor::zeros({2}, dtype), none;
     for (const auto& [what, update] : std::vector<std::pair<const char*, std::function<void()>>>{
-             {"adamw_update", [&] { ops::adamw_update(p, g, m, v, 1e-3, 0.9, 0.95, 1e-8, 0.0, 1); }},
+             {"adamw_update",
+              [&] { ops::adamw_update(p, g, m, v, 1e-3, 0.9, 0.95, 1e-8, 0.0, 1); }},
              {"sgd_update", [&] { ops::sgd_update(p, g, none, 0.1, 0.0); }}}) {
       try {
         update();
         ADD_FAILURE() << what << " on " << dtype_name(dtype) << " parameters must be refused";
       } catch (const Error& e) {
         const std::string message = e.what();
-        EXPECT_NE(message.find(std::string(what) + ": params is " + dtype_name(dtype)), std::string::npos) << message;
+        EXPECT_NE(message.find(std::string(what) + ": params is " + dtype_name(dtype)),
+                  std::string::npos)
+            << message;
         EXPECT_NE(message.find("f32 master weights"), std::string::npos) << message;
       }
     }

@@ -34,7 +34,8 @@ std::int64_t f32_bytes(std::int64_t elements) { return elements * 4; }
 TEST(NnOptimizerPlumbing, TrainerBuildsItsOptimizerOnFirstUse) {
   ScopedTracker scope;
   Trainer trainer(tiny_run());
-  EXPECT_EQ(scope.tracker->live(MemoryCategory::optimizer), 0) << "no optimizer state before it is needed";
+  EXPECT_EQ(scope.tracker->live(MemoryCategory::optimizer), 0)
+      << "no optimizer state before it is needed";
   Optimizer& optimizer = trainer.optimizer();
   EXPECT_EQ(optimizer.name(), "adamw");
   EXPECT_EQ(scope.tracker->live(MemoryCategory::optimizer),
@@ -62,7 +63,8 @@ TEST(NnOptimizerPlumbing, SetOptimizerBeforeTheFirstStepNeverChargesFullSizeStat
   EXPECT_EQ(tracker.peak(MemoryCategory::optimizer), 2 * f32_bytes(shard_elements));
   for (int s = 0; s < 2; ++s) {
     trainer.step();  // resets the peaks first, so a full-size build inside would show
-    EXPECT_EQ(tracker.peak(MemoryCategory::optimizer), 2 * f32_bytes(shard_elements)) << "step " << s + 1;
+    EXPECT_EQ(tracker.peak(MemoryCategory::optimizer), 2 * f32_bytes(shard_elements))
+        << "step " << s + 1;
   }
   EXPECT_EQ(trainer.optimizer().buffers().size(), shards.size());
   EXPECT_EQ(trainer.optimizer().steps(), 2);
@@ -70,7 +72,8 @@ TEST(NnOptimizerPlumbing, SetOptimizerBeforeTheFirstStepNeverChargesFullSizeStat
   std::vector<Unit*> units = trainer.model().units();
   for (std::size_t u = 0; u < units.size(); ++u) {
     const std::int64_t half = units[u]->numel() / 2;
-    EXPECT_TRUE(ops::equal(units[u]->params().slice(half, units[u]->numel() - half), second_halves[u]))
+    EXPECT_TRUE(
+        ops::equal(units[u]->params().slice(half, units[u]->numel() - half), second_halves[u]))
         << units[u]->name();
   }
   EXPECT_THROW(trainer.set_optimizer(nullptr), Error);
@@ -106,8 +109,9 @@ class MarkedClipping : public AdamW {
 TEST(NnOptimizerPlumbing, TrainerStepClipsThroughTheOptimizer) {
   TrainConfig config = tiny_run();
   Trainer reference(config), trainer(config);
-  auto marked = std::make_unique<MarkedClipping>(param_buffers(trainer.model()),
-                                                 AdamWConfig{config.beta1, config.beta2, 1e-8, config.weight_decay});
+  auto marked = std::make_unique<MarkedClipping>(
+      param_buffers(trainer.model()),
+      AdamWConfig{config.beta1, config.beta2, 1e-8, config.weight_decay});
   MarkedClipping* seen = marked.get();
   trainer.set_optimizer(std::move(marked));
   for (int s = 0; s < 2; ++s) {

@@ -22,7 +22,8 @@ TEST(NnReleasedBuffers, ReleasingBetweenForwardAndBackwardFreesExactlyTheParamet
   ScopedTracker scope;
   MemoryTracker& tracker = *scope.tracker;
   Rng rng(41);
-  Tensor tokens = testing::random_ids({2, 6}, 7, rng), targets = testing::random_ids({2, 6}, 7, rng);
+  Tensor tokens = testing::random_ids({2, 6}, 7, rng),
+         targets = testing::random_ids({2, 6}, 7, rng);
   GPT never_released(testing::tiny_f64_config()), model(testing::tiny_f64_config());
   never_released.zero_grad();
   never_released.forward(tokens, targets);
@@ -49,7 +50,8 @@ TEST(NnReleasedBuffers, ReleasingBetweenForwardAndBackwardFreesExactlyTheParamet
   model.backward();
   for (std::size_t u = 0; u < model.units().size(); ++u)
     EXPECT_TRUE(ops::equal(model.units()[u]->grads(), never_released.units()[u]->grads()))
-        << model.units()[u]->name() << ": gradients after re-installing differ from a run that never released";
+        << model.units()[u]->name()
+        << ": gradients after re-installing differ from a run that never released";
 }
 
 TEST(NnReleasedBuffers, ReleasingBothBuffersLeavesTheUnitHoldingNothing) {
@@ -58,7 +60,8 @@ TEST(NnReleasedBuffers, ReleasingBothBuffersLeavesTheUnitHoldingNothing) {
   GPT model(testing::tiny_f64_config());
   Unit& head = model.head();
   const std::int64_t bytes = head.numel() * static_cast<std::int64_t>(dtype_size(DType::f64));
-  const std::int64_t params = tracker.live(MemoryCategory::params), grads = tracker.live(MemoryCategory::grads);
+  const std::int64_t params = tracker.live(MemoryCategory::params),
+                     grads = tracker.live(MemoryCategory::grads);
   head.set_buffers(Tensor(), Tensor());
   EXPECT_EQ(params - tracker.live(MemoryCategory::params), bytes);
   EXPECT_EQ(grads - tracker.live(MemoryCategory::grads), bytes);
@@ -70,7 +73,8 @@ TEST(NnReleasedBuffers, ReleasingBothBuffersLeavesTheUnitHoldingNothing) {
 TEST(NnReleasedBuffers, RunningAUnitWithoutParametersSaysToGatherThem) {
   GPT model(testing::tiny_f64_config());
   Rng rng(42);
-  Tensor tokens = testing::random_ids({1, 4}, 7, rng), targets = testing::random_ids({1, 4}, 7, rng);
+  Tensor tokens = testing::random_ids({1, 4}, 7, rng),
+         targets = testing::random_ids({1, 4}, 7, rng);
   Tensor kept = model.block(0).params();
   model.block(0).set_buffers(Tensor(), model.block(0).grads());
   try {
@@ -91,7 +95,8 @@ TEST(NnReleasedBuffers, RunningAUnitWithoutParametersSaysToGatherThem) {
     model.backward();
     ADD_FAILURE() << "backward through a unit without parameters must throw";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unit 'block.0' has no parameters: all-gather them before its backward"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "unit 'block.0' has no parameters: all-gather them before its backward"),
               std::string::npos)
         << e.what();
   }

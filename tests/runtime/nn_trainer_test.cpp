@@ -104,14 +104,20 @@ TEST(NnTrainer, WritesJsonLinesAndATrace) {
 
   // The trainer streams the spans to the file step by step and keeps none.
   EXPECT_FALSE(trace::enabled());
-  EXPECT_TRUE(trace::spans().empty()) << "the trainer must take the spans it wrote (a long run would grow)";
+  EXPECT_TRUE(trace::spans().empty())
+      << "the trainer must take the spans it wrote (a long run would grow)";
   std::ifstream trace_file(config.trace_path);
-  const std::string text((std::istreambuf_iterator<char>(trace_file)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(text.rfind("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", 0), 0u) << text.substr(0, 80);
-  EXPECT_NE(text.find("{\"name\":\"block.0 forward\",\"cat\":\"compute\",\"ph\":\"X\",\"pid\":0,\"tid\":0,"),
-            std::string::npos);
+  const std::string text((std::istreambuf_iterator<char>(trace_file)),
+                         std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.rfind("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", 0), 0u)
+      << text.substr(0, 80);
+  EXPECT_NE(
+      text.find(
+          "{\"name\":\"block.0 forward\",\"cat\":\"compute\",\"ph\":\"X\",\"pid\":0,\"tid\":0,"),
+      std::string::npos);
   EXPECT_NE(text.find("{\"name\":\"block.0 backward\",\"cat\":\"compute\""), std::string::npos);
-  EXPECT_EQ(text.substr(text.size() - 5), "}\n]}\n") << "the last event is followed by the closing alone";
+  EXPECT_EQ(text.substr(text.size() - 5), "}\n]}\n")
+      << "the last event is followed by the closing alone";
   std::remove(config.json_path.c_str());
   std::remove(config.trace_path.c_str());
 }
@@ -170,7 +176,10 @@ TEST(NnTrainer, GroupStepTakesTheSlowestRankAndCountsOwnSlices) {
   // Rank r reports loss 1 + r, seconds 0.1 (rank 2: 0.5), tokens 10 (r + 1).
   const Case cases[] = {
       {"every rank its own slice (data parallel)", {}, (1 + 2 + 3 + 4) / 4.0, 100},
-      {"pairs share a slice (tensor parallel 2)", {[](int r) { return r % 2 == 0; }, true}, (1 + 3) / 2.0, 40},
+      {"pairs share a slice (tensor parallel 2)",
+       {[](int r) { return r % 2 == 0; }, true},
+       (1 + 3) / 2.0,
+       40},
       {"the step reduced the loss itself", {{}, false}, 1, 100},
   };
   for (const Case& c : cases) {
@@ -185,7 +194,8 @@ TEST(NnTrainer, GroupStepTakesTheSlowestRankAndCountsOwnSlices) {
           dtp::report_group_step(comm, record, {100.0 + comm.rank(), -1.0}, c.rule);
       if (comm.rank() != 0) {
         EXPECT_TRUE(rows.empty()) << c.name << ": rank " << comm.rank() << " got rows";
-        EXPECT_EQ(record.loss, 1 + comm.rank()) << c.name << ": rank " << comm.rank() << "'s record changed";
+        EXPECT_EQ(record.loss, 1 + comm.rank())
+            << c.name << ": rank " << comm.rank() << "'s record changed";
         return;
       }
       EXPECT_EQ(record.seconds, 0.5) << c.name << ": expected rank 2's seconds (the slowest)";
@@ -197,7 +207,8 @@ TEST(NnTrainer, GroupStepTakesTheSlowestRankAndCountsOwnSlices) {
         const dtp::RankStepRow& row = rows[static_cast<std::size_t>(r)];
         EXPECT_EQ(row.loss, 1 + r) << c.name << ": rank " << r;
         EXPECT_EQ(row.tokens, 10 * (r + 1)) << c.name << ": rank " << r;
-        EXPECT_EQ(row.extra, (std::vector<double>{100.0 + r, -1.0})) << c.name << ": rank " << r << "'s extra";
+        EXPECT_EQ(row.extra, (std::vector<double>{100.0 + r, -1.0}))
+            << c.name << ": rank " << r << "'s extra";
       }
     });
   }

@@ -29,21 +29,20 @@ void record_every_hook(GPT& model, std::vector<std::string>& events) {
 TEST(NnUnitHooks, RunAroundEveryUnitInForwardThenReverseOrder) {
   GPT model(two_block_config());
   Rng rng(31);
-  Tensor tokens = testing::random_ids({2, 5}, 7, rng), targets = testing::random_ids({2, 5}, 7, rng);
+  Tensor tokens = testing::random_ids({2, 5}, 7, rng),
+         targets = testing::random_ids({2, 5}, 7, rng);
   std::vector<std::string> events;
   record_every_hook(model, events);
   model.forward(tokens, targets);
-  EXPECT_EQ(events, (std::vector<std::string>{
-                        "before_forward embedding", "after_forward embedding",
-                        "before_forward block.0", "after_forward block.0",
-                        "before_forward block.1", "after_forward block.1",
-                        "before_forward head", "after_forward head"}));
+  EXPECT_EQ(events, (std::vector<std::string>{"before_forward embedding", "after_forward embedding",
+                                              "before_forward block.0", "after_forward block.0",
+                                              "before_forward block.1", "after_forward block.1",
+                                              "before_forward head", "after_forward head"}));
   events.clear();
   model.backward();
   EXPECT_EQ(events, (std::vector<std::string>{
-                        "before_backward head", "grad_ready head",
-                        "before_backward block.1", "grad_ready block.1",
-                        "before_backward block.0", "grad_ready block.0",
+                        "before_backward head", "grad_ready head", "before_backward block.1",
+                        "grad_ready block.1", "before_backward block.0", "grad_ready block.0",
                         "before_backward embedding", "grad_ready embedding"}));
 }
 
@@ -78,7 +77,8 @@ TEST(NnUnitHooks, HooksRunOutsideTheUnitsTraceSpans) {
   model.on_after_forward([](Unit& u) { trace::Scope s("hook after " + u.name(), "comm"); });
   model.on_before_backward([](Unit& u) { trace::Scope s("hook before " + u.name(), "comm"); });
   Rng rng(34);
-  Tensor tokens = testing::random_ids({2, 5}, 7, rng), targets = testing::random_ids({2, 5}, 7, rng);
+  Tensor tokens = testing::random_ids({2, 5}, 7, rng),
+         targets = testing::random_ids({2, 5}, 7, rng);
   trace::enable();
   model.forward(tokens, targets);
   model.backward();
@@ -112,7 +112,8 @@ TEST(NnUnitHooks, ClearHooksRemovesEveryKind) {
   record_every_hook(model, events);
   model.clear_hooks();
   Rng rng(35);
-  Tensor tokens = testing::random_ids({2, 5}, 7, rng), targets = testing::random_ids({2, 5}, 7, rng);
+  Tensor tokens = testing::random_ids({2, 5}, 7, rng),
+         targets = testing::random_ids({2, 5}, 7, rng);
   model.forward(tokens, targets);
   model.backward();
   model.logits(tokens);

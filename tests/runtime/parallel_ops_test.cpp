@@ -18,7 +18,8 @@ namespace {
 Tensor wavy(Shape shape, DType dtype, double phase) {
   const std::int64_t n = shape.numel();
   std::vector<double> values(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) values[static_cast<std::size_t>(i)] = std::sin(0.37 * i + phase) + 0.1 * phase;
+  for (std::int64_t i = 0; i < n; ++i)
+    values[static_cast<std::size_t>(i)] = std::sin(0.37 * i + phase) + 0.1 * phase;
   return Tensor::from_values(values, dtype).view(shape);
 }
 
@@ -49,12 +50,14 @@ constexpr std::int64_t kRows = 1024, kWidth = 96;
 TEST(ParallelOps, LayerNormForwardAndBackward) {
   for (DType dtype : {DType::f32, DType::f64}) {
     expect_same_bits_at_every_thread_count(std::string("layernorm ") + dtype_name(dtype), [&] {
-      Tensor x = wavy({kRows, kWidth}, dtype, 0.5), w = wavy({kWidth}, dtype, 1.5), b = wavy({kWidth}, dtype, 2.5);
+      Tensor x = wavy({kRows, kWidth}, dtype, 0.5), w = wavy({kWidth}, dtype, 1.5),
+             b = wavy({kWidth}, dtype, 2.5);
       Tensor y = Tensor::zeros({kRows, kWidth}, dtype), mean = Tensor::zeros({kRows}, dtype),
              rstd = Tensor::zeros({kRows}, dtype);
       ops::layernorm_forward(x, w, b, y, mean, rstd, 1e-5);
       Tensor dy = wavy({kRows, kWidth}, dtype, 3.5), dx = Tensor::zeros({kRows, kWidth}, dtype);
-      Tensor dw = wavy({kWidth}, dtype, 4.5), db = wavy({kWidth}, dtype, 5.5);  // gradients accumulate
+      Tensor dw = wavy({kWidth}, dtype, 4.5),
+             db = wavy({kWidth}, dtype, 5.5);  // gradients accumulate
       ops::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db);
       return std::vector<Tensor>{y, mean, rstd, dx, dw, db};
     });

@@ -43,8 +43,9 @@ TEST(SyncSend, ARingThatSendsFirstPassesEagerButDeadlocksSync) {
     const auto start = Clock::now();
     RankFailure failure = launch_failure(world_of(n, SendMode::sync, 30.0), send_then_receive_ring);
     EXPECT_TRUE(original_is<CommDeadlock>(failure)) << failure.what();
-    EXPECT_TRUE(contains(failure.what(),
-                         "send(destination rank 1, tag 3, 4 x f32) to be matched by a recv (DTP_SEND=sync)"));
+    EXPECT_TRUE(contains(
+        failure.what(),
+        "send(destination rank 1, tag 3, 4 x f32) to be matched by a recv (DTP_SEND=sync)"));
     EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0)
         << "a deadlock must be reported at once, not after DTP_TIMEOUT";
   }
@@ -113,7 +114,8 @@ TEST(SyncSend, ASendWhoseReceiverWaitsOnSomethingElseIsADeadlockNamingTheSend) {
   });
   EXPECT_TRUE(original_is<CommDeadlock>(failure)) << failure.what();
   EXPECT_TRUE(contains(failure.what(), "rank 0: waiting"));
-  EXPECT_TRUE(contains(failure.what(), "send(destination rank 1, tag 9, 2 x i32) to be matched by a recv"));
+  EXPECT_TRUE(
+      contains(failure.what(), "send(destination rank 1, tag 9, 2 x i32) to be matched by a recv"));
 }
 
 TEST(SyncSend, TheEnvironmentPicksTheModeAndBadValuesSayWhatIsAccepted) {

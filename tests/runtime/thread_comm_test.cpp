@@ -103,11 +103,13 @@ TEST_P(LibraryCollectives, AllReduceEveryOp) {
       got[comm.rank()] = x.to_vector();
     });
     std::vector<double> expected = pattern_sum(n, len);
-    if (op == ReduceOp::avg) for (double& v : expected) v /= n;
+    if (op == ReduceOp::avg)
+      for (double& v : expected) v /= n;
     if (op == ReduceOp::max) expected = pattern_values(n - 1, len);
     if (op == ReduceOp::min) expected = pattern_values(0, len);
     for (int r = 0; r < n; ++r)
-      EXPECT_TRUE(values_equal(std::string("all_reduce ") + reduce_op_name(op), r, expected, got[r], n));
+      EXPECT_TRUE(
+          values_equal(std::string("all_reduce ") + reduce_op_name(op), r, expected, got[r], n));
   }
 }
 
@@ -125,7 +127,8 @@ TEST_P(LibraryCollectives, BroadcastAndReduceFromEveryRoot) {
       red[comm.rank()] = y.to_vector();
     });
     for (int r = 0; r < n; ++r) {
-      EXPECT_TRUE(values_equal("broadcast root " + std::to_string(root), r, pattern_values(root, len), bcast[r]));
+      EXPECT_TRUE(values_equal("broadcast root " + std::to_string(root), r,
+                               pattern_values(root, len), bcast[r]));
       EXPECT_TRUE(values_equal("reduce root " + std::to_string(root), r,
                                r == root ? pattern_sum(n, len) : pattern_values(r, len), red[r]));
     }
@@ -168,10 +171,13 @@ TEST_P(LibraryCollectives, GatherScatterAllGatherReduceScatterAllToAll) {
       std::vector<double> chunk_of_zero(zero.begin() + mine.offset,
                                         zero.begin() + mine.offset + mine.length);
       EXPECT_TRUE(values_equal("all_gather", r, pattern_values(0, len), all_gathered[r], n));
-      EXPECT_TRUE(values_equal("reduce_scatter", r,
-                               std::vector<double>(sum.begin() + mine.offset, sum.begin() + mine.offset + mine.length),
-                               reduced[r]));
-      EXPECT_TRUE(values_equal("gather", r, r == n - 1 ? pattern_values(0, len) : std::vector<double>(len, 0.0), gathered[r]));
+      EXPECT_TRUE(values_equal(
+          "reduce_scatter", r,
+          std::vector<double>(sum.begin() + mine.offset, sum.begin() + mine.offset + mine.length),
+          reduced[r]));
+      EXPECT_TRUE(values_equal("gather", r,
+                               r == n - 1 ? pattern_values(0, len) : std::vector<double>(len, 0.0),
+                               gathered[r]));
       EXPECT_TRUE(values_equal("scatter", r, chunk_of_zero, scattered[r]));
       std::vector<double> expected(2 * n);
       for (int i = 0; i < n; ++i)
@@ -185,37 +191,47 @@ TEST_P(LibraryCollectives, ClockChargesTheRingAlgorithm) {
   const int n = GetParam();
   const std::int64_t len = 120;
   std::vector<double> clocks(n);
-  run_ranks(n, [&](Comm& comm) {
-    comm.reset_stats();
-    Tensor x = pattern_tensor(comm.rank(), len);
-    comm.all_reduce(x);
-    clocks[comm.rank()] = comm.stats().clock;
-    EXPECT_EQ(comm.stats().collective_calls.at("all_reduce"), 1);
-    EXPECT_EQ(comm.stats().collective_bytes, len * 8);
-    EXPECT_EQ(comm.stats().messages_sent, 0);
-  }, CostModel::bytes());
-  for (int r = 0; r < n; ++r) EXPECT_DOUBLE_EQ(clocks[r], 2.0 * (n - 1) / n * len * 8) << "rank " << r;
+  run_ranks(
+      n,
+      [&](Comm& comm) {
+        comm.reset_stats();
+        Tensor x = pattern_tensor(comm.rank(), len);
+        comm.all_reduce(x);
+        clocks[comm.rank()] = comm.stats().clock;
+        EXPECT_EQ(comm.stats().collective_calls.at("all_reduce"), 1);
+        EXPECT_EQ(comm.stats().collective_bytes, len * 8);
+        EXPECT_EQ(comm.stats().messages_sent, 0);
+      },
+      CostModel::bytes());
+  for (int r = 0; r < n; ++r)
+    EXPECT_DOUBLE_EQ(clocks[r], 2.0 * (n - 1) / n * len * 8) << "rank " << r;
 }
 
 TEST_P(LibraryCollectives, AllToAllVMovesEveryBlockWithItsOwnCount) {
   const int n = GetParam();
   std::vector<double> clocks(n);
-  run_ranks(n, [&](Comm& comm) {
-    testing::AllToAllVCase exchange(comm.rank(), n);
-    comm.reset_stats();
-    comm.all_to_all_v(exchange.in, exchange.send_counts, exchange.out, exchange.recv_counts);
-    EXPECT_TRUE(exchange.received_everything());
-    EXPECT_EQ(comm.stats().collective_calls.at("all_to_all_v"), 1);
-    EXPECT_EQ(comm.stats().total_collective_calls(), 1) << "the count check must not be counted";
-    EXPECT_EQ(comm.stats().collective_bytes, exchange.in.numel() * 8);
-    clocks[comm.rank()] = comm.stats().clock;
-  }, CostModel{1.0, 1.0});
+  run_ranks(
+      n,
+      [&](Comm& comm) {
+        testing::AllToAllVCase exchange(comm.rank(), n);
+        comm.reset_stats();
+        comm.all_to_all_v(exchange.in, exchange.send_counts, exchange.out, exchange.recv_counts);
+        EXPECT_TRUE(exchange.received_everything());
+        EXPECT_EQ(comm.stats().collective_calls.at("all_to_all_v"), 1);
+        EXPECT_EQ(comm.stats().total_collective_calls(), 1)
+            << "the count check must not be counted";
+        EXPECT_EQ(comm.stats().collective_bytes, exchange.in.numel() * 8);
+        clocks[comm.rank()] = comm.stats().clock;
+      },
+      CostModel{1.0, 1.0});
   // The busiest rank's off-rank bytes, sent or received, plus n - 1 latencies.
   double busiest = 0;
   for (int r = 0; r < n; ++r) {
     double sent = 0, received = 0;
     for (int k = 0; k < n; ++k)
-      if (k != r) sent += testing::AllToAllVCase::count(r, k), received += testing::AllToAllVCase::count(k, r);
+      if (k != r)
+        sent += testing::AllToAllVCase::count(r, k),
+            received += testing::AllToAllVCase::count(k, r);
     busiest = std::max({busiest, sent * 8, received * 8});
   }
   for (int r = 0; r < n; ++r) EXPECT_DOUBLE_EQ(clocks[r], (n - 1) + busiest) << "rank " << r;
@@ -226,16 +242,19 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, LibraryCollectives, ::testing::Range(1, 9),
 
 TEST(ThreadComm, PointToPointClockFollowsAlphaBeta) {
   std::vector<double> clocks(3);
-  run_ranks(3, [&](Comm& comm) {
-    Tensor x = Tensor::zeros({10}, DType::f32);  // 40 bytes
-    if (comm.rank() == 0) {
-      comm.send(x, 1);
-      comm.send(x, 2);  // sends from one rank are serialized on its clock
-    } else {
-      comm.recv(x, 0);
-    }
-    clocks[comm.rank()] = comm.stats().clock;
-  }, CostModel{1.0, 0.5});
+  run_ranks(
+      3,
+      [&](Comm& comm) {
+        Tensor x = Tensor::zeros({10}, DType::f32);  // 40 bytes
+        if (comm.rank() == 0) {
+          comm.send(x, 1);
+          comm.send(x, 2);  // sends from one rank are serialized on its clock
+        } else {
+          comm.recv(x, 0);
+        }
+        clocks[comm.rank()] = comm.stats().clock;
+      },
+      CostModel{1.0, 0.5});
   EXPECT_DOUBLE_EQ(clocks[0], 42.0);
   EXPECT_DOUBLE_EQ(clocks[1], 21.0);
   EXPECT_DOUBLE_EQ(clocks[2], 42.0);
@@ -266,7 +285,8 @@ TEST(ThreadComm, SplitMakesOrderedSubgroups) {
 TEST(ThreadComm, EveryRankHasItsOwnMemoryTracker) {
   std::vector<std::int64_t> peaks(3);
   run_ranks(3, [&](Comm& comm) {
-    Tensor x = Tensor::zeros({100 * (comm.rank() + 1)}, DType::f32, Device::cpu(), MemoryCategory::activations);
+    Tensor x = Tensor::zeros({100 * (comm.rank() + 1)}, DType::f32, Device::cpu(),
+                             MemoryCategory::activations);
     peaks[comm.rank()] = current_memory_tracker()->peak(MemoryCategory::activations);
   });
   EXPECT_EQ(peaks, (std::vector<std::int64_t>{400, 800, 1200}));

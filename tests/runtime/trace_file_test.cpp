@@ -43,10 +43,15 @@ TEST(TraceFile, EachRankIsAProcessWithItsOwnAndItsCommThread) {
   file.append({{"forward", "compute", 0, 0, 1, 2}, {"all_reduce", "comm", 1, 1, 2.5, 4}});
   file.finish();
   const std::string text = read_text(path);
-  EXPECT_NE(text.find("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"rank 1\"}}"),
-            std::string::npos) << text;
-  EXPECT_NE(text.find("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"rank 1 comm\"}}"),
-            std::string::npos) << text;
+  EXPECT_NE(
+      text.find(
+          "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"rank 1\"}}"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{"
+                      "\"name\":\"rank 1 comm\"}}"),
+            std::string::npos)
+      << text;
   // Times are on the wall clock: the origin of enable() plus the span's time.
   char expected[96];
   std::snprintf(expected, sizeof expected, "\"pid\":1,\"tid\":1,\"ts\":%.3f,\"dur\":1.500}",
@@ -67,7 +72,8 @@ TEST(TraceFile, MergeAppendsEveryFinishedPartAndDeletesIt) {
   EXPECT_TRUE(unfinished.empty());
   const std::string text = read_text(into);
   EXPECT_EQ(count(text, "\"ph\":\"X\""), 3u) << text;
-  for (const char* name : {"\"name\":\"rank 0\"", "\"name\":\"rank 1\"", "\"name\":\"rank 2 comm\""})
+  for (const char* name :
+       {"\"name\":\"rank 0\"", "\"name\":\"rank 1\"", "\"name\":\"rank 2 comm\""})
     EXPECT_NE(text.find(name), std::string::npos) << name << " missing from\n" << text;
   EXPECT_EQ(text.rfind("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", 0), 0u) << text;
   EXPECT_EQ(text.substr(text.size() - 5), "}\n]}\n") << text;
@@ -104,7 +110,8 @@ TEST(TraceFile, MergeIntoAnUnfinishedTraceIsRefusedByName) {
     trace::merge_chrome_traces(into, {}, 0);
     FAIL() << "merging into a trace without its closing must throw";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'" + into + "' is not a finished DTP trace file"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("'" + into + "' is not a finished DTP trace file"),
+              std::string::npos)
         << e.what();
   }
   std::remove(into.c_str());

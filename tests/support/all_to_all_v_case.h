@@ -14,9 +14,12 @@ namespace dtp::testing {
 
 struct AllToAllVCase {
   static std::int64_t count(int from, int to) { return (from + 2 * to + 1) % 4; }
-  static double value(int from, int to, std::int64_t k) { return 1000.0 * from + 10.0 * to + static_cast<double>(k); }
+  static double value(int from, int to, std::int64_t k) {
+    return 1000.0 * from + 10.0 * to + static_cast<double>(k);
+  }
 
-  AllToAllVCase(int rank, int world, DType dtype = DType::f64, Device device = Device::cpu()) : rank(rank), world(world) {
+  AllToAllVCase(int rank, int world, DType dtype = DType::f64, Device device = Device::cpu())
+      : rank(rank), world(world) {
     std::vector<double> values;
     for (int to = 0; to < world; ++to) {
       send_counts.push_back(count(rank, to));
@@ -25,7 +28,8 @@ struct AllToAllVCase {
     }
     std::int64_t received = 0;
     for (std::int64_t c : recv_counts) received += c;
-    in = values.empty() ? Tensor::zeros({0}, dtype, device) : Tensor::from_values(values, dtype).to(device);
+    in = values.empty() ? Tensor::zeros({0}, dtype, device)
+                        : Tensor::from_values(values, dtype).to(device);
     out = Tensor::full({received}, -1.0, dtype, device);
   }
 
@@ -37,8 +41,9 @@ struct AllToAllVCase {
       for (std::int64_t k = 0; k < count(from, rank); ++k, ++at)
         if (got[at] != value(from, rank, k))
           return ::testing::AssertionFailure()
-                 << "all_to_all_v on " << world << " ranks: rank " << rank << "'s out[" << at << "] should be element "
-                 << k << " of rank " << from << "'s block for it (" << value(from, rank, k) << "), got " << got[at];
+                 << "all_to_all_v on " << world << " ranks: rank " << rank << "'s out[" << at
+                 << "] should be element " << k << " of rank " << from << "'s block for it ("
+                 << value(from, rank, k) << "), got " << got[at];
     return ::testing::AssertionSuccess();
   }
 

@@ -20,7 +20,8 @@
 namespace dtp::testing {
 
 /// How a check trains a config: train() on one device by default; a
-/// strategy's checks pass `[&](const TrainConfig& c) { return drivers::run_strategy(c, strategy); }`.
+/// strategy's checks pass `[&](const TrainConfig& c) { return drivers::run_strategy(c, strategy);
+/// }`.
 using RunFn = std::function<TrainResult(const TrainConfig&)>;
 
 /// train() on one device, as a RunFn.
@@ -43,7 +44,8 @@ inline void expect_same_checkpoint_tensors(const Checkpoint& expected, const Che
 
 /// Trains @p config with @p run, saving into @p folder, and returns the
 /// checkpoint it wrote.
-inline Checkpoint saved_checkpoint(TrainConfig config, const TempFolder& folder, const RunFn& run = train_one) {
+inline Checkpoint saved_checkpoint(TrainConfig config, const TempFolder& folder,
+                                   const RunFn& run = train_one) {
   config.save_path = folder.file(config.strategy + ".ckpt");
   run(config);
   return read_checkpoint(config.save_path);
@@ -54,8 +56,8 @@ inline Checkpoint saved_checkpoint(TrainConfig config, const TempFolder& folder,
 /// same model) is: the same names in the same order, the same shapes, and
 /// values equal to rounding (close_enough: the ranks summed their gradients
 /// in another order). @p hint says what a wrong value would mean.
-inline void expect_single_device_layout(const Checkpoint& expected, const Checkpoint& got, const std::string& where,
-                                        const std::string& hint) {
+inline void expect_single_device_layout(const Checkpoint& expected, const Checkpoint& got,
+                                        const std::string& where, const std::string& hint) {
   ASSERT_EQ(got.tensors.size(), expected.tensors.size()) << where << ": tensors in the checkpoint";
   for (std::size_t i = 0; i < got.tensors.size(); ++i) {
     const NamedTensor& e = expected.tensors[i];
@@ -67,19 +69,21 @@ inline void expect_single_device_layout(const Checkpoint& expected, const Checkp
     const std::vector<double> have = g.tensor.to_vector();
     for (std::size_t k = 0; k < want.size(); ++k) {
       if (close_enough(want[k], have[k])) continue;
-      ADD_FAILURE() << where << ": " << e.name << " element " << k << ": the single-device run has " << want[k]
-                    << ", the gathered checkpoint " << have[k] << " (" << hint << ")";
+      ADD_FAILURE() << where << ": " << e.name << " element " << k << ": the single-device run has "
+                    << want[k] << ", the gathered checkpoint " << have[k] << " (" << hint << ")";
       break;
     }
   }
 }
 
-/// Trains @p config with @p run straight, and in two slices: steps 1 to @p split saved to a file of @p folder, then resumed
-/// to the end. Expects the slices' step records (step, loss, loss scale,
+/// Trains @p config with @p run straight, and in two slices: steps 1 to @p split saved to a file of
+/// @p folder, then resumed to the end. Expects the slices' step records (step, loss, loss scale,
 /// skipped) and every tensor of both runs' final checkpoints to equal the
 /// straight run's, bit for bit. Returns the straight run's records.
-inline std::vector<StepRecord> expect_slices_equal_straight_run(const TrainConfig& config, std::int64_t split,
-                                                                const TempFolder& folder, const std::string& where,
+inline std::vector<StepRecord> expect_slices_equal_straight_run(const TrainConfig& config,
+                                                                std::int64_t split,
+                                                                const TempFolder& folder,
+                                                                const std::string& where,
                                                                 const RunFn& run = train_one) {
   TrainConfig whole = config;
   whole.save_path = folder.file("whole.ckpt");
@@ -89,25 +93,28 @@ inline std::vector<StepRecord> expect_slices_equal_straight_run(const TrainConfi
   first.save_path = folder.file("slice.ckpt");
   std::vector<StepRecord> sliced = run(first).steps;
   EXPECT_EQ(static_cast<std::int64_t>(sliced.size()), split) << where << ": --stop-after " << split;
-  EXPECT_EQ(read_checkpoint(first.save_path).step, split) << where << ": the first slice's checkpoint's step";
+  EXPECT_EQ(read_checkpoint(first.save_path).step, split)
+      << where << ": the first slice's checkpoint's step";
   TrainConfig second = config;
   second.resume_path = first.save_path;
   second.save_path = folder.file("resumed.ckpt");
   for (const StepRecord& r : run(second).steps) sliced.push_back(r);
   if (sliced.size() != straight.size()) {
-    ADD_FAILURE() << where << ": " << split << " steps, saved, then resumed trained " << sliced.size()
-                  << " steps in all; the straight run trained " << straight.size();
+    ADD_FAILURE() << where << ": " << split << " steps, saved, then resumed trained "
+                  << sliced.size() << " steps in all; the straight run trained " << straight.size();
     return straight;
   }
   for (std::size_t s = 0; s < straight.size(); ++s) {
-    const std::string step = where + ", split after step " + std::to_string(split) + ": step " + std::to_string(s + 1);
+    const std::string step =
+        where + ", split after step " + std::to_string(split) + ": step " + std::to_string(s + 1);
     EXPECT_EQ(sliced[s].step, straight[s].step) << step;
     EXPECT_EQ(sliced[s].loss, straight[s].loss) << step << "'s loss";
     EXPECT_EQ(sliced[s].loss_scale, straight[s].loss_scale) << step << "'s loss scale";
     EXPECT_EQ(sliced[s].skipped, straight[s].skipped) << step << " skipped or not";
   }
-  expect_same_checkpoint_tensors(read_checkpoint(whole.save_path), read_checkpoint(second.save_path),
-                                 where + ", split after step " + std::to_string(split) + ", the final checkpoint");
+  expect_same_checkpoint_tensors(
+      read_checkpoint(whole.save_path), read_checkpoint(second.save_path),
+      where + ", split after step " + std::to_string(split) + ", the final checkpoint");
   return straight;
 }
 

@@ -16,8 +16,10 @@ namespace dtp::testing {
 
 TempFolder::TempFolder() {
   const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string name = test ? std::string(test->test_suite_name()) + "." + test->name() : "no-test";
-  path = std::filesystem::temp_directory_path() / ("dtp-" + name + "-" + std::to_string(::getpid()));
+  const std::string name =
+      test ? std::string(test->test_suite_name()) + "." + test->name() : "no-test";
+  path =
+      std::filesystem::temp_directory_path() / ("dtp-" + name + "-" + std::to_string(::getpid()));
   std::filesystem::remove_all(path);
   std::filesystem::create_directories(path);
 }
@@ -63,11 +65,16 @@ namespace {
 // so that rank * period + period stays exact and sums over 8 ranks stay exact.
 std::int64_t pattern_period(DType dtype) {
   switch (dtype) {
-    case DType::f64: return std::int64_t{1} << 24;
-    case DType::f32: return 4096;
-    case DType::f16: return 32;
-    case DType::bf16: return 4;
-    case DType::i32: return std::int64_t{1} << 20;
+    case DType::f64:
+      return std::int64_t{1} << 24;
+    case DType::f32:
+      return 4096;
+    case DType::f16:
+      return 32;
+    case DType::bf16:
+      return 4;
+    case DType::i32:
+      return std::int64_t{1} << 20;
   }
   return 4;
 }
@@ -144,20 +151,22 @@ std::string describe_at_index(double value, PatternKey key, std::int64_t index) 
              (alone ? " alone" : "");
     }
     if (static_cast<int>(ranks.size()) == world)
-      return "the sum over all " + std::to_string(world) + " ranks of " + index_words(index, key.dtype);
+      return "the sum over all " + std::to_string(world) + " ranks of " +
+             index_words(index, key.dtype);
     return "the sum over " + ranks_phrase(ranks) + " only of " + index_words(index, key.dtype);
   }
   if (subsets.size() > 1) {
     // Several subsets fit (possible with the short f16/bf16 periods): say so.
-    return "a sum over " + ranks_phrase(ranks_of(subsets[0], world)) + " (or another set of ranks) of " +
-           index_words(index, key.dtype);
+    return "a sum over " + ranks_phrase(ranks_of(subsets[0], world)) +
+           " (or another set of ranks) of " + index_words(index, key.dtype);
   }
   double full = 0;
   for (int r = 0; r < world; ++r) full += pattern_value(r, index, key.dtype);
   for (int r = 0; r < world && world > 1; ++r) {
     if (value == full + pattern_value(r, index, key.dtype))
-      return "the sum over all " + std::to_string(world) + " ranks of " + index_words(index, key.dtype) +
-             " plus rank " + std::to_string(r) + "'s value again (added twice)";
+      return "the sum over all " + std::to_string(world) + " ranks of " +
+             index_words(index, key.dtype) + " plus rank " + std::to_string(r) +
+             "'s value again (added twice)";
     if (value == 2 * full)
       return "twice the sum over all " + std::to_string(world) + " ranks of " +
              index_words(index, key.dtype) + " (the whole sum added twice)";
@@ -212,7 +221,8 @@ double pattern_value(int rank, std::int64_t index, DType dtype) {
 
 std::vector<double> pattern_values(int rank, std::int64_t numel, DType dtype) {
   std::vector<double> values(static_cast<std::size_t>(numel < 0 ? 0 : numel));
-  for (std::int64_t i = 0; i < numel; ++i) values[static_cast<std::size_t>(i)] = pattern_value(rank, i, dtype);
+  for (std::int64_t i = 0; i < numel; ++i)
+    values[static_cast<std::size_t>(i)] = pattern_value(rank, i, dtype);
   return values;
 }
 
@@ -227,21 +237,22 @@ Tensor pattern_tensor(int rank, std::int64_t numel, DType dtype, Device device) 
 std::vector<double> pattern_sum(int world_size, std::int64_t numel, DType dtype) {
   std::vector<double> sum(static_cast<std::size_t>(numel < 0 ? 0 : numel), 0.0);
   for (int rank = 0; rank < world_size; ++rank) {
-    for (std::int64_t i = 0; i < numel; ++i) sum[static_cast<std::size_t>(i)] += pattern_value(rank, i, dtype);
+    for (std::int64_t i = 0; i < numel; ++i)
+      sum[static_cast<std::size_t>(i)] += pattern_value(rank, i, dtype);
   }
   return sum;
 }
 
 ::testing::AssertionResult values_equal(const std::string& what, int rank,
                                         const std::vector<double>& expected,
-                                        const std::vector<double>& got, int chunks, PatternKey key) {
+                                        const std::vector<double>& got, int chunks,
+                                        PatternKey key) {
   std::ostringstream head;
   head << what;
   if (rank >= 0) head << ": rank " << rank;
   if (expected.size() != got.size()) {
-    return ::testing::AssertionFailure()
-           << head.str() << (rank >= 0 ? ", " : ": ") << "expected " << expected.size()
-           << " elements, got " << got.size();
+    return ::testing::AssertionFailure() << head.str() << (rank >= 0 ? ", " : ": ") << "expected "
+                                         << expected.size() << " elements, got " << got.size();
   }
   constexpr int kExamples = 5;
   const auto numel = static_cast<std::int64_t>(expected.size());

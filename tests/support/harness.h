@@ -60,8 +60,7 @@ Device checker_device();
 /// Runs body(comm) on @p world_size ranks of the backend and device named by
 /// DTP_BACKEND / DTP_DEVICE, with @p cost as the alpha-beta model. A rank's
 /// failure is rethrown as dtp::RankFailure naming the rank.
-void run_ranks(int world_size, const std::function<void(Comm&)>& body,
-               CostModel cost = {});
+void run_ranks(int world_size, const std::function<void(Comm&)>& body, CostModel cost = {});
 
 /// A value unique to (rank, index) for the lengths checkers use, never zero,
 /// exactly representable in @p dtype, and such that sums over up to 8 ranks
@@ -93,8 +92,8 @@ enum class PatternMeaning { copies, sums };
 /// contributed, the dtype (it sets the period) and whether the expected
 /// values are copies or sums. world 0: not pattern data, nothing is decoded.
 struct PatternKey {
-  int world = 0;                                  ///< ranks whose values may appear (0: don't decode)
-  DType dtype = DType::f64;                       ///< dtype of the pattern (sets the index period)
+  int world = 0;             ///< ranks whose values may appear (0: don't decode)
+  DType dtype = DType::f64;  ///< dtype of the pattern (sets the index period)
   PatternMeaning meaning = PatternMeaning::copies;  ///< what an expected value is
 };
 
@@ -125,12 +124,12 @@ bool gpu_required();
 
 /// Skips the current test when no CUDA device is usable, or fails it under
 /// DTP_REQUIRE_GPU=1.
-#define DTP_REQUIRE_GPU()                                                        \
-  do {                                                                           \
-    if (::dtp::cuda_device_count() == 0) {                                       \
-      if (::dtp::testing::gpu_required()) {                                      \
-        FAIL() << "DTP_REQUIRE_GPU=1 but no usable CUDA device was found";       \
-      }                                                                          \
+#define DTP_REQUIRE_GPU()                                                              \
+  do {                                                                                 \
+    if (::dtp::cuda_device_count() == 0) {                                             \
+      if (::dtp::testing::gpu_required()) {                                            \
+        FAIL() << "DTP_REQUIRE_GPU=1 but no usable CUDA device was found";             \
+      }                                                                                \
       GTEST_SKIP() << "no usable CUDA device (set DTP_REQUIRE_GPU=1 to fail instead)"; \
-    }                                                                            \
+    }                                                                                  \
   } while (0)

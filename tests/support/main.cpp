@@ -28,8 +28,10 @@ int main(int argc, char** argv) {
   const bool wants_gpu = device != nullptr && std::string(device).rfind("cuda", 0) == 0;
   if (wants_gpu && !only_listing(argc, argv) && dtp::cuda_device_count() == 0 &&
       !dtp::testing::gpu_required()) {
-    std::printf("skipped: DTP_DEVICE=%s but no usable CUDA device (set DTP_REQUIRE_GPU=1 to fail instead)\n",
-                device);
+    std::printf(
+        "skipped: DTP_DEVICE=%s but no usable CUDA device (set DTP_REQUIRE_GPU=1 to fail "
+        "instead)\n",
+        device);
     return kSkipExitCode;
   }
   return RUN_ALL_TESTS();

@@ -17,20 +17,22 @@ double gelu(double v) {
 }
 }  // namespace
 
-HostRouting host_route(const std::vector<double>& probs, int experts, int top_k, double capacity_factor,
-                       RoutingRule rule) {
+HostRouting host_route(const std::vector<double>& probs, int experts, int top_k,
+                       double capacity_factor, RoutingRule rule) {
   const int E = experts;
   const auto N = static_cast<std::int64_t>(probs.size()) / E;
   HostRouting r;
   r.choices.resize(static_cast<std::size_t>(N));
   r.rows.assign(static_cast<std::size_t>(E), {});
-  r.load.assign(static_cast<std::size_t>(E), 0.0), r.importance.assign(static_cast<std::size_t>(E), 0.0);
+  r.load.assign(static_cast<std::size_t>(E), 0.0),
+      r.importance.assign(static_cast<std::size_t>(E), 0.0);
   // Top-k by a stable sort on descending probability (ties: lower index first).
   for (std::int64_t n = 0; n < N; ++n) {
     std::vector<int> order(static_cast<std::size_t>(E));
     std::iota(order.begin(), order.end(), 0);
     if (rule == RoutingRule::ties_to_higher_index) std::reverse(order.begin(), order.end());
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return probs[n * E + a] > probs[n * E + b]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return probs[n * E + a] > probs[n * E + b]; });
     r.choices[n].assign(order.begin(), order.begin() + top_k);
     for (int e : r.choices[n]) r.load[e] += 1.0 / static_cast<double>(N * top_k);
     for (int e = 0; e < E; ++e) r.importance[e] += probs[n * E + e] / static_cast<double>(N);
@@ -38,9 +40,10 @@ HostRouting host_route(const std::vector<double>& probs, int experts, int top_k,
   for (int e = 0; e < E; ++e) r.balance_loss += E * r.load[e] * r.importance[e];
   // Capacity (the 1e-9 makes an exact even split exact in floating point).
   const double slots = capacity_factor * static_cast<double>(N * top_k) / E;
-  r.capacity = rule == RoutingRule::unlimited_capacity      ? N
-               : rule == RoutingRule::capacity_rounded_down ? static_cast<std::int64_t>(std::floor(slots + 1e-9))
-                                                            : static_cast<std::int64_t>(std::ceil(slots - 1e-9));
+  r.capacity = rule == RoutingRule::unlimited_capacity ? N
+               : rule == RoutingRule::capacity_rounded_down
+                   ? static_cast<std::int64_t>(std::floor(slots + 1e-9))
+                   : static_cast<std::int64_t>(std::ceil(slots - 1e-9));
   // Admission: round by round (or, for the mistake, token by token).
   auto admit = [&](std::int64_t n, int j) {
     const int e = r.choices[n][j];

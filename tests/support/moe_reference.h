@@ -22,9 +22,9 @@ struct HostExpert {
 
 /// A whole MoE layer's weights.
 struct HostMoeWeights {
-  std::int64_t C = 0, H = 0;          ///< width and expert hidden width
-  std::vector<double> router;         ///< [E, C]
-  std::vector<HostExpert> experts;    ///< E of them
+  std::int64_t C = 0, H = 0;        ///< width and expert hidden width
+  std::vector<double> router;       ///< [E, C]
+  std::vector<HostExpert> experts;  ///< E of them
   /// Reads them from the "<prefix>.router.weight", "<prefix>.expert.<e>...."
   /// parameters of @p unit (a Block built with config.experts > 0).
   static HostMoeWeights from_unit(const Unit& unit, const std::string& prefix, int experts);
@@ -42,27 +42,27 @@ enum class RoutingRule {
 
 /// One batch's routing, by @p rule.
 struct HostRouting {
-  std::int64_t capacity = 0;                           ///< slots per expert
-  std::vector<std::vector<int>> choices;               ///< per token: its k experts, most probable first
-  std::set<std::pair<std::int64_t, int>> kept;         ///< (token, expert) choices that got a slot
-  std::set<std::pair<std::int64_t, int>> dropped;      ///< (token, expert) choices dropped
-  std::vector<std::vector<std::int32_t>> rows;         ///< per expert: its tokens, in admission order
-  std::vector<double> load, importance;                ///< f_e and P_e
-  double balance_loss = 0;                             ///< E sum_e f_e P_e
+  std::int64_t capacity = 0;                    ///< slots per expert
+  std::vector<std::vector<int>> choices;        ///< per token: its k experts, most probable first
+  std::set<std::pair<std::int64_t, int>> kept;  ///< (token, expert) choices that got a slot
+  std::set<std::pair<std::int64_t, int>> dropped;  ///< (token, expert) choices dropped
+  std::vector<std::vector<std::int32_t>> rows;     ///< per expert: its tokens, in admission order
+  std::vector<double> load, importance;            ///< f_e and P_e
+  double balance_loss = 0;                         ///< E sum_e f_e P_e
 };
 
 /// Routes probs [N, E] (row-major) over E experts, top-k, by @p rule.
-HostRouting host_route(const std::vector<double>& probs, int experts, int top_k, double capacity_factor,
-                       RoutingRule rule = RoutingRule::rules);
+HostRouting host_route(const std::vector<double>& probs, int experts, int top_k,
+                       double capacity_factor, RoutingRule rule = RoutingRule::rules);
 
 /// What the checkers compare.
 struct HostMoeResult {
-  std::vector<double> y;                       ///< [N, C]
-  std::vector<double> probs;                   ///< [N, E]
+  std::vector<double> y;                           ///< [N, C]
+  std::vector<double> probs;                       ///< [N, E]
   std::set<std::pair<std::int64_t, int>> kept;     ///< (token, expert) choices that got a slot
   std::set<std::pair<std::int64_t, int>> dropped;  ///< (token, expert) choices dropped
-  double balance_loss = 0;                     ///< E sum_e f_e P_e
-  std::int64_t capacity = 0;                   ///< slots per expert
+  double balance_loss = 0;                         ///< E sum_e f_e P_e
+  std::int64_t capacity = 0;                       ///< slots per expert
 };
 
 /// The layer on rows x [N, C] (row-major), by the rules of dtp/moe_routing.h

@@ -69,9 +69,9 @@ inline TrainConfig tiny_config(std::int64_t global_batch = 12, std::int64_t step
 
 // Parameters and gradients of every unit, and the loss of every step.
 struct ModelState {
-  std::vector<double> losses;                   // per step
-  std::vector<std::vector<double>> params;      // per unit, flat
-  std::vector<std::vector<double>> grads;       // per unit, flat (the last step's)
+  std::vector<double> losses;               // per step
+  std::vector<std::vector<double>> params;  // per unit, flat
+  std::vector<std::vector<double>> grads;   // per unit, flat (the last step's)
 };
 
 inline ModelState capture(GPT& model, std::vector<double> losses) {
@@ -145,7 +145,8 @@ inline std::string compare_with_single(const ModelState& expected, GPT& model,
   message += compare_units("gradient after the last step", model, expected.grads, got.grads);
   message += compare_units("parameter after the last step", model, expected.params, got.params);
   if (message.empty()) return "";
-  return "rank " + std::to_string(rank) + " differs from single-device training on the same global batch" +
+  return "rank " + std::to_string(rank) +
+         " differs from single-device training on the same global batch" +
          " (tolerance |diff| <= 1e-10 + 1e-8 |expected|):" + message;
 }
 
@@ -200,7 +201,8 @@ inline GradientVerdict judge(const double* expected, const double* local, const 
   if (ee > 0) {
     const double ratio = ge / ee;
     bool scaled = true;
-    for (std::int64_t i = 0; i < n && scaled; ++i) scaled = close_enough(ratio * expected[i], got[i]);
+    for (std::int64_t i = 0; i < n && scaled; ++i)
+      scaled = close_enough(ratio * expected[i], got[i]);
     if (scaled) return {GradientVerdict::scaled, ratio};
   }
   return {GradientVerdict::other, 0};
@@ -209,17 +211,19 @@ inline GradientVerdict judge(const double* expected, const double* local, const 
 // How a chapter names what the verdicts talk about: chapter 02's DDP words by
 // default; a pipeline has no "local gradient", only micro-batches' shares.
 struct GradientWording {
-  std::string micro_batches = "K";                         // the symbol the lesson uses
-  std::string loss_scale = "GPT::backward's loss_scale";    // where 1/K goes
+  std::string micro_batches = "K";                        // the symbol the lesson uses
+  std::string loss_scale = "GPT::backward's loss_scale";  // where 1/K goes
   std::string local = "this rank's own local gradient, never averaged over the ranks (skipped?)";
   std::string local_example = "this rank's local gradient";  // the example's third number
-  std::string other = "neither the mean, a multiple of it, nor the local gradient (mixed up with another "
-                      "part's, or reduced before backward finished?)";
+  std::string other =
+      "neither the mean, a multiple of it, nor the local gradient (mixed up with another "
+      "part's, or reduced before backward finished?)";
 };
 
 // What a ratio most likely means, for a run on `world` ranks with `k`
 // accumulated micro-batches.
-inline std::string explain_ratio(double ratio, int world, std::int64_t k, const GradientWording& words = {}) {
+inline std::string explain_ratio(double ratio, int world, std::int64_t k,
+                                 const GradientWording& words = {}) {
   auto near = [&](double x) { return std::fabs(ratio - x) <= 1e-6 * std::fabs(x); };
   const std::string w = std::to_string(world);
   if (world > 1 && near(world))
@@ -228,11 +232,11 @@ inline std::string explain_ratio(double ratio, int world, std::int64_t k, const 
   if (world > 1 && near(1.0 / world))
     return "divided by the world size twice? (ReduceOp::avg already divides by " + w + ")";
   if (k > 1 && near(static_cast<double>(k)))
-    return "did you scale each micro-batch's loss by 1/" + words.micro_batches + " (" + words.micro_batches +
-           " = " + std::to_string(k) + ", " + words.loss_scale + ")?";
+    return "did you scale each micro-batch's loss by 1/" + words.micro_batches + " (" +
+           words.micro_batches + " = " + std::to_string(k) + ", " + words.loss_scale + ")?";
   if (k > 1 && near(static_cast<double>(k) * world))
-    return "two scale mistakes: summed over ranks (x" + w + ") and loss not scaled by 1/" + words.micro_batches + " (x" +
-           std::to_string(k) + ")";
+    return "two scale mistakes: summed over ranks (x" + w + ") and loss not scaled by 1/" +
+           words.micro_batches + " (x" + std::to_string(k) + ")";
   if (world > 1 && near(static_cast<double>(world - 1) / world))
     return "one rank's gradient is missing from the average?";
   return "a wrong scale factor";
@@ -240,18 +244,19 @@ inline std::string explain_ratio(double ratio, int world, std::int64_t k, const 
 
 // A piece of gradient to judge: a parameter, or one rank's shard of a unit.
 struct GradientPiece {
-  std::string label;                         // "'block.0' 'attn.q.weight'"
-  const double* expected = nullptr;          // the single-device mean
-  const double* local = nullptr;             // this rank's own, unsynchronized
-  const double* got = nullptr;               // what the strategy produced
+  std::string label;                 // "'block.0' 'attn.q.weight'"
+  const double* expected = nullptr;  // the single-device mean
+  const double* local = nullptr;     // this rank's own, unsynchronized
+  const double* got = nullptr;       // what the strategy produced
   std::int64_t numel = 0;
   std::function<std::string(std::int64_t)> where;  // "unit 'head' 'weight' element 3"
 };
 
 // "" when every piece equals its expected gradient; otherwise the verdict
 // first (what the wrong gradients are), then one example with the numbers.
-inline std::string judge_gradient_pieces(const std::vector<GradientPiece>& pieces, const std::string& what,
-                                         int rank, int world, std::int64_t k, const GradientWording& wording = {}) {
+inline std::string judge_gradient_pieces(const std::vector<GradientPiece>& pieces,
+                                         const std::string& what, int rank, int world,
+                                         std::int64_t k, const GradientWording& wording = {}) {
   std::map<std::string, std::vector<std::string>> groups;  // verdict -> labels
   std::string example;
   int wrong = 0;
@@ -264,7 +269,8 @@ inline std::string judge_gradient_pieces(const std::vector<GradientPiece>& piece
       case GradientVerdict::scaled: {
         char ratio[32];
         std::snprintf(ratio, sizeof ratio, "%.2fx", v.ratio);
-        words = std::string(ratio) + " the single-device mean: " + explain_ratio(v.ratio, world, k, wording);
+        words = std::string(ratio) +
+                " the single-device mean: " + explain_ratio(v.ratio, world, k, wording);
         break;
       }
       case GradientVerdict::local:
@@ -281,7 +287,8 @@ inline std::string judge_gradient_pieces(const std::vector<GradientPiece>& piece
       std::int64_t i = 0;
       while (i + 1 < piece.numel && close_enough(piece.expected[i], piece.got[i])) ++i;
       example = "e.g. " + piece.where(i) + ": expected " + number(piece.expected[i]) + ", got " +
-                number(piece.got[i]) + " (" + wording.local_example + ": " + number(piece.local[i]) + ")";
+                number(piece.got[i]) + " (" + wording.local_example + ": " +
+                number(piece.local[i]) + ")";
     }
   }
   if (wrong == 0) return "";
@@ -299,15 +306,17 @@ inline std::string judge_gradient_pieces(const std::vector<GradientPiece>& piece
   } else {
     message += std::to_string(wrong) + " of " + total + " wrong:";
     for (const auto& [words, names] : groups)
-      message += "\n    " + std::to_string(names.size()) + " are " + words + " (" + list(names) + ")";
+      message +=
+          "\n    " + std::to_string(names.size()) + " are " + words + " (" + list(names) + ")";
   }
   return message + "\n    " + example;
 }
 
 // Every named parameter's gradient after synchronization against the
 // single-device mean: "" or the verdict.
-inline std::string check_first_step_gradients(const UnitGradients& expected, const UnitGradients& local,
-                                              GPT& model, int rank, int world, std::int64_t k = 1,
+inline std::string check_first_step_gradients(const UnitGradients& expected,
+                                              const UnitGradients& local, GPT& model, int rank,
+                                              int world, std::int64_t k = 1,
                                               const GradientWording& wording = {}) {
   std::vector<Unit*> units = model.units();
   const UnitGradients got = gradients_of(model);
@@ -316,38 +325,45 @@ inline std::string check_first_step_gradients(const UnitGradients& expected, con
     for (const ParamView& p : units[u]->parameters()) {
       const auto o = static_cast<std::size_t>(p.offset);
       const std::string name = "'" + units[u]->name() + "' '" + p.name + "'";
-      pieces.push_back(GradientPiece{name, &expected[u][o], &local[u][o], &got[u][o], p.shape.numel(),
-                                     [name](std::int64_t i) { return "unit " + name + " element " + std::to_string(i); }});
+      pieces.push_back(GradientPiece{
+          name, &expected[u][o], &local[u][o], &got[u][o], p.shape.numel(),
+          [name](std::int64_t i) { return "unit " + name + " element " + std::to_string(i); }});
     }
   }
-  return judge_gradient_pieces(pieces, "gradients after synchronization (parameters)", rank, world, k, wording);
+  return judge_gradient_pieces(pieces, "gradients after synchronization (parameters)", rank, world,
+                               k, wording);
 }
 
 // This rank's gradient shard of every unit (chunk shards[u] of its flat
 // gradient) against the same slice of the single-device mean.
-inline std::string check_first_step_gradient_shards(const UnitGradients& expected, const UnitGradients& local,
-                                                    GPT& model, const std::vector<ChunkRange>& shards,
-                                                    const UnitGradients& got_shards, int rank, int world) {
+inline std::string check_first_step_gradient_shards(const UnitGradients& expected,
+                                                    const UnitGradients& local, GPT& model,
+                                                    const std::vector<ChunkRange>& shards,
+                                                    const UnitGradients& got_shards, int rank,
+                                                    int world) {
   std::vector<Unit*> units = model.units();
   std::vector<GradientPiece> pieces;
   for (std::size_t u = 0; u < units.size(); ++u) {
     const ChunkRange range = shards[u];
     if (range.length == 0) continue;
     if (static_cast<std::int64_t>(got_shards[u].size()) != range.length)
-      return "rank " + std::to_string(rank) + ": unit '" + units[u]->name() + "' gradient shard holds " +
-             std::to_string(got_shards[u].size()) + " elements; expected " + std::to_string(range.length) +
-             " (chunk " + std::to_string(rank) + " of " + std::to_string(world) + " of its " +
+      return "rank " + std::to_string(rank) + ": unit '" + units[u]->name() +
+             "' gradient shard holds " + std::to_string(got_shards[u].size()) +
+             " elements; expected " + std::to_string(range.length) + " (chunk " +
+             std::to_string(rank) + " of " + std::to_string(world) + " of its " +
              std::to_string(expected[u].size()) + " elements, chunk_range)";
     const auto o = static_cast<std::size_t>(range.offset);
     const Unit* unit = units[u];
-    const std::string label = "'" + unit->name() + "' shard [" + std::to_string(range.offset) + ", " +
-                              std::to_string(range.offset + range.length) + ")";
-    pieces.push_back(GradientPiece{label, &expected[u][o], &local[u][o], got_shards[u].data(), range.length,
-                                   [unit, range](std::int64_t i) {
-                                     return "unit '" + unit->name() + "' " + locate(*unit, range.offset + i);
+    const std::string label = "'" + unit->name() + "' shard [" + std::to_string(range.offset) +
+                              ", " + std::to_string(range.offset + range.length) + ")";
+    pieces.push_back(GradientPiece{label, &expected[u][o], &local[u][o], got_shards[u].data(),
+                                   range.length, [unit, range](std::int64_t i) {
+                                     return "unit '" + unit->name() + "' " +
+                                            locate(*unit, range.offset + i);
                                    }});
   }
-  return judge_gradient_pieces(pieces, "gradient shards after reduce-scatter (units)", rank, world, 1);
+  return judge_gradient_pieces(pieces, "gradient shards after reduce-scatter (units)", rank, world,
+                               1);
 }
 
 // The mean over ranks of each rank's per-step losses (one all-reduce; call it
@@ -378,8 +394,10 @@ inline std::int64_t parameter_tensors(GPT& model) {
 // "" when every rank of @p group holds bitwise the same values in each of
 // @p tensors (replicated parameters or their gradients); else names the
 // first tensor and element that differ from rank 0's.
-inline std::string check_replicas_agree(Comm& group, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                                        const std::string& hint, const std::string& group_name = "TP") {
+inline std::string check_replicas_agree(Comm& group,
+                                        const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                        const std::string& hint,
+                                        const std::string& group_name = "TP") {
   std::string m;
   for (const auto& [name, tensor] : tensors) {
     Tensor mine = tensor.flatten().clone();
@@ -390,8 +408,9 @@ inline std::string check_replicas_agree(Comm& group, const std::vector<std::pair
     for (int r = 1; r < group.size() && m.empty(); ++r)
       for (std::size_t i = 0; i < n; ++i)
         if (v[r * n + i] != v[i]) {
-          m += "\n    " + name + " element " + std::to_string(i) + ": " + group_name + " rank " + std::to_string(r) + " holds " +
-               number(v[r * n + i]) + " but " + group_name + " rank 0 holds " + number(v[i]) +
+          m += "\n    " + name + " element " + std::to_string(i) + ": " + group_name + " rank " +
+               std::to_string(r) + " holds " + number(v[r * n + i]) + " but " + group_name +
+               " rank 0 holds " + number(v[i]) +
                ": a replicated tensor must be bitwise the same on every rank of the group. " + hint;
           break;
         }
@@ -404,18 +423,22 @@ inline std::string check_replicas_agree(Comm& group, const std::vector<std::pair
 // failures[rank]. A rank that throws (a stub's NotSolved) fails the test with
 // its message, followed by what `explain` (if any) adds to it. Works under
 // mpi: each process fills its own slot.
-inline void run_and_report(const std::string& what, int world, const std::function<std::string(Comm&)>& body,
-                           const std::function<std::string(const std::string&)>& explain = nullptr) {
+inline void run_and_report(
+    const std::string& what, int world, const std::function<std::string(Comm&)>& body,
+    const std::function<std::string(const std::string&)>& explain = nullptr) {
   std::vector<std::string> failures(static_cast<std::size_t>(world));
   try {
-    run_ranks(world, [&](Comm& comm) { failures[static_cast<std::size_t>(comm.rank())] = body(comm); });
+    run_ranks(world,
+              [&](Comm& comm) { failures[static_cast<std::size_t>(comm.rank())] = body(comm); });
   } catch (const std::exception& e) {
-    ADD_FAILURE() << what << " on " << world << " rank(s) threw: " << e.what() << (explain ? explain(e.what()) : "");
+    ADD_FAILURE() << what << " on " << world << " rank(s) threw: " << e.what()
+                  << (explain ? explain(e.what()) : "");
     return;
   }
   // The failure first (what is wrong, where), then which run it was.
   for (const std::string& failure : failures)
-    if (!failure.empty()) ADD_FAILURE() << failure << "\n    [" << what << ", on " << world << " rank(s)]";
+    if (!failure.empty())
+      ADD_FAILURE() << failure << "\n    [" << what << ", on " << world << " rank(s)]";
 }
 
 // Per-step communication of one rank.

@@ -64,8 +64,8 @@ struct NamedTensor {
 struct Checkpoint {
   /// "training" (parameters, optimizer state, step) or "model" (parameters).
   std::string kind = "training";
-  std::int64_t step = 0;  ///< optimizer steps done when it was saved
-  JsonValue config;       ///< the settings of the run that saved it
+  std::int64_t step = 0;             ///< optimizer steps done when it was saved
+  JsonValue config;                  ///< the settings of the run that saved it
   std::vector<NamedTensor> tensors;  ///< in file order
 
   /// The tensor called @p name; throws naming it and the file's names.

@@ -11,7 +11,7 @@ struct Device {
   /// Host memory or CUDA device memory.
   enum class Kind { cpu, cuda };
   Kind kind = Kind::cpu;  ///< host or GPU
-  int index = 0;  ///< CUDA device ordinal; always 0 for cpu
+  int index = 0;          ///< CUDA device ordinal; always 0 for cpu
 
   /// The host.
   static Device cpu() { return {Kind::cpu, 0}; }

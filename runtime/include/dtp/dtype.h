@@ -64,7 +64,9 @@ inline bf16 float_to_bf16(float value) {
   return bf16{static_cast<std::uint16_t>((bits + rounding) >> 16)};
 }
 
-inline float bf16_to_float(bf16 value) { return detail::bits_float(static_cast<std::uint32_t>(value.bits) << 16); }
+inline float bf16_to_float(bf16 value) {
+  return detail::bits_float(static_cast<std::uint32_t>(value.bits) << 16);
+}
 
 inline f16 float_to_f16(float value) {
   std::uint32_t bits = detail::float_bits(value);
@@ -107,15 +109,25 @@ struct StorageType;
 // i32 -> std::int32_t.
 /// @cond
 template <>
-struct StorageType<DType::f64> { using type = double; };
+struct StorageType<DType::f64> {
+  using type = double;
+};
 template <>
-struct StorageType<DType::f32> { using type = float; };
+struct StorageType<DType::f32> {
+  using type = float;
+};
 template <>
-struct StorageType<DType::bf16> { using type = bf16; };
+struct StorageType<DType::bf16> {
+  using type = bf16;
+};
 template <>
-struct StorageType<DType::f16> { using type = f16; };
+struct StorageType<DType::f16> {
+  using type = f16;
+};
 template <>
-struct StorageType<DType::i32> { using type = std::int32_t; };
+struct StorageType<DType::i32> {
+  using type = std::int32_t;
+};
 /// @endcond
 
 /// The DType whose storage is T (double, float, bf16, f16, int32_t).
@@ -124,15 +136,25 @@ constexpr DType dtype_of();
 // One specialization per storage type, the inverse of StorageType.
 /// @cond
 template <>
-constexpr DType dtype_of<double>() { return DType::f64; }
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
 template <>
-constexpr DType dtype_of<float>() { return DType::f32; }
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
 template <>
-constexpr DType dtype_of<bf16>() { return DType::bf16; }
+constexpr DType dtype_of<bf16>() {
+  return DType::bf16;
+}
 template <>
-constexpr DType dtype_of<f16>() { return DType::f16; }
+constexpr DType dtype_of<f16>() {
+  return DType::f16;
+}
 template <>
-constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
+constexpr DType dtype_of<std::int32_t>() {
+  return DType::i32;
+}
 /// @endcond
 
 }  // namespace dtp

@@ -71,8 +71,8 @@ std::string concat(const Parts&... parts) {
 
 /// Throws dtp::Error with the concatenated message parts when @p cond is false.
 /// Example: `DTP_CHECK(n >= 1, "chunk: n must be at least 1, got ", n);`
-#define DTP_CHECK(cond, ...)                                                    \
-  do {                                                                          \
-    if (!(cond)) ::dtp::detail::throw_error(__FILE__, __LINE__,                 \
-                                            ::dtp::detail::concat(__VA_ARGS__)); \
+#define DTP_CHECK(cond, ...)                                                              \
+  do {                                                                                    \
+    if (!(cond))                                                                          \
+      ::dtp::detail::throw_error(__FILE__, __LINE__, ::dtp::detail::concat(__VA_ARGS__)); \
   } while (0)

@@ -42,7 +42,8 @@ class Embedding : public Unit {
   Tensor forward(const Tensor& ids, EmbeddingSaved& saved, std::int64_t start_position = 0) const;
   /// The same for tokens at the positions @p ranges, in order (their lengths
   /// sum to T): a zigzag rank's two chunks.
-  Tensor forward(const Tensor& ids, EmbeddingSaved& saved, const std::vector<PositionRange>& ranges) const;
+  Tensor forward(const Tensor& ids, EmbeddingSaved& saved,
+                 const std::vector<PositionRange>& ranges) const;
   /// Accumulates the table gradients; releases saved.
   void backward(const Tensor& dx, EmbeddingSaved& saved);
 
@@ -88,8 +89,8 @@ class Block : public Unit {
   /// @p loss_scale scales the load-balancing loss's gradient the way dy is
   /// scaled (GPT::backward passes its own); a dense block ignores it.
   /// Releases the saved activations.
-  Tensor backward(const Tensor& dy, BlockSaved& saved,
-                  WeightGrads mode = WeightGrads::immediate, double loss_scale = 1.0) const;
+  Tensor backward(const Tensor& dy, BlockSaved& saved, WeightGrads mode = WeightGrads::immediate,
+                  double loss_scale = 1.0) const;
   /// True when the MLP half is a mixture of experts (config.experts > 0).
   bool is_moe() const { return config_.experts > 0; }
   /// Runs queued weight-gradient work.
@@ -176,7 +177,8 @@ class GPT {
   /// T_local, each ends at most at context). The loss is the mean over these
   /// positions; attention reaches the other positions through each block's
   /// AttentionCore.
-  double forward(const Tensor& tokens, const Tensor& targets, const std::vector<PositionRange>& positions);
+  double forward(const Tensor& tokens, const Tensor& targets,
+                 const std::vector<PositionRange>& positions);
   /// Accumulates d(loss_scale * loss)/d(parameters) into the grads, unit by
   /// unit from the head to the embedding; after each unit, calls the
   /// grad-ready hooks with it. Releases the saved activations as it goes.

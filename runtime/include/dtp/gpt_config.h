@@ -34,9 +34,9 @@ struct GPTConfig {
   /// E > 0 replaces it by a router and E expert MLPs of the same width
   /// (MoeMlp; the routing rules are in dtp/moe_routing.h).
   int experts = 0;
-  int top_k = 1;                 ///< experts per token, 1 to experts (with experts > 0)
-  double capacity_factor = 1.25; ///< expert capacity = ceil(factor * tokens * top_k / experts)
-  double aux_loss_coef = 0.01;   ///< weight of each block's load-balancing loss in the total loss
+  int top_k = 1;                  ///< experts per token, 1 to experts (with experts > 0)
+  double capacity_factor = 1.25;  ///< expert capacity = ceil(factor * tokens * top_k / experts)
+  double aux_loss_coef = 0.01;    ///< weight of each block's load-balancing loss in the total loss
   /// The N tokens of a batch are routed in this many equal consecutive
   /// groups, each with its own capacity and balance loss (the loss is their
   /// mean), as GShard does: expert parallelism on G ranks, where each rank

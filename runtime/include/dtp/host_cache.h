@@ -36,7 +36,8 @@ class HostBlockCache {
   HostBlockCache(const HostBlockCache&) = delete;
   HostBlockCache& operator=(const HostBlockCache&) = delete;
 
-  /// A block of at least @p bytes (its size class: size_class(bytes)), a cached one when there is one.
+  /// A block of at least @p bytes (its size class: size_class(bytes)), a cached one when there is
+  /// one.
   void* take(std::size_t bytes);
   /// Returns a block that take(@p bytes) gave.
   void give_back(void* block, std::size_t bytes);

@@ -27,17 +27,25 @@ class JsonLine {
   // Each add() appends "key": value and returns the line, so calls chain:
   // JsonLine().add("step", 3).add("loss", 2.5).str().
   /// A string, escaped.
-  JsonLine& add(const std::string& key, const std::string& value) { return raw(key, json_string(value)); }
+  JsonLine& add(const std::string& key, const std::string& value) {
+    return raw(key, json_string(value));
+  }
   /// A string, escaped.
   JsonLine& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
   /// A number with the line's significant digits (NaN and infinities: null).
-  JsonLine& add(const std::string& key, double value) { return raw(key, json_number(value, digits_)); }
+  JsonLine& add(const std::string& key, double value) {
+    return raw(key, json_number(value, digits_));
+  }
   /// An integer, every digit.
-  JsonLine& add(const std::string& key, std::int64_t value) { return raw(key, std::to_string(value)); }
+  JsonLine& add(const std::string& key, std::int64_t value) {
+    return raw(key, std::to_string(value));
+  }
   /// An integer, every digit.
   JsonLine& add(const std::string& key, int value) { return raw(key, std::to_string(value)); }
   /// An integer, every digit.
-  JsonLine& add(const std::string& key, std::uint64_t value) { return raw(key, std::to_string(value)); }
+  JsonLine& add(const std::string& key, std::uint64_t value) {
+    return raw(key, std::to_string(value));
+  }
   /// true or false.
   JsonLine& add(const std::string& key, bool value) { return raw(key, value ? "true" : "false"); }
   /// A list of numbers with the line's significant digits.
@@ -84,8 +92,8 @@ class JsonLine {
 struct JsonValue {
   /// What the value is.
   enum class Kind { null, boolean, number, string, array, object };
-  Kind kind = Kind::null;  ///< what this value is
-  bool boolean = false;    ///< a boolean's value
+  Kind kind = Kind::null;                                  ///< what this value is
+  bool boolean = false;                                    ///< a boolean's value
   std::string text;                                        ///< a string's value, a number's digits
   std::vector<JsonValue> items;                            ///< an array's
   std::vector<std::pair<std::string, JsonValue>> members;  ///< an object's, in file order

@@ -39,12 +39,13 @@ SendMode default_send_mode();
 
 /// How many ranks, on what, and how the clock counts.
 struct World {
-  int size = 1;  ///< number of ranks, 1 to max_world_size(backend)
+  int size = 1;                       ///< number of ranks, 1 to max_world_size(backend)
   Backend backend = Backend::thread;  ///< which Comm implementation connects the ranks
-  Device device = Device::cpu();  ///< cpu, or cuda: ranks are spread over the visible GPUs
+  Device device = Device::cpu();      ///< cpu, or cuda: ranks are spread over the visible GPUs
   CostModel cost{};  ///< costs for the simulated clocks; the default (0, 0) keeps them at 0
   double timeout_seconds = default_timeout_seconds();  ///< wait before CommTimeout; must be > 0
-  SendMode send_mode = default_send_mode();  ///< eager, or sync to find orderings that need buffering
+  SendMode send_mode =
+      default_send_mode();  ///< eager, or sync to find orderings that need buffering
 
   /// A world of @p size ranks on the backend and device named by DTP_BACKEND
   /// and DTP_DEVICE (defaults "thread" and "cpu").

@@ -96,10 +96,10 @@ class Linear {
   bool frozen = false;            ///< no dW, db (its unit is frozen); the adapter still trains
   /// Adds its term to the output and trains beside W when set (not owned).
   const LinearAdapter* adapter = nullptr;
-  Tensor weight;                  ///< W [out, in], a view of the unit's params
-  Tensor bias;                    ///< b [out] (undefined without bias)
-  Tensor weight_grad;             ///< dW, a view of the unit's grads
-  Tensor bias_grad;               ///< db
+  Tensor weight;       ///< W [out, in], a view of the unit's params
+  Tensor bias;         ///< b [out] (undefined without bias)
+  Tensor weight_grad;  ///< dW, a view of the unit's grads
+  Tensor bias_grad;    ///< db
 };
 
 /// What a LayerNorm keeps for its backward.

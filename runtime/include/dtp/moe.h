@@ -16,9 +16,9 @@ namespace dtp {
 
 /// What a mixture-of-experts MLP keeps for its backward.
 struct MoeSaved {
-  LinearSaved router;             ///< the router's input: the LayerNorm output as [N, C]
-  Tensor probs;                   ///< router softmax [N, E]
-  MoeRouting routing;             ///< the batch's routing, decided on the host (groups merged)
+  LinearSaved router;  ///< the router's input: the LayerNorm output as [N, C]
+  Tensor probs;        ///< router softmax [N, E]
+  MoeRouting routing;  ///< the batch's routing, decided on the host (groups merged)
   /// balance_gradient[g * E + e]: d balance loss / d probs[n][e] for a token n of group g.
   std::vector<double> balance_gradient;
   std::vector<Tensor> rows;       ///< per expert: i32 [n_e] token rows it took (on the device)

@@ -66,12 +66,10 @@ class Tensor {
   Tensor() = default;
 
   /// Uninitialized memory, charged to the current rank's tracker under @p category.
-  static Tensor empty(const Shape& shape, DType dtype = DType::f32,
-                      Device device = Device::cpu(),
+  static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu(),
                       MemoryCategory category = MemoryCategory::other);
   /// As empty(), with every element 0.
-  static Tensor zeros(const Shape& shape, DType dtype = DType::f32,
-                      Device device = Device::cpu(),
+  static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu(),
                       MemoryCategory category = MemoryCategory::other);
   /// As empty(), with every element set to @p value converted to @p dtype.
   static Tensor full(const Shape& shape, double value, DType dtype = DType::f32,

@@ -81,7 +81,8 @@ class ChromeTraceFile {
 /// @p timeout_s seconds for each part to be finished; returns the parts that
 /// were not (their files are left as they are) and deletes the merged ones.
 /// Throws dtp::Error when a file cannot be read or written.
-std::vector<std::string> merge_chrome_traces(const std::string& into, const std::vector<std::string>& parts,
+std::vector<std::string> merge_chrome_traces(const std::string& into,
+                                             const std::vector<std::string>& parts,
                                              double timeout_s);
 
 /// Records one span on the calling rank from construction to destruction.

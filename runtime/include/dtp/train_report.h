@@ -32,10 +32,10 @@ struct GroupStepRule {
 
 /// One rank's numbers of a group step, as rank 0 received them.
 struct RankStepRow {
-  double loss = 0;             ///< the rank's own loss
-  double seconds = 0;          ///< the rank's own step time
-  double tokens = 0;           ///< the tokens of the rank's own record
-  std::vector<double> extra;   ///< the rank's @p extra of report_group_step
+  double loss = 0;            ///< the rank's own loss
+  double seconds = 0;         ///< the rank's own step time
+  double tokens = 0;          ///< the tokens of the rank's own record
+  std::vector<double> extra;  ///< the rank's @p extra of report_group_step
 };
 
 /// The step of a whole group, reported by rank 0. Collective over @p comm:
@@ -45,7 +45,8 @@ struct RankStepRow {
 /// loss of the ranks @p rule counts, tokens per second from those; the
 /// result holds every rank's row, in rank order. The other ranks get an
 /// empty list and keep their record.
-std::vector<RankStepRow> report_group_step(Comm& comm, StepRecord& record, const std::vector<double>& extra = {},
+std::vector<RankStepRow> report_group_step(Comm& comm, StepRecord& record,
+                                           const std::vector<double>& extra = {},
                                            const GroupStepRule& rule = {});
 
 }  // namespace dtp

@@ -46,7 +46,8 @@ using RunBody = std::function<TrainResult(const StepCallback&)>;
 /// once) and written as the run goes; a run that fails still leaves its
 /// spans and a {"kind":"failed"} log line naming the error, which is then
 /// rethrown. @p on_step is called after each logged step.
-TrainResult train_with_outputs(const TrainConfig& config, const RunBody& body, const StepCallback& on_step = {});
+TrainResult train_with_outputs(const TrainConfig& config, const RunBody& body,
+                               const StepCallback& on_step = {});
 
 /// Trains on one device: Trainer steps from config.load_path or
 /// config.resume_path to config.stop_after (or config.steps), saves

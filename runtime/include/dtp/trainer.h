@@ -56,10 +56,10 @@ struct TrainConfig {
   /// stop_after: stop after this step (0: at steps), so a run of `steps` can
   /// be trained in slices with save and resume.
   std::string save_path;
-  std::string resume_path;   ///< see save_path
-  std::string load_path;     ///< see save_path
+  std::string resume_path;      ///< see save_path
+  std::string load_path;        ///< see save_path
   std::int64_t stop_after = 0;  ///< see save_path
-  std::string json_path;            ///< JSON-lines log (empty: none)
+  std::string json_path;        ///< JSON-lines log (empty: none)
   /// Recorded in the log's config line, so a log says how to rerun it: the
   /// program's command line (dtp train fills it) and the source revision.
   std::vector<std::string> command_line;
@@ -76,14 +76,14 @@ struct TrainConfig {
 
 /// What one optimizer step did.
 struct StepRecord {
-  std::int64_t step = 0;                   ///< counted from 1
-  double loss = 0;                         ///< mean loss of this rank's batch
-  double lr = 0;                           ///< learning rate used
-  double grad_norm = 0;                    ///< global norm before clipping
-  double seconds = 0;                      ///< wall time of the step (a strategy: its slowest rank's)
-  double tokens_per_second = 0;            ///< tokens / seconds
-  std::int64_t tokens = 0;                 ///< tokens of the step (a strategy: over all ranks)
-  std::int64_t peak_bytes = 0;             ///< highest tracked memory during the step
+  std::int64_t step = 0;         ///< counted from 1
+  double loss = 0;               ///< mean loss of this rank's batch
+  double lr = 0;                 ///< learning rate used
+  double grad_norm = 0;          ///< global norm before clipping
+  double seconds = 0;            ///< wall time of the step (a strategy: its slowest rank's)
+  double tokens_per_second = 0;  ///< tokens / seconds
+  std::int64_t tokens = 0;       ///< tokens of the step (a strategy: over all ranks)
+  std::int64_t peak_bytes = 0;   ///< highest tracked memory during the step
   std::int64_t peak_activation_bytes = 0;  ///< ... of it, MemoryCategory::activations
   /// Page faults the process took during the step (getrusage: minor + major,
   /// every thread of the process). A steady-state step should take about none.
@@ -114,7 +114,8 @@ class StepMeter {
 /// The optimizer @p config names (SGD or AdamW, with its settings) over
 /// @p buffers: what Trainer builds over the model's units, and what a sharded
 /// strategy builds over its shards.
-std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& config, std::vector<ParamBuffer> buffers);
+std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& config,
+                                          std::vector<ParamBuffer> buffers);
 
 /// One setting that decides what a run computes: the flag that sets it and
 /// its value. Every rank of a run must share them (check_ranks_agree), and a

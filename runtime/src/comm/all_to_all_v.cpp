@@ -15,19 +15,22 @@
 namespace dtp {
 namespace {
 
-void check_counts(const char* name, const std::vector<std::int64_t>& counts, int world, const Tensor& buffer,
-                  const char* buffer_name) {
-  DTP_CHECK(static_cast<int>(counts.size()) == world, "all_to_all_v: ", name, " has ", counts.size(),
-            " entries but the communicator has ", world, " ranks (one count per peer)");
+void check_counts(const char* name, const std::vector<std::int64_t>& counts, int world,
+                  const Tensor& buffer, const char* buffer_name) {
+  DTP_CHECK(static_cast<int>(counts.size()) == world, "all_to_all_v: ", name, " has ",
+            counts.size(), " entries but the communicator has ", world,
+            " ranks (one count per peer)");
   for (std::size_t r = 0; r < counts.size(); ++r)
-    DTP_CHECK(counts[r] >= 0, "all_to_all_v: ", name, "[", r, "] is ", counts[r], "; counts must be >= 0");
+    DTP_CHECK(counts[r] >= 0, "all_to_all_v: ", name, "[", r, "] is ", counts[r],
+              "; counts must be >= 0");
   const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
-  DTP_CHECK(total == buffer.numel(), "all_to_all_v: ", name, " add up to ", total, " elements but ", buffer_name,
-            " holds ", buffer.numel(), " (", buffer.describe(), ")");
+  DTP_CHECK(total == buffer.numel(), "all_to_all_v: ", name, " add up to ", total, " elements but ",
+            buffer_name, " holds ", buffer.numel(), " (", buffer.describe(), ")");
 }
 
 /// Row r of the result: rank r's send_counts then its recv_counts.
-std::vector<std::vector<std::int64_t>> everyones_counts(CommBackend& backend, const std::vector<std::int64_t>& send,
+std::vector<std::vector<std::int64_t>> everyones_counts(CommBackend& backend,
+                                                        const std::vector<std::int64_t>& send,
                                                         const std::vector<std::int64_t>& recv) {
   const int n = backend.size();
   std::vector<double> mine;
@@ -42,7 +45,8 @@ std::vector<std::vector<std::int64_t>> everyones_counts(CommBackend& backend, co
   const std::vector<double> values = all.to_vector();
   std::vector<std::vector<std::int64_t>> rows(n);
   for (int r = 0; r < n; ++r)
-    for (int k = 0; k < 2 * n; ++k) rows[r].push_back(static_cast<std::int64_t>(values[r * 2 * n + k]));
+    for (int k = 0; k < 2 * n; ++k)
+      rows[r].push_back(static_cast<std::int64_t>(values[r * 2 * n + k]));
   return rows;
 }
 
@@ -51,8 +55,8 @@ std::vector<std::vector<std::int64_t>> everyones_counts(CommBackend& backend, co
 void Comm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts, Tensor& out,
                         const std::vector<std::int64_t>& recv_counts) {
   DTP_CHECK(in.defined() && out.defined(), "all_to_all_v: in or out is an undefined tensor");
-  DTP_CHECK(in.dtype() == out.dtype(), "all_to_all_v: in is ", in.describe(), " but out is ", out.describe(),
-            "; dtypes must match");
+  DTP_CHECK(in.dtype() == out.dtype(), "all_to_all_v: in is ", in.describe(), " but out is ",
+            out.describe(), "; dtypes must match");
   const int n = size();
   check_counts("send_counts", send_counts, n, in, "in");
   check_counts("recv_counts", recv_counts, n, out, "out");
@@ -66,15 +70,17 @@ void Comm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_
       const std::int64_t sent = counts[i][j], expected = counts[j][n + i];
       if (sent == expected) continue;
       if (++mismatches <= 4)
-        wrong << "\n  rank " << i << " sends " << sent << " elements to rank " << j << " (its send_counts[" << j
-              << "]) but rank " << j << " expects " << expected << " from rank " << i << " (its recv_counts[" << i
-              << "])";
+        wrong << "\n  rank " << i << " sends " << sent << " elements to rank " << j
+              << " (its send_counts[" << j << "]) but rank " << j << " expects " << expected
+              << " from rank " << i << " (its recv_counts[" << i << "])";
     }
   if (mismatches > 0) {
     std::ostringstream message;
-    message << "all_to_all_v: the ranks disagree on " << mismatches << " count" << (mismatches > 1 ? "s" : "") << ":"
-            << wrong.str() << (mismatches > 4 ? "\n  ..." : "")
-            << "\nRank j's recv_counts[i] must equal rank i's send_counts[j] (exchange the counts first, "
+    message << "all_to_all_v: the ranks disagree on " << mismatches << " count"
+            << (mismatches > 1 ? "s" : "") << ":" << wrong.str()
+            << (mismatches > 4 ? "\n  ..." : "")
+            << "\nRank j's recv_counts[i] must equal rank i's send_counts[j] (exchange the counts "
+               "first, "
                "e.g. with an all_to_all of one count per peer).";
     throw CommMismatch(message.str());
   }
@@ -87,7 +93,8 @@ void Comm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_
       if (k != r) sent += counts[r][k], received += counts[r][n + k];
     busiest = std::max(busiest, static_cast<double>(std::max(sent, received)));
   }
-  backend_->all_to_all_v(in, send_counts, out, recv_counts, busiest * static_cast<double>(in.element_size()));
+  backend_->all_to_all_v(in, send_counts, out, recv_counts,
+                         busiest * static_cast<double>(in.element_size()));
   count_collective("all_to_all_v", in);
 }
 

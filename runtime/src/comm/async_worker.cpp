@@ -20,7 +20,8 @@ struct AsyncWorker::Job {
 namespace {
 class AsyncRequest : public RequestState {
  public:
-  explicit AsyncRequest(std::shared_ptr<void> job, std::function<void()> wait) : job_(std::move(job)), wait_(std::move(wait)) {}
+  explicit AsyncRequest(std::shared_ptr<void> job, std::function<void()> wait)
+      : job_(std::move(job)), wait_(std::move(wait)) {}
   void wait() override { wait_(); }
 
  private:

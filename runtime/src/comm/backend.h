@@ -59,12 +59,14 @@ class CommBackend {
   virtual std::shared_ptr<RequestState> iall_gather(const Tensor& shard, Tensor& full);
   /// Starts reduce_scatter(full, shard, op) and returns at once. Default: the
   /// communication thread, like iall_reduce.
-  virtual std::shared_ptr<RequestState> ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op);
+  virtual std::shared_ptr<RequestState> ireduce_scatter(const Tensor& full, Tensor& shard,
+                                                        ReduceOp op);
   virtual void all_to_all(const Tensor& in, Tensor& out) = 0;
   /// Comm::all_to_all_v with the counts already checked across ranks;
   /// @p cost_bytes (the same on every rank) is what the clock charges for.
-  virtual void all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts, Tensor& out,
-                            const std::vector<std::int64_t>& recv_counts, double cost_bytes) = 0;
+  virtual void all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts,
+                            Tensor& out, const std::vector<std::int64_t>& recv_counts,
+                            double cost_bytes) = 0;
   virtual void gather(const Tensor& shard, Tensor& full, int root) = 0;
   virtual void scatter(const Tensor& full, Tensor& shard, int root) = 0;
   virtual void barrier() = 0;

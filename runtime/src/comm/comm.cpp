@@ -74,7 +74,8 @@ std::shared_ptr<RequestState> CommBackend::iall_gather(const Tensor& shard, Tens
   });
 }
 
-std::shared_ptr<RequestState> CommBackend::ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
+std::shared_ptr<RequestState> CommBackend::ireduce_scatter(const Tensor& full, Tensor& shard,
+                                                           ReduceOp op) {
   Tensor input = full, output = shard;
   return run_in_background([this, input, output, op]() mutable {
     trace::Scope span("reduce_scatter", "comm");
@@ -158,7 +159,8 @@ Request Comm::irecv(Tensor& x, int src, int tag) {
 
 void Comm::count_collective(const char* kind, const Tensor& buffer) {
   backend_->stats.collective_calls[kind] += 1;
-  if (buffer.defined()) backend_->stats.collective_bytes += static_cast<std::int64_t>(buffer.nbytes());
+  if (buffer.defined())
+    backend_->stats.collective_bytes += static_cast<std::int64_t>(buffer.nbytes());
 }
 
 void Comm::check_reduce_op(const char* op_name, const Tensor& x, ReduceOp op) const {
@@ -178,16 +180,18 @@ void Comm::check_shard(const char* op, const Tensor& shard, const Tensor& full, 
   const auto* shard_begin = static_cast<const char*>(shard.raw());
   const auto* full_begin = static_cast<const char*>(full.raw());
   const bool overlap = shard.device() == full.device() && shard.nbytes() > 0 && full.nbytes() > 0 &&
-                       shard_begin < full_begin + full.nbytes() && full_begin < shard_begin + shard.nbytes();
+                       shard_begin < full_begin + full.nbytes() &&
+                       full_begin < shard_begin + shard.nbytes();
   if (!overlap) return;
   const bool in_place = shard_begin == full_begin + range.offset * full.element_size();
   const std::string name = op;
-  DTP_CHECK(in_place && (name == "all_gather" || name == "iall_gather"), op, ": shard ", shard.describe(),
-            " shares memory with full ", full.describe(),
+  DTP_CHECK(in_place && (name == "all_gather" || name == "iall_gather"), op, ": shard ",
+            shard.describe(), " shares memory with full ", full.describe(),
             in_place ? "; only all_gather may work in place (pass a separate shard)"
-                     : std::string("; an in-place all_gather passes full's own chunk ") + std::to_string(rank) +
-                           " (elements " + std::to_string(range.offset) + ".." +
-                           std::to_string(range.offset + range.length) + ") as the shard, any other overlap is an error");
+                     : std::string("; an in-place all_gather passes full's own chunk ") +
+                           std::to_string(rank) + " (elements " + std::to_string(range.offset) +
+                           ".." + std::to_string(range.offset + range.length) +
+                           ") as the shard, any other overlap is an error");
 }
 
 void Comm::all_reduce(Tensor& x, ReduceOp op) {
@@ -271,7 +275,8 @@ void Comm::all_to_all(const Tensor& in, Tensor& out) {
             "all_to_all: in and out must have the same dtype and element count, got ",
             in.describe(), " and ", out.describe());
   DTP_CHECK(in.numel() % size() == 0, "all_to_all: the element count ", in.numel(),
-            " must divide by the world size ", size(), " (every rank sends every rank one equal chunk)");
+            " must divide by the world size ", size(),
+            " (every rank sends every rank one equal chunk)");
   trace::Scope span("all_to_all", "comm");
   backend_->all_to_all(in, out);
   count_collective("all_to_all", in);
@@ -326,7 +331,8 @@ void Comm::reset_stats() {
 }
 
 void Comm::advance_clock(double time) {
-  DTP_CHECK(std::isfinite(time) && time >= 0, "advance_clock: the time must be finite and >= 0, got ", time);
+  DTP_CHECK(std::isfinite(time) && time >= 0,
+            "advance_clock: the time must be finite and >= 0, got ", time);
   backend_->set_clock(backend_->clock() + time);
 }
 

@@ -31,9 +31,12 @@ namespace dtp {
 
 const char* backend_name(Backend backend) {
   switch (backend) {
-    case Backend::thread: return "thread";
-    case Backend::mpi: return "mpi";
-    case Backend::nccl: return "nccl";
+    case Backend::thread:
+      return "thread";
+    case Backend::mpi:
+      return "mpi";
+    case Backend::nccl:
+      return "nccl";
   }
   return "?";
 }
@@ -51,7 +54,8 @@ double default_timeout_seconds() {
   char* end = nullptr;
   double seconds = std::strtod(text, &end);
   DTP_CHECK(*end == '\0' && std::isfinite(seconds) && seconds > 0,
-            "DTP_TIMEOUT must be a positive, finite number of seconds (for example 60), got '", text, "'");
+            "DTP_TIMEOUT must be a positive, finite number of seconds (for example 60), got '",
+            text, "'");
   return std::min(seconds, kLongestTimeoutSeconds);
 }
 
@@ -112,7 +116,9 @@ void detail::set_comm_worker(bool worker) { this_thread_is_comm_worker = worker;
 void detail::note_unobserved_failure(std::exception_ptr error) {
   if (!this_thread_unobserved_failure) this_thread_unobserved_failure = std::move(error);
 }
-std::exception_ptr detail::take_unobserved_failure() { return std::exchange(this_thread_unobserved_failure, nullptr); }
+std::exception_ptr detail::take_unobserved_failure() {
+  return std::exchange(this_thread_unobserved_failure, nullptr);
+}
 
 int max_world_size(Backend backend) {
   if (backend == Backend::mpi) {
@@ -146,20 +152,24 @@ void launch(const World& world, const std::function<void(Comm&)>& fn) {
             "launch: timeout_seconds must be a positive, finite number of seconds, got ",
             world.timeout_seconds);
   switch (world.backend) {
-    case Backend::thread: return launch_threads(world, fn);
+    case Backend::thread:
+      return launch_threads(world, fn);
     case Backend::mpi:
 #ifdef DTP_HAVE_MPI
       return mpi::launch(world, fn);
 #else
-      DTP_CHECK(false, "launch: this build has no MPI (install libopenmpi-dev and reconfigure); "
-                       "use DTP_BACKEND=thread");
+      DTP_CHECK(false,
+                "launch: this build has no MPI (install libopenmpi-dev and reconfigure); "
+                "use DTP_BACKEND=thread");
 #endif
     case Backend::nccl:
 #ifdef DTP_HAVE_NCCL
       return nccl::launch(world, fn);
 #else
-      DTP_CHECK(false, "launch: this build has no NCCL (it needs the CUDA toolkit with NCCL at configure time); "
-                       "use DTP_BACKEND=thread or mpi");
+      DTP_CHECK(
+          false,
+          "launch: this build has no NCCL (it needs the CUDA toolkit with NCCL at configure time); "
+          "use DTP_BACKEND=thread or mpi");
 #endif
   }
 }
@@ -214,7 +224,8 @@ void launch_threads(const World& world, const std::function<void(Comm&)>& fn) {
         fn(comm);
       }
       if (std::exception_ptr error = detail::take_unobserved_failure()) {
-        fail(error, "a non-blocking collective that was never waited on failed: " + describe_exception(error));
+        fail(error, "a non-blocking collective that was never waited on failed: " +
+                        describe_exception(error));
       } else {
         std::lock_guard lock(thread_world->mutex);
         thread_world->finish(rank);
@@ -251,7 +262,8 @@ void launch_threads(const World& world, const std::function<void(Comm&)>& fn) {
   if (!undelivered.empty()) {
     std::string message =
         "every rank returned, but these messages were sent and never received "
-        "(each send needs a matching recv with the same source and tag):\n" + undelivered;
+        "(each send needs a matching recv with the same source and tag):\n" +
+        undelivered;
     int receiver = std::atoi(undelivered.substr(undelivered.find("-> rank ") + 8).c_str());
     throw RankFailure(receiver, message, std::make_exception_ptr(CommMismatch(message)));
   }

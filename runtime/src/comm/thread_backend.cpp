@@ -85,15 +85,17 @@ std::int64_t ThreadComm::post_copy(const Tensor& x, int dst, int tag) {
 
 void ThreadComm::send(const Tensor& x, int dst, int tag) {
   const std::int64_t sequence = post_copy(x, dst, tag);
-  if (group_->world().config().send_mode == SendMode::sync) wait_until_received(x, dst, tag, sequence);
+  if (group_->world().config().send_mode == SendMode::sync)
+    wait_until_received(x, dst, tag, sequence);
 }
 
 void ThreadComm::wait_until_received(const Tensor& x, int dst, int tag, std::int64_t sequence) {
   ThreadWorld& world = group_->world();
   std::unique_lock lock(world.mutex);
   std::ostringstream what;
-  what << "send(destination rank " << group_->global_rank(dst) << ", tag " << tag << ", " << x.numel()
-       << " x " << dtype_name(x.dtype()) << ") to be matched by a recv (DTP_SEND=sync)";
+  what << "send(destination rank " << group_->global_rank(dst) << ", tag " << tag << ", "
+       << x.numel() << " x " << dtype_name(x.dtype())
+       << ") to be matched by a recv (DTP_SEND=sync)";
   if (group_->name() != "the world") what << " on " << group_->name();
   world.wait_until(
       lock, global_rank(), [&] { return group_->receive_posted(dst, rank_, tag, sequence); },
@@ -254,7 +256,8 @@ std::shared_ptr<RequestState> ThreadComm::in_background(const char* span_name,
   {
     std::lock_guard lock(world.mutex);
     world.throw_if_aborted(global_rank());
-    if (communication_thread_ < 0) communication_thread_ = world.add_communication_thread(global_rank());
+    if (communication_thread_ < 0)
+      communication_thread_ = world.add_communication_thread(global_rank());
     thread = communication_thread_;
     world.job_queued(thread);  // busy from now on, not only once it starts
   }
@@ -282,15 +285,18 @@ std::shared_ptr<RequestState> ThreadComm::iall_reduce(Tensor& x, ReduceOp op) {
 }
 
 std::shared_ptr<RequestState> ThreadComm::iall_gather(const Tensor& shard, Tensor& full) {
-  return in_background("all_gather", [this, input = shard, output = full](std::int64_t sequence) mutable {
-    all_gather_as(sequence, input, output);
-  });
+  return in_background("all_gather",
+                       [this, input = shard, output = full](std::int64_t sequence) mutable {
+                         all_gather_as(sequence, input, output);
+                       });
 }
 
-std::shared_ptr<RequestState> ThreadComm::ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
-  return in_background("reduce_scatter", [this, input = full, output = shard, op](std::int64_t sequence) mutable {
-    reduce_scatter_as(sequence, input, output, op);
-  });
+std::shared_ptr<RequestState> ThreadComm::ireduce_scatter(const Tensor& full, Tensor& shard,
+                                                          ReduceOp op) {
+  return in_background("reduce_scatter",
+                       [this, input = full, output = shard, op](std::int64_t sequence) mutable {
+                         reduce_scatter_as(sequence, input, output, op);
+                       });
 }
 
 void ThreadComm::all_reduce_as(std::int64_t sequence, Tensor& x, ReduceOp op) {
@@ -304,7 +310,8 @@ void ThreadComm::all_reduce_as(std::int64_t sequence, Tensor& x, ReduceOp op) {
     // One fused pass (a kernel on the GPU, cache tiles on the host): n reads
     // and n writes per element of this rank's chunk.
     std::vector<void*> buffers;
-    for (const CollectiveCall& c : calls) buffers.push_back(Tensor(c.first).raw());  // a handle: writable view
+    for (const CollectiveCall& c : calls)
+      buffers.push_back(Tensor(c.first).raw());  // a handle: writable view
     if (x.device().is_cuda()) {
       ChunkRange mine = chunk_range(x.numel(), n, rank_);
       cuda::reduce_into_all(buffers.data(), n, mine.offset, mine.length, x.dtype(), op);
@@ -340,12 +347,16 @@ void ThreadComm::reduce(Tensor& x, int root, ReduceOp op) {
     const int n = size();
     Tensor target = calls[root].first.chunk(n)[rank_];
     for (int r = 0; r < n; ++r)
-      if (r != root) ops::accumulate(target, calls[r].first.chunk(n)[rank_], op == ReduceOp::avg ? ReduceOp::sum : op);
+      if (r != root)
+        ops::accumulate(target, calls[r].first.chunk(n)[rank_],
+                        op == ReduceOp::avg ? ReduceOp::sum : op);
     if (op == ReduceOp::avg) ops::scale(target, 1.0 / n);
   });
 }
 
-void ThreadComm::all_gather(const Tensor& shard, Tensor& full) { all_gather_as(next_collective_++, shard, full); }
+void ThreadComm::all_gather(const Tensor& shard, Tensor& full) {
+  all_gather_as(next_collective_++, shard, full);
+}
 
 void ThreadComm::all_gather_as(std::int64_t sequence, const Tensor& shard, Tensor& full) {
   CollectiveCall call = make_call("all_gather", full, static_cast<double>(full.nbytes()));
@@ -361,8 +372,10 @@ void ThreadComm::reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) 
   reduce_scatter_as(next_collective_++, full, shard, op);
 }
 
-void ThreadComm::reduce_scatter_as(std::int64_t sequence, const Tensor& full, Tensor& shard, ReduceOp op) {
-  CollectiveCall call = with_op(make_call("reduce_scatter", full, static_cast<double>(full.nbytes())), op);
+void ThreadComm::reduce_scatter_as(std::int64_t sequence, const Tensor& full, Tensor& shard,
+                                   ReduceOp op) {
+  CollectiveCall call =
+      with_op(make_call("reduce_scatter", full, static_cast<double>(full.nbytes())), op);
   call.sequence = sequence;
   call.first = full.flatten();
   collective(std::move(call), [&](const std::vector<CollectiveCall>& calls) {
@@ -377,7 +390,8 @@ void ThreadComm::reduce_scatter_as(std::int64_t sequence, const Tensor& full, Te
     }
     out.copy_from(calls[0].first.chunk(n)[rank_]);
     for (int r = 1; r < n; ++r)
-      ops::accumulate(out, calls[r].first.chunk(n)[rank_], op == ReduceOp::avg ? ReduceOp::sum : op);
+      ops::accumulate(out, calls[r].first.chunk(n)[rank_],
+                      op == ReduceOp::avg ? ReduceOp::sum : op);
     if (op == ReduceOp::avg) ops::scale(out, 1.0 / n);
   });
 }
@@ -391,8 +405,9 @@ void ThreadComm::all_to_all(const Tensor& in, Tensor& out) {
   });
 }
 
-void ThreadComm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts, Tensor& out,
-                              const std::vector<std::int64_t>& recv_counts, double cost_bytes) {
+void ThreadComm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts,
+                              Tensor& out, const std::vector<std::int64_t>& recv_counts,
+                              double cost_bytes) {
   CollectiveCall call = make_call("all_to_all_v", Tensor(), cost_bytes);
   call.dtype = in.dtype();
   call.first = in.flatten();
@@ -404,8 +419,10 @@ void ThreadComm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>&
     std::int64_t at = 0;
     for (int r = 0; r < size(); ++r) {
       const std::vector<std::int64_t>& theirs = calls[r].send_counts;
-      const std::int64_t from = std::accumulate(theirs.begin(), theirs.begin() + rank_, std::int64_t{0});
-      if (recv_counts[r] > 0) target.slice(at, recv_counts[r]).copy_from(calls[r].first.slice(from, recv_counts[r]));
+      const std::int64_t from =
+          std::accumulate(theirs.begin(), theirs.begin() + rank_, std::int64_t{0});
+      if (recv_counts[r] > 0)
+        target.slice(at, recv_counts[r]).copy_from(calls[r].first.slice(from, recv_counts[r]));
       at += recv_counts[r];
     }
   });
@@ -423,7 +440,8 @@ void ThreadComm::gather(const Tensor& shard, Tensor& full, int root) {
 }
 
 void ThreadComm::scatter(const Tensor& full, Tensor& shard, int root) {
-  CollectiveCall call = make_call("scatter", Tensor(), static_cast<double>(shard.nbytes()) * size());
+  CollectiveCall call =
+      make_call("scatter", Tensor(), static_cast<double>(shard.nbytes()) * size());
   call.dtype = shard.dtype();
   call.root = root;
   call.first = shard;

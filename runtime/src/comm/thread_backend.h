@@ -38,7 +38,8 @@ class ThreadComm : public CommBackend {
   void all_reduce(Tensor& x, ReduceOp op) override;
   std::shared_ptr<RequestState> iall_reduce(Tensor& x, ReduceOp op) override;
   std::shared_ptr<RequestState> iall_gather(const Tensor& shard, Tensor& full) override;
-  std::shared_ptr<RequestState> ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) override;
+  std::shared_ptr<RequestState> ireduce_scatter(const Tensor& full, Tensor& shard,
+                                                ReduceOp op) override;
   void broadcast(Tensor& x, int root) override;
   void reduce(Tensor& x, int root, ReduceOp op) override;
   void all_gather(const Tensor& shard, Tensor& full) override;

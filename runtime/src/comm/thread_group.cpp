@@ -12,8 +12,10 @@ namespace dtp {
 std::string CollectiveCall::signature() const {
   std::ostringstream out;
   out << kind << "(";
-  if (count >= 0) out << count << " x " << dtype_name(dtype);
-  else if (kind != "barrier" && kind != "split") out << dtype_name(dtype);
+  if (count >= 0)
+    out << count << " x " << dtype_name(dtype);
+  else if (kind != "barrier" && kind != "split")
+    out << dtype_name(dtype);
   if (root >= 0) out << ", root " << root;
   if (uses_op) out << ", " << reduce_op_name(op);
   out << ")";
@@ -37,7 +39,8 @@ ThreadGroup::~ThreadGroup() {
 }
 
 const ThreadGroup::StreamEvents& ThreadGroup::stream_events(int rank, int slot) {
-  StreamEvents& events = stream_events_[static_cast<std::size_t>(rank)][static_cast<std::size_t>(slot)];
+  StreamEvents& events =
+      stream_events_[static_cast<std::size_t>(rank)][static_cast<std::size_t>(slot)];
   if (events.ready == nullptr) events = {cuda::create_event(), cuda::create_event()};
   return events;
 }
@@ -73,14 +76,16 @@ std::int64_t ThreadGroup::take_ticket(int destination, int source, int tag) {
   return tickets_[{destination, source, tag}]++;
 }
 
-bool ThreadGroup::receive_posted(int destination, int source, int tag, std::int64_t sequence) const {
+bool ThreadGroup::receive_posted(int destination, int source, int tag,
+                                 std::int64_t sequence) const {
   auto posted = tickets_.find({destination, source, tag});
   return posted != tickets_.end() && posted->second > sequence;
 }
 
 namespace {
 auto matches(int source, int tag, std::int64_t ticket) {
-  return [=](const Message& m) { return m.source == source && m.tag == tag && m.sequence == ticket; };
+  return
+      [=](const Message& m) { return m.source == source && m.tag == tag && m.sequence == ticket; };
 }
 }  // namespace
 
@@ -141,7 +146,8 @@ const std::vector<CollectiveCall>& ThreadGroup::arrive(int rank, CollectiveCall 
         [this, &meeting, what] {
           std::string missing;
           for (int r = 0; r < size(); ++r)
-            if (meeting.calls[r].kind.empty()) missing += (missing.empty() ? "" : ", ") + std::to_string(global_rank(r));
+            if (meeting.calls[r].kind.empty())
+              missing += (missing.empty() ? "" : ", ") + std::to_string(global_rank(r));
           return "the other ranks to join " + what + " on " + name() + " (not arrived: rank " +
                  missing + ")";
         });
@@ -166,7 +172,8 @@ void ThreadGroup::complete_arrival(Rendezvous& meeting) {
               << first.sequence + 1 << " on it):\n";
       for (int q = 0; q < size(); ++q)
         message << "  rank " << global_rank(q) << ": " << calls[q].signature() << "\n";
-      message << "Every rank must call the same collectives in the same order, with the same kind, element count, dtype, root and op.";
+      message << "Every rank must call the same collectives in the same order, with the same kind, "
+                 "element count, dtype, root and op.";
       world_->abort(global_rank(r), "collective mismatch");
       throw CommMismatch(message.str());
     }
@@ -209,7 +216,8 @@ void ThreadGroup::complete_arrival(Rendezvous& meeting) {
   world_->changed.notify_all();
 }
 
-std::pair<std::shared_ptr<ThreadGroup>, int> ThreadGroup::split_result(int rank, std::int64_t sequence) const {
+std::pair<std::shared_ptr<ThreadGroup>, int> ThreadGroup::split_result(
+    int rank, std::int64_t sequence) const {
   std::lock_guard lock(world_->mutex);
   return rendezvous_.at(sequence).split_result[rank];
 }

@@ -41,12 +41,12 @@ struct CollectiveCall {
   int root = -1;
   bool uses_op = false;
   ReduceOp op = ReduceOp::sum;
-  double cost_bytes = 0;  // what the alpha-beta model charges for
-  Tensor first, second;   // this rank's buffers; their meaning depends on kind
-  int color = 0, key = 0; // split only
+  double cost_bytes = 0;                  // what the alpha-beta model charges for
+  Tensor first, second;                   // this rank's buffers; their meaning depends on kind
+  int color = 0, key = 0;                 // split only
   std::vector<std::int64_t> send_counts;  // all_to_all_v only
-  void* ready_event = nullptr;  // GPU: recorded when this rank's inputs are ready
-  void* done_event = nullptr;   // GPU: recorded when this rank's share of the work is queued
+  void* ready_event = nullptr;            // GPU: recorded when this rank's inputs are ready
+  void* done_event = nullptr;  // GPU: recorded when this rank's share of the work is queued
   /// "all_reduce(100 x f32, sum)", for mismatch messages and reports.
   std::string signature() const;
 };
@@ -121,7 +121,7 @@ class ThreadGroup {
 
   std::shared_ptr<ThreadWorld> world_;
   std::vector<int> members_;
-  std::vector<std::deque<Message>> mailbox_;  // per destination
+  std::vector<std::deque<Message>> mailbox_;                   // per destination
   std::map<std::tuple<int, int, int>, std::int64_t> sent_;     // (dst, src, tag) -> count
   std::map<std::tuple<int, int, int>, std::int64_t> tickets_;  // (dst, src, tag) -> count
 

@@ -58,7 +58,8 @@ void ThreadWorld::declare_deadlock() {
   if (!anyone_waiting) return;
   deadlocked_ = aborted_ = true;
   abort_reason_ = "of a deadlock";
-  deadlock_report_ = "deadlock: every rank still running waits for something no rank can send.\n" + report();
+  deadlock_report_ =
+      "deadlock: every rank still running waits for something no rank can send.\n" + report();
 }
 
 Device ThreadWorld::device_of(int rank) const {
@@ -141,9 +142,8 @@ void ThreadWorld::wait_until(std::unique_lock<std::mutex>& lock, int rank,
     if (changed.wait_until(lock, deadline) == std::cv_status::timeout && !ready()) {
       throw_if_aborted(rank);
       char head[160];
-      std::snprintf(head, sizeof head,
-                    "timeout: rank %d waited %.1f s (DTP_TIMEOUT) for %s\n", rank,
-                    config_.timeout_seconds, describe().c_str());
+      std::snprintf(head, sizeof head, "timeout: rank %d waited %.1f s (DTP_TIMEOUT) for %s\n",
+                    rank, config_.timeout_seconds, describe().c_str());
       std::string message = head + report();
       abort(rank, "it timed out");
       throw CommTimeout(message);
@@ -165,10 +165,15 @@ std::string ThreadWorld::report() const {
     }
     switch (s.state) {
       case State::running:
-        out << (s.communication_thread ? "running a queued collective" : "running (not inside a communication call)");
+        out << (s.communication_thread ? "running a queued collective"
+                                       : "running (not inside a communication call)");
         break;
-      case State::finished: out << "finished"; break;
-      case State::idle: out << "idle"; break;
+      case State::finished:
+        out << "finished";
+        break;
+      case State::idle:
+        out << "idle";
+        break;
       case State::waiting: {
         double waited = std::chrono::duration<double>(now - s.since).count();
         char seconds[32];

@@ -43,8 +43,7 @@ class ThreadWorld {
   /// CommDeadlock if every unfinished thread is waiting on something no one
   /// can provide, CommTimeout after timeout_seconds. @p describe says what
   /// the thread waits for, for the report.
-  void wait_until(std::unique_lock<std::mutex>& lock, int rank,
-                  const std::function<bool()>& ready,
+  void wait_until(std::unique_lock<std::mutex>& lock, int rank, const std::function<bool()>& ready,
                   const std::function<std::string()>& describe);
 
   /// Throws CommAborted when the world was aborted (lock held).

@@ -24,14 +24,17 @@ std::mutex spans_mutex;
 std::vector<Span> recorded;
 
 double unix_now_us() {
-  return std::chrono::duration<double, std::micro>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();
 double origin_unix = unix_now_us();  // origin on the wall clock, microseconds since the Unix epoch
 
 double now_us() {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - origin).count();
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - origin)
+      .count();
 }
 
 }  // namespace
@@ -85,8 +88,12 @@ Scope::~Scope() {
   nvtxRangePop();
 #endif
   if (!active_ || !recording) return;
-  Span span{std::move(name_), std::move(category_), std::max(current_rank(), 0),
-            detail::is_comm_worker() ? 1 : 0, start_us_, now_us()};
+  Span span{std::move(name_),
+            std::move(category_),
+            std::max(current_rank(), 0),
+            detail::is_comm_worker() ? 1 : 0,
+            start_us_,
+            now_us()};
   std::lock_guard lock(spans_mutex);
   recorded.push_back(std::move(span));
 }

@@ -122,14 +122,31 @@ class Parser {
       if (at_ >= text_.size()) fail("an escape");
       const char e = text_[at_++];
       switch (e) {
-        case '"': case '\\': case '/': out += e; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': out += parse_code_point(); break;
-        default: --at_, fail("one of \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u");
+        case '"':
+        case '\\':
+        case '/':
+          out += e;
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'u':
+          out += parse_code_point();
+          break;
+        default:
+          --at_, fail("one of \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u");
       }
     }
   }
@@ -142,10 +159,14 @@ class Parser {
       for (int i = 0; i < 4; ++i) {
         const char h = text_[at_++];
         value <<= 4;
-        if (h >= '0' && h <= '9') value |= static_cast<unsigned>(h - '0');
-        else if (h >= 'a' && h <= 'f') value |= static_cast<unsigned>(h - 'a' + 10);
-        else if (h >= 'A' && h <= 'F') value |= static_cast<unsigned>(h - 'A' + 10);
-        else --at_, fail("a hex digit");
+        if (h >= '0' && h <= '9')
+          value |= static_cast<unsigned>(h - '0');
+        else if (h >= 'a' && h <= 'f')
+          value |= static_cast<unsigned>(h - 'a' + 10);
+        else if (h >= 'A' && h <= 'F')
+          value |= static_cast<unsigned>(h - 'A' + 10);
+        else
+          --at_, fail("a hex digit");
       }
       return value;
     };
@@ -205,7 +226,8 @@ class Parser {
 };
 
 const char* kind_name(JsonValue::Kind kind) {
-  static const char* names[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
+  static const char* names[] = {"null",     "a boolean", "a number",
+                                "a string", "an array",  "an object"};
   return names[static_cast<int>(kind)];
 }
 
@@ -220,7 +242,8 @@ const JsonValue* JsonValue::find(const std::string& key) const {
 }
 
 const JsonValue& JsonValue::at(const std::string& key) const {
-  DTP_CHECK(kind == Kind::object, "JSON: looked for member '", key, "' in ", kind_name(kind), ", not an object");
+  DTP_CHECK(kind == Kind::object, "JSON: looked for member '", key, "' in ", kind_name(kind),
+            ", not an object");
   const JsonValue* value = find(key);
   DTP_CHECK(value != nullptr, "JSON: the object has no member '", key, "'");
   return *value;
@@ -236,7 +259,8 @@ std::int64_t JsonValue::as_int(const std::string& what) const {
   errno = 0;
   char* end = nullptr;
   const long long value = std::strtoll(text.c_str(), &end, 10);
-  DTP_CHECK(errno == 0 && end && *end == '\0', what, ": expected an integer that fits 64 bits, got ", text);
+  DTP_CHECK(errno == 0 && end && *end == '\0', what,
+            ": expected an integer that fits 64 bits, got ", text);
   return value;
 }
 
@@ -247,10 +271,14 @@ const std::string& JsonValue::as_string(const std::string& what) const {
 
 std::string JsonValue::dump() const {
   switch (kind) {
-    case Kind::null: return "null";
-    case Kind::boolean: return boolean ? "true" : "false";
-    case Kind::number: return text;
-    case Kind::string: return json_string(text);
+    case Kind::null:
+      return "null";
+    case Kind::boolean:
+      return boolean ? "true" : "false";
+    case Kind::number:
+      return text;
+    case Kind::string:
+      return json_string(text);
     case Kind::array: {
       std::string out = "[";
       for (const JsonValue& item : items) {

@@ -7,12 +7,18 @@ namespace dtp {
 
 const char* memory_category_name(MemoryCategory category) {
   switch (category) {
-    case MemoryCategory::params: return "params";
-    case MemoryCategory::grads: return "grads";
-    case MemoryCategory::optimizer: return "optimizer";
-    case MemoryCategory::activations: return "activations";
-    case MemoryCategory::comm: return "comm";
-    case MemoryCategory::other: return "other";
+    case MemoryCategory::params:
+      return "params";
+    case MemoryCategory::grads:
+      return "grads";
+    case MemoryCategory::optimizer:
+      return "optimizer";
+    case MemoryCategory::activations:
+      return "activations";
+    case MemoryCategory::comm:
+      return "comm";
+    case MemoryCategory::other:
+      return "other";
   }
   return "?";
 }
@@ -81,14 +87,16 @@ std::string MemoryTracker::summary() const {
   char line[256];
   for (int c = 0; c < kMemoryCategoryCount; ++c) {
     std::snprintf(line, sizeof line, "%-12s live %10.3f MiB  peak %10.3f MiB",
-                  memory_category_name(static_cast<MemoryCategory>(c)), live_[c] / kMiB, peak_[c] / kMiB);
+                  memory_category_name(static_cast<MemoryCategory>(c)), live_[c] / kMiB,
+                  peak_[c] / kMiB);
     out += line;
     // Only a category that used both sides (offloaded optimizer state, staged
     // buffers) needs the split; elsewhere it would repeat the line.
     if (device_peak_[cpu][c] > 0 && device_peak_[cuda][c] > 0) {
-      std::snprintf(line, sizeof line, "  (cpu live %.3f peak %.3f MiB, cuda live %.3f peak %.3f MiB)",
-                    device_live_[cpu][c] / kMiB, device_peak_[cpu][c] / kMiB, device_live_[cuda][c] / kMiB,
-                    device_peak_[cuda][c] / kMiB);
+      std::snprintf(line, sizeof line,
+                    "  (cpu live %.3f peak %.3f MiB, cuda live %.3f peak %.3f MiB)",
+                    device_live_[cpu][c] / kMiB, device_peak_[cpu][c] / kMiB,
+                    device_live_[cuda][c] / kMiB, device_peak_[cuda][c] / kMiB);
       out += line;
     }
     out += "\n";

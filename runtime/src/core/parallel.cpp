@@ -59,7 +59,8 @@ class Team {
     pending_.store(parts - 1);
     {
       std::lock_guard lock(mutex_);
-      ticket_.store(((ticket_.load() >> kPartBits) + 1) << kPartBits | static_cast<std::uint64_t>(parts));
+      ticket_.store(((ticket_.load() >> kPartBits) + 1) << kPartBits |
+                    static_cast<std::uint64_t>(parts));
     }
     wake_.notify_all();
     std::exception_ptr mine;
@@ -127,7 +128,7 @@ class Team {
   std::atomic<std::uint64_t> ticket_{0};            // loop number << kPartBits | parts
   std::atomic<int> pending_{0};                     // helpers' parts not yet done
   std::atomic<bool> stopping_{false};
-  std::exception_ptr error_;                        // the first part that threw (under mutex_)
+  std::exception_ptr error_;  // the first part that threw (under mutex_)
 };
 
 Team& team_of_this_thread(int threads) {
@@ -152,10 +153,13 @@ int default_compute_threads() {
   return threads;
 }
 
-int compute_threads() { return this_thread_threads > 0 ? this_thread_threads : default_compute_threads(); }
+int compute_threads() {
+  return this_thread_threads > 0 ? this_thread_threads : default_compute_threads();
+}
 
 void set_compute_threads(int threads) {
-  DTP_CHECK(threads >= 1, "set_compute_threads: a rank computes with at least 1 thread, got ", threads);
+  DTP_CHECK(threads >= 1, "set_compute_threads: a rank computes with at least 1 thread, got ",
+            threads);
   this_thread_threads = threads;
 }
 

@@ -21,8 +21,8 @@ DTP_HOST_DEVICE inline std::uint64_t mix64(std::uint64_t z) {
 }
 
 /// Uniform in [low, high) for element @p index of the stream @p seed.
-DTP_HOST_DEVICE inline double random_uniform_value(std::uint64_t seed, std::int64_t index, double low,
-                                                   double high) {
+DTP_HOST_DEVICE inline double random_uniform_value(std::uint64_t seed, std::int64_t index,
+                                                   double low, double high) {
   std::uint64_t bits = mix64(mix64(seed) ^ static_cast<std::uint64_t>(index));
   double unit = static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);  // 53 bits (exact)
 #ifdef __CUDA_ARCH__

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <sstream>
 
-#include "cpu/element.h"
 #include "core/random.h"
+#include "cpu/element.h"
 #include "cuda/device_api.h"
 #include "dtp/error.h"
 #include "dtp/host_cache.h"
@@ -32,13 +32,11 @@ Shape::Shape(const std::vector<std::int64_t>& dims) {
   std::int64_t elements = 1;
   for (std::int64_t d : dims) {
     DTP_CHECK(d >= 0, "shape dimensions must be >= 0, got ", d);
-    DTP_CHECK(!__builtin_mul_overflow(elements, d, &elements), "shape ",
-              describe_dims(dims), " has more elements than a 64-bit count holds");
+    DTP_CHECK(!__builtin_mul_overflow(elements, d, &elements), "shape ", describe_dims(dims),
+              " has more elements than a 64-bit count holds");
     dims_[ndim_++] = d;
   }
 }
-
-
 
 std::int64_t Shape::operator[](int dim) const {
   DTP_CHECK(dim >= 0 && dim < ndim_, "dimension ", dim, " is out of range for shape ", str());
@@ -93,8 +91,10 @@ class Storage {
     tracker_->charge(category_, static_cast<std::int64_t>(bytes_), device_.kind);
   }
   ~Storage() {
-    if (device_.is_cuda()) cuda::release(device_, data_);
-    else cache_->give_back(data_, bytes_);
+    if (device_.is_cuda())
+      cuda::release(device_, data_);
+    else
+      cache_->give_back(data_, bytes_);
     tracker_->release(category_, static_cast<std::int64_t>(bytes_), device_.kind);
   }
   Storage(const Storage&) = delete;
@@ -118,9 +118,10 @@ class Storage {
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, MemoryCategory category) {
   Tensor t;
   std::int64_t bytes = 0;
-  DTP_CHECK(!__builtin_mul_overflow(shape.numel(), static_cast<std::int64_t>(dtype_size(dtype)), &bytes),
-            "a tensor of shape ", shape.str(), " and dtype ", dtype_name(dtype),
-            " has more bytes than a 64-bit count holds");
+  DTP_CHECK(
+      !__builtin_mul_overflow(shape.numel(), static_cast<std::int64_t>(dtype_size(dtype)), &bytes),
+      "a tensor of shape ", shape.str(), " and dtype ", dtype_name(dtype),
+      " has more bytes than a 64-bit count holds");
   t.storage_ = std::make_shared<Storage>(static_cast<std::size_t>(bytes), device, category);
   t.shape_ = shape;
   t.dtype_ = dtype;
@@ -133,14 +134,15 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device, MemoryCateg
   return t;
 }
 
-Tensor Tensor::random_uniform(const Shape& shape, std::uint64_t seed, double low, double high, DType dtype,
-                              Device device, MemoryCategory category) {
+Tensor Tensor::random_uniform(const Shape& shape, std::uint64_t seed, double low, double high,
+                              DType dtype, Device device, MemoryCategory category) {
   Tensor t = empty(shape, dtype, device, category);
   if (device.is_cuda()) {
     cuda::fill_random(t.raw(), dtype, t.numel(), seed, 0, low, high);
     return t;
   }
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.set_item(i, detail::random_uniform_value(seed, i, low, high));
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    t.set_item(i, detail::random_uniform_value(seed, i, low, high));
   return t;
 }
 
@@ -160,7 +162,8 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
 
 Tensor Tensor::from_values(const std::vector<double>& values, DType dtype, Device device) {
   Tensor t = empty({static_cast<std::int64_t>(values.size())}, dtype);
-  for (std::size_t i = 0; i < values.size(); ++i) t.set_item(static_cast<std::int64_t>(i), values[i]);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    t.set_item(static_cast<std::int64_t>(i), values[i]);
   return device.is_cpu() ? t : t.to(device);
 }
 
@@ -242,7 +245,6 @@ void Tensor::copy_from(const Tensor& source) {
     cuda::copy(raw(), device(), source.raw(), source.device(), nbytes());
   }
 }
-
 
 void Tensor::fill(double value) {
   if (device().is_cuda()) return cuda::fill(raw(), dtype_, numel(), value);

@@ -19,10 +19,10 @@
 namespace dtp::ops {
 
 using detail::for_each_query_block;
+using detail::kQueryBlock;
 using detail::pairs_per_part;
 using detail::product;
 using detail::QueryBlock;
-using detail::kQueryBlock;
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                        Tensor& probs, const AttentionMask& mask, double scale) {
@@ -61,17 +61,18 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
         for_each_query_block(d, mask, [&](const QueryBlock& blk) {
           T* p = p_head + blk.i0 * d.Tk;
           // S = scale * Q K^T over the keys the block sees, then each row's softmax.
-          product<T>(blk.rows, blk.keys, d.D, sc, pq + d.q_offset(b, blk.i0, h), {ld, 1}, k_head, {1, ld}, p,
-                     d.Tk, false);
+          product<T>(blk.rows, blk.keys, d.D, sc, pq + d.q_offset(b, blk.i0, h), {ld, 1}, k_head,
+                     {1, ld}, p, d.Tk, false);
           for (std::int64_t r = 0; r < blk.rows; ++r) {
             T* row = p + r * d.Tk;
             const std::int64_t nk = d.visible_keys(mask, blk.i0 + r);
-            std::fill(row + nk, row + d.Tk, T(0));  // hidden keys (a row that sees none is all zeros)
+            std::fill(row + nk, row + d.Tk,
+                      T(0));  // hidden keys (a row that sees none is all zeros)
             if (nk > 0) detail::softmax_row(row, row, nk);
           }
           // O = P V (hidden keys have probability 0).
-          product<T>(blk.rows, d.D, blk.keys, T(1), p, {d.Tk, 1}, v_head, {ld, 1}, po + d.q_offset(b, blk.i0, h),
-                     ld, false);
+          product<T>(blk.rows, d.D, blk.keys, T(1), p, {d.Tk, 1}, v_head, {ld, 1},
+                     po + d.q_offset(b, blk.i0, h), ld, false);
         });
       }
     });
@@ -84,10 +85,12 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   if (detail::is_half(q.dtype())) {
     detail::Widened f32("attention_backward", q.dtype());
     attention_backward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.in("probs", probs),
-                       f32.in("dout", dout), f32.out("dq", dq), f32.out("dk", dk), f32.out("dv", dv), mask, scale);
+                       f32.in("dout", dout), f32.out("dq", dq), f32.out("dk", dk),
+                       f32.out("dv", dv), mask, scale);
     return f32.store();
   }
-  if (q.device().is_cuda()) return cuda::attention_backward(q, k, v, probs, dout, dq, dk, dv, mask, scale);
+  if (q.device().is_cuda())
+    return cuda::attention_backward(q, k, v, probs, dout, dq, dk, dv, mask, scale);
   const char* op = "attention_backward";
   const detail::AttentionDims d = detail::attention_dims(op, q, k, v, scale);
   for (auto [name, t, shape] :
@@ -136,8 +139,8 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
             for (std::int64_t j = 0; j < n; ++j) row[j] = sc * p_row[j] * (row[j] - row_dot);
           }
           // dQ = dS K; dK += dS^T Q.
-          product<T>(blk.rows, d.D, n, T(1), ds.data(), {n, 1}, k_head, {ld, 1}, pdq + d.q_offset(b, blk.i0, h), ld,
-                     false);
+          product<T>(blk.rows, d.D, n, T(1), ds.data(), {n, 1}, k_head, {ld, 1},
+                     pdq + d.q_offset(b, blk.i0, h), ld, false);
           product<T>(n, d.D, blk.rows, T(1), ds.data(), {1, n}, q_blk, {ld, 1}, dk_head, ld, true);
         });
       }

@@ -43,8 +43,8 @@ struct KeyHeads {
   T* dv;
 };
 template <typename T>
-KeyHeads<T> key_heads(const AttentionDims& d, std::int64_t b, std::int64_t h, const T* k, const T* v,
-                      T* dk, T* dv) {
+KeyHeads<T> key_heads(const AttentionDims& d, std::int64_t b, std::int64_t h, const T* k,
+                      const T* v, T* dk, T* dv) {
   const std::int64_t start = d.k_offset(b, 0, h);
   return {k + start, v + start, dk + start, dv + start};
 }
@@ -82,7 +82,8 @@ inline void check_attention_stat(const char* op, const char* name, const Tensor&
 /// pair's rows of every output are its own, so pairs go to the rank's
 /// threads whole and each element's arithmetic is the same at any thread count.
 inline std::int64_t pairs_per_part(const AttentionDims& d) {
-  return std::max<std::int64_t>(1, (std::int64_t{1} << 18) / std::max<std::int64_t>(1, d.Tq * d.Tk * d.D));
+  return std::max<std::int64_t>(
+      1, (std::int64_t{1} << 18) / std::max<std::int64_t>(1, d.Tq * d.Tk * d.D));
 }
 
 /// Query rows are taken kQueryBlock at a time, as matrix products.
@@ -104,8 +105,8 @@ void for_each_query_block(const AttentionDims& d, const ops::AttentionMask& mask
 
 /// op(A) @ op(B) into C, overwriting it or adding to it (cpu/gemm.h).
 template <typename T>
-void product(std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A, cpu::Strides a, const T* B,
-             cpu::Strides b, T* C, std::int64_t ldc, bool accumulate) {
+void product(std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A, cpu::Strides a,
+             const T* B, cpu::Strides b, T* C, std::int64_t ldc, bool accumulate) {
   cpu::gemm(M, N, K, alpha, A, a, B, b, cpu::Output<T>{C, ldc, accumulate});
 }
 

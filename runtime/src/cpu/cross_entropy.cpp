@@ -17,7 +17,9 @@
 namespace dtp::ops {
 
 namespace {
-std::int64_t rows_per_part(std::int64_t V) { return std::max<std::int64_t>(1, kElementsPerPart / V); }
+std::int64_t rows_per_part(std::int64_t V) {
+  return std::max<std::int64_t>(1, kElementsPerPart / V);
+}
 
 detail::LogitRows check_logits(const char* op, const Tensor& logits, const Tensor& targets) {
   detail::check_float(op, "logits", logits);
@@ -26,10 +28,12 @@ detail::LogitRows check_logits(const char* op, const Tensor& logits, const Tenso
 }
 
 /// Every target, checked in row order before any row is computed.
-const std::int32_t* checked_targets(const char* op, const Tensor& targets, std::int64_t N, std::int64_t V) {
+const std::int32_t* checked_targets(const char* op, const Tensor& targets, std::int64_t N,
+                                    std::int64_t V) {
   const std::int32_t* t = targets.data<std::int32_t>();
   for (std::int64_t n = 0; n < N; ++n)
-    DTP_CHECK(t[n] >= 0 && t[n] < V, op, ": target ", t[n], " at row ", n, " is outside the vocabulary [0, ", V, ")");
+    DTP_CHECK(t[n] >= 0 && t[n] < V, op, ": target ", t[n], " at row ", n,
+              " is outside the vocabulary [0, ", V, ")");
   return t;
 }
 
@@ -49,7 +53,8 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor
   if (logits.device().is_cuda()) return cuda::cross_entropy_forward(logits, targets, losses);
   if (detail::is_half(logits.dtype())) {
     detail::Widened f32("cross_entropy_forward", logits.dtype());
-    const double result = cross_entropy_forward(f32.in("logits", logits), targets, f32.out("losses", losses));
+    const double result =
+        cross_entropy_forward(f32.in("logits", logits), targets, f32.out("losses", losses));
     f32.store();
     return result;
   }
@@ -84,10 +89,12 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double loss_scale,
                             Tensor& dlogits) {
-  if (logits.device().is_cuda()) return cuda::cross_entropy_backward(logits, targets, loss_scale, dlogits);
+  if (logits.device().is_cuda())
+    return cuda::cross_entropy_backward(logits, targets, loss_scale, dlogits);
   if (detail::is_half(logits.dtype())) {
     detail::Widened f32("cross_entropy_backward", logits.dtype());
-    cross_entropy_backward(f32.in("logits", logits), targets, loss_scale, f32.out("dlogits", dlogits));
+    cross_entropy_backward(f32.in("logits", logits), targets, loss_scale,
+                           f32.out("dlogits", dlogits));
     return f32.store();
   }
   const char* op = "cross_entropy_backward";

@@ -13,26 +13,42 @@ namespace dtp::detail {
 template <typename Fn>
 void with_element(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::f64: fn(double{}); break;
-    case DType::f32: fn(float{}); break;
-    case DType::bf16: fn(bf16{}); break;
-    case DType::f16: fn(f16{}); break;
-    case DType::i32: fn(std::int32_t{}); break;
+    case DType::f64:
+      fn(double{});
+      break;
+    case DType::f32:
+      fn(float{});
+      break;
+    case DType::bf16:
+      fn(bf16{});
+      break;
+    case DType::f16:
+      fn(f16{});
+      break;
+    case DType::i32:
+      fn(std::int32_t{});
+      break;
   }
 }
 
 template <typename T>
 T from_double(double v) {
-  if constexpr (std::is_same_v<T, bf16>) return float_to_bf16(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, f16>) return float_to_f16(static_cast<float>(v));
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, bf16>)
+    return float_to_bf16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, f16>)
+    return float_to_f16(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
 }
 
 template <typename T>
 double to_double(T v) {
-  if constexpr (std::is_same_v<T, bf16>) return bf16_to_float(v);
-  else if constexpr (std::is_same_v<T, f16>) return f16_to_float(v);
-  else return static_cast<double>(v);
+  if constexpr (std::is_same_v<T, bf16>)
+    return bf16_to_float(v);
+  else if constexpr (std::is_same_v<T, f16>)
+    return f16_to_float(v);
+  else
+    return static_cast<double>(v);
 }
 
 /// True for the 16-bit storage types, bf16 and f16.

@@ -194,7 +194,8 @@ void cast(const Tensor& src, Tensor& dst) {
         if constexpr (f32_and_half) {
           detail::convert(s + begin, d + begin, end - begin);
         } else {
-          for (std::int64_t i = begin; i < end; ++i) d[i] = detail::from_double<D>(detail::to_double(s[i]));
+          for (std::int64_t i = begin; i < end; ++i)
+            d[i] = detail::from_double<D>(detail::to_double(s[i]));
         }
       });
     });
@@ -244,20 +245,26 @@ T scalar_exp(T x) {
 // built for the SSE2 baseline, and gelu_f32_avx2 would pass it its 32-byte
 // vectors in AVX registers where it reads them from memory (GCC's -Wpsabi
 // note). A unity build did exactly that to the tail's call in map8.
-[[gnu::always_inline]] inline void gelu_f32(const float* x, const float* dy, float* out, std::int64_t n) {
+[[gnu::always_inline]] inline void gelu_f32(const float* x, const float* dy, float* out,
+                                            std::int64_t n) {
   using detail::Float8;
   auto exp8 = [](Float8 u) __attribute__((always_inline)) { return detail::exp8(u); };
   if (dy == nullptr)
-    return detail::map8(x, nullptr, out, n,
-                        [&](Float8 v, Float8) __attribute__((always_inline)) { return gelu_value<float>(v, exp8); });
-  detail::map8(x, dy, out, n,
-               [&](Float8 v, Float8 g) __attribute__((always_inline)) { return gelu_gradient<float>(v, g, exp8); });
+    return detail::map8(
+        x, nullptr, out, n, [&](Float8 v, Float8) __attribute__((always_inline)) {
+          return gelu_value<float>(v, exp8);
+        });
+  detail::map8(
+      x, dy, out, n, [&](Float8 v, Float8 g) __attribute__((always_inline)) {
+        return gelu_gradient<float>(v, g, exp8);
+      });
 }
 
 // Built for AVX2 where the CPU has it: eight floats are one register there
 // (on the SSE2 baseline the vector's integer steps are slow). Same bits.
 #ifdef DTP_CPU_DISPATCH
-[[gnu::target("avx2")]] void gelu_f32_avx2(const float* x, const float* dy, float* out, std::int64_t n) {
+[[gnu::target("avx2")]] void gelu_f32_avx2(const float* x, const float* dy, float* out,
+                                           std::int64_t n) {
   gelu_f32(x, dy, out, n);
 }
 #endif
@@ -318,7 +325,8 @@ void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
       if constexpr (std::is_same_v<T, float>) {
         gelu_f32_any(px + begin, pdy + begin, pdx + begin, end - begin);
       } else {
-        for (std::int64_t i = begin; i < end; ++i) pdx[i] = gelu_gradient<T>(px[i], pdy[i], scalar_exp<T>);
+        for (std::int64_t i = begin; i < end; ++i)
+          pdx[i] = gelu_gradient<T>(px[i], pdy[i], scalar_exp<T>);
       }
     });
   });

@@ -27,7 +27,7 @@ typedef std::int32_t Int8 __attribute__((vector_size(32)));
 
 [[gnu::always_inline]] inline Float8 exp8(Float8 x) {
   constexpr float kLowest = -87.3f, kHighest = 88.7f;
-  const Int8 underflows = x < kLowest, overflows = x > kHighest;
+  const Int8 underflows = x<kLowest, overflows = x> kHighest;
   const Float8 lowest = Float8{} + kLowest, highest = Float8{} + kHighest;
   x = x < kLowest ? lowest : x;  // NaN compares false: it stays NaN
   x = x > kHighest ? highest : x;
@@ -46,7 +46,8 @@ typedef std::int32_t Int8 __attribute__((vector_size(32)));
   // 2^n in two halves (n reaches 128 near the top, past the largest exponent).
   const Int8 half = __builtin_convertvector(n, Int8) >> 1;
   const Float8 two_to_half = reinterpret_cast<Float8>((half + 127) << 23);
-  const Float8 two_to_rest = reinterpret_cast<Float8>((__builtin_convertvector(n, Int8) - half + 127) << 23);
+  const Float8 two_to_rest =
+      reinterpret_cast<Float8>((__builtin_convertvector(n, Int8) - half + 127) << 23);
   const Float8 e = (p * two_to_half) * two_to_rest;
   const Float8 zero = Float8{}, inf = Float8{} + std::numeric_limits<float>::infinity();
   return underflows ? zero : (overflows ? inf : e);
@@ -57,7 +58,8 @@ typedef std::int32_t Int8 __attribute__((vector_size(32)));
 /// every element gets the same arithmetic wherever it sits. out may alias
 /// a or b.
 template <typename F>
-[[gnu::always_inline]] inline void map8(const float* a, const float* b, float* out, std::int64_t n, F f) {
+[[gnu::always_inline]] inline void map8(const float* a, const float* b, float* out, std::int64_t n,
+                                        F f) {
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {  // whole vectors: fixed-size copies, kept in registers
     Float8 x, y{};

@@ -34,14 +34,16 @@ constexpr std::int64_t kBackwardKeyBlock = 128;
 template <typename T>
 void round_operands(T* values, std::int64_t count, DType operands) {
   if (operands == DType::bf16)
-    for (std::int64_t i = 0; i < count; ++i) values[i] = bf16_to_float(float_to_bf16(static_cast<float>(values[i])));
+    for (std::int64_t i = 0; i < count; ++i)
+      values[i] = bf16_to_float(float_to_bf16(static_cast<float>(values[i])));
   else if (operands == DType::f16)
-    for (std::int64_t i = 0; i < count; ++i) values[i] = f16_to_float(float_to_f16(static_cast<float>(values[i])));
+    for (std::int64_t i = 0; i < count; ++i)
+      values[i] = f16_to_float(float_to_f16(static_cast<float>(values[i])));
 }
 
-
-void forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& row_max, Tensor& row_sum,
-             const AttentionMask& mask, double scale, std::int64_t block_size, DType operands) {
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& row_max,
+             Tensor& row_sum, const AttentionMask& mask, double scale, std::int64_t block_size,
+             DType operands) {
   const char* op = "flash_attention_forward";
   const detail::AttentionDims d = detail::attention_dims(op, q, k, v, scale);
   DTP_CHECK(block_size >= 1, op, ": block_size must be at least 1, got ", block_size);
@@ -83,13 +85,14 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
           }
           for (std::int64_t j0 = 0; j0 < blk.keys; j0 += key_block) {
             const std::int64_t n = std::min(key_block, blk.keys - j0);
-            detail::product<T>(blk.rows, n, d.D, sc, q_blk, {ld, 1}, k_head + j0 * ld, {1, ld}, scores.data(), n,
-                               false);
+            detail::product<T>(blk.rows, n, d.D, sc, q_blk, {ld, 1}, k_head + j0 * ld, {1, ld},
+                               scores.data(), n, false);
             // Each row's partial result over the keys of the block it sees
             // (a row that sees none of them gets a zero row and is not merged).
             for (std::int64_t r = 0; r < blk.rows; ++r) {
               T* row = scores.data() + r * n;
-              const std::int64_t seen = std::clamp<std::int64_t>(d.visible_keys(mask, blk.i0 + r) - j0, 0, n);
+              const std::int64_t seen =
+                  std::clamp<std::int64_t>(d.visible_keys(mask, blk.i0 + r) - j0, 0, n);
               T mx = neg_inf, sum = 0;
               for (std::int64_t c = 0; c < seen; ++c) mx = std::max(mx, row[c]);
               for (std::int64_t c = 0; c < seen; ++c) {
@@ -101,14 +104,15 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
               block_max[r] = mx;
               block_sum[r] = sum;
             }
-            detail::product<T>(blk.rows, d.D, n, T(1), scores.data(), {n, 1}, v_head + j0 * ld, {ld, 1},
-                               block_out.data(), d.D, false);
+            detail::product<T>(blk.rows, d.D, n, T(1), scores.data(), {n, 1}, v_head + j0 * ld,
+                               {ld, 1}, block_out.data(), d.D, false);
             for (std::int64_t r = 0; r < blk.rows; ++r) {
               if (block_sum[r] == T(0)) continue;
               T* partial = block_out.data() + r * d.D;
               const T inv = T(1) / block_sum[r];
               for (std::int64_t c = 0; c < d.D; ++c) partial[c] *= inv;
-              detail::merge_attention_row(d.D, o_blk + r * ld, m[r], l[r], partial, block_max[r], block_sum[r]);
+              detail::merge_attention_row(d.D, o_blk + r * ld, m[r], l[r], partial, block_max[r],
+                                          block_sum[r]);
             }
           }
         });
@@ -117,9 +121,9 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
   });
 }
 
-void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& row_max,
-              const Tensor& row_sum, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-              const AttentionMask& mask, double scale, DType operands) {
+void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+              const Tensor& row_max, const Tensor& row_sum, const Tensor& dout, Tensor& dq,
+              Tensor& dk, Tensor& dv, const AttentionMask& mask, double scale, DType operands) {
   const char* op = "flash_attention_backward";
   const detail::AttentionDims d = detail::attention_dims(op, q, k, v, scale);
   for (auto [name, t, shape] :
@@ -157,7 +161,8 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
       std::vector<T> p(size), ds(size), row_dot(detail::kQueryBlock);
       for (std::int64_t bh = first; bh < last; ++bh) {
         const std::int64_t b = bh / d.H, h = bh % d.H;
-        const auto [k_head, v_head, dk_head, dv_head] = detail::key_heads(d, b, h, pk, pv, pdk, pdv);
+        const auto [k_head, v_head, dk_head, dv_head] =
+            detail::key_heads(d, b, h, pk, pv, pdk, pdv);
         detail::for_each_query_block(d, mask, [&](const detail::QueryBlock& blk) {
           const T* q_blk = pq + d.q_offset(b, blk.i0, h);
           const T* do_blk = pdo + d.q_offset(b, blk.i0, h);
@@ -171,15 +176,18 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
             const std::int64_t n = std::min(key_block, blk.keys - j0);
             // P from the saved statistics (0 for keys a row does not see);
             // dP = dO V^T.
-            detail::product<T>(blk.rows, n, d.D, sc, q_blk, {ld, 1}, k_head + j0 * ld, {1, ld}, p.data(), n, false);
-            detail::product<T>(blk.rows, n, d.D, T(1), do_blk, {ld, 1}, v_head + j0 * ld, {1, ld}, ds.data(), n,
-                               false);
+            detail::product<T>(blk.rows, n, d.D, sc, q_blk, {ld, 1}, k_head + j0 * ld, {1, ld},
+                               p.data(), n, false);
+            detail::product<T>(blk.rows, n, d.D, T(1), do_blk, {ld, 1}, v_head + j0 * ld, {1, ld},
+                               ds.data(), n, false);
             for (std::int64_t r = 0; r < blk.rows; ++r) {
               T* p_row = p.data() + r * n;
               T* ds_row = ds.data() + r * n;
               // A row that saw no key at all (l = 0) has no gradient.
               const std::int64_t seen =
-                  l[r] == T(0) ? 0 : std::clamp<std::int64_t>(d.visible_keys(mask, blk.i0 + r) - j0, 0, n);
+                  l[r] == T(0)
+                      ? 0
+                      : std::clamp<std::int64_t>(d.visible_keys(mask, blk.i0 + r) - j0, 0, n);
               const T inv_l = l[r] == T(0) ? T(0) : T(1) / l[r];
               for (std::int64_t c = 0; c < seen; ++c) {
                 p_row[c] = std::exp(p_row[c] - m[r]) * inv_l;
@@ -191,12 +199,12 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
               round_operands(ds_row, seen, operands);
             }
             // dV += P^T dO; dQ += dS K; dK += dS^T Q.
-            detail::product<T>(n, d.D, blk.rows, T(1), p.data(), {1, n}, do_blk, {ld, 1}, dv_head + j0 * ld, ld,
-                               true);
-            detail::product<T>(blk.rows, d.D, n, T(1), ds.data(), {n, 1}, k_head + j0 * ld, {ld, 1}, dq_blk, ld,
-                               true);
-            detail::product<T>(n, d.D, blk.rows, T(1), ds.data(), {1, n}, q_blk, {ld, 1}, dk_head + j0 * ld, ld,
-                               true);
+            detail::product<T>(n, d.D, blk.rows, T(1), p.data(), {1, n}, do_blk, {ld, 1},
+                               dv_head + j0 * ld, ld, true);
+            detail::product<T>(blk.rows, d.D, n, T(1), ds.data(), {n, 1}, k_head + j0 * ld, {ld, 1},
+                               dq_blk, ld, true);
+            detail::product<T>(n, d.D, blk.rows, T(1), ds.data(), {1, n}, q_blk, {ld, 1},
+                               dk_head + j0 * ld, ld, true);
           }
         });
       }
@@ -214,8 +222,9 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
     return cuda::flash_attention_forward(q, k, v, out, row_max, row_sum, mask, scale, block_size);
   if (detail::is_half(q.dtype())) {
     detail::Widened f32("flash_attention_forward", q.dtype());
-    forward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.out("out", out), f32.out("row_max", row_max),
-            f32.out("row_sum", row_sum), mask, scale, block_size, q.dtype());
+    forward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.out("out", out),
+            f32.out("row_max", row_max), f32.out("row_sum", row_sum), mask, scale, block_size,
+            q.dtype());
     return f32.store();
   }
   forward(q, k, v, out, row_max, row_sum, mask, scale, block_size, q.dtype());
@@ -226,12 +235,13 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               Tensor& dq, Tensor& dk, Tensor& dv, const AttentionMask& mask,
                               double scale) {
   if (q.device().is_cuda())
-    return cuda::flash_attention_backward(q, k, v, out, row_max, row_sum, dout, dq, dk, dv, mask, scale);
+    return cuda::flash_attention_backward(q, k, v, out, row_max, row_sum, dout, dq, dk, dv, mask,
+                                          scale);
   if (detail::is_half(q.dtype())) {
     detail::Widened f32("flash_attention_backward", q.dtype());
-    backward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.in("out", out), f32.in("row_max", row_max),
-             f32.in("row_sum", row_sum), f32.in("dout", dout), f32.out("dq", dq), f32.out("dk", dk),
-             f32.out("dv", dv), mask, scale, q.dtype());
+    backward(f32.in("q", q), f32.in("k", k), f32.in("v", v), f32.in("out", out),
+             f32.in("row_max", row_max), f32.in("row_sum", row_sum), f32.in("dout", dout),
+             f32.out("dq", dq), f32.out("dk", dk), f32.out("dv", dv), mask, scale, q.dtype());
     return f32.store();
   }
   backward(q, k, v, out, row_max, row_sum, dout, dq, dk, dv, mask, scale, q.dtype());
@@ -242,10 +252,12 @@ void attention_merge(Tensor& out, Tensor& row_max, Tensor& row_sum, const Tensor
   if (detail::is_half(out.dtype())) {
     detail::Widened f32("attention_merge", out.dtype());
     attention_merge(f32.out("out", out), f32.out("row_max", row_max), f32.out("row_sum", row_sum),
-                    f32.in("other_out", other_out), f32.in("other_max", other_max), f32.in("other_sum", other_sum));
+                    f32.in("other_out", other_out), f32.in("other_max", other_max),
+                    f32.in("other_sum", other_sum));
     return f32.store();
   }
-  if (out.device().is_cuda()) return cuda::attention_merge(out, row_max, row_sum, other_out, other_max, other_sum);
+  if (out.device().is_cuda())
+    return cuda::attention_merge(out, row_max, row_sum, other_out, other_max, other_sum);
   const char* op = "attention_merge";
   detail::check_float(op, "out", out);
   DTP_CHECK(out.ndim() == 4, op, ": out must be [B, Tq, H, D], got ", out.describe());

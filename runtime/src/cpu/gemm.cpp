@@ -49,8 +49,8 @@ struct Lanes {
 // with -ffp-contract=off, and no instruction set below enables FMA.
 template <typename T, int Bytes, int MR>
 [[gnu::always_inline]] inline void full_tile(std::int64_t kc, const T* __restrict a_strip,
-                                             const T* __restrict b_panel, T* __restrict tile, std::int64_t ld,
-                                             bool from_zero) {
+                                             const T* __restrict b_panel, T* __restrict tile,
+                                             std::int64_t ld, bool from_zero) {
   using V = typename Lanes<T, Bytes>::Vector;
   constexpr int W = Lanes<T, Bytes>::kWidth, NR = Lanes<T, Bytes>::kNR;
   // One array, unrolled loops: GCC keeps all of it in registers (two arrays
@@ -103,7 +103,8 @@ template <typename T, int Bytes, int MR>
 // One MR-row block of C over one K tile: every panel of packed B.
 template <typename T, int Bytes, int MR>
 [[gnu::always_inline]] inline void row_block(std::int64_t N, std::int64_t kc, const T* a_strip,
-                                             const T* b_tile, T* C, std::int64_t ldc, bool from_zero) {
+                                             const T* b_tile, T* C, std::int64_t ldc,
+                                             bool from_zero) {
   constexpr int NR = Lanes<T, Bytes>::kNR;
   for (std::int64_t j0 = 0, p = 0; j0 < N; j0 += NR, ++p)
     micro_tile<T, Bytes, MR>(kc, a_strip, b_tile + p * kc * NR, C + j0, ldc,
@@ -112,9 +113,9 @@ template <typename T, int Bytes, int MR>
 
 // Rows [i_begin, i_end) of C, all of K.
 template <typename T, int Bytes>
-[[gnu::always_inline]] inline void rows_of_c(std::int64_t i_begin, std::int64_t i_end, std::int64_t N,
-                                             std::int64_t K, T alpha, const T* A, Strides a,
-                                             const T* b_packed, Output<T> C) {
+[[gnu::always_inline]] inline void rows_of_c(std::int64_t i_begin, std::int64_t i_end,
+                                             std::int64_t N, std::int64_t K, T alpha, const T* A,
+                                             Strides a, const T* b_packed, Output<T> C) {
   constexpr int NR = Lanes<T, Bytes>::kNR;
   const std::int64_t panels = (N + NR - 1) / NR;
   alignas(64) T a_strip[kKC * kMR];
@@ -130,12 +131,24 @@ template <typename T, int Bytes>
       const bool from_zero = !C.accumulate && k0 == 0;  // later K tiles add to the first
       // A block of fewer than kMR rows (the last) reads its first rows of the strip.
       switch (rows) {
-        case 6: row_block<T, Bytes, 6>(N, kc, a_strip, b_tile, c, C.ld, from_zero); break;
-        case 5: row_block<T, Bytes, 5>(N, kc, a_strip, b_tile, c, C.ld, from_zero); break;
-        case 4: row_block<T, Bytes, 4>(N, kc, a_strip, b_tile, c, C.ld, from_zero); break;
-        case 3: row_block<T, Bytes, 3>(N, kc, a_strip, b_tile, c, C.ld, from_zero); break;
-        case 2: row_block<T, Bytes, 2>(N, kc, a_strip, b_tile, c, C.ld, from_zero); break;
-        default: row_block<T, Bytes, 1>(N, kc, a_strip, b_tile, c, C.ld, from_zero); break;
+        case 6:
+          row_block<T, Bytes, 6>(N, kc, a_strip, b_tile, c, C.ld, from_zero);
+          break;
+        case 5:
+          row_block<T, Bytes, 5>(N, kc, a_strip, b_tile, c, C.ld, from_zero);
+          break;
+        case 4:
+          row_block<T, Bytes, 4>(N, kc, a_strip, b_tile, c, C.ld, from_zero);
+          break;
+        case 3:
+          row_block<T, Bytes, 3>(N, kc, a_strip, b_tile, c, C.ld, from_zero);
+          break;
+        case 2:
+          row_block<T, Bytes, 2>(N, kc, a_strip, b_tile, c, C.ld, from_zero);
+          break;
+        default:
+          row_block<T, Bytes, 1>(N, kc, a_strip, b_tile, c, C.ld, from_zero);
+          break;
       }
     }
   }
@@ -155,13 +168,15 @@ void pack_b(std::int64_t N, std::int64_t K, const T* B, Strides b, std::vector<T
       const T* from = B + k0 * b.row + p * NR * b.col;
       const std::int64_t columns = std::min<std::int64_t>(NR, N - p * NR);
       if (columns == NR && b.col == 1) {
-        for (std::int64_t k = 0; k < kc; ++k) std::memcpy(out + k * NR, from + k * b.row, sizeof(T) * NR);
+        for (std::int64_t k = 0; k < kc; ++k)
+          std::memcpy(out + k * NR, from + k * b.row, sizeof(T) * NR);
       } else if (columns == NR && b.row == 1) {
         for (int j = 0; j < NR; ++j)
           for (std::int64_t k = 0; k < kc; ++k) out[k * NR + j] = from[j * b.col + k];
       } else {
         for (std::int64_t k = 0; k < kc; ++k)
-          for (int j = 0; j < NR; ++j) out[k * NR + j] = j < columns ? from[k * b.row + j * b.col] : T(0);
+          for (int j = 0; j < NR; ++j)
+            out[k * NR + j] = j < columns ? from[k * b.row + j * b.col] : T(0);
       }
     }
   }
@@ -170,33 +185,34 @@ void pack_b(std::int64_t N, std::int64_t K, const T* B, Strides b, std::vector<T
 // One entry per instruction set (cpu/isa.h). The kernel templates above have
 // no target of their own, so they are compiled inside each entry for its set.
 template <typename T>
-using RowsOfC = void (*)(std::int64_t, std::int64_t, std::int64_t, std::int64_t, T, const T*, Strides, const T*,
-                         Output<T>);
+using RowsOfC = void (*)(std::int64_t, std::int64_t, std::int64_t, std::int64_t, T, const T*,
+                         Strides, const T*, Output<T>);
 
 template <typename T>
-void rows_baseline(std::int64_t i_begin, std::int64_t i_end, std::int64_t N, std::int64_t K, T alpha, const T* A,
-                   Strides a, const T* b_packed, Output<T> C) {
+void rows_baseline(std::int64_t i_begin, std::int64_t i_end, std::int64_t N, std::int64_t K,
+                   T alpha, const T* A, Strides a, const T* b_packed, Output<T> C) {
   rows_of_c<T, 16>(i_begin, i_end, N, K, alpha, A, a, b_packed, C);
 }
 
 #ifdef DTP_CPU_DISPATCH
 template <typename T>
-[[gnu::target("avx2")]] void rows_avx2(std::int64_t i_begin, std::int64_t i_end, std::int64_t N, std::int64_t K,
-                                       T alpha, const T* A, Strides a, const T* b_packed, Output<T> C) {
+[[gnu::target("avx2")]] void rows_avx2(std::int64_t i_begin, std::int64_t i_end, std::int64_t N,
+                                       std::int64_t K, T alpha, const T* A, Strides a,
+                                       const T* b_packed, Output<T> C) {
   rows_of_c<T, 32>(i_begin, i_end, N, K, alpha, A, a, b_packed, C);
 }
 
 template <typename T>
-[[gnu::target("avx512f")]] void rows_avx512(std::int64_t i_begin, std::int64_t i_end, std::int64_t N,
-                                            std::int64_t K, T alpha, const T* A, Strides a, const T* b_packed,
-                                            Output<T> C) {
+[[gnu::target("avx512f")]] void rows_avx512(std::int64_t i_begin, std::int64_t i_end,
+                                            std::int64_t N, std::int64_t K, T alpha, const T* A,
+                                            Strides a, const T* b_packed, Output<T> C) {
   rows_of_c<T, 64>(i_begin, i_end, N, K, alpha, A, a, b_packed, C);
 }
 #endif
 
 template <typename T, int Bytes>
-void gemm_packed(std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A, Strides a, const T* B,
-                 Strides b, Output<T> C, RowsOfC<T> rows) {
+void gemm_packed(std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A, Strides a,
+                 const T* B, Strides b, Output<T> C, RowsOfC<T> rows) {
   constexpr int NR = Lanes<T, Bytes>::kNR;
   thread_local std::vector<T> b_packed;  // kept: the same shapes come back every step
   pack_b<T, NR>(N, K, B, b, b_packed);
@@ -204,29 +220,35 @@ void gemm_packed(std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const 
   // Parts of whole kMR-row blocks, each worth at least ~1 M multiply-adds,
   // so a small matmul stays on the calling thread.
   const std::int64_t blocks = (M + kMR - 1) / kMR;
-  const std::int64_t min_blocks = std::max<std::int64_t>(1, (std::int64_t{1} << 20) / std::max<std::int64_t>(1, kMR * N * K));
+  const std::int64_t min_blocks =
+      std::max<std::int64_t>(1, (std::int64_t{1} << 20) / std::max<std::int64_t>(1, kMR * N * K));
   parallel_for(blocks, min_blocks, [&](std::int64_t first, std::int64_t last) {
     rows(first * kMR, std::min(M, last * kMR), N, K, alpha, A, a, packed, C);
   });
 }
 
 template <typename T>
-void gemm_on(VectorIsa isa, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A, Strides a,
-             const T* B, Strides b, Output<T> C) {
+void gemm_on(VectorIsa isa, std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
+             Strides a, const T* B, Strides b, Output<T> C) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // no products: C stays, or becomes zero
     if (!C.accumulate)
-      for (std::int64_t i = 0; i < M; ++i) std::fill(C.data + i * C.ld, C.data + i * C.ld + N, T(0));
+      for (std::int64_t i = 0; i < M; ++i)
+        std::fill(C.data + i * C.ld, C.data + i * C.ld + N, T(0));
     return;
   }
   DTP_CHECK(C.ld >= N, "cpu::gemm: C's rows are ", C.ld, " elements apart but hold ", N);
-  DTP_CHECK(isa == fastest_isa() || cpu_runs(isa), "cpu::gemm: this CPU does not run the ", to_string(isa), " instruction set");
+  DTP_CHECK(isa == fastest_isa() || cpu_runs(isa), "cpu::gemm: this CPU does not run the ",
+            to_string(isa), " instruction set");
   switch (isa) {
 #ifdef DTP_CPU_DISPATCH
-    case VectorIsa::avx512: return gemm_packed<T, 64>(M, N, K, alpha, A, a, B, b, C, rows_avx512<T>);
-    case VectorIsa::avx2: return gemm_packed<T, 32>(M, N, K, alpha, A, a, B, b, C, rows_avx2<T>);
+    case VectorIsa::avx512:
+      return gemm_packed<T, 64>(M, N, K, alpha, A, a, B, b, C, rows_avx512<T>);
+    case VectorIsa::avx2:
+      return gemm_packed<T, 32>(M, N, K, alpha, A, a, B, b, C, rows_avx2<T>);
 #endif
-    default: return gemm_packed<T, 16>(M, N, K, alpha, A, a, B, b, C, rows_baseline<T>);
+    default:
+      return gemm_packed<T, 16>(M, N, K, alpha, A, a, B, b, C, rows_baseline<T>);
   }
 }
 

@@ -4,9 +4,12 @@ namespace dtp::cpu {
 
 const char* to_string(VectorIsa isa) {
   switch (isa) {
-    case VectorIsa::avx512: return "avx512";
-    case VectorIsa::avx2: return "avx2";
-    case VectorIsa::baseline: return "baseline";
+    case VectorIsa::avx512:
+      return "avx512";
+    case VectorIsa::avx2:
+      return "avx2";
+    case VectorIsa::baseline:
+      return "baseline";
   }
   return "?";
 }
@@ -15,9 +18,12 @@ bool cpu_runs(VectorIsa isa) {
 #ifdef DTP_CPU_DISPATCH
   __builtin_cpu_init();
   switch (isa) {
-    case VectorIsa::avx512: return __builtin_cpu_supports("avx512f");
-    case VectorIsa::avx2: return __builtin_cpu_supports("avx2");
-    case VectorIsa::baseline: return true;
+    case VectorIsa::avx512:
+      return __builtin_cpu_supports("avx512f");
+    case VectorIsa::avx2:
+      return __builtin_cpu_supports("avx2");
+    case VectorIsa::baseline:
+      return true;
   }
   return false;
 #else

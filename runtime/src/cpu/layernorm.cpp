@@ -17,7 +17,9 @@ namespace dtp::ops {
 
 namespace {
 /// At least one row per part, and about kElementsPerPart elements.
-std::int64_t rows_per_part(std::int64_t C) { return std::max<std::int64_t>(1, kElementsPerPart / C); }
+std::int64_t rows_per_part(std::int64_t C) {
+  return std::max<std::int64_t>(1, kElementsPerPart / C);
+}
 }  // namespace
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
@@ -25,8 +27,8 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   if (x.device().is_cuda()) return cuda::layernorm_forward(x, weight, bias, y, mean, rstd, eps);
   if (detail::is_half(x.dtype())) {
     detail::Widened f32("layernorm_forward", x.dtype());
-    layernorm_forward(f32.in("x", x), f32.in("weight", weight), f32.in("bias", bias), f32.out("y", y),
-                      f32.out("mean", mean), f32.out("rstd", rstd), eps);
+    layernorm_forward(f32.in("x", x), f32.in("weight", weight), f32.in("bias", bias),
+                      f32.out("y", y), f32.out("mean", mean), f32.out("rstd", rstd), eps);
     return f32.store();
   }
   const char* op = "layernorm_forward";
@@ -76,11 +78,13 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) {
-  if (dy.device().is_cuda()) return cuda::layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias);
+  if (dy.device().is_cuda())
+    return cuda::layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias);
   if (detail::is_half(dy.dtype())) {
     detail::Widened f32("layernorm_backward", dy.dtype());
-    layernorm_backward(f32.in("dy", dy), f32.in("x", x), f32.in("weight", weight), f32.in("mean", mean),
-                       f32.in("rstd", rstd), f32.out("dx", dx), f32.out("dweight", dweight), f32.out("dbias", dbias));
+    layernorm_backward(f32.in("dy", dy), f32.in("x", x), f32.in("weight", weight),
+                       f32.in("mean", mean), f32.in("rstd", rstd), f32.out("dx", dx),
+                       f32.out("dweight", dweight), f32.out("dbias", dbias));
     return f32.store();
   }
   const char* op = "layernorm_backward";

@@ -34,7 +34,8 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, boo
   if (a.device().is_cuda()) return cuda::matmul(a, b, out, transpose_a, transpose_b, alpha, beta);
   if (detail::is_half(a.dtype())) {
     detail::Widened f32("matmul", a.dtype());
-    matmul(f32.in("a", a), f32.in("b", b), f32.out("out", out), transpose_a, transpose_b, alpha, beta);
+    matmul(f32.in("a", a), f32.in("b", b), f32.out("out", out), transpose_a, transpose_b, alpha,
+           beta);
     return f32.store();
   }
   detail::check_float("matmul", "a", a);
@@ -61,7 +62,8 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, boo
     const std::int64_t mn = M * N;
     if (alpha == 0.0 || K == 0) {  // out = beta * out
       if (beta != 1.0)
-        for (std::int64_t i = 0; i < mn; ++i) C[i] = beta == 0.0 ? T(0) : static_cast<T>(beta) * C[i];
+        for (std::int64_t i = 0; i < mn; ++i)
+          C[i] = beta == 0.0 ? T(0) : static_cast<T>(beta) * C[i];
       return;
     }
     if (beta != 0.0 && beta != 1.0)

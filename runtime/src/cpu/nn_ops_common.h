@@ -25,7 +25,8 @@ inline void check_cpu(const char* op, const char* name, const Tensor& t) {
 inline void check_float(const char* op, const char* name, const Tensor& t) {
   check_cpu(op, name, t);
   DTP_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, op, ": ", name, " is ",
-            t.describe(), "; CPU kernels compute in f32 and f64 (the nn ops take bf16 and f16 through f32; "
+            t.describe(),
+            "; CPU kernels compute in f32 and f64 (the nn ops take bf16 and f16 through f32; "
             "cast other dtypes first)");
 }
 
@@ -62,9 +63,11 @@ struct LogitRows {
 };
 inline LogitRows logit_rows(const char* op, const Tensor& logits, const Tensor& targets,
                             const char* columns = "vocabulary") {
-  DTP_CHECK(targets.dtype() == DType::i32, op, ": targets must be i32 token ids, got ", targets.describe());
+  DTP_CHECK(targets.dtype() == DType::i32, op, ": targets must be i32 token ids, got ",
+            targets.describe());
   const std::int64_t V = last_dim(op, "logits", logits);
-  DTP_CHECK(V >= 1, op, ": logits need a ", columns, " (last dim) of at least 1, got ", logits.describe());
+  DTP_CHECK(V >= 1, op, ": logits need a ", columns, " (last dim) of at least 1, got ",
+            logits.describe());
   const std::int64_t N = logits.numel() / V;
   check_numel(op, "targets", targets, N, "one per row of logits");
   return {N, V};

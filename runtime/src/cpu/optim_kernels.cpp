@@ -18,16 +18,20 @@ namespace {
 // section 4): mixed precision steps f32 master weights instead.
 void check_optimizer_params(const char* op, const Tensor& params) {
   DTP_CHECK(params.defined(), op, ": params is an undefined tensor");
-  DTP_CHECK(params.dtype() == DType::f32 || params.dtype() == DType::f64, op, ": params is ", params.describe(),
-            "; optimizers update f32 or f64 parameters (a 16-bit weight loses the updates smaller than its "
-            "spacing: keep f32 master weights and cast them down after the step, as chapter 07 does)");
+  DTP_CHECK(
+      params.dtype() == DType::f32 || params.dtype() == DType::f64, op, ": params is ",
+      params.describe(),
+      "; optimizers update f32 or f64 parameters (a 16-bit weight loses the updates smaller than "
+      "its "
+      "spacing: keep f32 master weights and cast them down after the step, as chapter 07 does)");
 }
 }  // namespace
 
 void adamw_update(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, double lr,
                   double beta1, double beta2, double eps, double weight_decay, std::int64_t step) {
   check_optimizer_params("adamw_update", params);
-  if (params.device().is_cuda()) return cuda::adamw_update(params, grads, m, v, lr, beta1, beta2, eps, weight_decay, step);
+  if (params.device().is_cuda())
+    return cuda::adamw_update(params, grads, m, v, lr, beta1, beta2, eps, weight_decay, step);
   const char* op = "adamw_update";
   detail::check_float(op, "params", params);
   for (auto [name, t] :
@@ -63,7 +67,8 @@ void adamw_update(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, dou
 void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, double lr,
                 double momentum, double weight_decay, bool nesterov) {
   check_optimizer_params("sgd_update", params);
-  if (params.device().is_cuda()) return cuda::sgd_update(params, grads, momentum_buffer, lr, momentum, weight_decay, nesterov);
+  if (params.device().is_cuda())
+    return cuda::sgd_update(params, grads, momentum_buffer, lr, momentum, weight_decay, nesterov);
   const char* op = "sgd_update";
   detail::check_float(op, "params", params);
   detail::check_float(op, "grads", grads);

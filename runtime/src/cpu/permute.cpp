@@ -14,19 +14,21 @@ namespace {
 void check_permute(const Tensor& in, const std::array<int, 4>& order, const Tensor& out) {
   const char* op = "permute";
   DTP_CHECK(in.defined() && out.defined(), op, ": in or out is an undefined tensor");
-  DTP_CHECK(in.ndim() == 4 && out.ndim() == 4, op, ": in and out must be 4-D (view them first), got ",
-            in.describe(), " and ", out.describe());
+  DTP_CHECK(in.ndim() == 4 && out.ndim() == 4, op,
+            ": in and out must be 4-D (view them first), got ", in.describe(), " and ",
+            out.describe());
   DTP_CHECK(in.dtype() == out.dtype() && in.device() == out.device(), op, ": in is ", in.describe(),
             " but out is ", out.describe(), "; dtype and device must match");
   bool seen[4] = {false, false, false, false};
   for (int i = 0; i < 4; ++i) {
-    DTP_CHECK(order[i] >= 0 && order[i] < 4 && !seen[order[i]], op, ": order must be a permutation of 0, 1, 2, 3, got ",
-              order[0], ", ", order[1], ", ", order[2], ", ", order[3]);
+    DTP_CHECK(order[i] >= 0 && order[i] < 4 && !seen[order[i]], op,
+              ": order must be a permutation of 0, 1, 2, 3, got ", order[0], ", ", order[1], ", ",
+              order[2], ", ", order[3]);
     seen[order[i]] = true;
   }
   for (int i = 0; i < 4; ++i)
-    DTP_CHECK(out.size(i) == in.size(order[i]), op, ": out's axis ", i, " is in's axis ", order[i], " (size ",
-              in.size(order[i]), "), but out is ", out.describe());
+    DTP_CHECK(out.size(i) == in.size(order[i]), op, ": out's axis ", i, " is in's axis ", order[i],
+              " (size ", in.size(order[i]), "), but out is ", out.describe());
   DTP_CHECK(!in.shares_storage_with(out), op, ": in and out must not share storage");
 }
 

@@ -20,7 +20,8 @@ namespace {
 constexpr std::int64_t kTile = 16384;
 
 template <typename T>
-void reduce_tiles(const std::vector<void*>& buffers, std::int64_t offset, std::int64_t length, ReduceOp op) {
+void reduce_tiles(const std::vector<void*>& buffers, std::int64_t offset, std::int64_t length,
+                  ReduceOp op) {
   using C = detail::compute_t<T>;
   const int n = static_cast<int>(buffers.size());
   const C scale = op == ReduceOp::avg ? static_cast<C>(1.0 / n) : C(1);
@@ -34,13 +35,16 @@ void reduce_tiles(const std::vector<void*>& buffers, std::int64_t offset, std::i
       switch (op) {
         case ReduceOp::sum:
         case ReduceOp::avg:
-          for (std::int64_t i = 0; i < count; ++i) acc[i] += static_cast<C>(detail::to_double(in[i]));
+          for (std::int64_t i = 0; i < count; ++i)
+            acc[i] += static_cast<C>(detail::to_double(in[i]));
           break;
         case ReduceOp::max:
-          for (std::int64_t i = 0; i < count; ++i) acc[i] = std::max(acc[i], static_cast<C>(detail::to_double(in[i])));
+          for (std::int64_t i = 0; i < count; ++i)
+            acc[i] = std::max(acc[i], static_cast<C>(detail::to_double(in[i])));
           break;
         case ReduceOp::min:
-          for (std::int64_t i = 0; i < count; ++i) acc[i] = std::min(acc[i], static_cast<C>(detail::to_double(in[i])));
+          for (std::int64_t i = 0; i < count; ++i)
+            acc[i] = std::min(acc[i], static_cast<C>(detail::to_double(in[i])));
           break;
       }
     }
@@ -54,9 +58,10 @@ void reduce_tiles(const std::vector<void*>& buffers, std::int64_t offset, std::i
 }
 }  // namespace
 
-void reduce_into_all(const std::vector<void*>& buffers, std::int64_t offset, std::int64_t length, DType dtype,
-                     ReduceOp op) {
-  detail::with_element(dtype, [&](auto zero) { reduce_tiles<decltype(zero)>(buffers, offset, length, op); });
+void reduce_into_all(const std::vector<void*>& buffers, std::int64_t offset, std::int64_t length,
+                     DType dtype, ReduceOp op) {
+  detail::with_element(
+      dtype, [&](auto zero) { reduce_tiles<decltype(zero)>(buffers, offset, length, op); });
 }
 
 }  // namespace dtp::cpu

@@ -11,7 +11,7 @@
 
 namespace dtp::cpu {
 
-void reduce_into_all(const std::vector<void*>& buffers, std::int64_t offset, std::int64_t length, DType dtype,
-                     ReduceOp op);
+void reduce_into_all(const std::vector<void*>& buffers, std::int64_t offset, std::int64_t length,
+                     DType dtype, ReduceOp op);
 
 }  // namespace dtp::cpu

@@ -20,8 +20,8 @@ struct Rows {
 };
 
 // ids i32 on the CPU, a 2-D table, and N rows of C in @p rows_tensor.
-Rows check_shard_lookup(const char* op, const Tensor& ids, const Tensor& table, const char* table_name,
-                        const Tensor& rows_tensor, const char* rows_name) {
+Rows check_shard_lookup(const char* op, const Tensor& ids, const Tensor& table,
+                        const char* table_name, const Tensor& rows_tensor, const char* rows_name) {
   detail::check_cpu(op, "ids", ids);
   DTP_CHECK(ids.dtype() == DType::i32, op, ": ids must be i32 token ids, got ", ids.describe());
   detail::check_float(op, table_name, table);
@@ -29,8 +29,8 @@ Rows check_shard_lookup(const char* op, const Tensor& ids, const Tensor& table, 
   detail::check_dtype_is(op, rows_name, rows_tensor, table.dtype());
   DTP_CHECK(table.ndim() == 2, op, ": ", table_name, " must be [V/t, C], got ", table.describe());
   const std::int64_t C = table.size(1), N = ids.numel();
-  DTP_CHECK(rows_tensor.numel() == N * C && detail::last_dim(op, rows_name, rows_tensor) == C, op, ": ",
-            rows_name, " must be [..., ", C, "] with ", N, " rows (one per id), got ",
+  DTP_CHECK(rows_tensor.numel() == N * C && detail::last_dim(op, rows_name, rows_tensor) == C, op,
+            ": ", rows_name, " must be [..., ", C, "] with ", N, " rows (one per id), got ",
             rows_tensor.describe());
   return {N, C};
 }
@@ -41,7 +41,8 @@ detail::LogitRows check_logits_slice(const char* op, const Tensor& logits, const
   return detail::logit_rows(op, logits, targets, "vocabulary slice");
 }
 
-void check_row_stat(const char* op, const char* name, const Tensor& stat, const Tensor& logits, std::int64_t N) {
+void check_row_stat(const char* op, const char* name, const Tensor& stat, const Tensor& logits,
+                    std::int64_t N) {
   detail::check_float(op, name, stat);
   detail::check_dtype_is(op, name, stat, logits.dtype());
   detail::check_numel(op, name, stat, N, "one per row of logits");
@@ -50,10 +51,12 @@ void check_row_stat(const char* op, const char* name, const Tensor& stat, const 
 
 void embedding_shard_forward(const Tensor& ids, const Tensor& table_shard, std::int64_t vocab_start,
                              Tensor& out) {
-  if (table_shard.device().is_cuda()) return cuda::embedding_shard_forward(ids, table_shard, vocab_start, out);
+  if (table_shard.device().is_cuda())
+    return cuda::embedding_shard_forward(ids, table_shard, vocab_start, out);
   if (detail::is_half(table_shard.dtype())) {
     detail::Widened f32("embedding_shard_forward", table_shard.dtype());
-    embedding_shard_forward(ids, f32.in("table_shard", table_shard), vocab_start, f32.out("out", out));
+    embedding_shard_forward(ids, f32.in("table_shard", table_shard), vocab_start,
+                            f32.out("out", out));
     return f32.store();
   }
   const char* op = "embedding_shard_forward";
@@ -77,10 +80,12 @@ void embedding_shard_forward(const Tensor& ids, const Tensor& table_shard, std::
 
 void embedding_shard_backward(const Tensor& ids, const Tensor& dout, std::int64_t vocab_start,
                               Tensor& dtable_shard) {
-  if (dout.device().is_cuda()) return cuda::embedding_shard_backward(ids, dout, vocab_start, dtable_shard);
+  if (dout.device().is_cuda())
+    return cuda::embedding_shard_backward(ids, dout, vocab_start, dtable_shard);
   if (detail::is_half(dout.dtype())) {
     detail::Widened f32("embedding_shard_backward", dout.dtype());
-    embedding_shard_backward(ids, f32.in("dout", dout), vocab_start, f32.out("dtable_shard", dtable_shard));
+    embedding_shard_backward(ids, f32.in("dout", dout), vocab_start,
+                             f32.out("dtable_shard", dtable_shard));
     return f32.store();
   }
   const char* op = "embedding_shard_backward";
@@ -125,11 +130,13 @@ void row_max(const Tensor& x, Tensor& out) {
 void vocab_shard_softmax_sums(const Tensor& logits, const Tensor& targets, std::int64_t vocab_start,
                               const Tensor& row_max, Tensor& sum_exp, Tensor& target_logit) {
   if (logits.device().is_cuda())
-    return cuda::vocab_shard_softmax_sums(logits, targets, vocab_start, row_max, sum_exp, target_logit);
+    return cuda::vocab_shard_softmax_sums(logits, targets, vocab_start, row_max, sum_exp,
+                                          target_logit);
   if (detail::is_half(logits.dtype())) {
     detail::Widened f32("vocab_shard_softmax_sums", logits.dtype());
-    vocab_shard_softmax_sums(f32.in("logits", logits), targets, vocab_start, f32.in("row_max", row_max),
-                             f32.out("sum_exp", sum_exp), f32.out("target_logit", target_logit));
+    vocab_shard_softmax_sums(f32.in("logits", logits), targets, vocab_start,
+                             f32.in("row_max", row_max), f32.out("sum_exp", sum_exp),
+                             f32.out("target_logit", target_logit));
     return f32.store();
   }
   const char* op = "vocab_shard_softmax_sums";
@@ -163,8 +170,9 @@ void vocab_shard_cross_entropy_backward(const Tensor& logits, const Tensor& targ
                                                     loss_scale, dlogits);
   if (detail::is_half(logits.dtype())) {
     detail::Widened f32("vocab_shard_cross_entropy_backward", logits.dtype());
-    vocab_shard_cross_entropy_backward(f32.in("logits", logits), targets, vocab_start, f32.in("row_max", row_max),
-                                       f32.in("sum_exp", sum_exp), loss_scale, f32.out("dlogits", dlogits));
+    vocab_shard_cross_entropy_backward(f32.in("logits", logits), targets, vocab_start,
+                                       f32.in("row_max", row_max), f32.in("sum_exp", sum_exp),
+                                       loss_scale, f32.out("dlogits", dlogits));
     return f32.store();
   }
   const char* op = "vocab_shard_cross_entropy_backward";

@@ -36,8 +36,8 @@ __device__ __forceinline__ float row_logsumexp(const T* row, std::int64_t V, nn:
 /// f64 like the CPU's, in a fixed order by sum_in_order) and, rounded, to
 /// losses (when not null).
 template <typename T, int W>
-__global__ void forward_kernel(const T* logits, const std::int32_t* targets, T* losses, double* row_loss,
-                               std::int64_t V) {
+__global__ void forward_kernel(const T* logits, const std::int32_t* targets, T* losses,
+                               double* row_loss, std::int64_t V) {
   __shared__ nn::MaxSum shared[32];
   const T* row = logits + blockIdx.x * V;
   const float lse = row_logsumexp<T, W>(row, V, shared);
@@ -50,7 +50,8 @@ __global__ void forward_kernel(const T* logits, const std::int32_t* targets, T* 
 
 /// dlogits = scale (softmax(row) - onehot(target)).
 template <typename T, int W>
-__global__ void backward_kernel(const T* logits, const std::int32_t* targets, float scale, T* dlogits, std::int64_t V) {
+__global__ void backward_kernel(const T* logits, const std::int32_t* targets, float scale,
+                                T* dlogits, std::int64_t V) {
   __shared__ nn::MaxSum shared[32];
   const T* row = logits + blockIdx.x * V;
   T* grad = dlogits + blockIdx.x * V;  // may be the same memory as row

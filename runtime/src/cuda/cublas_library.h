@@ -19,13 +19,12 @@ struct CublasLibrary {
   cublasStatus_t (*create)(cublasHandle_t*) = nullptr;
   cublasStatus_t (*destroy)(cublasHandle_t) = nullptr;
   cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t) = nullptr;
-  cublasStatus_t (*gemm_strided_batched_ex)(cublasHandle_t, cublasOperation_t transa, cublasOperation_t transb,
-                                            int m, int n, int k, const void* alpha, const void* A,
-                                            cudaDataType Atype, int lda, long long strideA, const void* B,
-                                            cudaDataType Btype, int ldb, long long strideB, const void* beta,
-                                            void* C, cudaDataType Ctype, int ldc, long long strideC,
-                                            int batch_count, cublasComputeType_t compute_type,
-                                            cublasGemmAlgo_t algo) = nullptr;
+  cublasStatus_t (*gemm_strided_batched_ex)(
+      cublasHandle_t, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+      const void* alpha, const void* A, cudaDataType Atype, int lda, long long strideA,
+      const void* B, cudaDataType Btype, int ldb, long long strideB, const void* beta, void* C,
+      cudaDataType Ctype, int ldc, long long strideC, int batch_count,
+      cublasComputeType_t compute_type, cublasGemmAlgo_t algo) = nullptr;
 };
 
 /// Loads cuBLAS (the library found at configure time, else the soname of the

@@ -10,14 +10,15 @@
 
 namespace dtp::cuda {
 [[noreturn]] inline void fail(cudaError_t code, const char* call, const char* file, int line) {
-  throw Error(std::string("CUDA error: ") + call + " failed at " + file + ":" + std::to_string(line) +
-              ": " + cudaGetErrorName(code) + " (" + cudaGetErrorString(code) + ")");
+  throw Error(std::string("CUDA error: ") + call + " failed at " + file + ":" +
+              std::to_string(line) + ": " + cudaGetErrorName(code) + " (" +
+              cudaGetErrorString(code) + ")");
 }
 }  // namespace dtp::cuda
 
-#define DTP_CUDA_CHECK(call)                                                   \
-  do {                                                                         \
-    cudaError_t dtp_cuda_status = (call);                                      \
-    if (dtp_cuda_status != cudaSuccess)                                        \
-      ::dtp::cuda::fail(dtp_cuda_status, #call, __FILE__, __LINE__);           \
+#define DTP_CUDA_CHECK(call)                                         \
+  do {                                                               \
+    cudaError_t dtp_cuda_status = (call);                            \
+    if (dtp_cuda_status != cudaSuccess)                              \
+      ::dtp::cuda::fail(dtp_cuda_status, #call, __FILE__, __LINE__); \
   } while (0)

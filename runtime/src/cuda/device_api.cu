@@ -45,7 +45,9 @@ __global__ void accumulate_kernel(T* dst, const T* src, std::int64_t count, int 
     vec::load<V>(src + i, b);
 #pragma unroll
     for (int k = 0; k < V; ++k)
-      a[k] = op == 0 ? a[k] + b[k] : op == 1 ? (a[k] > b[k] ? a[k] : b[k]) : (a[k] < b[k] ? a[k] : b[k]);
+      a[k] = op == 0   ? a[k] + b[k]
+             : op == 1 ? (a[k] > b[k] ? a[k] : b[k])
+                       : (a[k] < b[k] ? a[k] : b[k]);
     vec::store<V>(dst + i, a);
   });
 }
@@ -58,13 +60,15 @@ cudaMemPool_t pool_of(int index) {
   static std::mutex mutex;
   static std::vector<cudaMemPool_t> pools;  // by device index; null until first used
   std::lock_guard<std::mutex> lock(mutex);
-  if (static_cast<std::size_t>(index) >= pools.size()) pools.resize(static_cast<std::size_t>(index) + 1, nullptr);
+  if (static_cast<std::size_t>(index) >= pools.size())
+    pools.resize(static_cast<std::size_t>(index) + 1, nullptr);
   cudaMemPool_t& pool = pools[static_cast<std::size_t>(index)];
   if (pool == nullptr) {
     cudaMemPool_t made = nullptr;
     DTP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&made, index));
     std::uint64_t keep_everything = UINT64_MAX;
-    DTP_CUDA_CHECK(cudaMemPoolSetAttribute(made, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+    DTP_CUDA_CHECK(
+        cudaMemPoolSetAttribute(made, cudaMemPoolAttrReleaseThreshold, &keep_everything));
     pool = made;
   }
   return pool;
@@ -86,8 +90,8 @@ void* allocate(Device device, std::size_t bytes) {
   // Stream-ordered (freeing and reusing memory never waits for the whole
   // GPU), from device k's own pool: this thread's stream may belong to
   // another device, and cudaMallocAsync would take its device's pool.
-  DTP_CUDA_CHECK(
-      cudaMallocFromPoolAsync(&pointer, std::max<std::size_t>(bytes, 256), pool_of(device.index), stream()));
+  DTP_CUDA_CHECK(cudaMallocFromPoolAsync(&pointer, std::max<std::size_t>(bytes, 256),
+                                         pool_of(device.index), stream()));
   return pointer;
 }
 
@@ -108,7 +112,8 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
 void fill(void* data, DType dtype, std::int64_t count, double value) {
   if (count == 0) return;
   if (value == 0.0 && !std::signbit(value)) {  // +0 is all zero bits in every dtype: one memset
-    DTP_CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<std::size_t>(count) * dtype_size(dtype), stream()));
+    DTP_CUDA_CHECK(
+        cudaMemsetAsync(data, 0, static_cast<std::size_t>(count) * dtype_size(dtype), stream()));
     return;
   }
   with_device_element(dtype, [&](auto zero) {
@@ -118,12 +123,13 @@ void fill(void* data, DType dtype, std::int64_t count, double value) {
   DTP_CUDA_CHECK(cudaGetLastError());
 }
 
-void fill_random(void* data, DType dtype, std::int64_t count, std::uint64_t seed, std::int64_t offset,
-                 double low, double high) {
+void fill_random(void* data, DType dtype, std::int64_t count, std::uint64_t seed,
+                 std::int64_t offset, double low, double high) {
   if (count == 0) return;
   with_device_element(dtype, [&](auto zero) {
     using T = decltype(zero);
-    random_kernel<<<blocks_for(count), 256, 0, stream()>>>(static_cast<T*>(data), count, seed, offset, low, high);
+    random_kernel<<<blocks_for(count), 256, 0, stream()>>>(static_cast<T*>(data), count, seed,
+                                                           offset, low, high);
   });
   DTP_CUDA_CHECK(cudaGetLastError());
 }
@@ -136,8 +142,8 @@ void accumulate(void* dst, const void* src, DType dtype, std::int64_t count, Red
     launch_elementwise<T>(
         count,
         [&](auto w, unsigned grid) {
-          accumulate_kernel<T, decltype(w)::value>
-              <<<grid, 256, 0, stream()>>>(static_cast<T*>(dst), static_cast<const T*>(src), count, code);
+          accumulate_kernel<T, decltype(w)::value><<<grid, 256, 0, stream()>>>(
+              static_cast<T*>(dst), static_cast<const T*>(src), count, code);
         },
         static_cast<const T*>(dst), static_cast<const T*>(src));
   });
@@ -204,8 +210,12 @@ void destroy_event(void* event) {
   if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
 }
 
-void record(void* event) { DTP_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), stream())); }
+void record(void* event) {
+  DTP_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), stream()));
+}
 
-void wait(void* event) { DTP_CUDA_CHECK(cudaStreamWaitEvent(stream(), static_cast<cudaEvent_t>(event), 0)); }
+void wait(void* event) {
+  DTP_CUDA_CHECK(cudaStreamWaitEvent(stream(), static_cast<cudaEvent_t>(event), 0));
+}
 
 }  // namespace dtp::cuda

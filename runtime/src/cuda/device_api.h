@@ -58,12 +58,12 @@ void enable_peer_access(int device_count);
 /// [offset, offset + length) of the @p count buffers, writes the reduction of
 /// all of them into every one of them. One read and one write per element
 /// and buffer; no temporary.
-void reduce_into_all(void* const* buffers, int count, std::int64_t offset, std::int64_t length, DType dtype,
-                     ReduceOp op);
+void reduce_into_all(void* const* buffers, int count, std::int64_t offset, std::int64_t length,
+                     DType dtype, ReduceOp op);
 /// out[0, length) = reduction over the @p count inputs of their elements
 /// [offset, offset + length).
-void reduce_from_all(void* out, const void* const* inputs, int count, std::int64_t offset, std::int64_t length,
-                     DType dtype, ReduceOp op);
+void reduce_from_all(void* out, const void* const* inputs, int count, std::int64_t offset,
+                     std::int64_t length, DType dtype, ReduceOp op);
 
 /// Events let one rank's stream wait for work queued on another's.
 void* create_event();

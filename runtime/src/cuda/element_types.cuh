@@ -15,9 +15,18 @@
 
 namespace dtp::cuda {
 
-template <typename T> struct Compute { using type = T; };
-template <> struct Compute<__nv_bfloat16> { using type = float; };
-template <> struct Compute<__half> { using type = float; };
+template <typename T>
+struct Compute {
+  using type = T;
+};
+template <>
+struct Compute<__nv_bfloat16> {
+  using type = float;
+};
+template <>
+struct Compute<__half> {
+  using type = float;
+};
 
 template <typename T>
 __device__ __forceinline__ typename Compute<T>::type load(const T* p, std::int64_t i) {
@@ -26,9 +35,12 @@ __device__ __forceinline__ typename Compute<T>::type load(const T* p, std::int64
 /// @p v rounded to the storage type T (to nearest even for bf16 and f16).
 template <typename T>
 __device__ __forceinline__ T to_storage(typename Compute<T>::type v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(v);
-  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(v);
-  else return v;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(v);
+  else if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(v);
+  else
+    return v;
 }
 template <typename T>
 __device__ __forceinline__ void store(T* p, std::int64_t i, typename Compute<T>::type v) {
@@ -36,20 +48,33 @@ __device__ __forceinline__ void store(T* p, std::int64_t i, typename Compute<T>:
 }
 template <typename T>
 __device__ __forceinline__ T from_double(double v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(static_cast<float>(v));
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
 }
 
 /// Calls fn(T{}) with T the device storage type of @p dtype.
 template <typename Fn>
 void with_device_element(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::f64: fn(double{}); break;
-    case DType::f32: fn(float{}); break;
-    case DType::bf16: fn(__nv_bfloat16{}); break;
-    case DType::f16: fn(__half{}); break;
-    case DType::i32: fn(std::int32_t{}); break;
+    case DType::f64:
+      fn(double{});
+      break;
+    case DType::f32:
+      fn(float{});
+      break;
+    case DType::bf16:
+      fn(__nv_bfloat16{});
+      break;
+    case DType::f16:
+      fn(__half{});
+      break;
+    case DType::i32:
+      fn(std::int32_t{});
+      break;
   }
 }
 

@@ -112,7 +112,8 @@ template <typename T, int W>
 __global__ void bias_partial_kernel(const T* dy, float* partial, std::int64_t rows, std::int64_t C,
                                     std::int64_t rows_per_slice) {
   __shared__ nn::SliceTile<W> tile;
-  const std::int64_t c0 = (static_cast<std::int64_t>(blockIdx.x) * nn::kColumnBlock + threadIdx.x) * W;
+  const std::int64_t c0 =
+      (static_cast<std::int64_t>(blockIdx.x) * nn::kColumnBlock + threadIdx.x) * W;
   std::int64_t first, end;
   nn::slice_rows(rows, rows_per_slice, first, end);
   float acc[W] = {};
@@ -191,7 +192,8 @@ __global__ void adamw_kernel(T* p, const T* g, T* m, T* v, std::int64_t n, AdamW
 
 /// SGD with optional momentum (buf null: none) and Nesterov.
 template <typename T, int W>
-__global__ void sgd_kernel(T* p, const T* g, T* buf, std::int64_t n, float lr, float mu, float wd, bool nesterov) {
+__global__ void sgd_kernel(T* p, const T* g, T* buf, std::int64_t n, float lr, float mu, float wd,
+                           bool nesterov) {
   vec::for_each_chunk<W>(n, [&](auto width, std::int64_t i) {
     constexpr int V = decltype(width)::value;
     float pv[V], gv[V], bv[V];

@@ -36,14 +36,16 @@ void backward_launches(bool mma, Launch&& launch) {
     if (mma) {
       const std::size_t bytes = shared_bytes<MmaShared<T, MAXD>>();
       launch(dq_kernel_mma<T, MAXD>, bytes, QueryBlocks{});
-      for_each_key_grads_launch<kSplitKeyGradsMma<MAXD>>(
-          [&](auto which) { launch(dkv_kernel_mma<T, MAXD, decltype(which)::value>, bytes, KeyBlocks{}); });
+      for_each_key_grads_launch<kSplitKeyGradsMma<MAXD>>([&](auto which) {
+        launch(dkv_kernel_mma<T, MAXD, decltype(which)::value>, bytes, KeyBlocks{});
+      });
       return;
     }
   }
   launch(dq_kernel<T, MAXD>, shared_bytes<DqShared<T, MAXD>>(), QueryBlocks{});
   for_each_key_grads_launch<kSplitKeyGrads<MAXD>>([&](auto which) {
-    launch(dkv_kernel<T, MAXD, decltype(which)::value>, shared_bytes<DkvShared<T, MAXD>>(), KeyBlocks{});
+    launch(dkv_kernel<T, MAXD, decltype(which)::value>, shared_bytes<DkvShared<T, MAXD>>(),
+           KeyBlocks{});
   });
 }
 

@@ -34,31 +34,38 @@ namespace dtp::cuda::flash {
 
 /// d += a b for one 16 x 8 x 16 tile, f32 accumulation.
 template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
+__device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a)[4],
+                                          const std::uint32_t (&b)[2]) {
 #ifdef DTP_CUDA_EMULATION
   ::dtp::emu::mma_m16n8k16<T>(d, a, b);
 #else
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   } else {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   }
 #endif
 }
 
-__device__ __forceinline__ std::uint16_t bits_of(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+__device__ __forceinline__ std::uint16_t bits_of(__nv_bfloat16 x) {
+  return __bfloat16_as_ushort(x);
+}
 __device__ __forceinline__ std::uint16_t bits_of(__half x) { return __half_as_ushort(x); }
 
 /// Two 16-bit values in one register, `low` in the low half.
 template <typename T>
 __device__ __forceinline__ std::uint32_t pack(T low, T high) {
-  return static_cast<std::uint32_t>(bits_of(low)) | (static_cast<std::uint32_t>(bits_of(high)) << 16);
+  return static_cast<std::uint32_t>(bits_of(low)) |
+         (static_cast<std::uint32_t>(bits_of(high)) << 16);
 }
 /// Two neighbouring 16-bit values of a shared row (p 4-byte aligned) as one register.
 template <typename T>
@@ -82,7 +89,8 @@ __device__ __forceinline__ Lane this_lane() {
 
 /// A operand: rows [0, 16) and columns [k0, k0 + 16) of shared rows `pitch` apart.
 template <typename T>
-__device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const T* rows, int pitch, int k0, Lane l) {
+__device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const T* rows, int pitch, int k0,
+                                       Lane l) {
   a[0] = load_pair(rows + l.g * pitch + k0 + 2 * l.t);
   a[1] = load_pair(rows + (l.g + 8) * pitch + k0 + 2 * l.t);
   a[2] = load_pair(rows + l.g * pitch + k0 + 8 + 2 * l.t);
@@ -91,15 +99,16 @@ __device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const T* rows, int
 /// B operand = X^T for shared rows X (B's column n is X's row n0 + n): rows
 /// n0..n0+7 of X, columns k0..k0+15.
 template <typename T>
-__device__ __forceinline__ void load_b_transposed(std::uint32_t (&b)[2], const T* x, int pitch, int n0, int k0,
-                                                  Lane l) {
+__device__ __forceinline__ void load_b_transposed(std::uint32_t (&b)[2], const T* x, int pitch,
+                                                  int n0, int k0, Lane l) {
   b[0] = load_pair(x + (n0 + l.g) * pitch + k0 + 2 * l.t);
   b[1] = load_pair(x + (n0 + l.g) * pitch + k0 + 8 + 2 * l.t);
 }
 /// B operand = X for shared rows X (B's row k is X's row k0 + k): rows
 /// k0..k0+15 of X, columns n0..n0+7.
 template <typename T>
-__device__ __forceinline__ void load_b(std::uint32_t (&b)[2], const T* x, int pitch, int k0, int n0, Lane l) {
+__device__ __forceinline__ void load_b(std::uint32_t (&b)[2], const T* x, int pitch, int k0, int n0,
+                                       Lane l) {
   const T* column = x + n0 + l.g;
   b[0] = pack(column[(k0 + 2 * l.t) * pitch], column[(k0 + 2 * l.t + 1) * pitch]);
   b[1] = pack(column[(k0 + 8 + 2 * l.t) * pitch], column[(k0 + 9 + 2 * l.t) * pitch]);
@@ -108,7 +117,8 @@ __device__ __forceinline__ void load_b(std::uint32_t (&b)[2], const T* x, int pi
 /// 16 x kCols tile (8 columns per accumulator), rounded to T: the tile stays
 /// in its lanes, since an accumulator's (row, column) pairs are the A layout's.
 template <typename T>
-__device__ __forceinline__ void accumulators_as_a(std::uint32_t (&a)[4], const float (&acc)[kCols / 8][4], int kk) {
+__device__ __forceinline__ void accumulators_as_a(std::uint32_t (&a)[4],
+                                                  const float (&acc)[kCols / 8][4], int kk) {
   const float(&lo)[4] = acc[2 * kk];
   const float(&hi)[4] = acc[2 * kk + 1];
   a[0] = pack(Mma<T>::operand(lo[0]), Mma<T>::operand(lo[1]));
@@ -126,7 +136,8 @@ __device__ __forceinline__ void zero(float (&acc)[N][4]) {
 /// acc[n] (columns [8 n, 8 n + 8) of a 16 x kCols tile) = A B^T, where A is the
 /// warp's 16 shared rows and B the kCols shared rows at `other`, MAXD wide.
 template <typename T, int MAXD>
-__device__ __forceinline__ void warp_scores(float (&acc)[kCols / 8][4], const T* a_rows, const T* other, Lane l) {
+__device__ __forceinline__ void warp_scores(float (&acc)[kCols / 8][4], const T* a_rows,
+                                            const T* other, Lane l) {
   zero(acc);
   // The k steps one at a time: the tile's 8 accumulators and the other
   // kernels' registers leave no room for operands of several steps in flight.
@@ -146,7 +157,8 @@ __device__ __forceinline__ void warp_scores(float (&acc)[kCols / 8][4], const T*
 /// out[d] += W X: W a 16 x kCols tile held in accumulators, X the kCols shared
 /// rows at `x`; out[d] holds columns [8 d, 8 d + 8).
 template <typename T, int MAXD>
-__device__ __forceinline__ void warp_accumulate(float (&out)[MAXD / 8][4], const float (&w)[kCols / 8][4], const T* x,
+__device__ __forceinline__ void warp_accumulate(float (&out)[MAXD / 8][4],
+                                                const float (&w)[kCols / 8][4], const T* x,
                                                 Lane l) {
 #pragma unroll  // w's tiles are registers: kk must be known at compile time
   for (int kk = 0; kk < kCols / 16; ++kk) {
@@ -165,9 +177,10 @@ __device__ __forceinline__ void warp_accumulate(float (&out)[MAXD / 8][4], const
 /// global rows `stride` apart (those below `rows`, columns below D), times
 /// scale[0] and scale[1].
 template <typename T, int MAXD>
-__device__ __forceinline__ void write_accumulators(T* dst, std::int64_t stride, std::int64_t row0, std::int64_t rows,
-                                                   int D, const float (&acc)[MAXD / 8][4], const float (&scale)[2],
-                                                   Lane l) {
+__device__ __forceinline__ void write_accumulators(T* dst, std::int64_t stride, std::int64_t row0,
+                                                   std::int64_t rows, int D,
+                                                   const float (&acc)[MAXD / 8][4],
+                                                   const float (&scale)[2], Lane l) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const std::int64_t row = row0 + l.g + 8 * h;
@@ -224,9 +237,9 @@ struct MmaShared {
 };
 
 template <typename T, int MAXD>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) forward_kernel_mma(const T* q, const T* k, const T* v,
-                                                                                T* out, T* row_max, T* row_sum,
-                                                                                Dims d, Mask mask) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    forward_kernel_mma(const T* q, const T* k, const T* v, T* out, T* row_max, T* row_sum, Dims d,
+                       Mask mask) {
   DTP_DYNAMIC_SHARED(float, smem);
   const MmaShared<T, MAXD> sh(smem);
   const Lane l = this_lane();
@@ -263,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) forward_kernel_mma(
         }
       tile_max = across_row(tile_max, Max{});
       const float m_new = fmaxf(m[hh], tile_max);
-      const bool seen = m_new != kNegInf;  // has this row seen any key yet?
+      const bool seen = m_new != kNegInf;                         // has this row seen any key yet?
       const float correction = seen ? expf(m[hh] - m_new) : 1.f;  // 0 on the first key seen
       float tile_sum = 0.f;
 #pragma unroll
@@ -296,10 +309,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) forward_kernel_mma(
 }
 
 template <typename T, int MAXD>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dq_kernel_mma(const T* q, const T* k, const T* v,
-                                                                           const T* dout, const T* row_max,
-                                                                           const T* row_sum, const float* delta, T* dq,
-                                                                           Dims d, Mask mask) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    dq_kernel_mma(const T* q, const T* k, const T* v, const T* dout, const T* row_max,
+                  const T* row_sum, const float* delta, T* dq, Dims d, Mask mask) {
   DTP_DYNAMIC_SHARED(float, smem);
   const MmaShared<T, MAXD> sh(smem);
   const Lane l = this_lane();
@@ -335,7 +347,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dq_kernel_mma(const
       for (int e = 0; e < 4; ++e) {
         const int hh = e / 2;
         const bool live = j0 + n * 8 + 2 * l.t + e % 2 < nk[hh];
-        s[n][e] = live ? score_grad(probability(s[n][e], st[hh], d.scale), dp[n][e], st[hh], d.scale) : 0.f;
+        s[n][e] = live
+                      ? score_grad(probability(s[n][e], st[hh], d.scale), dp[n][e], st[hh], d.scale)
+                      : 0.f;
       }
     warp_accumulate<T, MAXD>(acc, s, sh.other0, l);  // dQ += dS K
   }
@@ -344,10 +358,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dq_kernel_mma(const
 }
 
 template <typename T, int MAXD, KeyGrads G>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dkv_kernel_mma(const T* q, const T* k, const T* v,
-                                                                            const T* dout, const T* row_max,
-                                                                            const T* row_sum, const float* delta,
-                                                                            T* dk, T* dv, Dims d, Mask mask) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    dkv_kernel_mma(const T* q, const T* k, const T* v, const T* dout, const T* row_max,
+                   const T* row_sum, const float* delta, T* dk, T* dv, Dims d, Mask mask) {
   DTP_DYNAMIC_SHARED(float, smem);
   const MmaShared<T, MAXD> sh(smem);
   const Lane l = this_lane();
@@ -359,15 +372,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dkv_kernel_mma(cons
   stage_rows<T, MAXD>(sh.own0, k + koff, stride, j0, d.Tk, D, kRows);
   stage_rows<T, MAXD>(sh.own1, v + koff, stride, j0, d.Tk, D, kRows);
 
-  const std::int64_t key[2] = {j0 + warp * 16 + l.g, j0 + warp * 16 + l.g + 8};  // this lane's key rows
+  const std::int64_t key[2] = {j0 + warp * 16 + l.g,
+                               j0 + warp * 16 + l.g + 8};  // this lane's key rows
   float gk[G == KeyGrads::values ? 1 : MAXD / 8][4], gv[G == KeyGrads::keys ? 1 : MAXD / 8][4];
   zero(gk);
   zero(gv);
   for (std::int64_t i0 = mask.first_row_seeing(j0); i0 < d.Tq; i0 += kCols) {
-    __syncthreads();  // every warp is done with the previous Q, dO and statistics (and K, V are staged)
-    stage_query_tile<T, MAXD>(sh.other0, sh.other1, sh.stats, q, dout, row_max, row_sum, delta, d, at, i0);
+    __syncthreads();  // every warp is done with the previous Q, dO and statistics (and K, V are
+                      // staged)
+    stage_query_tile<T, MAXD>(sh.other0, sh.other1, sh.stats, q, dout, row_max, row_sum, delta, d,
+                              at, i0);
     __syncthreads();
-    float pt[kCols / 8][4], dst[kCols / 8][4];  // S^T then P^T; dP^T then dS^T (rows: keys, columns: queries)
+    float pt[kCols / 8][4],
+        dst[kCols / 8][4];  // S^T then P^T; dP^T then dS^T (rows: keys, columns: queries)
     warp_scores<T, MAXD>(pt, my_k, sh.other0, l);
     if constexpr (G != KeyGrads::values) warp_scores<T, MAXD>(dst, my_v, sh.other1, l);
 #pragma unroll
@@ -379,11 +396,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dkv_kernel_mma(cons
         // Rows past Tq have inv_sum 0; hidden keys and keys past Tk fail the mask.
         const bool live = st.inv_sum > 0.f && key[e / 2] < mask.visible(i0 + c, d.Tk);
         const float p = live ? probability(pt[n][e], st, d.scale) : 0.f;
-        if constexpr (G != KeyGrads::values) dst[n][e] = live ? score_grad(p, dst[n][e], st, d.scale) : 0.f;
+        if constexpr (G != KeyGrads::values)
+          dst[n][e] = live ? score_grad(p, dst[n][e], st, d.scale) : 0.f;
         pt[n][e] = p;
       }
-    if constexpr (G != KeyGrads::keys) warp_accumulate<T, MAXD>(gv, pt, sh.other1, l);    // dV += P^T dO
-    if constexpr (G != KeyGrads::values) warp_accumulate<T, MAXD>(gk, dst, sh.other0, l);  // dK += dS^T Q
+    if constexpr (G != KeyGrads::keys)
+      warp_accumulate<T, MAXD>(gv, pt, sh.other1, l);  // dV += P^T dO
+    if constexpr (G != KeyGrads::values)
+      warp_accumulate<T, MAXD>(gk, dst, sh.other0, l);  // dK += dS^T Q
   }
   const float one[2] = {1.f, 1.f};
   if constexpr (G != KeyGrads::values)

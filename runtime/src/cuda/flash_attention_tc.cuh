@@ -71,10 +71,12 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kRows = 16 * kWarps;  // rows a block owns
 constexpr int kCols = 64;           // rows of the other side per step
-constexpr int kPad = 8;             // elements after each shared row: keeps rows 32-byte aligned, staggers banks
+constexpr int kPad =
+    8;  // elements after each shared row: keeps rows 32-byte aligned, staggers banks
 template <int MAXD>
-constexpr int kPitch = MAXD + kPad;        // a shared row of head-dim values
-constexpr int kScorePitch = kCols + kPad;  // a shared row of scores (f32) or of P or dS (operand type)
+constexpr int kPitch = MAXD + kPad;  // a shared row of head-dim values
+constexpr int kScorePitch =
+    kCols + kPad;  // a shared row of scores (f32) or of P or dS (operand type)
 constexpr float kNegInf = -INFINITY;
 // Two blocks per SM lets a thread use up to 255 registers (ptxas otherwise
 // settles near 168 and spills the dK/dV kernel at MAXD 128); the shared
@@ -113,11 +115,14 @@ struct Mma<__half> {
 template <typename T>
 using Operand = typename Mma<T>::Operand;
 template <typename T>
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, Mma<T>::K, typename Mma<T>::Precision, wmma::row_major>;
+using FragA =
+    wmma::fragment<wmma::matrix_a, 16, 16, Mma<T>::K, typename Mma<T>::Precision, wmma::row_major>;
 template <typename T>  // B^T: its column n is B's row n, so col-major over B's rows
-using FragBT = wmma::fragment<wmma::matrix_b, 16, 16, Mma<T>::K, typename Mma<T>::Precision, wmma::col_major>;
+using FragBT =
+    wmma::fragment<wmma::matrix_b, 16, 16, Mma<T>::K, typename Mma<T>::Precision, wmma::col_major>;
 template <typename T>
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, Mma<T>::K, typename Mma<T>::Precision, wmma::row_major>;
+using FragB =
+    wmma::fragment<wmma::matrix_b, 16, 16, Mma<T>::K, typename Mma<T>::Precision, wmma::row_major>;
 template <typename T>
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, Mma<T>::K, float>;
 
@@ -125,7 +130,8 @@ using FragC = wmma::fragment<wmma::accumulator, 16, 16, Mma<T>::K, float>;
 /// array starts 32-byte aligned, as WMMA loads and stores require.
 class SharedArena {
  public:
-  __host__ __device__ explicit SharedArena(void* base) : base_(reinterpret_cast<std::uintptr_t>(base)) {}
+  __host__ __device__ explicit SharedArena(void* base)
+      : base_(reinterpret_cast<std::uintptr_t>(base)) {}
   template <typename U>
   __host__ __device__ U* take(std::size_t count) {
     U* p = reinterpret_cast<U*>(base_ + used_);
@@ -144,8 +150,10 @@ class SharedArena {
 /// itself when the operand is f32, its own array otherwise.
 template <typename T>
 __host__ __device__ Operand<T>* weights_tile(SharedArena& arena, float* scores) {
-  if constexpr (std::is_same_v<Operand<T>, float>) return scores;
-  else return arena.take<Operand<T>>(static_cast<std::size_t>(kRows) * kScorePitch);
+  if constexpr (std::is_same_v<Operand<T>, float>)
+    return scores;
+  else
+    return arena.take<Operand<T>>(static_cast<std::size_t>(kRows) * kScorePitch);
 }
 
 /// Each kernel's shared arrays, in order; the kernel and its launcher both
@@ -177,9 +185,10 @@ struct DqShared {
     ds = weights_tile<T>(arena, s);
   }
   SharedArena arena;
-  Operand<T>*k, *v, *q, *dout;  // the key and value tiles, the block's query and output-gradient rows
-  float *s, *dp;                // the scores and dP
-  Operand<T>* ds;               // dS
+  Operand<T>*k, *v, *q,
+      *dout;       // the key and value tiles, the block's query and output-gradient rows
+  float *s, *dp;   // the scores and dP
+  Operand<T>* ds;  // dS
 };
 template <typename T, int MAXD>
 struct DkvShared {
@@ -210,8 +219,8 @@ std::size_t shared_bytes() {
 /// memory, D wide) as operands in shared rows kPitch apart, zero past D and
 /// past the last row. All threads of the block take part.
 template <typename T, int MAXD>
-__device__ __forceinline__ void stage_rows(Operand<T>* dst, const T* src, std::int64_t stride, std::int64_t r0,
-                                           std::int64_t rows, int D, int count) {
+__device__ __forceinline__ void stage_rows(Operand<T>* dst, const T* src, std::int64_t stride,
+                                           std::int64_t r0, std::int64_t rows, int D, int count) {
   for (int idx = threadIdx.x; idx < count * MAXD; idx += kThreads) {
     const int r = idx / MAXD, c = idx % MAXD;
     const float x = (r0 + r < rows && c < D) ? static_cast<float>(src[(r0 + r) * stride + c]) : 0.f;
@@ -225,7 +234,8 @@ __device__ __forceinline__ void stage_rows(Operand<T>* dst, const T* src, std::i
 /// once per k step); wider heads do one block at a time, which keeps 24 fewer
 /// registers live next to the dK/dV kernel's accumulators.
 template <typename T, int MAXD>
-__device__ __forceinline__ void warp_scores(float* out, const Operand<T>* a_rows, const Operand<T>* other) {
+__device__ __forceinline__ void warp_scores(float* out, const Operand<T>* a_rows,
+                                            const Operand<T>* other) {
   constexpr int K = Mma<T>::K;
   if constexpr (MAXD > 64) {
 #pragma unroll 1
@@ -286,7 +296,8 @@ __device__ __forceinline__ void warp_accumulate(FragC<T> (&acc)[MAXD / 16], cons
 /// (those below `rows`), one 16 x 16 block at a time through the warp's
 /// f32 scratch rows (kScorePitch apart).
 template <typename T, int MAXD>
-__device__ __forceinline__ void write_rows(T* dst, std::int64_t stride, std::int64_t row0, std::int64_t rows, int D,
+__device__ __forceinline__ void write_rows(T* dst, std::int64_t stride, std::int64_t row0,
+                                           std::int64_t rows, int D,
                                            const FragC<T> (&acc)[MAXD / 16], float* scratch) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -296,7 +307,8 @@ __device__ __forceinline__ void write_rows(T* dst, std::int64_t stride, std::int
     __syncwarp();
     for (int idx = lane; idx < 16 * 16; idx += 32) {
       const int r = idx / 16, c = n * 16 + idx % 16;
-      if (row0 + r < rows && c < D) dst[(row0 + r) * stride + c] = Mma<T>::output(scratch[r * kScorePitch + idx % 16]);
+      if (row0 + r < rows && c < D)
+        dst[(row0 + r) * stride + c] = Mma<T>::output(scratch[r * kScorePitch + idx % 16]);
     }
   }
 }
@@ -311,8 +323,13 @@ struct BlockPlace {
 };
 __device__ __forceinline__ BlockPlace block_place(const Dims& d) {
   const std::int64_t b = blockIdx.z, h = blockIdx.y;
-  return {b, h, static_cast<std::int64_t>(blockIdx.x) * kRows, d.H * d.D, (b * d.Tq * d.H + h) * d.D,
-          (b * d.Tk * d.H + h) * d.D, static_cast<int>(d.D)};
+  return {b,
+          h,
+          static_cast<std::int64_t>(blockIdx.x) * kRows,
+          d.H * d.D,
+          (b * d.Tq * d.H + h) * d.D,
+          (b * d.Tk * d.H + h) * d.D,
+          static_cast<int>(d.D)};
 }
 
 // Lanes 2r and 2r + 1 of a warp handle its row r in the element-wise steps,
@@ -321,9 +338,9 @@ __device__ __forceinline__ int my_row() { return (threadIdx.x % 32) / 2; }
 __device__ __forceinline__ int my_half() { return threadIdx.x % 2; }
 
 template <typename T, int MAXD>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) forward_kernel(const T* q, const T* k, const T* v,
-                                                                            T* out, T* row_max, T* row_sum, Dims d,
-                                                                            Mask mask) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    forward_kernel(const T* q, const T* k, const T* v, T* out, T* row_max, T* row_sum, Dims d,
+                   Mask mask) {
   constexpr int P = kPitch<MAXD>;
   DTP_DYNAMIC_SHARED(float, smem);
   const ForwardShared<T, MAXD> sh(smem);
@@ -362,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) forward_kernel(cons
     }
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     const float m_new = fmaxf(m, tile_max);
-    const bool seen = m_new != kNegInf;  // has this row seen any key yet?
+    const bool seen = m_new != kNegInf;                     // has this row seen any key yet?
     const float correction = seen ? expf(m - m_new) : 1.f;  // 0 on the first key seen
     float sum = 0.f;
 #pragma unroll 4
@@ -378,10 +395,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) forward_kernel(cons
     __syncwarp();
     FragC<T> acc[MAXD / 16];
 #pragma unroll
-    for (int n = 0; n < MAXD / 16; ++n) wmma::load_matrix_sync(acc[n], my_o + n * 16, P, wmma::mem_row_major);
+    for (int n = 0; n < MAXD / 16; ++n)
+      wmma::load_matrix_sync(acc[n], my_o + n * 16, P, wmma::mem_row_major);
     warp_accumulate<T, MAXD>(acc, my_p, sh.v);
 #pragma unroll
-    for (int n = 0; n < MAXD / 16; ++n) wmma::store_matrix_sync(my_o + n * 16, acc[n], P, wmma::mem_row_major);
+    for (int n = 0; n < MAXD / 16; ++n)
+      wmma::store_matrix_sync(my_o + n * 16, acc[n], P, wmma::mem_row_major);
     __syncwarp();
   }
   if (i >= d.Tq) return;
@@ -401,10 +420,12 @@ struct RowStats {
   float max, inv_sum, delta;  // inv_sum 0: the row saw no key and gets no gradient
 };
 template <typename T>
-__device__ __forceinline__ RowStats row_stats(const T* row_max, const T* row_sum, const float* delta,
-                                              std::int64_t stat, bool in_range) {
+__device__ __forceinline__ RowStats row_stats(const T* row_max, const T* row_sum,
+                                              const float* delta, std::int64_t stat,
+                                              bool in_range) {
   const float sum = in_range ? static_cast<float>(row_sum[stat]) : 0.f;
-  return sum > 0.f ? RowStats{static_cast<float>(row_max[stat]), 1.f / sum, delta[stat]} : RowStats{0.f, 0.f, 0.f};
+  return sum > 0.f ? RowStats{static_cast<float>(row_max[stat]), 1.f / sum, delta[stat]}
+                   : RowStats{0.f, 0.f, 0.f};
 }
 
 /// P = exp(scale S - max) / sum, recomputed from a score and its row's statistics.
@@ -420,14 +441,16 @@ __device__ __forceinline__ float score_grad(float p, float dp, const RowStats& s
 /// the rows and their output gradients as operands, and their statistics
 /// in stats[3][kCols] (max, 1 / sum, delta). All threads of the block take part.
 template <typename T, int MAXD>
-__device__ __forceinline__ void stage_query_tile(Operand<T>* q_tile, Operand<T>* dout_tile, float* stats,
-                                                 const T* q, const T* dout, const T* row_max, const T* row_sum,
-                                                 const float* delta, const Dims& d, const BlockPlace& at,
-                                                 std::int64_t i0) {
+__device__ __forceinline__ void stage_query_tile(Operand<T>* q_tile, Operand<T>* dout_tile,
+                                                 float* stats, const T* q, const T* dout,
+                                                 const T* row_max, const T* row_sum,
+                                                 const float* delta, const Dims& d,
+                                                 const BlockPlace& at, std::int64_t i0) {
   stage_rows<T, MAXD>(q_tile, q + at.qoff, at.stride, i0, d.Tq, at.D, kCols);
   stage_rows<T, MAXD>(dout_tile, dout + at.qoff, at.stride, i0, d.Tq, at.D, kCols);
   for (int c = threadIdx.x; c < kCols; c += kThreads) {
-    const RowStats st = row_stats(row_max, row_sum, delta, (at.b * d.H + at.h) * d.Tq + i0 + c, i0 + c < d.Tq);
+    const RowStats st =
+        row_stats(row_max, row_sum, delta, (at.b * d.H + at.h) * d.Tq + i0 + c, i0 + c < d.Tq);
     stats[c] = st.max;
     stats[kCols + c] = st.inv_sum;
     stats[2 * kCols + c] = st.delta;
@@ -435,10 +458,9 @@ __device__ __forceinline__ void stage_query_tile(Operand<T>* q_tile, Operand<T>*
 }
 
 template <typename T, int MAXD>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dq_kernel(const T* q, const T* k, const T* v,
-                                                                       const T* dout, const T* row_max,
-                                                                       const T* row_sum, const float* delta, T* dq,
-                                                                       Dims d, Mask mask) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    dq_kernel(const T* q, const T* k, const T* v, const T* dout, const T* row_max, const T* row_sum,
+              const float* delta, T* dq, Dims d, Mask mask) {
   constexpr int P = kPitch<MAXD>;
   DTP_DYNAMIC_SHARED(float, smem);
   const DqShared<T, MAXD> sh(smem);
@@ -472,7 +494,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dq_kernel(const T* 
     const std::int64_t j_first = j0 + half * (kCols / 2);
 #pragma unroll 4
     for (int c = 0; c < kCols / 2; ++c) {
-      const float ds = j_first + c < nk ? score_grad(probability(srow[c], st, d.scale), dprow[c], st, d.scale) : 0.f;
+      const float ds = j_first + c < nk
+                           ? score_grad(probability(srow[c], st, d.scale), dprow[c], st, d.scale)
+                           : 0.f;
       dsrow[c] = Mma<T>::operand(ds);  // in place over srow for f32
     }
     __syncwarp();
@@ -500,10 +524,9 @@ void for_each_key_grads_launch(Launch&& launch) {
 }
 
 template <typename T, int MAXD, KeyGrads G>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dkv_kernel(const T* q, const T* k, const T* v,
-                                                                        const T* dout, const T* row_max,
-                                                                        const T* row_sum, const float* delta, T* dk,
-                                                                        T* dv, Dims d, Mask mask) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    dkv_kernel(const T* q, const T* k, const T* v, const T* dout, const T* row_max,
+               const T* row_sum, const float* delta, T* dk, T* dv, Dims d, Mask mask) {
   constexpr int P = kPitch<MAXD>;
   DTP_DYNAMIC_SHARED(float, smem);
   const DkvShared<T, MAXD> sh(smem);
@@ -525,7 +548,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dkv_kernel(const T*
   Operand<T>* prow = sh.pt + (warp * 16 + r) * kScorePitch + half * (kCols / 2);
   Operand<T>* dsrow = sh.dst + (warp * 16 + r) * kScorePitch + half * (kCols / 2);
   for (std::int64_t i0 = mask.first_row_seeing(j0); i0 < d.Tq; i0 += kCols) {
-    __syncthreads();  // every warp is done with the previous Q, dO and statistics (and K, V are staged)
+    __syncthreads();  // every warp is done with the previous Q, dO and statistics (and K, V are
+                      // staged)
     stage_query_tile<T, MAXD>(sh.q, sh.dout, sh.stats, q, dout, row_max, row_sum, delta, d, at, i0);
     __syncthreads();
     warp_scores<T, MAXD>(my_st, sh.k + warp * 16 * P, sh.q);  // S^T = K Q^T
@@ -550,8 +574,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) dkv_kernel(const T*
     if constexpr (G != KeyGrads::values)
       warp_accumulate<T, MAXD>(gk, sh.dst + warp * 16 * kScorePitch, sh.q);  // dK += dS^T Q
   }
-  if constexpr (G != KeyGrads::values) write_rows<T, MAXD>(dk + koff, stride, j0 + warp * 16, d.Tk, D, gk, my_st);
-  if constexpr (G != KeyGrads::keys) write_rows<T, MAXD>(dv + koff, stride, j0 + warp * 16, d.Tk, D, gv, my_st);
+  if constexpr (G != KeyGrads::values)
+    write_rows<T, MAXD>(dk + koff, stride, j0 + warp * 16, d.Tk, D, gk, my_st);
+  if constexpr (G != KeyGrads::keys)
+    write_rows<T, MAXD>(dv + koff, stride, j0 + warp * 16, d.Tk, D, gv, my_st);
 }
 
 /// delta[b, h, i] = dO_i . O_i (= rowsum(P * dP)), in f32.
@@ -563,7 +589,8 @@ __global__ void row_dot_kernel(const T* dout, const T* out, float* delta, Dims d
     const std::int64_t i = r % d.Tq, bh = r / d.Tq, h = bh % d.H, b = bh / d.H;
     const std::int64_t o = ((b * d.Tq + i) * d.H + h) * d.D;
     float s = 0;
-    for (std::int64_t c = 0; c < d.D; ++c) s += static_cast<float>(dout[o + c]) * static_cast<float>(out[o + c]);
+    for (std::int64_t c = 0; c < d.D; ++c)
+      s += static_cast<float>(dout[o + c]) * static_cast<float>(out[o + c]);
     delta[r] = s;
   }
 }

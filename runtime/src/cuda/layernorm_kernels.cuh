@@ -24,13 +24,14 @@ constexpr int kWarpsPerBlock = 8;
 
 /// The warp's row, or -1 past the last.
 __device__ __forceinline__ std::int64_t warp_row(std::int64_t rows) {
-  const std::int64_t row = blockIdx.x * static_cast<std::int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
+  const std::int64_t row =
+      blockIdx.x * static_cast<std::int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   return row < rows ? row : -1;
 }
 
 template <typename T, int W>
-__global__ void forward_kernel(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, std::int64_t rows, int C,
-                               float eps) {
+__global__ void forward_kernel(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd,
+                               std::int64_t rows, int C, float eps) {
   const std::int64_t row = warp_row(rows);
   if (row < 0) return;
   const int lane = threadIdx.x % 32;
@@ -69,14 +70,14 @@ __global__ void forward_kernel(const T* x, const T* w, const T* b, T* y, T* mean
 
 // dx = rstd * (dy w - mean(dy w) - xhat * mean(dy w xhat)): one warp per row.
 template <typename T, int W>
-__global__ void backward_kernel(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
-                                std::int64_t rows, int C) {
+__global__ void backward_kernel(const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
+                                T* dx, std::int64_t rows, int C) {
   const std::int64_t row = warp_row(rows);
   if (row < 0) return;
   const int lane = threadIdx.x % 32;
   const float m = load(mean, row), r = load(rstd, row);
   // Chunk c of the row: x, dy and w, with x as xhat.
-  auto load_chunk = [&](int c, float (&xhat)[W], float (&g)[W], float (&wv)[W]) {
+  auto load_chunk = [&](int c, float(&xhat)[W], float(&g)[W], float(&wv)[W]) {
     vec::load<W>(x + row * C + c, xhat);
     vec::load<W>(dy + row * C + c, g);
     vec::load<W>(w + c, wv);
@@ -100,7 +101,8 @@ __global__ void backward_kernel(const T* dy, const T* x, const T* w, const T* me
     float xhat[W], g[W], wv[W];
     load_chunk(c, xhat, g, wv);
 #pragma unroll
-    for (int k = 0; k < W; ++k) xhat[k] = r * (g[k] * wv[k] - mean_dxhat - xhat[k] * mean_dxhat_xhat);
+    for (int k = 0; k < W; ++k)
+      xhat[k] = r * (g[k] * wv[k] - mean_dxhat - xhat[k] * mean_dxhat_xhat);
     vec::store<W>(dx + row * C + c, xhat);
   }
 }
@@ -109,12 +111,13 @@ __global__ void backward_kernel(const T* dy, const T* x, const T* w, const T* me
 // summed for its kColumnBlock x W columns, dw from dy xhat and db from dy.
 // Block kColumnBlock x kRowThreads; the host checked C % W == 0.
 template <typename T, int W>
-__global__ void param_partial_kernel(const T* dy, const T* x, const T* mean, const T* rstd, float* partial_dw,
-                                     float* partial_db, std::int64_t rows, std::int64_t C,
-                                     std::int64_t rows_per_slice) {
+__global__ void param_partial_kernel(const T* dy, const T* x, const T* mean, const T* rstd,
+                                     float* partial_dw, float* partial_db, std::int64_t rows,
+                                     std::int64_t C, std::int64_t rows_per_slice) {
   __shared__ nn::SliceTile<W> tile_dw;
   __shared__ nn::SliceTile<W> tile_db;
-  const std::int64_t c0 = (static_cast<std::int64_t>(blockIdx.x) * nn::kColumnBlock + threadIdx.x) * W;
+  const std::int64_t c0 =
+      (static_cast<std::int64_t>(blockIdx.x) * nn::kColumnBlock + threadIdx.x) * W;
   std::int64_t first, end;
   nn::slice_rows(rows, rows_per_slice, first, end);
   float acc_dw[W] = {}, acc_db[W] = {};

@@ -33,8 +33,8 @@ using nn::ptr;
 using nn::stream;
 
 using flash::Dims;
-using flash::Mask;
 using flash::kNegInf;
+using flash::Mask;
 
 Mask to_mask(const ops::AttentionMask& m) { return {m.causal, m.q_start, m.k_start}; }
 
@@ -46,16 +46,19 @@ Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
   detail::check_dtype_is(op, "v", v, q.dtype());
   DTP_CHECK(q.ndim() == 4, op, ": q must be [B, T, H, D] (view a [B, T, C] activation as ",
             "[B, T, heads, C / heads]), got ", q.describe());
-  DTP_CHECK(k.ndim() == 4 && k.size(0) == q.size(0) && k.size(2) == q.size(2) && k.size(3) == q.size(3),
-            op, ": k must be [", q.size(0), ", Tk, ", q.size(2), ", ", q.size(3), "] to match q ",
-            q.describe(), ", got ", k.describe());
+  DTP_CHECK(
+      k.ndim() == 4 && k.size(0) == q.size(0) && k.size(2) == q.size(2) && k.size(3) == q.size(3),
+      op, ": k must be [", q.size(0), ", Tk, ", q.size(2), ", ", q.size(3), "] to match q ",
+      q.describe(), ", got ", k.describe());
   detail::check_shape(op, "v", v, k.shape());
   Dims d{q.size(0), q.size(1), k.size(1), q.size(2), q.size(3), static_cast<float>(scale)};
-  if (scale <= 0) d.scale = d.D > 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.D))) : 1.f;
+  if (scale <= 0)
+    d.scale = d.D > 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.D))) : 1.f;
   return d;
 }
 
-void check_like(const char* op, const char* name, const Tensor& t, const Tensor& q, const Shape& shape) {
+void check_like(const char* op, const char* name, const Tensor& t, const Tensor& q,
+                const Shape& shape) {
   nn::check_float(op, name, t, q.device());
   detail::check_dtype_is(op, name, t, q.dtype());
   detail::check_shape(op, name, t, shape);
@@ -72,7 +75,8 @@ __global__ void masked_softmax_kernel(float* p, std::int64_t Tq, std::int64_t Tk
   for (std::int64_t c = threadIdx.x; c < nk; c += blockDim.x) ms = nn::merge(ms, {row[c], 1.f});
   ms = nn::block_merge(ms, shared);
   const float inv = nk > 0 ? 1.f / ms.s : 0.f;
-  for (std::int64_t c = threadIdx.x; c < Tk; c += blockDim.x) row[c] = c < nk ? expf(row[c] - ms.m) * inv : 0.f;
+  for (std::int64_t c = threadIdx.x; c < Tk; c += blockDim.x)
+    row[c] = c < nk ? expf(row[c] - ms.m) * inv : 0.f;
 }
 
 // dS = scale * P * (dP - rowsum(P * dP)), in place over dP.
@@ -83,7 +87,8 @@ __global__ void softmax_grad_kernel(const float* p, float* dp, std::int64_t Tk, 
   float dot = 0;
   for (std::int64_t c = threadIdx.x; c < Tk; c += blockDim.x) dot += prow[c] * drow[c];
   dot = nn::block_sum(dot, shared);
-  for (std::int64_t c = threadIdx.x; c < Tk; c += blockDim.x) drow[c] = scale * prow[c] * (drow[c] - dot);
+  for (std::int64_t c = threadIdx.x; c < Tk; c += blockDim.x)
+    drow[c] = scale * prow[c] * (drow[c] - dot);
 }
 
 // --- flash ----------------------------------------------------------------------
@@ -117,16 +122,23 @@ __global__ void merge_kernel(float* out, float* row_max, float* row_sum, const f
 // MAXD >= D.
 template <typename Fn>
 void with_head_dim(const char* op, std::int64_t D, Fn&& fn) {
-  if (D <= 16) fn(std::integral_constant<int, 16>{});
-  else if (D <= 32) fn(std::integral_constant<int, 32>{});
-  else if (D <= 64) fn(std::integral_constant<int, 64>{});
-  else if (D <= 128) fn(std::integral_constant<int, 128>{});
-  else throw Error(std::string(op) + ": the CUDA flash kernels support head dims up to 128, got " + std::to_string(D));
+  if (D <= 16)
+    fn(std::integral_constant<int, 16>{});
+  else if (D <= 32)
+    fn(std::integral_constant<int, 32>{});
+  else if (D <= 64)
+    fn(std::integral_constant<int, 64>{});
+  else if (D <= 128)
+    fn(std::integral_constant<int, 128>{});
+  else
+    throw Error(std::string(op) + ": the CUDA flash kernels support head dims up to 128, got " +
+                std::to_string(D));
 }
 
 template <typename Kernel>
 void allow_shared(Kernel kernel, std::size_t bytes) {
-  DTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  DTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(bytes)));
 }
 
 /// Launches a flash kernel on @p grid blocks of flash::kThreads with @p bytes of shared memory.
@@ -145,23 +157,24 @@ bool sixteen_bit_on_mma() {
   const std::string name = env == nullptr ? "" : env;
   if (name.empty() || name == "mma") return true;
   if (name == "wmma") return false;
-  throw Error("DTP_FLASH_KERNEL must be mma or wmma (the bf16/f16 flash attention kernels), got '" + name + "'");
+  throw Error("DTP_FLASH_KERNEL must be mma or wmma (the bf16/f16 flash attention kernels), got '" +
+              name + "'");
 }
 
 // One block per 64 rows (flash::kRows) of one (batch, head).
 dim3 row_grid(const Dims& d, std::int64_t T) {
-  return dim3(static_cast<unsigned>((T + flash::kRows - 1) / flash::kRows), static_cast<unsigned>(d.H),
-              static_cast<unsigned>(d.B));
+  return dim3(static_cast<unsigned>((T + flash::kRows - 1) / flash::kRows),
+              static_cast<unsigned>(d.H), static_cast<unsigned>(d.B));
 }
 
 void check_grid(const char* op, const Dims& d) {
-  DTP_CHECK(d.H <= 65535 && d.B <= 65535, op, ": at most 65535 heads and batch entries on CUDA, got ",
-            d.H, " and ", d.B);
+  DTP_CHECK(d.H <= 65535 && d.B <= 65535, op,
+            ": at most 65535 heads and batch entries on CUDA, got ", d.H, " and ", d.B);
 }
 }  // namespace
 
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& probs,
-                       const ops::AttentionMask& mask, double scale) {
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                       Tensor& probs, const ops::AttentionMask& mask, double scale) {
   const char* op = "attention_forward";
   const Dims d = check_qkv(op, q, k, v, scale);
   check_like(op, "out", out, q, q.shape());
@@ -176,18 +189,18 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   const std::int64_t ld = d.H * d.D, TqTk = d.Tq * d.Tk;
   for (std::int64_t b = 0; b < d.B; ++b) {
     // S_h = scale Q_h K_h^T into probs[b, h].
-    gemm_strided_batched_f32(false, true, d.Tq, d.Tk, d.D, d.scale, ptr<float>(q) + b * d.Tq * ld, ld, d.D,
-                             ptr<float>(k) + b * d.Tk * ld, ld, d.D, 0.f, ptr<float>(probs) + b * d.H * TqTk,
-                             d.Tk, TqTk, d.H);
+    gemm_strided_batched_f32(false, true, d.Tq, d.Tk, d.D, d.scale, ptr<float>(q) + b * d.Tq * ld,
+                             ld, d.D, ptr<float>(k) + b * d.Tk * ld, ld, d.D, 0.f,
+                             ptr<float>(probs) + b * d.H * TqTk, d.Tk, TqTk, d.H);
   }
-  masked_softmax_kernel<<<static_cast<unsigned>(d.B * d.H * d.Tq), 128, 0, stream()>>>(ptr<float>(probs), d.Tq,
-                                                                                      d.Tk, to_mask(mask));
+  masked_softmax_kernel<<<static_cast<unsigned>(d.B * d.H * d.Tq), 128, 0, stream()>>>(
+      ptr<float>(probs), d.Tq, d.Tk, to_mask(mask));
   check_launch();
   for (std::int64_t b = 0; b < d.B; ++b) {
     // O_h = P_h V_h.
-    gemm_strided_batched_f32(false, false, d.Tq, d.D, d.Tk, 1.f, ptr<float>(probs) + b * d.H * TqTk, d.Tk, TqTk,
-                             ptr<float>(v) + b * d.Tk * ld, ld, d.D, 0.f, ptr<float>(out) + b * d.Tq * ld, ld,
-                             d.D, d.H);
+    gemm_strided_batched_f32(false, false, d.Tq, d.D, d.Tk, 1.f, ptr<float>(probs) + b * d.H * TqTk,
+                             d.Tk, TqTk, ptr<float>(v) + b * d.Tk * ld, ld, d.D, 0.f,
+                             ptr<float>(out) + b * d.Tq * ld, ld, d.D, d.H);
   }
 }
 
@@ -216,27 +229,29 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
     const float* dO = ptr<float>(dout) + b * d.Tq * ld;
     float* dP = ptr<float>(dp) + b * d.H * TqTk;
     // dP_h = dO_h V_h^T; dV_h = P_h^T dO_h.
-    gemm_strided_batched_f32(false, true, d.Tq, d.Tk, d.D, 1.f, dO, ld, d.D, ptr<float>(v) + b * d.Tk * ld, ld,
-                             d.D, 0.f, dP, d.Tk, TqTk, d.H);
+    gemm_strided_batched_f32(false, true, d.Tq, d.Tk, d.D, 1.f, dO, ld, d.D,
+                             ptr<float>(v) + b * d.Tk * ld, ld, d.D, 0.f, dP, d.Tk, TqTk, d.H);
     gemm_strided_batched_f32(true, false, d.Tk, d.D, d.Tq, 1.f, P, d.Tk, TqTk, dO, ld, d.D, 0.f,
                              ptr<float>(dv) + b * d.Tk * ld, ld, d.D, d.H);
   }
-  softmax_grad_kernel<<<static_cast<unsigned>(d.B * d.H * d.Tq), 128, 0, stream()>>>(ptr<float>(probs),
-                                                                                    ptr<float>(dp), d.Tk, d.scale);
+  softmax_grad_kernel<<<static_cast<unsigned>(d.B * d.H * d.Tq), 128, 0, stream()>>>(
+      ptr<float>(probs), ptr<float>(dp), d.Tk, d.scale);
   check_launch();
   for (std::int64_t b = 0; b < d.B; ++b) {
     const float* dS = ptr<float>(dp) + b * d.H * TqTk;
     // dQ_h = dS_h K_h; dK_h = dS_h^T Q_h.
-    gemm_strided_batched_f32(false, false, d.Tq, d.D, d.Tk, 1.f, dS, d.Tk, TqTk, ptr<float>(k) + b * d.Tk * ld, ld,
-                             d.D, 0.f, ptr<float>(dq) + b * d.Tq * ld, ld, d.D, d.H);
-    gemm_strided_batched_f32(true, false, d.Tk, d.D, d.Tq, 1.f, dS, d.Tk, TqTk, ptr<float>(q) + b * d.Tq * ld, ld,
-                             d.D, 0.f, ptr<float>(dk) + b * d.Tk * ld, ld, d.D, d.H);
+    gemm_strided_batched_f32(false, false, d.Tq, d.D, d.Tk, 1.f, dS, d.Tk, TqTk,
+                             ptr<float>(k) + b * d.Tk * ld, ld, d.D, 0.f,
+                             ptr<float>(dq) + b * d.Tq * ld, ld, d.D, d.H);
+    gemm_strided_batched_f32(true, false, d.Tk, d.D, d.Tq, 1.f, dS, d.Tk, TqTk,
+                             ptr<float>(q) + b * d.Tq * ld, ld, d.D, 0.f,
+                             ptr<float>(dk) + b * d.Tk * ld, ld, d.D, d.H);
   }
 }
 
-void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& row_max,
-                             Tensor& row_sum, const ops::AttentionMask& mask, double scale,
-                             std::int64_t block_size) {
+void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                             Tensor& row_max, Tensor& row_sum, const ops::AttentionMask& mask,
+                             double scale, std::int64_t block_size) {
   const char* op = "flash_attention_forward";
   const Dims d = check_qkv(op, q, k, v, scale);
   DTP_CHECK(block_size >= 1, op, ": block_size must be at least 1, got ", block_size);
@@ -254,16 +269,17 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
     with_head_dim(op, d.D, [&](auto maxd) {
       constexpr int MAXD = decltype(maxd)::value;
       flash::forward_launches<T, MAXD>(mma, [&](auto kernel, std::size_t bytes) {
-        launch(kernel, row_grid(d, d.Tq), bytes, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(out), ptr<T>(row_max),
-               ptr<T>(row_sum), d, to_mask(mask));
+        launch(kernel, row_grid(d, d.Tq), bytes, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(out),
+               ptr<T>(row_max), ptr<T>(row_sum), d, to_mask(mask));
       });
     });
   });
 }
 
 void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                              const Tensor& row_max, const Tensor& row_sum, const Tensor& dout, Tensor& dq,
-                              Tensor& dk, Tensor& dv, const ops::AttentionMask& mask, double scale) {
+                              const Tensor& row_max, const Tensor& row_sum, const Tensor& dout,
+                              Tensor& dq, Tensor& dk, Tensor& dv, const ops::AttentionMask& mask,
+                              double scale) {
   const char* op = "flash_attention_backward";
   const Dims d = check_qkv(op, q, k, v, scale);
   check_like(op, "out", out, q, q.shape());
@@ -281,23 +297,26 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
     if (dv.numel()) dv.fill(0);
     return;
   }
-  Tensor delta = Tensor::empty({d.B, d.H, d.Tq}, DType::f32, q.device(), MemoryCategory::activations);
+  Tensor delta =
+      Tensor::empty({d.B, d.H, d.Tq}, DType::f32, q.device(), MemoryCategory::activations);
   const bool mma = sixteen_bit_on_mma();
   nn::with_float(q.dtype(), [&](auto element) {
     using T = decltype(element);
-    flash::row_dot_kernel<T><<<nn::grid_for(d.B * d.H * d.Tq), 256, 0, stream()>>>(ptr<T>(dout), ptr<T>(out),
-                                                                                  ptr<float>(delta), d);
+    flash::row_dot_kernel<T><<<nn::grid_for(d.B * d.H * d.Tq), 256, 0, stream()>>>(
+        ptr<T>(dout), ptr<T>(out), ptr<float>(delta), d);
     check_launch();
     with_head_dim(op, d.D, [&](auto maxd) {
       constexpr int MAXD = decltype(maxd)::value;
       // dQ: one block per 64 query rows; dK and dV: one per 64 key rows.
       flash::backward_launches<T, MAXD>(mma, [&](auto kernel, std::size_t bytes, auto blocks) {
         auto run = [&](std::int64_t rows, auto... outputs) {
-          launch(kernel, row_grid(d, rows), bytes, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(row_max),
-                 ptr<T>(row_sum), ptr<float>(delta), outputs..., d, to_mask(mask));
+          launch(kernel, row_grid(d, rows), bytes, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout),
+                 ptr<T>(row_max), ptr<T>(row_sum), ptr<float>(delta), outputs..., d, to_mask(mask));
         };
-        if constexpr (std::is_same_v<decltype(blocks), flash::KeyBlocks>) run(d.Tk, ptr<T>(dk), ptr<T>(dv));
-        else run(d.Tq, ptr<T>(dq));
+        if constexpr (std::is_same_v<decltype(blocks), flash::KeyBlocks>)
+          run(d.Tk, ptr<T>(dk), ptr<T>(dv));
+        else
+          run(d.Tq, ptr<T>(dq));
       });
     });
   });
@@ -318,9 +337,9 @@ void attention_merge(Tensor& out, Tensor& row_max, Tensor& row_sum, const Tensor
   const std::int64_t rows = d.B * d.H * d.Tq;
   if (rows == 0) return;
   nn::use_device(out.device());
-  merge_kernel<<<nn::grid_for(rows), 256, 0, stream()>>>(ptr<float>(out), ptr<float>(row_max), ptr<float>(row_sum),
-                                                        ptr<float>(other_out), ptr<float>(other_max),
-                                                        ptr<float>(other_sum), d);
+  merge_kernel<<<nn::grid_for(rows), 256, 0, stream()>>>(
+      ptr<float>(out), ptr<float>(row_max), ptr<float>(row_sum), ptr<float>(other_out),
+      ptr<float>(other_max), ptr<float>(other_sum), d);
   check_launch();
 }
 

@@ -66,10 +66,17 @@ inline void use_device(Device device) { DTP_CUDA_CHECK(cudaSetDevice(device.inde
 template <typename Fn>
 void with_float(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::f32: fn(float{}); break;
-    case DType::bf16: fn(__nv_bfloat16{}); break;
-    case DType::f16: fn(__half{}); break;
-    default: throw Error(std::string("CUDA nn kernels: unsupported dtype ") + dtype_name(dtype));
+    case DType::f32:
+      fn(float{});
+      break;
+    case DType::bf16:
+      fn(__nv_bfloat16{});
+      break;
+    case DType::f16:
+      fn(__half{});
+      break;
+    default:
+      throw Error(std::string("CUDA nn kernels: unsupported dtype ") + dtype_name(dtype));
   }
 }
 
@@ -91,9 +98,13 @@ inline const T* ptr(const Tensor& t) {
 void add_rows_by_id(const Tensor& ids, const Tensor& dout, std::int64_t first_id, Tensor& table);
 
 /// Rows of the matrix view of @p t with @p cols columns.
-inline std::int64_t rows_of(const Tensor& t, std::int64_t cols) { return cols == 0 ? 0 : t.numel() / cols; }
+inline std::int64_t rows_of(const Tensor& t, std::int64_t cols) {
+  return cols == 0 ? 0 : t.numel() / cols;
+}
 
-inline unsigned grid_for(std::int64_t count, int threads = 256) { return blocks_for(count, threads); }
+inline unsigned grid_for(std::int64_t count, int threads = 256) {
+  return blocks_for(count, threads);
+}
 
 /// The current GPU's streaming multiprocessors (a cheap query: no synchronization).
 inline int multiprocessor_count() {
@@ -121,7 +132,8 @@ __global__ void sum_in_order_kernel(const double* parts, std::int64_t count, dou
 inline double sum_in_order(const Tensor& parts) {
   Tensor total = Tensor::zeros({1}, DType::f64, parts.device());
   if (parts.numel() > 0) {
-    sum_in_order_kernel<256><<<1, 256, 0, stream()>>>(ptr<double>(parts), parts.numel(), ptr<double>(total));
+    sum_in_order_kernel<256>
+        <<<1, 256, 0, stream()>>>(ptr<double>(parts), parts.numel(), ptr<double>(total));
     check_launch();
   }
   return total.item(0);

@@ -7,7 +7,8 @@
 
 namespace dtp::cuda {
 
-void check_token_ids(const char* op, const char* what, const Tensor& ids, std::int64_t V);  // nn_kernels_embedding.cu
+void check_token_ids(const char* op, const char* what, const Tensor& ids,
+                     std::int64_t V);  // nn_kernels_embedding.cu
 
 namespace {
 using nn::check_launch;
@@ -40,9 +41,10 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor
     with_row_width<T>(
         r.V,
         [&](auto w) {
-          cross_entropy::forward_kernel<T, decltype(w)::value><<<static_cast<unsigned>(r.N), kThreads, 0, stream()>>>(
-              ptr<T>(logits), ptr<std::int32_t>(targets), losses.defined() ? ptr<T>(losses) : nullptr,
-              ptr<double>(row_loss), r.V);
+          cross_entropy::forward_kernel<T, decltype(w)::value>
+              <<<static_cast<unsigned>(r.N), kThreads, 0, stream()>>>(
+                  ptr<T>(logits), ptr<std::int32_t>(targets),
+                  losses.defined() ? ptr<T>(losses) : nullptr, ptr<double>(row_loss), r.V);
         },
         ptr<T>(logits));
   });
@@ -65,8 +67,10 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, double 
     with_row_width<T>(
         r.V,
         [&](auto w) {
-          cross_entropy::backward_kernel<T, decltype(w)::value><<<static_cast<unsigned>(r.N), kThreads, 0, stream()>>>(
-              ptr<T>(logits), ptr<std::int32_t>(targets), static_cast<float>(loss_scale), ptr<T>(dlogits), r.V);
+          cross_entropy::backward_kernel<T, decltype(w)::value>
+              <<<static_cast<unsigned>(r.N), kThreads, 0, stream()>>>(
+                  ptr<T>(logits), ptr<std::int32_t>(targets), static_cast<float>(loss_scale),
+                  ptr<T>(dlogits), r.V);
         },
         ptr<T>(logits), static_cast<const T*>(ptr<T>(dlogits)));
   });

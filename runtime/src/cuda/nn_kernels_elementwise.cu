@@ -104,8 +104,10 @@ Tensor queue_sum_squares(const Tensor& x, double* total) {
           const unsigned blocks = grid_for((x.numel() + W - 1) / W, 512);  // at least 1
           // Every block writes its partial, an empty x included (its one block adds nothing).
           partial = Tensor::empty({blocks}, DType::f64, x.device(), MemoryCategory::other);
-          sum_squares_kernel<T, W><<<blocks, 512, 0, stream()>>>(ptr<T>(x), x.numel(), ptr<double>(partial));
-          nn::sum_in_order_kernel<256><<<1, 256, 0, stream()>>>(ptr<double>(partial), blocks, total);
+          sum_squares_kernel<T, W>
+              <<<blocks, 512, 0, stream()>>>(ptr<T>(x), x.numel(), ptr<double>(partial));
+          nn::sum_in_order_kernel<256>
+              <<<1, 256, 0, stream()>>>(ptr<double>(partial), blocks, total);
         },
         ptr<T>(x));
   });
@@ -125,7 +127,8 @@ void queue_nonfinite(const Tensor& x, int* found) {
       launch_elementwise<T>(
           n,
           [&](auto w, unsigned grid) {
-            elementwise::nonfinite_kernel<T, decltype(w)::value><<<grid, 256, 0, stream()>>>(ptr<T>(x), n, found);
+            elementwise::nonfinite_kernel<T, decltype(w)::value>
+                <<<grid, 256, 0, stream()>>>(ptr<T>(x), n, found);
           },
           ptr<T>(x));
   });
@@ -178,9 +181,11 @@ void cast(const Tensor& src, Tensor& dst) {
       // 16 bytes of the wider type per access, when both pointers allow it.
       constexpr int W = vec::kWidth<std::conditional_t<(sizeof(S) > sizeof(D)), S, D>>;
       if (all_aligned(W, ptr<S>(src), ptr<D>(dst)))
-        elementwise::cast_kernel<S, D, W><<<grid_for((n + W - 1) / W), 256, 0, stream()>>>(ptr<S>(src), ptr<D>(dst), n);
+        elementwise::cast_kernel<S, D, W>
+            <<<grid_for((n + W - 1) / W), 256, 0, stream()>>>(ptr<S>(src), ptr<D>(dst), n);
       else
-        elementwise::cast_kernel<S, D, 1><<<grid_for(n), 256, 0, stream()>>>(ptr<S>(src), ptr<D>(dst), n);
+        elementwise::cast_kernel<S, D, 1>
+            <<<grid_for(n), 256, 0, stream()>>>(ptr<S>(src), ptr<D>(dst), n);
     });
   });
   check_launch();
@@ -201,7 +206,8 @@ void add_bias(Tensor& x, const Tensor& bias) {
         C,
         [&](auto w) {
           constexpr int W = decltype(w)::value;
-          elementwise::add_bias_kernel<T, W><<<grid_for(n / W), 256, 0, stream()>>>(ptr<T>(x), ptr<T>(bias), n, C);
+          elementwise::add_bias_kernel<T, W>
+              <<<grid_for(n / W), 256, 0, stream()>>>(ptr<T>(x), ptr<T>(bias), n, C);
         },
         ptr<T>(x), ptr<T>(bias));
   });
@@ -224,11 +230,12 @@ void bias_backward(const Tensor& dy, Tensor& dbias) {
         [&](auto w) {
           constexpr int W = decltype(w)::value;
           const nn::RowSlices s = nn::row_slices(rows, C, W);
-          Tensor partial = Tensor::empty({s.slices * C}, DType::f32, dy.device(), MemoryCategory::activations);
-          elementwise::bias_partial_kernel<T, W>
-              <<<s.grid(), s.block(), 0, stream()>>>(ptr<T>(dy), ptr<float>(partial), rows, C, s.rows_per_slice);
-          nn::add_column_partials_kernel<<<grid_for(C), 256, 0, stream()>>>(ptr<float>(partial), ptr<T>(dbias),
-                                                                            s.slices, C);
+          Tensor partial =
+              Tensor::empty({s.slices * C}, DType::f32, dy.device(), MemoryCategory::activations);
+          elementwise::bias_partial_kernel<T, W><<<s.grid(), s.block(), 0, stream()>>>(
+              ptr<T>(dy), ptr<float>(partial), rows, C, s.rows_per_slice);
+          nn::add_column_partials_kernel<<<grid_for(C), 256, 0, stream()>>>(
+              ptr<float>(partial), ptr<T>(dbias), s.slices, C);
         },
         ptr<T>(dy));
   });
@@ -248,7 +255,8 @@ void gelu_forward(const Tensor& x, Tensor& y) {
     launch_elementwise<T>(
         n,
         [&](auto w, unsigned grid) {
-          elementwise::gelu_forward_kernel<T, decltype(w)::value><<<grid, 256, 0, stream()>>>(ptr<T>(x), ptr<T>(y), n);
+          elementwise::gelu_forward_kernel<T, decltype(w)::value>
+              <<<grid, 256, 0, stream()>>>(ptr<T>(x), ptr<T>(y), n);
         },
         ptr<T>(x), ptr<T>(y));
   });
@@ -282,7 +290,8 @@ void adamw_update(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, dou
                   double beta1, double beta2, double eps, double weight_decay, std::int64_t step) {
   const char* op = "adamw_update";
   nn::check_float(op, "params", params, params.device());
-  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"grads", &grads}, {"m", &m}, {"v", &v}}) {
+  for (auto [name, t] :
+       {std::pair<const char*, const Tensor*>{"grads", &grads}, {"m", &m}, {"v", &v}}) {
     check_same(op, name, *t, params);
     detail::check_numel(op, name, *t, params.numel(), "as many as params");
   }
@@ -295,17 +304,15 @@ void adamw_update(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, dou
   nn::use_device(params.device());
   nn::with_float(params.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    const elementwise::AdamWScalars scalars{static_cast<float>(beta1),
-                                            static_cast<float>(beta2),
-                                            static_cast<float>(lr / bias1),
-                                            static_cast<float>(1.0 / std::sqrt(bias2)),
-                                            static_cast<float>(eps),
-                                            static_cast<float>(lr * weight_decay)};
+    const elementwise::AdamWScalars scalars{
+        static_cast<float>(beta1),      static_cast<float>(beta2),
+        static_cast<float>(lr / bias1), static_cast<float>(1.0 / std::sqrt(bias2)),
+        static_cast<float>(eps),        static_cast<float>(lr * weight_decay)};
     launch_elementwise<T>(
         n,
         [&](auto w, unsigned grid) {
-          elementwise::adamw_kernel<T, decltype(w)::value>
-              <<<grid, 256, 0, stream()>>>(ptr<T>(params), ptr<T>(grads), ptr<T>(m), ptr<T>(v), n, scalars);
+          elementwise::adamw_kernel<T, decltype(w)::value><<<grid, 256, 0, stream()>>>(
+              ptr<T>(params), ptr<T>(grads), ptr<T>(m), ptr<T>(v), n, scalars);
         },
         ptr<T>(params), ptr<T>(grads), ptr<T>(m), ptr<T>(v));
   });
@@ -321,7 +328,8 @@ void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, do
   const bool use_momentum = momentum != 0.0;
   if (use_momentum) {
     check_same(op, "momentum_buffer", momentum_buffer, params);
-    detail::check_numel(op, "momentum_buffer", momentum_buffer, params.numel(), "as many as params");
+    detail::check_numel(op, "momentum_buffer", momentum_buffer, params.numel(),
+                        "as many as params");
   }
   const std::int64_t n = params.numel();
   if (n == 0) return;
@@ -333,8 +341,8 @@ void sgd_update(Tensor& params, const Tensor& grads, Tensor& momentum_buffer, do
         n,
         [&](auto w, unsigned grid) {
           elementwise::sgd_kernel<T, decltype(w)::value><<<grid, 256, 0, stream()>>>(
-              ptr<T>(params), ptr<T>(grads), buffer, n, static_cast<float>(lr), static_cast<float>(momentum),
-              static_cast<float>(weight_decay), nesterov);
+              ptr<T>(params), ptr<T>(grads), buffer, n, static_cast<float>(lr),
+              static_cast<float>(momentum), static_cast<float>(weight_decay), nesterov);
         },
         ptr<T>(params), ptr<T>(grads), static_cast<const T*>(buffer));
   });

@@ -20,18 +20,21 @@ using nn::grid_for;
 using nn::ptr;
 using nn::stream;
 
-#define DTP_GRID_STRIDE(i, n)                                                                  \
+#define DTP_GRID_STRIDE(i, n)                                                                      \
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
 
-__global__ void first_bad_id_kernel(const std::int32_t* ids, std::int64_t n, std::int64_t V, int* first_bad) {
+__global__ void first_bad_id_kernel(const std::int32_t* ids, std::int64_t n, std::int64_t V,
+                                    int* first_bad) {
   DTP_GRID_STRIDE(i, n) {
-    if (ids[i] < 0 || ids[i] >= V) atomicMin(first_bad, static_cast<int>(i < INT_MAX ? i : INT_MAX - 1));
+    if (ids[i] < 0 || ids[i] >= V)
+      atomicMin(first_bad, static_cast<int>(i < INT_MAX ? i : INT_MAX - 1));
   }
 }
 
 template <typename T>
-__global__ void gather_kernel(const std::int32_t* ids, const T* table, T* out, std::int64_t n, std::int64_t C) {
+__global__ void gather_kernel(const std::int32_t* ids, const T* table, T* out, std::int64_t n,
+                              std::int64_t C) {
   DTP_GRID_STRIDE(i, n * C) {
     const std::int64_t row = i / C, c = i - row * C;
     out[i] = table[static_cast<std::int64_t>(ids[row]) * C + c];
@@ -46,8 +49,9 @@ __global__ void iota_kernel(std::int32_t* out, std::int64_t n) {
 // id - first_id gets the run's rows of dout (their positions in order) added
 // in column c. Ids outside [first_id, first_id + rows) are another table's.
 template <typename T>
-__global__ void add_runs_kernel(const std::int32_t* sorted_ids, const std::int32_t* positions, const T* dout,
-                                T* table, std::int64_t n, std::int64_t C, std::int64_t first_id, std::int64_t rows) {
+__global__ void add_runs_kernel(const std::int32_t* sorted_ids, const std::int32_t* positions,
+                                const T* dout, T* table, std::int64_t n, std::int64_t C,
+                                std::int64_t first_id, std::int64_t rows) {
   DTP_GRID_STRIDE(i, n * C) {
     const std::int64_t k = i / C, c = i - k * C;
     const std::int32_t id = sorted_ids[k];
@@ -94,28 +98,32 @@ void check_positions(const char* op, const Tensor& x, const char* table_name, co
 }
 }  // namespace
 
-void nn::add_rows_by_id(const Tensor& ids, const Tensor& dout, std::int64_t first_id, Tensor& table) {
+void nn::add_rows_by_id(const Tensor& ids, const Tensor& dout, std::int64_t first_id,
+                        Tensor& table) {
   const std::int64_t n = ids.numel(), C = table.size(1);
   if (n == 0 || C == 0) return;
-  DTP_CHECK(n <= INT32_MAX, "embedding backward: ", n, " ids do not fit the sort's 32-bit positions");
+  DTP_CHECK(n <= INT32_MAX, "embedding backward: ", n,
+            " ids do not fit the sort's 32-bit positions");
   const Device device = table.device();
-  auto i32 = [&](std::int64_t count) { return Tensor::empty({count}, DType::i32, device, MemoryCategory::other); };
+  auto i32 = [&](std::int64_t count) {
+    return Tensor::empty({count}, DType::i32, device, MemoryCategory::other);
+  };
   Tensor positions = i32(n), sorted_ids = i32(n), sorted_positions = i32(n);
   iota_kernel<<<grid_for(n), 256, 0, stream()>>>(ptr<std::int32_t>(positions), n);
   check_launch();
   std::size_t scratch_bytes = 0;
-  DTP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, scratch_bytes, ptr<std::int32_t>(ids),
-                                                 ptr<std::int32_t>(sorted_ids), ptr<std::int32_t>(positions),
-                                                 ptr<std::int32_t>(sorted_positions), n, 0, 32, stream()));
+  DTP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, scratch_bytes, ptr<std::int32_t>(ids), ptr<std::int32_t>(sorted_ids),
+      ptr<std::int32_t>(positions), ptr<std::int32_t>(sorted_positions), n, 0, 32, stream()));
   Tensor scratch = i32(static_cast<std::int64_t>((scratch_bytes + 3) / 4) + 1);
-  DTP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch.raw(), scratch_bytes, ptr<std::int32_t>(ids),
-                                                 ptr<std::int32_t>(sorted_ids), ptr<std::int32_t>(positions),
-                                                 ptr<std::int32_t>(sorted_positions), n, 0, 32, stream()));
+  DTP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      scratch.raw(), scratch_bytes, ptr<std::int32_t>(ids), ptr<std::int32_t>(sorted_ids),
+      ptr<std::int32_t>(positions), ptr<std::int32_t>(sorted_positions), n, 0, 32, stream()));
   nn::with_float(table.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    add_runs_kernel<<<grid_for(n * C), 256, 0, stream()>>>(ptr<std::int32_t>(sorted_ids),
-                                                           ptr<std::int32_t>(sorted_positions), ptr<T>(dout),
-                                                           ptr<T>(table), n, C, first_id, table.size(0));
+    add_runs_kernel<<<grid_for(n * C), 256, 0, stream()>>>(
+        ptr<std::int32_t>(sorted_ids), ptr<std::int32_t>(sorted_positions), ptr<T>(dout),
+        ptr<T>(table), n, C, first_id, table.size(0));
   });
   check_launch();
 }
@@ -125,7 +133,8 @@ void check_token_ids(const char* op, const char* what, const Tensor& ids, std::i
   const std::int64_t n = ids.numel();
   if (n == 0) return;
   Tensor first_bad = Tensor::full({1}, INT_MAX, DType::i32, ids.device());
-  first_bad_id_kernel<<<grid_for(n), 256, 0, stream()>>>(ptr<std::int32_t>(ids), n, V, ptr<int>(first_bad));
+  first_bad_id_kernel<<<grid_for(n), 256, 0, stream()>>>(ptr<std::int32_t>(ids), n, V,
+                                                         ptr<int>(first_bad));
   check_launch();
   const auto bad = static_cast<std::int64_t>(first_bad.item(0));
   DTP_CHECK(bad == INT_MAX, op, ": ", what, " ", static_cast<std::int64_t>(ids.item(bad)),
@@ -147,7 +156,8 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
   check_token_ids(op, "token id", ids, V);
   nn::with_float(table.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    gather_kernel<<<grid_for(N * C), 256, 0, stream()>>>(ptr<std::int32_t>(ids), ptr<T>(table), ptr<T>(out), N, C);
+    gather_kernel<<<grid_for(N * C), 256, 0, stream()>>>(ptr<std::int32_t>(ids), ptr<T>(table),
+                                                         ptr<T>(out), N, C);
   });
   check_launch();
 }
@@ -164,7 +174,8 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
             ": dout must be [..., ", C, "] with ", N, " rows (one per id), got ", dout.describe());
   if (N == 0 || C == 0) return;
   nn::use_device(dtable.device());
-  nn::add_rows_by_id(ids, dout, 0, dtable);  // ids outside [0, V) were rejected by the forward, and are skipped
+  nn::add_rows_by_id(ids, dout, 0,
+                     dtable);  // ids outside [0, V) were rejected by the forward, and are skipped
 }
 
 void add_positions(Tensor& x, const Tensor& positions, std::int64_t start) {
@@ -174,7 +185,8 @@ void add_positions(Tensor& x, const Tensor& positions, std::int64_t start) {
   nn::use_device(x.device());
   nn::with_float(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    add_positions_kernel<<<grid_for(n), 256, 0, stream()>>>(ptr<T>(x), ptr<T>(positions) + start * C, n, TC);
+    add_positions_kernel<<<grid_for(n), 256, 0, stream()>>>(ptr<T>(x),
+                                                            ptr<T>(positions) + start * C, n, TC);
   });
   check_launch();
 }
@@ -186,8 +198,8 @@ void positions_backward(const Tensor& dx, Tensor& dpositions, std::int64_t start
   nn::use_device(dx.device());
   nn::with_float(dx.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    positions_backward_kernel<<<grid_for(TC), 256, 0, stream()>>>(ptr<T>(dx), ptr<T>(dpositions) + start * C,
-                                                                  B, TC);
+    positions_backward_kernel<<<grid_for(TC), 256, 0, stream()>>>(
+        ptr<T>(dx), ptr<T>(dpositions) + start * C, B, TC);
   });
   check_launch();
 }

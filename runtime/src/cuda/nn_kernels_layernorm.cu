@@ -24,7 +24,8 @@ __global__ void softmax_forward_kernel(const T* x, T* y, std::int64_t C) {
   for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) ms = nn::merge(ms, {load(in, c), 1.f});
   ms = nn::block_merge(ms, shared);
   const float inv = 1.f / ms.s;
-  for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) store(out, c, expf(load(in, c) - ms.m) * inv);
+  for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x)
+    store(out, c, expf(load(in, c) - ms.m) * inv);
 }
 
 template <typename T>
@@ -32,7 +33,8 @@ __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, std::int
   __shared__ float shared[32];
   const std::int64_t base = blockIdx.x * C;
   float dot = 0;
-  for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) dot += load(y, base + c) * load(dy, base + c);
+  for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x)
+    dot += load(y, base + c) * load(dy, base + c);
   dot = nn::block_sum(dot, shared);
   for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x)
     store(dx, base + c, load(y, base + c) * (load(dy, base + c) - dot));
@@ -48,8 +50,11 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
                        Tensor& mean, Tensor& rstd, double eps) {
   const char* op = "layernorm_forward";
   nn::check_float(op, "x", x, x.device());
-  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"weight", &weight}, {"bias", &bias},
-                         {"y", &y}, {"mean", &mean}, {"rstd", &rstd}})
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"weight", &weight},
+                         {"bias", &bias},
+                         {"y", &y},
+                         {"mean", &mean},
+                         {"rstd", &rstd}})
     check_like(op, name, *t, x);
   const std::int64_t C = detail::last_dim(op, "x", x);
   DTP_CHECK(C >= 1 && C <= INT32_MAX, op, ": x needs a last dim of at least 1, got ", x.describe());
@@ -67,9 +72,10 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
     with_row_width<T>(
         C,
         [&](auto w) {
-          layernorm::forward_kernel<T, decltype(w)::value><<<blocks, 32 * kWarpsPerBlock, 0, stream()>>>(
-              ptr<T>(x), ptr<T>(weight), ptr<T>(bias), ptr<T>(y), ptr<T>(mean), ptr<T>(rstd), rows,
-              static_cast<int>(C), static_cast<float>(eps));
+          layernorm::forward_kernel<T, decltype(w)::value>
+              <<<blocks, 32 * kWarpsPerBlock, 0, stream()>>>(
+                  ptr<T>(x), ptr<T>(weight), ptr<T>(bias), ptr<T>(y), ptr<T>(mean), ptr<T>(rstd),
+                  rows, static_cast<int>(C), static_cast<float>(eps));
         },
         ptr<T>(x), ptr<T>(weight), ptr<T>(bias), static_cast<const T*>(ptr<T>(y)));
   });
@@ -80,8 +86,12 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) {
   const char* op = "layernorm_backward";
   nn::check_float(op, "x", x, x.device());
-  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"dy", &dy}, {"weight", &weight},
-                         {"mean", &mean}, {"rstd", &rstd}, {"dx", &dx}, {"dweight", &dweight},
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"dy", &dy},
+                         {"weight", &weight},
+                         {"mean", &mean},
+                         {"rstd", &rstd},
+                         {"dx", &dx},
+                         {"dweight", &dweight},
                          {"dbias", &dbias}})
     check_like(op, name, *t, x);
   const std::int64_t C = detail::last_dim(op, "x", x);
@@ -107,15 +117,17 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
               ptr<T>(dy), ptr<T>(x), ptr<T>(weight), ptr<T>(mean), ptr<T>(rstd), ptr<T>(dx), rows,
               static_cast<int>(C));
           const nn::RowSlices s = nn::row_slices(rows, C, W);
-          Tensor partial_dw = Tensor::empty({s.slices * C}, DType::f32, x.device(), MemoryCategory::activations);
-          Tensor partial_db = Tensor::empty({s.slices * C}, DType::f32, x.device(), MemoryCategory::activations);
+          Tensor partial_dw =
+              Tensor::empty({s.slices * C}, DType::f32, x.device(), MemoryCategory::activations);
+          Tensor partial_db =
+              Tensor::empty({s.slices * C}, DType::f32, x.device(), MemoryCategory::activations);
           layernorm::param_partial_kernel<T, W><<<s.grid(), s.block(), 0, stream()>>>(
-              ptr<T>(dy), ptr<T>(x), ptr<T>(mean), ptr<T>(rstd), ptr<float>(partial_dw), ptr<float>(partial_db), rows,
-              C, s.rows_per_slice);
-          nn::add_column_partials_kernel<<<nn::grid_for(C), 256, 0, stream()>>>(ptr<float>(partial_dw),
-                                                                                ptr<T>(dweight), s.slices, C);
-          nn::add_column_partials_kernel<<<nn::grid_for(C), 256, 0, stream()>>>(ptr<float>(partial_db),
-                                                                                ptr<T>(dbias), s.slices, C);
+              ptr<T>(dy), ptr<T>(x), ptr<T>(mean), ptr<T>(rstd), ptr<float>(partial_dw),
+              ptr<float>(partial_db), rows, C, s.rows_per_slice);
+          nn::add_column_partials_kernel<<<nn::grid_for(C), 256, 0, stream()>>>(
+              ptr<float>(partial_dw), ptr<T>(dweight), s.slices, C);
+          nn::add_column_partials_kernel<<<nn::grid_for(C), 256, 0, stream()>>>(
+              ptr<float>(partial_db), ptr<T>(dbias), s.slices, C);
         },
         ptr<T>(dy), ptr<T>(x), ptr<T>(weight), static_cast<const T*>(ptr<T>(dx)));
   });
@@ -133,7 +145,8 @@ void softmax_forward(const Tensor& x, Tensor& y) {
   nn::use_device(x.device());
   nn::with_float(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    softmax_forward_kernel<<<static_cast<unsigned>(rows), 256, 0, stream()>>>(ptr<T>(x), ptr<T>(y), C);
+    softmax_forward_kernel<<<static_cast<unsigned>(rows), 256, 0, stream()>>>(ptr<T>(x), ptr<T>(y),
+                                                                              C);
   });
   check_launch();
 }
@@ -151,8 +164,8 @@ void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   nn::use_device(y.device());
   nn::with_float(y.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    softmax_backward_kernel<<<static_cast<unsigned>(rows), 256, 0, stream()>>>(ptr<T>(y), ptr<T>(dy),
-                                                                               ptr<T>(dx), C);
+    softmax_backward_kernel<<<static_cast<unsigned>(rows), 256, 0, stream()>>>(
+        ptr<T>(y), ptr<T>(dy), ptr<T>(dx), C);
   });
   check_launch();
 }

@@ -28,24 +28,34 @@ namespace {
 
 const char* cublas_status_name(cublasStatus_t status) {
   switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    default: return "unknown cuBLAS status";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default:
+      return "unknown cuBLAS status";
   }
 }
 
-#define DTP_CUBLAS_CHECK(call)                                                                \
-  do {                                                                                        \
-    cublasStatus_t dtp_cublas_status = (call);                                                \
-    if (dtp_cublas_status != CUBLAS_STATUS_SUCCESS)                                           \
-      throw ::dtp::Error(std::string("cuBLAS error: ") + #call + " failed at " + __FILE__ + ":" + \
+#define DTP_CUBLAS_CHECK(call)                                                                     \
+  do {                                                                                             \
+    cublasStatus_t dtp_cublas_status = (call);                                                     \
+    if (dtp_cublas_status != CUBLAS_STATUS_SUCCESS)                                                \
+      throw ::dtp::Error(std::string("cuBLAS error: ") + #call + " failed at " + __FILE__ + ":" +  \
                          std::to_string(__LINE__) + ": " + cublas_status_name(dtp_cublas_status)); \
   } while (0)
 
@@ -116,19 +126,19 @@ namespace {
 
 // The row-major C = alpha op(A) op(B) + beta C of @p batch matrices of one
 // element type, through cuBLAS.
-void gemm_strided_batched(cudaDataType_t type, cublasComputeType_t compute, bool transpose_a, bool transpose_b,
-                          std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const void* A,
-                          std::int64_t lda, std::int64_t stride_a, const void* B, std::int64_t ldb,
-                          std::int64_t stride_b, float beta, void* C, std::int64_t ldc, std::int64_t stride_c,
-                          std::int64_t batch) {
+void gemm_strided_batched(cudaDataType_t type, cublasComputeType_t compute, bool transpose_a,
+                          bool transpose_b, std::int64_t M, std::int64_t N, std::int64_t K,
+                          float alpha, const void* A, std::int64_t lda, std::int64_t stride_a,
+                          const void* B, std::int64_t ldb, std::int64_t stride_b, float beta,
+                          void* C, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) {
   if (M == 0 || N == 0 || batch == 0) return;
   cublasHandle_t handle = handle_for_current_stream();
   // Column-major: C^T [N, M] = op(B)^T [N, K] op(A)^T [K, M].
   DTP_CUBLAS_CHECK(cublas_library().gemm_strided_batched_ex(
       handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-      as_int("N", N), as_int("M", M), as_int("K", K), &alpha, B, type, as_int("ldb", ldb), stride_b, A, type,
-      as_int("lda", lda), stride_a, &beta, C, type, as_int("ldc", ldc), stride_c, as_int("batch", batch),
-      compute, CUBLAS_GEMM_DEFAULT));
+      as_int("N", N), as_int("M", M), as_int("K", K), &alpha, B, type, as_int("ldb", ldb), stride_b,
+      A, type, as_int("lda", lda), stride_a, &beta, C, type, as_int("ldc", ldc), stride_c,
+      as_int("batch", batch), compute, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace
@@ -138,8 +148,8 @@ void gemm_strided_batched_f32(bool transpose_a, bool transpose_b, std::int64_t M
                               std::int64_t stride_a, const float* B, std::int64_t ldb,
                               std::int64_t stride_b, float beta, float* C, std::int64_t ldc,
                               std::int64_t stride_c, std::int64_t batch) {
-  gemm_strided_batched(CUDA_R_32F, compute_type_f32(), transpose_a, transpose_b, M, N, K, alpha, A, lda, stride_a,
-                       B, ldb, stride_b, beta, C, ldc, stride_c, batch);
+  gemm_strided_batched(CUDA_R_32F, compute_type_f32(), transpose_a, transpose_b, M, N, K, alpha, A,
+                       lda, stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch);
 }
 
 void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, bool transpose_b,
@@ -166,15 +176,20 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, boo
   if (M == 0 || N == 0) return;
   nn::use_device(a.device());
   if (K == 0) {  // cuBLAS would leave C alone; the contract is C = beta C
-    if (beta == 0.0) out.fill(0);
-    else if (beta != 1.0) scale(out.raw(), out.dtype(), out.numel(), beta);
+    if (beta == 0.0)
+      out.fill(0);
+    else if (beta != 1.0)
+      scale(out.raw(), out.dtype(), out.numel(), beta);
     return;
   }
   const bool wide = a.dtype() == DType::f32;
-  const cudaDataType_t type = wide ? CUDA_R_32F : a.dtype() == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  const cudaDataType_t type = wide                       ? CUDA_R_32F
+                              : a.dtype() == DType::bf16 ? CUDA_R_16BF
+                                                         : CUDA_R_16F;
   // beta = 0: cuBLAS does not read C, so NaNs in out are ignored as promised.
-  gemm_strided_batched(type, wide ? compute_type_f32() : CUBLAS_COMPUTE_32F, transpose_a, transpose_b, M, N, K,
-                       static_cast<float>(alpha), a.raw(), transpose_a ? M : K, 0, b.raw(), transpose_b ? K : N, 0,
+  gemm_strided_batched(type, wide ? compute_type_f32() : CUBLAS_COMPUTE_32F, transpose_a,
+                       transpose_b, M, N, K, static_cast<float>(alpha), a.raw(),
+                       transpose_a ? M : K, 0, b.raw(), transpose_b ? K : N, 0,
                        static_cast<float>(beta), out.raw(), N, 0, 1);
 }
 

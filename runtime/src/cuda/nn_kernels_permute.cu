@@ -31,7 +31,8 @@ template <typename Word>
 void launch(const Tensor& in, Tensor& out, const PermuteShape& shape) {
   const std::int64_t n = out.numel();
   if (n == 0) return;
-  permute_kernel<Word><<<nn::grid_for(n), 256, 0, nn::stream()>>>(nn::ptr<Word>(in), nn::ptr<Word>(out), shape, n);
+  permute_kernel<Word>
+      <<<nn::grid_for(n), 256, 0, nn::stream()>>>(nn::ptr<Word>(in), nn::ptr<Word>(out), shape, n);
   nn::check_launch();
 }
 
@@ -50,11 +51,16 @@ void permute(const Tensor& in, const std::array<int, 4>& order, Tensor& out) {
     shape.in_stride[i] = stride[order[i]];
   }
   switch (in.element_size()) {
-    case 1: return launch<std::uint8_t>(in, out, shape);
-    case 2: return launch<std::uint16_t>(in, out, shape);
-    case 4: return launch<std::uint32_t>(in, out, shape);
-    case 8: return launch<std::uint64_t>(in, out, shape);
-    default: throw Error("permute: unsupported element size");
+    case 1:
+      return launch<std::uint8_t>(in, out, shape);
+    case 2:
+      return launch<std::uint16_t>(in, out, shape);
+    case 4:
+      return launch<std::uint32_t>(in, out, shape);
+    case 8:
+      return launch<std::uint64_t>(in, out, shape);
+    default:
+      throw Error("permute: unsupported element size");
   }
 }
 

@@ -60,7 +60,8 @@ void row_dot(const Tensor& a, const Tensor& b, Tensor& out) {
   nn::use_device(a.device());
   nn::with_float(a.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    row_dot_kernel<<<static_cast<unsigned>(rows), 256, 0, stream()>>>(ptr<T>(a), ptr<T>(b), ptr<T>(out), C);
+    row_dot_kernel<<<static_cast<unsigned>(rows), 256, 0, stream()>>>(ptr<T>(a), ptr<T>(b),
+                                                                      ptr<T>(out), C);
   });
   check_launch();
 }

@@ -42,7 +42,8 @@ __global__ void row_max_kernel(const T* x, T* out, std::int64_t V) {
 
 template <typename T>
 __global__ void softmax_sums_kernel(const T* logits, const std::int32_t* targets, const T* row_max,
-                                    T* sum_exp, T* target_logit, std::int64_t V, std::int64_t vocab_start) {
+                                    T* sum_exp, T* target_logit, std::int64_t V,
+                                    std::int64_t vocab_start) {
   __shared__ float shared[32];
   const T* row = logits + blockIdx.x * V;
   const float m = load(row_max, blockIdx.x);
@@ -57,9 +58,9 @@ __global__ void softmax_sums_kernel(const T* logits, const std::int32_t* targets
 }
 
 template <typename T>
-__global__ void shard_ce_backward_kernel(const T* logits, const std::int32_t* targets, const T* row_max,
-                                         const T* sum_exp, float scale, T* dlogits, std::int64_t V,
-                                         std::int64_t vocab_start) {
+__global__ void shard_ce_backward_kernel(const T* logits, const std::int32_t* targets,
+                                         const T* row_max, const T* sum_exp, float scale,
+                                         T* dlogits, std::int64_t V, std::int64_t vocab_start) {
   const T* row = logits + blockIdx.x * V;
   T* grad = dlogits + blockIdx.x * V;  // may be the same memory as row
   const float m = load(row_max, blockIdx.x);
@@ -76,8 +77,8 @@ struct Rows {
   std::int64_t N, C;
 };
 
-Rows check_shard_lookup(const char* op, const Tensor& ids, const Tensor& table, const char* table_name,
-                        const Tensor& rows_tensor, const char* rows_name) {
+Rows check_shard_lookup(const char* op, const Tensor& ids, const Tensor& table,
+                        const char* table_name, const Tensor& rows_tensor, const char* rows_name) {
   nn::check_float(op, table_name, table, table.device());
   nn::check_same_gpu(op, "ids", ids, table.device());
   DTP_CHECK(ids.dtype() == DType::i32, op, ": ids must be i32 token ids, got ", ids.describe());
@@ -85,8 +86,8 @@ Rows check_shard_lookup(const char* op, const Tensor& ids, const Tensor& table, 
   detail::check_dtype_is(op, rows_name, rows_tensor, table.dtype());
   DTP_CHECK(table.ndim() == 2, op, ": ", table_name, " must be [V/t, C], got ", table.describe());
   const std::int64_t C = table.size(1), N = ids.numel();
-  DTP_CHECK(rows_tensor.numel() == N * C && detail::last_dim(op, rows_name, rows_tensor) == C, op, ": ",
-            rows_name, " must be [..., ", C, "] with ", N, " rows (one per id), got ",
+  DTP_CHECK(rows_tensor.numel() == N * C && detail::last_dim(op, rows_name, rows_tensor) == C, op,
+            ": ", rows_name, " must be [..., ", C, "] with ", N, " rows (one per id), got ",
             rows_tensor.describe());
   return {N, C};
 }
@@ -97,7 +98,8 @@ detail::LogitRows check_logits_slice(const char* op, const Tensor& logits, const
   return detail::logit_rows(op, logits, targets, "vocabulary slice");
 }
 
-void check_row_stat(const char* op, const char* name, const Tensor& stat, const Tensor& logits, std::int64_t N) {
+void check_row_stat(const char* op, const char* name, const Tensor& stat, const Tensor& logits,
+                    std::int64_t N) {
   nn::check_float(op, name, stat, logits.device());
   detail::check_dtype_is(op, name, stat, logits.dtype());
   detail::check_numel(op, name, stat, N, "one per row of logits");
@@ -106,23 +108,27 @@ void check_row_stat(const char* op, const char* name, const Tensor& stat, const 
 
 void embedding_shard_forward(const Tensor& ids, const Tensor& table_shard, std::int64_t vocab_start,
                              Tensor& out) {
-  const Rows r = check_shard_lookup("embedding_shard_forward", ids, table_shard, "table_shard", out, "out");
+  const Rows r =
+      check_shard_lookup("embedding_shard_forward", ids, table_shard, "table_shard", out, "out");
   if (r.N == 0 || r.C == 0) return;
   nn::use_device(table_shard.device());
   nn::with_float(table_shard.dtype(), [&](auto zero) {
     using T = decltype(zero);
     shard_gather_kernel<<<grid_for(r.N * r.C), kThreads, 0, stream()>>>(
-        ptr<std::int32_t>(ids), ptr<T>(table_shard), ptr<T>(out), r.N, r.C, vocab_start, table_shard.size(0));
+        ptr<std::int32_t>(ids), ptr<T>(table_shard), ptr<T>(out), r.N, r.C, vocab_start,
+        table_shard.size(0));
   });
   check_launch();
 }
 
 void embedding_shard_backward(const Tensor& ids, const Tensor& dout, std::int64_t vocab_start,
                               Tensor& dtable_shard) {
-  const Rows r = check_shard_lookup("embedding_shard_backward", ids, dtable_shard, "dtable_shard", dout, "dout");
+  const Rows r = check_shard_lookup("embedding_shard_backward", ids, dtable_shard, "dtable_shard",
+                                    dout, "dout");
   if (r.N == 0 || r.C == 0) return;
   nn::use_device(dtable_shard.device());
-  nn::add_rows_by_id(ids, dout, vocab_start, dtable_shard);  // ids of other ranks' shards are skipped
+  nn::add_rows_by_id(ids, dout, vocab_start,
+                     dtable_shard);  // ids of other ranks' shards are skipped
 }
 
 void row_max(const Tensor& x, Tensor& out) {
@@ -153,8 +159,8 @@ void vocab_shard_softmax_sums(const Tensor& logits, const Tensor& targets, std::
   nn::with_float(logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     softmax_sums_kernel<<<static_cast<unsigned>(r.N), kThreads, 0, stream()>>>(
-        ptr<T>(logits), ptr<std::int32_t>(targets), ptr<T>(row_max), ptr<T>(sum_exp), ptr<T>(target_logit),
-        r.V, vocab_start);
+        ptr<T>(logits), ptr<std::int32_t>(targets), ptr<T>(row_max), ptr<T>(sum_exp),
+        ptr<T>(target_logit), r.V, vocab_start);
   });
   check_launch();
 }

@@ -22,7 +22,8 @@ __device__ __forceinline__ A warp_sum(A v) {
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
@@ -68,13 +69,15 @@ constexpr int kColumnBlock = 32, kRowThreads = 8;
 /// kernel's vector width). row_slices() (nn_kernels_common.cuh) picks them.
 struct RowSlices {
   std::int64_t column_blocks = 0, slices = 0, rows_per_slice = 0;
-  dim3 grid() const { return dim3(static_cast<unsigned>(column_blocks), static_cast<unsigned>(slices)); }
+  dim3 grid() const {
+    return dim3(static_cast<unsigned>(column_blocks), static_cast<unsigned>(slices));
+  }
   static dim3 block() { return dim3(kColumnBlock, kRowThreads); }
 };
 
 /// The row range [first, end) of this block's slice.
-__device__ __forceinline__ void slice_rows(std::int64_t rows, std::int64_t rows_per_slice, std::int64_t& first,
-                                           std::int64_t& end) {
+__device__ __forceinline__ void slice_rows(std::int64_t rows, std::int64_t rows_per_slice,
+                                           std::int64_t& first, std::int64_t& end) {
   first = static_cast<std::int64_t>(blockIdx.y) * rows_per_slice;
   end = first + rows_per_slice < rows ? first + rows_per_slice : rows;
 }
@@ -88,8 +91,8 @@ using SliceTile = float[kRowThreads][kColumnBlock * W + 1];
 /// in @p tile (column c0 + j at tile[k][threadIdx.x * W + j]) in row-thread
 /// order and writes the slice's partials of those below C.
 template <int W>
-__device__ __forceinline__ void write_slice_partial(SliceTile<W>& tile, float* partial, std::int64_t c0,
-                                                    std::int64_t C) {
+__device__ __forceinline__ void write_slice_partial(SliceTile<W>& tile, float* partial,
+                                                    std::int64_t c0, std::int64_t C) {
   __syncthreads();
   if (threadIdx.y != 0) return;
 #pragma unroll
@@ -104,7 +107,8 @@ __device__ __forceinline__ void write_slice_partial(SliceTile<W>& tile, float* p
 /// Pass 2: out[c] += the slices' partials of column c, in slice order
 /// (computed in f32, rounded once when stored).
 template <typename T>
-__global__ void add_column_partials_kernel(const float* partial, T* out, std::int64_t slices, std::int64_t C) {
+__global__ void add_column_partials_kernel(const float* partial, T* out, std::int64_t slices,
+                                           std::int64_t C) {
   for (std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; c < C;
        c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     float sum = 0;

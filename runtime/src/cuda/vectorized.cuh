@@ -110,7 +110,8 @@ void with_width(Fn&& fn, const P*... pointers) {
 /// launch(vec::Width<W>{}, blocks) with the grid that covers n / W chunks.
 template <typename T, typename Launch, typename... P>
 void launch_elementwise(std::int64_t n, Launch&& launch, const P*... pointers) {
-  with_width<T>([&](auto width) { launch(width, blocks_for((n + width - 1) / width)); }, pointers...);
+  with_width<T>([&](auto width) { launch(width, blocks_for((n + width - 1) / width)); },
+                pointers...);
 }
 
 /// with_width for kernels that walk rows of @p cols elements in chunks: the

@@ -48,8 +48,8 @@ AgreementPacket::AgreementPacket(const CallSignature& call, double clock, double
   hash_min_negated = -h;
   if (!carried.data) return;
   const Tensor& x = *carried.data;
-  DTP_CHECK(CarriedReduction::fits(x), "the collective check carries at most ", CarriedReduction::kCarriedBytes,
-            " bytes, not ", x.nbytes());
+  DTP_CHECK(CarriedReduction::fits(x), "the collective check carries at most ",
+            CarriedReduction::kCarriedBytes, " bytes, not ", x.nbytes());
   payload_dtype = static_cast<std::int32_t>(x.dtype());
   payload_op = static_cast<std::int32_t>(carried.op == ReduceOp::avg ? ReduceOp::sum : carried.op);
   payload_count = static_cast<std::int32_t>(x.numel());
@@ -57,7 +57,8 @@ AgreementPacket::AgreementPacket(const CallSignature& call, double clock, double
 }
 
 void AgreementPacket::unpack(const CarriedReduction& carried) const {
-  if (carried.data && carried.data->nbytes() > 0) std::memcpy(carried.data->raw(), payload, carried.data->nbytes());
+  if (carried.data && carried.data->nbytes() > 0)
+    std::memcpy(carried.data->raw(), payload, carried.data->nbytes());
 }
 
 namespace {
@@ -65,12 +66,15 @@ namespace {
 /// high = low (op) high over the payload's elements. Packets are plain
 /// aligned structs here, so the payload is read as T directly.
 template <typename T>
-void reduce_payload(const unsigned char* low_bytes, unsigned char* high_bytes, int count, ReduceOp op) {
+void reduce_payload(const unsigned char* low_bytes, unsigned char* high_bytes, int count,
+                    ReduceOp op) {
   const auto* low = reinterpret_cast<const T*>(low_bytes);
   auto* high = reinterpret_cast<T*>(high_bytes);
   for (int i = 0; i < count; ++i) {
     const T a = low[i], b = high[i];
-    high[i] = op == ReduceOp::max ? std::max(a, b) : op == ReduceOp::min ? std::min(a, b) : static_cast<T>(a + b);
+    high[i] = op == ReduceOp::max   ? std::max(a, b)
+              : op == ReduceOp::min ? std::min(a, b)
+                                    : static_cast<T>(a + b);
   }
 }
 
@@ -82,10 +86,17 @@ void combine_into(const AgreementPacket& low, AgreementPacket& high) {
   if (low.agreed() && high.agreed() && low.hash_max == high.hash_max && low.payload_count > 0) {
     const auto op = static_cast<ReduceOp>(low.payload_op);
     switch (static_cast<DType>(low.payload_dtype)) {
-      case DType::f32: reduce_payload<float>(low.payload, high.payload, low.payload_count, op); break;
-      case DType::f64: reduce_payload<double>(low.payload, high.payload, low.payload_count, op); break;
-      case DType::i32: reduce_payload<std::int32_t>(low.payload, high.payload, low.payload_count, op); break;
-      default: break;  // bf16 and f16 are widened to f32 before they travel
+      case DType::f32:
+        reduce_payload<float>(low.payload, high.payload, low.payload_count, op);
+        break;
+      case DType::f64:
+        reduce_payload<double>(low.payload, high.payload, low.payload_count, op);
+        break;
+      case DType::i32:
+        reduce_payload<std::int32_t>(low.payload, high.payload, low.payload_count, op);
+        break;
+      default:
+        break;  // bf16 and f16 are widened to f32 before they travel
     }
   }
   high.hash_max = std::max(low.hash_max, high.hash_max);
@@ -114,11 +125,13 @@ void combine_everyones(AgreementPacket& packet, MPI_Comm comm, const WaitFor& wa
     requests.clear();
     if (receive) {
       requests.emplace_back();
-      check(MPI_Irecv(&theirs, kPacketBytes, MPI_BYTE, peer, kPacketTag, comm, &requests.back()), "MPI_Irecv");
+      check(MPI_Irecv(&theirs, kPacketBytes, MPI_BYTE, peer, kPacketTag, comm, &requests.back()),
+            "MPI_Irecv");
     }
     if (send) {
       requests.emplace_back();
-      check(MPI_Isend(&packet, kPacketBytes, MPI_BYTE, peer, kPacketTag, comm, &requests.back()), "MPI_Isend");
+      check(MPI_Isend(&packet, kPacketBytes, MPI_BYTE, peer, kPacketTag, comm, &requests.back()),
+            "MPI_Isend");
     }
     wait(requests);
   };

@@ -34,7 +34,7 @@ struct CallSignature {
   const char* kind = "";
   long long numel = -1;  // -1: no tensor in the description
   int dtype = -1;
-  int root = -1;          // -1: no root
+  int root = -1;                 // -1: no root
   const char* detail = nullptr;  // the op, or a dtype name; nullptr: none
 
   CallSignature(const char* kind, const Tensor& x, int root, const char* detail);
@@ -49,7 +49,7 @@ struct CallSignature {
 struct CarriedReduction {
   static constexpr std::size_t kCarriedBytes = 1024;
   static bool fits(const Tensor& x) { return x.nbytes() <= kCarriedBytes; }
-  Tensor* data = nullptr;  // f32, f64 or i32 on the host; reduced in place
+  Tensor* data = nullptr;       // f32, f64 or i32 on the host; reduced in place
   ReduceOp op = ReduceOp::sum;  // avg travels as sum
 };
 
@@ -62,7 +62,8 @@ struct AgreementPacket {
   alignas(16) unsigned char payload[CarriedReduction::kCarriedBytes];
 
   AgreementPacket() = default;
-  AgreementPacket(const CallSignature& call, double clock, double root_numel, const CarriedReduction& carried);
+  AgreementPacket(const CallSignature& call, double clock, double root_numel,
+                  const CarriedReduction& carried);
   bool agreed() const { return hash_max == -hash_min_negated; }
   /// Copies the reduced payload back into the carried tensor.
   void unpack(const CarriedReduction& carried) const;

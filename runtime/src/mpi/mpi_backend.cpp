@@ -35,18 +35,25 @@ int payload_tag(int tag) { return 2 * tag + 1; }
 
 MPI_Datatype reduction_type(DType dtype) {
   switch (dtype) {
-    case DType::f64: return MPI_DOUBLE;
-    case DType::f32: return MPI_FLOAT;
-    case DType::i32: return MPI_INT;
-    default: return MPI_DATATYPE_NULL;  // bf16/f16 are reduced in f32
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::i32:
+      return MPI_INT;
+    default:
+      return MPI_DATATYPE_NULL;  // bf16/f16 are reduced in f32
   }
 }
 
 MPI_Op reduction_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::max: return MPI_MAX;
-    case ReduceOp::min: return MPI_MIN;
-    default: return MPI_SUM;  // avg = sum, then scale
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
+    default:
+      return MPI_SUM;  // avg = sum, then scale
   }
 }
 
@@ -64,7 +71,8 @@ void chunk_layout(long long numel, int parts, std::size_t element_size, std::vec
   for (int r = 0; r < parts; ++r) {
     ChunkRange range = chunk_range(numel, parts, r);
     counts[r] = as_int(static_cast<std::size_t>(range.length) * element_size, "chunk");
-    displacements[r] = as_int(static_cast<std::size_t>(range.offset) * element_size, "chunk offset");
+    displacements[r] =
+        as_int(static_cast<std::size_t>(range.offset) * element_size, "chunk offset");
   }
 }
 
@@ -85,15 +93,19 @@ Tensor host_copy(const Tensor& x) { return on_gpu(x) ? x.to(Device::cpu()) : x; 
 // An all-gather whose shard is already its own chunk of the output (ZeRO's
 // in-place gather) must say MPI_IN_PLACE: MPI forbids overlapping buffers.
 const void* send_buffer(const Tensor& shard, const Tensor& full, int displacement_bytes) {
-  return shard.raw() == static_cast<const char*>(full.raw()) + displacement_bytes ? MPI_IN_PLACE : shard.raw();
+  return shard.raw() == static_cast<const char*>(full.raw()) + displacement_bytes ? MPI_IN_PLACE
+                                                                                  : shard.raw();
 }
 
 class MpiRecvRequest : public RequestState {
  public:
-  MpiRecvRequest(MpiComm* comm, Tensor x, int src, int tag) : comm_(comm), x_(std::move(x)), src_(src), tag_(tag) {
+  MpiRecvRequest(MpiComm* comm, Tensor x, int src, int tag)
+      : comm_(comm), x_(std::move(x)), src_(src), tag_(tag) {
     MPI_Comm c = comm_->traffic().comm;
-    check(MPI_Irecv(&header_, sizeof(Header), MPI_BYTE, src, header_tag(tag), c, &requests_[0]), "MPI_Irecv");
-    check(MPI_Irecv(x_.raw(), as_int(x_.nbytes(), "recv"), MPI_BYTE, src, payload_tag(tag), c, &requests_[1]),
+    check(MPI_Irecv(&header_, sizeof(Header), MPI_BYTE, src, header_tag(tag), c, &requests_[0]),
+          "MPI_Irecv");
+    check(MPI_Irecv(x_.raw(), as_int(x_.nbytes(), "recv"), MPI_BYTE, src, payload_tag(tag), c,
+                    &requests_[1]),
           "MPI_Irecv");
   }
   void wait() override {
@@ -165,7 +177,8 @@ void MpiComm::send_header(const Tensor& x, int dst, int tag) {
   header->numel = x.numel();
   header->dtype = static_cast<int>(x.dtype());
   MPI_Request request;
-  check(MPI_Isend(header.get(), sizeof(Header), MPI_BYTE, dst, header_tag(tag), comm_, &request), "MPI_Isend");
+  check(MPI_Isend(header.get(), sizeof(Header), MPI_BYTE, dst, header_tag(tag), comm_, &request),
+        "MPI_Isend");
   session_->keep_until_sent(header, request);
   traffic_->sent[static_cast<std::size_t>(dst)] += 1;
 }
@@ -180,7 +193,8 @@ void MpiComm::send(const Tensor& x, int dst, int tag) {
   DTP_CHECK(copy != nullptr, "send: out of host memory copying ", x.nbytes(), " bytes");
   if (x.nbytes() > 0) std::memcpy(copy.get(), x.raw(), x.nbytes());
   MPI_Request request;
-  check(MPI_Isend(copy.get(), as_int(x.nbytes(), "send"), MPI_BYTE, dst, payload_tag(tag), comm_, &request),
+  check(MPI_Isend(copy.get(), as_int(x.nbytes(), "send"), MPI_BYTE, dst, payload_tag(tag), comm_,
+                  &request),
         "MPI_Isend");
   session_->keep_until_sent(copy, request);
 }
@@ -193,12 +207,14 @@ std::shared_ptr<RequestState> MpiComm::isend(const Tensor& x, int dst, int tag) 
   if (session_->config().send_mode == SendMode::sync) {
     // Completes only once the receiver has posted the payload's receive
     // (MpiRecvRequest posts header and payload receives together).
-    check(MPI_Issend(x.raw(), as_int(x.nbytes(), "isend"), MPI_BYTE, dst, payload_tag(tag), comm_, &request),
+    check(MPI_Issend(x.raw(), as_int(x.nbytes(), "isend"), MPI_BYTE, dst, payload_tag(tag), comm_,
+                     &request),
           "MPI_Issend");
     what << "send(destination rank " << dst << ", tag " << tag << ", " << x.numel() << " x "
          << dtype_name(x.dtype()) << ") to be matched by a recv (DTP_SEND=sync)";
   } else {
-    check(MPI_Isend(x.raw(), as_int(x.nbytes(), "isend"), MPI_BYTE, dst, payload_tag(tag), comm_, &request),
+    check(MPI_Isend(x.raw(), as_int(x.nbytes(), "isend"), MPI_BYTE, dst, payload_tag(tag), comm_,
+                    &request),
           "MPI_Isend");
     what << "isend to rank " << dst << " to be received";
   }
@@ -225,7 +241,8 @@ class StagedRecvRequest : public RequestState {
 std::shared_ptr<RequestState> MpiComm::irecv(Tensor& x, int src, int tag) {
   if (on_gpu(x)) {
     Tensor host = Tensor::empty(x.shape(), x.dtype(), Device::cpu(), MemoryCategory::comm);
-    return std::make_shared<StagedRecvRequest>(std::make_shared<MpiRecvRequest>(this, host, src, tag), host, x);
+    return std::make_shared<StagedRecvRequest>(
+        std::make_shared<MpiRecvRequest>(this, host, src, tag), host, x);
   }
   return std::make_shared<MpiRecvRequest>(this, x, src, tag);
 }
@@ -246,13 +263,16 @@ MpiComm::Agreement MpiComm::agree(const CallSignature& call, double cost_bytes, 
     constexpr int kWidth = 128;
     std::vector<char> mine(kWidth, '\0'), everyone(static_cast<std::size_t>(kWidth * size_));
     std::strncpy(mine.data(), call.describe().c_str(), kWidth - 1);
-    check(MPI_Iallgather(mine.data(), kWidth, MPI_CHAR, everyone.data(), kWidth, MPI_CHAR, comm_, &request),
+    check(MPI_Iallgather(mine.data(), kWidth, MPI_CHAR, everyone.data(), kWidth, MPI_CHAR, comm_,
+                         &request),
           "MPI_Iallgather");
     finish(request, [] { return std::string("the mismatch report"); });
     std::ostringstream message;
     message << "collective mismatch: ranks called different collectives at the same step:\n";
-    for (int r = 0; r < size_; ++r) message << "  rank " << r << ": " << &everyone[static_cast<std::size_t>(r * kWidth)] << "\n";
-    message << "Every rank must call the same collective with the same kind, element count, dtype, root and op.";
+    for (int r = 0; r < size_; ++r)
+      message << "  rank " << r << ": " << &everyone[static_cast<std::size_t>(r * kWidth)] << "\n";
+    message << "Every rank must call the same collective with the same kind, element count, dtype, "
+               "root and op.";
     throw CommMismatch(message.str());
   }
   packet.unpack(carried);
@@ -277,7 +297,8 @@ void MpiComm::all_reduce(Tensor& x, ReduceOp op) {
     agree(call, static_cast<double>(x.nbytes()), -1, {&work, op});  // the data rode with the check
   } else {
     agree(call, static_cast<double>(x.nbytes()));
-    check(MPI_Allreduce(MPI_IN_PLACE, work.raw(), as_int(static_cast<std::size_t>(work.numel()), "all_reduce"),
+    check(MPI_Allreduce(MPI_IN_PLACE, work.raw(),
+                        as_int(static_cast<std::size_t>(work.numel()), "all_reduce"),
                         reduction_type(work.dtype()), reduction_op(op), comm_),
           "MPI_Allreduce");
   }
@@ -290,10 +311,15 @@ namespace {
 class MpiCollectiveRequest : public RequestState {
  public:
   MpiCollectiveRequest(Session& session, MPI_Request request, Tensor x, Tensor work, double scale)
-      : session_(session), request_(request), x_(std::move(x)), work_(std::move(work)), scale_(scale) {}
+      : session_(session),
+        request_(request),
+        x_(std::move(x)),
+        work_(std::move(work)),
+        scale_(scale) {}
   void wait() override {
     std::vector<MPI_Request> requests{request_};
-    session_.wait(requests, [] { return std::string("a non-blocking all_reduce with the other ranks"); });
+    session_.wait(requests,
+                  [] { return std::string("a non-blocking all_reduce with the other ranks"); });
     if (scale_ != 1.0) ops::scale(work_, scale_);
     narrow_into(x_, work_);
   }
@@ -310,7 +336,9 @@ std::shared_ptr<RequestState> MpiComm::iall_reduce(Tensor& x, ReduceOp op) {
   // The check meets the other ranks first; the reduction itself then
   // proceeds while this rank computes (MPI advances it in every MPI call).
   // A small one is already done when the check returns.
-  DTP_CHECK(!on_gpu(x), "iall_reduce on the mpi backend needs a host tensor (GPU tensors: use the nccl backend)");
+  DTP_CHECK(
+      !on_gpu(x),
+      "iall_reduce on the mpi backend needs a host tensor (GPU tensors: use the nccl backend)");
   const CallSignature call("all_reduce", x, -1, reduce_op_name(op));
   Tensor work = widened(x);
   MPI_Request request = MPI_REQUEST_NULL;
@@ -318,7 +346,8 @@ std::shared_ptr<RequestState> MpiComm::iall_reduce(Tensor& x, ReduceOp op) {
     agree(call, static_cast<double>(x.nbytes()), -1, {&work, op});
   } else {
     agree(call, static_cast<double>(x.nbytes()));
-    check(MPI_Iallreduce(MPI_IN_PLACE, work.raw(), as_int(static_cast<std::size_t>(work.numel()), "iall_reduce"),
+    check(MPI_Iallreduce(MPI_IN_PLACE, work.raw(),
+                         as_int(static_cast<std::size_t>(work.numel()), "iall_reduce"),
                          reduction_type(work.dtype()), reduction_op(op), comm_, &request),
           "MPI_Iallreduce");
   }
@@ -333,7 +362,8 @@ namespace {
 /// copy a staged result to the GPU).
 class MpiShardedRequest : public RequestState {
  public:
-  MpiShardedRequest(Session& session, std::string what) : session_(session), what_(std::move(what)) {}
+  MpiShardedRequest(Session& session, std::string what)
+      : session_(session), what_(std::move(what)) {}
   void wait() override {
     std::vector<MPI_Request> requests{request};
     session_.wait(requests, [&] { return "a non-blocking " + what_ + " with the other ranks"; });
@@ -341,7 +371,7 @@ class MpiShardedRequest : public RequestState {
   }
 
   MPI_Request request = MPI_REQUEST_NULL;
-  std::vector<Tensor> buffers;            // what MPI reads or writes
+  std::vector<Tensor> buffers;             // what MPI reads or writes
   std::vector<int> counts, displacements;  // MPI's v-collectives read these until completion
   std::function<void()> finish;
 
@@ -357,29 +387,38 @@ std::shared_ptr<RequestState> MpiComm::iall_gather(const Tensor& shard, Tensor& 
   agree(CallSignature("all_gather", full, -1, nullptr), static_cast<double>(full.nbytes()));
   auto pending = std::make_shared<MpiShardedRequest>(*session_, "all_gather");
   Tensor input = host_copy(shard);
-  Tensor output = on_gpu(full) ? Tensor::empty(full.shape(), full.dtype(), Device::cpu(), MemoryCategory::comm) : full;
+  Tensor output =
+      on_gpu(full) ? Tensor::empty(full.shape(), full.dtype(), Device::cpu(), MemoryCategory::comm)
+                   : full;
   chunk_layout(full.numel(), size_, full.element_size(), pending->counts, pending->displacements);
-  check(MPI_Iallgatherv(send_buffer(input, output, pending->displacements[rank_]), pending->counts[rank_], MPI_BYTE,
-                        output.raw(), pending->counts.data(),
+  check(MPI_Iallgatherv(send_buffer(input, output, pending->displacements[rank_]),
+                        pending->counts[rank_], MPI_BYTE, output.raw(), pending->counts.data(),
                         pending->displacements.data(), MPI_BYTE, comm_, &pending->request),
         "MPI_Iallgatherv");
   pending->buffers = {input, output};
-  if (on_gpu(full)) pending->finish = [target = full, output]() mutable { target.copy_from(output); };
+  if (on_gpu(full))
+    pending->finish = [target = full, output]() mutable { target.copy_from(output); };
   return pending;
 }
 
-std::shared_ptr<RequestState> MpiComm::ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
-  agree(CallSignature("reduce_scatter", full, -1, reduce_op_name(op)), static_cast<double>(full.nbytes()));
+std::shared_ptr<RequestState> MpiComm::ireduce_scatter(const Tensor& full, Tensor& shard,
+                                                       ReduceOp op) {
+  agree(CallSignature("reduce_scatter", full, -1, reduce_op_name(op)),
+        static_cast<double>(full.nbytes()));
   auto pending = std::make_shared<MpiShardedRequest>(*session_, "reduce_scatter");
   // bf16/f16 reduce in f32; GPU tensors through the host. Either way MPI
   // works on a host buffer of its own and finish() writes the shard.
   Tensor input = widened(host_copy(full));
   const bool direct = !on_gpu(shard) && reduction_type(shard.dtype()) != MPI_DATATYPE_NULL;
-  Tensor output = direct ? shard : Tensor::zeros({shard.numel()}, input.dtype(), Device::cpu(), MemoryCategory::comm);
+  Tensor output =
+      direct ? shard
+             : Tensor::zeros({shard.numel()}, input.dtype(), Device::cpu(), MemoryCategory::comm);
   pending->counts.resize(static_cast<std::size_t>(size_));
-  for (int r = 0; r < size_; ++r) pending->counts[r] = static_cast<int>(chunk_range(full.numel(), size_, r).length);
-  check(MPI_Ireduce_scatter(input.raw(), output.raw(), pending->counts.data(), reduction_type(input.dtype()),
-                            reduction_op(op), comm_, &pending->request),
+  for (int r = 0; r < size_; ++r)
+    pending->counts[r] = static_cast<int>(chunk_range(full.numel(), size_, r).length);
+  check(MPI_Ireduce_scatter(input.raw(), output.raw(), pending->counts.data(),
+                            reduction_type(input.dtype()), reduction_op(op), comm_,
+                            &pending->request),
         "MPI_Ireduce_scatter");
   pending->buffers = {input, output};
   const double scale = op == ReduceOp::avg ? 1.0 / size_ : 1.0;
@@ -387,7 +426,8 @@ std::shared_ptr<RequestState> MpiComm::ireduce_scatter(const Tensor& full, Tenso
     if (scale != 1.0) ops::scale(output, scale);
     if (direct) return;
     if (output.dtype() == target.dtype()) return target.copy_from(output);  // a staged GPU shard
-    Tensor narrow = on_gpu(target) ? Tensor::empty(target.shape(), target.dtype(), Device::cpu(), MemoryCategory::comm)
+    Tensor narrow = on_gpu(target) ? Tensor::empty(target.shape(), target.dtype(), Device::cpu(),
+                                                   MemoryCategory::comm)
                                    : target;
     narrow_into(narrow, output);
     if (on_gpu(target)) target.copy_from(narrow);
@@ -415,10 +455,12 @@ void MpiComm::reduce(Tensor& x, int root, ReduceOp op) {
   agree(CallSignature("reduce", x, root, reduce_op_name(op)), static_cast<double>(x.nbytes()));
   const int count = as_int(static_cast<std::size_t>(work.numel()), "reduce");
   if (rank_ == root) {
-    check(MPI_Reduce(MPI_IN_PLACE, work.raw(), count, reduction_type(work.dtype()), reduction_op(op), root, comm_),
+    check(MPI_Reduce(MPI_IN_PLACE, work.raw(), count, reduction_type(work.dtype()),
+                     reduction_op(op), root, comm_),
           "MPI_Reduce");
   } else {
-    check(MPI_Reduce(work.raw(), nullptr, count, reduction_type(work.dtype()), reduction_op(op), root, comm_),
+    check(MPI_Reduce(work.raw(), nullptr, count, reduction_type(work.dtype()), reduction_op(op),
+                     root, comm_),
           "MPI_Reduce");
   }
   if (rank_ == root) {
@@ -436,9 +478,8 @@ void MpiComm::all_gather(const Tensor& shard, Tensor& full) {
   agree(CallSignature("all_gather", full, -1, nullptr), static_cast<double>(full.nbytes()));
   std::vector<int> counts, displacements;
   chunk_layout(full.numel(), size_, full.element_size(), counts, displacements);
-  check(MPI_Allgatherv(send_buffer(shard, full, displacements[rank_]), counts[rank_], MPI_BYTE, full.raw(),
-                        counts.data(), displacements.data(),
-                        MPI_BYTE, comm_),
+  check(MPI_Allgatherv(send_buffer(shard, full, displacements[rank_]), counts[rank_], MPI_BYTE,
+                       full.raw(), counts.data(), displacements.data(), MPI_BYTE, comm_),
         "MPI_Allgatherv");
 }
 
@@ -449,11 +490,16 @@ void MpiComm::reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
     return shard.copy_from(host);
   }
   Tensor in = widened(full);
-  Tensor out = reduction_type(shard.dtype()) == MPI_DATATYPE_NULL ? Tensor::zeros({shard.numel()}, DType::f32) : shard;
-  agree(CallSignature("reduce_scatter", full, -1, reduce_op_name(op)), static_cast<double>(full.nbytes()));
+  Tensor out = reduction_type(shard.dtype()) == MPI_DATATYPE_NULL
+                   ? Tensor::zeros({shard.numel()}, DType::f32)
+                   : shard;
+  agree(CallSignature("reduce_scatter", full, -1, reduce_op_name(op)),
+        static_cast<double>(full.nbytes()));
   std::vector<int> counts(static_cast<std::size_t>(size_));
-  for (int r = 0; r < size_; ++r) counts[r] = static_cast<int>(chunk_range(full.numel(), size_, r).length);
-  check(MPI_Reduce_scatter(in.raw(), out.raw(), counts.data(), reduction_type(in.dtype()), reduction_op(op), comm_),
+  for (int r = 0; r < size_; ++r)
+    counts[r] = static_cast<int>(chunk_range(full.numel(), size_, r).length);
+  check(MPI_Reduce_scatter(in.raw(), out.raw(), counts.data(), reduction_type(in.dtype()),
+                           reduction_op(op), comm_),
         "MPI_Reduce_scatter");
   if (op == ReduceOp::avg) ops::scale(out, 1.0 / size_);
   narrow_into(shard, out);
@@ -471,8 +517,9 @@ void MpiComm::all_to_all(const Tensor& in, Tensor& out) {
         "MPI_Alltoall");
 }
 
-void MpiComm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts, Tensor& out,
-                           const std::vector<std::int64_t>& recv_counts, double cost_bytes) {
+void MpiComm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts,
+                           Tensor& out, const std::vector<std::int64_t>& recv_counts,
+                           double cost_bytes) {
   if (on_gpu(in) || on_gpu(out)) {
     Tensor host = host_copy(out);
     all_to_all_v(host_copy(in), send_counts, host, recv_counts, cost_bytes);
@@ -480,7 +527,8 @@ void MpiComm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& se
   }
   agree(CallSignature("all_to_all_v", dtype_name(in.dtype())), cost_bytes);
   // MPI counts in bytes, as ints, with explicit displacements.
-  auto layout = [&](const std::vector<std::int64_t>& counts, std::vector<int>& bytes, std::vector<int>& at) {
+  auto layout = [&](const std::vector<std::int64_t>& counts, std::vector<int>& bytes,
+                    std::vector<int>& at) {
     std::size_t offset = 0;
     for (std::int64_t c : counts) {
       const std::size_t b = static_cast<std::size_t>(c) * in.element_size();
@@ -492,8 +540,8 @@ void MpiComm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& se
   std::vector<int> send_bytes, send_at, recv_bytes, recv_at;
   layout(send_counts, send_bytes, send_at);
   layout(recv_counts, recv_bytes, recv_at);
-  check(MPI_Alltoallv(in.raw(), send_bytes.data(), send_at.data(), MPI_BYTE, out.raw(), recv_bytes.data(),
-                       recv_at.data(), MPI_BYTE, comm_),
+  check(MPI_Alltoallv(in.raw(), send_bytes.data(), send_at.data(), MPI_BYTE, out.raw(),
+                      recv_bytes.data(), recv_at.data(), MPI_BYTE, comm_),
         "MPI_Alltoallv");
 }
 
@@ -509,15 +557,15 @@ void MpiComm::gather(const Tensor& shard, Tensor& full, int root) {
                            rank_ == root ? static_cast<double>(full.numel()) : -1);
   const auto root_numel = static_cast<long long>(agreed.root_numel);
   DTP_CHECK(shard.numel() == chunk_range(root_numel, size_, rank_).length, "gather: rank ", rank_,
-            "'s shard holds ", shard.numel(), " elements but chunk ", rank_, " of root's ", root_numel,
-            "-element buffer has ", chunk_range(root_numel, size_, rank_).length);
+            "'s shard holds ", shard.numel(), " elements but chunk ", rank_, " of root's ",
+            root_numel, "-element buffer has ", chunk_range(root_numel, size_, rank_).length);
   std::vector<int> counts, displacements;
   chunk_layout(root_numel, size_, shard.element_size(), counts, displacements);
   // Nonblocking and polled: a rank whose shard failed the check above has
   // thrown, and the others must not wait for it inside MPI.
   MPI_Request request;
-  check(MPI_Igatherv(shard.raw(), counts[rank_], MPI_BYTE, rank_ == root ? full.raw() : nullptr, counts.data(),
-                     displacements.data(), MPI_BYTE, root, comm_, &request),
+  check(MPI_Igatherv(shard.raw(), counts[rank_], MPI_BYTE, rank_ == root ? full.raw() : nullptr,
+                     counts.data(), displacements.data(), MPI_BYTE, root, comm_, &request),
         "MPI_Igatherv");
   finish(request, [] { return std::string("gather"); });
 }
@@ -533,13 +581,13 @@ void MpiComm::scatter(const Tensor& full, Tensor& shard, int root) {
                            rank_ == root ? static_cast<double>(full.numel()) : -1);
   const auto root_numel = static_cast<long long>(agreed.root_numel);
   DTP_CHECK(shard.numel() == chunk_range(root_numel, size_, rank_).length, "scatter: rank ", rank_,
-            "'s shard holds ", shard.numel(), " elements but chunk ", rank_, " of root's ", root_numel,
-            "-element buffer has ", chunk_range(root_numel, size_, rank_).length);
+            "'s shard holds ", shard.numel(), " elements but chunk ", rank_, " of root's ",
+            root_numel, "-element buffer has ", chunk_range(root_numel, size_, rank_).length);
   std::vector<int> counts, displacements;
   chunk_layout(root_numel, size_, shard.element_size(), counts, displacements);
   MPI_Request request;  // polled, as in gather
-  check(MPI_Iscatterv(rank_ == root ? full.raw() : nullptr, counts.data(), displacements.data(), MPI_BYTE,
-                      shard.raw(), counts[rank_], MPI_BYTE, root, comm_, &request),
+  check(MPI_Iscatterv(rank_ == root ? full.raw() : nullptr, counts.data(), displacements.data(),
+                      MPI_BYTE, shard.raw(), counts[rank_], MPI_BYTE, root, comm_, &request),
         "MPI_Iscatterv");
   finish(request, [] { return std::string("scatter"); });
 }
@@ -575,7 +623,8 @@ std::string collect_undelivered(Session& session) {
     MPI_Comm_rank(t->comm, &rank);
     std::vector<long long> expected(static_cast<std::size_t>(size));
     MPI_Request request;
-    check(MPI_Ialltoall(t->sent.data(), 1, MPI_LONG_LONG, expected.data(), 1, MPI_LONG_LONG, t->comm, &request),
+    check(MPI_Ialltoall(t->sent.data(), 1, MPI_LONG_LONG, expected.data(), 1, MPI_LONG_LONG,
+                        t->comm, &request),
           "MPI_Ialltoall");
     std::vector<MPI_Request> requests{request};
     session.wait(requests, [] { return std::string("the end-of-launch message count"); });
@@ -584,13 +633,17 @@ std::string collect_undelivered(Session& session) {
         // Receive the leftover header and payload so the sender can finish.
         Header header;
         MPI_Status status;
-        check(MPI_Recv(&header, sizeof(Header), MPI_BYTE, source, MPI_ANY_TAG, t->comm, &status), "MPI_Recv");
-        std::vector<char> sink(static_cast<std::size_t>(header.numel) * dtype_size(static_cast<DType>(header.dtype)) + 1);
-        check(MPI_Recv(sink.data(), static_cast<int>(sink.size()), MPI_BYTE, source, status.MPI_TAG + 1, t->comm,
-                       MPI_STATUS_IGNORE),
+        check(MPI_Recv(&header, sizeof(Header), MPI_BYTE, source, MPI_ANY_TAG, t->comm, &status),
               "MPI_Recv");
-        report << "  rank " << source << " -> rank " << rank << ", tag " << status.MPI_TAG / 2 << ": "
-               << header.numel << " x " << dtype_name(static_cast<DType>(header.dtype)) << "\n";
+        std::vector<char> sink(static_cast<std::size_t>(header.numel) *
+                                   dtype_size(static_cast<DType>(header.dtype)) +
+                               1);
+        check(MPI_Recv(sink.data(), static_cast<int>(sink.size()), MPI_BYTE, source,
+                       status.MPI_TAG + 1, t->comm, MPI_STATUS_IGNORE),
+              "MPI_Recv");
+        report << "  rank " << source << " -> rank " << rank << ", tag " << status.MPI_TAG / 2
+               << ": " << header.numel << " x " << dtype_name(static_cast<DType>(header.dtype))
+               << "\n";
       }
     }
   }

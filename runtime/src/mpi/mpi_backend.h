@@ -11,7 +11,6 @@
 
 namespace dtp::mpi {
 
-
 class MpiComm : public CommBackend {
  public:
   MpiComm(std::shared_ptr<Session> session, std::shared_ptr<Traffic> traffic);
@@ -34,7 +33,8 @@ class MpiComm : public CommBackend {
   void all_reduce(Tensor& x, ReduceOp op) override;
   std::shared_ptr<RequestState> iall_reduce(Tensor& x, ReduceOp op) override;
   std::shared_ptr<RequestState> iall_gather(const Tensor& shard, Tensor& full) override;
-  std::shared_ptr<RequestState> ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) override;
+  std::shared_ptr<RequestState> ireduce_scatter(const Tensor& full, Tensor& shard,
+                                                ReduceOp op) override;
   void broadcast(Tensor& x, int root) override;
   void reduce(Tensor& x, int root, ReduceOp op) override;
   void all_gather(const Tensor& shard, Tensor& full) override;

@@ -28,7 +28,8 @@ Outcome run_rank(const World& world, MPI_Comm comm, const std::function<void(Com
     if (world.device.is_cuda()) {
       // One GPU per process, round-robin over the GPUs this process can see.
       const int gpus = cuda_device_count();
-      DTP_CHECK(gpus > 0, "launch: DTP_DEVICE=", world.device.str(), " but no usable CUDA device was found");
+      DTP_CHECK(gpus > 0, "launch: DTP_DEVICE=", world.device.str(),
+                " but no usable CUDA device was found");
       session->device = Device::cuda((world.device.index + session->rank()) % gpus);
       stream = cuda::create_stream(session->device);
     }
@@ -51,9 +52,13 @@ Outcome run_rank(const World& world, MPI_Comm comm, const std::function<void(Com
     if (any[0]) {
       outcome.failed = true;
       outcome.rank = any[1];
-      outcome.message = "every rank returned, but these messages were sent and never received "
-                        "(each send needs a matching recv with the same source and tag):\n" + undelivered;
-      if (undelivered.empty()) outcome.message = "rank " + std::to_string(any[1]) + " was left with messages it never received";
+      outcome.message =
+          "every rank returned, but these messages were sent and never received "
+          "(each send needs a matching recv with the same source and tag):\n" +
+          undelivered;
+      if (undelivered.empty())
+        outcome.message =
+            "rank " + std::to_string(any[1]) + " was left with messages it never received";
       outcome.error = std::make_exception_ptr(CommMismatch(outcome.message));
     }
   } catch (const CommAborted&) {
@@ -83,15 +88,19 @@ void launch(const World& world, const std::function<void(Comm&)>& fn) {
   });
 }
 
-void launch_on_processes(const World& world, const std::function<void(Comm&)>& fn, const BackendFactory& make) {
+void launch_on_processes(const World& world, const std::function<void(Comm&)>& fn,
+                         const BackendFactory& make) {
   const int processes = process_count();
-  DTP_CHECK(world.size <= processes, "launch: a world of ", world.size, " ranks on the mpi backend needs ",
-            world.size, " processes, but mpiexec started ", processes, " (use mpiexec -n ", world.size, ")");
+  DTP_CHECK(world.size <= processes, "launch: a world of ", world.size,
+            " ranks on the mpi backend needs ", world.size, " processes, but mpiexec started ",
+            processes, " (use mpiexec -n ", world.size, ")");
   const int me = process_rank();
   MPI_Comm comm = MPI_COMM_NULL;
-  check(MPI_Comm_split(MPI_COMM_WORLD, me < world.size ? 0 : MPI_UNDEFINED, me, &comm), "MPI_Comm_split");
+  check(MPI_Comm_split(MPI_COMM_WORLD, me < world.size ? 0 : MPI_UNDEFINED, me, &comm),
+        "MPI_Comm_split");
   Outcome outcome;
-  if (comm != MPI_COMM_NULL) outcome = run_rank(world, comm, fn, make);  // else: sit out a smaller world
+  if (comm != MPI_COMM_NULL)
+    outcome = run_rank(world, comm, fn, make);  // else: sit out a smaller world
 
   // Every process, those that sat out included, must leave launch() the same
   // way, or the next launch() would find them out of step. Agree on the first
@@ -106,8 +115,9 @@ void launch_on_processes(const World& world, const std::function<void(Comm&)>& f
   check(MPI_Bcast(&length, 1, MPI_INT, failed_rank, MPI_COMM_WORLD), "MPI_Bcast");
   message.resize(static_cast<std::size_t>(length));
   check(MPI_Bcast(message.data(), length, MPI_CHAR, failed_rank, MPI_COMM_WORLD), "MPI_Bcast");
-  std::exception_ptr error =
-      me == failed_rank && outcome.error ? outcome.error : std::make_exception_ptr(CommAborted(message));
+  std::exception_ptr error = me == failed_rank && outcome.error
+                                 ? outcome.error
+                                 : std::make_exception_ptr(CommAborted(message));
   throw RankFailure(failed_rank, message, error);
 }
 

@@ -26,7 +26,8 @@ void check(int code, const char* call) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   MPI_Error_string(code, text, &length);
-  throw Error(std::string(call) + " failed: " + std::string(text, static_cast<std::size_t>(length)));
+  throw Error(std::string(call) +
+              " failed: " + std::string(text, static_cast<std::size_t>(length)));
 }
 
 void ensure_initialized() {
@@ -113,7 +114,8 @@ void Session::wait(std::vector<MPI_Request>& requests, const std::function<std::
   std::chrono::steady_clock::time_point start;
   for (long spins = 0;; ++spins) {
     int done = 0;
-    check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, out), "MPI_Testall");
+    check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, out),
+          "MPI_Testall");
     if (done) return;
     if (spins % 64 == 63) {
       if (spins == 63) start = std::chrono::steady_clock::now();
@@ -124,7 +126,8 @@ void Session::wait(std::vector<MPI_Request>& requests, const std::function<std::
         throw CommAborted("rank " + std::to_string(rank_) + " stopped because rank " +
                           std::to_string(failed_rank_) + " failed: " + failure_message_);
       }
-      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > config_.timeout_seconds) {
         char head[256];
         std::snprintf(head, sizeof head, "timeout: rank %d waited %.1f s (DTP_TIMEOUT) for %s",
@@ -159,8 +162,8 @@ void Session::wait(std::vector<MPI_Request>& requests, const std::function<std::
 void Session::throw_if_peer_failed() {
   poll_notices();
   if (failed_rank_ >= 0 && failed_rank_ != rank_)
-    throw CommAborted("rank " + std::to_string(rank_) + " stopped because rank " + std::to_string(failed_rank_) +
-                      " failed: " + failure_message_);
+    throw CommAborted("rank " + std::to_string(rank_) + " stopped because rank " +
+                      std::to_string(failed_rank_) + " failed: " + failure_message_);
 }
 
 void Session::announce_failure(const std::string& message) {

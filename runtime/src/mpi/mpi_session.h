@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "comm/backend.h"
-#include "mpi/mpi_check.h"
 #include "dtp/launch.h"
+#include "mpi/mpi_check.h"
 
 namespace dtp::mpi {
 
@@ -29,13 +29,13 @@ int process_count();
 /// without initializing MPI (1 when not started by mpiexec or srun).
 int process_count_without_init();
 
-
 /// Per-communicator message counts, kept past the Comm's lifetime so the end
 /// of launch() can find messages nobody received.
 struct Traffic {
   MPI_Comm comm = MPI_COMM_NULL;
-  MPI_Comm check = MPI_COMM_NULL;  // a duplicate that carries only the collective checks (agreement.h)
-  std::vector<long long> sent;      // messages sent to each rank
+  MPI_Comm check =
+      MPI_COMM_NULL;            // a duplicate that carries only the collective checks (agreement.h)
+  std::vector<long long> sent;  // messages sent to each rank
   std::vector<long long> received;  // messages received from each rank
 };
 
@@ -82,8 +82,8 @@ class Session {
   void poll_notices();
 
   World config_;
-  MPI_Comm comm_;      // the launch's world: data traffic
-  MPI_Comm control_;   // failure notices only
+  MPI_Comm comm_;     // the launch's world: data traffic
+  MPI_Comm control_;  // failure notices only
   int rank_ = 0, size_ = 1;
   int failed_rank_ = -1;
   std::string failure_message_;
@@ -104,7 +104,8 @@ using BackendFactory = std::function<RankBackend(const std::shared_ptr<Session>&
 
 /// Runs fn on this process's rank of the processes mpiexec started, with the
 /// backend @p make builds on the session (mpi, or nccl bootstrapped over MPI).
-void launch_on_processes(const World& world, const std::function<void(Comm&)>& fn, const BackendFactory& make);
+void launch_on_processes(const World& world, const std::function<void(Comm&)>& fn,
+                         const BackendFactory& make);
 
 /// Runs fn on this process's rank of an MPI world (see launch()).
 void launch(const World& world, const std::function<void(Comm&)>& fn);

@@ -27,15 +27,15 @@ namespace dtp::nccl {
 
 void check(ncclResult_t code, const char* call, const char* file, int line) {
   if (code == ncclSuccess || code == ncclInProgress) return;
-  throw Error(std::string("NCCL error: ") + call + " failed at " + file + ":" + std::to_string(line) + ": " +
-              ncclGetErrorString(code));
+  throw Error(std::string("NCCL error: ") + call + " failed at " + file + ":" +
+              std::to_string(line) + ": " + ncclGetErrorString(code));
 }
 
 void ThreadControl::poll(int rank) {
   const int failed = failed_rank_.load();
   if (failed >= 0 && failed != rank)
-    throw CommAborted("rank " + std::to_string(rank) + " stopped because rank " + std::to_string(failed) +
-                      " failed: " + message());
+    throw CommAborted("rank " + std::to_string(rank) + " stopped because rank " +
+                      std::to_string(failed) + " failed: " + message());
 }
 
 void ThreadControl::announce(int rank, const std::string& text) {
@@ -53,21 +53,30 @@ namespace {
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
-    case DType::f64: return ncclFloat64;
-    case DType::f32: return ncclFloat32;
-    case DType::bf16: return ncclBfloat16;
-    case DType::f16: return ncclFloat16;
-    case DType::i32: return ncclInt32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::f32:
+      return ncclFloat32;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::i32:
+      return ncclInt32;
   }
   return ncclFloat32;
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return ncclSum;
-    case ReduceOp::avg: return ncclAvg;
-    case ReduceOp::max: return ncclMax;
-    case ReduceOp::min: return ncclMin;
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::avg:
+      return ncclAvg;
+    case ReduceOp::max:
+      return ncclMax;
+    case ReduceOp::min:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -98,7 +107,8 @@ class CompleteRequest : public RequestState {
 // pinning every later call of the rank behind it.
 class NcclRecvRequest : public RequestState {
  public:
-  NcclRecvRequest(NcclComm* comm, Tensor x, int src, int tag) : comm_(comm), x_(std::move(x)), src_(src), tag_(tag) {}
+  NcclRecvRequest(NcclComm* comm, Tensor x, int src, int tag)
+      : comm_(comm), x_(std::move(x)), src_(src), tag_(tag) {}
   void wait() override { comm_->recv(x_, src_, tag_); }
 
  private:
@@ -111,9 +121,16 @@ class NcclRecvRequest : public RequestState {
 
 NcclComm::NcclComm(ncclComm_t comm, int rank, int size, Device device, const World& world,
                    std::shared_ptr<Control> control, bool owns_comm)
-    : comm_(comm), rank_(rank), size_(size), device_(device), world_(world), control_(std::move(control)),
-      owns_comm_(owns_comm), stream_(static_cast<cudaStream_t>(cuda::current_stream())),
-      sent_(static_cast<std::size_t>(size), 0), received_(static_cast<std::size_t>(size), 0) {}
+    : comm_(comm),
+      rank_(rank),
+      size_(size),
+      device_(device),
+      world_(world),
+      control_(std::move(control)),
+      owns_comm_(owns_comm),
+      stream_(static_cast<cudaStream_t>(cuda::current_stream())),
+      sent_(static_cast<std::size_t>(size), 0),
+      received_(static_cast<std::size_t>(size), 0) {}
 
 NcclComm::~NcclComm() {
   stop_worker();
@@ -123,12 +140,15 @@ NcclComm::~NcclComm() {
   // A failure of this rank may not be announced yet when the unwinding
   // destroys the backend (the launcher announces in its catch): an exception
   // in flight counts as one, as in ThreadComm.
-  if (control_->failed() || std::uncaught_exceptions() > 0) ncclCommAbort(comm_);
-  else ncclCommDestroy(comm_);
+  if (control_->failed() || std::uncaught_exceptions() > 0)
+    ncclCommAbort(comm_);
+  else
+    ncclCommDestroy(comm_);
 }
 
 double NcclComm::clock() const {
-  if (!unsettled_.empty()) const_cast<NcclComm*>(this)->synchronize("its receives, to read their clocks");
+  if (!unsettled_.empty())
+    const_cast<NcclComm*>(this)->synchronize("its receives, to read their clocks");
   return *clock_;
 }
 
@@ -138,11 +158,13 @@ std::string NcclComm::finish() {
   // exchange on the peers' streams. (A message nobody receives therefore
   // never completes here: the timeout reports it; the thread and mpi
   // backends name the message.)
-  Tensor mine = Tensor::zeros({size_}, DType::f64), theirs = Tensor::zeros({size_}, DType::f64, device_);
+  Tensor mine = Tensor::zeros({size_}, DType::f64),
+         theirs = Tensor::zeros({size_}, DType::f64, device_);
   for (int r = 0; r < size_; ++r) mine.set_item(r, static_cast<double>(sent_[r]));
   Tensor counts = mine.to(device_);
   issue(outbox_->plan.collective(),
-        "the end of the launch (its last sends to be received, and every rank's message counts)", [&] {
+        "the end of the launch (its last sends to be received, and every rank's message counts)",
+        [&] {
           for (int r = 0; r < size_; ++r) {
             DTP_NCCL_CHECK(ncclSend(bytes_of(counts, r), 1, ncclFloat64, r, comm_, stream_));
             DTP_NCCL_CHECK(ncclRecv(bytes_of(theirs, r), 1, ncclFloat64, r, comm_, stream_));
@@ -152,14 +174,15 @@ std::string NcclComm::finish() {
   std::ostringstream report;
   for (int r = 0; r < size_; ++r) {
     const long long missing = static_cast<long long>(expected[r]) - received_[r];
-    if (missing > 0) report << "  rank " << r << " -> rank " << rank_ << ": " << missing << " message(s)\n";
+    if (missing > 0)
+      report << "  rank " << r << " -> rank " << rank_ << ": " << missing << " message(s)\n";
   }
   return report.str();
 }
 
 void NcclComm::check_device(const char* op, const Tensor& x) const {
-  DTP_CHECK(x.device() == device_, op, " on the nccl backend needs tensors on this rank's GPU ", device_.str(),
-            ", got ", x.describe());
+  DTP_CHECK(x.device() == device_, op, " on the nccl backend needs tensors on this rank's GPU ",
+            device_.str(), ", got ", x.describe());
 }
 
 void NcclComm::synchronize(const std::string& what) {
@@ -170,17 +193,20 @@ void NcclComm::synchronize(const std::string& what) {
     if (status != cudaErrorNotReady) DTP_CUDA_CHECK(status);
     if (spins % 64 == 0) {
       control_->poll(rank_);
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > world_.timeout_seconds) {
         ncclCommAbort(comm_);  // the GPU work can never finish: free the stream
         owns_comm_ = false;
         std::ostringstream report;
         report << "timeout: rank " << rank_ << " waited " << world_.timeout_seconds
                << " s (DTP_TIMEOUT) on " << device_.str() << " for " << what
-               << "; the NCCL communicator was aborted. The other ranks report what they were waiting for.";
+               << "; the NCCL communicator was aborted. The other ranks report what they were "
+                  "waiting for.";
         for (const Incoming& in : unsettled_)
-          report << "\n  still in flight: recv(source rank " << in.src << ", tag " << in.tag << ", " << in.numel
-                 << " x " << dtype_name(in.dtype) << "): on nccl a receive never completes if the message"
+          report << "\n  still in flight: recv(source rank " << in.src << ", tag " << in.tag << ", "
+                 << in.numel << " x " << dtype_name(in.dtype)
+                 << "): on nccl a receive never completes if the message"
                  << " sent to it has another size, or if its sender waits in a collective first";
         control_->announce(rank_, report.str());
         throw CommTimeout(report.str());
@@ -190,28 +216,34 @@ void NcclComm::synchronize(const std::string& what) {
   }
 }
 
-void NcclComm::issue(const NcclGroupPlan& plan, const std::string& what, const std::function<void()>& collective,
-                     Incoming* incoming, Tensor* payload) {
+void NcclComm::issue(const NcclGroupPlan& plan, const std::string& what,
+                     const std::function<void()>& collective, Incoming* incoming, Tensor* payload) {
   DTP_NCCL_CHECK(ncclGroupStart());
   for (const P2pCall& call : plan.calls) {
     switch (call.kind) {
       case P2pCall::Kind::send_header: {
         Outgoing& out = outbox_->messages.at(call.message);
-        DTP_NCCL_CHECK(ncclSend(out.header.raw(), kHeaderFields, ncclFloat64, call.peer, out.comm, stream_));
+        DTP_NCCL_CHECK(
+            ncclSend(out.header.raw(), kHeaderFields, ncclFloat64, call.peer, out.comm, stream_));
         break;
       }
       case P2pCall::Kind::send_payload: {
         Outgoing& out = outbox_->messages.at(call.message);
-        DTP_NCCL_CHECK(ncclSend(out.payload.raw(), out.payload.nbytes(), ncclUint8, call.peer, out.comm, stream_));
+        DTP_NCCL_CHECK(ncclSend(out.payload.raw(), out.payload.nbytes(), ncclUint8, call.peer,
+                                out.comm, stream_));
         break;
       }
       case P2pCall::Kind::recv_header:
-        DTP_NCCL_CHECK(ncclRecv(incoming->header.raw(), kHeaderFields, ncclFloat64, call.peer, comm_, stream_));
+        DTP_NCCL_CHECK(ncclRecv(incoming->header.raw(), kHeaderFields, ncclFloat64, call.peer,
+                                comm_, stream_));
         break;
       case P2pCall::Kind::recv_payload:
-        DTP_NCCL_CHECK(ncclRecv(payload->raw(), payload->nbytes(), ncclUint8, call.peer, comm_, stream_));
+        DTP_NCCL_CHECK(
+            ncclRecv(payload->raw(), payload->nbytes(), ncclUint8, call.peer, comm_, stream_));
         break;
-      case P2pCall::Kind::collective: collective(); break;
+      case P2pCall::Kind::collective:
+        collective();
+        break;
     }
   }
   DTP_NCCL_CHECK(ncclGroupEnd());
@@ -225,9 +257,10 @@ void NcclComm::issue(const NcclGroupPlan& plan, const std::string& what, const s
 void NcclComm::check_message(const Incoming& want, std::int64_t numel, DType dtype, int tag) {
   if (numel == want.numel && dtype == want.dtype && tag == want.tag) return;
   std::ostringstream message;
-  message << "recv on rank " << rank_ << " from rank " << want.src << " expected tag " << want.tag << " with "
-          << want.numel << " x " << dtype_name(want.dtype) << " but the next message holds tag " << tag << " with "
-          << numel << " x " << dtype_name(dtype)
+  message << "recv on rank " << rank_ << " from rank " << want.src << " expected tag " << want.tag
+          << " with " << want.numel << " x " << dtype_name(want.dtype)
+          << " but the next message holds tag " << tag << " with " << numel << " x "
+          << dtype_name(dtype)
           << "; on nccl, messages between two ranks arrive in the order they were sent";
   control_->announce(rank_, message.str());
   throw CommMismatch(message.str());
@@ -248,7 +281,8 @@ void NcclComm::settle_receives() {
 
 namespace {
 Tensor make_header(const Tensor& x, int tag, double arrival, Device device) {
-  return Tensor::from_values({static_cast<double>(x.numel()), static_cast<double>(static_cast<int>(x.dtype())),
+  return Tensor::from_values({static_cast<double>(x.numel()),
+                              static_cast<double>(static_cast<int>(x.dtype())),
                               static_cast<double>(tag), arrival})
       .to(device);
 }
@@ -287,10 +321,11 @@ std::shared_ptr<RequestState> NcclComm::isend(const Tensor& x, int dst, int tag)
 void NcclComm::recv(Tensor& x, int src, int tag) {
   check_device("recv", x);
   if (src == rank_) return recv_from_self(x, tag);
-  Incoming incoming{Tensor::zeros({kHeaderFields}, DType::f64, device_, MemoryCategory::comm), src, tag, x.numel(),
-                    x.dtype()};
+  Incoming incoming{Tensor::zeros({kHeaderFields}, DType::f64, device_, MemoryCategory::comm), src,
+                    tag, x.numel(), x.dtype()};
   std::ostringstream what;
-  what << "recv(source rank " << src << ", tag " << tag << ", " << x.numel() << " x " << dtype_name(x.dtype()) << ")";
+  what << "recv(source rank " << src << ", tag " << tag << ", " << x.numel() << " x "
+       << dtype_name(x.dtype()) << ")";
   // No wait: the data lands before anything later on this stream reads it.
   issue(outbox_->plan.receive(src, outbox_->next_id++), what.str(), nullptr, &incoming, &x);
   unsettled_.push_back(std::move(incoming));
@@ -302,7 +337,8 @@ void NcclComm::recv_from_self(Tensor& x, int tag) {
   if (to_self_.empty()) {
     std::ostringstream message;
     message << "recv on rank " << rank_ << " from itself (tag " << tag << ", " << x.numel() << " x "
-            << dtype_name(x.dtype()) << ") but it has no message to itself left to receive: a message to "
+            << dtype_name(x.dtype())
+            << ") but it has no message to itself left to receive: a message to "
             << "self must be sent before it is received (it would wait forever)";
     control_->announce(rank_, message.str());
     throw CommMismatch(message.str());
@@ -310,7 +346,8 @@ void NcclComm::recv_from_self(Tensor& x, int tag) {
   const ToSelf message = std::move(to_self_.front());
   to_self_.pop_front();
   check_message(want, message.payload.numel(), message.payload.dtype(), message.tag);
-  x.copy_from(message.payload);  // on the stream: ordered after the send's copy, before any later reader
+  x.copy_from(
+      message.payload);  // on the stream: ordered after the send's copy, before any later reader
   received_[rank_] += 1;
   *clock_ = std::max(*clock_, message.clock);
 }
@@ -325,25 +362,32 @@ std::shared_ptr<RequestState> NcclComm::irecv(Tensor& x, int src, int tag) {
 double NcclComm::agree(const std::string& signature, const std::string& kind, double cost_bytes) {
   const double h = static_cast<double>(std::hash<std::string>{}(signature) & ((1ull << 52) - 1));
   Tensor votes = Tensor::from_values({h, -h, *clock_}).to(device_);
-  issue(outbox_->plan.collective(), "the other ranks to join " + signature,
-        [&] { DTP_NCCL_CHECK(ncclAllReduce(votes.raw(), votes.raw(), 3, ncclFloat64, ncclMax, comm_, stream_)); });
+  issue(outbox_->plan.collective(), "the other ranks to join " + signature, [&] {
+    DTP_NCCL_CHECK(
+        ncclAllReduce(votes.raw(), votes.raw(), 3, ncclFloat64, ncclMax, comm_, stream_));
+  });
   const std::vector<double> v = votes.to_vector();
   if (v[0] != -v[1]) {
     constexpr int kWidth = 128;
     Tensor mine = Tensor::zeros({kWidth}, DType::i32);
-    for (int i = 0; i < kWidth - 1 && i < static_cast<int>(signature.size()); ++i) mine.set_item(i, signature[i]);
-    Tensor gpu_mine = mine.to(device_), everyone = Tensor::zeros({kWidth * size_}, DType::i32, device_);
-    DTP_NCCL_CHECK(ncclAllGather(gpu_mine.raw(), everyone.raw(), kWidth, ncclInt32, comm_, stream_));
+    for (int i = 0; i < kWidth - 1 && i < static_cast<int>(signature.size()); ++i)
+      mine.set_item(i, signature[i]);
+    Tensor gpu_mine = mine.to(device_),
+           everyone = Tensor::zeros({kWidth * size_}, DType::i32, device_);
+    DTP_NCCL_CHECK(
+        ncclAllGather(gpu_mine.raw(), everyone.raw(), kWidth, ncclInt32, comm_, stream_));
     synchronize("the mismatch report");
     const std::vector<double> text = everyone.to_vector();
     std::ostringstream message;
     message << "collective mismatch: ranks called different collectives at the same step:\n";
     for (int r = 0; r < size_; ++r) {
       message << "  rank " << r << ": ";
-      for (int i = 0; i < kWidth && text[r * kWidth + i] != 0; ++i) message << static_cast<char>(text[r * kWidth + i]);
+      for (int i = 0; i < kWidth && text[r * kWidth + i] != 0; ++i)
+        message << static_cast<char>(text[r * kWidth + i]);
       message << "\n";
     }
-    message << "Every rank must call the same collective with the same kind, element count, dtype, root and op.";
+    message << "Every rank must call the same collective with the same kind, element count, dtype, "
+               "root and op.";
     throw CommMismatch(message.str());
   }
   *clock_ = v[2] + collective_cost(kind, cost_bytes, size_, world_.cost);
@@ -363,21 +407,25 @@ std::string signature(const std::string& kind, const Tensor& x, int root, const 
 
 void NcclComm::all_reduce(Tensor& x, ReduceOp op) {
   check_device("all_reduce", x);
-  agree(signature("all_reduce", x, -1, reduce_op_name(op)), "all_reduce", static_cast<double>(x.nbytes()));
-  DTP_NCCL_CHECK(ncclAllReduce(x.raw(), x.raw(), x.numel(), nccl_type(x.dtype()), nccl_op(op), comm_, stream_));
+  agree(signature("all_reduce", x, -1, reduce_op_name(op)), "all_reduce",
+        static_cast<double>(x.nbytes()));
+  DTP_NCCL_CHECK(ncclAllReduce(x.raw(), x.raw(), x.numel(), nccl_type(x.dtype()), nccl_op(op),
+                               comm_, stream_));
 }
 
 namespace {
 /// The rank's stream waits for the side stream's collective at wait().
 class SideStreamRequest : public RequestState {
  public:
-  SideStreamRequest(std::vector<Tensor> buffers, void* done) : buffers_(std::move(buffers)), done_(done) {}
+  SideStreamRequest(std::vector<Tensor> buffers, void* done)
+      : buffers_(std::move(buffers)), done_(done) {}
   ~SideStreamRequest() override {
     // Dropped without wait(): the buffers' frees are ordered on the rank's
     // stream, so that stream must first wait for the side stream's reads.
     // (No throw from a destructor: an error here is the stream's, reported by its next call.)
     if (!waited_)
-      cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda::current_stream()), static_cast<cudaEvent_t>(done_), 0);
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda::current_stream()),
+                          static_cast<cudaEvent_t>(done_), 0);
     cuda::destroy_event(done_);
   }
   void wait() override {
@@ -400,7 +448,8 @@ std::shared_ptr<RequestState> finished_on(cudaStream_t side, std::vector<Tensor>
 }  // namespace
 
 cudaStream_t NcclComm::side_stream_after_inputs() {
-  if (side_stream_ == nullptr) side_stream_ = static_cast<cudaStream_t>(cuda::create_stream(device_));
+  if (side_stream_ == nullptr)
+    side_stream_ = static_cast<cudaStream_t>(cuda::create_stream(device_));
   void* inputs_ready = cuda::create_event();
   cuda::record(inputs_ready);  // on the rank's stream: the inputs are complete here
   DTP_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, static_cast<cudaEvent_t>(inputs_ready), 0));
@@ -410,25 +459,30 @@ cudaStream_t NcclComm::side_stream_after_inputs() {
 
 std::shared_ptr<RequestState> NcclComm::iall_reduce(Tensor& x, ReduceOp op) {
   check_device("iall_reduce", x);
-  agree(signature("all_reduce", x, -1, reduce_op_name(op)), "all_reduce", static_cast<double>(x.nbytes()));
+  agree(signature("all_reduce", x, -1, reduce_op_name(op)), "all_reduce",
+        static_cast<double>(x.nbytes()));
   cudaStream_t side = side_stream_after_inputs();
-  DTP_NCCL_CHECK(ncclAllReduce(x.raw(), x.raw(), x.numel(), nccl_type(x.dtype()), nccl_op(op), comm_, side));
+  DTP_NCCL_CHECK(
+      ncclAllReduce(x.raw(), x.raw(), x.numel(), nccl_type(x.dtype()), nccl_op(op), comm_, side));
   return finished_on(side, {x});
 }
 
 std::shared_ptr<RequestState> NcclComm::iall_gather(const Tensor& shard, Tensor& full) {
   check_device("iall_gather", full);
   check_device("iall_gather", shard);
-  agree(signature("all_gather", full, -1, nullptr), "all_gather", static_cast<double>(full.nbytes()));
+  agree(signature("all_gather", full, -1, nullptr), "all_gather",
+        static_cast<double>(full.nbytes()));
   cudaStream_t side = side_stream_after_inputs();
   enqueue_all_gather(shard, full, side);
   return finished_on(side, {shard, full});
 }
 
-std::shared_ptr<RequestState> NcclComm::ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
+std::shared_ptr<RequestState> NcclComm::ireduce_scatter(const Tensor& full, Tensor& shard,
+                                                        ReduceOp op) {
   check_device("ireduce_scatter", full);
   check_device("ireduce_scatter", shard);
-  agree(signature("reduce_scatter", full, -1, reduce_op_name(op)), "reduce_scatter", static_cast<double>(full.nbytes()));
+  agree(signature("reduce_scatter", full, -1, reduce_op_name(op)), "reduce_scatter",
+        static_cast<double>(full.nbytes()));
   cudaStream_t side = side_stream_after_inputs();
   enqueue_reduce_scatter(full, shard, op, side);
   return finished_on(side, {full, shard});
@@ -442,15 +496,18 @@ void NcclComm::broadcast(Tensor& x, int root) {
 
 void NcclComm::reduce(Tensor& x, int root, ReduceOp op) {
   check_device("reduce", x);
-  agree(signature("reduce", x, root, reduce_op_name(op)), "reduce", static_cast<double>(x.nbytes()));
+  agree(signature("reduce", x, root, reduce_op_name(op)), "reduce",
+        static_cast<double>(x.nbytes()));
   // The receive buffer is used on the root only: everyone passes x.
-  DTP_NCCL_CHECK(ncclReduce(x.raw(), x.raw(), x.numel(), nccl_type(x.dtype()), nccl_op(op), root, comm_, stream_));
+  DTP_NCCL_CHECK(ncclReduce(x.raw(), x.raw(), x.numel(), nccl_type(x.dtype()), nccl_op(op), root,
+                            comm_, stream_));
 }
 
 void NcclComm::all_gather(const Tensor& shard, Tensor& full) {
   check_device("all_gather", full);
   check_device("all_gather", shard);
-  agree(signature("all_gather", full, -1, nullptr), "all_gather", static_cast<double>(full.nbytes()));
+  agree(signature("all_gather", full, -1, nullptr), "all_gather",
+        static_cast<double>(full.nbytes()));
   enqueue_all_gather(shard, full, stream_);
 }
 
@@ -465,8 +522,8 @@ void NcclComm::enqueue_all_gather(const Tensor& shard, Tensor& full, cudaStream_
   for (int r = 0; r < size_; ++r) {
     ChunkRange range = chunk_range(full.numel(), size_, r);
     void* target = bytes_of(full, range.offset);
-    DTP_NCCL_CHECK(ncclBroadcast(r == rank_ ? in.raw() : target, target, range.length * full.element_size(), ncclUint8,
-                                 r, comm_, stream));
+    DTP_NCCL_CHECK(ncclBroadcast(r == rank_ ? in.raw() : target, target,
+                                 range.length * full.element_size(), ncclUint8, r, comm_, stream));
   }
   DTP_NCCL_CHECK(ncclGroupEnd());
 }
@@ -474,15 +531,17 @@ void NcclComm::enqueue_all_gather(const Tensor& shard, Tensor& full, cudaStream_
 void NcclComm::reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) {
   check_device("reduce_scatter", full);
   check_device("reduce_scatter", shard);
-  agree(signature("reduce_scatter", full, -1, reduce_op_name(op)), "reduce_scatter", static_cast<double>(full.nbytes()));
+  agree(signature("reduce_scatter", full, -1, reduce_op_name(op)), "reduce_scatter",
+        static_cast<double>(full.nbytes()));
   enqueue_reduce_scatter(full, shard, op, stream_);
 }
 
-void NcclComm::enqueue_reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op, cudaStream_t stream) {
+void NcclComm::enqueue_reduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op,
+                                      cudaStream_t stream) {
   Tensor in = full;
   if (full.numel() % size_ == 0) {
-    DTP_NCCL_CHECK(ncclReduceScatter(in.raw(), shard.raw(), shard.numel(), nccl_type(full.dtype()), nccl_op(op), comm_,
-                                     stream));
+    DTP_NCCL_CHECK(ncclReduceScatter(in.raw(), shard.raw(), shard.numel(), nccl_type(full.dtype()),
+                                     nccl_op(op), comm_, stream));
     return;
   }
   // Uneven chunks: one reduce per chunk to its owner, in one group.
@@ -490,8 +549,8 @@ void NcclComm::enqueue_reduce_scatter(const Tensor& full, Tensor& shard, ReduceO
   for (int r = 0; r < size_; ++r) {
     ChunkRange range = chunk_range(full.numel(), size_, r);
     void* source = bytes_of(in, range.offset);
-    DTP_NCCL_CHECK(ncclReduce(source, r == rank_ ? shard.raw() : source, range.length, nccl_type(full.dtype()),
-                              nccl_op(op), r, comm_, stream));
+    DTP_NCCL_CHECK(ncclReduce(source, r == rank_ ? shard.raw() : source, range.length,
+                              nccl_type(full.dtype()), nccl_op(op), r, comm_, stream));
   }
   DTP_NCCL_CHECK(ncclGroupEnd());
 }
@@ -504,14 +563,17 @@ void NcclComm::all_to_all(const Tensor& in, Tensor& out) {
   const std::int64_t each = in.numel() / size_;
   DTP_NCCL_CHECK(ncclGroupStart());
   for (int r = 0; r < size_; ++r) {
-    DTP_NCCL_CHECK(ncclSend(bytes_of(source, r * each), each * in.element_size(), ncclUint8, r, comm_, stream_));
-    DTP_NCCL_CHECK(ncclRecv(bytes_of(out, r * each), each * out.element_size(), ncclUint8, r, comm_, stream_));
+    DTP_NCCL_CHECK(ncclSend(bytes_of(source, r * each), each * in.element_size(), ncclUint8, r,
+                            comm_, stream_));
+    DTP_NCCL_CHECK(
+        ncclRecv(bytes_of(out, r * each), each * out.element_size(), ncclUint8, r, comm_, stream_));
   }
   DTP_NCCL_CHECK(ncclGroupEnd());
 }
 
-void NcclComm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts, Tensor& out,
-                            const std::vector<std::int64_t>& recv_counts, double cost_bytes) {
+void NcclComm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& send_counts,
+                            Tensor& out, const std::vector<std::int64_t>& recv_counts,
+                            double cost_bytes) {
   check_device("all_to_all_v", in);
   check_device("all_to_all_v", out);
   agree(std::string("all_to_all_v(") + dtype_name(in.dtype()) + ")", "all_to_all_v", cost_bytes);
@@ -522,9 +584,11 @@ void NcclComm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& s
   DTP_NCCL_CHECK(ncclGroupStart());
   for (int r = 0; r < size_; ++r) {
     if (send_counts[r] > 0)
-      DTP_NCCL_CHECK(ncclSend(bytes_of(source, sent), send_counts[r] * in.element_size(), ncclUint8, r, comm_, stream_));
+      DTP_NCCL_CHECK(ncclSend(bytes_of(source, sent), send_counts[r] * in.element_size(), ncclUint8,
+                              r, comm_, stream_));
     if (recv_counts[r] > 0)
-      DTP_NCCL_CHECK(ncclRecv(bytes_of(out, received), recv_counts[r] * out.element_size(), ncclUint8, r, comm_, stream_));
+      DTP_NCCL_CHECK(ncclRecv(bytes_of(out, received), recv_counts[r] * out.element_size(),
+                              ncclUint8, r, comm_, stream_));
     sent += send_counts[r];
     received += recv_counts[r];
   }
@@ -533,15 +597,16 @@ void NcclComm::all_to_all_v(const Tensor& in, const std::vector<std::int64_t>& s
 
 void NcclComm::gather(const Tensor& shard, Tensor& full, int root) {
   check_device("gather", shard);
-  agree(signature("gather", shard, root, nullptr), "gather", static_cast<double>(shard.nbytes()) * size_);
+  agree(signature("gather", shard, root, nullptr), "gather",
+        static_cast<double>(shard.nbytes()) * size_);
   Tensor mine = shard;
   DTP_NCCL_CHECK(ncclGroupStart());
   if (rank_ == root) {
     for (int r = 0; r < size_; ++r) {
       ChunkRange range = chunk_range(full.numel(), size_, r);
       if (r == root) continue;
-      DTP_NCCL_CHECK(ncclRecv(bytes_of(full, range.offset), range.length * full.element_size(), ncclUint8, r, comm_,
-                              stream_));
+      DTP_NCCL_CHECK(ncclRecv(bytes_of(full, range.offset), range.length * full.element_size(),
+                              ncclUint8, r, comm_, stream_));
     }
   } else {
     DTP_NCCL_CHECK(ncclSend(mine.raw(), mine.nbytes(), ncclUint8, root, comm_, stream_));
@@ -552,15 +617,16 @@ void NcclComm::gather(const Tensor& shard, Tensor& full, int root) {
 
 void NcclComm::scatter(const Tensor& full, Tensor& shard, int root) {
   check_device("scatter", shard);
-  agree(signature("scatter", shard, root, nullptr), "scatter", static_cast<double>(shard.nbytes()) * size_);
+  agree(signature("scatter", shard, root, nullptr), "scatter",
+        static_cast<double>(shard.nbytes()) * size_);
   Tensor source = full;
   DTP_NCCL_CHECK(ncclGroupStart());
   if (rank_ == root) {
     for (int r = 0; r < size_; ++r) {
       ChunkRange range = chunk_range(full.numel(), size_, r);
       if (r == root) continue;
-      DTP_NCCL_CHECK(ncclSend(bytes_of(source, range.offset), range.length * full.element_size(), ncclUint8, r, comm_,
-                              stream_));
+      DTP_NCCL_CHECK(ncclSend(bytes_of(source, range.offset), range.length * full.element_size(),
+                              ncclUint8, r, comm_, stream_));
     }
   } else {
     DTP_NCCL_CHECK(ncclRecv(shard.raw(), shard.nbytes(), ncclUint8, root, comm_, stream_));

@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "comm/backend.h"
-#include "nccl/nccl_check.h"
 #include "comm/eager_sends.h"
 #include "dtp/launch.h"
+#include "nccl/nccl_check.h"
 
 namespace dtp::nccl {
 
@@ -76,7 +76,8 @@ class NcclComm : public CommBackend {
   void all_reduce(Tensor& x, ReduceOp op) override;
   std::shared_ptr<RequestState> iall_reduce(Tensor& x, ReduceOp op) override;
   std::shared_ptr<RequestState> iall_gather(const Tensor& shard, Tensor& full) override;
-  std::shared_ptr<RequestState> ireduce_scatter(const Tensor& full, Tensor& shard, ReduceOp op) override;
+  std::shared_ptr<RequestState> ireduce_scatter(const Tensor& full, Tensor& shard,
+                                                ReduceOp op) override;
   void broadcast(Tensor& x, int root) override;
   void reduce(Tensor& x, int root, ReduceOp op) override;
   void all_gather(const Tensor& shard, Tensor& full) override;
@@ -100,15 +101,15 @@ class NcclComm : public CommBackend {
 
  private:
   struct Outgoing {
-    Tensor payload;  // private copy for send(); the caller's tensor for isend()
-    Tensor header;   // numel, dtype, tag, arrival time
+    Tensor payload;   // private copy for send(); the caller's tensor for isend()
+    Tensor header;    // numel, dtype, tag, arrival time
     ncclComm_t comm;  // the communicator it was sent on (a split shares the outbox)
   };
   /// A message this rank sent itself: it never goes through NCCL.
   struct ToSelf {
     Tensor payload;  // private copy
     int tag;
-    double clock;    // the sender's clock after the send
+    double clock;  // the sender's clock after the send
   };
   /// The rank's messages sent but not yet issued, shared by every
   /// communicator of the rank (split() included): they share the stream, so
@@ -128,8 +129,9 @@ class NcclComm : public CommBackend {
   };
   /// Issues @p plan as one NCCL group (@p collective for its collective call,
   /// @p incoming / @p payload for its receive) and waits if the plan says so.
-  void issue(const NcclGroupPlan& plan, const std::string& what, const std::function<void()>& collective = nullptr,
-             Incoming* incoming = nullptr, Tensor* payload = nullptr);
+  void issue(const NcclGroupPlan& plan, const std::string& what,
+             const std::function<void()>& collective = nullptr, Incoming* incoming = nullptr,
+             Tensor* payload = nullptr);
   /// Checks the headers of the receives issued so far (the stream is done with them).
   void settle_receives();
   /// Throws CommMismatch (announced) unless the message a receive @p want
@@ -153,8 +155,9 @@ class NcclComm : public CommBackend {
   std::shared_ptr<Control> control_;
   bool owns_comm_;
   cudaStream_t stream_;
-  std::shared_ptr<double> clock_ = std::make_shared<double>(0.0);  // one per rank, shared by its comms
-  std::vector<long long> sent_, received_;                            // messages per peer
+  std::shared_ptr<double> clock_ =
+      std::make_shared<double>(0.0);        // one per rank, shared by its comms
+  std::vector<long long> sent_, received_;  // messages per peer
   std::shared_ptr<Outbox> outbox_ = std::make_shared<Outbox>();
   std::deque<ToSelf> to_self_;          // messages to this rank on this communicator, oldest first
   std::vector<Incoming> unsettled_;     // receives whose headers are not checked yet

@@ -19,7 +19,8 @@ namespace {
 
 void check_gpus(const World& world, int ranks_per_node) {
   const int gpus = cuda_device_count();
-  DTP_CHECK(gpus > 0, "launch: the nccl backend needs a GPU per rank, but no usable CUDA device was found");
+  DTP_CHECK(gpus > 0,
+            "launch: the nccl backend needs a GPU per rank, but no usable CUDA device was found");
   DTP_CHECK(ranks_per_node <= gpus, "launch: NCCL refuses two ranks on one GPU: ", ranks_per_node,
             " ranks need ", ranks_per_node, " GPUs but ", gpus,
             " are visible; use DTP_BACKEND=thread to share one GPU among ranks");
@@ -95,13 +96,15 @@ void launch_threads(const World& world, const std::function<void(Comm&)>& fn) {
       const Device device = Device::cuda(devices[rank]);
       stream = cuda::create_stream(device);
       cuda::set_current_stream(stream);
-      backend = std::make_shared<NcclComm>(comms[rank], rank, world.size, device, world, control, true);
+      backend =
+          std::make_shared<NcclComm>(comms[rank], rank, world.size, device, world, control, true);
       {
         Comm comm(backend);
         fn(comm);
       }
       const std::string undelivered = backend->finish();
-      DTP_CHECK(undelivered.empty(), "every rank returned, but these messages were sent and never received:\n",
+      DTP_CHECK(undelivered.empty(),
+                "every rank returned, but these messages were sent and never received:\n",
                 undelivered);
     } catch (const CommAborted&) {
       // Another rank failed first; it reports.

@@ -90,7 +90,8 @@ std::vector<RunSetting> run_settings(const TrainConfig& c) {
   };
 }
 
-std::vector<RunSetting> run_settings(const TrainConfig& config, const std::vector<RunSetting>& own) {
+std::vector<RunSetting> run_settings(const TrainConfig& config,
+                                     const std::vector<RunSetting>& own) {
   std::vector<RunSetting> settings = run_settings(config);
   settings.insert(settings.end(), own.begin(), own.end());
   return settings;

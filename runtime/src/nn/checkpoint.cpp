@@ -16,7 +16,8 @@
 namespace dtp {
 
 static_assert(std::endian::native == std::endian::little,
-              "checkpoints store little-endian data as it is in memory: a big-endian host would need to swap");
+              "checkpoints store little-endian data as it is in memory: a big-endian host would "
+              "need to swap");
 
 namespace {
 
@@ -54,7 +55,8 @@ const Tensor& Checkpoint::tensor(const std::string& name) const {
   for (const NamedTensor& t : tensors)
     if (t.name == name) return t.tensor;
   std::ostringstream names;
-  for (std::size_t i = 0; i < tensors.size() && i < 12; ++i) names << (i ? ", " : "") << tensors[i].name;
+  for (std::size_t i = 0; i < tensors.size() && i < 12; ++i)
+    names << (i ? ", " : "") << tensors[i].name;
   if (tensors.size() > 12) names << ", ... (" << tensors.size() << " in all)";
   throw Error("checkpoint: no tensor '" + name + "' (it has " + names.str() + ")");
 }
@@ -71,30 +73,42 @@ void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
   std::int64_t offset = 0;
   Fnv1a64 checksum;
   for (const NamedTensor& t : checkpoint.tensors) {
-    DTP_CHECK(t.tensor.defined(), "write_checkpoint ", path, ": tensor '", t.name, "' is undefined");
+    DTP_CHECK(t.tensor.defined(), "write_checkpoint ", path, ": tensor '", t.name,
+              "' is undefined");
     host.push_back(on_host(t.tensor));
     const std::int64_t bytes = static_cast<std::int64_t>(host.back().nbytes());
     checksum.add(host.back().raw(), static_cast<std::size_t>(bytes));
     JsonLine entry;
-    entry.add("name", t.name).add("dtype", dtype_name(t.tensor.dtype())).raw("shape", shape_json(t.tensor.shape()))
-        .add("offset", offset).add("bytes", bytes);
+    entry.add("name", t.name)
+        .add("dtype", dtype_name(t.tensor.dtype()))
+        .raw("shape", shape_json(t.tensor.shape()))
+        .add("offset", offset)
+        .add("bytes", bytes);
     if (entries.size() > 1) entries += ',';
     entries += entry.str();
     offset += bytes;
   }
-  const std::string config = checkpoint.config.kind == JsonValue::Kind::null ? "{}" : checkpoint.config.dump();
+  const std::string config =
+      checkpoint.config.kind == JsonValue::Kind::null ? "{}" : checkpoint.config.dump();
   JsonLine head;
-  head.add("format", "dtp-checkpoint").add("version", kVersion).add("kind", checkpoint.kind)
-      .add("step", checkpoint.step).raw("config", config).raw("tensors", entries + "]").add("data_bytes", offset)
+  head.add("format", "dtp-checkpoint")
+      .add("version", kVersion)
+      .add("kind", checkpoint.kind)
+      .add("step", checkpoint.step)
+      .raw("config", config)
+      .raw("tensors", entries + "]")
+      .add("data_bytes", offset)
       .add("checksum", checksum.str());
   const std::string header = head.str();
 
   const std::string temporary = path + ".tmp";
   {
     std::FILE* file = std::fopen(temporary.c_str(), "wb");
-    DTP_CHECK(file != nullptr, "write_checkpoint: cannot create ", temporary, ": ", std::strerror(errno));
+    DTP_CHECK(file != nullptr, "write_checkpoint: cannot create ", temporary, ": ",
+              std::strerror(errno));
     bool ok = std::fprintf(file, "%s %d %zu\n", kMagic, kVersion, header.size()) > 0 &&
-              std::fwrite(header.data(), 1, header.size(), file) == header.size() && std::fputc('\n', file) != EOF;
+              std::fwrite(header.data(), 1, header.size(), file) == header.size() &&
+              std::fputc('\n', file) != EOF;
     for (const Tensor& t : host)
       ok = ok && (t.nbytes() == 0 || std::fwrite(t.raw(), 1, t.nbytes(), file) == t.nbytes());
     // On disk before the rename: a crash then leaves the old file or the new one.
@@ -103,15 +117,16 @@ void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
     ok = std::fclose(file) == 0 && ok;
     if (!ok) {
       std::remove(temporary.c_str());
-      throw Error("write_checkpoint: writing " + temporary + " failed (" + std::strerror(saved_errno) +
-                  "); " + path + " is unchanged");
+      throw Error("write_checkpoint: writing " + temporary + " failed (" +
+                  std::strerror(saved_errno) + "); " + path + " is unchanged");
     }
   }
   std::error_code error;
   std::filesystem::rename(temporary, path, error);
   if (error) {
     std::remove(temporary.c_str());
-    throw Error("write_checkpoint: cannot rename " + temporary + " to " + path + ": " + error.message());
+    throw Error("write_checkpoint: cannot rename " + temporary + " to " + path + ": " +
+                error.message());
   }
 }
 
@@ -126,7 +141,9 @@ Checkpoint read_checkpoint(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   DTP_CHECK(in.good(), "read_checkpoint: cannot open ", path, ": ", std::strerror(errno));
   const auto file_bytes = static_cast<std::int64_t>(std::filesystem::file_size(path));
-  auto fail = [&path](const std::string& what) -> Error { return Error("read_checkpoint " + path + ": " + what); };
+  auto fail = [&path](const std::string& what) -> Error {
+    return Error("read_checkpoint " + path + ": " + what);
+  };
 
   std::string first;
   std::getline(in, first);
@@ -135,9 +152,11 @@ Checkpoint read_checkpoint(const std::string& path) {
   long long header_bytes = -1;
   if (std::sscanf(first.c_str(), "%15s %d %lld", magic, &version, &header_bytes) != 3 ||
       std::strcmp(magic, kMagic) != 0)
-    throw fail("not a DTP checkpoint (it does not start with \"DTPCKPT <version> <header bytes>\")");
+    throw fail(
+        "not a DTP checkpoint (it does not start with \"DTPCKPT <version> <header bytes>\")");
   if (version != kVersion)
-    throw fail("format version " + std::to_string(version) + "; this build reads version " + std::to_string(kVersion));
+    throw fail("format version " + std::to_string(version) + "; this build reads version " +
+               std::to_string(kVersion));
   // Compared with the file's size before any sum: a huge count must not overflow.
   if (header_bytes < 2 || header_bytes > file_bytes)
     throw fail("the file is " + std::to_string(file_bytes) + " bytes, too short for its " +
@@ -149,7 +168,8 @@ Checkpoint read_checkpoint(const std::string& path) {
 
   std::string header_text(static_cast<std::size_t>(header_bytes), '\0');
   in.read(header_text.data(), header_bytes);
-  if (in.get() != '\n') throw fail("the header does not end where its first line says (a corrupt file)");
+  if (in.get() != '\n')
+    throw fail("the header does not end where its first line says (a corrupt file)");
   JsonValue header;
   try {
     header = parse_json(header_text);
@@ -170,12 +190,15 @@ Checkpoint read_checkpoint(const std::string& path) {
     throw fail(std::string("the header lacks a field (a corrupt file): ") + e.what());
   }
   if (checkpoint.kind != "training" && checkpoint.kind != "model")
-    throw fail("the header's kind is '" + checkpoint.kind + "'; a checkpoint is a 'training' or a 'model' one");
+    throw fail("the header's kind is '" + checkpoint.kind +
+               "'; a checkpoint is a 'training' or a 'model' one");
   if (checkpoint.step < 0)
-    throw fail("the header says step " + std::to_string(checkpoint.step) + "; a step count is 0 or more");
+    throw fail("the header says step " + std::to_string(checkpoint.step) +
+               "; a step count is 0 or more");
   if (data_bytes < 0 || data_bytes > file_bytes)
-    throw fail("the header says " + std::to_string(data_bytes) + " bytes of data follow it, but the file is " +
-               std::to_string(file_bytes) + " bytes (a corrupt header)");
+    throw fail("the header says " + std::to_string(data_bytes) +
+               " bytes of data follow it, but the file is " + std::to_string(file_bytes) +
+               " bytes (a corrupt header)");
   if (data_start + data_bytes != file_bytes)
     throw fail("the header says " + std::to_string(data_bytes) + " bytes of data follow it, but " +
                std::to_string(file_bytes - data_start) + " do: " +
@@ -187,8 +210,8 @@ Checkpoint read_checkpoint(const std::string& path) {
   Fnv1a64 checksum;
   checksum.add(data.data(), data.size());
   if (checksum.str() != expected_checksum)
-    throw fail("the data's checksum is " + checksum.str() + " but the header says " + expected_checksum +
-               ": the file is corrupt");
+    throw fail("the data's checksum is " + checksum.str() + " but the header says " +
+               expected_checksum + ": the file is corrupt");
 
   // Each tensor's entry. The checksum covers the data, not the header, so
   // the entries are checked against each other: the writer lays the tensors
@@ -206,35 +229,41 @@ Checkpoint read_checkpoint(const std::string& path) {
       Entry e;
       e.name = entry.at("name").as_string("tensor name");
       e.dtype = parse_dtype(entry.at("dtype").as_string(e.name + ".dtype"));
-      for (const JsonValue& d : entry.at("shape").items) e.dims.push_back(d.as_int(e.name + ".shape"));
+      for (const JsonValue& d : entry.at("shape").items)
+        e.dims.push_back(d.as_int(e.name + ".shape"));
       e.offset = entry.at("offset").as_int(e.name + ".offset");
       e.bytes = entry.at("bytes").as_int(e.name + ".bytes");
       entries.push_back(std::move(e));
     }
   } catch (const Error& e) {
-    throw fail(std::string("the header's list of tensors is damaged (a corrupt file): ") + e.what());
+    throw fail(std::string("the header's list of tensors is damaged (a corrupt file): ") +
+               e.what());
   }
   std::int64_t end = 0;  // where the previous tensor's bytes ended
   std::set<std::string> names;
   for (const Entry& e : entries) {
-    if (!names.insert(e.name).second) throw fail("two tensors are called '" + e.name + "' (a corrupt header)");
+    if (!names.insert(e.name).second)
+      throw fail("two tensors are called '" + e.name + "' (a corrupt header)");
     std::int64_t needed = static_cast<std::int64_t>(dtype_size(e.dtype));
     for (std::int64_t d : e.dims)
       if (d < 0 || __builtin_mul_overflow(needed, d, &needed))
         throw fail("tensor '" + e.name + "' has an impossible shape (a corrupt header)");
     const Shape shape(e.dims);
     if (e.bytes != needed)
-      throw fail("tensor '" + e.name + "' is " + std::to_string(e.bytes) + " bytes, but " + shape.str() + " of " +
-                 dtype_name(e.dtype) + " needs " + std::to_string(needed));
+      throw fail("tensor '" + e.name + "' is " + std::to_string(e.bytes) + " bytes, but " +
+                 shape.str() + " of " + dtype_name(e.dtype) + " needs " + std::to_string(needed));
     if (e.offset != end)
       throw fail("tensor '" + e.name + "' starts at data byte " + std::to_string(e.offset) +
-                 ", but the tensor before it ends at byte " + std::to_string(end) + " (a corrupt header)");
+                 ", but the tensor before it ends at byte " + std::to_string(end) +
+                 " (a corrupt header)");
     if (e.offset + e.bytes > data_bytes)
-      throw fail("tensor '" + e.name + "' lies outside the data (bytes " + std::to_string(e.offset) + " to " +
-                 std::to_string(e.offset + e.bytes) + " of " + std::to_string(data_bytes) + ")");
+      throw fail("tensor '" + e.name + "' lies outside the data (bytes " +
+                 std::to_string(e.offset) + " to " + std::to_string(e.offset + e.bytes) + " of " +
+                 std::to_string(data_bytes) + ")");
     end = e.offset + e.bytes;
     Tensor t = Tensor::empty(shape, e.dtype);
-    if (e.bytes > 0) std::memcpy(t.raw(), data.data() + e.offset, static_cast<std::size_t>(e.bytes));
+    if (e.bytes > 0)
+      std::memcpy(t.raw(), data.data() + e.offset, static_cast<std::size_t>(e.bytes));
     checkpoint.tensors.push_back({e.name, t});
   }
   if (end != data_bytes)

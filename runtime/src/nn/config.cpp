@@ -36,26 +36,27 @@ void GPTConfig::validate() const {
               capacity_factor);
     DTP_CHECK(aux_loss_coef >= 0, "GPTConfig: aux_loss_coef must be >= 0, got ", aux_loss_coef);
     DTP_CHECK(moe_groups >= 1, "GPTConfig: moe_groups must be at least 1, got ", moe_groups);
-    DTP_CHECK(expert_shards >= 1 && experts % expert_shards == 0, "GPTConfig: expert_shards (", expert_shards,
-              ") must be at least 1 and divide experts (", experts, ")");
-    DTP_CHECK(expert_shard >= 0 && expert_shard < expert_shards, "GPTConfig: expert_shard must be in [0, ",
-              expert_shards, "), got ", expert_shard);
+    DTP_CHECK(expert_shards >= 1 && experts % expert_shards == 0, "GPTConfig: expert_shards (",
+              expert_shards, ") must be at least 1 and divide experts (", experts, ")");
+    DTP_CHECK(expert_shard >= 0 && expert_shard < expert_shards,
+              "GPTConfig: expert_shard must be in [0, ", expert_shards, "), got ", expert_shard);
   } else {
     DTP_CHECK(expert_shards == 1 && expert_shard == 0, "GPTConfig: expert_shards ", expert_shards,
               " needs experts (a mixture of experts to shard), got experts = 0");
   }
-  DTP_CHECK(is_floating(dtype), "GPTConfig: dtype must be f64, f32, bf16 or f16, got ", dtype_name(dtype),
+  DTP_CHECK(is_floating(dtype), "GPTConfig: dtype must be f64, f32, bf16 or f16, got ",
+            dtype_name(dtype),
             " (a bf16 or f16 model is the working copy of mixed-precision training: chapter 07)");
 }
 
 std::int64_t GPTConfig::parameter_count() const {
   const std::int64_t V = vocab_size, P = context, C = d_model, H = std::int64_t{mlp_ratio} * C;
   const std::int64_t embedding = V * C + P * C;
-  const std::int64_t mlp = (C * H + H)   // fc
-                           + (H * C + C);  // proj
+  const std::int64_t mlp = (C * H + H)                                            // fc
+                           + (H * C + C);                                         // proj
   const std::int64_t mlp_half = experts > 0 ? C * experts + experts * mlp : mlp;  // router + E MLPs
-  const std::int64_t block = 2 * 2 * C          // two LayerNorms
-                             + 4 * (C * C + C)  // q, k, v, proj
+  const std::int64_t block = 2 * 2 * C                                            // two LayerNorms
+                             + 4 * (C * C + C)                                    // q, k, v, proj
                              + mlp_half;
   const std::int64_t head = 2 * C + V * C;
   return embedding + layers * block + head;
@@ -68,7 +69,8 @@ std::string GPTConfig::describe() const {
       << ", " << attention_kind_name(attention) << " attention";
   if (experts > 0)
     out << ", " << experts << " experts top-" << top_k << " capacity factor " << capacity_factor
-        << (moe_groups > 1 ? " routed in " + std::to_string(moe_groups) + " groups" : std::string());
+        << (moe_groups > 1 ? " routed in " + std::to_string(moe_groups) + " groups"
+                           : std::string());
   return out.str();
 }
 

@@ -89,8 +89,9 @@ BatchSampler::BatchSampler(TokenDataset data, std::int64_t global_batch, std::in
             ") does not divide by the world size (", world,
             "); every data-parallel rank needs the same number of samples");
   std::int64_t tokens_per_step = 0;
-  DTP_CHECK(!__builtin_mul_overflow(global_batch, seq, &tokens_per_step), "sampler: batch x seq = ",
-            global_batch, " x ", seq, " tokens per step overflows a 64-bit count");
+  DTP_CHECK(!__builtin_mul_overflow(global_batch, seq, &tokens_per_step),
+            "sampler: batch x seq = ", global_batch, " x ", seq,
+            " tokens per step overflows a 64-bit count");
   // size - 1 >= seq, not size >= seq + 1: seq + 1 overflows for the largest seq.
   DTP_CHECK(data_.size() - 1 >= seq, "data '", data_.name(), "' has ", data_.size(),
             " tokens, but one sequence of ", seq, " needs ", seq + 1,

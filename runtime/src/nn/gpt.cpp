@@ -37,7 +37,8 @@ double GPT::forward(const Tensor& tokens, const Tensor& targets) {
   return forward(tokens, targets, {PositionRange{0, tokens.size(1)}});
 }
 
-double GPT::forward(const Tensor& tokens, const Tensor& targets, const std::vector<PositionRange>& positions) {
+double GPT::forward(const Tensor& tokens, const Tensor& targets,
+                    const std::vector<PositionRange>& positions) {
   check_tokens(tokens, "tokens");
   check_tokens(targets, "targets");
   DTP_CHECK(tokens.shape() == targets.shape(),

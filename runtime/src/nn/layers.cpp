@@ -140,9 +140,12 @@ Tensor LayerNorm::backward(const Tensor& dy, LayerNormSaved& saved) const {
             "LayerNorm backward: no saved activations (forward not run, or already released)");
   Tensor dx = new_gradient(saved.input.shape(), dy);
   // Frozen: the op's weight and bias sums land in scratch and are dropped.
-  Tensor dw = frozen ? Tensor::zeros(weight.shape(), weight.dtype(), weight.device(), MemoryCategory::other)
-                     : weight_grad;
-  Tensor db = frozen ? Tensor::zeros(bias.shape(), bias.dtype(), bias.device(), MemoryCategory::other) : bias_grad;
+  Tensor dw =
+      frozen ? Tensor::zeros(weight.shape(), weight.dtype(), weight.device(), MemoryCategory::other)
+             : weight_grad;
+  Tensor db = frozen
+                  ? Tensor::zeros(bias.shape(), bias.dtype(), bias.device(), MemoryCategory::other)
+                  : bias_grad;
   ops::layernorm_backward(dy, saved.input, weight, saved.mean, saved.rstd, dx, dw, db);
   saved = LayerNormSaved{};
   return dx;

@@ -22,8 +22,8 @@ void append(std::vector<T>& to, const std::vector<T>& from) {
 // moe_route on its own, and merges them into one routing of N tokens (rows
 // renumbered, load and importance averaged). Fills the balance loss (the
 // groups' mean) and its gradient per group.
-MoeRouting route_in_groups(const std::vector<double>& probs, int E, int k, double cf, int G, double& balance,
-                           std::vector<double>& gradient) {
+MoeRouting route_in_groups(const std::vector<double>& probs, int E, int k, double cf, int G,
+                           double& balance, std::vector<double>& gradient) {
   const std::int64_t N = static_cast<std::int64_t>(probs.size()) / E;
   DTP_CHECK(N % G == 0, "MoeMlp forward: the batch's ", N, " tokens do not split into ", G,
             " equal routing groups (moe_groups)");
@@ -40,14 +40,15 @@ MoeRouting route_in_groups(const std::vector<double>& probs, int E, int k, doubl
   gradient.clear();
   for (int g = 0; g < G; ++g) {
     const auto first = probs.begin() + static_cast<std::ptrdiff_t>(g * per_group * E);
-    const MoeRouting r =
-        moe_route(std::vector<double>(first, first + static_cast<std::ptrdiff_t>(per_group * E)), E, k, cf);
+    const MoeRouting r = moe_route(
+        std::vector<double>(first, first + static_cast<std::ptrdiff_t>(per_group * E)), E, k, cf);
     merged.capacity = r.capacity;  // the same for every group
     append(merged.choice, r.choice);
     append(merged.weight, r.weight);
     append(merged.kept, r.kept);
     for (std::size_t e = 0; e < static_cast<std::size_t>(E); ++e) {
-      for (std::int32_t row : r.rows[e]) merged.rows[e].push_back(static_cast<std::int32_t>(g * per_group + row));
+      for (std::int32_t row : r.rows[e])
+        merged.rows[e].push_back(static_cast<std::int32_t>(g * per_group + row));
       append(merged.weights[e], r.weights[e]);
       merged.load[e] += r.load[e] / G;
       merged.importance[e] += r.importance[e] / G;
@@ -88,9 +89,11 @@ void MoeMlp::bind(const Unit& unit, const std::string& prefix) {
 }
 
 void MoeMlp::require_every_expert(const char* pass) const {
-  DTP_CHECK(held == static_cast<int>(experts.size()), "MoeMlp ", pass, ": this layer holds only experts ",
-            first_held, " to ", first_held + held - 1, " of ", experts.size(),
-            " (GPTConfig::expert_shards); it runs through a MoeCore that reaches the others (expert parallelism)");
+  DTP_CHECK(held == static_cast<int>(experts.size()), "MoeMlp ", pass,
+            ": this layer holds only experts ", first_held, " to ", first_held + held - 1, " of ",
+            experts.size(),
+            " (GPTConfig::expert_shards); it runs through a MoeCore that reaches the others "
+            "(expert parallelism)");
 }
 
 Tensor MoeMlp::forward(const Tensor& x, MoeSaved& saved) const {
@@ -108,8 +111,8 @@ Tensor MoeMlp::forward(const Tensor& x, MoeSaved& saved) const {
   saved.probs = Tensor::empty(logits.shape(), x.dtype(), x.device(), MemoryCategory::activations);
   ops::softmax_forward(logits, saved.probs);
   double balance = 0;
-  saved.routing = route_in_groups(saved.probs.to_vector(), E, top_k, capacity_factor, groups, balance,
-                                  saved.balance_gradient);
+  saved.routing = route_in_groups(saved.probs.to_vector(), E, top_k, capacity_factor, groups,
+                                  balance, saved.balance_gradient);
   saved.aux_loss = aux_loss_coef * balance;
 
   Tensor y = Tensor::zeros(Shape{N, C}, x.dtype(), x.device(), MemoryCategory::activations);
@@ -123,7 +126,8 @@ Tensor MoeMlp::forward(const Tensor& x, MoeSaved& saved) const {
     const std::int64_t n_e = static_cast<std::int64_t>(taken.size());
     saved.rows[e] = Tensor::from_values(as_doubles(taken), DType::i32, x.device());
     saved.weights[e] = Tensor::from_values(saved.routing.weights[e], x.dtype(), x.device());
-    Tensor gathered = Tensor::empty(Shape{n_e, C}, x.dtype(), x.device(), MemoryCategory::activations);
+    Tensor gathered =
+        Tensor::empty(Shape{n_e, C}, x.dtype(), x.device(), MemoryCategory::activations);
     ops::embedding_forward(saved.rows[e], rows_in, gathered);
     saved.outputs[e] = experts[e].forward(gathered, saved.experts[e]);
     Tensor weighted = saved.outputs[e].clone();
@@ -154,7 +158,8 @@ Tensor MoeMlp::backward(const Tensor& dy, MoeSaved& saved, double loss_scale,
   for (std::int64_t n = 0; n < N; ++n)
     for (std::size_t e = 0; e < E; ++e)
       dprobs[static_cast<std::size_t>(n) * E + e] =
-          loss_scale * aux_loss_coef * saved.balance_gradient[static_cast<std::size_t>(n / per_group) * E + e];
+          loss_scale * aux_loss_coef *
+          saved.balance_gradient[static_cast<std::size_t>(n / per_group) * E + e];
   for (std::size_t e = 0; e < E; ++e) {
     const auto& taken = routing.rows[e];
     if (taken.empty()) continue;
@@ -174,7 +179,8 @@ Tensor MoeMlp::backward(const Tensor& dy, MoeSaved& saved, double loss_scale,
 
   // Through the softmax and the router.
   Tensor d_probs = Tensor::from_values(dprobs, dy.dtype(), dy.device()).view(saved.probs.shape());
-  Tensor d_logits = Tensor::empty(saved.probs.shape(), dy.dtype(), dy.device(), MemoryCategory::other);
+  Tensor d_logits =
+      Tensor::empty(saved.probs.shape(), dy.dtype(), dy.device(), MemoryCategory::other);
   ops::softmax_backward(saved.probs, d_probs, d_logits);
   Tensor dx_router = router.backward(d_logits, saved.router, defer);
   ops::axpy(dx, 1.0, dx_router);

@@ -21,9 +21,8 @@ std::int64_t moe_capacity(std::int64_t tokens, int experts, int top_k, double ca
   // without a 1e-16 excess rounding up to one more slot.
   const double slots = capacity_factor * static_cast<double>(tokens * top_k) / experts;
   const double rounded = std::round(slots);
-  return static_cast<std::int64_t>(std::abs(slots - rounded) < 1e-9 * std::max(1.0, slots)
-                                       ? rounded
-                                       : std::ceil(slots));
+  return static_cast<std::int64_t>(
+      std::abs(slots - rounded) < 1e-9 * std::max(1.0, slots) ? rounded : std::ceil(slots));
 }
 
 MoeRouting moe_route(const std::vector<double>& probs, int experts, int top_k,
@@ -87,20 +86,23 @@ std::int64_t MoeRouting::dropped() const {
 
 double MoeRouting::balance_loss() const {
   double total = 0;
-  for (int e = 0; e < experts; ++e) total += load[static_cast<std::size_t>(e)] * importance[static_cast<std::size_t>(e)];
+  for (int e = 0; e < experts; ++e)
+    total += load[static_cast<std::size_t>(e)] * importance[static_cast<std::size_t>(e)];
   return experts * total;
 }
 
 double MoeRouting::balance_gradient(int expert) const {
   DTP_CHECK(expert >= 0 && expert < experts, "MoeRouting::balance_gradient: expert ", expert,
             " is not in [0, ", experts, ")");
-  return tokens == 0 ? 0.0 : experts * load[static_cast<std::size_t>(expert)] / static_cast<double>(tokens);
+  return tokens == 0
+             ? 0.0
+             : experts * load[static_cast<std::size_t>(expert)] / static_cast<double>(tokens);
 }
 
 std::string MoeRouting::describe() const {
   std::ostringstream out;
-  out << "N " << tokens << ", E " << experts << ", top-" << top_k << ", capacity " << capacity << ": "
-      << dropped() << " of " << tokens * top_k << " choices dropped; tokens per expert";
+  out << "N " << tokens << ", E " << experts << ", top-" << top_k << ", capacity " << capacity
+      << ": " << dropped() << " of " << tokens * top_k << " choices dropped; tokens per expert";
   for (const auto& taken : rows) out << ' ' << taken.size();
   return out.str();
 }

@@ -44,8 +44,8 @@ Optimizer::Optimizer(std::vector<ParamBuffer> buffers) : buffers_(std::move(buff
 }
 
 void Optimizer::set_grads(std::size_t i, Tensor grads) {
-  DTP_CHECK(i < buffers_.size(), "optimizer: set_grads(", i, ", ...) but there are ", buffers_.size(),
-            " buffers");
+  DTP_CHECK(i < buffers_.size(), "optimizer: set_grads(", i, ", ...) but there are ",
+            buffers_.size(), " buffers");
   ParamBuffer candidate = buffers_[i];
   candidate.grads = std::move(grads);
   check_grads_match(candidate);
@@ -57,7 +57,9 @@ void Optimizer::set_steps(std::int64_t steps) {
   steps_ = steps;
 }
 
-double Optimizer::clip_gradients(double max_norm) { return clip_grad_norm(grad_tensors(buffers_), max_norm); }
+double Optimizer::clip_gradients(double max_norm) {
+  return clip_grad_norm(grad_tensors(buffers_), max_norm);
+}
 
 Tensor Optimizer::new_state(std::size_t i) const {
   const Tensor& p = buffers_[i].params;
@@ -89,7 +91,8 @@ std::vector<std::string> state_kinds(const Optimizer& optimizer) {
   return kinds;
 }
 
-Tensor state_tensor(const Optimizer& optimizer, const std::string& buffer, const std::string& kind) {
+Tensor state_tensor(const Optimizer& optimizer, const std::string& buffer,
+                    const std::string& kind) {
   const std::string name = buffer + "." + kind;
   for (const NamedTensor& s : optimizer.state())
     if (s.name == name) return s.tensor;

@@ -50,9 +50,11 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionSaved& saved) cons
   const Shape heads_shape{B, T, H, D};
   if (core) {
     // Another computes the attention (across ranks): it keeps its own state.
-    Tensor out = core->forward(saved.q.view(heads_shape), saved.k.view(heads_shape), saved.v.view(heads_shape));
-    DTP_CHECK(out.defined() && out.shape() == heads_shape, "attention forward: the attention core returned ",
-              out.describe(), ", expected ", heads_shape.str());
+    Tensor out = core->forward(saved.q.view(heads_shape), saved.k.view(heads_shape),
+                               saved.v.view(heads_shape));
+    DTP_CHECK(out.defined() && out.shape() == heads_shape,
+              "attention forward: the attention core returned ", out.describe(), ", expected ",
+              heads_shape.str());
     return proj.forward(out.view(x.shape()), saved.proj_in);
   }
   Tensor out = new_activation(x.shape(), x);
@@ -84,8 +86,9 @@ Tensor CausalSelfAttention::backward(const Tensor& dy, AttentionSaved& saved,
   if (core) {
     core->backward(dout.view(heads_shape), dq4, dk4, dv4);
     for (const Tensor* g : {&dq4, &dk4, &dv4})
-      DTP_CHECK(g->defined() && g->shape() == heads_shape, "attention backward: the attention core set a gradient ",
-                g->describe(), ", expected ", heads_shape.str());
+      DTP_CHECK(g->defined() && g->shape() == heads_shape,
+                "attention backward: the attention core set a gradient ", g->describe(),
+                ", expected ", heads_shape.str());
     dq = dq4.view(dy.shape());
     dk = dk4.view(dy.shape());
     dv = dv4.view(dy.shape());

@@ -73,26 +73,31 @@ void ChromeTraceFile::append(const std::vector<Span>& spans) {
     // A rank is a process (pid) with two threads (tid = lane), named by
     // metadata events the first time the rank or the lane appears.
     const int track = 2 * s.rank + s.lane;
-    if (2 * s.rank + 1 >= static_cast<int>(named_tracks_.size())) named_tracks_.resize(2 * s.rank + 2, false);
+    if (2 * s.rank + 1 >= static_cast<int>(named_tracks_.size()))
+      named_tracks_.resize(2 * s.rank + 2, false);
     if (!named_tracks_[2 * s.rank] && !named_tracks_[2 * s.rank + 1]) {
-      std::snprintf(line, sizeof line,
-                    "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", s.rank,
-                    s.rank);
+      std::snprintf(
+          line, sizeof line,
+          "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
+          s.rank, s.rank);
       write_event(line);
-      std::snprintf(line, sizeof line,
-                    "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"sort_index\":%d}}",
-                    s.rank, s.rank);
+      std::snprintf(
+          line, sizeof line,
+          "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"sort_index\":%d}}",
+          s.rank, s.rank);
       write_event(line);
     }
     if (!named_tracks_[track]) {
       named_tracks_[track] = true;
       std::snprintf(line, sizeof line,
-                    "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"rank %d%s\"}}",
+                    "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{"
+                    "\"name\":\"rank %d%s\"}}",
                     s.rank, s.lane, s.rank, s.lane ? " comm" : "");
       write_event(line);
     }
-    std::snprintf(line, sizeof line, ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", s.rank,
-                  s.lane, origin + s.start_us, s.end_us - s.start_us);
+    std::snprintf(line, sizeof line,
+                  ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", s.rank, s.lane,
+                  origin + s.start_us, s.end_us - s.start_us);
     write_event("{\"name\":" + json_string(s.name) + ",\"cat\":" + json_string(s.category) + line);
   }
   written_ += spans.size();
@@ -114,7 +119,8 @@ void write_chrome_json(const std::string& path) {
   file.finish();
 }
 
-std::vector<std::string> merge_chrome_traces(const std::string& into, const std::vector<std::string>& parts,
+std::vector<std::string> merge_chrome_traces(const std::string& into,
+                                             const std::vector<std::string>& parts,
                                              double timeout_s) {
   std::string merged = events_of(into, read_file(into));
   std::vector<std::string> unfinished, done;
@@ -148,8 +154,8 @@ std::vector<std::string> merge_chrome_traces(const std::string& into, const std:
     out.flush();
     DTP_CHECK(out.good(), "trace: cannot write '", temporary, "': ", std::strerror(errno));
   }
-  DTP_CHECK(std::rename(temporary.c_str(), into.c_str()) == 0, "trace: cannot rename '", temporary, "' to '",
-            into, "': ", std::strerror(errno));
+  DTP_CHECK(std::rename(temporary.c_str(), into.c_str()) == 0, "trace: cannot rename '", temporary,
+            "' to '", into, "': ", std::strerror(errno));
   for (const std::string& part : done) std::remove(part.c_str());
   return unfinished;
 }

@@ -20,7 +20,8 @@ std::vector<std::vector<double>> gather_rows_to_rank0(Comm& comm, const std::vec
   return rows;
 }
 
-std::vector<RankStepRow> report_group_step(Comm& comm, StepRecord& record, const std::vector<double>& extra,
+std::vector<RankStepRow> report_group_step(Comm& comm, StepRecord& record,
+                                           const std::vector<double>& extra,
                                            const GroupStepRule& rule) {
   std::vector<double> mine = {record.loss, record.seconds, static_cast<double>(record.tokens)};
   mine.insert(mine.end(), extra.begin(), extra.end());

@@ -36,11 +36,20 @@ std::string rate(double tokens_per_second) {
 
 std::string model_json(const GPTConfig& m) {
   JsonLine model;
-  model.add("vocab_size", m.vocab_size).add("context", m.context).add("d_model", m.d_model).add("heads", m.heads)
-      .add("layers", m.layers).add("mlp_ratio", m.mlp_ratio).add("init_std", m.init_std)
-      .add("layernorm_eps", m.layernorm_eps).add("attention", attention_kind_name(m.attention))
-      .add("experts", m.experts).add("top_k", m.top_k).add("capacity_factor", m.capacity_factor)
-      .add("aux_loss_coef", m.aux_loss_coef).add("moe_groups", m.moe_groups)
+  model.add("vocab_size", m.vocab_size)
+      .add("context", m.context)
+      .add("d_model", m.d_model)
+      .add("heads", m.heads)
+      .add("layers", m.layers)
+      .add("mlp_ratio", m.mlp_ratio)
+      .add("init_std", m.init_std)
+      .add("layernorm_eps", m.layernorm_eps)
+      .add("attention", attention_kind_name(m.attention))
+      .add("experts", m.experts)
+      .add("top_k", m.top_k)
+      .add("capacity_factor", m.capacity_factor)
+      .add("aux_loss_coef", m.aux_loss_coef)
+      .add("moe_groups", m.moe_groups)
       .add("parameters", m.parameter_count());
   return model.str();
 }
@@ -50,13 +59,25 @@ std::string model_json(const GPTConfig& m) {
 std::string config_json(const TrainConfig& config) {
   const GPTConfig m = config.resolved_model();
   JsonLine line;
-  line.add("kind", "config").add("strategy", config.strategy).add("steps", config.steps)
-      .add("batch", config.batch).add("seq", config.seq).add("lr", config.lr).add("optimizer", config.optimizer)
-      .add("min_lr_ratio", config.min_lr_ratio).add("warmup", config.warmup)
-      .add("weight_decay", config.weight_decay).add("beta1", config.beta1).add("beta2", config.beta2)
-      .add("momentum", config.momentum).add("grad_clip", config.grad_clip)
-      .add("seed", config.seed).add("device", m.device.str()).add("dtype", dtype_name(m.dtype))
-      .add("data", config.data_path.empty() ? "synthetic" : config.data_path).raw("model", model_json(m))
+  line.add("kind", "config")
+      .add("strategy", config.strategy)
+      .add("steps", config.steps)
+      .add("batch", config.batch)
+      .add("seq", config.seq)
+      .add("lr", config.lr)
+      .add("optimizer", config.optimizer)
+      .add("min_lr_ratio", config.min_lr_ratio)
+      .add("warmup", config.warmup)
+      .add("weight_decay", config.weight_decay)
+      .add("beta1", config.beta1)
+      .add("beta2", config.beta2)
+      .add("momentum", config.momentum)
+      .add("grad_clip", config.grad_clip)
+      .add("seed", config.seed)
+      .add("device", m.device.str())
+      .add("dtype", dtype_name(m.dtype))
+      .add("data", config.data_path.empty() ? "synthetic" : config.data_path)
+      .raw("model", model_json(m))
       .add("command_line", config.command_line)
       .add("git", config.git_revision.empty() ? "unknown" : config.git_revision);
   return line.str();
@@ -87,7 +108,8 @@ void TrainResult::add_step(const StepRecord& record, const MemoryTracker& tracke
   if (peak_by_category.size() < static_cast<std::size_t>(kMemoryCategoryCount))
     peak_by_category.resize(kMemoryCategoryCount, 0);
   for (int c = 0; c < kMemoryCategoryCount; ++c)
-    peak_by_category[c] = std::max(peak_by_category[c], tracker.peak(static_cast<MemoryCategory>(c)));
+    peak_by_category[c] =
+        std::max(peak_by_category[c], tracker.peak(static_cast<MemoryCategory>(c)));
   peak_bytes = std::max(peak_bytes, record.peak_bytes);
   steps.push_back(record);
 }
@@ -117,13 +139,17 @@ TrainResult train_one_device(const TrainConfig& config, const StepCallback& on_s
 }  // namespace
 
 TrainResult train(const TrainConfig& config, const StepCallback& on_step) {
-  DTP_CHECK(config.resume_path.empty() || config.load_path.empty(), "train: --resume continues a run (its "
-            "parameters and optimizer state) and --load starts a new one from saved parameters; give one, not both");
-  return train_with_outputs(config, [&config](const StepCallback& logged) { return train_one_device(config, logged); },
-                            on_step);
+  DTP_CHECK(config.resume_path.empty() || config.load_path.empty(),
+            "train: --resume continues a run (its "
+            "parameters and optimizer state) and --load starts a new one from saved parameters; "
+            "give one, not both");
+  return train_with_outputs(
+      config, [&config](const StepCallback& logged) { return train_one_device(config, logged); },
+      on_step);
 }
 
-TrainResult train_with_outputs(const TrainConfig& config, const RunBody& body, const StepCallback& on_step) {
+TrainResult train_with_outputs(const TrainConfig& config, const RunBody& body,
+                               const StepCallback& on_step) {
   // Both outputs are opened before the first step: a bad path fails at once,
   // not after the run.
   std::unique_ptr<JsonLinesWriter> log;
@@ -162,7 +188,11 @@ TrainResult train_with_outputs(const TrainConfig& config, const RunBody& body, c
     }
     try {
       if (log)
-        log->write(JsonLine().add("kind", "failed").add("steps", steps_logged).add("error", e.what()).str());
+        log->write(JsonLine()
+                       .add("kind", "failed")
+                       .add("steps", steps_logged)
+                       .add("error", e.what())
+                       .str());
     } catch (const std::exception&) {
     }
     throw;
@@ -246,7 +276,8 @@ std::string format_summary(const TrainResult& result) {
   if (n >= 2) {
     // The first step maps every buffer for the first time; the rest should not fault.
     std::int64_t later = 0;
-    for (std::int64_t i = 1; i < n; ++i) later += result.steps[static_cast<std::size_t>(i)].page_faults;
+    for (std::int64_t i = 1; i < n; ++i)
+      later += result.steps[static_cast<std::size_t>(i)].page_faults;
     std::snprintf(buf, sizeof buf, "\npage faults: %lld in step 1, then %.1f per step",
                   static_cast<long long>(result.steps[0].page_faults),
                   static_cast<double>(later) / static_cast<double>(n - 1));
@@ -257,9 +288,16 @@ std::string format_summary(const TrainResult& result) {
 
 std::string step_json(const StepRecord& r) {
   JsonLine line;
-  line.add("kind", "step").add("step", r.step).add("loss", r.loss).add("lr", r.lr).add("grad_norm", r.grad_norm)
-      .add("seconds", r.seconds).add("tokens", r.tokens).add("tokens_per_s", r.tokens_per_second)
-      .add("peak_bytes", r.peak_bytes).add("peak_activation_bytes", r.peak_activation_bytes)
+  line.add("kind", "step")
+      .add("step", r.step)
+      .add("loss", r.loss)
+      .add("lr", r.lr)
+      .add("grad_norm", r.grad_norm)
+      .add("seconds", r.seconds)
+      .add("tokens", r.tokens)
+      .add("tokens_per_s", r.tokens_per_second)
+      .add("peak_bytes", r.peak_bytes)
+      .add("peak_activation_bytes", r.peak_activation_bytes)
       .add("page_faults", r.page_faults);
   if (r.loss_scale > 0) line.add("loss_scale", r.loss_scale);
   if (r.skipped) line.add("skipped", true);

@@ -30,8 +30,9 @@ void TrainConfig::validate() const {
             "train: weight_decay must be finite and >= 0, got ", weight_decay);
   DTP_CHECK(momentum >= 0 && momentum < 1, "train: momentum must be in [0, 1), got ", momentum);
   DTP_CHECK(std::isfinite(grad_clip), "train: grad_clip must be finite, got ", grad_clip);
-  DTP_CHECK(stop_after >= 0 && stop_after <= steps, "train: stop_after must be from 0 (run all steps) to steps (",
-            steps, "), got ", stop_after);
+  DTP_CHECK(stop_after >= 0 && stop_after <= steps,
+            "train: stop_after must be from 0 (run all steps) to steps (", steps, "), got ",
+            stop_after);
   // Tokens per step must be countable (batch x seq in an int64).
   std::int64_t tokens = 0;
   DTP_CHECK(!__builtin_mul_overflow(batch, seq, &tokens), "train: batch x seq = ", batch, " x ",
@@ -71,13 +72,15 @@ Trainer::Trainer(const TrainConfig& config, int rank, int world) : config_(confi
   model_ = std::make_unique<GPT>(config_.model);
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& config, std::vector<ParamBuffer> buffers) {
+std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& config,
+                                          std::vector<ParamBuffer> buffers) {
   if (config.optimizer == "sgd")
-    return std::make_unique<SGD>(std::move(buffers), SGDConfig{config.momentum, config.weight_decay, false});
+    return std::make_unique<SGD>(std::move(buffers),
+                                 SGDConfig{config.momentum, config.weight_decay, false});
   DTP_CHECK(config.optimizer == "adamw", "make_optimizer: unknown optimizer '", config.optimizer,
             "'; accepted: adamw, sgd");
-  return std::make_unique<AdamW>(std::move(buffers),
-                                 AdamWConfig{config.beta1, config.beta2, 1e-8, config.weight_decay});
+  return std::make_unique<AdamW>(
+      std::move(buffers), AdamWConfig{config.beta1, config.beta2, 1e-8, config.weight_decay});
 }
 
 Optimizer& Trainer::optimizer() {

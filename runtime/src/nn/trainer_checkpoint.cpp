@@ -38,7 +38,8 @@ void differences(const JsonValue& saved, const JsonValue& now, const std::string
     } else if (before->kind == JsonValue::Kind::object && value.kind == JsonValue::Kind::object) {
       differences(*before, value, name + ".", {}, out);
     } else if (before->dump() != value.dump()) {
-      out.push_back(name + " " + before->dump() + " in the saved run, " + value.dump() + " in this one");
+      out.push_back(name + " " + before->dump() + " in the saved run, " + value.dump() +
+                    " in this one");
     }
   }
 }
@@ -50,12 +51,13 @@ std::string listed(const std::vector<std::string>& items) {
 }
 
 /// Copies checkpoint tensor @p name into @p into, which must match it.
-void restore(const Checkpoint& checkpoint, const std::string& name, Tensor& into, const std::string& path) {
+void restore(const Checkpoint& checkpoint, const std::string& name, Tensor& into,
+             const std::string& path) {
   DTP_CHECK(checkpoint.has(name), path, ": the checkpoint has no ", name);
   const Tensor& saved = checkpoint.tensor(name);
-  DTP_CHECK(saved.shape() == into.shape() && saved.dtype() == into.dtype(), path, ": ", name, " is ",
-            saved.shape().str(), " ", dtype_name(saved.dtype()), " in the checkpoint but ", into.shape().str(), " ",
-            dtype_name(into.dtype()), " here");
+  DTP_CHECK(saved.shape() == into.shape() && saved.dtype() == into.dtype(), path, ": ", name,
+            " is ", saved.shape().str(), " ", dtype_name(saved.dtype()), " in the checkpoint but ",
+            into.shape().str(), " ", dtype_name(into.dtype()), " here");
   into.copy_from(saved);
 }
 
@@ -76,7 +78,8 @@ std::vector<NamedTensor> parameter_tensors(GPT& model, bool trained_only = false
   std::vector<NamedTensor> named;
   for (Unit* unit : model.units())
     if (!(trained_only && unit->frozen()))
-      for (const ParamView& p : unit->parameters()) named.push_back({parameter_entry(unit->name(), p.name), p.value});
+      for (const ParamView& p : unit->parameters())
+        named.push_back({parameter_entry(unit->name(), p.name), p.value});
   return named;
 }
 
@@ -112,7 +115,8 @@ void save_parameters(const std::string& path, GPT& model, const TrainConfig& con
 
 void Trainer::save(const std::string& path, const std::vector<RunSetting>& strategy) {
   std::vector<NamedTensor> tensors = trained_tensors(*model_, extra_);
-  for (NamedTensor& state : optimizer().state()) tensors.push_back({optimizer_entry(state.name), state.tensor});
+  for (NamedTensor& state : optimizer().state())
+    tensors.push_back({optimizer_entry(state.name), state.tensor});
   save_gathered(path, strategy, std::move(tensors));
 }
 
@@ -125,32 +129,38 @@ void Trainer::save_gathered(const std::string& path, const std::vector<RunSettin
   checkpoint.tensors = std::move(tensors);
   // f64 holds every count below 2^53 exactly.
   checkpoint.tensors.push_back(
-      {kOptimizerSteps, Tensor::from_values({static_cast<double>(optimizer().steps())}, DType::f64)});
+      {kOptimizerSteps,
+       Tensor::from_values({static_cast<double>(optimizer().steps())}, DType::f64)});
   write_checkpoint(path, checkpoint);
 }
 
 void Trainer::resume(const std::string& path, const std::vector<RunSetting>& strategy) {
   const Checkpoint checkpoint = resume_gathered(path, strategy);
-  for (NamedTensor& t : trained_tensors(*model_, extra_)) restore(checkpoint, t.name, t.tensor, path);
+  for (NamedTensor& t : trained_tensors(*model_, extra_))
+    restore(checkpoint, t.name, t.tensor, path);
   for (NamedTensor& state : optimizer().state())
     restore(checkpoint, optimizer_entry(state.name), state.tensor, path);
 }
 
-Checkpoint Trainer::resume_gathered(const std::string& path, const std::vector<RunSetting>& strategy) {
+Checkpoint Trainer::resume_gathered(const std::string& path,
+                                    const std::vector<RunSetting>& strategy) {
   Checkpoint checkpoint = read_checkpoint(path);
-  DTP_CHECK(checkpoint.kind == "training", "--resume ", path, ": a '", checkpoint.kind,
-            "' checkpoint has no optimizer state to resume from (start from its parameters with --load)");
+  DTP_CHECK(
+      checkpoint.kind == "training", "--resume ", path, ": a '", checkpoint.kind,
+      "' checkpoint has no optimizer state to resume from (start from its parameters with --load)");
   std::vector<std::string> differ;
   differences(checkpoint.config, saved_settings(config_, strategy), "", kFreeOnResume, differ);
-  DTP_CHECK(differ.empty(), "--resume ", path, ": a resumed run must have the saved run's settings (all but --steps); ",
+  DTP_CHECK(differ.empty(), "--resume ", path,
+            ": a resumed run must have the saved run's settings (all but --steps); ",
             "these differ:", listed(differ));
-  DTP_CHECK(checkpoint.step < config_.steps, "--resume ", path, ": the saved run is at step ", checkpoint.step,
-            ", so --steps ", config_.steps, " leaves nothing to train");
+  DTP_CHECK(checkpoint.step < config_.steps, "--resume ", path, ": the saved run is at step ",
+            checkpoint.step, ", so --steps ", config_.steps, " leaves nothing to train");
   std::int64_t updates = checkpoint.step;
   if (checkpoint.has(kOptimizerSteps)) {
     const Tensor& saved = checkpoint.tensor(kOptimizerSteps);
-    DTP_CHECK(saved.numel() == 1 && saved.dtype() == DType::f64, "--resume ", path, ": ", kOptimizerSteps,
-              " must be one f64, got ", saved.shape().str(), " ", dtype_name(saved.dtype()));
+    DTP_CHECK(saved.numel() == 1 && saved.dtype() == DType::f64, "--resume ", path, ": ",
+              kOptimizerSteps, " must be one f64, got ", saved.shape().str(), " ",
+              dtype_name(saved.dtype()));
     updates = static_cast<std::int64_t>(saved.data<double>()[0]);
   }
   optimizer().set_steps(updates);
@@ -180,24 +190,31 @@ std::int64_t last_step(const Trainer& trainer) {
 void load_parameters(GPT& model, const Checkpoint& checkpoint, const std::string& path) {
   std::vector<NamedTensor> parameters = parameter_tensors(model);
   for (const NamedTensor& p : parameters) {
-    const bool fits = checkpoint.has(p.name) && checkpoint.tensor(p.name).shape() == p.tensor.shape() &&
-                      is_floating(checkpoint.tensor(p.name).dtype()) && is_floating(p.tensor.dtype());
+    const bool fits =
+        checkpoint.has(p.name) && checkpoint.tensor(p.name).shape() == p.tensor.shape() &&
+        is_floating(checkpoint.tensor(p.name).dtype()) && is_floating(p.tensor.dtype());
     if (fits) continue;
     // Say which model settings differ: the usual cause.
     std::vector<std::string> differ;
     if (const JsonValue* saved_model = checkpoint.config.find("model"))
-      differences(*saved_model, parse_json(model_json(model.config())), "model.", {"parameters"}, differ);
-    const std::string found = checkpoint.has(p.name) ? checkpoint.tensor(p.name).shape().str() + " " +
-                                                           dtype_name(checkpoint.tensor(p.name).dtype())
-                                                     : "nothing";
-    const bool adapters = std::any_of(checkpoint.tensors.begin(), checkpoint.tensors.end(),
-                                      [](const NamedTensor& t) { return t.name.rfind(kExtra, 0) == 0; });
-    DTP_CHECK(false, "--load ", path, ": this model's ", p.name, " is ", p.tensor.shape().str(), " ",
-              dtype_name(p.tensor.dtype()), " but the checkpoint holds ", found,
-              differ.empty() ? std::string() : "; the model settings differ:" + listed(differ),
-              adapters ? "; it is a LoRA run's checkpoint, which holds the adapters, not the frozen base: "
-                         "continue it with --load BASE --resume FILE, or write a whole model with --save-merged"
-                       : "");
+      differences(*saved_model, parse_json(model_json(model.config())), "model.", {"parameters"},
+                  differ);
+    const std::string found = checkpoint.has(p.name)
+                                  ? checkpoint.tensor(p.name).shape().str() + " " +
+                                        dtype_name(checkpoint.tensor(p.name).dtype())
+                                  : "nothing";
+    const bool adapters =
+        std::any_of(checkpoint.tensors.begin(), checkpoint.tensors.end(),
+                    [](const NamedTensor& t) { return t.name.rfind(kExtra, 0) == 0; });
+    DTP_CHECK(
+        false, "--load ", path, ": this model's ", p.name, " is ", p.tensor.shape().str(), " ",
+        dtype_name(p.tensor.dtype()), " but the checkpoint holds ", found,
+        differ.empty() ? std::string() : "; the model settings differ:" + listed(differ),
+        adapters
+            ? "; it is a LoRA run's checkpoint, which holds the adapters, not the frozen base: "
+              "continue it with --load BASE --resume FILE, or write a whole model with "
+              "--save-merged"
+            : "");
   }
   for (NamedTensor& p : parameters) {
     const Tensor& saved = checkpoint.tensor(p.name);
@@ -209,7 +226,8 @@ void load_parameters(GPT& model, const Checkpoint& checkpoint, const std::string
 }
 
 void load_parameters(GPT& model, const TrainConfig& config) {
-  if (!config.load_path.empty()) load_parameters(model, read_checkpoint(config.load_path), config.load_path);
+  if (!config.load_path.empty())
+    load_parameters(model, read_checkpoint(config.load_path), config.load_path);
 }
 
 }  // namespace dtp

@@ -52,8 +52,8 @@ void Unit::zero_grad() {
 }
 
 void Unit::require_params(const char* pass) const {
-  DTP_CHECK(params_.defined(), "unit '", name_, "' has no parameters: all-gather them before its ", pass,
-            " (FSDP), then install them with set_buffers()");
+  DTP_CHECK(params_.defined(), "unit '", name_, "' has no parameters: all-gather them before its ",
+            pass, " (FSDP), then install them with set_buffers()");
 }
 
 void Unit::reset_parameters() {
@@ -69,7 +69,8 @@ void Unit::reset_parameters() {
     // A parameter this unit does not hold is still drawn (into a scratch
     // tensor), so that the stream reaches the next one where it would in the whole unit.
     const std::int64_t numel = spec.shape.numel();
-    Tensor value = spec.held ? host.slice(offset, numel) : Tensor::empty({numel}, config_.dtype, Device::cpu());
+    Tensor value = spec.held ? host.slice(offset, numel)
+                             : Tensor::empty({numel}, config_.dtype, Device::cpu());
     if (spec.held) offset += numel;
     switch (spec.init) {
       case ParamInit::zeros:
@@ -96,7 +97,8 @@ void Unit::set_buffers(Tensor params, Tensor grads) {
             "' is frozen (Unit::freeze): it takes no gradient buffer, got ", grads.describe());
   DTP_CHECK(!params.defined() || (params.numel() == numel_ && params.dtype() == config_.dtype),
             "unit '", name_, "': set_buffers needs params with ", numel_, " elements of ",
-            dtype_name(config_.dtype), " (or an undefined tensor to release them), got ", params.describe());
+            dtype_name(config_.dtype), " (or an undefined tensor to release them), got ",
+            params.describe());
   DTP_CHECK(!grads.defined() || (grads.numel() == numel_ && grads.dtype() == config_.dtype),
             "unit '", name_, "': set_buffers needs grads with ", numel_, " elements of ",
             dtype_name(config_.dtype), " (or an undefined tensor), got ", grads.describe());

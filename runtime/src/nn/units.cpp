@@ -55,8 +55,8 @@ void Embedding::bind() {
 
 Tensor Embedding::forward(const Tensor& ids, EmbeddingSaved& saved,
                           std::int64_t start_position) const {
-  DTP_CHECK(ids.defined() && ids.ndim() == 2, "Embedding forward: ids must be i32 [B, T] token ids, got ",
-            ids.describe());
+  DTP_CHECK(ids.defined() && ids.ndim() == 2,
+            "Embedding forward: ids must be i32 [B, T] token ids, got ", ids.describe());
   return forward(ids, saved, std::vector<PositionRange>{{start_position, ids.size(1)}});
 }
 
@@ -69,8 +69,8 @@ Tensor table_rows(const Tensor& table, std::int64_t first, std::int64_t count) {
 
 // The rows of a position table [P, C] that @p ranges name, stacked in order:
 // the positions a zigzag rank's tokens sit at.
-Tensor position_rows(const Tensor& table, const std::vector<PositionRange>& ranges, std::int64_t total,
-                     MemoryCategory category) {
+Tensor position_rows(const Tensor& table, const std::vector<PositionRange>& ranges,
+                     std::int64_t total, MemoryCategory category) {
   Tensor rows = Tensor::empty(Shape{total, table.size(1)}, table.dtype(), table.device(), category);
   std::int64_t at = 0;
   for (const PositionRange& r : ranges) {
@@ -88,8 +88,9 @@ Tensor Embedding::forward(const Tensor& ids, EmbeddingSaved& saved,
   check_ids("Embedding forward: ids", ids, config_);
   std::int64_t total = 0;
   for (const PositionRange& r : ranges) {
-    DTP_CHECK(r.start >= 0 && r.length >= 1 && r.end() <= config_.context, "Embedding forward: positions [",
-              r.start, ", ", r.end(), ") are not inside the model's context [0, ", config_.context, ")");
+    DTP_CHECK(r.start >= 0 && r.length >= 1 && r.end() <= config_.context,
+              "Embedding forward: positions [", r.start, ", ", r.end(),
+              ") are not inside the model's context [0, ", config_.context, ")");
     total += r.length;
   }
   DTP_CHECK(total == ids.size(1), "Embedding forward: the position ranges hold ", total,
@@ -119,7 +120,8 @@ void Embedding::backward(const Tensor& dx, EmbeddingSaved& saved) {
     ops::positions_backward(dx, positions_grad, saved.ranges[0].start);
   } else {
     // Sum over the batch into the stacked rows, then add each range home.
-    Tensor rows = Tensor::zeros(Shape{dx.size(1), config_.d_model}, dx.dtype(), dx.device(), MemoryCategory::other);
+    Tensor rows = Tensor::zeros(Shape{dx.size(1), config_.d_model}, dx.dtype(), dx.device(),
+                                MemoryCategory::other);
     ops::positions_backward(dx, rows, 0);
     std::int64_t at = 0;
     for (const PositionRange& r : saved.ranges) {
@@ -191,11 +193,13 @@ Tensor Block::backward(const Tensor& dy, BlockSaved& saved, WeightGrads mode,
     Tensor dh;
     if (is_moe() && moe_core) {
       DTP_CHECK(mode == WeightGrads::immediate, name(),
-                " backward: a block whose experts run elsewhere (a MoeCore) computes its weight gradients at once");
+                " backward: a block whose experts run elsewhere (a MoeCore) computes its weight "
+                "gradients at once");
       const std::int64_t C = config_.d_model;
       dh = moe_core->backward(dy.view(Shape{dy.numel() / C, C}), loss_scale).view(dy.shape());
     } else {
-      dh = is_moe() ? moe.backward(dy, saved.moe, loss_scale, defer) : mlp.backward(dy, saved.mlp, defer);
+      dh = is_moe() ? moe.backward(dy, saved.moe, loss_scale, defer)
+                    : mlp.backward(dy, saved.mlp, defer);
     }
     d_mid = ln2.backward(dh, saved.ln2);
     ops::axpy(d_mid, 1.0, dy);  // the residual path
