@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Unit tests of the scoreboard's text (tools/grade.py): the first failure is
-wrapped, never cut, so "expected ... got ..." always reaches the student;
---puzzle is validated; whole messages lose only gtest's file:line header.
+"""Unit tests of the scoreboard (tools/grade.py and tools/scoreboard/): the
+first failure is wrapped, never cut, so "expected ... got ..." always reaches
+the student; --puzzle is validated; whole messages lose only gtest's file:line
+header.
 And the autograder exports: JUnit XML carries each checker's file and line and
 its whole failure in <system-out>; --gradescope writes a results.json that
 validate_gradescope() below accepts (Gradescope's documented format), whose
@@ -25,7 +26,17 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import grade  # noqa: E402
+import grade  # noqa: E402  (the entry point: main, and its path)
+from scoreboard.checker_run import matches_filter  # noqa: E402
+from scoreboard.cli import positive_jobs, positive_seconds  # noqa: E402
+from scoreboard.gradescope import gradescope_results, write_gradescope  # noqa: E402
+from scoreboard.gtest_output import apply_json, read_locations  # noqa: E402
+from scoreboard.junit import write_junit  # noqa: E402
+from scoreboard.messages import first_line, full_message  # noqa: E402
+from scoreboard.output_files import output_problem, write_output  # noqa: E402
+from scoreboard.puzzles import Puzzle, TestResult  # noqa: E402
+from scoreboard.repository import ROOT, source_path, source_puzzles  # noqa: E402
+from scoreboard.table import print_table  # noqa: E402
 
 LONG_FAILURE = (
     "/src/tests/01_collectives/collectives_checks.h:295: Failure\n"
@@ -43,20 +54,20 @@ class Terminal(io.StringIO):
 
 
 def puzzle_with(message, status="failed"):
-    p = grade.Puzzle(1, "8", "ring_all_reduce")
-    p.tests.append(grade.TestResult("Puzzle1_8_ring_all_reduce", "ExactResults", status, [message]))
+    p = Puzzle(1, "8", "ring_all_reduce")
+    p.tests.append(TestResult("Puzzle1_8_ring_all_reduce", "ExactResults", status, [message]))
     return p
 
 
 class FirstFailure(unittest.TestCase):
     def test_first_line_keeps_expected_and_got(self):
-        line = grade.first_line(LONG_FAILURE)
+        line = first_line(LONG_FAILURE)
         self.assertIn("expected 16777218", line)
         self.assertIn("got 16777217 = rank 1's element 0 alone", line)
 
     def test_table_wraps_instead_of_cutting(self):
         out = Terminal()
-        grade.print_table(1, "ch01_puzzles_tests", [puzzle_with(LONG_FAILURE)], "puzzles", out)
+        print_table(1, "ch01_puzzles_tests", [puzzle_with(LONG_FAILURE)], "puzzles", out)
         text = " ".join(out.getvalue().split())  # undo the wrapping
         self.assertIn("got 16777217 = rank 1's element 0 alone", text)
         self.assertNotIn("...", out.getvalue().replace("(no message)", ""))
@@ -65,18 +76,18 @@ class FirstFailure(unittest.TestCase):
 
     def test_very_long_failures_point_to_puzzle(self):
         out = Terminal()
-        grade.print_table(1, "ch01_puzzles_tests", [puzzle_with("x " * 2000)], "puzzles", out)
+        print_table(1, "ch01_puzzles_tests", [puzzle_with("x " * 2000)], "puzzles", out)
         self.assertIn("./dtp grade 01 --puzzle 1.8", out.getvalue())
 
     def test_full_message_drops_only_the_location(self):
-        body = grade.full_message(LONG_FAILURE)
+        body = full_message(LONG_FAILURE)
         self.assertFalse(body.startswith("/src/"))
         self.assertIn("element 1 (chunk 0 of 2, offset 1)", body)
 
     def test_unsolved_stub_says_so(self):
         message = ('unknown file: Failure\nC++ exception with description "rank 0: puzzle 1.8 '
                    'ring_all_reduce is not solved yet" thrown in the test body.\n')
-        self.assertEqual(grade.first_line(message), "rank 0: puzzle 1.8 ring_all_reduce is not solved yet")
+        self.assertEqual(first_line(message), "rank 0: puzzle 1.8 ring_all_reduce is not solved yet")
 
 
 class Arguments(unittest.TestCase):
@@ -106,9 +117,9 @@ class Arguments(unittest.TestCase):
         self.assertIn("ch01_puzzles_tests", err)
 
     def test_filter_matching(self):
-        self.assertTrue(grade.matches_filter(("Puzzle1_4_ring_all_gather", "ExactResults"),
+        self.assertTrue(matches_filter(("Puzzle1_4_ring_all_gather", "ExactResults"),
                                              "Puzzle1_4_*.*:*/Puzzle1_4_*.*"))
-        self.assertFalse(grade.matches_filter(("Puzzle1_10_halving_doubling_all_reduce", "X"),
+        self.assertFalse(matches_filter(("Puzzle1_10_halving_doubling_all_reduce", "X"),
                                               "Puzzle1_1_*.*:*/Puzzle1_1_*.*"))
 
 
@@ -151,8 +162,8 @@ class BadFlagValues(unittest.TestCase):
                 self.assertIn(f"argument {flag}: expects {expects}, got '{value}'", run.stderr)
 
     def test_good_values_still_accepted(self):
-        self.assertEqual((grade.positive_seconds("0.5"), grade.positive_seconds("1e3"),
-                          grade.positive_jobs("4")), (0.5, 1000.0, 4))
+        self.assertEqual((positive_seconds("0.5"), positive_seconds("1e3"),
+                          positive_jobs("4")), (0.5, 1000.0, 4))
         run = run_grade("--build-dir", "/nonexistent-dtp-build", "--timeout", "0.5",
                         "--test-timeout", "1e3", "--jobs", "4", "01")
         self.assertEqual(run.returncode, 2, run.stderr)  # nothing built there, but parsed
@@ -207,7 +218,7 @@ class UnwritableExports(unittest.TestCase):
         existing.write_text("an older report\n")
         nested = self.dir / "new" / "deeper" / "junit.xml"
         for path in (existing, nested):
-            self.assertIsNone(grade.output_problem(path))
+            self.assertIsNone(output_problem(path))
         self.assertEqual(existing.read_text(), "an older report\n")  # not truncated
         self.assertFalse((self.dir / "new").exists())  # the writers make it at the end
 
@@ -229,7 +240,7 @@ class UnwritableExports(unittest.TestCase):
             raise OSError(28, "No space left on device")
 
         try:
-            ok = grade.write_output("--junit", "j.xml", writer)
+            ok = write_output("--junit", "j.xml", writer)
         finally:
             sys.stderr = old
         self.assertFalse(ok)
@@ -307,29 +318,29 @@ def validate_gradescope(document):
 
 
 def checker(suite, name, status, messages=(), file="tests/01_collectives/x_test.cpp", line=10):
-    return grade.TestResult(suite, name, status, list(messages), 0.25, file, line)
+    return TestResult(suite, name, status, list(messages), 0.25, file, line)
 
 
 def sample_puzzles():
     """Puzzle 1.4 half solved (one checker fails), 1.8 solved, 1.9 skipped (no GPU)."""
-    half = grade.Puzzle(1, "4", "ring_all_gather")
+    half = Puzzle(1, "4", "ring_all_gather")
     half.tests = [checker("Puzzle1_4_ring_all_gather", "ExactResults", "failed", [LONG_FAILURE], line=41),
                   checker("Puzzle1_4_ring_all_gather", "AnyRoot", "passed", line=42),
                   checker("Sizes/Puzzle1_4_ring_all_gather", "Large/0", "passed", line=43)]
-    solved = grade.Puzzle(1, "8", "ring_all_reduce")
+    solved = Puzzle(1, "8", "ring_all_reduce")
     solved.tests = [checker("Puzzle1_8_ring_all_reduce", n, "passed", line=50 + i)
                     for i, n in enumerate(["A", "B", "C", "D", "E", "F", "G"])]
-    gpu = grade.Puzzle(1, "9", "tree_all_reduce")
+    gpu = Puzzle(1, "9", "tree_all_reduce")
     gpu.tests = [checker("Puzzle1_9_tree_all_reduce", "OnGpu", "skipped", line=60)]
     return [half, solved, gpu]
 
 
 class Gradescope(unittest.TestCase):
     def results(self, **kwargs):
-        document = grade.gradescope_results([(1, "puzzles", sample_puzzles())], **kwargs)
+        document = gradescope_results([(1, "puzzles", sample_puzzles())], **kwargs)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "results" / "results.json"
-            grade.write_gradescope(path, document)
+            write_gradescope(path, document)
             return json.loads(path.read_text(encoding="utf-8"))
 
     def test_valid_results_json(self):
@@ -390,7 +401,7 @@ class Gradescope(unittest.TestCase):
         self.assertEqual(validate_gradescope(document), [])
         broken = document["tests"][-1]
         self.assertEqual((broken["status"], broken["score"]), ("failed", 0.0))
-        self.assertEqual(broken["max_score"], float(len(grade.source_puzzles(1))))
+        self.assertEqual(broken["max_score"], float(len(source_puzzles(1))))
         self.assertGreaterEqual(broken["max_score"], 10.0)  # chapter 01 has ten puzzles
         self.assertIn("x.cpp:2: error: expected", broken["output"])
         self.assertIn("ch01 does not compile", document["output"])
@@ -416,7 +427,7 @@ class JUnit(unittest.TestCase):
     def test_file_line_and_system_out(self):
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "junit.xml"
-            grade.write_junit(path, [(1, "puzzles", sample_puzzles())])
+            write_junit(path, [(1, "puzzles", sample_puzzles())])
             root = ET.parse(path).getroot()
         cases = root.findall(".//testcase")
         self.assertEqual(len(cases), 11)
@@ -430,32 +441,32 @@ class JUnit(unittest.TestCase):
         p = puzzle_with("\x1b[31mred\x1b[0m and a \x00 byte")
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "junit.xml"
-            grade.write_junit(path, [(1, "puzzles", [p])])
+            write_junit(path, [(1, "puzzles", [p])])
             text = ET.parse(path).getroot().find(".//system-out").text
         self.assertIn("red", text)
 
 
 class Locations(unittest.TestCase):
     REPORT = {"testsuites": [{"name": "Puzzle1_4_ring_all_gather", "testsuite": [
-        {"name": "ExactResults", "file": str(grade.ROOT / "tests/01_collectives/all_gather_test.cpp"),
+        {"name": "ExactResults", "file": str(ROOT / "tests/01_collectives/all_gather_test.cpp"),
          "line": 77, "result": "COMPLETED", "failures": [{"failure": "boom", "type": ""}]}]}]}
 
     def test_apply_json_keeps_file_and_line(self):
         results = {}
-        grade.apply_json(self.REPORT, results)
+        apply_json(self.REPORT, results)
         result = results[("Puzzle1_4_ring_all_gather", "ExactResults")]
         self.assertEqual((result.file, result.line, result.status),
                          ("tests/01_collectives/all_gather_test.cpp", 77, "failed"))
 
     def test_listing_locations(self):
         locations = {}
-        grade.read_locations(self.REPORT, locations)
+        read_locations(self.REPORT, locations)
         self.assertEqual(locations, {("Puzzle1_4_ring_all_gather", "ExactResults"):
                                      ("tests/01_collectives/all_gather_test.cpp", 77)})
-        self.assertEqual(grade.source_path("/elsewhere/x_test.cpp"), "/elsewhere/x_test.cpp")
+        self.assertEqual(source_path("/elsewhere/x_test.cpp"), "/elsewhere/x_test.cpp")
 
 
-BUILD_DIR = Path(os.environ.get("DTP_BUILD_DIR", grade.ROOT / "build"))
+BUILD_DIR = Path(os.environ.get("DTP_BUILD_DIR", ROOT / "build"))
 CH01 = BUILD_DIR / "tests" / "ch01_puzzles_tests"
 
 
