@@ -21,6 +21,7 @@
 #include "02_ddp/ddp.h"
 #include "08_lora/lora.h"
 #include "bench_common.h"
+#include "bench_flags.h"
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
 #include "dtp/memory.h"

@@ -21,6 +21,7 @@
 
 #include "07_mixed_precision/mixed_precision.h"
 #include "bench_common.h"
+#include "bench_flags.h"
 #include "drivers/07_mixed_precision/mixed_strategy.h"
 #include "dtp/error.h"
 #include "dtp/memory.h"

@@ -48,6 +48,7 @@
 
 #include "05_pipeline/pipeline.h"
 #include "bench_common.h"
+#include "bench_flags.h"
 #include "drivers/05_pipeline/pp_strategy.h"
 #include "dtp/json.h"
 #include "dtp/launch.h"

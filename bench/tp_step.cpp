@@ -50,6 +50,7 @@
 
 #include "04_tensor_parallel/tensor_parallel.h"
 #include "bench_common.h"
+#include "bench_flags.h"
 #include "drivers/04_tensor_parallel/tp_strategy.h"
 #include "dtp/json.h"
 #include "dtp/launch.h"

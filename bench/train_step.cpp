@@ -33,6 +33,7 @@
 
 #include "07_mixed_precision/mixed_precision.h"
 #include "bench_common.h"
+#include "bench_flags.h"
 #include "dtp/device.h"
 #include "dtp/error.h"
 #include "dtp/nn.h"

@@ -36,6 +36,7 @@
 
 #include "03_zero_fsdp/zero.h"
 #include "bench_common.h"
+#include "bench_flags.h"
 #include "dtp/json.h"
 #include "dtp/launch.h"
 #include "dtp/memory.h"

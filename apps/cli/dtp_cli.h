@@ -17,16 +17,9 @@
 #include <vector>
 
 #include "dtp/device.h"
+#include "number_text.h"
 
 namespace dtp::cli {
-
-/// The whole text as a decimal integer ("-12"; not "12x", " 12", "0x10",
-/// "1e3" or "4.0"), or std::nullopt.
-std::optional<long double> parse_integer_text(const std::string& text);
-
-/// The whole text as a finite decimal number ("0.5", "1e-3"; not "nan",
-/// "inf", "0x1p3" or " 1"), or std::nullopt.
-std::optional<double> parse_real_text(const std::string& text);
 
 /// CLI::Range made strict: the value must be all of its text, in decimal,
 /// and finite (CLI11's own conversion takes "0x10" and " 4" as integers and

@@ -104,7 +104,7 @@ struct GivenFlag {
   std::string text;
 };
 
-/// The flags of a command line, read with CLI11 ("--flag VALUE",
+/// The flags of a command line, read with CLI11 (in dtp_cli, read_flags.cpp) ("--flag VALUE",
 /// "--flag=VALUE", switches, -h/--help). Every flag of @p groups may be
 /// given once; a flag declared by several groups (a strategy's --world) is
 /// one flag. Throws UsageError for an unknown flag, a stray argument, a

@@ -40,10 +40,6 @@ struct TierOptions {
   std::vector<sp::Tier> tiers = {{"NVLink", 3e-6, 450e9}, {"InfiniBand", 8e-6, 50e9}};
 };
 
-/// "ALPHA_US,GBPS" into @p tier (--nvlink, --infiniband); a bad value throws
-/// CLI::ValidationError naming @p flag.
-void set_tier(sp::Tier& tier, const std::string& flag, const std::string& text);
-
 int run_tier_part(const TierOptions& o, const RunContext& ctx, FILE* json);
 
 // --- part 3, "moe_capacity": the tokens a mixture of experts drops ---

@@ -17,30 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "dtp_cli.h"
 #include "parts.h"
 
 namespace dtp::bench::sequence_expert {
 
 using namespace dtp::bench::sp;
-
-void set_tier(Tier& tier, const std::string& flag, const std::string& text) {
-  auto bad = [&] {
-    return CLI::ValidationError(
-        flag, "takes ALPHA_US,GBPS (two numbers), alpha >= 0 and GB/s > 0, got '" + text + "'");
-  };
-  const std::size_t comma = text.find(',');
-  if (comma == std::string::npos) throw bad();
-  auto number = [&](const std::string& part) {
-    const std::optional<double> value = dtp::cli::parse_real_text(part);  // decimal and finite
-    if (!value) throw bad();
-    return *value;
-  };
-  const double alpha_us = number(text.substr(0, comma)), gbps = number(text.substr(comma + 1));
-  if (alpha_us < 0 || gbps <= 0) throw bad();
-  tier.alpha_s = alpha_us * 1e-6;
-  tier.bandwidth_Bps = gbps * 1e9;
-}
 
 int run_tier_part(const TierOptions& o, const RunContext& ctx, FILE* json) {
   const Dims& d = o.dims;

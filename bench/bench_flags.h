@@ -1,0 +1,56 @@
+// The command-line options the benchmark programs share, on CLI11 (through
+// dtp_cli.h). Only the files that build a program's CLI::App include it:
+// CLI11's header costs about 5 s of compile time in every file that does.
+#pragma once
+
+#include <cstdint>
+
+#include "dtp/trainer.h"
+#include "dtp_cli.h"
+
+namespace dtp::bench {
+
+/// The model's shape: --layers, --d-model and --heads, read into @p model.
+inline void add_shape_options(CLI::App& app, dtp::GPTConfig& model) {
+  app.add_option("--layers", model.layers, "transformer blocks")
+      ->check(dtp::cli::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--d-model", model.d_model, "width C (must divide by --heads)")
+      ->check(dtp::cli::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--heads", model.heads, "attention heads")
+      ->check(dtp::cli::Range(1, 1 << 16))
+      ->capture_default_str();
+  dtp::cli::require_heads_divide_width(app, model.d_model, model.heads);
+}
+
+/// The timed and untimed steps of a measurement: --steps and --warmup.
+inline void add_step_options(CLI::App& app, std::int64_t& steps, std::int64_t& warmup) {
+  app.add_option("--steps", steps, "timed steps per run")
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1000000}))
+      ->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps before them")
+      ->check(dtp::cli::Range(std::int64_t{0}, std::int64_t{1000000}))
+      ->capture_default_str();
+}
+
+/// The model and batch-shape flags the training benchmarks share: the shape,
+/// --seq, --optimizer and --dtype, read into @p config.
+inline void add_model_options(CLI::App& app, dtp::TrainConfig& config) {
+  add_shape_options(app, config.model);
+  app.add_option("--seq", config.seq, "tokens per sequence")
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 16))
+      ->capture_default_str();
+  app.add_option("--optimizer", config.optimizer,
+                 "adamw (2 states per parameter) or sgd (momentum: 1 state)")
+      ->check(CLI::IsMember({"adamw", "sgd"}))
+      ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--dtype",
+         [&config](const std::string& name) { config.model.dtype = dtp::parse_dtype(name); },
+         "f32 or f64")
+      ->check(CLI::IsMember({"f32", "f64"}))
+      ->default_str(dtp::dtype_name(config.model.dtype));
+}
+
+}  // namespace dtp::bench
