@@ -29,7 +29,7 @@ from _bench_json import figure_folder, provenance, read_rows  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 # Table order of bench/collectives/collective_table.cpp, so colours stay the same across figures.
-IMPL_ORDER = ["library", "native", "ring", "tree", "halving_doubling", "parameter_server", "pairwise"]
+IMPL_ORDER = ["library", "native", "ring", "tree", "halving_doubling", "direct", "parameter_server", "pairwise"]
 COLOURS = dict(zip(IMPL_ORDER, ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf"]))
 
 

@@ -36,6 +36,12 @@ inline double halving_doubling_all_reduce(int n, double S, double alpha, double 
   return time;
 }
 
+/// Every rank sends chunk j to rank j, then its summed chunk to everyone. One
+/// link per rank queues each step's n - 1 messages: the ring's time, in two steps.
+inline double direct_all_reduce(int n, double S, double alpha, double beta) {
+  return ring_all_reduce(n, S, alpha, beta);
+}
+
 /// Every rank sends S to the root and receives S back.
 inline double parameter_server_all_reduce(int n, double S, double alpha, double beta) {
   return 2 * (n - 1) * (alpha + S * beta);  // the root's link carries every message

@@ -97,6 +97,9 @@ std::vector<Collective> make_table() {
                 [](CallArgs& a) { ch01::halving_doubling_all_reduce(*a.comm, a.buffers.a); },
                 alpha_beta::halving_doubling_all_reduce),
             chapter01(
+                "direct", [](CallArgs& a) { ch01::direct_all_reduce(*a.comm, a.buffers.a); },
+                alpha_beta::direct_all_reduce),
+            chapter01(
                 "parameter_server",
                 [](CallArgs& a) { ch01::parameter_server_all_reduce(*a.comm, a.buffers.a, 0); },
                 alpha_beta::parameter_server_all_reduce),

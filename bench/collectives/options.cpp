@@ -157,7 +157,8 @@ std::optional<int> parse_options(Options& o, int argc, char** argv) {
                                ? std::vector<std::string>{}
                                : parse_names(text, implementation_names(), "implementation");
                }),
-         "library, ring, tree, halving_doubling, parameter_server, pairwise, native, a comma list, "
+         "library, ring, tree, halving_doubling, direct, parameter_server, pairwise, native, a "
+         "comma list, "
          "or all "
          "[every one that applies to the collective]")
       ->type_name("LIST");

@@ -71,4 +71,13 @@ void tree_all_reduce(Comm& comm, Tensor& x);
 /// 2 log2 N rounds when N is a power of two, 2 floor(log2 N) + 2 otherwise.
 void halving_doubling_all_reduce(Comm& comm, Tensor& x);
 
+/// Puzzle 1.11: direct ("parallel") all-reduce. Every rank sends chunk j of
+/// @p x straight to rank j and, at the same time, receives its own chunk r
+/// from every other rank and sums it (a direct reduce-scatter); then it sends
+/// its summed chunk straight to everyone (a direct all-gather). Two steps
+/// whatever N, with N(N-1) messages per step in all: 2 rounds on a network
+/// with a link to every peer (CostModel::link_per_peer), 2(N-1) on one link
+/// per rank, where its messages queue one after another.
+void direct_all_reduce(Comm& comm, Tensor& x);
+
 }  // namespace dtp::ch01

@@ -1,5 +1,5 @@
-// Checkers for the four all-reduces: 1.7 parameter server, 1.8 ring, 1.9 tree
-// and 1.10 recursive halving-doubling.
+// Checkers for the five all-reduces: 1.7 parameter server, 1.8 ring, 1.9 tree,
+// 1.10 recursive halving-doubling and 1.11 direct.
 #include "collectives_checks.h"
 
 namespace {
@@ -71,24 +71,38 @@ void uses_only_send_recv(const std::string& name, const AllReduce& all_reduce) {
 }
 
 // The max clock over ranks under CostModel::latency_rounds() (exact when
-// @p at_most is false).
+// @p at_most is false); @p links says whether each rank has a link to every
+// peer (CostModel::link_per_peer) or one link for all its sends.
+enum class Links { one_per_rank, one_per_peer };
+
+CostModel on(CostModel cost, Links links) {
+  return links == Links::one_per_peer ? cost.with_link_per_peer() : cost;
+}
+std::string described(const std::string& name, int n, Links links) {
+  return cat(name, " on N=", n, links == Links::one_per_peer ? " with a link to every peer" : "");
+}
+
 void expect_rounds(const std::string& name, const AllReduce& all_reduce, int n, double expected,
-                   const std::string& formula_text, bool at_most = false) {
-  const std::vector<RankOutcome> outcomes = run_all_reduce(name, all_reduce, n, kDivisibleLength,
-                                                           DType::f64, CostModel::latency_rounds());
-  EXPECT_TRUE(clock_matches(cat(name, " on N=", n), outcomes, ClockUnit::latency_rounds, expected,
-                            formula(formula_text, expected), at_most));
+                   const std::string& formula_text, bool at_most = false,
+                   Links links = Links::one_per_rank) {
+  const std::vector<RankOutcome> outcomes = run_all_reduce(
+      name, all_reduce, n, kDivisibleLength, DType::f64, on(CostModel::latency_rounds(), links));
+  EXPECT_TRUE(clock_matches(described(name, n, links), outcomes, ClockUnit::latency_rounds,
+                            expected, formula(formula_text, expected), at_most,
+                            links == Links::one_per_peer));
 }
 
 // The max clock over ranks under CostModel::bytes(), with S = 840 f64
 // elements (divisible by every N up to 8).
 void expect_bytes(const std::string& name, const AllReduce& all_reduce, int n, double expected,
-                  const std::string& formula_text, bool at_most = false) {
-  const std::vector<RankOutcome> outcomes =
-      run_all_reduce(name, all_reduce, n, kDivisibleLength, DType::f64, CostModel::bytes());
-  EXPECT_TRUE(clock_matches(describe_run(name, n, kDivisibleLength), outcomes,
+                  const std::string& formula_text, bool at_most = false,
+                  Links links = Links::one_per_rank) {
+  const std::vector<RankOutcome> outcomes = run_all_reduce(
+      name, all_reduce, n, kDivisibleLength, DType::f64, on(CostModel::bytes(), links));
+  EXPECT_TRUE(clock_matches(described(name, n, links) + cat(", S=", kDivisibleLength), outcomes,
                             ClockUnit::critical_path_bytes, expected,
-                            formula(formula_text, expected), at_most));
+                            formula(formula_text, expected), at_most,
+                            links == Links::one_per_peer));
 }
 
 constexpr std::int64_t kS = kDivisibleLength;
@@ -293,6 +307,70 @@ TEST(Puzzle1_10_halving_doubling_all_reduce, CriticalPathBytes) {
                    static_cast<double>(halves + 2 * kS * kElem),
                    cat("(2(P-1)/P + 2)*S*elem_size with P = ", p, ", S = ", kS), true);
     }
+  }
+}
+
+// --- 1.11 direct_all_reduce ----------------------------------------------------------
+
+const AllReduce kDirect = [](Comm& comm, Tensor& x) { dtp::ch01::direct_all_reduce(comm, x); };
+const std::string kDirectName = "direct_all_reduce";
+
+TEST(Puzzle1_11_direct_all_reduce, ExactResults) { exact_results(kDirectName, kDirect); }
+TEST(Puzzle1_11_direct_all_reduce, LargeBuffer) { large_buffer(kDirectName, kDirect); }
+TEST(Puzzle1_11_direct_all_reduce, Dtypes) { dtypes(kDirectName, kDirect); }
+TEST(Puzzle1_11_direct_all_reduce, UsesOnlySendRecv) { uses_only_send_recv(kDirectName, kDirect); }
+
+// The point of the algorithm: with a link to every peer, each step's N-1
+// messages travel at once, so the whole all-reduce is 2 rounds for any N. A
+// solution that waits for one peer before sending to the next serializes them.
+TEST(Puzzle1_11_direct_all_reduce, TwoRoundsWithALinkToEveryPeer) {
+  for (int n : all_world_sizes()) {
+    expect_rounds(kDirectName, kDirect, n, n == 1 ? 0 : 2,
+                  n == 1 ? "0 (one rank)"
+                         : "2 steps x 1 round (every irecv and isend of a step posted "
+                           "before any wait)",
+                  false, Links::one_per_peer);
+  }
+}
+
+// Through one link per rank the N-1 messages of a step queue one after
+// another: 2(N-1) rounds, the same as the ring.
+TEST(Puzzle1_11_direct_all_reduce, LatencyRoundsThroughOneLink) {
+  for (int n : all_world_sizes()) expect_rounds(kDirectName, kDirect, n, 2 * (n - 1), "2(N-1)");
+}
+
+// Each step moves one chunk of S/N per message: with a link to every peer the
+// path carries 2 chunks; through one link, the 2(N-1) chunks a rank sends.
+TEST(Puzzle1_11_direct_all_reduce, CriticalPathBytes) {
+  for (int n : all_world_sizes()) {
+    const std::int64_t chunk = kS / n;
+    expect_bytes(kDirectName, kDirect, n, static_cast<double>(n == 1 ? 0 : 2 * chunk * kElem),
+                 cat("2*(S/N)*elem_size = 2*", chunk, "*8"), false, Links::one_per_peer);
+    expect_bytes(kDirectName, kDirect, n, static_cast<double>(2 * (n - 1) * chunk * kElem),
+                 cat("2(N-1)*(S/N)*elem_size = 2*", n - 1, "*", chunk, "*8"));
+  }
+}
+
+// Every rank sends one chunk to each peer in each step: 2(N-1) messages and
+// 2(N-1)/N of the data, so N(N-1) messages per step over the whole world.
+TEST(Puzzle1_11_direct_all_reduce, MessagesAndBytesPerRank) {
+  for (int n : all_world_sizes()) {
+    const std::vector<RankOutcome> outcomes = run_all_reduce(kDirectName, kDirect, n, kS);
+    const std::int64_t messages = 2 * (n - 1);
+    const std::int64_t bytes = 2 * (n - 1) * (kS / n) * kElem;
+    for (int rank = 0; rank < n; ++rank) {
+      const RankOutcome& outcome = outcomes[static_cast<std::size_t>(rank)];
+      if (!outcome.has_stats) continue;
+      EXPECT_EQ(outcome.stats.messages_sent, messages)
+          << describe_run(kDirectName, n, kS) << ": rank " << rank << " sent "
+          << outcome.stats.messages_sent << " messages; expected 2(N-1) = " << messages
+          << ": one chunk to each of the N-1 peers in each of the two steps";
+      EXPECT_EQ(outcome.stats.bytes_sent, bytes)
+          << describe_run(kDirectName, n, kS) << ": rank " << rank << " sent "
+          << outcome.stats.bytes_sent << " bytes; expected 2(N-1)/N*S*elem_size = 2*" << n - 1
+          << "*" << kS / n << "*8 = " << bytes;
+    }
+    if (stop_sweep()) return;
   }
 }
 

@@ -252,7 +252,8 @@ inline const char* unit_name(ClockUnit unit) {
 inline ::testing::AssertionResult clock_matches(const std::string& context,
                                                 const std::vector<RankOutcome>& outcomes,
                                                 ClockUnit unit, double expected,
-                                                const std::string& formula, bool at_most = false) {
+                                                const std::string& formula, bool at_most = false,
+                                                bool link_per_peer = false) {
   if (!measured(outcomes)) return ::testing::AssertionSuccess();  // this process sat the run out
   const double took = max_clock(outcomes);
   const bool ok = at_most ? took <= expected : took == expected;
@@ -262,9 +263,10 @@ inline ::testing::AssertionResult clock_matches(const std::string& context,
   return ::testing::AssertionFailure()
          << context << " took " << took_text.str() << " " << unit_name(unit) << " (slowest rank "
          << slowest_rank(outcomes) << "); expected " << (at_most ? "at most " : "") << formula
-         << (unit == ClockUnit::latency_rounds
-                 ? " (a send costs 1 on the sender's clock; a recv waits for the message)"
-                 : " (a send costs its bytes on the sender's clock; a recv waits for the message)");
+         << " (a send costs " << (unit == ClockUnit::latency_rounds ? "1" : "its bytes")
+         << (link_per_peer ? " on the link to its peer, and sends to different peers travel at once"
+                           : " on the sender's clock")
+         << "; a recv waits for the message)";
 }
 
 /// "ceil(log2 N) = 3" style formula text.

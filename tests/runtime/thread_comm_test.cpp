@@ -260,6 +260,53 @@ TEST(ThreadComm, PointToPointClockFollowsAlphaBeta) {
   EXPECT_DOUBLE_EQ(clocks[2], 42.0);
 }
 
+TEST(ThreadComm, LinkPerPeerSendsToDifferentPeersTravelAtOnce) {
+  std::vector<double> clocks(3);
+  run_ranks(
+      3,
+      [&](Comm& comm) {
+        Tensor x = Tensor::zeros({10}, DType::f32);  // 40 bytes: 21 per message
+        if (comm.rank() == 0) {
+          comm.send(x, 1);
+          comm.send(x, 2);  // another link: leaves at once
+          comm.send(x, 2);  // the same link: queues behind the previous message
+        } else {
+          comm.recv(x, 0);
+          if (comm.rank() == 2) comm.recv(x, 0);
+        }
+        clocks[comm.rank()] = comm.stats().clock;
+      },
+      CostModel{1.0, 0.5}.with_link_per_peer());
+  EXPECT_DOUBLE_EQ(clocks[0], 0.0) << "the sender's clock stays put under link_per_peer";
+  EXPECT_DOUBLE_EQ(clocks[1], 21.0);
+  EXPECT_DOUBLE_EQ(clocks[2], 42.0) << "two messages on one link arrive one after the other";
+}
+
+TEST(ThreadComm, ResetStatsForgetsTheLinks) {
+  std::vector<double> clocks(2);
+  run_ranks(
+      2,
+      [&](Comm& comm) {
+        Tensor x = Tensor::zeros({1}, DType::f64);
+        for (int round = 0; round < 2; ++round) {
+          comm.reset_stats();
+          if (comm.rank() == 0) {
+            comm.send(x, 1);
+            comm.send(x, 1);
+          } else {
+            comm.recv(x, 0);
+            comm.recv(x, 0);
+          }
+          comm.barrier();
+        }
+        clocks[comm.rank()] = comm.stats().clock;
+      },
+      CostModel{1.0, 0.0}.with_link_per_peer());
+  // Measured from the last reset: 2 messages on one link (and a barrier of
+  // ceil(log2 2) = 1 round), not 4 carried over from the first round.
+  EXPECT_DOUBLE_EQ(clocks[1], 3.0);
+}
+
 TEST(ThreadComm, SplitMakesOrderedSubgroups) {
   const int n = 6;
   std::vector<std::pair<int, int>> placement(n);

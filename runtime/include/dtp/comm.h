@@ -24,10 +24,20 @@ namespace dtp {
 struct CostModel {
   double alpha = 0.0;  ///< cost of one message (latency)
   double beta = 0.0;   ///< cost of one byte (inverse bandwidth)
+  /// false (one link per rank, like one network card): a rank's sends leave
+  /// one after another, each advancing its clock by alpha + beta * bytes.
+  /// true (a link to every peer, like a full-bisection switch): a send
+  /// arrives alpha + beta * bytes after it was posted, or after the previous
+  /// send to the same peer arrived, but the sender's clock stays put, so sends
+  /// to different peers travel at once. Point-to-point messages only: library
+  /// collectives are charged as collective_cost's algorithms either way.
+  bool link_per_peer = false;
   /// alpha=1, beta=0: the clock counts rounds of messages on the critical path.
   static CostModel latency_rounds() { return {1.0, 0.0}; }
   /// alpha=0, beta=1: the clock counts bytes sent on the critical path.
   static CostModel bytes() { return {0.0, 1.0}; }
+  /// This model with a link to every peer (see link_per_peer).
+  CostModel with_link_per_peer() const { return {alpha, beta, true}; }
 };
 
 /// What one rank's Comm did since construction or reset_stats().

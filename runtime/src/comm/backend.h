@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dtp/comm.h"
 
@@ -74,8 +75,14 @@ class CommBackend {
 
   /// Counters kept by Comm on the backend's behalf.
   CommStats stats;
+  /// Forgets when each link to a peer is next free (Comm::reset_stats).
+  void reset_links() { link_free_.clear(); }
 
  protected:
+  /// Charges a send of @p bytes to peer @p dst under @p cost, advancing
+  /// @p clock (this rank's) unless the model has a link per peer, and
+  /// returns the message's arrival time (see CostModel::link_per_peer).
+  double charge_send(double& clock, int dst, std::int64_t bytes, const CostModel& cost);
   /// Queues @p op on this rank's communication thread, behind the ops queued
   /// before it; the request's wait() returns once it ran (and rethrows).
   std::shared_ptr<RequestState> run_in_background(std::function<void()> op);
@@ -89,6 +96,7 @@ class CommBackend {
 
  private:
   std::unique_ptr<AsyncWorker> worker_;
+  std::vector<double> link_free_;  // per peer, when its link is next free (link_per_peer)
 };
 
 /// Simulated time of one library collective under the alpha-beta model, as

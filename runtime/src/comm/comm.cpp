@@ -1,6 +1,7 @@
 // Comm: the checks, counters and trace spans every backend shares.
 #include "dtp/comm.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "dtp/launch.h"
@@ -46,6 +47,19 @@ double collective_cost(const std::string& kind, double bytes, int n, CostModel c
       kind == "gather" || kind == "scatter")
     return (n - 1) * a + share * bytes * b;
   return log_rounds * a;  // barrier, split: a tree of empty messages
+}
+
+double CommBackend::charge_send(double& clock, int dst, std::int64_t bytes, const CostModel& cost) {
+  const double cost_of_message = cost.alpha + cost.beta * static_cast<double>(bytes);
+  if (!cost.link_per_peer) {
+    clock += cost_of_message;
+    return clock;
+  }
+  if (link_free_.size() <= static_cast<std::size_t>(dst))
+    link_free_.resize(static_cast<std::size_t>(dst) + 1, 0.0);
+  double& link = link_free_[static_cast<std::size_t>(dst)];
+  link = std::max(clock, link) + cost_of_message;
+  return link;
 }
 
 CommBackend::CommBackend() = default;
@@ -328,6 +342,7 @@ CommStats Comm::stats() const {
 void Comm::reset_stats() {
   backend_->stats = CommStats{};
   backend_->set_clock(0.0);
+  backend_->reset_links();
 }
 
 void Comm::advance_clock(double time) {

@@ -75,9 +75,7 @@ std::int64_t ThreadComm::post_copy(const Tensor& x, int dst, int tag) {
   std::lock_guard lock(world.mutex);
   world.throw_if_aborted(global_rank());
   const CostModel cost = world.config().cost;
-  double& clock = world.clocks[global_rank()];
-  clock += cost.alpha + cost.beta * static_cast<double>(x.nbytes());
-  message.arrival = clock;
+  message.arrival = charge_send(world.clocks[global_rank()], dst, x.nbytes(), cost);
   const std::int64_t sequence = group_->post(dst, std::move(message));
   world.changed.notify_all();
   return sequence;

@@ -171,9 +171,8 @@ MpiComm::MpiComm(std::shared_ptr<Session> session, std::shared_ptr<Traffic> traf
 void MpiComm::send_header(const Tensor& x, int dst, int tag) {
   session_->reap_sends();
   const CostModel cost = cost_model();
-  session_->clock += cost.alpha + cost.beta * static_cast<double>(x.nbytes());
   auto header = std::make_shared<Header>();
-  header->arrival = session_->clock;
+  header->arrival = charge_send(session_->clock, dst, x.nbytes(), cost);
   header->numel = x.numel();
   header->dtype = static_cast<int>(x.dtype());
   MPI_Request request;

@@ -290,16 +290,16 @@ Tensor make_header(const Tensor& x, int tag, double arrival, Device device) {
 
 void NcclComm::send(const Tensor& x, int dst, int tag) {
   check_device("send", x);
-  *clock_ += world_.cost.alpha + world_.cost.beta * static_cast<double>(x.nbytes());
+  const double arrival = charge_send(*clock_, dst, x.nbytes(), world_.cost);
   sent_[dst] += 1;
   Tensor copy = Tensor::empty(x.shape(), x.dtype(), device_, MemoryCategory::comm);
   copy.copy_from(x);
   if (dst == rank_) {  // never through NCCL: recv_from_self takes it
-    to_self_.push_back({copy, tag, *clock_});
+    to_self_.push_back({copy, tag, arrival});
     return;
   }
   const int id = outbox_->next_id++;
-  outbox_->messages.emplace(id, Outgoing{copy, make_header(x, tag, *clock_, device_), comm_});
+  outbox_->messages.emplace(id, Outgoing{copy, make_header(x, tag, arrival, device_), comm_});
   outbox_->plan.queue(dst, id);
 }
 
@@ -309,10 +309,10 @@ std::shared_ptr<RequestState> NcclComm::isend(const Tensor& x, int dst, int tag)
     send(x, dst, tag);
     return std::make_shared<CompleteRequest>();
   }
-  *clock_ += world_.cost.alpha + world_.cost.beta * static_cast<double>(x.nbytes());
+  const double arrival = charge_send(*clock_, dst, x.nbytes(), world_.cost);
   const int id = outbox_->next_id++;
   // No copy: x must stay unchanged until wait().
-  outbox_->messages.emplace(id, Outgoing{x, make_header(x, tag, *clock_, device_), comm_});
+  outbox_->messages.emplace(id, Outgoing{x, make_header(x, tag, arrival, device_), comm_});
   outbox_->plan.queue(dst, id);
   sent_[dst] += 1;
   return std::make_shared<NcclSendRequest>(this, x);
