@@ -2,10 +2,13 @@
 // queries over one key/value block under the global causal mask, merged
 // into the running result; and its backward. Each call is counted (the
 // balance checker reads the counts) and charged on the simulated clock, so a
-// ring's clock shows compute and transfers on one time line.
+// ring's clock shows compute and transfers on one time line; each call is a
+// trace span too, so the overlap checker reads its place among the ring's
+// transfers and waits.
 #include <cmath>
 
 #include "06_sequence_expert/sequence_expert.h"
+#include "dtp/trace.h"
 
 namespace dtp::ch06 {
 
@@ -43,6 +46,7 @@ PartialAttention empty_partial(const Tensor& q) {
 void attend_block(Comm& clock, const Tensor& q, const PositionRange& queries, const Tensor& k,
                   const Tensor& v, const PositionRange& keys, PartialAttention& partial) {
   check_block("attend_block", q, queries, k, v, keys);
+  trace::Scope span("attend_block", "compute");
   DTP_CHECK(partial.out.defined() && partial.out.shape() == q.shape(),
             "attend_block: partial must be shaped for q (start from empty_partial(q)), got ",
             partial.out.describe());
@@ -60,6 +64,7 @@ void attend_block_backward(Comm& clock, const Tensor& q, const PositionRange& qu
                            const PartialAttention& result, const Tensor& dout, Tensor& dq,
                            Tensor& dk, Tensor& dv) {
   check_block("attend_block_backward", q, queries, k, v, keys);
+  trace::Scope span("attend_block backward", "compute");
   DTP_CHECK(dout.shape() == q.shape() && dq.shape() == q.shape() && dk.shape() == k.shape() &&
                 dv.shape() == k.shape(),
             "attend_block_backward: dout and dq must be shaped like q ", q.shape().str(),

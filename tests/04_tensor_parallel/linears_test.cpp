@@ -165,6 +165,8 @@ std::string row_parallel_on(Comm& comm, bool sp) {
 }
 
 TEST(Puzzle4_1_column_parallel_linear, EqualsTheUnshardedLinearForwardAndBackward) {
+  expect_refusal_on_4_ranks([](Comm& tp) { ColumnParallelLinear(tp, 8, 10, true, false); },
+                            "output features: 10 do not split over 4 tensor-parallel ranks");
   for (int t : tp_sizes())
     run_and_report("4.1 ColumnParallelLinear, plain", t,
                    [](Comm& comm) { return column_parallel_on(comm, false); });
@@ -177,6 +179,8 @@ TEST(Puzzle4_1_column_parallel_linear, SequenceParallelGathersTokensForwardAndSc
 }
 
 TEST(Puzzle4_2_row_parallel_linear, EqualsTheUnshardedLinearForwardAndBackward) {
+  expect_refusal_on_4_ranks([](Comm& tp) { RowParallelLinear(tp, 10, 8, false); },
+                            "input features: 10 do not split over 4 tensor-parallel ranks");
   for (int t : tp_sizes())
     run_and_report("4.2 RowParallelLinear, plain", t,
                    [](Comm& comm) { return row_parallel_on(comm, false); });

@@ -2,7 +2,8 @@
 // gradients equal the single-device gradients of the same global batch (so a
 // wrong scale shows as a ratio), then K steps of training equal single-device
 // training, with every replicated parameter bitwise equal across the TP group
-// and every parameter bitwise equal across the DP group after every step.
+// and every parameter bitwise equal across the DP group after every step;
+// the same with each step's batch accumulated over two micro-batches.
 #include <memory>
 
 #include "drivers/04_tensor_parallel/tp_strategy.h"
@@ -129,8 +130,10 @@ TEST(Puzzle4_8_tensor_parallel_gpt, FirstStepGradientsEqualTheSingleDeviceGradie
           return "world rank " + std::to_string(world.rank()) + " (TP rank " +
                  std::to_string(mesh.tp.rank()) + ", DP rank " + std::to_string(mesh.dp.rank()) +
                  ") differs from the single-device gradient of the same global batch (a k.00x "
-                 "ratio: a mean taken "
-                 "as a sum, or a reduction done twice):" +
+                 "ratio: a mean taken as a sum, or a reduction done twice; " +
+                 std::to_string(config.batch / layout.dp * config.seq) +
+                 ".00x, the B*T tokens of this rank's batch: 4.6's loss_scale without its "
+                 "1/N):" +
                  m;
         });
 }
@@ -178,6 +181,120 @@ TEST(Puzzle4_8_tensor_parallel_gpt, TrainingEqualsSingleDeviceTrainingAndReplica
              std::to_string(mesh.tp.rank()) + ", DP rank " + std::to_string(mesh.dp.rank()) +
              ") differs from single-device training:" + m;
     });
+}
+
+// Gradient accumulation: each step's batch runs as two micro-batches (the
+// halves of this DP rank's rows), each backward with loss_scale 1/2, then
+// finish_backward once and the optimizer. It must equal single-device
+// training on the whole batch. Under sequence parallelism the replicated
+// gradients are summed over the TP group once per step: summed after every
+// backward, the first micro-batch's share counts t times.
+constexpr int kMicroBatches = 2;
+
+// Micro-batch k's share of step 1's single-device gradient: the same rows of
+// every DP rank's slice, with the loss scaled by 1 / (micro-batches x dp).
+UnitGradients micro_batch_share(Trainer& serial, int dp, int k) {
+  GPT& model = serial.model();
+  model.zero_grad();
+  const std::int64_t slice = serial.config().batch / dp, micro = slice / kMicroBatches;
+  for (int d = 0; d < dp; ++d) {
+    const Batch part = serial.sampler().samples(0, d * slice + k * micro, micro);
+    model.forward(part.inputs, part.targets);
+    model.backward(1.0 / (kMicroBatches * dp));
+  }
+  return gradients_of(model);
+}
+
+// Parameter `p` of serial unit `unit` out of flat per-unit gradients, cut to a TP rank's slice.
+std::vector<double> slice_of(const UnitGradients& grads, std::size_t u, Unit& unit,
+                             const ParamView& p, int t, int r) {
+  const ParamView& f = unit.parameter(p.name);
+  const auto begin = grads[u].begin() + f.offset;
+  return expected_slice({begin, begin + f.shape.numel()}, f.shape, p.shape, t, r);
+}
+
+// Step 1's gradients after two micro-batches against the sum of the two
+// shares; names the first three wrong parameters and counts the rest.
+std::string check_accumulated_gradients(const UnitGradients& first, const UnitGradients& second,
+                                        const std::vector<Unit*>& share_units,
+                                        const std::vector<Unit*>& units, int t, int r) {
+  std::string m;
+  int wrong = 0;
+  for (std::size_t u = 0; u < units.size(); ++u)
+    for (const ParamView& p : units[u]->parameters()) {
+      const std::vector<double> a = slice_of(first, u, *share_units[u], p, t, r);
+      const std::vector<double> b = slice_of(second, u, *share_units[u], p, t, r);
+      const std::string one = check_values(
+          "step 1 gradient of unit '" + units[u]->name() + "' '" + p.name + "'", r, plus(a, b),
+          values(p.grad),
+          {{"t = " + std::to_string(t) +
+                " times the first micro-batch's share + the second's: the replicated gradients "
+                "were summed over the TP group after every backward. Sum them once per step, "
+                "after the last micro-batch (finish_backward)",
+            plus(times(a, t), b)},
+           {"the last micro-batch's share only: gradients must accumulate over the backward "
+            "calls of a step (zero them once, before the first)",
+            b},
+           {"2.00x the expected: each micro-batch's loss_scale of 1/2 was ignored",
+            times(plus(a, b), 2)}});
+      if (!one.empty() && ++wrong <= 3) m += one;
+    }
+  if (wrong > 3) m += "\n    ... and " + std::to_string(wrong - 3) + " more parameters wrong";
+  return m;
+}
+
+TEST(Puzzle4_8_tensor_parallel_gpt, AccumulatedMicroBatchesEqualSingleDeviceTraining) {
+  const TrainConfig config = tp_config();
+  Trainer serial(config);
+  std::vector<double> serial_losses;
+  for (std::int64_t s = 0; s < config.steps; ++s) serial_losses.push_back(serial.step().loss);
+  std::vector<Unit*> serial_units = serial.model().units();
+  for (const Layout& layout : layouts()) {
+    Trainer shares_model(config);
+    const UnitGradients first = micro_batch_share(shares_model, layout.dp, 0);
+    const UnitGradients second = micro_batch_share(shares_model, layout.dp, 1);
+    std::vector<Unit*> share_units = shares_model.model().units();
+    run_and_report(
+        "4.8 two accumulated micro-batches per step, " + layout.str(), layout.tp * layout.dp,
+        [&](Comm& world) {
+          Mesh mesh = make_mesh(world, layout.tp);
+          TensorParallelTrainer trainer(config, mesh, TensorParallelOptions{layout.sp});
+          TensorParallelGPT& model = trainer.model();
+          std::vector<Unit*> units = model.units();
+          const int t = layout.tp, r = mesh.tp.rank();
+          const std::int64_t slice = config.batch / layout.dp, micro = slice / kMicroBatches;
+          std::string m;
+          for (std::int64_t s = 0; s < config.steps; ++s) {
+            model.zero_grad();
+            double loss = 0;
+            for (int k = 0; k < kMicroBatches; ++k) {
+              const Batch part =
+                  trainer.sampler().samples(s, mesh.dp.rank() * slice + k * micro, micro);
+              loss += model.forward(part.inputs, part.targets) / kMicroBatches;
+              model.backward(1.0 / kMicroBatches);
+            }
+            model.finish_backward(mesh.dp);
+            if (s == 0) m += check_accumulated_gradients(first, second, share_units, units, t, r);
+            trainer.trainer().optimizer().step(trainer.config().schedule().at(s));
+            Tensor mean_loss = Tensor::from_values({loss});
+            if (mesh.dp.size() > 1) mesh.dp.all_reduce(mean_loss, ReduceOp::avg);
+            const double expected = serial_losses[static_cast<std::size_t>(s)];
+            if (!close_enough(expected, mean_loss.item(0)))
+              m += "\n    step " + std::to_string(s + 1) +
+                   " loss (the mean of the micro-batches' losses): expected " + number(expected) +
+                   ", got " + number(mean_loss.item(0));
+          }
+          if (m.empty())
+            for (std::size_t u = 0; u < units.size(); ++u)
+              m += check_unit_slices("value after " + std::to_string(config.steps) + " steps", r, t,
+                                     *serial_units[u], *units[u], false);
+          if (m.empty()) return std::string();
+          return "world rank " + std::to_string(world.rank()) + " (TP rank " + std::to_string(r) +
+                 ", DP rank " + std::to_string(mesh.dp.rank()) +
+                 ") differs from single-device training with " + std::to_string(kMicroBatches) +
+                 " micro-batches per step:" + m;
+        });
+  }
 }
 
 }  // namespace

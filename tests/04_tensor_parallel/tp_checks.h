@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <string>
@@ -102,6 +103,29 @@ inline std::vector<double> times(std::vector<double> a, double factor) {
   return a;
 }
 
+// The one factor f with got = f x expected in every element (within the
+// tolerance), or 0 when there is none: a wrong scale, decoded.
+inline double uniform_ratio(const std::vector<double>& expected, const std::vector<double>& got) {
+  if (expected.size() != got.size()) return 0;
+  double ge = 0, ee = 0;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    ge += got[i] * expected[i];
+    ee += expected[i] * expected[i];
+  }
+  if (ee == 0 || !std::isfinite(ge)) return 0;
+  const double f = ge / ee;
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    if (!close_enough(f * expected[i], got[i])) return 0;
+  return f;
+}
+
+// A ratio as the checkers print it: "12.00x".
+inline std::string times_text(double ratio) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2fx", ratio);
+  return text;
+}
+
 // "" when got matches expected; else names the rank, what, the first wrong
 // element, how many are wrong and, when got is exactly one of the known
 // mistakes, says which.
@@ -127,6 +151,16 @@ inline std::string check_values(const std::string& what, int rank,
     if (all_close(m.values, got)) return message + "\n      = " + m.what;
   if (all_close(times(expected, 0), got)) return message + "\n      = all zeros: never written";
   return message;
+}
+
+// A provided constructor's refusal of a size that does not split over 4
+// ranks: a dtp::Error whose message holds `expected` (it names the size).
+inline void expect_refusal_on_4_ranks(const std::function<void(Comm&)>& build,
+                                      const std::string& expected) {
+  if (!world_fits(4)) return;
+  const std::string error = error_of([&] { run_ranks(4, build); });
+  EXPECT_NE(error.find(expected), std::string::npos)
+      << "expected a dtp::Error saying \"" << expected << "\"; got: " << error;
 }
 
 // Collective calls by kind and bytes between two snapshots of one Comm.
@@ -259,6 +293,9 @@ inline std::string check_unit_slices(const std::string& what, int rank, int t, c
     mistakes.push_back({"half the single-device " + what, times(expected, 0.5)});
     std::string one = check_values("unit '" + tp.name() + "' " + what + " of '" + p.name + "'",
                                    rank, expected, got, mistakes);
+    const double ratio = uniform_ratio(expected, got);
+    if (!one.empty() && one.find("\n      = ") == std::string::npos && ratio != 0)
+      one += "\n      = " + times_text(ratio) + " the single-device " + what + " in every element";
     if (!one.empty() && p.shape == f.shape && !hint_for_replicated.empty())
       one += "\n      " + hint_for_replicated;
     m += one;

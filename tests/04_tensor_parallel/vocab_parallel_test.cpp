@@ -1,6 +1,8 @@
 // Puzzles 4.5 and 4.6: the vocabulary split over ranks. The token ids sit on
 // every slice edge for t = 1 to 4, so a mask that is off by one shows, and
-// the message says which id and which ranks.
+// the message says which id and which ranks. The loss also gets logits near
+// +-1000 (exp() overflows unless every rank subtracts the row's global max)
+// and a batch of a single row, and a wrongly scaled gradient is decoded.
 #include "tp_checks.h"
 
 namespace dtp::testing::ch04 {
@@ -132,60 +134,122 @@ std::string embedding_on(Comm& comm, bool sp) {
   return m;
 }
 
-std::string cross_entropy_on(Comm& comm) {
+// --- 4.6 -------------------------------------------------------------------------------
+
+// One loss problem: the whole logits [B*T, V] (each rank takes its columns),
+// the targets and the loss_scale (0.3: no 1/t, so a wrong scale has one cause).
+struct LossCase {
+  std::int64_t B = kB, T = kT;
+  std::vector<double> logits;   // [B*T, V], row-major
+  std::vector<double> targets;  // B*T token ids
+  double loss_scale = 0.3;
+};
+
+// One rank's VocabParallelCrossEntropy next to the serial loss of the whole logits.
+struct LossRun {
+  double expected_loss = 0, got_loss = 0;
+  std::vector<double> expected_grad, got_grad;  // this rank's columns [B*T, V/t]
+  CommUse forward, backward;
+  std::int64_t held = 0;  // the most bytes allocated during the loss
+};
+
+LossRun run_loss(Comm& comm, const LossCase& c) {
   const int t = comm.size(), r = comm.rank();
   const std::int64_t n = kVocab / t;
-  Tensor targets = edge_ids();
-  const std::vector<double> logits = values(random_tensor(Shape{kB, kT, kVocab}, 61, -4.0, 4.0));
-  double expected_loss = 0;
-  std::vector<double> expected_grad;
+  Tensor targets = Tensor::empty(Shape{c.B, c.T}, DType::i32);
+  for (std::int64_t i = 0; i < c.B * c.T; ++i)
+    targets.set_item(i, c.targets[static_cast<std::size_t>(i)]);
+  LossRun run;
   {
     CrossEntropy serial;
-    CrossEntropySaved serial_saved;
-    expected_loss =
-        serial.forward(tensor_of(logits, Shape{kB, kT, kVocab}).clone(), targets, serial_saved);
-    expected_grad = values(serial.backward(serial_saved, 0.5));
+    CrossEntropySaved saved;
+    run.expected_loss =
+        serial.forward(tensor_of(c.logits, Shape{c.B, c.T, kVocab}), targets, saved);
+    run.expected_grad = columns_of(values(serial.backward(saved, c.loss_scale)), kVocab, r * n, n);
   }
   std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
   const std::int64_t before = tracker->total_live();
   tracker->reset_peaks();
-  Tensor slice =
-      Tensor::from_values(columns_of(logits, kVocab, r * n, n), DType::f64).view(Shape{kB, kT, n});
+  Tensor slice = tensor_of(columns_of(c.logits, kVocab, r * n, n), Shape{c.B, c.T, n});
   VocabParallelCrossEntropy loss(comm, kVocab);
   VocabParallelCrossEntropySaved saved;
   const CommStats s0 = comm.stats();
-  const double got_loss = loss.forward(slice, targets, saved);
+  run.got_loss = loss.forward(slice, targets, saved);
   const CommStats s1 = comm.stats();
-  Tensor dlogits = loss.backward(saved, 0.5);
+  run.got_grad = values(loss.backward(saved, c.loss_scale));
   const CommStats s2 = comm.stats();
-  const std::int64_t held = tracker->total_peak() - before;
+  run.held = tracker->total_peak() - before;
+  run.forward = comm_use(s0, s1);
+  run.backward = comm_use(s1, s2);
+  return run;
+}
+
+// What a gradient `ratio` times the right one means, for N rows and loss_scale s on t ranks.
+std::string explain_gradient_scale(double ratio, int t, std::int64_t N, double s) {
+  const auto near = [ratio](double x) { return std::fabs(ratio - x) <= 1e-6 * std::fabs(x); };
+  const std::string rows = "N = B*T = " + std::to_string(N) + " rows";
+  if (N > 1 && near(static_cast<double>(N)))
+    return "looks like loss_scale is missing its 1/N (" + rows +
+           "): the gradient of the MEAN loss is loss_scale / N times (softmax - onehot)";
+  if (N > 1 && near(1.0 / static_cast<double>(N)))
+    return "looks like the 1/N was applied twice (" + rows + ")";
+  if (near(1.0 / s))
+    return "looks like loss_scale (" + number(s) + ") was left out: it multiplies the gradient";
+  if (near(static_cast<double>(N) / s))
+    return "looks like loss_scale / N was left out: softmax - onehot alone";
+  if (near(s)) return "looks like loss_scale was applied twice";
+  if (t > 1 && near(t))
+    return "looks like the gradient was summed over the " + std::to_string(t) +
+           " ranks: the backward needs no communication";
+  return "a wrong scale factor";
+}
+
+// "" or the gradient's first wrong element as (row, token id), with the scale decoded.
+std::string check_loss_gradient(const std::string& what, int rank, int t, const LossCase& c,
+                                const LossRun& run) {
+  std::string m = check_values(what, rank, run.expected_grad, run.got_grad);
+  if (m.empty() || run.got_grad.size() != run.expected_grad.size()) return m;
+  const std::int64_t n = kVocab / t;
+  std::size_t first = 0;
+  while (close_enough(run.expected_grad[first], run.got_grad[first])) ++first;
+  m += "\n      = row " + std::to_string(first / n) + ", token id " +
+       std::to_string(rank * n + static_cast<std::int64_t>(first) % n);
+  const double ratio = uniform_ratio(run.expected_grad, run.got_grad);
+  if (ratio != 0)
+    m += "; gradients are " + times_text(ratio) +
+         " the expected: " + explain_gradient_scale(ratio, t, c.B * c.T, c.loss_scale);
+  return m;
+}
+
+std::string cross_entropy_on(Comm& comm) {
+  const int t = comm.size(), r = comm.rank();
+  const std::int64_t n = kVocab / t;
+  LossCase c;
+  c.logits = values(random_tensor(Shape{kN, kVocab}, 61, -4.0, 4.0));
+  c.targets = kEdgeIds;
+  const LossRun run = run_loss(comm, c);
   std::string m;
-  if (!close_enough(expected_loss, got_loss))
-    m += "\n    rank " + std::to_string(r) + ": 4.6 loss: expected " + number(expected_loss) +
-         ", got " + number(got_loss) +
+  if (!close_enough(run.expected_loss, run.got_loss))
+    m += "\n    rank " + std::to_string(r) + ": 4.6 loss: expected " + number(run.expected_loss) +
+         ", got " + number(run.got_loss) +
          ". The three steps: the max over the WHOLE vocabulary (all-reduce with ReduceOp::max), "
          "then the sums of exp(logit - max) and the target logits over all ranks (all-reduce, "
-         "sum), then the mean "
-         "of log(sum) + max - target logit";
-  m += check_values("4.6 logits gradient (this rank's vocabulary slice, loss_scale 0.5)", r,
-                    columns_of(expected_grad, kVocab, r * n, n), values(dlogits),
-                    {{std::to_string(t) + "x the gradient: loss_scale / N, N = B*T rows, once",
-                      times(columns_of(expected_grad, kVocab, r * n, n), t)}});
-  const CommUse forward = comm_use(s0, s1), backward = comm_use(s1, s2);
+         "sum), then the mean of log(sum) + max - target logit";
+  m += check_loss_gradient("4.6 logits gradient (this rank's vocabulary slice, loss_scale 0.3)", r,
+                           t, c, run);
   const bool only_small_all_reduces =
-      forward.calls.size() == 1 && forward.count("all_reduce") >= 2 &&
-      forward.count("all_reduce") <= 3 && forward.bytes <= 3 * kN * 8;
+      run.forward.calls.size() == 1 && run.forward.count("all_reduce") >= 2 &&
+      run.forward.count("all_reduce") <= 3 && run.forward.bytes <= 3 * kN * 8;
   if (!only_small_all_reduces)
-    m += "\n    rank " + std::to_string(r) + ": 4.6 forward made " + forward.str() +
+    m += "\n    rank " + std::to_string(r) + ": 4.6 forward made " + run.forward.str() +
          ", expected 2 or 3 all-reduces of per-row numbers (at most 3 x N x 8 = " +
          std::to_string(3 * kN * 8) +
          " bytes): the max, the sum of exponentials and the target logit of each of the N rows; "
-         "nothing of the "
-         "vocabulary's size";
-  m += check_comm("4.6 backward", r, backward, {}, 0,
+         "nothing of the vocabulary's size";
+  m += check_comm("4.6 backward", r, run.backward, {}, 0,
                   "the gradient of a slice needs only that slice and the row statistics");
-  if (t > 1 && held >= kN * kVocab * 8)
-    m += "\n    rank " + std::to_string(r) + ": 4.6 held " + std::to_string(held) +
+  if (t > 1 && run.held >= kN * kVocab * 8)
+    m += "\n    rank " + std::to_string(r) + ": 4.6 held " + std::to_string(run.held) +
          " bytes during the loss (its logits slice included), as much as one whole [B, T, V] "
          "logits tensor (" +
          std::to_string(kN * kVocab * 8) +
@@ -194,7 +258,80 @@ std::string cross_entropy_on(Comm& comm) {
   return m;
 }
 
+// Logits whose exponentials overflow to inf (or all underflow to 0) unless
+// every rank subtracts the same row max, the max over the whole vocabulary.
+// Rows take turns: one logit raised by 1000 (on a different slice each
+// time), ids [18, 24) raised by 1000 (the last rank's slice: rank 0's own max
+// is ~1000 below the row's), and the whole row lowered by 1000.
+LossCase large_logits_case() {
+  LossCase c;
+  c.logits = values(random_tensor(Shape{kN, kVocab}, 62, -4.0, 4.0));
+  c.targets = kEdgeIds;
+  for (std::int64_t row = 0; row < kN; ++row) {
+    double* l = &c.logits[static_cast<std::size_t>(row * kVocab)];
+    if (row % 3 == 0) l[(7 * row + 5) % kVocab] += 1000;
+    for (std::int64_t id = 0; id < kVocab; ++id) {
+      if (row % 3 == 1 && id >= 18) l[id] += 1000;
+      if (row % 3 == 2) l[id] -= 1000;
+    }
+  }
+  return c;
+}
+
+std::string large_logits_on(Comm& comm) {
+  const int t = comm.size(), r = comm.rank();
+  const LossCase c = large_logits_case();
+  const LossRun run = run_loss(comm, c);
+  const std::string why =
+      "\n      the max must be the global one over every vocab shard: ops::row_max on this "
+      "slice, then all_reduce with ReduceOp::max, and every rank subtracts that same m_n "
+      "before exp (exp(1000) overflows to inf; exp(-1000) underflows to 0, and log(0) = -inf)";
+  std::string m;
+  if (!close_enough(run.expected_loss, run.got_loss))
+    m += "\n    rank " + std::to_string(r) + ": 4.6 loss of logits near +-1000: expected " +
+         number(run.expected_loss) + ", got " + number(run.got_loss) +
+         (std::isfinite(run.got_loss) ? "" : " (not finite: exp() overflowed or log(0))") + why;
+  std::string gradient = check_loss_gradient(
+      "4.6 logits gradient of logits near +-1000 (this rank's slice)", r, t, c, run);
+  if (!gradient.empty() && run.got_grad.size() == run.expected_grad.size()) {
+    std::size_t first = 0;
+    while (close_enough(run.expected_grad[first], run.got_grad[first])) ++first;
+    const std::int64_t row = static_cast<std::int64_t>(first) / (kVocab / t);
+    const auto begin = c.logits.begin() + row * kVocab;
+    const std::int64_t top = std::max_element(begin, begin + kVocab) - begin;
+    gradient += "; that row's max, " + number(*(begin + top)) + ", is token id " +
+                std::to_string(top) + " on rank " + std::to_string(top / (kVocab / t)) +
+                "'s slice" + (m.empty() ? why : "");
+  }
+  return m + gradient;
+}
+
+// B*T = 1: a single row, whose max is on the last rank's slice and whose target on rank 0's.
+std::string single_row_on(Comm& comm) {
+  const int t = comm.size(), r = comm.rank();
+  LossCase c;
+  c.B = 1, c.T = 1;
+  c.logits = values(random_tensor(Shape{1, kVocab}, 63, -2.0, 2.0));
+  c.logits[kVocab - 1] = 3.0;
+  c.targets = {0};
+  const LossRun run = run_loss(comm, c);
+  std::string m;
+  if (!close_enough(run.expected_loss, run.got_loss))
+    m += "\n    rank " + std::to_string(r) + ": 4.6 loss of a single row (B = T = 1): expected " +
+         number(run.expected_loss) + ", got " + number(run.got_loss) +
+         ". With N = B*T = 1 the mean is that one row's loss: every row counted once, the sum "
+         "divided by B*T";
+  return m + check_loss_gradient("4.6 logits gradient of a single row (B = T = 1)", r, t, c, run);
+}
+
 TEST(Puzzle4_5_vocab_parallel_embedding, EqualsTheSerialEmbeddingAtEverySliceEdge) {
+  expect_refusal_on_4_ranks(
+      [](Comm& tp) {
+        GPTConfig config = layer_config();
+        config.vocab_size = 10;
+        VocabParallelEmbedding(tp, config, false);
+      },
+      "vocabulary: 10 do not split over 4 tensor-parallel ranks");
   for (bool sp : {false, true})
     for (int t : tp_sizes())
       run_and_report(
@@ -203,9 +340,23 @@ TEST(Puzzle4_5_vocab_parallel_embedding, EqualsTheSerialEmbeddingAtEverySliceEdg
 }
 
 TEST(Puzzle4_6_vocab_parallel_cross_entropy, EqualsTheSerialLossWithoutTheFullLogits) {
+  expect_refusal_on_4_ranks([](Comm& tp) { VocabParallelCrossEntropy(tp, 10); },
+                            "vocabulary: 10 do not split over 4 tensor-parallel ranks");
   for (int t : tp_sizes())
     run_and_report("4.6 VocabParallelCrossEntropy", t,
                    [](Comm& comm) { return cross_entropy_on(comm); });
+}
+
+TEST(Puzzle4_6_vocab_parallel_cross_entropy, StaysFiniteWhenTheRowMaxIsOnAnotherRank) {
+  for (int t : tp_sizes())
+    run_and_report("4.6 VocabParallelCrossEntropy, logits near +-1000", t,
+                   [](Comm& comm) { return large_logits_on(comm); });
+}
+
+TEST(Puzzle4_6_vocab_parallel_cross_entropy, ASingleRowIsItsOwnMean) {
+  for (int t : tp_sizes())
+    run_and_report("4.6 VocabParallelCrossEntropy, B*T = 1", t,
+                   [](Comm& comm) { return single_row_on(comm); });
 }
 
 }  // namespace

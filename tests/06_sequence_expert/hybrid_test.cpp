@@ -51,6 +51,11 @@ TEST(Puzzle6_5_hybrid, AllToAllsInsideTheGroupAndRingTransfersAcrossGroups) {
     const std::string refusal =
         error_of([] { run_ranks(4, [](Comm& sp) { HybridAttention(sp, 3, 12); }); });
     EXPECT_NE(refusal.find("u = 3 must divide the n = 4 ranks"), std::string::npos) << refusal;
+    const std::string heads =
+        error_of([] { run_ranks(4, [](Comm& sp) { HybridAttention(sp, 2, 3); }); });
+    EXPECT_NE(heads.find("H = 3 heads do not split over a Ulysses group of u = 2"),
+              std::string::npos)
+        << heads;
   }
   const Case c = make_case(Dims{2, 24, 12, 2}, 92);
   for (const Shape2d& s : hybrid_shapes()) {

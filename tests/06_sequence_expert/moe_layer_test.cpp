@@ -57,11 +57,16 @@ TEST(Puzzle6_6_moe_layer, RouteTokensOnRandomBatchesWithTies) {
       << "route_tokens of 3 probabilities over E = 2 experts should be a "
          "dtp::Error naming the 3; got: "
       << error;
-  EXPECT_NE(error_of([] {
-              route_tokens({0.5, 0.5}, 2, 3, 1.0);
-            }),
-            "")
-      << "top_k = 3 of E = 2 experts should be refused (moe_capacity checks it)";
+  const std::string top_k = error_of([] { route_tokens({0.5, 0.5}, 2, 3, 1.0); });
+  EXPECT_NE(top_k.find("3"), std::string::npos)
+      << "top_k = 3 of E = 2 experts should be a dtp::Error naming the 3 (moe_capacity checks "
+         "it); got: "
+      << top_k;
+  const std::string factor = error_of([] { route_tokens({0.5, 0.5}, 2, 1, -0.5); });
+  EXPECT_NE(factor.find("-0.5"), std::string::npos)
+      << "a capacity factor of -0.5 should be a dtp::Error naming the -0.5 (moe_capacity checks "
+         "it); got: "
+      << factor;
 }
 
 // Runs MoeLayer on N tokens and compares output, routing and aux loss with the host.
@@ -94,6 +99,9 @@ void expect_forward_matches_host(int E, int k, double cf, bool expect_drops) {
 }
 
 TEST(Puzzle6_6_moe_layer, ForwardEqualsTheDenseMixtureWhenNothingIsDropped) {
+  // gather_rows (provided) refuses a row outside the batch, naming it.
+  const std::string row = error_of([] { gather_rows(Tensor::zeros({4, 2}, DType::f64), {1, 4}); });
+  EXPECT_NE(row.find("is 4, outside the batch's 4 rows"), std::string::npos) << row;
   expect_forward_matches_host(4, 1, 4.0, false);  // capacity = N: room for everything
   expect_forward_matches_host(4, 2, 2.0, false);
 }

@@ -3,7 +3,11 @@
 // 3, 4, 6 and 8; a length that does not split is refused; the key/value
 // blocks make exactly n - 1 transfers forward and the gradients n backward
 // (n - 1 with their blocks, one home); and blocks in the causal future are
-// skipped, so rank r computes r + 1 blocks.
+// skipped, so rank r computes r + 1 blocks. The trace shows each transfer
+// posted before the block in hand is computed and waited on after it.
+#include <algorithm>
+
+#include "dtp/trace.h"
 #include "sp_checks.h"
 
 namespace dtp::testing::ch06 {
@@ -23,6 +27,15 @@ TEST(Puzzle6_2_ring_forward, EqualsSingleDeviceAttentionForEveryDegree) {
 }
 
 TEST(Puzzle6_2_ring_forward, MakesNMinusOneTransfersAndSkipsFutureBlocks) {
+  // attend_block (provided) refuses a block wholly in the queries' future, naming both ranges.
+  const std::string future = error_of([] {
+    run_ranks(1, [](Comm& clock) {
+      const Tensor x = Tensor::zeros({1, 4, 1, 2}, DType::f64, clock.device());
+      PartialAttention partial = empty_partial(x);
+      attend_block(clock, x, PositionRange{0, 4}, x, x, PositionRange{8, 4}, partial);
+    });
+  });
+  EXPECT_NE(future.find("positions [0, 4) can see a key at [8, 12)"), std::string::npos) << future;
   const Case c = make_case(Dims{2, 48, 2, 4}, 72);
   for (int n : degrees({2, 4, 8})) {
     check_ring(c, n, false, false,
@@ -46,6 +59,76 @@ TEST(Puzzle6_2_ring_forward, MakesNMinusOneTransfersAndSkipsFutureBlocks) {
                    if (!line.empty()) return line;
                  return "";
                });
+  }
+}
+
+// Overlap, read exactly from the order of events on each rank's own thread
+// (trace lane 0), not from timings. At every step s but the last, the
+// transfer of the next block is posted (isend) before the block in hand,
+// rank (r - s) mod n's, is computed (attend_block), and nothing is waited on
+// (wait, or a blocking recv) until that compute is done. A ring that waits
+// for the next block first, or sends only after computing, has nothing
+// travelling while it computes. Every rank computes its own block at step 0,
+// so the overlap must show there at least.
+std::string check_overlap(const std::vector<trace::Span>& spans, int n, int r) {
+  std::vector<trace::Span> lane;
+  for (const trace::Span& s : spans)
+    if (s.rank == r && s.lane == 0) lane.push_back(s);
+  // Stable: spans that start in the same microsecond keep the order they ended in.
+  std::stable_sort(lane.begin(), lane.end(), [](const trace::Span& a, const trace::Span& b) {
+    return a.start_us < b.start_us;
+  });
+  // With contiguous positions rank r computes one block at each step 0..r (the causal skip).
+  const std::string who = "rank " + std::to_string(r) + " of " + std::to_string(n);
+  int posts = 0, waits_since_post = 0, computed = 0, overlapped = 0;
+  std::string waited;
+  for (const trace::Span& s : lane) {
+    if (s.name == "isend" || s.name == "send") {
+      ++posts;
+      waits_since_post = 0;
+      waited.clear();
+    } else if (s.name == "wait" || s.name == "recv") {
+      if (waits_since_post++ == 0) waited = s.name;
+    } else if (s.name == "attend_block") {
+      const int step = computed++;
+      if (step >= n - 1) continue;  // the last step has no transfer to overlap
+      const std::string where = who + ", step " + std::to_string(step) + " (computing rank " +
+                                std::to_string(((r - step) % n + n) % n) + "'s block): ";
+      if (posts < step + 1)
+        return where + "computed before posting the transfer of the next block (" +
+               std::to_string(posts) + " transfer(s) posted, expected " + std::to_string(step + 1) +
+               "): post irecv from r - 1 and isend to r + 1 first, so the next block travels "
+               "while this one computes";
+      if (waits_since_post > 0)
+        return where + "a '" + waited +
+               "' for the next key/value block came before computing on the current one, so the "
+               "transfer never overlapped the compute: post irecv and isend, attend_block, then "
+               "wait";
+      ++overlapped;
+    }
+  }
+  if (overlapped == 0)
+    return who + ": no step computed a block while a transfer was in flight (" +
+           std::to_string(computed) + " attend_block span(s), " + std::to_string(posts) +
+           " transfer(s) posted)";
+  return "";
+}
+
+TEST(Puzzle6_2_ring_forward, TheNextTransferIsPostedBeforeComputingAndWaitedAfter) {
+  if (World::from_env(2).backend != Backend::thread)
+    GTEST_SKIP() << "the trace lanes are the thread backend's; the thread flavour checks this";
+  const Case c = make_case(Dims{2, 48, 2, 4}, 75);
+  for (int n : {3, 4}) {
+    trace::enable();
+    check_ring(c, n, false, false, nullptr);
+    trace::disable();
+    if (HasFailure()) return;
+    const std::vector<trace::Span> spans = trace::spans();
+    for (int r = 0; r < n; ++r) {
+      const std::string failure = check_overlap(spans, n, r);
+      ASSERT_TRUE(failure.empty())
+          << failure << "\n    [contiguous ring attention, forward, on " << n << " ranks]";
+    }
   }
 }
 

@@ -174,8 +174,23 @@ inline std::string compare_rows(const std::string& what, int rank, const Dims& d
   return message;
 }
 
+// Where rank r's mask puts the key at position j when it takes the block in
+// hand at step s for rank (r + s)'s instead of rank (r - s)'s: the same
+// offset in the same range of the mirrored owner (2r - owner) mod n.
+inline std::int64_t mirrored_position(std::int64_t j, std::int64_t T, int n, int r, bool zigzag) {
+  for (int owner = 0; owner < n; ++owner) {
+    const auto ranges = rows_of_rank(T, n, owner, zigzag);
+    for (std::size_t i = 0; i < ranges.size(); ++i)
+      if (j >= ranges[i].first && j < ranges[i].first + ranges[i].second)
+        return rows_of_rank(T, n, ((2 * r - owner) % n + n) % n, zigzag)[i].first + j -
+               ranges[i].first;
+  }
+  return j;
+}
+
 // Look-alikes of a forward output on rank r: attention over its own keys
-// only, and attention without the causal mask.
+// only, attention without the causal mask, and (for n >= 3, where r + s and
+// r - s differ) blocks masked with the wrong owner's positions.
 inline std::vector<LookAlike> forward_look_alikes(const Case& c, int n, int r, bool zigzag) {
   const auto mine = rows_of_rank(c.d.T, n, r, zigzag);
   auto own = [&](std::int64_t j) {
@@ -183,7 +198,18 @@ inline std::vector<LookAlike> forward_look_alikes(const Case& c, int n, int r, b
       if (j >= start && j < start + length) return true;
     return false;
   };
-  return {
+  std::vector<LookAlike> alikes;
+  if (n >= 3)
+    alikes.push_back(
+        {"a ring whose mask took the block at step s for rank (r + s) mod n's: the key/value "
+         "block at step s comes from rank (r - s) mod n (blocks travel to r + 1, from r - 1); "
+         "got the positions of (r + s), so the mask hid the wrong keys",
+         shard_of(host_attention(c.qv, c.kv, c.vv, c.d,
+                                 [&](std::int64_t i, std::int64_t j) {
+                                   return mirrored_position(j, c.d.T, n, r, zigzag) <= i;
+                                 }),
+                  c.d, mine)});
+  std::vector<LookAlike> common = {
       {"causal attention over this rank's own keys only: the other ranks' key/value blocks never "
        "arrived, or were not merged (ops::attention_merge inside attend_block)",
        shard_of(host_attention(c.qv, c.kv, c.vv, c.d,
@@ -193,6 +219,8 @@ inline std::vector<LookAlike> forward_look_alikes(const Case& c, int n, int r, b
        shard_of(
            host_attention(c.qv, c.kv, c.vv, c.d, [](std::int64_t, std::int64_t) { return true; }),
            c.d, mine)}};
+  alikes.insert(alikes.end(), common.begin(), common.end());
+  return alikes;
 }
 
 // Look-alikes of a gradient on rank r: another rank's rows of the right answer.
@@ -208,6 +236,58 @@ inline std::vector<LookAlike> gradient_look_alikes(const std::vector<double>& fu
   return out;
 }
 
+// The rank whose positions hold position i.
+inline int owner_of(std::int64_t i, std::int64_t T, int n, bool zigzag) {
+  for (int owner = 0; owner < n; ++owner)
+    for (const auto& [start, length] : rows_of_rank(T, n, owner, zigzag))
+      if (i >= start && i < start + length) return owner;
+  return 0;
+}
+
+// dq, dk and dv of a backward that uses the forward's (right) softmax
+// statistics but sums over the keys `used` allows instead of the causal ones:
+// what a ring backward that masks blocks with the wrong positions returns.
+inline std::vector<std::vector<double>> host_gradients_over(
+    const Case& c, const std::function<bool(std::int64_t, std::int64_t)>& used) {
+  const Dims& d = c.d;
+  const std::vector<double> dout = c.dout.to_vector();
+  std::vector<std::vector<double>> grads(3, std::vector<double>(c.qv.size(), 0.0));
+  std::vector<double>&dq = grads[0], &dk = grads[1], &dv = grads[2];
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d.D));
+  auto at = [&](std::int64_t b, std::int64_t t, std::int64_t h) {
+    return static_cast<std::size_t>(((b * d.T + t) * d.H + h) * d.D);
+  };
+  auto dot = [&](const std::vector<double>& x, std::size_t a, const std::vector<double>& y,
+                 std::size_t b) {
+    double sum = 0;
+    for (std::int64_t e = 0; e < d.D; ++e) sum += x[a + e] * y[b + e];
+    return sum;
+  };
+  for (std::int64_t b = 0; b < d.B; ++b)
+    for (std::int64_t h = 0; h < d.H; ++h)
+      for (std::int64_t i = 0; i < d.T; ++i) {
+        const std::size_t qi = at(b, i, h);
+        double top = -INFINITY, sum = 0;
+        for (std::int64_t j = 0; j <= i; ++j)
+          top = std::max(top, scale * dot(c.qv, qi, c.kv, at(b, j, h)));
+        for (std::int64_t j = 0; j <= i; ++j)
+          sum += std::exp(scale * dot(c.qv, qi, c.kv, at(b, j, h)) - top);
+        const double delta = dot(dout, qi, c.out, qi);
+        for (std::int64_t j = 0; j < d.T; ++j) {
+          if (!used(i, j)) continue;
+          const std::size_t kj = at(b, j, h);
+          const double p = std::exp(scale * dot(c.qv, qi, c.kv, kj) - top) / sum;
+          const double ds = p * (dot(dout, qi, c.vv, kj) - delta);
+          for (std::int64_t e = 0; e < d.D; ++e) {
+            dv[kj + e] += p * dout[qi + e];
+            dq[qi + e] += scale * ds * c.kv[kj + e];
+            dk[kj + e] += scale * ds * c.qv[qi + e];
+          }
+        }
+      }
+  return grads;
+}
+
 // The four checks of a sequence-parallel attention run on rank r.
 inline std::string compare_attention(const Case& c, int n, int r, bool zigzag, const Tensor& out,
                                      const Tensor& dq, const Tensor& dk, const Tensor& dv) {
@@ -215,13 +295,28 @@ inline std::string compare_attention(const Case& c, int n, int r, bool zigzag, c
   std::string failure = compare_rows("output", r, c.d, n, zigzag, shard_of(c.out, c.d, mine), out,
                                      forward_look_alikes(c, n, r, zigzag));
   if (!failure.empty() || !dq.defined()) return failure;
+  std::vector<std::vector<double>> mirrored;  // worked out only when a gradient is wrong
+  int index = 0;
   for (const auto& [name, full, got] :
        {std::tuple<std::string, const std::vector<double>*, const Tensor*>{"dq", &c.dq, &dq},
         {"dk", &c.dk, &dk},
         {"dv", &c.dv, &dv}}) {
-    failure = compare_rows(name, r, c.d, n, zigzag, shard_of(*full, c.d, mine), *got,
-                           gradient_look_alikes(*full, c.d, n, r, zigzag, name));
+    std::vector<LookAlike> alikes = gradient_look_alikes(*full, c.d, n, r, zigzag, name);
+    failure = compare_rows(name, r, c.d, n, zigzag, shard_of(*full, c.d, mine), *got, alikes);
+    if (!failure.empty() && n >= 3) {
+      if (mirrored.empty())
+        mirrored = host_gradients_over(c, [&](std::int64_t i, std::int64_t j) {
+          return mirrored_position(j, c.d.T, n, owner_of(i, c.d.T, n, zigzag), zigzag) <= i;
+        });
+      alikes.push_back(
+          {"a ring backward whose mask took the block at step s for rank (r + s) mod "
+           "n's: the key/value block at step s comes from rank (r - s) mod n; got "
+           "the positions of (r + s), so the mask hid the wrong keys",
+           shard_of(mirrored[static_cast<std::size_t>(index)], c.d, mine)});
+      failure = compare_rows(name, r, c.d, n, zigzag, shard_of(*full, c.d, mine), *got, alikes);
+    }
     if (!failure.empty()) return failure;
+    ++index;
   }
   return "";
 }

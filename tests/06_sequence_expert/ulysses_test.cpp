@@ -78,6 +78,25 @@ TEST(Puzzle6_1_ulysses, SequenceToHeadsAndBackPutEveryElementWhereTheLayoutSays)
   }
 }
 
+// 6.1a promises a dtp::Error when H does not divide by n. Without the check
+// a view or a permute fails later with a shape that names no heads, or the
+// heads are silently cut to H / n rounded down.
+TEST(Puzzle6_1_ulysses, SequenceToHeadsRefusesHeadsThatDoNotSplitNamingBoth) {
+  const int n = world_fits(4) ? 4 : 2, heads = n == 4 ? 6 : 3;
+  const std::string error = error_of([&] {
+    run_ranks(n, [&](Comm& sp) {
+      sequence_to_heads(sp, Tensor::zeros({1, 2, heads, 2}, DType::f64, sp.device()));
+    });
+  });
+  const bool names_both = error.find("head") != std::string::npos &&
+                          error.find(std::to_string(heads)) != std::string::npos &&
+                          error.find(std::to_string(n)) != std::string::npos;
+  EXPECT_TRUE(names_both) << "sequence_to_heads of H = " << heads << " heads over n = " << n
+                          << " ranks must throw a dtp::Error that says 'heads' and names " << heads
+                          << " and " << n << " (H % n != 0: the heads do not split "
+                          << "into equal groups); got: " << error;
+}
+
 TEST(Puzzle6_1_ulysses, AttentionAndItsGradientsEqualSingleDeviceAttention) {
   if (world_fits(4)) {
     const std::string refusal =
