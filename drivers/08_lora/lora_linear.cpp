@@ -56,8 +56,8 @@ Linear& target_linear(Block& block, const std::string& target) {
   if (target == "attn.k") return block.attn.k;
   if (target == "attn.v") return block.attn.v;
   if (target == "attn.proj") return block.attn.proj;
-  DTP_CHECK(!block.is_moe() || (target != "mlp.fc" && target != "mlp.proj"), "LoRA: block ",
-            block.layer(),
+  DTP_CHECK(!block.is_moe() || (target != "mlp.fc" && target != "mlp.proj"), "LoRA: target '",
+            target, "': block ", block.layer(),
             " is a mixture of experts; adapters go on its attention only (attn.q, attn.k, attn.v, "
             "attn.proj)");
   if (target == "mlp.fc") return block.mlp.fc;

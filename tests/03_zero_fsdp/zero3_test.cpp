@@ -1,10 +1,12 @@
 // Checkers for 3.3 ZeRO-3 / FSDP and 3.4 FSDP with prefetch: everything the
 // other stages get, plus: each unit runs with its own gathered parameters,
 // and from the trace, 3.3 gathers only on demand while 3.4's gather of the
-// next unit is already travelling while the current unit computes.
+// next unit is already travelling while the current unit computes, and
+// 3.4's destructor waits for a gather still in flight.
 #include <algorithm>
 
 #include "dtp/trace.h"
+#include "support/trace_overlap.h"
 #include "zero_expectations.h"
 
 namespace {
@@ -48,8 +50,6 @@ std::vector<trace::Span> traced_run(Stage stage, std::vector<std::string>& unit_
   return trace::spans();
 }
 
-bool thread_backend() { return World::from_env(2).backend == Backend::thread; }
-
 TEST(Puzzle3_3_zero3, FirstStepGradientShardsAreTheSingleDeviceMean) {
   expect_first_step_shards(Stage::zero3);
 }
@@ -74,7 +74,7 @@ TEST(Puzzle3_3_zero3, FinishWithoutBackwardIsAClearError) {
 // Without prefetch every gather is the blocking one a unit waits for: none
 // runs on the communication lane.
 TEST(Puzzle3_3_zero3, GathersOnDemandWithoutPrefetch) {
-  if (!thread_backend())
+  if (!trace_has_comm_lane())
     GTEST_SKIP() << "the trace lanes are the thread backend's; the thread flavour checks this";
   std::vector<std::string> units;
   const std::vector<trace::Span> spans = traced_run(Stage::zero3, units);
@@ -149,7 +149,7 @@ std::size_t count_before(const std::vector<double>& times, double t) {
 }
 
 TEST(Puzzle3_4_zero3_prefetch, NextUnitsGatherTravelsWhileTheCurrentUnitComputes) {
-  if (!thread_backend())
+  if (!trace_has_comm_lane())
     GTEST_SKIP() << "the trace lanes are the thread backend's; the thread flavour checks this";
   std::vector<std::string> units;
   const std::vector<trace::Span> spans = traced_run(Stage::prefetch, units);
@@ -197,6 +197,53 @@ TEST(Puzzle3_4_zero3_prefetch, NextUnitsGatherTravelsWhileTheCurrentUnitComputes
         if (::testing::Test::HasFailure()) return;  // one pass tells the story
       }
     }
+  }
+}
+
+// Destroyed with a gather in flight: a step stopped by an error as block.0's
+// forward begins, when block.1's prefetch has been posted and not waited
+// for. The contract: ~Zero3Prefetch waits for it (one "wait" on the rank's
+// thread, on the thread backend) and never throws, and every rank goes on:
+// a collective after the destruction completes on all of them.
+TEST(Puzzle3_4_zero3_prefetch, DestroyedWithAPrefetchInFlightItWaitsForIt) {
+  struct Stop {};
+  const bool lanes = trace_has_comm_lane();
+  if (lanes) trace::enable();
+  run_and_report("3.4 Zero3Prefetch destroyed mid-forward", 2, [&](Comm& comm) -> std::string {
+    StagedTrainer run = plug(Stage::prefetch, comm, tiny_config(12, 1));
+    run.trainer->model().on_before_forward([](Unit& unit) {
+      if (unit.name() == "block.0") throw Stop{};
+    });
+    try {
+      run.trainer->step();
+      return "rank " + std::to_string(comm.rank()) +
+             ": checker setup: the step was not stopped at block.0";
+    } catch (const Stop&) {
+    }
+    {
+      trace::Scope span("checker: destroy the trainer", "checker");
+      run.trainer.reset();  // the stage (its optimizer) first, then the model
+    }
+    Tensor everyone = Tensor::full(Shape{1}, 1.0, DType::f64, comm.device());
+    comm.all_reduce(everyone);
+    if (everyone.item(0) != comm.size())
+      return "rank " + std::to_string(comm.rank()) +
+             ": after the destruction, an all-reduce of 1 "
+             "gave " +
+             number(everyone.item(0)) + ", expected the world size " + std::to_string(comm.size()) +
+             ": the in-flight gather and this all-reduce met out "
+             "of order";
+    return "";
+  });
+  if (!lanes) return;
+  trace::disable();
+  if (::testing::Test::HasFailure()) return;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::size_t waits =
+        count_inside(lanes_of(trace::spans(), rank), "checker: destroy the trainer", "wait");
+    EXPECT_EQ(waits, 1u) << "rank " << rank << ": destroying Zero3Prefetch waited on " << waits
+                         << " request(s); block.1's prefetch was in flight: ~Zero3Prefetch must "
+                            "wait for it (the gather writes into its buffer until then)";
   }
 }
 

@@ -1,8 +1,11 @@
 // Puzzle 5.8: pipeline x FSDP on world 4 = 2 stages x 2 shards (and 2 x 1,
 // 1 x 2). Each rank holds 1/d of its stage's units; the step's gradient
 // shards equal the same slices of the single-device mean gradient, the
-// collectives are the ones the lesson counts, and K steps of training equal
-// single-device training.
+// collectives are the ones the lesson counts, the parameters peak at the
+// shards plus one whole unit, and K steps of training equal single-device
+// training.
+#include <algorithm>
+
 #include "drivers/05_pipeline/pp_strategy.h"
 #include "pipeline_checks.h"
 
@@ -131,6 +134,51 @@ TEST(Puzzle5_8_pipeline_fsdp, TrainingEqualsSingleDeviceTraining) {
         }
       }
       return compare_stage(expected, trainer.model(), mine, losses, world.rank());
+    });
+  }
+}
+
+// Memory inside a step. A unit's full parameters exist only while it
+// computes: gathered before its forward and released after it, gathered
+// again before its backward and released once its gradient is reduced. So
+// over a step a rank's parameter bytes peak at its shards plus the largest
+// unit it holds, (S + U) e: chapter 03's ZeRO-3 formula on the rank's own
+// units, exactly (every unit is gathered at least once per step).
+TEST(Puzzle5_8_pipeline_fsdp, ParameterPeakIsTheShardsPlusOneGatheredUnit) {
+  for (const Layout& l :
+       {Layout{2, 2, ScheduleKind::one_f_one_b}, Layout{2, 2, ScheduleKind::interleaved}}) {
+    if (!world_fits(4)) GTEST_SKIP() << "needs 4 ranks";
+    const PipelineOptions options = fsdp_options(l);
+    const TrainConfig config = pipeline_config(4 * l.pp, 2 * options.microbatches * l.dp, 2);
+    run_and_report(describe(l), 4, [&](Comm& world) -> std::string {
+      PipelineMesh mesh = make_pipeline_mesh(world, l.pp);
+      PipelineTrainer trainer(config, mesh, options);
+      trainer.step();
+      MemoryTracker& tracker = *current_memory_tracker();
+      tracker.reset_peaks();
+      trainer.step();
+      std::int64_t shards = 0, largest = 0, stage = 0;
+      for (StageModule* chunk : trainer.chunks())
+        for (Unit* unit : chunk->units()) {
+          shards += chunk_range(unit->numel(), l.dp, mesh.dp.rank()).length;
+          largest = std::max(largest, unit->numel());
+          stage += unit->numel();
+        }
+      const auto e = static_cast<std::int64_t>(dtype_size(config.model.dtype));
+      const std::int64_t peak = tracker.peak(MemoryCategory::params);
+      const std::int64_t want = (shards + largest) * e;
+      if (peak == want) return "";
+      return "world rank " + std::to_string(world.rank()) + ", step 2: the parameter bytes " +
+             "peaked at " + std::to_string(peak) + ", expected (S + U) e = (" +
+             std::to_string(shards) + " + " + std::to_string(largest) + ") x " + std::to_string(e) +
+             " = " + std::to_string(want) + " (this rank's shards S, its largest unit U)" +
+             (peak >= (shards + stage) * e
+                  ? ": every unit of the rank's stage was whole at once. Release a unit's "
+                    "gathered parameters in the after-forward hook (set_buffers(Tensor(), "
+                    "Tensor())), not only after its backward"
+              : peak > want ? ": more than one unit was whole at once; release each right "
+                              "after it ran"
+                            : "");
     });
   }
 }

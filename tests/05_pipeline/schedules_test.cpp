@@ -1,7 +1,7 @@
 // Puzzles 5.3-5.6: the schedules. Each must be valid for p = 1..8 and
 // m = 1..3p (the verifier runs it), have the lesson's bubble on the
 // simulated clock (F = 1, B = 2; zb-h1: F = B = W = 1), and hold no more
-// micro-batches than the lesson says.
+// micro-batches than the lesson says (interleaved: exactly its peak).
 #include <cmath>
 
 #include "pipeline_checks.h"
@@ -91,7 +91,7 @@ TEST(Puzzle5_4_one_f_one_b, NoStagesOrNoMicroBatchesIsAnError) {
   EXPECT_THROW(one_f_one_b_schedule(4, 0), dtp::Error);
 }
 
-TEST(Puzzle5_5_interleaved, EveryScheduleIsValidWithTheInterleavedBubble) {
+TEST(Puzzle5_5_interleaved, EveryScheduleIsValidWithTheInterleavedBubbleAndPeak) {
   for (int v : {2, 3}) {
     int failures = 0;
     for (int p = 2; p <= 8 && failures < 3; ++p) {
@@ -102,6 +102,21 @@ TEST(Puzzle5_5_interleaved, EveryScheduleIsValidWithTheInterleavedBubble) {
         if (problem.empty() && !r.ok()) problem = "the verifier rejects it: " + r.problem;
         if (problem.empty())
           problem = bubble_is(r, (p - 1.0) / (v * m + p - 1.0), "(p-1)/(v m+p-1)");
+        // A deeper warm-up keeps the bubble and holds more activations.
+        for (int rank = 0; rank < p && problem.empty(); ++rank) {
+          const int warmup = 2 * (p - rank - 1) + (v - 1) * p;
+          const int peak = r.peak_alive[static_cast<std::size_t>(rank)];
+          const int want = std::min(warmup + 1, m * v);
+          if (peak != want)
+            problem = "rank " + std::to_string(rank) + " holds at most " + std::to_string(peak) +
+                      " (micro-batch, chunk) pairs at once; the lesson's interleaved 1F1B holds "
+                      "min(2(p-r-1) + (v-1)p + 1, m v) = " +
+                      std::to_string(want) + ": " +
+                      (peak > want ? "too many warm-up forwards, the same bubble for more memory"
+                                   : "fewer warm-up forwards than the contract's") +
+                      " (rank r runs min(2(p-r-1) + (v-1)p, m v) = " +
+                      std::to_string(std::min(warmup, m * v)) + " before its first backward)";
+        }
         if (!problem.empty()) {
           ADD_FAILURE() << call("interleaved", p, m, v) << ": " << problem << chart_of(s, r)
                         << "\n    (draw yours: ./dtp schedule --kind interleaved --stages " << p

@@ -11,6 +11,8 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,14 @@ using testing::batch_of;
 using testing::CheckerRun;
 using testing::first_difference;
 using testing::small_config;
+
+// @p v with 9 significant digits.
+std::string decimal(double v) {
+  std::ostringstream out;
+  out.precision(9);
+  out << v;
+  return out.str();
+}
 
 // Fails the calling rank with @p message (the harness names the rank).
 void require(bool ok, const std::string& message) {
@@ -74,27 +84,34 @@ TEST(Puzzle7_4_mixed_ddp, FoundOnAnyRankIsTrueEverywhereWhenOneRankFoundOne) {
 }
 
 // One step on each rank of @p world in @p reduce_dtype, against the checker.
-void expect_step_matches(int world, DType model_dtype, DType reduce_dtype) {
+// With @p loss_scale > 0 the step runs with a LossScaler starting there
+// (growth_interval 1000: it stays there), so the gradients travel scaled.
+void expect_step_matches(int world, DType model_dtype, DType reduce_dtype, double loss_scale = 0) {
   dtp::testing::run_ranks(world, [&](Comm& comm) {
     const GPTConfig config = small_config(model_dtype, comm.device());
     const std::string label = std::string(dtype_name(model_dtype)) + " model, reduce in " +
-                              dtype_name(reduce_dtype) + ", world " + std::to_string(world);
+                              dtype_name(reduce_dtype) + ", world " + std::to_string(world) +
+                              (loss_scale > 0 ? ", loss scale " + decimal(loss_scale) : "");
     GPT model(config);
     MasterWeights masters(model);
     AdamW adam(masters.buffers());
+    std::unique_ptr<LossScaler> scaler;
+    if (loss_scale > 0)
+      scaler = std::make_unique<LossScaler>(ScalerConfig{loss_scale, 2, 0.5, 1000});
     CheckerRun expected(config);
     for (int step = 1; step <= 2; ++step) {
       const Batch batch = batch_of(config, 2, 100 * step + comm.rank());
+      const double scale = scaler ? scaler->scale() : 1.0;
       comm.reset_stats();
-      const MixedStep got =
-          ddp_mixed_precision_step(comm, masters, adam, nullptr, batch, 3e-3, 1.0, reduce_dtype);
+      const MixedStep got = ddp_mixed_precision_step(comm, masters, adam, scaler.get(), batch, 3e-3,
+                                                     1.0, reduce_dtype);
       const std::int64_t bytes = comm.stats().collective_bytes;
 
-      // The checker's step: local gradients, averaged in reduce_dtype.
+      // The checker's step: local gradients of the scaled loss, averaged in reduce_dtype.
       expected.model.zero_grad();
       CheckerRun::Step want;
       want.loss = expected.model.forward(batch.inputs, batch.targets);
-      expected.model.backward();
+      expected.model.backward(scale);
       std::vector<Unit*> units = expected.model.units();
       for (std::size_t i = 0; i < units.size(); ++i) {
         if (reduce_dtype != DType::f32) {
@@ -107,7 +124,7 @@ void expect_step_matches(int world, DType model_dtype, DType reduce_dtype) {
           ops::scale(expected.grads[i], 1.0 / world);
         }
       }
-      want = expected.update(want, 1.0, 3e-3, 1.0);
+      want = expected.update(want, scale, 3e-3, 1.0);
 
       const std::int64_t N = model.parameter_count();
       const std::int64_t want_bytes = N * static_cast<std::int64_t>(dtype_size(reduce_dtype));
@@ -124,10 +141,15 @@ void expect_step_matches(int world, DType model_dtype, DType reduce_dtype) {
                          : ""));
       require(got.loss == want.loss,
               label + ": the loss must be this rank's forward on its own batch");
-      require(got.grad_norm == want.grad_norm, label + ", step " + std::to_string(step) +
-                                                   ": grad_norm " + std::to_string(got.grad_norm) +
-                                                   " must be the norm of the averaged gradients, " +
-                                                   std::to_string(want.grad_norm));
+      const double ratio = got.grad_norm / want.grad_norm;
+      require(got.grad_norm == want.grad_norm,
+              label + ", step " + std::to_string(step) + ": grad_norm is " +
+                  decimal(got.grad_norm) + ", the norm of the averaged unscaled gradients is " +
+                  decimal(want.grad_norm) + " (x" + decimal(ratio) + ")" +
+                  (scale != 1 && std::fabs(ratio - scale) <= 1e-3 * scale
+                       ? ": the loss scale. It is the norm of the scaled gradients: divide it "
+                         "by the scale the backward used"
+                       : ""));
       for (std::size_t i = 0; i < units.size(); ++i) {
         const std::string diff = first_difference(expected.masters[i], masters.buffers()[i].params);
         require(diff.empty(),
@@ -150,6 +172,17 @@ TEST(Puzzle7_4_mixed_ddp, AveragingInSixteenBitsMatchesTheCheckersStep) {
     if (dtp::testing::world_fits(world)) {
       expect_step_matches(world, DType::bf16, DType::bf16);
       expect_step_matches(world, DType::f16, DType::f16);
+    }
+}
+
+// With a loss scaler the gradients travel scaled; grad_norm is still the
+// norm of the true (unscaled) averaged gradients, and the update the
+// checker's.
+TEST(Puzzle7_4_mixed_ddp, WithALossScalerGradNormIsTheUnscaledNorm) {
+  for (int world : {1, 2})
+    if (dtp::testing::world_fits(world)) {
+      expect_step_matches(world, DType::f16, DType::f32, 1024);
+      expect_step_matches(world, DType::f16, DType::f16, 1024);
     }
 }
 

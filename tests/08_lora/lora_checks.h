@@ -15,8 +15,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -177,6 +179,217 @@ inline std::string compare(const std::string& what, const Matrix& expected, cons
       m << ": a wrong scale (s = alpha / r applied twice, or not at all?)";
   }
   return m.str();
+}
+
+/// @p rows x @p cols values of @p flat from element @p offset on, as a matrix.
+inline Matrix matrix_at(const std::vector<double>& flat, std::int64_t offset, std::int64_t rows,
+                        std::int64_t cols) {
+  const auto first = flat.begin() + offset;
+  return {rows, cols, std::vector<double>(first, first + rows * cols)};
+}
+
+/// The checker's own LoRA training of @p config's model on its global batch:
+/// every adapter parameter, gradient and loss, step by step. Its adapters
+/// lie as LoraModel's buffers do (per block, per target in order, A then B),
+/// concatenated over the blocks.
+struct LoraTrajectory {
+  struct Piece {
+    std::string name;  ///< "block 0 attn.q A"
+    std::int64_t offset = 0, rows = 0, cols = 0;
+  };
+  std::vector<Piece> pieces;                ///< where each A and B lies
+  std::vector<double> start;                ///< every adapter parameter before step 1
+  std::vector<double> losses;               ///< per step
+  std::vector<std::vector<double>> grads;   ///< per step: every adapter gradient
+  std::vector<std::vector<double>> params;  ///< per step: every adapter parameter after it
+
+  /// "block 0 attn.q A [1, 3]" for element @p flat.
+  std::string where(std::int64_t flat) const {
+    for (const Piece& p : pieces)
+      if (flat >= p.offset && flat < p.offset + p.rows * p.cols)
+        return p.name + " [" + std::to_string((flat - p.offset) / p.cols) + ", " +
+               std::to_string((flat - p.offset) % p.cols) + "]";
+    return "element " + std::to_string(flat);
+  }
+};
+
+/// Trains @p steps steps without the code under test: a full-rank copy of
+/// the base whose target weights the checker sets to W + s B A before every
+/// step; its weight gradient G gives the adapters' gradients by the chain
+/// rule (dA = s B^T G, dB = s G A^T, the checker's loops), and the runtime's
+/// optimizer (make_optimizer, as Trainer builds it) updates the checker's own
+/// A and B. A is drawn as LoraModel's contract says; B starts at 0.
+/// With @p world > 1, rank @p rank's slice of each global batch instead.
+inline LoraTrajectory checker_lora_training(const TrainConfig& config,
+                                            const dtp::ch08::LoraConfig& lora, int steps,
+                                            int rank = 0, int world = 1) {
+  Trainer trainer(config, rank, world);  // the base and the batches a run of config trains on
+  GPT& full = trainer.model();
+  const double s = lora.scale();
+  const std::int64_t r = lora.rank;
+  LoraTrajectory out;
+  std::vector<ParamBuffer> buffers;
+  struct Target {
+    Linear* linear;
+    Matrix base;                 // W
+    LoraTrajectory::Piece a, b;  // offsets within the block's buffer
+    int block;
+  };
+  std::vector<Target> targets;
+  std::int64_t block_start = 0;
+  for (int i = 0; i < full.num_blocks(); ++i) {
+    Rng rng(Rng::derive(lora.seed, static_cast<std::uint64_t>(i)));
+    std::vector<double> values;
+    for (const std::string& name : lora.targets) {
+      Linear& linear = dtp::ch08::target_linear(full.block(i), name);
+      const std::int64_t in = linear.in_features, out_features = linear.out_features;
+      Tensor a = Tensor::empty({r, in}, dtype());  // drawn on the host, as the model does
+      ops::fill_normal(a, 0.0, 1.0 / std::sqrt(static_cast<double>(in)), rng);
+      const std::string label = "block " + std::to_string(i) + " " + name;
+      Target t{&linear, matrix(linear.weight), {label + " A", 0, r, in}, {}, i};
+      t.a.offset = static_cast<std::int64_t>(values.size());
+      for (double v : a.to_vector()) values.push_back(v);
+      t.b = {label + " B", static_cast<std::int64_t>(values.size()), out_features, r};
+      values.resize(values.size() + static_cast<std::size_t>(out_features * r), 0.0);
+      out.pieces.push_back({t.a.name, block_start + t.a.offset, t.a.rows, t.a.cols});
+      out.pieces.push_back({t.b.name, block_start + t.b.offset, t.b.rows, t.b.cols});
+      targets.push_back(t);
+    }
+    const Shape shape{static_cast<std::int64_t>(values.size())};
+    buffers.push_back({"block." + std::to_string(i) + ".lora", on_device(values, shape),
+                       on_device(std::vector<double>(values.size(), 0.0), shape)});
+    block_start += shape.numel();
+  }
+  auto concatenated = [&](bool grads) {
+    std::vector<double> all;
+    for (const ParamBuffer& b : buffers)
+      for (double v : (grads ? b.grads : b.params).to_vector()) all.push_back(v);
+    return all;
+  };
+  out.start = concatenated(false);
+  std::unique_ptr<Optimizer> optimizer = make_optimizer(trainer.config(), buffers);
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::vector<double>> params, grads;
+    for (const ParamBuffer& b : buffers) {
+      params.push_back(b.params.to_vector());
+      grads.push_back(std::vector<double>(params.back().size(), 0.0));
+    }
+    for (Target& t : targets) {
+      const std::vector<double>& p = params[static_cast<std::size_t>(t.block)];
+      const Matrix a = matrix_at(p, t.a.offset, t.a.rows, t.a.cols);
+      const Matrix b = matrix_at(p, t.b.offset, t.b.rows, t.b.cols);
+      t.linear->weight.copy_from(
+          on_device(plus(t.base, s, product(b, false, a, false)).v, t.linear->weight.shape()));
+    }
+    full.zero_grad();
+    const Batch batch = trainer.sampler().batch(step, config.model.device);
+    out.losses.push_back(full.forward(batch.inputs, batch.targets));
+    full.backward();
+    for (Target& t : targets) {
+      const std::vector<double>& p = params[static_cast<std::size_t>(t.block)];
+      const Matrix a = matrix_at(p, t.a.offset, t.a.rows, t.a.cols);
+      const Matrix b = matrix_at(p, t.b.offset, t.b.rows, t.b.cols);
+      const Matrix g = matrix(t.linear->weight_grad);
+      const Matrix da = product(b, true, g, false), db = product(g, false, a, true);
+      std::vector<double>& into = grads[static_cast<std::size_t>(t.block)];
+      for (std::size_t k = 0; k < da.v.size(); ++k)
+        into[static_cast<std::size_t>(t.a.offset) + k] = s * da.v[k];
+      for (std::size_t k = 0; k < db.v.size(); ++k)
+        into[static_cast<std::size_t>(t.b.offset) + k] = s * db.v[k];
+    }
+    for (std::size_t i = 0; i < buffers.size(); ++i)
+      buffers[i].grads.copy_from(on_device(grads[i], buffers[i].grads.shape()));
+    out.grads.push_back(concatenated(true));
+    optimizer->step(trainer.config().schedule().at(step));
+    out.params.push_back(concatenated(false));
+  }
+  return out;
+}
+
+/// The tolerance against the checker's training, relative to the largest
+/// expected value: the checker's full-rank products round differently from
+/// the adapter's thin ones (a few ulps in f64; TF32's 1e-3 on a GPU).
+inline double trajectory_tolerance() { return tolerance(1e-10, 2e-2); }
+
+/// -1 when every element of @p got is within trajectory_tolerance() of
+/// @p expected, else the first one that is not.
+inline std::int64_t first_apart(const std::vector<double>& expected,
+                                const std::vector<double>& got) {
+  double largest = 0;
+  for (double e : expected) largest = std::max(largest, std::fabs(e));
+  const double bound = trajectory_tolerance() * std::max(largest, 1e-300);
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    if (i >= got.size() || !(std::fabs(expected[i] - got[i]) <= bound))
+      return static_cast<std::int64_t>(i);
+  return expected.size() == got.size() ? -1 : static_cast<std::int64_t>(expected.size());
+}
+
+/// -1 when @p got, the adapters after a step, moved from the checker's
+/// starting values as the checker's @p want did (compared as changes, so
+/// that a small update is not lost in the tolerance of a large value); else
+/// the first element that did not.
+inline std::int64_t first_moved_apart(const LoraTrajectory& expected,
+                                      const std::vector<double>& want,
+                                      const std::vector<double>& got) {
+  if (got.size() != want.size())
+    return static_cast<std::int64_t>(std::min(got.size(), want.size()));
+  std::vector<double> want_change = want, got_change = got;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    want_change[i] -= expected.start[i];
+    got_change[i] -= expected.start[i];
+  }
+  return first_apart(want_change, got_change);
+}
+
+/// Every adapter gradient of @p lora, its buffers concatenated.
+inline std::vector<double> adapter_gradients(const dtp::ch08::LoraModel& lora) {
+  std::vector<double> all;
+  for (const ParamBuffer& b : lora.buffers())
+    for (double v : b.grads.to_vector()) all.push_back(v);
+  return all;
+}
+
+/// Every adapter parameter of @p lora, its buffers concatenated.
+inline std::vector<double> adapter_parameters(const dtp::ch08::LoraModel& lora) {
+  std::vector<double> all;
+  for (const ParamBuffer& b : lora.buffers())
+    for (double v : b.params.to_vector()) all.push_back(v);
+  return all;
+}
+
+/// "" when @p got, step @p step's adapter gradients (counted from 1), are the
+/// checker's; else the first wrong one and what the whole vector looks like:
+/// the previous step's gradients still in (@p previous, what the buffers
+/// held after the last step), or a multiple of the expected.
+inline std::string check_step_gradients(const LoraTrajectory& expected, int step,
+                                        const std::vector<double>& got,
+                                        const std::vector<double>& previous) {
+  const std::vector<double>& want = expected.grads[static_cast<std::size_t>(step - 1)];
+  const std::int64_t i = first_apart(want, got);
+  if (i < 0) return "";
+  if (static_cast<std::size_t>(i) >= got.size())
+    return "step " + std::to_string(step) + ": " + std::to_string(got.size()) +
+           " adapter gradients, expected " + std::to_string(want.size());
+  const auto k = static_cast<std::size_t>(i);
+  std::string message = "step " + std::to_string(step) + ": the adapter gradient " +
+                        expected.where(i) + " is " + number(got[k]) +
+                        " right after backward, the checker's is " + number(want[k]);
+  if (!previous.empty()) {
+    std::vector<double> stale = want;
+    for (std::size_t j = 0; j < stale.size(); ++j) stale[j] += previous[j];
+    if (first_apart(stale, got) < 0)
+      return message + ": it is this step's gradient plus step " + std::to_string(step - 1) +
+             "'s, which was still in the buffers. The gradients were not zeroed before this "
+             "step's backward (LoraModel::zero_grad must set every adapter gradient to 0, in "
+             "place: the adapters' grad_a and grad_b are views of those buffers)";
+  }
+  double num = 0, den = 0;
+  for (std::size_t j = 0; j < want.size(); ++j) {
+    num += want[j] * got[j];
+    den += want[j] * want[j];
+  }
+  if (den > 0) message += " (fitted over every element, got is " + number(num / den) + "x)";
+  return message;
 }
 
 }  // namespace dtp::testing::ch08

@@ -1,7 +1,10 @@
 // Puzzle 8.3: adapters on a GPT. The adapted model starts as the base model,
 // only the adapters train, the base's gradient and optimizer memory are gone,
-// and the adapters' gradients follow the full-rank chain rule. The model is
-// f64 on the CPU, f32 on a GPU (lora_checks.h).
+// the adapters' gradients follow the full-rank chain rule, three steps of
+// training follow the checker's own, and every bad setting is an error
+// naming it. The model is f64 on the CPU, f32 on a GPU (lora_checks.h).
+#include <functional>
+
 #include "lora_checks.h"
 
 namespace dtp {
@@ -180,6 +183,44 @@ TEST(Puzzle8_3_lora_model, OnlyAdaptersTrainAndTheirStateIsAllTheMemory) {
       << "after 3 steps block 0's attn.q B is still all zero: the adapters did not train";
 }
 
+// Three steps of training against the checker's own LoRA training
+// (lora_checks.h: a full-rank model, the chain rule in loops): the gradients
+// right after each backward, the loss and the adapters after each step. A
+// gradient left over from the step before shows from step 2 on.
+TEST(Puzzle8_3_lora_model, ThreeStepsOfTrainingFollowTheCheckersOwnLoraTraining) {
+  constexpr int kSteps = 3;
+  const TrainConfig config = lora_tiny_config(6, kSteps);
+  const LoraTrajectory expected = checker_lora_training(config, lora_config(), kSteps);
+  Trainer trainer(config);
+  ch08::LoraModel lora(trainer.model(), lora_config());
+  trainer.set_optimizer(make_optimizer(config, lora.buffers()));
+  trainer.on_zero_grad([&] { lora.zero_grad(); });
+  std::vector<double> gradients;
+  trainer.on_after_backward([&] { gradients = adapter_gradients(lora); });
+  const std::int64_t start = first_apart(expected.start, adapter_parameters(lora));
+  ASSERT_LT(start, 0) << "before training, " << expected.where(start)
+                      << " differs from the checker's draw (see LayoutCountsAndInitialization)";
+  std::vector<double> previous;
+  for (int step = 1; step <= kSteps; ++step) {
+    const double loss = trainer.step().loss;
+    ASSERT_EQ(check_step_gradients(expected, step, gradients, previous), "");
+    previous = gradients;
+    EXPECT_LE(
+        std::fabs(loss - expected.losses[static_cast<std::size_t>(step - 1)]),
+        trajectory_tolerance() * std::fabs(expected.losses[static_cast<std::size_t>(step - 1)]))
+        << "step " << step << ": the loss is " << loss << ", the checker's is "
+        << expected.losses[static_cast<std::size_t>(step - 1)];
+    const std::vector<double> params = adapter_parameters(lora);
+    const std::vector<double>& want = expected.params[static_cast<std::size_t>(step - 1)];
+    const std::int64_t i = first_moved_apart(expected, want, params);
+    ASSERT_LT(i, 0) << "after step " << step << ", " << expected.where(i) << " is "
+                    << params[static_cast<std::size_t>(i)] << ", the checker's is "
+                    << want[static_cast<std::size_t>(i)]
+                    << " while the gradients were right: the update missed the adapters (are "
+                       "buffers() the adapters' own storage, not copies?)";
+  }
+}
+
 TEST(Puzzle8_3_lora_model, AMergedModelComputesWhatTheAdaptedOneDid) {
   const GPTConfig config = model_config();
   GPT model(config);
@@ -218,22 +259,110 @@ TEST(Puzzle8_3_lora_model, AMergedModelComputesWhatTheAdaptedOneDid) {
             "");
 }
 
+/// "" when @p call throws a dtp::Error whose message holds every one of
+/// @p words; else what it did instead, for the message of @p what.
+std::string error_naming(const std::string& what, const std::function<void()>& call,
+                         const std::vector<std::string>& words) {
+  try {
+    call();
+  } catch (const Error& e) {
+    for (const std::string& word : words)
+      if (std::string(e.what()).find(word) == std::string::npos)
+        return what + ": the dtp::Error must name " + word + "; it says: " + e.what();
+    return "";
+  }
+  return what + ": expected a dtp::Error naming " + words.front() + ", got none";
+}
+
+/// "" when a refused LoraModel left @p model as it was: nothing frozen, nothing attached.
+std::string untouched(GPT& model, const std::string& what) {
+  for (Unit* unit : model.units())
+    if (unit->frozen())
+      return what + ": " + unit->name() +
+             " was frozen by a LoraModel that then refused its settings";
+  for (int i = 0; i < model.num_blocks(); ++i)
+    for (const std::string& name : ch08::all_lora_targets())
+      if ((!model.block(i).is_moe() || name.rfind("attn.", 0) == 0) &&
+          ch08::target_linear(model.block(i), name).adapter != nullptr)
+        return what + ": block " + std::to_string(i) + "'s " + name +
+               " has an adapter attached by a LoraModel that then refused its settings";
+  return "";
+}
+
+// Every error the contract promises for bad settings, each naming the bad
+// value, thrown before the model changes.
 TEST(Puzzle8_3_lora_model, BadSettingsAreRefusedBeforeTheModelChanges) {
   GPT model(model_config());
+  ch08::LoraConfig negative_rank = lora_config();
+  negative_rank.rank = -3;
+  EXPECT_EQ(error_naming("rank -3", [&] { ch08::LoraModel lora(model, negative_rank); }, {"-3"}),
+            "");
+  EXPECT_EQ(untouched(model, "rank -3"), "");
   ch08::LoraConfig zero_rank = lora_config();
   zero_rank.rank = 0;
-  EXPECT_THROW(ch08::LoraModel(model, zero_rank), Error);
-  ch08::LoraConfig unknown = lora_config({"attn.q", "attn.x"});
-  try {
-    ch08::LoraModel lora(model, unknown);
-    ADD_FAILURE() << "an unknown target must be refused";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("attn.x"), std::string::npos) << e.what();
-  }
-  for (Unit* unit : model.units())
-    EXPECT_FALSE(unit->frozen()) << unit->name()
-                                 << " was frozen by a LoraModel that then refused its settings";
-  EXPECT_EQ(model.block(0).attn.q.adapter, nullptr) << "a refused LoraModel must attach nothing";
+  EXPECT_EQ(error_naming("rank 0", [&] { ch08::LoraModel lora(model, zero_rank); }, {"0"}), "");
+  const ch08::LoraConfig unknown = lora_config({"attn.q", "attn.x"});
+  EXPECT_EQ(
+      error_naming("target attn.x", [&] { ch08::LoraModel lora(model, unknown); }, {"attn.x"}), "");
+  EXPECT_EQ(untouched(model, "target attn.x"), "");
+
+  // A mixture-of-experts block has no single MLP to adapt.
+  GPTConfig moe_config = model_config();
+  moe_config.experts = 2;
+  GPT moe(moe_config);
+  const ch08::LoraConfig mlp_on_moe = lora_config({"attn.q", "mlp.fc"});
+  EXPECT_EQ(error_naming("mlp.fc on a mixture-of-experts model",
+                         [&] { ch08::LoraModel lora(moe, mlp_on_moe); }, {"mlp.fc"}),
+            "");
+  EXPECT_EQ(untouched(moe, "mlp.fc on a mixture-of-experts model"), "");
+
+  // The provided parsers the driver's --lora-targets goes through.
+  EXPECT_EQ(error_naming("parse_lora_targets(\"attn.q,attn.x\")",
+                         [] { ch08::parse_lora_targets("attn.q,attn.x"); }, {"attn.x", "mlp.proj"}),
+            "");
+  EXPECT_EQ(error_naming("parse_lora_targets(\"attn.q,attn.q\")",
+                         [] { ch08::parse_lora_targets("attn.q,attn.q"); }, {"attn.q"}),
+            "");
+  EXPECT_EQ(error_naming("lora_parameter_count with target attn.x",
+                         [&] { ch08::lora_parameter_count(model_config(), unknown); }, {"attn.x"}),
+            "");
+}
+
+// Asking for an adapter that is not there names the ones that are.
+TEST(Puzzle8_3_lora_model, AskingForAMissingAdapterNamesTheAdaptedTargets) {
+  const GPTConfig config = model_config();
+  GPT model(config);
+  ch08::LoraModel lora(model, lora_config());
+  EXPECT_EQ(error_naming("adapter(0, \"mlp.fc\") with targets attn.q, attn.v",
+                         [&] { lora.adapter(0, "mlp.fc"); }, {"attn.q", "attn.v"}),
+            "");
+  EXPECT_EQ(error_naming(
+                "adapter(" + std::to_string(config.layers) + ", \"attn.q\"), past the last block",
+                [&] { lora.adapter(config.layers, "attn.q"); }, {"attn.q", "attn.v"}),
+            "");
+}
+
+// merge_all twice, or unmerge_all with nothing merged, would fold s B A in
+// twice or take out what was never added: both are errors, and the weights
+// stay as they were.
+TEST(Puzzle8_3_lora_model, MergingTwiceOrUnmergingUnmergedIsAnError) {
+  const GPTConfig config = model_config();
+  GPT model(config);
+  ch08::LoraModel lora(model, lora_config());
+  set_every_b(lora, config.layers);
+  const Tensor before = model.block(0).attn.q.weight.clone();
+  EXPECT_EQ(error_naming("unmerge_all before merge_all", [&] { lora.unmerge_all(); }, {"merge"}),
+            "");
+  EXPECT_EQ(bitwise("block 0 attn.q.weight after a refused unmerge_all", before,
+                    model.block(0).attn.q.weight),
+            "");
+  lora.merge_all();
+  const Tensor merged = model.block(0).attn.q.weight.clone();
+  EXPECT_EQ(error_naming("merge_all twice", [&] { lora.merge_all(); }, {"merge"}), "");
+  EXPECT_EQ(bitwise("block 0 attn.q.weight after a refused second merge_all", merged,
+                    model.block(0).attn.q.weight),
+            "");
+  EXPECT_TRUE(lora.merged()) << "a refused merge_all must leave the model merged";
 }
 
 }  // namespace

@@ -11,7 +11,8 @@ struct Device {
   /// Host memory or CUDA device memory.
   enum class Kind { cpu, cuda };
   Kind kind = Kind::cpu;  ///< host or GPU
-  int index = 0;          ///< CUDA device ordinal; always 0 for cpu
+  int index = 0;          ///< CUDA device ordinal; 0 for cpu (a checker may use
+                          ///< {cpu, 1} as host memory that is not "the host")
 
   /// The host.
   static Device cpu() { return {Kind::cpu, 0}; }
