@@ -12,7 +12,8 @@ with --reference) under a timeout with GoogleTest's JSON output, groups the
 tests by suite into puzzles (suite Puzzle1_4_ring_all_gather is puzzle 1.4
 ring_all_gather) and prints one table per chapter with the first failure of
 every unsolved puzzle, wrapped, never cut. --puzzle N.k grades one puzzle and
-prints every failing checker's whole message; -v does that for all puzzles.
+prints each distinct failure's whole message once, with the checkers, world
+sizes and ranks it occurred on; -v does that for all puzzles.
 
 For autograders: --junit FILE writes JUnit XML (one testsuite per puzzle, one
 testcase per checker with its source file and line, the whole failure message

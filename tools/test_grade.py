@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grade  # noqa: E402  (the entry point: main, and its path)
+from scoreboard.alike import group_alike, where_of  # noqa: E402
 from scoreboard.checker_run import matches_filter  # noqa: E402
 from scoreboard.cli import positive_jobs, positive_seconds  # noqa: E402
 from scoreboard.gradescope import gradescope_results, write_gradescope  # noqa: E402
@@ -36,7 +37,7 @@ from scoreboard.messages import first_line, full_message  # noqa: E402
 from scoreboard.output_files import output_problem, write_output  # noqa: E402
 from scoreboard.puzzles import Puzzle, TestResult  # noqa: E402
 from scoreboard.repository import ROOT, source_path, source_puzzles  # noqa: E402
-from scoreboard.table import print_table  # noqa: E402
+from scoreboard.table import print_failures, print_table  # noqa: E402
 
 LONG_FAILURE = (
     "/src/tests/01_collectives/collectives_checks.h:295: Failure\n"
@@ -88,6 +89,98 @@ class FirstFailure(unittest.TestCase):
         message = ('unknown file: Failure\nC++ exception with description "rank 0: puzzle 1.8 '
                    'ring_all_reduce is not solved yet" thrown in the test body.\n')
         self.assertEqual(first_line(message), "rank 0: puzzle 1.8 ring_all_reduce is not solved yet")
+
+
+def rank_failure(n, rank, what="its output element 3: expected 6, got 3 = rank {r}'s alone"):
+    """A failure as run_and_report() writes it, of rank `rank` on `n` ranks."""
+    return (f"/src/tests/04_tensor_parallel/linears_test.cpp:180: Failure\nFailed\n"
+            f"rank {rank}: {what.format(r=rank)}\n    [4.1 ColumnParallelLinear, plain, "
+            f"on {n} rank(s)]\n")
+
+
+class AlikeFailures(unittest.TestCase):
+    """--puzzle and -v show each distinct failure once, with where it occurred:
+    failures that differ only in the rank, the world size or gtest's file:line
+    are one; any other difference keeps them apart."""
+
+    def puzzle(self):
+        p = Puzzle(4, "1", "column_parallel_linear")
+        plain = TestResult("Puzzle4_1_column_parallel_linear", "Plain", "failed",
+                           [rank_failure(n, r) for n in (2, 3, 4) for r in range(n)])
+        plain.messages.append(rank_failure(4, 2, "its bias gradient: expected 1, got 0"))
+        stub = ('unknown file: Failure\nC++ exception with description "rank {r}: puzzle 4.1 '
+                'column_parallel_linear is not solved yet" thrown in the test body.\n')
+        sp = TestResult("Puzzle4_1_column_parallel_linear", "SequenceParallel", "failed",
+                        [stub.format(r=1)])
+        again = TestResult("Puzzle4_1_column_parallel_linear", "Again", "failed", [stub.format(r=0)])
+        p.tests = [plain, sp, TestResult("Puzzle4_1_column_parallel_linear", "Ok", "passed"), again]
+        return p
+
+    def test_where_parts_are_taken_out(self):
+        a, places_a = where_of("rank 1: x on 2 rank(s) --sp 2 (TP rank 0); tree_reduce on N=2")
+        b, places_b = where_of("rank 3: x on 4 rank(s) --sp 4 (TP rank 1); tree_reduce on N=4")
+        self.assertEqual(a, b)
+        self.assertEqual(places_a, {"rank": {1}, "N": {2}, "--sp": {2}, "TP rank": {0}})
+        self.assertEqual(places_b["N"], {4})
+        trace, _ = where_of("boom\nGoogle Test trace:\n/src/tests/x_test.cpp:40: world size 3")
+        self.assertEqual(trace, "boom Google Test trace: world size #")
+
+    def test_other_differences_stay_apart(self):
+        self.assertNotEqual(where_of("rank 1: element 3 expected 6, got 3")[0],
+                            where_of("rank 1: element 4 expected 6, got 3")[0])
+        self.assertNotEqual(where_of("ring_all_reduce on N=4 with 1009 f64 elements")[0],
+                            where_of("ring_all_reduce on N=4 with 1008 f64 elements")[0])
+
+    def test_groups(self):
+        groups = group_alike([t for t in self.puzzle().tests if t.status == "failed"])
+        self.assertEqual(len(groups), 3)
+        first, bias, stub = groups
+        self.assertEqual(first.count, 9)
+        self.assertEqual(first.where(), "on N=2, 3, 4; ranks 0-3")
+        self.assertEqual(first.message, "rank 0: its output element 3: expected 6, got 3 = rank 0's "
+                                        "alone\n    [4.1 ColumnParallelLinear, plain, on 2 rank(s)]")
+        self.assertEqual((bias.count, bias.where()), (1, "on N=4; rank 2"))
+        self.assertEqual([t.name for t in stub.checkers], ["SequenceParallel", "Again"])
+        self.assertEqual((stub.count, stub.where()), (2, "ranks 0, 1"))
+
+    def test_printed_once_with_where(self):
+        out = Terminal()
+        print_failures([self.puzzle()], out)
+        text = out.getvalue()
+        self.assertEqual(text.count("its output element 3"), 1, text)
+        self.assertIn("(9 times alike: on N=2, 3, 4; ranks 0-3; the first in full:)", text)
+        self.assertEqual(text.count("its bias gradient: expected 1, got 0"), 1, text)
+        self.assertEqual(text.count("is not solved yet"), 1, text)
+        self.assertIn("--- puzzle 4.1 column_parallel_linear: Puzzle4_1_column_parallel_linear."
+                      "SequenceParallel (FAILED, 0.0 s)\n"
+                      "    and Puzzle4_1_column_parallel_linear.Again (FAILED, 0.0 s)\n", text)
+        self.assertNotIn(".Ok", text)  # a passing checker has nothing to say
+        self.assertNotIn("linears_test.cpp:180", text)  # gtest's location header is left out
+
+    def test_failures_alike_but_for_their_numbers(self):
+        t = TestResult("Puzzle6_4_zigzag", "Forward", "failed", [
+            f"rank {r}'s output differs in {96 + r} of 192 elements; first at position {24 + r}: "
+            f"expected 0.06, got -{r}.5e-3\n    [zigzag ring attention, forward, on 4 rank(s)]"
+            for r in range(4)])
+        (alike,) = group_alike([t])
+        self.assertEqual(alike.summary(), "(4 times alike but for their numbers (values, positions, "
+                                          "counts): on N=4; ranks 0-3; the first in full:)")
+        self.assertIn("96 of 192 elements", alike.message)
+        self.assertEqual(len(group_alike([t], numbers=False)), 4)
+        # --every-failure: each one, as it came.
+        out = Terminal()
+        p = Puzzle(6, "4", "zigzag")
+        p.tests = [t]
+        print_failures([p], out, every=True)
+        for r in range(4):
+            self.assertIn(f"{96 + r} of 192 elements", out.getvalue())
+        self.assertNotIn("alike", out.getvalue())
+
+    def test_a_failure_seen_once_says_nothing_more(self):
+        out = Terminal()
+        print_failures([puzzle_with(LONG_FAILURE)], out)
+        self.assertNotIn("alike", out.getvalue())
+        self.assertIn("element 1 (chunk 0 of 2, offset 1)", out.getvalue())
 
 
 class Arguments(unittest.TestCase):

@@ -9,6 +9,7 @@ gtest_output   reading GoogleTest's test listing, JSON report and console log
 puzzles        a checker's result, a puzzle's verdict, grouping suites into puzzles
 messages       the part of a GoogleTest failure a student should read
 table          the scoreboard text: one table per chapter, wrapped, never cut
+alike          failures alike but for rank and world size, shown once with where
 junit          the JUnit XML export
 gradescope     the Gradescope results.json export
 output_files   checking early and writing the --junit/--gradescope files

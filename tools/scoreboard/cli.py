@@ -56,9 +56,13 @@ def build_parser():
                "docs/instructors.md.")
     parser.add_argument("chapter", nargs="?", help="only this chapter, e.g. 01 or 1")
     parser.add_argument("--puzzle", metavar="N.k",
-                        help="only this puzzle (e.g. 1.4), with every failing checker's whole message")
+                        help="only this puzzle (e.g. 1.4), with each distinct failure's whole message "
+                             "(once, with where it occurred)")
     parser.add_argument("-v", "--verbose", action="store_true",
-                        help="print every failing checker's whole message")
+                        help="print each distinct failure's whole message, for every puzzle")
+    parser.add_argument("--every-failure", action="store_true",
+                        help="like -v, but every failure of every checker, none taken as "
+                             "alike")
     parser.add_argument("--junit", metavar="FILE",
                         help="also write JUnit XML: one testsuite per puzzle, one testcase per "
                              "checker with its file and line, the whole failure in <system-out>")

@@ -104,9 +104,9 @@ def grade_chapter(board, chapter, binary, args, selection, env):
         if not puzzles:
             raise UsageError(f"chapter {chapter:02d} has no puzzle {selection.puzzle}")
     board.graded.append((chapter, selection.flavor, puzzles))
-    whole_messages = args.verbose or selection.puzzle_number is not None
+    whole_messages = args.verbose or args.every_failure or selection.puzzle_number is not None
     hint = "" if whole_messages else \
-        f"(every failing checker in full: ./dtp grade {chapter:02d} --puzzle N.k, or -v)"
+        f"(each distinct failure in full: ./dtp grade {chapter:02d} --puzzle N.k, or -v)"
     summary = print_table(chapter, binary.name, puzzles, selection.flavor, sys.stdout, hint)
     if not puzzles:
         summary += " (no tests found)"
@@ -115,7 +115,7 @@ def grade_chapter(board, chapter, binary, args, selection, env):
                 [f"{binary.name} ran no checker."] + binary_problems)))
     board.summaries.append(summary)
     if whole_messages:
-        print_failures(puzzles, sys.stdout)
+        print_failures(puzzles, sys.stdout, every=args.every_failure)
     sys.stdout.flush()
     board.unexpected += [f"ch{chapter:02d} puzzle {p.id} {p.name}"
                          for p in puzzles if p.verdict == "PASS"]

@@ -1,10 +1,11 @@
 """The scoreboard text: one table per chapter with a row per puzzle, its first
-failure wrapped under its column (never cut), and every failing checker's
-whole message for --puzzle and -v."""
+failure wrapped under its column (never cut), and each distinct failure's
+whole message, once, for --puzzle and -v."""
 
 import os
 import textwrap
 
+from .alike import group_alike
 from .messages import first_line, full_message
 from .puzzles import FAILING
 from .repository import chapter_title
@@ -68,16 +69,29 @@ def print_table(chapter, binary_name, puzzles, flavor, out, hint=""):
     return f"ch{chapter:02d}: {solved} of {len(puzzles)} puzzles {word}"
 
 
-def print_failures(puzzles, out):
-    """Every failing checker of these puzzles with its whole message."""
+def print_failures(puzzles, out, every=False):
+    """Each distinct failure of these puzzles' failing checkers, whole, once:
+    the checkers it occurred in, and where when it occurred more than once
+    ("12 times alike: on N=2, 3, 4; ranks 0-3"). `every`: each failure of
+    each checker instead, as it came."""
     for p in puzzles:
-        for t in p.tests:
-            if t.status not in FAILING:
-                continue
-            print(f"\n--- puzzle {p.id} {p.name}: {t.suite}.{t.name} "
-                  f"({t.status.upper()}, {t.seconds:.1f} s)", file=out)
-            for message in t.messages or ["not run"]:
-                print(textwrap.indent(full_message(message), "    "), file=out)
+        failing = [t for t in p.tests if t.status in FAILING]
+        if every:
+            for t in failing:
+                print(f"\n--- puzzle {p.id} {p.name}: {t.suite}.{t.name} "
+                      f"({t.status.upper()}, {t.seconds:.1f} s)", file=out)
+                for message in t.messages or ["not run"]:
+                    print(textwrap.indent(full_message(message), "    "), file=out)
+            continue
+        for alike in group_alike(failing):
+            checkers = [f"{t.suite}.{t.name} ({t.status.upper()}, {t.seconds:.1f} s)"
+                        for t in alike.checkers]
+            print(f"\n--- puzzle {p.id} {p.name}: {checkers[0]}", file=out)
+            for checker in checkers[1:]:
+                print(f"    and {checker}", file=out)
+            if alike.summary():
+                print(f"    {alike.summary()}", file=out)
+            print(textwrap.indent(alike.message, "    "), file=out)
 
 
 def print_compile_failure(chapter, target, log_path, errors, out):
