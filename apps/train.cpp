@@ -159,8 +159,9 @@ int main(int argc, char** argv) {
     const std::string puzzle = unsolved_puzzle(e);
     if (!role.reports) return puzzle.empty() ? kExitFailed : kExitUnsolved;
     if (!puzzle.empty()) {
-      std::fprintf(stderr, "dtp-train: %s; `--impl reference` runs the reference\n",
-                   puzzle.c_str());
+      // The run stopped at the first stub it called; name the first in the chapter's order.
+      const std::string first = dtp::drivers::first_unsolved(*options.strategy, config, puzzle);
+      std::fprintf(stderr, "dtp-train: %s; `--impl reference` runs the reference\n", first.c_str());
       return kExitUnsolved;
     }
     std::fprintf(stderr, "dtp-train: error: %s\n", e.what());

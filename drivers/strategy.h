@@ -114,6 +114,13 @@ class RankRun {
   virtual std::int64_t parameter_count() { return trainer().model().parameter_count(); }
 };
 
+/// One puzzle a run calls, as a call of its own on tiny inputs that throws
+/// dtp::NotSolved while the puzzle is a stub.
+struct PuzzleCall {
+  std::string puzzle;                    ///< its id: "4.1"
+  std::function<void(Comm& comm)> call;  ///< runs on one rank (@p comm), on the CPU
+};
+
 /// A way of training: its name, flags, checks, header and ranks.
 class Strategy {
  public:
@@ -166,6 +173,15 @@ class Strategy {
   virtual bool resume_with_load() const { return false; }
   /// Files it writes beside --save, --json and --trace: (flag, path).
   virtual std::vector<std::pair<std::string, std::string>> outputs() const { return {}; }
+  /// The puzzles a run with @p config calls, in the chapter's order. A run
+  /// reaches its puzzles in the order its code calls them (the whole model
+  /// before the layers it is built of); when it stops at a stub, `dtp
+  /// train` names the first of these that is a stub (first_unsolved()).
+  /// Default: none (the stub the run stopped at is named).
+  virtual std::vector<PuzzleCall> puzzle_calls(const TrainConfig& config) const {
+    (void)config;
+    return {};
+  }
 };
 
 /// The strategies `dtp train` knows, in the order of drivers/CMakeLists.txt
@@ -185,6 +201,16 @@ Strategy* find_strategy(const std::string& name);
 /// taken from strategy.name().
 TrainResult run_strategy(const TrainConfig& config, const Strategy& strategy,
                          const ReportCallback& on_report = {});
+
+/// What `dtp train` says when a run of @p strategy with @p config stopped
+/// at a stub that threw @p stopped_at ("puzzle 4.8 tensor_parallel_gpt is
+/// not solved yet"): the same words for the first of
+/// strategy.puzzle_calls(config) that is a stub, where one comes before
+/// the puzzle the run stopped at in the chapter's order; else @p
+/// stopped_at. Each call runs alone on a one-rank thread world on the CPU;
+/// a call that throws anything else counts as solved (the run reports it).
+std::string first_unsolved(const Strategy& strategy, const TrainConfig& config,
+                           const std::string& stopped_at);
 
 /// Every strategy's `--world N` flag: its ranks, with @p what they are.
 void add_world_flag(FlagGroup& flags, int* world, const std::string& what);

@@ -210,6 +210,73 @@ std::unique_ptr<drivers::RankRun> TensorParallelStrategy::start(const TrainConfi
   return std::make_unique<TensorParallelRank>(config, options, world);
 }
 
+std::vector<drivers::PuzzleCall> TensorParallelStrategy::puzzle_calls(
+    const TrainConfig& config) const {
+  (void)config;
+  const bool sp = options.sequence_parallel;
+  GPTConfig m;
+  m.vocab_size = 8;
+  m.context = 4;
+  m.d_model = 8;
+  m.heads = 2;
+  m.layers = 1;
+  const std::int64_t B = 1, T = 4, C = m.d_model;
+  // The activations a layer takes: [B, T, C], or under sequence parallelism
+  // this rank's token shard [B*T/t, C] (t = 1 here).
+  const auto x = [=] {
+    return sp ? Tensor::zeros(Shape{B * T, C}) : Tensor::zeros(Shape{B, T, C});
+  };
+  return {
+      {"4.1",
+       [=](Comm& tp) {
+         ColumnParallelLinear layer(tp, C, C, true, sp);
+         LinearSaved saved;
+         layer.backward(layer.forward(x(), saved), saved);
+       }},
+      {"4.2",
+       [=](Comm& tp) {
+         RowParallelLinear layer(tp, C, C, sp);
+         LinearSaved saved;
+         layer.backward(layer.forward(x(), saved), saved);
+       }},
+      {"4.3",
+       [=](Comm& tp) {
+         TensorParallelMlp mlp(tp, m, sp);
+         TensorParallelMlpSaved saved;
+         mlp.backward(mlp.forward(x(), saved), saved);
+       }},
+      {"4.4",
+       [=](Comm& tp) {
+         TensorParallelAttention attention(tp, m, sp);
+         AttentionSaved saved;
+         attention.backward(attention.forward(x(), saved, B), saved);
+       }},
+      {"4.5",
+       [=](Comm& tp) {
+         VocabParallelEmbedding embedding(tp, m, sp);
+         VocabParallelEmbeddingSaved saved;
+         embedding.backward(embedding.forward(Tensor::zeros(Shape{B, T}, DType::i32), saved),
+                            saved);
+       }},
+      {"4.6",
+       [=](Comm& tp) {
+         VocabParallelCrossEntropy loss(tp, m.vocab_size);
+         VocabParallelCrossEntropySaved saved;
+         loss.forward(Tensor::zeros(Shape{B, T, m.vocab_size}),
+                      Tensor::zeros(Shape{B, T}, DType::i32), saved);
+         loss.backward(saved);
+       }},
+      {"4.7",
+       [=](Comm& tp) {
+         const Block serial(m, 0);
+         TensorParallelBlock block(tp, serial, TensorParallelOptions{sp});
+         TensorParallelBlockSaved saved;
+         block.backward(block.forward(x(), saved, B), saved);
+         block.reduce_replicated_gradients();
+       }},
+  };
+}
+
 }  // namespace dtp::ch04
 
 namespace dtp::strategies {

@@ -100,6 +100,8 @@ class TensorParallelStrategy : public drivers::Strategy {
   std::vector<RunSetting> settings(const TrainConfig& config) const override;
   std::string header(const TrainConfig& config, const std::string& backend) const override;
   std::unique_ptr<drivers::RankRun> start(const TrainConfig& config, Comm& world) const override;
+  /// 4.1 to 4.7, each layer alone; 4.8 is the run itself.
+  std::vector<drivers::PuzzleCall> puzzle_calls(const TrainConfig& config) const override;
 };
 
 }  // namespace dtp::ch04

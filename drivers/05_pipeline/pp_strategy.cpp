@@ -463,6 +463,26 @@ std::unique_ptr<drivers::RankRun> PipelineStrategy::start(const TrainConfig& con
   return std::make_unique<PipelineRank>(config, options, world);
 }
 
+std::vector<drivers::PuzzleCall> PipelineStrategy::puzzle_calls(const TrainConfig& config) const {
+  (void)config;
+  if (!options.fsdp) return {};  // partition, schedule, executor: the chapter's order
+  return {{"5.7", [](Comm& pp) {
+             GPTConfig tiny;
+             tiny.vocab_size = 8;
+             tiny.context = 4;
+             tiny.d_model = 8;
+             tiny.heads = 2;
+             tiny.layers = 1;
+             GPT model(tiny);
+             // The whole model as one stage, one micro-batch: F then B.
+             StageModule stage(model, UnitRange{0, static_cast<int>(model.units().size())});
+             Schedule schedule = empty_schedule("afab", 1, 1);
+             schedule.actions[0] = {F(0), B(0)};
+             const Tensor ids = Tensor::zeros(Shape{1, 4}, DType::i32);
+             execute_schedule(pp, schedule, {&stage}, {MicroBatch{ids, ids}});
+           }}};
+}
+
 }  // namespace dtp::ch05
 
 namespace dtp::strategies {

@@ -163,6 +163,8 @@ class PipelineStrategy : public drivers::Strategy {
   std::vector<RunSetting> settings(const TrainConfig& config) const override;
   std::string header(const TrainConfig& config, const std::string& backend) const override;
   std::unique_ptr<drivers::RankRun> start(const TrainConfig& config, Comm& world) const override;
+  /// With --fsdp, 5.7's executor alone: the run builds 5.8's shards before it executes.
+  std::vector<drivers::PuzzleCall> puzzle_calls(const TrainConfig& config) const override;
 };
 
 }  // namespace dtp::ch05

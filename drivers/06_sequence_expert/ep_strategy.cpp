@@ -260,6 +260,13 @@ std::unique_ptr<drivers::RankRun> ExpertParallelStrategy::start(const TrainConfi
   return std::make_unique<ExpertParallelRank>(config, world);
 }
 
+std::vector<drivers::PuzzleCall> ExpertParallelStrategy::puzzle_calls(
+    const TrainConfig& config) const {
+  (void)config;
+  // One token, two experts, top-1.
+  return {{"6.6", [](Comm&) { route_tokens({0.5, 0.5}, 2, 1, 1.0); }}};
+}
+
 }  // namespace dtp::ch06
 
 namespace dtp::strategies {

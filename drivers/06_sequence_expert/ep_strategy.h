@@ -121,6 +121,8 @@ class ExpertParallelStrategy : public drivers::Strategy {
   std::vector<RunSetting> settings(const TrainConfig& config) const override;
   std::string header(const TrainConfig& config, const std::string& backend) const override;
   std::unique_ptr<drivers::RankRun> start(const TrainConfig& config, Comm& world) const override;
+  /// 6.6's routing (route_tokens), which 6.7 routes with.
+  std::vector<drivers::PuzzleCall> puzzle_calls(const TrainConfig& config) const override;
 };
 
 }  // namespace dtp::ch06

@@ -302,6 +302,26 @@ std::unique_ptr<drivers::RankRun> SequenceParallelStrategy::start(const TrainCon
   return std::make_unique<SequenceParallelRank>(config, options, world);
 }
 
+std::vector<drivers::PuzzleCall> SequenceParallelStrategy::puzzle_calls(
+    const TrainConfig& config) const {
+  (void)config;
+  if (options.kind != SequenceParallelKind::hybrid) return {};  // one puzzle class each
+  // q, k, v [B, T, H, D] of one rank.
+  const auto x = [] { return Tensor::zeros(Shape{1, 4, 2, 4}); };
+  return {
+      {"6.1", [=](Comm& sp) { heads_to_sequence(sp, sequence_to_heads(sp, x())); }},
+      {"6.2",
+       [=](Comm& sp) { RingAttention(sp, SequenceLayout::contiguous).forward(x(), x(), x()); }},
+      {"6.3",
+       [=](Comm& sp) {
+         RingAttention ring(sp, SequenceLayout::contiguous);
+         ring.forward(x(), x(), x());
+         Tensor dq, dk, dv;
+         ring.backward(x(), dq, dk, dv);
+       }},
+  };
+}
+
 }  // namespace dtp::ch06
 
 namespace dtp::strategies {

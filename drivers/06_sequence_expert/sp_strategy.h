@@ -116,6 +116,8 @@ class SequenceParallelStrategy : public drivers::Strategy {
   std::vector<RunSetting> settings(const TrainConfig& config) const override;
   std::string header(const TrainConfig& config, const std::string& backend) const override;
   std::unique_ptr<drivers::RankRun> start(const TrainConfig& config, Comm& world) const override;
+  /// The hybrid's pieces: 6.1's two halves and the ring (6.2, 6.3), each alone.
+  std::vector<drivers::PuzzleCall> puzzle_calls(const TrainConfig& config) const override;
 };
 
 }  // namespace dtp::ch06

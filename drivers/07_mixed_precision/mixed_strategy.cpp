@@ -257,6 +257,32 @@ std::unique_ptr<drivers::RankRun> MixedPrecisionStrategy::start(const TrainConfi
   return std::make_unique<MixedPrecisionRank>(config, options, world);
 }
 
+std::vector<drivers::PuzzleCall> MixedPrecisionStrategy::puzzle_calls(
+    const TrainConfig& config) const {
+  if (options.world == 1) return {};  // 7.2's step calls 7.3's scaler: the chapter's order
+  GPTConfig tiny;
+  tiny.vocab_size = 8;
+  tiny.context = 4;
+  tiny.d_model = 8;
+  tiny.heads = 2;
+  tiny.layers = 1;
+  tiny.dtype = config.model.dtype;
+  const auto casts = [=](Comm&) {
+    GPT model(tiny);
+    MasterWeights masters(model);
+    auto optimizer = make_optimizer(config, masters.buffers());
+    masters.grads_to_master(*optimizer);
+    masters.master_to_model();
+  };
+  std::vector<drivers::PuzzleCall> calls = {{"7.2", casts}};
+  if (loss_scale_for(options, config.model.dtype).kind != LossScale::Kind::none)
+    calls.push_back({"7.3", [](Comm&) {
+                       LossScaler scaler;
+                       scaler.update(scaler.unscale({Tensor::zeros(Shape{2})}));
+                     }});
+  return calls;
+}
+
 }  // namespace dtp::ch07
 
 namespace dtp::strategies {

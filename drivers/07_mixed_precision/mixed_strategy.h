@@ -86,6 +86,9 @@ class MixedPrecisionStrategy : public drivers::Strategy {
   std::vector<RunSetting> settings(const TrainConfig& config) const override;
   std::string header(const TrainConfig& config, const std::string& backend) const override;
   std::unique_ptr<drivers::RankRun> start(const TrainConfig& config, Comm& world) const override;
+  /// On more than one rank, what 7.4's step is built of: 7.2's casts and
+  /// (with a scaler) 7.3's unscale and update, each alone.
+  std::vector<drivers::PuzzleCall> puzzle_calls(const TrainConfig& config) const override;
 
  private:
   std::string precision_ = "fp32";  // --precision

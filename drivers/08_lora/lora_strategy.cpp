@@ -160,6 +160,29 @@ std::unique_ptr<drivers::RankRun> LoraStrategy::start(const TrainConfig& config,
   return std::make_unique<LoraRank>(config, options, world);
 }
 
+std::vector<drivers::PuzzleCall> LoraStrategy::puzzle_calls(const TrainConfig& config) const {
+  (void)config;
+  // A [3, 4] linear with rank-2 adapters, on 2 rows.
+  std::vector<drivers::PuzzleCall> calls = {
+      {"8.1", [](Comm&) {
+         const Tensor x = Tensor::zeros(Shape{2, 4}), a = Tensor::zeros(Shape{2, 4}),
+                      b = Tensor::zeros(Shape{3, 2});
+         Tensor y = Tensor::zeros(Shape{2, 3}), dx = Tensor::zeros(Shape{2, 4});
+         Tensor grad_a = Tensor::zeros(Shape{2, 4}), grad_b = Tensor::zeros(Shape{3, 2});
+         const Tensor h = lora_forward(x, a, b, 1.0, y);
+         lora_backward_input(y, a, b, 1.0, dx);
+         lora_backward_weight(y, x, h, b, 1.0, grad_a, grad_b);
+       }}};
+  if (!options.save_merged_path.empty())
+    calls.push_back({"8.2", [](Comm&) {
+                       Tensor weight = Tensor::zeros(Shape{3, 4});
+                       const Tensor a = Tensor::zeros(Shape{2, 4}), b = Tensor::zeros(Shape{3, 2});
+                       merge(weight, a, b, 1.0);
+                       unmerge(weight, a, b, 1.0);
+                     }});
+  return calls;
+}
+
 }  // namespace dtp::ch08
 
 namespace dtp::strategies {

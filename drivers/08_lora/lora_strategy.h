@@ -66,6 +66,9 @@ class LoraStrategy : public drivers::Strategy {
   std::vector<RunSetting> settings(const TrainConfig& config) const override;
   std::string header(const TrainConfig& config, const std::string& backend) const override;
   std::unique_ptr<drivers::RankRun> start(const TrainConfig& config, Comm& world) const override;
+  /// 8.1's adapter arithmetic and (with --save-merged) 8.2's merge, each
+  /// alone: the run reaches 8.3's model (and 8.4's hooks) first.
+  std::vector<drivers::PuzzleCall> puzzle_calls(const TrainConfig& config) const override;
 };
 
 }  // namespace dtp::ch08

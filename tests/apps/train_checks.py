@@ -76,7 +76,19 @@ TP = ["--strategy", "tp", "--tp", "2"]
 PP = ["--strategy", "pp", "--pp", "2"]
 SP = ["--strategy", "sp", "--sp", "2"]
 EP = ["--strategy", "ep", "--moe-experts", "2"]
-PUZZLES = [  # (dtp-train flags, the puzzles it needs in the order it runs them, as (name, checker suite))
+TP_PUZZLES = [("4.1 column_parallel_linear", "Puzzle4_1_column_parallel_linear"),
+              ("4.2 row_parallel_linear", "Puzzle4_2_row_parallel_linear"),
+              ("4.3 tensor_parallel_mlp", "Puzzle4_3_tensor_parallel_mlp"),
+              ("4.4 tensor_parallel_attention", "Puzzle4_4_tensor_parallel_attention"),
+              ("4.5 vocab_parallel_embedding", "Puzzle4_5_vocab_parallel_embedding"),
+              ("4.6 vocab_parallel_cross_entropy", "Puzzle4_6_vocab_parallel_cross_entropy"),
+              ("4.7 sequence_parallel_block", "Puzzle4_7_sequence_parallel_block"),
+              ("4.8 tensor_parallel_gpt", "Puzzle4_8_tensor_parallel_gpt")]
+# (dtp-train flags, the puzzles the run calls in the chapter's order, as (the stub's
+# words, the checkers of the code it calls: a suite, or a gtest filter where the run
+# calls part of a puzzle)). A run reaches its puzzles outermost first (4.8's model
+# before 4.1's linear); dtp-train names the first in the chapter's order that is a stub.
+PUZZLES = [
     (DDP + ["--ddp-mode", "naive"], [("2.1 naive_ddp", "Puzzle2_1_naive_ddp")]),
     (DDP + ["--ddp-mode", "flat"], [("2.2 flat_ddp", "Puzzle2_2_flat_ddp")]),
     (DDP, [("2.3 bucketed_ddp", "Puzzle2_3_bucketed_ddp")]),
@@ -85,57 +97,66 @@ PUZZLES = [  # (dtp-train flags, the puzzles it needs in the order it runs them,
     (ZERO + ["--stage", "1"], [("3.1 zero1", "Puzzle3_1_zero1")]),
     (ZERO + ["--stage", "2"], [("3.2 zero2", "Puzzle3_2_zero2")]),
     (ZERO + ["--stage", "3"], [("3.3 zero3", "Puzzle3_3_zero3")]),
-    # Zero3Prefetch's constructor runs Zero3's first: 3.3 stops it before 3.4 does.
     (ZERO + ["--stage", "3", "--prefetch"],
      [("3.3 zero3", "Puzzle3_3_zero3"), ("3.4 zero3_prefetch", "Puzzle3_4_zero3_prefetch")]),
     (ZERO + ["--offload"], [("3.5 zero1_offload", "Puzzle3_5_zero1_offload")]),
-    # The mesh (4.8) is the first thing a tp run builds.
-    (TP, [("4.8 tensor_parallel_gpt", "Puzzle4_8_tensor_parallel_gpt")]),
-    (TP + ["--sequence-parallel"], [("4.8 tensor_parallel_gpt", "Puzzle4_8_tensor_parallel_gpt")]),
-    # A pp run partitions (5.1), builds its schedule (5.3-5.6), shards (5.8), then executes (5.7).
+    # Every layer of the model is a puzzle; the block (4.7) is one with or without SP.
+    (TP, TP_PUZZLES),
+    (TP + ["--sequence-parallel"], TP_PUZZLES),
     (PP, [("5.1 partition_units", "Puzzle5_1_partition"), ("5.4 one_f_one_b_schedule", "Puzzle5_4_one_f_one_b"),
           ("5.7 execute_schedule", "Puzzle5_7_executor")]),
     (PP + ["--schedule", "zb-h1"], [("5.1 partition_units", "Puzzle5_1_partition"),
                                     ("5.6 zb_h1_schedule", "Puzzle5_6_zb_h1"),
                                     ("5.7 execute_schedule", "Puzzle5_7_executor")]),
+    # --fsdp builds 5.8's shards before 5.7 executes.
     (PP + ["--fsdp"], [("5.1 partition_units", "Puzzle5_1_partition"),
                        ("5.4 one_f_one_b_schedule", "Puzzle5_4_one_f_one_b"),
-                       ("5.8 pipeline_fsdp", "Puzzle5_8_pipeline_fsdp"),
-                       ("5.7 execute_schedule", "Puzzle5_7_executor")]),
-    # Each block's attention is the puzzle class; its forward runs first.
+                       ("5.7 execute_schedule", "Puzzle5_7_executor"),
+                       ("5.8 pipeline_fsdp", "Puzzle5_8_pipeline_fsdp")]),
     (SP, [("6.1 UlyssesAttention::forward", "Puzzle6_1_ulysses")]),
     (SP + ["--sp-kind", "ring"], [("6.2 RingAttention::forward", "Puzzle6_2_ring_forward"),
                                   ("6.3 RingAttention::backward", "Puzzle6_3_ring_backward")]),
     (SP + ["--sp-kind", "zigzag"], [("6.2 RingAttention::forward", "Puzzle6_2_ring_forward"),
                                     ("6.3 RingAttention::backward", "Puzzle6_3_ring_backward"),
                                     ("6.4 zigzag", "Puzzle6_4_zigzag")]),
-    (SP + ["--sp-kind", "hybrid"], [("6.5 HybridAttention::forward", "Puzzle6_5_hybrid")]),
-    (EP, [("6.7 ExpertParallelMoe::forward", "Puzzle6_7_expert_parallel")]),
-    # On 2 ranks a mixed-precision step is 7.4's; inside it come 7.2's cast up and, for fp16, 7.3's unscale.
-    (["--precision", "bf16"], [("7.4 ddp_mixed_precision_step", "Puzzle7_4_mixed_ddp"),
-                               ("7.2 MasterWeights::grads_to_master", "Puzzle7_2_mixed_step")]),
-    (["--precision", "fp16"], [("7.4 ddp_mixed_precision_step", "Puzzle7_4_mixed_ddp"),
-                               ("7.2 MasterWeights::grads_to_master", "Puzzle7_2_mixed_step"),
-                               ("7.3 LossScaler::unscale", "Puzzle7_3_loss_scaler")]),
-    # LoRA on 2 ranks: the adapters are attached (8.3), their averaging hooked (8.4), then the forward runs 8.1.
-    (["--lora-rank", "4"], [("8.3 lora_model", "Puzzle8_3_lora_model"), ("8.4 lora_ddp", "Puzzle8_4_lora_ddp"),
-                            ("8.1 lora_linear", "Puzzle8_1_lora_linear")]),
+    # The hybrid is 6.1's two halves and the ring (6.2, 6.3) put together.
+    (SP + ["--sp-kind", "hybrid"], [("6.1 sequence_to_heads", "Puzzle6_1_ulysses.SequenceToHeads*"),
+                                    ("6.2 RingAttention::forward", "Puzzle6_2_ring_forward"),
+                                    ("6.3 RingAttention::backward", "Puzzle6_3_ring_backward"),
+                                    ("6.5 HybridAttention::forward", "Puzzle6_5_hybrid")]),
+    (EP, [("6.6 route_tokens", "Puzzle6_6_moe_layer.RouteTokens*"),
+          ("6.7 ExpertParallelMoe::forward", "Puzzle6_7_expert_parallel")]),
+    # On 2 ranks a mixed-precision step is 7.4's, built of 7.2's casts and, for fp16, 7.3's unscale.
+    (["--precision", "bf16"], [("7.2 MasterWeights::grads_to_master",
+                                "Puzzle7_2_mixed_step.GradsToMaster*:Puzzle7_2_mixed_step.MasterToModel*"),
+                               ("7.4 ddp_mixed_precision_step", "Puzzle7_4_mixed_ddp")]),
+    (["--precision", "fp16"], [("7.2 MasterWeights::grads_to_master",
+                                "Puzzle7_2_mixed_step.GradsToMaster*:Puzzle7_2_mixed_step.MasterToModel*"),
+                               ("7.3 LossScaler::unscale",
+                                "Puzzle7_3_loss_scaler.Unscale*:Puzzle7_3_loss_scaler.Update*"),
+                               ("7.4 ddp_mixed_precision_step", "Puzzle7_4_mixed_ddp")]),
+    # LoRA on 2 ranks: the adapters' arithmetic (8.1), the model (8.3), its averaging (8.4).
+    (["--lora-rank", "4"], [("8.1 lora_linear", "Puzzle8_1_lora_linear"), ("8.3 lora_model", "Puzzle8_3_lora_model"),
+                            ("8.4 lora_ddp", "Puzzle8_4_lora_ddp")]),
 ]
 
 
 def checkers_pass(args, suite):
-    """Whether the checkers of `suite` (Puzzle2_3_..., Puzzle3_1_...) pass, run
-    from the chapter's checker binary (chNN_puzzles_tests)."""
+    """Whether the checkers of `suite` (Puzzle2_3_..., Puzzle3_1_..., or a gtest
+    filter like Puzzle6_6_moe_layer.RouteTokens*) pass, run from the chapter's
+    checker binary (chNN_puzzles_tests)."""
     chapter = "ch0" + suite[len("Puzzle")]
     binary = next((b for b in args.checkers if os.path.basename(b).startswith(chapter + "_")), None)
     if not expect(binary, f"no checker binary for {suite} among --checkers {args.checkers}"):
         return False
-    return run([binary, f"--gtest_filter={suite}.*:*/{suite}.*"], timeout=600).returncode == 0
+    gtest_filter = suite if "." in suite else f"{suite}.*:*/{suite}.*"
+    return run([binary, f"--gtest_filter={gtest_filter}"], timeout=600).returncode == 0
 
 
 def check_unsolved(args):
     """dtp-train runs puzzles/: an unsolved puzzle stops it with its name and
-    exit status 3: the first puzzle the run needs whose checkers fail. Once
+    exit status 3: the first puzzle the run calls, in the chapter's order,
+    whose checkers fail (not the first stub the run reached). Once
     the student solves them, the run must train (exit 0) and those puzzles'
     checkers must pass; training while they fail would mean dtp-train did not
     run puzzles/."""
@@ -152,7 +173,7 @@ def check_unsolved(args):
                            f"`dtp-train {where}` trained (exit 0), but the checkers of puzzle {puzzle} "
                            f"fail: dtp-train did not run the code in puzzles/")
                 continue
-            # With one puzzle needed it must be the one; with more, the first unsolved.
+            # With one puzzle needed it must be the one; with more, the first unsolved in order.
             puzzle = needed[0][0]
             if len(needed) > 1:
                 puzzle = next((p for p, suite in needed if not checkers_pass(args, suite)), puzzle)
