@@ -319,6 +319,9 @@ def check_slices(program, strategy=(), launcher=(), env=None):
             result = run(argv, timeout=300, env=env)
             if not expect(result.returncode == 0, f"{' '.join(argv)} must train; got {show(result)}"):
                 return
+        expect("(mean of steps 4-5 -> 7-8)" in result.stdout,
+               f"the resumed run trained steps 4-8: its summary must average steps 4-5 and 7-8 by "
+               f"their numbers, not count from 1; got {show(result)}")
         header = [line for line in result.stdout.splitlines() if line.startswith("checkpoint: ")]
         expect(len(header) == 1 and f"continuing {checkpoint} from the step it saved" in header[0],
                f"the resumed run's header must say what it continues; got {show(result)}")

@@ -243,18 +243,20 @@ std::string format_summary(const TrainResult& result) {
     tokens += r.tokens;
     step_seconds += r.seconds;
   }
-  // Name the averaged steps: "mean of steps 1-10 -> 291-300".
+  // Name the averaged steps by their numbers, which a resumed run starts
+  // past 1: "mean of steps 1-10 -> 291-300".
   const std::int64_t n = static_cast<std::int64_t>(result.steps.size());
   const std::int64_t w = result.loss_window();
+  const long long first = n > 0 ? static_cast<long long>(result.steps.front().step) : 1;
+  const long long last = first + n - 1;
   char window[96];
   if (n <= 1)
     std::snprintf(window, sizeof window, "(one step)");
   else if (w == 1)
-    std::snprintf(window, sizeof window, "(step 1 -> step %lld)", static_cast<long long>(n));
+    std::snprintf(window, sizeof window, "(step %lld -> step %lld)", first, last);
   else
-    std::snprintf(window, sizeof window, "(mean of steps 1-%lld -> %lld-%lld)",
-                  static_cast<long long>(w), static_cast<long long>(n - w + 1),
-                  static_cast<long long>(n));
+    std::snprintf(window, sizeof window, "(mean of steps %lld-%lld -> %lld-%lld)", first,
+                  first + w - 1, last - w + 1, last);
   char buf[512];
   std::snprintf(buf, sizeof buf, "trained %zu steps in %.1f s (%s tok/s); loss %.4f -> %.4f %s\n",
                 result.steps.size(), result.seconds,
