@@ -58,6 +58,16 @@ std::string stub_message(const PuzzleCall& call) {
 
 }  // namespace
 
+GPTConfig tiny_probe_config() {
+  GPTConfig tiny;
+  tiny.vocab_size = 8;
+  tiny.context = 4;
+  tiny.d_model = 8;
+  tiny.heads = 2;
+  tiny.layers = 1;
+  return tiny;
+}
+
 std::string first_unsolved(const Strategy& strategy, const TrainConfig& config,
                            const std::string& stopped_at) {
   const auto stopped = puzzle_order(stopped_at);

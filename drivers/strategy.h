@@ -121,6 +121,10 @@ struct PuzzleCall {
   std::function<void(Comm& comm)> call;  ///< runs on one rank (@p comm), on the CPU
 };
 
+/// The model puzzle_calls() build: one block, width 8, 2 heads, vocabulary 8,
+/// context 4 (small enough to cost nothing, big enough for every layer).
+GPTConfig tiny_probe_config();
+
 /// A way of training: its name, flags, checks, header and ranks.
 class Strategy {
  public:

@@ -214,12 +214,7 @@ std::vector<drivers::PuzzleCall> TensorParallelStrategy::puzzle_calls(
     const TrainConfig& config) const {
   (void)config;
   const bool sp = options.sequence_parallel;
-  GPTConfig m;
-  m.vocab_size = 8;
-  m.context = 4;
-  m.d_model = 8;
-  m.heads = 2;
-  m.layers = 1;
+  const GPTConfig m = drivers::tiny_probe_config();
   const std::int64_t B = 1, T = 4, C = m.d_model;
   // The activations a layer takes: [B, T, C], or under sequence parallelism
   // this rank's token shard [B*T/t, C] (t = 1 here).

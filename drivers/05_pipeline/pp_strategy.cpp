@@ -467,13 +467,7 @@ std::vector<drivers::PuzzleCall> PipelineStrategy::puzzle_calls(const TrainConfi
   (void)config;
   if (!options.fsdp) return {};  // partition, schedule, executor: the chapter's order
   return {{"5.7", [](Comm& pp) {
-             GPTConfig tiny;
-             tiny.vocab_size = 8;
-             tiny.context = 4;
-             tiny.d_model = 8;
-             tiny.heads = 2;
-             tiny.layers = 1;
-             GPT model(tiny);
+             GPT model(drivers::tiny_probe_config());
              // The whole model as one stage, one micro-batch: F then B.
              StageModule stage(model, UnitRange{0, static_cast<int>(model.units().size())});
              Schedule schedule = empty_schedule("afab", 1, 1);

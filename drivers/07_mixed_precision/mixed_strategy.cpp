@@ -260,12 +260,7 @@ std::unique_ptr<drivers::RankRun> MixedPrecisionStrategy::start(const TrainConfi
 std::vector<drivers::PuzzleCall> MixedPrecisionStrategy::puzzle_calls(
     const TrainConfig& config) const {
   if (options.world == 1) return {};  // 7.2's step calls 7.3's scaler: the chapter's order
-  GPTConfig tiny;
-  tiny.vocab_size = 8;
-  tiny.context = 4;
-  tiny.d_model = 8;
-  tiny.heads = 2;
-  tiny.layers = 1;
+  GPTConfig tiny = drivers::tiny_probe_config();
   tiny.dtype = config.model.dtype;
   const auto casts = [=](Comm&) {
     GPT model(tiny);
