@@ -198,7 +198,8 @@ bool found_on_any_rank(Comm& comm, bool found);
 /// With a scaler the skip decision is every rank's: unscale, then
 /// found_on_any_rank, then clip and step only when no rank found a
 /// non-finite gradient, then update. Every rank then keeps the same
-/// masters, model and scale. grad_norm is the norm of the averaged gradients.
+/// masters, model and scale. grad_norm is the norm of the averaged gradients;
+/// loss is this rank's slice's mean loss (not averaged over the ranks).
 MixedStep ddp_mixed_precision_step(Comm& comm, MasterWeights& masters, Optimizer& optimizer,
                                    LossScaler* scaler, const Batch& batch, double lr,
                                    double max_norm, DType reduce_dtype);

@@ -120,7 +120,8 @@ LoraDataParallel::~LoraDataParallel() {
 
 void LoraDataParallel::on_unit_ready(Unit& unit) {
   // About 6 lines: for a block unit (index 1..layers), start
-  // comm_.iall_reduce(that block's adapter gradient buffer, ReduceOp::avg).
+  // comm_.iall_reduce(that block's adapter gradient buffer, ReduceOp::avg):
+  // lora_.buffers()[unit.index() - 1].grads (a handle to the buffer itself).
   (void)unit;
   throw dtp::NotSolved("8.4 lora_ddp");
 }

@@ -230,6 +230,38 @@ TEST(Puzzle7_4_mixed_ddp, AnOverflowOnOneRankIsASkipOnEveryRank) {
   }
 }
 
+// With a scaler the skip is decided by every rank together: one
+// found_on_any_rank (an all-reduce of a flag) on top of the step's gradient
+// all-reduces. An inf on one rank also reaches the others through the
+// gradient sum here, so deciding from the local unscale passes every value
+// check in DDP, and breaks as soon as the gradients are sharded (ZeRO).
+TEST(Puzzle7_4_mixed_ddp, WithALossScalerTheSkipIsDecidedByFoundOnAnyRank) {
+  dtp::testing::run_ranks(2, [&](Comm& comm) {
+    const GPTConfig config = small_config(DType::f16, comm.device());
+    GPT model(config);
+    MasterWeights masters(model);
+    AdamW adam(masters.buffers());
+    for (DType reduce : {DType::f16, DType::f32}) {
+      comm.reset_stats();
+      ddp_mixed_precision_step(comm, masters, adam, nullptr, batch_of(config, 2, 3 + comm.rank()),
+                               3e-3, 1.0, reduce);
+      const std::int64_t without = comm.stats().collective_calls["all_reduce"];
+      LossScaler scaler({1024.0, 2.0, 0.5, 100});
+      comm.reset_stats();
+      ddp_mixed_precision_step(comm, masters, adam, &scaler, batch_of(config, 2, 5 + comm.rank()),
+                               3e-3, 1.0, reduce);
+      const std::int64_t with = comm.stats().collective_calls["all_reduce"];
+      require(
+          with == without + 1,
+          "reduce in " + std::string(dtype_name(reduce)) + ": a step with a loss scaler made " +
+              std::to_string(with) + " all-reduce(s), one without made " + std::to_string(without) +
+              "; expected exactly one more: found_on_any_rank's " +
+              "flag, so that every rank skips together" +
+              (with == without ? " (the skip was decided from this rank's unscale alone)" : ""));
+    }
+  });
+}
+
 TEST(Puzzle7_4_mixed_ddp, AReduceDtypeOtherThanTheModelsOrF32IsRefused) {
   dtp::testing::run_ranks(1, [&](Comm& comm) {
     const GPTConfig config = small_config(DType::bf16, comm.device());
