@@ -2,7 +2,9 @@
 # The sanitizer jobs of CI: builds the runtime tests and the chapter reference
 # checkers under ThreadSanitizer (build-tsan/) and under AddressSanitizer +
 # UndefinedBehaviorSanitizer (build-asan/), CUDA and MPI off, and runs them
-# (ctest labels runtime and reference, without mpi and gpu). Any race, bad
+# (ctest labels runtime and reference, without mpi, gpu, sync and f32: the
+# f32 flavour runs the same checker code, and the runtime tests sanitize the
+# f32 kernels it calls). Any race, bad
 # memory access or undefined behaviour stops the test that hit it and fails
 # the job.
 #
@@ -92,7 +94,7 @@ run_tests() {
   export GTEST_FILTER="-${skip[*]}"
   unset IFS
   local status=0
-  ctest --test-dir "$dir" -L 'runtime|reference' -LE 'mpi|gpu|sync' --output-on-failure -j "$JOBS" \
+  ctest --test-dir "$dir" -L 'runtime|reference' -LE 'mpi|gpu|sync|f32' --output-on-failure -j "$JOBS" \
     --no-tests=error || status=$?
   echo "=== $sanitizer sanitizer: $([[ $status == 0 ]] && echo passed || echo FAILED) in $((SECONDS - start)) s"
   return "$status"

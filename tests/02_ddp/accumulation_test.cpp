@@ -30,7 +30,8 @@ AccumulationRun train_accumulating(Comm& comm, Trainer& trainer, std::int64_t k)
   for (std::int64_t s = 0; s < trainer.config().steps; ++s) {
     std::vector<Batch> micro_batches;
     for (std::int64_t i = 0; i < k; ++i)
-      micro_batches.push_back(sampler.samples(s, sampler.first_sample() + i * micro, micro));
+      micro_batches.push_back(sampler.samples(s, sampler.first_sample() + i * micro, micro,
+                                              trainer.config().model.device));
     model.zero_grad();
     backwards = 0;
     int syncs = 0;
@@ -70,14 +71,14 @@ AccumulationRun train_accumulating(Comm& comm, Trainer& trainer, std::int64_t k)
 void expect_accumulation_matches(int world, std::int64_t k) {
   // The single-device run takes the whole global batch 12K at once; each of
   // the W ranks takes 12K/W in K micro-batches of 12/W.
-  TrainConfig config = tiny_config(12 * k);
-  const ModelState expected = single_device(config);
+  const ModelState expected = single_device(ddp_config(12 * k));
   run_and_report("2.4 accumulation_step, K = " + std::to_string(k), world, [&](Comm& comm) {
-    Trainer trainer(config, comm.rank(), comm.size());
+    Trainer trainer(ddp_config(12 * k, 3, comm.device()), comm.rank(), comm.size());
     AccumulationRun run = train_accumulating(comm, trainer, k);
     const std::vector<double> mean = mean_over_ranks(comm, run.losses);
+    const std::string replicas = check_parameters_replicated(comm, trainer);
     if (!run.failure.empty()) return run.failure;
-    return compare_with_single(expected, trainer.model(), mean, comm.rank());
+    return joined(compare_with_single(expected, trainer.model(), mean, comm.rank()), replicas);
   });
 }
 
@@ -86,12 +87,12 @@ void expect_accumulation_matches(int world, std::int64_t k) {
 // as "2.00x the single-device mean" even on one rank.
 TEST(Puzzle2_4_gradient_accumulation, FirstStepGradientsAreTheBigBatchMean) {
   const std::int64_t k = 2;
-  const TrainConfig config = tiny_config(12 * k, 1);
-  const UnitGradients expected = first_step_gradients(config);
+  const UnitGradients expected = first_step_gradients(ddp_config(12 * k, 1));
   for (int world : {1, 2, 3}) {
     run_and_report(
         "2.4 accumulation_step, K = 2, first-step gradients vs the single-device mean", world,
         [&](Comm& comm) {
+          const TrainConfig config = ddp_config(12 * k, 1, comm.device());
           const UnitGradients local = first_step_gradients(config, comm.rank(), comm.size());
           Trainer trainer(config, comm.rank(), comm.size());
           GPT& model = trainer.model();
@@ -99,7 +100,8 @@ TEST(Puzzle2_4_gradient_accumulation, FirstStepGradientsAreTheBigBatchMean) {
           const std::int64_t micro = sampler.local_batch() / k;
           std::vector<Batch> micro_batches;
           for (std::int64_t i = 0; i < k; ++i)
-            micro_batches.push_back(sampler.samples(0, sampler.first_sample() + i * micro, micro));
+            micro_batches.push_back(
+                sampler.samples(0, sampler.first_sample() + i * micro, micro, config.model.device));
           model.zero_grad();
           dtp::ch02::accumulation_step(model, micro_batches, [&] {
             for (Unit* unit : model.units()) comm.all_reduce(unit->grads(), ReduceOp::avg);
@@ -124,14 +126,17 @@ TEST(Puzzle2_4_gradient_accumulation, KEqualsOneIsAPlainStep) {
 TEST(Puzzle2_4_gradient_accumulation, BadMicroBatchesAreClearErrors) {
   // Every rank sees the same bad input, so all fail together and none waits.
   run_and_report("2.4 accumulation_step bad input", 2, [&](Comm& comm) -> std::string {
-    Trainer trainer(tiny_config(), comm.rank(), comm.size());
+    const TrainConfig config = ddp_config(12, 3, comm.device());
+    Trainer trainer(config, comm.rank(), comm.size());
     GPT& model = trainer.model();
     const BatchSampler& sampler = trainer.sampler();
+    const Device device = config.model.device;
     int syncs = 0;
     auto sync = [&] { ++syncs; };
     const std::string rank = "rank " + std::to_string(comm.rank()) + ": ";
     // A valid call first: a stub must fail here, not pass the error checks below.
-    dtp::ch02::accumulation_step(model, {sampler.samples(0, 0, 2), sampler.samples(0, 2, 2)}, sync);
+    dtp::ch02::accumulation_step(
+        model, {sampler.samples(0, 0, 2, device), sampler.samples(0, 2, 2, device)}, sync);
     if (syncs != 1)
       return rank + "a valid 2-micro-batch call synchronized " + std::to_string(syncs) + " times";
     try {
@@ -140,8 +145,8 @@ TEST(Puzzle2_4_gradient_accumulation, BadMicroBatchesAreClearErrors) {
     } catch (const dtp::Error&) {
     }
     try {
-      dtp::ch02::accumulation_step(model, {sampler.samples(0, 0, 2), sampler.samples(0, 2, 1)},
-                                   sync);
+      dtp::ch02::accumulation_step(
+          model, {sampler.samples(0, 0, 2, device), sampler.samples(0, 2, 1, device)}, sync);
       return rank +
              "micro-batches of 2 and 1 sequences: expected a dtp::Error (1/K weighting needs equal "
              "micro-batches), got a loss";

@@ -1,9 +1,10 @@
 // Checkers for 2.3 bucketed DDP overlapped with backward: the bucket plan
 // (with its boundaries), first-step gradients equal to the single-device
-// mean, results equal to single-device training for several bucket sizes,
-// one all-reduce per bucket, all-reduces started during backward as soon as
-// a bucket is complete (counted from the hooks) and running while backward
-// computes (seen in the trace on the thread backend), and clear errors.
+// mean, results equal to single-device training for several bucket sizes
+// with bitwise equal replicas, one all-reduce per bucket, all-reduces
+// started during backward as soon as a bucket is complete (counted from the
+// hooks) and running while backward computes (seen in the trace on the
+// thread backend), and clear errors.
 #include <algorithm>
 #include <limits>
 #include <memory>
@@ -21,6 +22,11 @@ using dtp::ch02::BucketPiece;
 
 constexpr std::int64_t kHuge = std::numeric_limits<std::int64_t>::max() / 4;
 
+// The bytes of one gradient element of @p model: the element size of its dtype.
+std::int64_t element_bytes(GPT& model) {
+  return static_cast<std::int64_t>(dtype_size(model_dtype(model)));
+}
+
 // The checker's own plan: parameters in readiness order (units last to first,
 // parameters last to first), a new bucket once one holds >= bucket_bytes.
 std::vector<std::vector<BucketPiece>> expected_plan(GPT& model, std::int64_t bucket_bytes) {
@@ -31,7 +37,7 @@ std::vector<std::vector<BucketPiece>> expected_plan(GPT& model, std::int64_t buc
     const auto& parameters = (*u)->parameters();
     for (auto p = parameters.rbegin(); p != parameters.rend(); ++p) {
       plan.back().push_back(BucketPiece{(*u)->index(), p->offset, p->shape.numel()});
-      bytes += p->shape.numel() * static_cast<std::int64_t>((*u)->grads().element_size());
+      bytes += p->shape.numel() * element_bytes(model);
       if (bytes >= bucket_bytes) {
         plan.emplace_back();
         bytes = 0;
@@ -71,7 +77,7 @@ std::string check_plan(const BucketedAllReduce& buckets, GPT& model, std::int64_
 
 TEST(Puzzle2_3_bucketed_ddp, PlansBucketsInReadinessOrder) {
   run_and_report("2.3 bucket plan", 1, [&](Comm& comm) -> std::string {
-    GPT model(tiny_config().model);
+    GPT model(ddp_config(12, 3, comm.device()).model);
     const std::int64_t params = parameter_tensors(model);
     for (std::int64_t bytes : {std::int64_t{0}, std::int64_t{1}, std::int64_t{1000},
                                std::int64_t{4096}, std::int64_t{20000}, kHuge}) {
@@ -96,7 +102,7 @@ std::vector<std::int64_t> running_bytes(GPT& model, int count) {
     const auto& parameters = (*u)->parameters();
     for (auto p = parameters.rbegin();
          p != parameters.rend() && static_cast<int>(totals.size()) < count; ++p) {
-      bytes += p->shape.numel() * static_cast<std::int64_t>((*u)->grads().element_size());
+      bytes += p->shape.numel() * element_bytes(model);
       totals.push_back(bytes);
     }
   }
@@ -108,7 +114,7 @@ std::vector<std::int64_t> running_bytes(GPT& model, int count) {
 // the first parameter, of the first two, of the first three.
 TEST(Puzzle2_3_bucketed_ddp, PlansBucketsAtParameterBoundaries) {
   run_and_report("2.3 bucket plan at parameter boundaries", 1, [&](Comm& comm) -> std::string {
-    GPT model(tiny_config().model);
+    GPT model(ddp_config(12, 3, comm.device()).model);
     for (std::int64_t total : running_bytes(model, 3)) {
       for (std::int64_t bytes : {total - 1, total, total + 1}) {
         BucketedAllReduce buckets(comm, model, bytes);
@@ -125,12 +131,11 @@ TEST(Puzzle2_3_bucketed_ddp, PlansBucketsAtParameterBoundaries) {
 // (d_model 1): one-element pieces, and bucket_bytes of one element.
 TEST(Puzzle2_3_bucketed_ddp, PlansBucketsOfSingleElementParameters) {
   run_and_report("2.3 bucket plan, d_model 1", 1, [&](Comm& comm) -> std::string {
-    GPTConfig config = tiny_config().model;
+    GPTConfig config = ddp_config(12, 3, comm.device()).model;
     config.d_model = 1;
     config.heads = 1;
     GPT model(config);
-    const std::int64_t element =
-        static_cast<std::int64_t>(model.units().front()->grads().element_size());
+    const std::int64_t element = element_bytes(model);
     for (std::int64_t bytes : {std::int64_t{0}, element - 1, element, element + 1, 3 * element}) {
       BucketedAllReduce buckets(comm, model, bytes);
       if (std::string f = check_plan(buckets, model, bytes); !f.empty()) return "d_model 1, " + f;
@@ -141,11 +146,11 @@ TEST(Puzzle2_3_bucketed_ddp, PlansBucketsOfSingleElementParameters) {
 
 // Trains with buckets of `bucket_bytes` and compares with the single device,
 // and the per-step communication with the plan.
-void expect_bucketed_matches(int world, std::int64_t bucket_bytes, const ModelState& expected,
-                             const TrainConfig& config) {
+void expect_bucketed_matches(int world, std::int64_t bucket_bytes, const ModelState& expected) {
   run_and_report(
       "2.3 bucketed DDP, bucket_bytes " + std::to_string(bucket_bytes), world,
       [&](Comm& comm) -> std::string {
+        const TrainConfig config = ddp_config(12, 3, comm.device());
         Trainer trainer(config, comm.rank(), comm.size());
         BucketedAllReduce buckets(comm, trainer.model(), bucket_bytes);
         trainer.on_after_backward([&] { buckets.finish(); });
@@ -154,11 +159,12 @@ void expect_bucketed_matches(int world, std::int64_t bucket_bytes, const ModelSt
         // The count comes from the checker's own plan, never from bucket_count().
         const auto planned =
             static_cast<std::int64_t>(expected_plan(trainer.model(), bucket_bytes).size());
-        std::string failure = check_step_comm(steps, planned, gradient_bytes(trainer.model()),
+        std::string failure = check_step_comm(steps, planned, trainer.model(), config.model.dtype,
                                               "one per bucket of the plan", comm.rank());
         const std::vector<double> mean = mean_over_ranks(comm, losses);
+        const std::string replicas = check_parameters_replicated(comm, trainer);
         if (!failure.empty()) return failure;
-        return compare_with_single(expected, trainer.model(), mean, comm.rank());
+        return joined(compare_with_single(expected, trainer.model(), mean, comm.rank()), replicas);
       });
 }
 
@@ -173,16 +179,14 @@ TEST(Puzzle2_3_bucketed_ddp, FirstStepGradientsAreTheSingleDeviceMean) {
 }
 
 TEST(Puzzle2_3_bucketed_ddp, MatchesSingleDeviceOnWorlds1To4) {
-  const TrainConfig config = tiny_config();
-  const ModelState expected = single_device(config);
-  for (int world = 1; world <= 4; ++world) expect_bucketed_matches(world, 4096, expected, config);
+  const ModelState expected = single_device(ddp_config());
+  for (int world = 1; world <= 4; ++world) expect_bucketed_matches(world, 4096, expected);
 }
 
 TEST(Puzzle2_3_bucketed_ddp, DegenerateBucketSizes) {
-  const TrainConfig config = tiny_config();
-  const ModelState expected = single_device(config);
+  const ModelState expected = single_device(ddp_config());
   for (std::int64_t bytes : {std::int64_t{0}, std::int64_t{1000}, kHuge})
-    expect_bucketed_matches(3, bytes, expected, config);
+    expect_bucketed_matches(3, bytes, expected);
 }
 
 // Overlap, counted: when the hook for a unit runs, every bucket whose pieces
@@ -190,9 +194,8 @@ TEST(Puzzle2_3_bucketed_ddp, DegenerateBucketSizes) {
 // The checker's hook is installed after the BucketedAllReduce's, so it runs
 // right after it for each unit. Works on every backend.
 TEST(Puzzle2_3_bucketed_ddp, StartsEachBucketAsSoonAsItIsComplete) {
-  const TrainConfig config = tiny_config();
   run_and_report("2.3 bucket start times", 2, [&](Comm& comm) -> std::string {
-    Trainer trainer(config, comm.rank(), comm.size());
+    Trainer trainer(ddp_config(12, 3, comm.device()), comm.rank(), comm.size());
     GPT& model = trainer.model();
     const std::int64_t bucket_bytes = 1000;
     BucketedAllReduce buckets(comm, model, bucket_bytes);
@@ -240,8 +243,9 @@ TEST(Puzzle2_3_bucketed_ddp, StartsEachBucketAsSoonAsItIsComplete) {
 //     slowest rank and the next ones queue behind it, so how many intersect
 //     is timing, not correctness.) On two busy cores the communication
 //     thread is sometimes not scheduled at all until backward ends (about 1
-//     step in 20 under load), so the checker trains 4 steps and asks for
-//     overlap in any of them. That cannot let a wrong DDP pass: a rank that
+//     step in 20 under load, and in runs of several steps on end under a
+//     load of 30), so the checker trains 8 steps and asks for overlap in any
+//     of them. That cannot let a wrong DDP pass: a rank that
 //     waits in its hooks never computes while its bucket travels.
 TEST(Puzzle2_3_bucketed_ddp, TraceShowsAllReducesRunningDuringBackward) {
   if (World::from_env(2).backend != Backend::thread)
@@ -250,19 +254,28 @@ TEST(Puzzle2_3_bucketed_ddp, TraceShowsAllReducesRunningDuringBackward) {
            "the thread flavour of this checker sees the overlap "
            "(StartsEachBucketAsSoonAsItIsComplete "
            "runs everywhere)";
-  constexpr int kSteps = 4;
-  TrainConfig config = tiny_config(8, kSteps);
-  config.model.d_model = 64;
-  config.model.heads = 4;
-  config.model.layers = 3;
-  config.model.context = 32;
-  config.seq = 32;
-  const std::int64_t bucket_bytes = 64 * 64 * 8;  // a few buckets per block
+  constexpr int kSteps = 8;
+  // Backward must last long enough for the communication thread to be
+  // scheduled while it runs: 8 sequences per step in f64, 16 in f32, whose
+  // kernels run about twice as fast.
+  const std::int64_t sequences = checker_dtype() == DType::f64 ? 8 : 16;
+  auto config_on = [sequences](Device device) {
+    TrainConfig config = ddp_config(sequences, kSteps, device);
+    config.model.d_model = 64;
+    config.model.heads = 4;
+    config.model.layers = 3;
+    config.model.context = 32;
+    config.seq = 32;
+    return config;
+  };
+  // A few buckets per block: one bucket holds a 64 x 64 weight's gradient.
+  const std::int64_t bucket_bytes =
+      64 * 64 * static_cast<std::int64_t>(dtype_size(checker_dtype()));
   std::vector<std::vector<BucketPiece>> plan;
   std::vector<std::string> unit_names;
   trace::enable();
   run_and_report("2.3 overlap in the trace", 2, [&](Comm& comm) -> std::string {
-    Trainer trainer(config, comm.rank(), comm.size());
+    Trainer trainer(config_on(comm.device()), comm.rank(), comm.size());
     BucketedAllReduce buckets(comm, trainer.model(), bucket_bytes);
     if (comm.rank() == 0) {
       plan = expected_plan(trainer.model(), bucket_bytes);
@@ -363,7 +376,7 @@ TEST(Puzzle2_3_bucketed_ddp, TraceShowsAllReducesRunningDuringBackward) {
 
 TEST(Puzzle2_3_bucketed_ddp, BadInputIsAClearError) {
   run_and_report("2.3 bad input", 1, [&](Comm& comm) -> std::string {
-    GPT model(tiny_config().model);
+    GPT model(ddp_config(12, 3, comm.device()).model);
     {
       BucketedAllReduce buckets(comm, model, 1000);  // a stub fails here
       try {

@@ -2,8 +2,8 @@
 // (one all-reduce per unit): the first step's synchronized gradients equal
 // the single-device gradient of the same global batch (a wrong scale is named
 // as a ratio), after 3 steps on world sizes 1-4 every rank equals
-// single-device training, and each step issues exactly the expected
-// all-reduces.
+// single-device training with bitwise equal replicas, and each step issues
+// exactly the expected all-reduces.
 #include "ddp_checks.h"
 
 namespace {
@@ -16,16 +16,17 @@ using Sync = std::function<void(Comm&, GPT&)>;
 
 // The pattern: Trainer(config, rank, world) + on_after_backward(sync).
 void expect_matches_single(const std::string& name, const Sync& sync) {
-  const TrainConfig config = tiny_config();
-  const ModelState expected = single_device(config);
+  const ModelState expected = single_device(ddp_config());
   for (int world = 1; world <= 4; ++world) {
     run_and_report(name + " vs single device", world, [&](Comm& comm) {
-      Trainer trainer(config, comm.rank(), comm.size());
+      Trainer trainer(ddp_config(12, 3, comm.device()), comm.rank(), comm.size());
       trainer.on_after_backward([&] { sync(comm, trainer.model()); });
       std::vector<double> losses;
       train_rank(comm, trainer, losses);
-      return compare_with_single(expected, trainer.model(), mean_over_ranks(comm, losses),
-                                 comm.rank());
+      const std::string replicas = check_parameters_replicated(comm, trainer);
+      return joined(compare_with_single(expected, trainer.model(), mean_over_ranks(comm, losses),
+                                        comm.rank()),
+                    replicas);
     });
   }
 }
@@ -34,15 +35,15 @@ void expect_matches_single(const std::string& name, const Sync& sync) {
 void expect_communication(const std::string& name, const Sync& sync,
                           const std::function<std::int64_t(GPT&)>& calls_per_step,
                           const std::string& formula) {
-  const TrainConfig config = tiny_config();
   for (int world : {2, 3}) {
     run_and_report(name + " communication", world, [&](Comm& comm) {
+      const TrainConfig config = ddp_config(12, 3, comm.device());
       Trainer trainer(config, comm.rank(), comm.size());
       trainer.on_after_backward([&] { sync(comm, trainer.model()); });
       std::vector<double> losses;
       const std::vector<StepComm> steps = train_rank(comm, trainer, losses);
-      return check_step_comm(steps, calls_per_step(trainer.model()),
-                             gradient_bytes(trainer.model()), formula, comm.rank());
+      return check_step_comm(steps, calls_per_step(trainer.model()), trainer.model(),
+                             config.model.dtype, formula, comm.rank());
     });
   }
 }

@@ -3,14 +3,17 @@
 // under test), and comparisons that say what a wrong value looks like.
 //
 // Where they run: the checker's device (DTP_DEVICE; the GPU in the gpu
-// flavour). On the CPU the tensors are f64 and each check keeps the tolerance
-// it names (1e-13 of the largest value, say). A GPU has no f64 kernels: there
-// the tensors are f32 and the matrix products use TF32 tensor cores, which
-// round their inputs to 10 mantissa bits (2^-11 relative, about 5e-4), so a
-// product of a few terms agrees with the checker's f64 loops to about 1e-3 of
-// its largest value. The GPU tolerances below say so; every mistake the
-// messages decode (a missing part, a flipped sign, s applied twice) is off by
-// far more. Comparisons that hold bit for bit hold on both.
+// flavour) in checker_dtype() (support/checker_precision.h). On the CPU the
+// tensors are f64 and each check keeps the tolerance it names (1e-13 of the
+// largest value, say). A GPU has no f64 kernels: there the tensors are f32
+// and the matrix products use TF32 tensor cores, which round their inputs to
+// 10 mantissa bits (2^-11 relative, about 5e-4), so a product of a few terms
+// agrees with the checker's f64 loops to about 1e-3 of its largest value.
+// The GPU tolerances below say so; every mistake the messages decode (a
+// missing part, a flipped sign, s applied twice) is off by far more. The CPU
+// in f32 (DTP_CHECK_DTYPE=f32) keeps the GPU tolerances: its products round
+// to 2^-24, finer than TF32's 2^-11, so they bound it too. Comparisons that
+// hold bit for bit hold in both dtypes.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -24,22 +27,26 @@
 #include <vector>
 
 #include "08_lora/lora.h"
+#include "support/checker_precision.h"
 #include "support/training.h"
 
 namespace dtp::testing::ch08 {
 
-/// The checkers' device and dtype: f64 on the CPU, f32 on a GPU.
+/// The checkers' device and dtype: f64 on the CPU, f32 on a GPU or under
+/// DTP_CHECK_DTYPE=f32 (checker_dtype()).
 inline Device device() { return checker_device(); }
-inline DType dtype() { return device().is_cuda() ? DType::f32 : DType::f64; }
+inline DType dtype() { return checker_dtype(device()); }
 inline bool on_gpu() { return device().is_cuda(); }
 
-/// A check's tolerance: @p f64 on the CPU; on a GPU, @p gpu (TF32 products
-/// agree with f64 loops to about 1e-3 of the largest value; longer chains,
-/// a whole model's backward, need more).
-inline double tolerance(double f64, double gpu = 5e-3) { return on_gpu() ? gpu : f64; }
+/// A check's tolerance: @p f64 in f64; in f32, @p gpu (TF32 products agree
+/// with f64 loops to about 1e-3 of the largest value; longer chains, a whole
+/// model's backward, need more; the CPU's f32 products are finer still).
+inline double tolerance(double f64, double gpu = 5e-3) {
+  return dtp::testing::tolerance(dtype(), f64, gpu);
+}
 
 /// The relative rounding of one stored value of dtype(): 2^-53 or 2^-24.
-inline double unit_roundoff() { return on_gpu() ? 0x1p-24 : 0x1p-53; }
+inline double unit_roundoff() { return dtp::testing::unit_roundoff(dtype()); }
 
 /// The tiny training config of every training chapter (f64 on the CPU), in
 /// dtype() on device(), or on @p on when given (a rank's comm.device()).
@@ -47,7 +54,7 @@ inline TrainConfig lora_tiny_config(std::int64_t global_batch = 12, std::int64_t
                                     Device on = checker_device()) {
   TrainConfig config = tiny_config(global_batch, steps);
   config.model.device = on;
-  config.model.dtype = on.is_cuda() ? DType::f32 : DType::f64;
+  config.model.dtype = checker_dtype(on);
   return config;
 }
 

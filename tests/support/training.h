@@ -25,16 +25,17 @@
 #include "dtp/dtp.h"
 #include "dtp/nn.h"
 #include "dtp/trainer.h"
+#include "support/checker_precision.h"
 #include "support/harness.h"
 
 namespace dtp::testing {
 
-// Tolerance. Everything runs in f64. A distributed run differs from the
-// single-device run only in the order partial sums are added (per-rank
-// batches, then the all-reduce), which moves results by a few ulps (~1e-16
-// relative); three SGD steps amplify that by at most a few orders. Real
-// mistakes are far larger: a sum instead of a mean is off by a factor of W,
-// a unit left unsynchronized keeps its local gradient, off by ~10-100%.
+// Tolerance in f64. A distributed run differs from the single-device run
+// only in the order partial sums are added (per-rank batches, then the
+// all-reduce), which moves results by a few ulps (~1e-16 relative); three
+// SGD steps amplify that by at most a few orders. Real mistakes are far
+// larger: a sum instead of a mean is off by a factor of W, a unit left
+// unsynchronized keeps its local gradient, off by ~10-100%.
 inline constexpr double kAbsTolerance = 1e-10;
 inline constexpr double kRelTolerance = 1e-8;
 
@@ -42,9 +43,51 @@ inline bool close_enough(double expected, double got) {
   return std::fabs(expected - got) <= kAbsTolerance + kRelTolerance * std::fabs(expected);
 }
 
+// Tolerances per dtype (checker_precision.h) of the comparisons below, for
+// tiny_config's model in f64 or f32. In f32 each is a bound on sums added in
+// another order, n terms x 2^-24 (6e-8) x their magnitude, checked against
+// the worst difference measured on chapter 02's reference (worlds 1-4,
+// K = 1-3 micro-batches), which it exceeds by 40x or more.
+//
+// First-step gradients: an element sums the contributions of up to 288
+// tokens (K = 3: 36 sequences of 8), per rank and then over the ranks
+// instead of all at once, after products of up to 64 terms: ~350 roundings
+// of 6e-8 of values below 0.2 (the largest gradient is 0.18) is 4e-6
+// absolute, 350 x 6e-8 = 2e-5 relative; measured at most 9e-8. The
+// smallest mistake it must see is larger: the attention's q and k weights
+// have the smallest gradients that matter (2e-5), and left unsynchronized
+// they are off by 4e-5; a wrong scale is off by 1/W..W, other parameters'
+// local gradients by 10-100%.
+inline Closeness first_step_tolerance(DType dtype) {
+  return tolerance(dtype, {kAbsTolerance, kRelTolerance}, {4e-6, 2e-5});
+}
+
+// After K = 3 steps (parameters, the last step's gradients, the losses):
+// each step's gradients differ as above, which SGD (lr 0.05, momentum 0.9)
+// carries into a parameter as at most 0.05 x (1 + 0.9 + 0.81) x 4e-6 =
+// 5e-7 per step; the last gradients add their own 4e-6, 5e-6 absolute in
+// all. A loss is a mean of up to 288 values near ln 32 = 3.5: 300 x 6e-8 =
+// 2e-5 relative. Measured at most 1.4e-8 (parameters), 3.7e-8 (gradients)
+// and 2.5e-8 (losses, 7e-9 relative).
+inline Closeness training_tolerance(DType dtype) {
+  return tolerance(dtype, {kAbsTolerance, kRelTolerance}, {5e-6, 2e-5});
+}
+
+// How near a fitted ratio (got / expected, over a whole parameter) must be
+// to W, 1/W or K to be named as that mistake: the ratio carries the
+// relative error of the gradients it was fitted from (first_step_tolerance:
+// 2e-5 in f32), and the ratios it names (W, 1/W, K, K W, (W-1)/W) lie
+// far further apart.
+inline double ratio_tolerance(DType dtype) { return tolerance(dtype, 1e-6, 1e-3); }
+
+// The dtype of @p model's parameters, which its comparisons take their tolerances for.
+inline DType model_dtype(GPT& model) { return model.units().front()->params().dtype(); }
+
 // A tiny GPT on synthetic data: vocab 32, seq 8, d_model 16, 2 heads, 2
-// blocks, f64. SGD with momentum and no clipping, because both AdamW and
-// clipping hide a wrongly scaled gradient (AdamW divides by its own RMS).
+// blocks, f64 on the CPU (a chapter that runs in checker_dtype() sets the
+// model's dtype and device). SGD with momentum and no clipping, because
+// both AdamW and clipping hide a wrongly scaled gradient (AdamW divides by
+// its own RMS).
 inline TrainConfig tiny_config(std::int64_t global_batch = 12, std::int64_t steps = 3) {
   TrainConfig config;
   config.model.vocab_size = 32;
@@ -106,17 +149,19 @@ inline std::string number(double v) {
   return buf;
 }
 
-// "" when @p got matches @p expected; otherwise a message naming the first
-// wrong element of each unit that differs.
+// "" when @p got matches @p expected within training_tolerance() of the
+// model's dtype; otherwise a message naming the first wrong element of each
+// unit that differs.
 inline std::string compare_units(const std::string& what, GPT& model,
                                  const std::vector<std::vector<double>>& expected,
                                  const std::vector<std::vector<double>>& got) {
+  const Closeness within = training_tolerance(model_dtype(model));
   std::string message;
   std::vector<Unit*> units = model.units();
   for (std::size_t u = 0; u < units.size(); ++u) {
     std::int64_t wrong = 0, first = -1;
     for (std::size_t i = 0; i < expected[u].size(); ++i) {
-      if (!close_enough(expected[u][i], got[u][i])) {
+      if (!within.holds(expected[u][i], got[u][i])) {
         if (first < 0) first = static_cast<std::int64_t>(i);
         ++wrong;
       }
@@ -136,9 +181,10 @@ inline std::string compare_units(const std::string& what, GPT& model,
 inline std::string compare_with_single(const ModelState& expected, GPT& model,
                                        const std::vector<double>& mean_losses, int rank) {
   ModelState got = capture(model, mean_losses);
+  const Closeness within = training_tolerance(model_dtype(model));
   std::string message;
   for (std::size_t s = 0; s < expected.losses.size(); ++s)
-    if (s >= got.losses.size() || !close_enough(expected.losses[s], got.losses[s]))
+    if (s >= got.losses.size() || !within.holds(expected.losses[s], got.losses[s]))
       message += "\n    step " + std::to_string(s + 1) + " loss (mean over ranks): expected " +
                  number(expected.losses[s]) + ", got " +
                  (s < got.losses.size() ? number(got.losses[s]) : std::string("nothing"));
@@ -146,8 +192,8 @@ inline std::string compare_with_single(const ModelState& expected, GPT& model,
   message += compare_units("parameter after the last step", model, expected.params, got.params);
   if (message.empty()) return "";
   return "rank " + std::to_string(rank) +
-         " differs from single-device training on the same global batch" +
-         " (tolerance |diff| <= 1e-10 + 1e-8 |expected|):" + message;
+         " differs from single-device training on the same global batch (" +
+         dtype_name(model_dtype(model)) + ", tolerance " + within.str() + "):" + message;
 }
 
 // --- First-step gradients -----------------------------------------------------
@@ -185,12 +231,12 @@ struct GradientVerdict {
 };
 
 inline GradientVerdict judge(const double* expected, const double* local, const double* got,
-                             std::int64_t n) {
+                             std::int64_t n, Closeness within) {
   bool all_close = true, all_local = true, all_zero = true;
   double ge = 0, ee = 0;
   for (std::int64_t i = 0; i < n; ++i) {
-    all_close = all_close && close_enough(expected[i], got[i]);
-    all_local = all_local && close_enough(local[i], got[i]);
+    all_close = all_close && within.holds(expected[i], got[i]);
+    all_local = all_local && within.holds(local[i], got[i]);
     all_zero = all_zero && got[i] == 0;
     ge += got[i] * expected[i];
     ee += expected[i] * expected[i];
@@ -202,7 +248,7 @@ inline GradientVerdict judge(const double* expected, const double* local, const 
     const double ratio = ge / ee;
     bool scaled = true;
     for (std::int64_t i = 0; i < n && scaled; ++i)
-      scaled = close_enough(ratio * expected[i], got[i]);
+      scaled = within.holds(ratio * expected[i], got[i]);
     if (scaled) return {GradientVerdict::scaled, ratio};
   }
   return {GradientVerdict::other, 0};
@@ -221,10 +267,12 @@ struct GradientWording {
 };
 
 // What a ratio most likely means, for a run on `world` ranks with `k`
-// accumulated micro-batches.
+// accumulated micro-batches, fitted from gradients of `dtype`.
 inline std::string explain_ratio(double ratio, int world, std::int64_t k,
-                                 const GradientWording& words = {}) {
-  auto near = [&](double x) { return std::fabs(ratio - x) <= 1e-6 * std::fabs(x); };
+                                 const GradientWording& words = {}, DType dtype = DType::f64) {
+  auto near = [&](double x) {
+    return std::fabs(ratio - x) <= ratio_tolerance(dtype) * std::fabs(x);
+  };
   const std::string w = std::to_string(world);
   if (world > 1 && near(world))
     return "did you sum over the ranks without dividing by the world size " + w +
@@ -252,16 +300,20 @@ struct GradientPiece {
   std::function<std::string(std::int64_t)> where;  // "unit 'head' 'weight' element 3"
 };
 
-// "" when every piece equals its expected gradient; otherwise the verdict
-// first (what the wrong gradients are), then one example with the numbers.
+// "" when every piece equals its expected gradient (within
+// first_step_tolerance() of `dtype`, the dtype the gradients were computed
+// in); otherwise the verdict first (what the wrong gradients are), then one
+// example with the numbers.
 inline std::string judge_gradient_pieces(const std::vector<GradientPiece>& pieces,
                                          const std::string& what, int rank, int world,
-                                         std::int64_t k, const GradientWording& wording = {}) {
+                                         std::int64_t k, const GradientWording& wording = {},
+                                         DType dtype = DType::f64) {
+  const Closeness within = first_step_tolerance(dtype);
   std::map<std::string, std::vector<std::string>> groups;  // verdict -> labels
   std::string example;
   int wrong = 0;
   for (const GradientPiece& piece : pieces) {
-    const GradientVerdict v = judge(piece.expected, piece.local, piece.got, piece.numel);
+    const GradientVerdict v = judge(piece.expected, piece.local, piece.got, piece.numel, within);
     if (v.kind == GradientVerdict::right) continue;
     ++wrong;
     std::string words;
@@ -270,7 +322,7 @@ inline std::string judge_gradient_pieces(const std::vector<GradientPiece>& piece
         char ratio[32];
         std::snprintf(ratio, sizeof ratio, "%.2fx", v.ratio);
         words = std::string(ratio) +
-                " the single-device mean: " + explain_ratio(v.ratio, world, k, wording);
+                " the single-device mean: " + explain_ratio(v.ratio, world, k, wording, dtype);
         break;
       }
       case GradientVerdict::local:
@@ -285,7 +337,7 @@ inline std::string judge_gradient_pieces(const std::vector<GradientPiece>& piece
     groups[words].push_back(piece.label);
     if (example.empty()) {
       std::int64_t i = 0;
-      while (i + 1 < piece.numel && close_enough(piece.expected[i], piece.got[i])) ++i;
+      while (i + 1 < piece.numel && within.holds(piece.expected[i], piece.got[i])) ++i;
       example = "e.g. " + piece.where(i) + ": expected " + number(piece.expected[i]) + ", got " +
                 number(piece.got[i]) + " (" + wording.local_example + ": " +
                 number(piece.local[i]) + ")";
@@ -331,7 +383,7 @@ inline std::string check_first_step_gradients(const UnitGradients& expected,
     }
   }
   return judge_gradient_pieces(pieces, "gradients after synchronization (parameters)", rank, world,
-                               k, wording);
+                               k, wording, model_dtype(model));
 }
 
 // This rank's gradient shard of every unit (chunk shards[u] of its flat
@@ -363,7 +415,7 @@ inline std::string check_first_step_gradient_shards(const UnitGradients& expecte
                                    }});
   }
   return judge_gradient_pieces(pieces, "gradient shards after reduce-scatter (units)", rank, world,
-                               1);
+                               1, {}, model_dtype(model));
 }
 
 // The mean over ranks of each rank's per-step losses (one all-reduce; call it
