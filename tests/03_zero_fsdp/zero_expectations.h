@@ -65,7 +65,11 @@ inline void expect_matches_single(Stage stage, const TrainConfig& config,
                 drift = "rank " + std::to_string(comm.rank()) + ", after step " +
                         std::to_string(s) +
                         ": the model's full parameters differ from the updated shards (every "
-                        "rank's shard must be all-gathered into params() after the update)";
+                        "rank's shard must be all-gathered into params() after the update" +
+                        (stage == Stage::offload
+                             ? std::string("; for offload: copy each updated host shard into "
+                                           "this rank's slice of params() before the all-gather)")
+                             : std::string(")"));
             }
             if (failure.empty()) failure = drift;
           }

@@ -151,7 +151,50 @@ struct LossRun {
   std::vector<double> expected_grad, got_grad;  // this rank's columns [B*T, V/t]
   CommUse forward, backward;
   std::int64_t held = 0;  // the most bytes allocated during the loss
+  // What this rank returns when every rank subtracts its own slice's max
+  // instead of the row's global max: the loss log(S) + m_r - target logit,
+  // with S the sum over ranks of exp(logit - that rank's max), and the
+  // gradient of this rank's columns.
+  double own_max_loss = 0;
+  std::vector<double> own_max_grad;
 };
+
+void predict_own_max(const LossCase& c, int t, int r, LossRun& run) {
+  const std::int64_t N = c.B * c.T, n = kVocab / t;
+  run.own_max_grad.assign(static_cast<std::size_t>(N * n), 0.0);
+  double total = 0;
+  for (std::int64_t row = 0; row < N; ++row) {
+    const double* l = &c.logits[static_cast<std::size_t>(row * kVocab)];
+    std::vector<double> max(static_cast<std::size_t>(t));
+    double sum = 0;
+    for (int q = 0; q < t; ++q) {
+      max[q] = *std::max_element(l + q * n, l + q * n + n);
+      for (std::int64_t j = q * n; j < q * n + n; ++j) sum += std::exp(l[j] - max[q]);
+    }
+    const auto target = static_cast<std::int64_t>(c.targets[static_cast<std::size_t>(row)]);
+    total += std::log(sum) + max[r] - l[target];
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t id = r * n + j;
+      run.own_max_grad[static_cast<std::size_t>(row * n + j)] =
+          c.loss_scale / static_cast<double>(N) *
+          (std::exp(l[id] - max[r]) / sum - (id == target ? 1.0 : 0.0));
+    }
+  }
+  run.own_max_loss = total / static_cast<double>(N);
+}
+
+bool all_close(const std::vector<double>& expected, const std::vector<double>& got) {
+  if (expected.size() != got.size()) return false;
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    if (!close_enough(expected[i], got[i])) return false;
+  return true;
+}
+
+// Said when the loss equals what each rank's own slice max gives.
+const char* const kOwnMax =
+    "looks like each rank subtracted its own slice's max: the row max must be the global one "
+    "over every vocab shard (ops::row_max on this slice, then all_reduce with ReduceOp::max), "
+    "the same m_n on every rank";
 
 LossRun run_loss(Comm& comm, const LossCase& c) {
   const int t = comm.size(), r = comm.rank();
@@ -181,10 +224,12 @@ LossRun run_loss(Comm& comm, const LossCase& c) {
   run.held = tracker->total_peak() - before;
   run.forward = comm_use(s0, s1);
   run.backward = comm_use(s1, s2);
+  predict_own_max(c, t, r, run);
   return run;
 }
 
-// What a gradient `ratio` times the right one means, for N rows and loss_scale s on t ranks.
+// What a gradient `ratio` times the right one means, for N rows and loss_scale s on t ranks;
+// "" when no known mistake gives that ratio.
 std::string explain_gradient_scale(double ratio, int t, std::int64_t N, double s) {
   const auto near = [ratio](double x) { return std::fabs(ratio - x) <= 1e-6 * std::fabs(x); };
   const std::string rows = "N = B*T = " + std::to_string(N) + " rows";
@@ -201,10 +246,12 @@ std::string explain_gradient_scale(double ratio, int t, std::int64_t N, double s
   if (t > 1 && near(t))
     return "looks like the gradient was summed over the " + std::to_string(t) +
            " ranks: the backward needs no communication";
-  return "a wrong scale factor";
+  return "";
 }
 
-// "" or the gradient's first wrong element as (row, token id), with the scale decoded.
+// "" or the gradient's first wrong element as (row, token id), with the
+// cause decoded: each rank's own max, or a scale (blamed on the scale only
+// while the loss is right: a wrong loss's max or sums scale the gradient too).
 std::string check_loss_gradient(const std::string& what, int rank, int t, const LossCase& c,
                                 const LossRun& run) {
   std::string m = check_values(what, rank, run.expected_grad, run.got_grad);
@@ -214,11 +261,18 @@ std::string check_loss_gradient(const std::string& what, int rank, int t, const 
   while (close_enough(run.expected_grad[first], run.got_grad[first])) ++first;
   m += "\n      = row " + std::to_string(first / n) + ", token id " +
        std::to_string(rank * n + static_cast<std::int64_t>(first) % n);
+  if (t > 1 && all_close(run.own_max_grad, run.got_grad))
+    return m +
+           "; looks like each rank subtracted its own slice's max, not the row's global max "
+           "(all_reduce with ReduceOp::max)";
   const double ratio = uniform_ratio(run.expected_grad, run.got_grad);
-  if (ratio != 0)
-    m += "; gradients are " + times_text(ratio) +
-         " the expected: " + explain_gradient_scale(ratio, t, c.B * c.T, c.loss_scale);
-  return m;
+  if (ratio == 0) return m;
+  std::string why = explain_gradient_scale(ratio, t, c.B * c.T, c.loss_scale);
+  if (why.empty())
+    why = close_enough(run.expected_loss, run.got_loss)
+              ? "a wrong scale factor"
+              : "the loss is wrong too; fix it first (the gradient reuses its row max and sums)";
+  return m + "; gradients are " + times_text(ratio) + " the expected: " + why;
 }
 
 std::string cross_entropy_on(Comm& comm) {
@@ -232,9 +286,12 @@ std::string cross_entropy_on(Comm& comm) {
   if (!close_enough(run.expected_loss, run.got_loss))
     m += "\n    rank " + std::to_string(r) + ": 4.6 loss: expected " + number(run.expected_loss) +
          ", got " + number(run.got_loss) +
-         ". The three steps: the max over the WHOLE vocabulary (all-reduce with ReduceOp::max), "
-         "then the sums of exp(logit - max) and the target logits over all ranks (all-reduce, "
-         "sum), then the mean of log(sum) + max - target logit";
+         (t > 1 && close_enough(run.own_max_loss, run.got_loss)
+              ? std::string(": ") + kOwnMax
+              : std::string(". The three steps: the max over the WHOLE vocabulary (all-reduce "
+                            "with ReduceOp::max), then the sums of exp(logit - max) and the "
+                            "target logits over all ranks (all-reduce, sum), then the mean of "
+                            "log(sum) + max - target logit"));
   m += check_loss_gradient("4.6 logits gradient (this rank's vocabulary slice, loss_scale 0.3)", r,
                            t, c, run);
   const bool only_small_all_reduces =
@@ -299,9 +356,11 @@ std::string large_logits_on(Comm& comm) {
     const std::int64_t row = static_cast<std::int64_t>(first) / (kVocab / t);
     const auto begin = c.logits.begin() + row * kVocab;
     const std::int64_t top = std::max_element(begin, begin + kVocab) - begin;
-    gradient += "; that row's max, " + number(*(begin + top)) + ", is token id " +
-                std::to_string(top) + " on rank " + std::to_string(top / (kVocab / t)) +
-                "'s slice" + (m.empty() ? why : "");
+    // A uniform scale with the right loss is decoded as a scale alone.
+    if (!m.empty() || uniform_ratio(run.expected_grad, run.got_grad) == 0)
+      gradient += "; that row's max, " + number(*(begin + top)) + ", is token id " +
+                  std::to_string(top) + " on rank " + std::to_string(top / (kVocab / t)) +
+                  "'s slice" + (m.empty() ? why : "");
   }
   return m + gradient;
 }
@@ -319,8 +378,10 @@ std::string single_row_on(Comm& comm) {
   if (!close_enough(run.expected_loss, run.got_loss))
     m += "\n    rank " + std::to_string(r) + ": 4.6 loss of a single row (B = T = 1): expected " +
          number(run.expected_loss) + ", got " + number(run.got_loss) +
-         ". With N = B*T = 1 the mean is that one row's loss: every row counted once, the sum "
-         "divided by B*T";
+         (t > 1 && close_enough(run.own_max_loss, run.got_loss)
+              ? std::string(": ") + kOwnMax
+              : std::string(". With N = B*T = 1 the mean is that one row's loss: every row "
+                            "counted once, the sum divided by B*T"));
   return m + check_loss_gradient("4.6 logits gradient of a single row (B = T = 1)", r, t, c, run);
 }
 

@@ -32,6 +32,36 @@ PipelineOptions fsdp_options(const Layout& l) {
   return options;
 }
 
+// The last micro-batch's share of the step's gradient (its gradient scaled
+// by 1/m), averaged over the d replicas: what a shard holds when each
+// reduce-scatter result is copied into it instead of added, so that the
+// last micro-batch overwrites the others.
+UnitGradients last_microbatch_share(const TrainConfig& config, int dp, int m) {
+  UnitGradients mean;
+  for (int r = 0; r < dp; ++r) {
+    Trainer trainer(config, r, dp);  // its sampler gives replica r's slice of the batch
+    GPT& model = trainer.model();
+    const MicroBatch last = split_microbatches(trainer.sampler().batch(0), m).back();
+    model.zero_grad();
+    model.forward(last.inputs, last.targets);
+    model.backward(1.0 / m);
+    const UnitGradients grads = gradients_of(model);
+    mean.resize(grads.size());
+    for (std::size_t u = 0; u < grads.size(); ++u) {
+      mean[u].resize(grads[u].size(), 0.0);
+      for (std::size_t i = 0; i < grads[u].size(); ++i) mean[u][i] += grads[u][i] / dp;
+    }
+  }
+  return mean;
+}
+
+// True when `got` equals `want` in each of the n elements.
+bool equal(const double* want, const double* got, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i)
+    if (!close_enough(want[i], got[i])) return false;
+  return true;
+}
+
 const std::vector<Layout> kLayouts = {{2, 2, ScheduleKind::one_f_one_b},
                                       {2, 2, ScheduleKind::afab},
                                       {2, 1, ScheduleKind::one_f_one_b},
@@ -45,13 +75,15 @@ TEST(Puzzle5_8_pipeline_fsdp,
     const PipelineOptions options = fsdp_options(l);
     const TrainConfig config = pipeline_config(4 * l.pp, 2 * options.microbatches * l.dp, 1);
     const UnitGradients expected = first_step_gradients(config);
+    const UnitGradients last = last_microbatch_share(config, l.dp, options.microbatches);
     run_and_report(describe(l), l.pp * l.dp, [&](Comm& world) -> std::string {
       PipelineMesh mesh = make_pipeline_mesh(world, l.pp);
+      // This replica's own gradient: its slice of the batch, never reduced.
+      const UnitGradients local = first_step_gradients(config, mesh.dp.rank(), l.dp);
       PipelineTrainer trainer(config, mesh, options);
       const CommStats before = mesh.dp.stats();
       // The gradient shards right after the executor, before clipping and the update.
-      TrainConfig one = config;
-      std::vector<GradientPiece> pieces;
+      std::vector<GradientPiece> pieces, copied;
       std::vector<std::vector<double>> got;
       const auto microbatches =
           split_microbatches(trainer.sampler().batch(0), options.microbatches);
@@ -77,19 +109,48 @@ TEST(Puzzle5_8_pipeline_fsdp,
             continue;
           }
           got.push_back(shard.to_vector());
-          const auto& want = expected[static_cast<std::size_t>(unit.index())];
+          const auto index = static_cast<std::size_t>(unit.index());
           const auto o = static_cast<std::size_t>(range.offset);
           const Unit* at = &unit;
-          pieces.push_back(
-              GradientPiece{"'" + unit.name() + "' shard", &want[o], &want[o], got.back().data(),
-                            range.length, [at, range](std::int64_t i) {
-                              return "unit '" + at->name() + "' " + locate(*at, range.offset + i);
-                            }});
+          const GradientPiece piece{"'" + unit.name() + "' shard",
+                                    &expected[index][o],
+                                    &local[index][o],
+                                    got.back().data(),
+                                    range.length,
+                                    [at, range](std::int64_t i) {
+                                      return "unit '" + at->name() + "' " +
+                                             locate(*at, range.offset + i);
+                                    }};
+          pieces.push_back(piece);
+          copied.push_back(piece);
+          copied.back().local = &last[index][o];
         }
+      }
+      // Every wrong shard the last micro-batch's share alone: judged with
+      // that share in place of the local gradient, in its own words.
+      bool wrong = false, all_last = true;
+      for (const GradientPiece& p : copied)
+        if (!equal(p.expected, p.got, p.numel)) {
+          wrong = true;
+          all_last = all_last && equal(p.local, p.got, p.numel);
+        }
+      GradientWording words;
+      words.micro_batches = "m";
+      words.loss_scale = "StageModule::backward's loss_scale";
+      words.local =
+          "this replica's own local gradient, never averaged over the stage's d replicas "
+          "(reduce-scatter skipped?)";
+      words.local_example = "this replica's local gradient";
+      if (wrong && all_last && options.microbatches > 1) {
+        words.local =
+            "the last micro-batch's share alone: the reduce-scatter result was copied into the "
+            "shard instead of added";
+        words.local_example = "the last micro-batch's share";
+        pieces = copied;
       }
       if (message.empty())
         message = judge_gradient_pieces(pieces, "gradient shards after the step's micro-batches",
-                                        world.rank(), l.dp, options.microbatches);
+                                        world.rank(), l.dp, options.microbatches, words);
       // Per micro-batch and unit: two all-gathers (forward, backward) and one reduce-scatter.
       const auto calls = [&](const CommStats& s, const char* kind) {
         auto it = s.collective_calls.find(kind);
