@@ -97,7 +97,7 @@ preflight() {
 }
 
 # What the run needs: the GPU checkers' binaries and the programs it runs.
-targets=(gpu_tests drivers_tests ch01_reference_tests ch07_reference_tests ch08_reference_tests dtp-export-step dtp-train dtp-bench-train-step
+targets=(gpu_tests drivers_tests ch01_reference_tests ch02_reference_tests ch07_reference_tests ch08_reference_tests dtp-export-step dtp-train dtp-bench-train-step
          dtp-bench-collectives dtp-bench-ddp-step)
 
 do_build() {
@@ -164,6 +164,21 @@ summary() {
   echo "== GPU checkers (ctest -L gpu -LE puzzles, DTP_REQUIRE_GPU=1): exit $ctest_status"
   grep -E "tests passed|tests failed" "$work/ctest.log" | tail -1
   grep -E "\(Failed\)|\(Timeout\)|\(Not Run\)" "$work/ctest.log" | head -20
+  # Which chapters' checkers ran on which substrate: passed/all per flavour.
+  python3 - "$work/ctest.log" <<'PY' 2>/dev/null
+import re, sys, collections
+runs = collections.defaultdict(lambda: [0, 0])
+for line in open(sys.argv[1]):
+    m = re.search(r"Test +#\d+: ([a-z0-9-]+)\.reference\.(ch\d\d)\.\S+ \.+\**\s*(\w+)", line)
+    if m:
+        runs[(m.group(2), m.group(1))][1] += 1
+        runs[(m.group(2), m.group(1))][0] += m.group(3) == "Passed"
+if runs:
+    print("== chapters by substrate (reference checkers passed / run)")
+    for chapter in sorted({c for c, _ in runs}):
+        cells = [f"{flavour} {p}/{n}" for (c, flavour), (p, n) in sorted(runs.items()) if c == chapter]
+        print(f"   {chapter}: " + ", ".join(cells))
+PY
   if [[ -f "$work/nvtx-ncu.txt" ]]; then
     if grep -q "No kernels were profiled" "$work/nvtx-ncu.txt"; then
       echo "== NVTX: no kernel inside the 'head forward' span was profiled: ranges not seen"
@@ -212,12 +227,12 @@ if ((dry_run)); then
     echo "gpu-suite --dry-run: the CUDA build configures ($scratch.log)"
     # What `ctest -L gpu -LE puzzles` would run there. A GPU flavour of a
     # chapter whose checkers make CPU tensors could never pass: none may be
-    # registered (tests/CMakeLists.txt, DTP_GPU_CHAPTERS: 01, 07 and 08), nor one
-    # of a suite that touches no device (7.1's casts).
+    # registered (tests/CMakeLists.txt, DTP_GPU_CHAPTERS: 01, 02, 07 and 08),
+    # nor one of a suite that touches no device (7.1's casts).
     ctest --test-dir "$scratch" -N -L gpu -LE puzzles > "$scratch.tests" 2>&1
     echo "gpu-suite --dry-run: $(grep -c 'Test *#' "$scratch.tests") GPU tests registered" \
          "($(grep -c 'Test *#.* nccl\.' "$scratch.tests") on nccl)"
-    cpu_only=$(grep -E 'Test *#.* (gpu|nccl|mpi-nccl)\.[a-z]+\.(ch0[2-69]|ch07\.Puzzle7_1_)' "$scratch.tests")
+    cpu_only=$(grep -E 'Test *#.* (gpu|mpi-gpu|nccl|mpi-nccl)\.[a-z]+\.(ch0[3-69]|ch07\.Puzzle7_1_)' "$scratch.tests")
     rm -rf "$scratch" "$scratch.tests"
     if [[ -n $cpu_only ]]; then
       echo "gpu-suite --dry-run: GPU flavours registered for chapters whose checkers train on the CPU:" >&2
