@@ -97,7 +97,7 @@ preflight() {
 }
 
 # What the run needs: the GPU checkers' binaries and the programs it runs.
-targets=(gpu_tests drivers_tests ch01_reference_tests ch02_reference_tests ch07_reference_tests ch08_reference_tests dtp-export-step dtp-train dtp-bench-train-step
+targets=(gpu_tests drivers_tests ch01_reference_tests ch02_reference_tests ch07_reference_tests ch08_reference_tests dtp-export-step dtp-train dtp-train-reference dtp-bench-train-step
          dtp-bench-collectives dtp-bench-ddp-step)
 
 do_build() {

@@ -431,9 +431,72 @@ def check_mpi_diverging(args):
            f"--tp 4 under mpiexec -n 2: expected a non-zero exit and '{wanted}'; got {show(result)}")
 
 
+# --- every strategy on the GPU -----------------------------------------------------------
+
+GPU_RUNS = [  # dtp-train flags; each trains 3 steps on the CPU and with --device cuda
+    DDP + ["--world", "2"],
+    ZERO + ["--stage", "1", "--world", "2"],
+    ZERO + ["--stage", "3", "--prefetch", "--world", "2"],
+    ZERO + ["--offload", "--world", "2"],
+    TP + ["--sequence-parallel"],
+    PP + ["--microbatches", "2"],
+    PP + ["--dp", "2", "--fsdp", "--microbatches", "2"],
+    SP + ["--sp-kind", "ulysses"],
+    SP + ["--sp-kind", "ring"],
+    EP + ["--world", "2"],
+    ["--precision", "bf16", "--world", "2"],
+    ["--lora-rank", "4", "--world", "2"],
+]
+# bf16 rounds every activation to 8 bits of mantissa (2^-8 ~ 4e-3), and the
+# GPU's kernels round at other places than the CPU's: 2e-2 for every step.
+BF16_BOUNDS = (2e-2, 2e-2)
+
+
+def check_gpu_strategies(args):
+    """dtp train --device cuda under every strategy: it trains, and its losses
+    follow the same run on the CPU. The GPU's f32 matrix products use TF32
+    (10-bit mantissa, unit roundoff 2^-11 ~ 5e-4), so the first step's loss
+    agrees to about 1e-3 relative and later steps drift a little more: 1e-2.
+    Without a usable GPU the test is skipped (exit 77), or fails under
+    DTP_REQUIRE_GPU=1."""
+    probe = run([args.reference, "--device", "cuda", "--steps", "1", "--batch", "4", "--seq", "16"],
+                timeout=120)
+    if probe.returncode != 0 and "no usable CUDA device" in probe.stderr:
+        if os.environ.get("DTP_REQUIRE_GPU") == "1":
+            expect(False, f"DTP_REQUIRE_GPU=1 but dtp-train finds no GPU: {show(probe)}")
+            return
+        print("skipped: no usable CUDA device (set DTP_REQUIRE_GPU=1 to fail instead)")
+        sys.exit(77)
+    with tempfile.TemporaryDirectory() as folder:
+        for flags in GPU_RUNS:
+            losses = {}
+            for device in ("cpu", "cuda"):
+                log = os.path.join(folder, f"{device}.jsonl")
+                argv = [args.reference] + flags + ["--steps", "3", "--batch", "8", "--seq", "16",
+                                                   "--device", device, "--json", log]
+                result = run(argv, timeout=300, env={"DTP_BACKEND": "thread"})
+                if not expect(result.returncode == 0, f"`dtp-train {' '.join(argv[1:])}` must train; "
+                                                      f"got {show(result)}"):
+                    break
+                losses[device] = [o["loss"] for o in read_log(log, log) if o.get("kind") == "step"]
+            if len(losses) < 2:
+                continue
+            where = " ".join(flags)
+            first, later = BF16_BOUNDS if "bf16" in flags else (1e-3, 1e-2)
+            expect(len(losses["cuda"]) == len(losses["cpu"]) == 3,
+                   f"{where}: expected 3 logged steps on each device; got {losses}")
+            for step, (cpu, gpu) in enumerate(zip(losses["cpu"], losses["cuda"]), 1):
+                relative = first if step == 1 else later
+                expect(abs(gpu - cpu) <= relative * abs(cpu),
+                       f"{where}, step {step}: the loss on the GPU is {gpu:.6f}, on the CPU {cpu:.6f}: "
+                       f"{abs(gpu - cpu) / abs(cpu):.1e} apart, more than the GPU's rounding allows "
+                       f"({relative:.0e}); the GPU run computes something else")
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("check", choices=["unsolved", "outputs", "mpi-outputs", "mpi-diverging"])
+    parser.add_argument("check", choices=["unsolved", "outputs", "mpi-outputs", "mpi-diverging",
+                                          "gpu-strategies"])
     parser.add_argument("--train", help="bin/dtp-train (the puzzles)")
     parser.add_argument("--reference", help="bin/dtp-train-reference")
     parser.add_argument("--checkers", action="append", default=[],
@@ -441,7 +504,7 @@ def main():
     parser.add_argument("--mpiexec")
     args = parser.parse_args()
     {"unsolved": check_unsolved, "outputs": check_outputs, "mpi-outputs": check_mpi_outputs,
-     "mpi-diverging": check_mpi_diverging}[args.check](args)
+     "mpi-diverging": check_mpi_diverging, "gpu-strategies": check_gpu_strategies}[args.check](args)
     for failure in FAILURES:
         print("FAILED:", failure, "\n")
     print(f"{args.check}: {'passed' if not FAILURES else f'{len(FAILURES)} failure(s)'}")
