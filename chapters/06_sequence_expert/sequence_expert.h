@@ -143,7 +143,8 @@ void reset_block_computations();
 
 /// Puzzle 6.1a. x [B, T/n, H, D] (this rank's contiguous positions, every
 /// head) -> [B, T, H/n, D] (every position, heads r H/n .. (r+1) H/n - 1),
-/// with one all_to_all on @p sp. H must divide by n (dtp::Error otherwise).
+/// with one all_to_all on @p sp. H must divide by n: otherwise a dtp::Error that says "heads" and
+/// names H and n.
 Tensor sequence_to_heads(Comm& sp, const Tensor& x);
 /// Puzzle 6.1b. The inverse: [B, T, H/n, D] -> [B, T/n, H, D], one all_to_all.
 Tensor heads_to_sequence(Comm& sp, const Tensor& x);

@@ -183,7 +183,8 @@ inline std::string compare(const std::string& what, const Matrix& expected, cons
     else if (std::fabs(ratio + 1) < 1e-6)
       m << ": the sign is flipped";
     else if (std::fabs(ratio - 1) > 1e-6)
-      m << ": a wrong scale (s = alpha / r applied twice, or not at all?)";
+      m << ": a wrong scale (s = alpha / r applied twice, or not at all, or to h = x A^T instead "
+           "of only on y's line?)";
   }
   return m.str();
 }
