@@ -41,7 +41,7 @@ std::string place(const Device& device) {
 
 TEST(Puzzle3_5_zero1_offload, MasterCopyAndOptimizerLiveOnTheHostNotTheModelsDevice) {
   run_and_report("3.5 Zero1Offload placement", 2, [&](Comm& comm) -> std::string {
-    TrainConfig config = adamw_config(12, 1);
+    TrainConfig config = on_device(adamw_config(12, 1), comm.device());
     config.model.device = model_device(comm);
     StagedTrainer run = plug(Stage::offload, comm, config);
     run.trainer->step();

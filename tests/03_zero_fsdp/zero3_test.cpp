@@ -37,9 +37,9 @@ std::size_t gathers_on_comm_lane(const std::vector<trace::Span>& spans, int rank
 
 // Trains `stage` for traced_config().steps steps on 2 ranks with the trace on.
 std::vector<trace::Span> traced_run(Stage stage, std::vector<std::string>& unit_names) {
-  const TrainConfig config = traced_config();
   trace::enable();
   run_and_report(stage_name(stage) + " traced run", 2, [&](Comm& comm) -> std::string {
+    const TrainConfig config = on_device(traced_config(), comm.device());
     StagedTrainer run = plug(stage, comm, config);
     if (comm.rank() == 0)
       for (Unit* unit : run.trainer->model().units()) unit_names.push_back(unit->name());
@@ -210,7 +210,7 @@ TEST(Puzzle3_4_zero3_prefetch, DestroyedWithAPrefetchInFlightItWaitsForIt) {
   const bool lanes = trace_has_comm_lane();
   if (lanes) trace::enable();
   run_and_report("3.4 Zero3Prefetch destroyed mid-forward", 2, [&](Comm& comm) -> std::string {
-    StagedTrainer run = plug(Stage::prefetch, comm, tiny_config(12, 1));
+    StagedTrainer run = plug(Stage::prefetch, comm, on_device(tiny_config(12, 1), comm.device()));
     run.trainer->model().on_before_forward([](Unit& unit) {
       if (unit.name() == "block.0") throw Stop{};
     });

@@ -2,6 +2,12 @@
 // full parameters a stage's shards make up, and the memory and communication
 // formulas of chapters/03_zero_fsdp/README.md, computed here from the shard
 // lengths (never read from the code under test).
+//
+// Where they run: models and data on the rank's device (comm.device(); the
+// single-device reference on checker_device()) in checker_dtype(): f64 on
+// the CPU, f32 under DTP_CHECK_DTYPE=f32 and on a GPU. Communication counts,
+// bytes and memory (elements x the dtype's element size), and the replicas'
+// bitwise agreement are exact in both dtypes.
 #pragma once
 
 #include <algorithm>
@@ -12,6 +18,7 @@
 #include <vector>
 
 #include "03_zero_fsdp/zero.h"
+#include "support/checker_precision.h"
 #include "support/training.h"
 
 namespace dtp::testing::ch03 {
@@ -51,6 +58,13 @@ inline std::unique_ptr<ShardedOptimizer> make_stage(Stage stage, Comm& comm, GPT
       return std::make_unique<dtp::ch03::Zero1Offload>(comm, model, config);
   }
   return nullptr;
+}
+
+// @p config with its model and data on @p device, in checker_dtype(device).
+inline TrainConfig on_device(TrainConfig config, Device device) {
+  config.model.device = device;
+  config.model.dtype = checker_dtype(device);
+  return config;
 }
 
 // A rank's trainer with the stage plugged in as zero.h shows.

@@ -80,8 +80,10 @@ inline Closeness training_tolerance(DType dtype) {
 // far further apart.
 inline double ratio_tolerance(DType dtype) { return tolerance(dtype, 1e-6, 1e-3); }
 
-// The dtype of @p model's parameters, which its comparisons take their tolerances for.
-inline DType model_dtype(GPT& model) { return model.units().front()->params().dtype(); }
+// The dtype @p model computes in, which its comparisons take their tolerances
+// for: from its config, since a sharded model (ZeRO-3) releases its units'
+// parameters and an empty tensor has no dtype of its own.
+inline DType model_dtype(GPT& model) { return model.config().dtype; }
 
 // A tiny GPT on synthetic data: vocab 32, seq 8, d_model 16, 2 heads, 2
 // blocks, f64 on the CPU (a chapter that runs in checker_dtype() sets the
@@ -149,13 +151,14 @@ inline std::string number(double v) {
   return buf;
 }
 
-// "" when @p got matches @p expected within training_tolerance() of the
-// model's dtype; otherwise a message naming the first wrong element of each
-// unit that differs.
+// "" when @p got matches @p expected within @p within; otherwise a message
+// naming the first wrong element of each unit that differs. The caller
+// states the tolerance, so this also serves a model whose units hold no
+// parameters when compared (ZeRO-3 keeps only shards).
 inline std::string compare_units(const std::string& what, GPT& model,
                                  const std::vector<std::vector<double>>& expected,
-                                 const std::vector<std::vector<double>>& got) {
-  const Closeness within = training_tolerance(model_dtype(model));
+                                 const std::vector<std::vector<double>>& got,
+                                 const Closeness& within) {
   std::string message;
   std::vector<Unit*> units = model.units();
   for (std::size_t u = 0; u < units.size(); ++u) {
@@ -174,6 +177,13 @@ inline std::string compare_units(const std::string& what, GPT& model,
                " elements wrong)";
   }
   return message;
+}
+
+// compare_units() within training_tolerance() of the model's dtype.
+inline std::string compare_units(const std::string& what, GPT& model,
+                                 const std::vector<std::vector<double>>& expected,
+                                 const std::vector<std::vector<double>>& got) {
+  return compare_units(what, model, expected, got, training_tolerance(model_dtype(model)));
 }
 
 // Compares one rank's model (and the losses averaged over ranks) with the
@@ -387,12 +397,14 @@ inline std::string check_first_step_gradients(const UnitGradients& expected,
 }
 
 // This rank's gradient shard of every unit (chunk shards[u] of its flat
-// gradient) against the same slice of the single-device mean.
+// gradient) against the same slice of the single-device mean, judged within
+// first_step_tolerance() of @p dtype, the dtype the gradients were computed
+// in (the caller's config: ZeRO-3's units hold no parameters to read it from).
 inline std::string check_first_step_gradient_shards(const UnitGradients& expected,
                                                     const UnitGradients& local, GPT& model,
                                                     const std::vector<ChunkRange>& shards,
                                                     const UnitGradients& got_shards, int rank,
-                                                    int world) {
+                                                    int world, DType dtype) {
   std::vector<Unit*> units = model.units();
   std::vector<GradientPiece> pieces;
   for (std::size_t u = 0; u < units.size(); ++u) {
@@ -415,7 +427,18 @@ inline std::string check_first_step_gradient_shards(const UnitGradients& expecte
                                    }});
   }
   return judge_gradient_pieces(pieces, "gradient shards after reduce-scatter (units)", rank, world,
-                               1, {}, model_dtype(model));
+                               1, {}, dtype);
+}
+
+// check_first_step_gradient_shards() for the dtype of the model's parameters,
+// for a model whose first unit holds its parameters during the check.
+inline std::string check_first_step_gradient_shards(const UnitGradients& expected,
+                                                    const UnitGradients& local, GPT& model,
+                                                    const std::vector<ChunkRange>& shards,
+                                                    const UnitGradients& got_shards, int rank,
+                                                    int world) {
+  return check_first_step_gradient_shards(expected, local, model, shards, got_shards, rank, world,
+                                          model_dtype(model));
 }
 
 // The mean over ranks of each rank's per-step losses (one all-reduce; call it
