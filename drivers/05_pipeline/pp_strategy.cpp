@@ -156,7 +156,8 @@ StepRecord PipelineTrainer::step() {
   const double loss = execute_schedule(mesh_.pp, schedule_, chunks(), microbatches);
 
   // The loss lives on the last stage; every rank reports the mean over replicas.
-  Tensor step_loss = Tensor::from_values({loss});
+  Tensor step_loss =
+      Tensor::from_values({loss}).to(mesh_.pp.device());  // NCCL moves device memory only
   mesh_.pp.broadcast(step_loss, mesh_.pp.size() - 1);
   if (mesh_.dp.size() > 1) mesh_.dp.all_reduce(step_loss, ReduceOp::avg);
   record.loss = step_loss.item(0);

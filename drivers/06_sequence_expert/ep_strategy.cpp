@@ -127,7 +127,7 @@ double ExpertParallelTrainer::forward_backward() {
   }
   // Summed over every rank's tokens by the exchange: the mean over ranks is a division.
   for (Chunk& chunk : owned_) ops::scale(chunk.grads, 1.0 / ep_.size());
-  Tensor mean = Tensor::from_values({loss});
+  Tensor mean = Tensor::from_values({loss}).to(ep_.device());  // NCCL moves device memory only
   ep_.all_reduce(mean, ReduceOp::avg);
   return mean.item(0);
 }

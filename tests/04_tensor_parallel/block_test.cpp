@@ -1,8 +1,9 @@
 // Puzzle 4.7: the tensor-parallel block, with and without sequence
-// parallelism, equals the serial block in f64; under sequence parallelism it
-// moves all-gathers and reduce-scatters instead of all-reduces (the same
-// bytes), divides the residual stream's activations by t, and sums the
-// replicated parameters' gradients over the group so the replicas agree.
+// parallelism, equals the serial block (in f64, or f32: tp_checks.h); under
+// sequence parallelism it moves all-gathers and reduce-scatters instead of
+// all-reduces (the same bytes), divides the residual stream's activations by
+// t, and sums the replicated parameters' gradients over the group so the
+// replicas agree.
 #include "tp_checks.h"
 
 namespace dtp::testing::ch04 {
@@ -16,32 +17,35 @@ namespace {
 //   keep for their weight gradients, gathered (2 N C);
 //   plain TP: the residual after attention and the block output (2 N C),
 //   the LayerNorm statistics (4 N);
-//   sequence parallel: those on this rank's tokens only (2 N C / t, 4 N / t).
-std::int64_t activation_bound(int t, bool sp) {
+//   sequence parallel: those on this rank's tokens only (2 N C / t, 4 N / t);
+// each element of @p element bytes (the dtype's size).
+std::int64_t activation_bound(int t, bool sp, std::int64_t element) {
   const std::int64_t shared =
       4 * kN * kC / t + 8 * kN * kC / t + kB * kHeads * kT * kT / t + 2 * kN * kC;
   const std::int64_t sharded_by_sp = 2 * kN * kC + 4 * kN;
-  return 8 * (shared + (sp ? sharded_by_sp / t : sharded_by_sp));
+  return element * (shared + (sp ? sharded_by_sp / t : sharded_by_sp));
 }
 
 std::string block_on(Comm& comm, bool sp) {
   const int t = comm.size(), r = comm.rank();
-  const GPTConfig config = layer_config();
+  const Device on = comm.device();
+  const Closeness within = block_tolerance(checker_dtype(on));
+  const GPTConfig config = layer_config(on);
   Block serial(config, 0);
   randomize(serial, 7);
-  const std::vector<double> x = values(random_tensor(Shape{kB, kT, kC}, 71));
-  const std::vector<double> dy = values(random_tensor(Shape{kB, kT, kC}, 72));
+  const std::vector<double> x = values(random_tensor(Shape{kB, kT, kC}, 71, on));
+  const std::vector<double> dy = values(random_tensor(Shape{kB, kT, kC}, 72, on));
   std::vector<double> y_full, dx_full;
   {
     BlockSaved saved;
-    y_full = values(serial.forward(tensor_of(x, Shape{kB, kT, kC}), saved));
-    dx_full = values(serial.backward(tensor_of(dy, Shape{kB, kT, kC}), saved));
+    y_full = values(serial.forward(tensor_of(x, Shape{kB, kT, kC}, on), saved));
+    dx_full = values(serial.backward(tensor_of(dy, Shape{kB, kT, kC}, on), saved));
   }
   TensorParallelBlock block(comm, serial, TensorParallelOptions{sp});
-  Tensor my_x =
-      sp ? tensor_of(my_tokens(x, kC, t, r), Shape{kN / t, kC}) : tensor_of(x, Shape{kB, kT, kC});
-  Tensor my_dy =
-      sp ? tensor_of(my_tokens(dy, kC, t, r), Shape{kN / t, kC}) : tensor_of(dy, Shape{kB, kT, kC});
+  Tensor my_x = sp ? tensor_of(my_tokens(x, kC, t, r), Shape{kN / t, kC}, on)
+                   : tensor_of(x, Shape{kB, kT, kC}, on);
+  Tensor my_dy = sp ? tensor_of(my_tokens(dy, kC, t, r), Shape{kN / t, kC}, on)
+                    : tensor_of(dy, Shape{kB, kT, kC}, on);
   std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
   TensorParallelBlockSaved saved;
   const std::int64_t activations_before = tracker->live(MemoryCategory::activations);
@@ -56,15 +60,15 @@ std::string block_on(Comm& comm, bool sp) {
 
   std::string m;
   auto mine = [&](const std::vector<double>& v) { return sp ? my_tokens(v, kC, t, r) : v; };
-  m += check_values("4.7 block output", r, mine(y_full), values(y));
-  m += check_values("4.7 block input gradient", r, mine(dx_full), values(dx));
+  m += check_values("4.7 block output", r, mine(y_full), values(y), within);
+  m += check_values("4.7 block input gradient", r, mine(dx_full), values(dx), within);
   const std::string replicated_hint =
       sp ? "(a replicated parameter: under sequence parallelism each rank's backward sees only its "
            "own tokens, so "
            "reduce_replicated_gradients() must all-reduce it over the group)"
          : "(a replicated parameter: without sequence parallelism every rank computes it whole; "
            "reduce_replicated_gradients() must leave it alone)";
-  m += check_unit_slices("gradient", r, t, serial, block, true, replicated_hint);
+  m += check_unit_slices("gradient", r, t, serial, block, true, within, replicated_hint);
   std::vector<std::pair<std::string, Tensor>> replicated;
   const char* names[] = {"ln1.weight", "ln1.bias", "attn.proj.bias",
                          "ln2.weight", "ln2.bias", "mlp.proj.bias"};
@@ -72,7 +76,7 @@ std::string block_on(Comm& comm, bool sp) {
     replicated.push_back({std::string("4.7 gradient of ") + name, block.parameter(name).grad});
   if (m.empty()) m += check_replicas_agree(comm, replicated, replicated_hint);
 
-  const std::int64_t bytes = kN * kC * 8;
+  const std::int64_t element = element_bytes(on), bytes = kN * kC * element;
   if (!sp) {
     m += check_comm("4.7 block forward", r, comm_use(s0, s1), {{"all_reduce", 2}}, 2 * bytes,
                     "one all-reduce for attention and one for the MLP");
@@ -91,15 +95,16 @@ std::string block_on(Comm& comm, bool sp) {
                     "no all-reduce: the mirror of the forward (the replicated gradients are summed "
                     "later, once)");
     const CommUse reduce = comm_use(s2, s3);
-    if (reduce.bytes != 6 * kC * 8 || reduce.count("all_reduce") < 1 || reduce.calls.size() != 1)
+    if (reduce.bytes != 6 * kC * element || reduce.count("all_reduce") < 1 ||
+        reduce.calls.size() != 1)
       m += "\n    rank " + std::to_string(r) + ": 4.7 reduce_replicated_gradients made " +
            reduce.str() +
            ", expected all-reduces of the six replicated gradients (ln1, ln2 weight and bias, the "
            "two row-parallel "
-           "biases: 6 x C x 8 = " +
-           std::to_string(6 * kC * 8) + " bytes in all)";
+           "biases: 6 x C x " +
+           std::to_string(element) + " = " + std::to_string(6 * kC * element) + " bytes in all)";
   }
-  const std::int64_t bound = activation_bound(t, sp);
+  const std::int64_t bound = activation_bound(t, sp, element);
   if (held > bound)
     m += "\n    rank " + std::to_string(r) + ": 4.7 the block's forward left " +
          std::to_string(held) + " bytes of activations, above the lesson's bound of " +

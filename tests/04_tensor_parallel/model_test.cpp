@@ -12,10 +12,18 @@
 namespace dtp::testing::ch04 {
 namespace {
 
-// tiny_config with heads, vocabulary and tokens that split over 4 ranks.
-TrainConfig tp_config() {
+// tiny_config with heads, vocabulary and tokens that split over 4 ranks, its
+// model and data on @p on in checker_dtype(on). Its comparisons use
+// training.h's tolerances: first_step_tolerance for step 1's gradients,
+// training_tolerance after the steps. In f32 those bound 288 tokens' sums
+// (chapter 02); a step here adds 64 tokens, and the TP reductions add at
+// most 4 partial sums per element, so they bound these too. Measured at most
+// 6.9e-8 (a gradient of 0.14), 1.1e-8 (parameters) and 3e-8 (losses).
+TrainConfig tp_config(Device on = checker_device()) {
   TrainConfig config = tiny_config(/*global_batch=*/8, /*steps=*/3);
   config.model.heads = 4;
+  config.model.device = on;
+  config.model.dtype = checker_dtype(on);
   return config;
 }
 
@@ -41,8 +49,9 @@ std::string mesh_on(Comm& world, int tp) {
   const int w = world.rank();
   std::string m;
   auto members = [](Comm& group, int world_rank) {
-    Tensor mine = Tensor::from_values({static_cast<double>(world_rank)});
-    Tensor all = Tensor::empty(Shape{group.size()}, DType::f64);
+    Tensor mine =
+        Tensor::from_values({static_cast<double>(world_rank)}, DType::f64, group.device());
+    Tensor all = Tensor::empty(Shape{group.size()}, DType::f64, group.device());
     group.all_gather(mine, all);
     return values(all);
   };
@@ -96,7 +105,7 @@ TEST(Puzzle4_8_tensor_parallel_gpt, MakeMeshOfAWorldThatDoesNotSplitIsAnErrorNam
 // The serial model after the first backward of the whole global batch.
 std::unique_ptr<Trainer> serial_after_first_backward(const TrainConfig& config) {
   auto trainer = std::make_unique<Trainer>(config);
-  Batch batch = trainer->sampler().batch(0);
+  Batch batch = trainer->sampler().batch(0, config.model.device);
   trainer->model().zero_grad();
   trainer->model().forward(batch.inputs, batch.targets);
   trainer->model().backward();
@@ -104,15 +113,16 @@ std::unique_ptr<Trainer> serial_after_first_backward(const TrainConfig& config) 
 }
 
 TEST(Puzzle4_8_tensor_parallel_gpt, FirstStepGradientsEqualTheSingleDeviceGradients) {
-  const TrainConfig config = tp_config();
-  std::unique_ptr<Trainer> serial = serial_after_first_backward(config);
+  std::unique_ptr<Trainer> serial = serial_after_first_backward(tp_config());
   std::vector<Unit*> serial_units = serial->model().units();
   for (const Layout& layout : layouts())
     run_and_report(
         "4.8 first-step gradients, " + layout.str(), layout.tp * layout.dp, [&](Comm& world) {
+          const TrainConfig config = tp_config(world.device());
+          const Closeness within = first_step_tolerance(config.model.dtype);
           Mesh mesh = make_mesh(world, layout.tp);
           TensorParallelTrainer trainer(config, mesh, TensorParallelOptions{layout.sp});
-          Batch batch = trainer.sampler().batch(0);
+          Batch batch = trainer.sampler().batch(0, config.model.device);
           TensorParallelGPT& model = trainer.model();
           model.zero_grad();
           model.forward(batch.inputs, batch.targets);
@@ -123,6 +133,7 @@ TEST(Puzzle4_8_tensor_parallel_gpt, FirstStepGradientsEqualTheSingleDeviceGradie
           for (std::size_t u = 0; u < units.size(); ++u)
             m += check_unit_slices(
                 "first-step gradient", mesh.tp.rank(), layout.tp, *serial_units[u], *units[u], true,
+                within,
                 layout.sp ? "(replicated: under sequence parallelism sum it over the TP group in "
                             "finish_backward: the blocks' and the head's LayerNorm)"
                           : "");
@@ -139,20 +150,22 @@ TEST(Puzzle4_8_tensor_parallel_gpt, FirstStepGradientsEqualTheSingleDeviceGradie
 }
 
 TEST(Puzzle4_8_tensor_parallel_gpt, TrainingEqualsSingleDeviceTrainingAndReplicasAgreeEveryStep) {
-  const TrainConfig config = tp_config();
-  Trainer serial(config);
+  Trainer serial(tp_config());
   std::vector<double> serial_losses;
-  for (std::int64_t s = 0; s < config.steps; ++s) serial_losses.push_back(serial.step().loss);
+  for (std::int64_t s = 0; s < serial.config().steps; ++s)
+    serial_losses.push_back(serial.step().loss);
   std::vector<Unit*> serial_units = serial.model().units();
   for (const Layout& layout : layouts())
     run_and_report("4.8 training, " + layout.str(), layout.tp * layout.dp, [&](Comm& world) {
+      const TrainConfig config = tp_config(world.device());
+      const Closeness within = training_tolerance(config.model.dtype);
       Mesh mesh = make_mesh(world, layout.tp);
       TensorParallelTrainer trainer(config, mesh, TensorParallelOptions{layout.sp});
       std::vector<Unit*> units = trainer.model().units();
       std::string m;
       for (std::int64_t s = 0; s < config.steps && m.empty(); ++s) {
         const double loss = trainer.step().loss;
-        if (!close_enough(serial_losses[static_cast<std::size_t>(s)], loss))
+        if (!within.holds(serial_losses[static_cast<std::size_t>(s)], loss))
           m += "\n    step " + std::to_string(s + 1) + " loss: expected " +
                number(serial_losses[static_cast<std::size_t>(s)]) + ", got " + number(loss);
         std::vector<std::pair<std::string, Tensor>> replicated, everything;
@@ -170,12 +183,14 @@ TEST(Puzzle4_8_tensor_parallel_gpt, TrainingEqualsSingleDeviceTrainingAndReplica
             "summed over the group) before the update.");
         m += check_replicas_agree(mesh.dp, everything,
                                   "(across the DP group) Every gradient must be averaged over the "
-                                  "DP group before the update.");
+                                  "DP group before the update.",
+                                  "DP");
       }
       if (m.empty())
         for (std::size_t u = 0; u < units.size(); ++u)
           m += check_unit_slices("value after " + std::to_string(config.steps) + " steps",
-                                 mesh.tp.rank(), layout.tp, *serial_units[u], *units[u], false);
+                                 mesh.tp.rank(), layout.tp, *serial_units[u], *units[u], false,
+                                 within);
       if (m.empty()) return std::string();
       return "world rank " + std::to_string(world.rank()) + " (TP rank " +
              std::to_string(mesh.tp.rank()) + ", DP rank " + std::to_string(mesh.dp.rank()) +
@@ -198,7 +213,8 @@ UnitGradients micro_batch_share(Trainer& serial, int dp, int k) {
   model.zero_grad();
   const std::int64_t slice = serial.config().batch / dp, micro = slice / kMicroBatches;
   for (int d = 0; d < dp; ++d) {
-    const Batch part = serial.sampler().samples(0, d * slice + k * micro, micro);
+    const Batch part =
+        serial.sampler().samples(0, d * slice + k * micro, micro, serial.config().model.device);
     model.forward(part.inputs, part.targets);
     model.backward(1.0 / (kMicroBatches * dp));
   }
@@ -217,7 +233,8 @@ std::vector<double> slice_of(const UnitGradients& grads, std::size_t u, Unit& un
 // shares; names the first three wrong parameters and counts the rest.
 std::string check_accumulated_gradients(const UnitGradients& first, const UnitGradients& second,
                                         const std::vector<Unit*>& share_units,
-                                        const std::vector<Unit*>& units, int t, int r) {
+                                        const std::vector<Unit*>& units, int t, int r,
+                                        const Closeness& within) {
   std::string m;
   int wrong = 0;
   for (std::size_t u = 0; u < units.size(); ++u)
@@ -226,7 +243,7 @@ std::string check_accumulated_gradients(const UnitGradients& first, const UnitGr
       const std::vector<double> b = slice_of(second, u, *share_units[u], p, t, r);
       const std::string one = check_values(
           "step 1 gradient of unit '" + units[u]->name() + "' '" + p.name + "'", r, plus(a, b),
-          values(p.grad),
+          values(p.grad), within,
           {{"t = " + std::to_string(t) +
                 " times the first micro-batch's share + the second's: the replicated gradients "
                 "were summed over the TP group after every backward. Sum them once per step, "
@@ -244,19 +261,21 @@ std::string check_accumulated_gradients(const UnitGradients& first, const UnitGr
 }
 
 TEST(Puzzle4_8_tensor_parallel_gpt, AccumulatedMicroBatchesEqualSingleDeviceTraining) {
-  const TrainConfig config = tp_config();
-  Trainer serial(config);
+  Trainer serial(tp_config());
   std::vector<double> serial_losses;
-  for (std::int64_t s = 0; s < config.steps; ++s) serial_losses.push_back(serial.step().loss);
+  for (std::int64_t s = 0; s < serial.config().steps; ++s)
+    serial_losses.push_back(serial.step().loss);
   std::vector<Unit*> serial_units = serial.model().units();
   for (const Layout& layout : layouts()) {
-    Trainer shares_model(config);
+    Trainer shares_model(tp_config());
     const UnitGradients first = micro_batch_share(shares_model, layout.dp, 0);
     const UnitGradients second = micro_batch_share(shares_model, layout.dp, 1);
     std::vector<Unit*> share_units = shares_model.model().units();
     run_and_report(
         "4.8 two accumulated micro-batches per step, " + layout.str(), layout.tp * layout.dp,
         [&](Comm& world) {
+          const TrainConfig config = tp_config(world.device());
+          const DType dtype = config.model.dtype;
           Mesh mesh = make_mesh(world, layout.tp);
           TensorParallelTrainer trainer(config, mesh, TensorParallelOptions{layout.sp});
           TensorParallelGPT& model = trainer.model();
@@ -268,18 +287,20 @@ TEST(Puzzle4_8_tensor_parallel_gpt, AccumulatedMicroBatchesEqualSingleDeviceTrai
             model.zero_grad();
             double loss = 0;
             for (int k = 0; k < kMicroBatches; ++k) {
-              const Batch part =
-                  trainer.sampler().samples(s, mesh.dp.rank() * slice + k * micro, micro);
+              const Batch part = trainer.sampler().samples(s, mesh.dp.rank() * slice + k * micro,
+                                                           micro, config.model.device);
               loss += model.forward(part.inputs, part.targets) / kMicroBatches;
               model.backward(1.0 / kMicroBatches);
             }
             model.finish_backward(mesh.dp);
-            if (s == 0) m += check_accumulated_gradients(first, second, share_units, units, t, r);
+            if (s == 0)
+              m += check_accumulated_gradients(first, second, share_units, units, t, r,
+                                               first_step_tolerance(dtype));
             trainer.trainer().optimizer().step(trainer.config().schedule().at(s));
-            Tensor mean_loss = Tensor::from_values({loss});
+            Tensor mean_loss = Tensor::from_values({loss}, DType::f64, world.device());
             if (mesh.dp.size() > 1) mesh.dp.all_reduce(mean_loss, ReduceOp::avg);
             const double expected = serial_losses[static_cast<std::size_t>(s)];
-            if (!close_enough(expected, mean_loss.item(0)))
+            if (!training_tolerance(dtype).holds(expected, mean_loss.item(0)))
               m += "\n    step " + std::to_string(s + 1) +
                    " loss (the mean of the micro-batches' losses): expected " + number(expected) +
                    ", got " + number(mean_loss.item(0));
@@ -287,7 +308,7 @@ TEST(Puzzle4_8_tensor_parallel_gpt, AccumulatedMicroBatchesEqualSingleDeviceTrai
           if (m.empty())
             for (std::size_t u = 0; u < units.size(); ++u)
               m += check_unit_slices("value after " + std::to_string(config.steps) + " steps", r, t,
-                                     *serial_units[u], *units[u], false);
+                                     *serial_units[u], *units[u], false, training_tolerance(dtype));
           if (m.empty()) return std::string();
           return "world rank " + std::to_string(world.rank()) + " (TP rank " + std::to_string(r) +
                  ", DP rank " + std::to_string(mesh.dp.rank()) +
