@@ -291,8 +291,7 @@ double TensorParallelGPT::global_grad_norm() const {
   add_unit(*embedding);
   for (const auto& block : blocks) add_unit(*block);
   add_unit(*head);
-  Tensor total = Tensor::from_values({squares}, DType::f64);
-  if (config_.device.is_cuda()) total = total.to(config_.device);
+  Tensor total = Tensor::from_values({squares}, DType::f64).to(tp_->device());
   tp_->all_reduce(total);
   return std::sqrt(total.item(0));
 }

@@ -89,7 +89,7 @@ PipelineTrainer::PipelineTrainer(const TrainConfig& config, PipelineMesh& mesh,
   if (options.balance_by_time) {
     // Every rank must cut the model the same way: average the measurements.
     costs = unit_costs_by_time(model, serial_->sampler().batch(0, model.config().device));
-    Tensor shared = Tensor::from_values(costs, DType::f64);
+    Tensor shared = Tensor::from_values(costs, DType::f64).to(mesh.pp.device());
     mesh.pp.all_reduce(shared, ReduceOp::avg);
     mesh.dp.all_reduce(shared, ReduceOp::avg);
     costs = shared.to_vector();
@@ -177,7 +177,7 @@ StepRecord PipelineTrainer::step() {
   double squares = 0;
   for (const Tensor& g : grads)
     for (double x : g.to_vector()) squares += x * x;
-  Tensor total = Tensor::from_values({squares});
+  Tensor total = Tensor::from_values({squares}).to(mesh_.pp.device());
   mesh_.pp.all_reduce(total, ReduceOp::sum);
   if (!fsdp_.empty() && mesh_.dp.size() > 1) mesh_.dp.all_reduce(total, ReduceOp::sum);
   record.grad_norm = std::sqrt(total.item(0));
@@ -232,13 +232,15 @@ void PipelineTrainer::gather_timing(const MemoryTracker& tracker) {
   }
   mine[kPeakAlive] = peak_alive(order, schedule_.split_backward);
   const int p = mesh_.pp.size(), d = mesh_.dp.size();
-  Tensor row = Tensor::from_values(mine, DType::f64);
-  Tensor rows = Tensor::zeros(Shape{static_cast<std::int64_t>(kCount) * p}, DType::f64);
+  // On the communicator's device: NCCL moves device memory only.
+  const Device on = mesh_.pp.device();
+  Tensor row = Tensor::from_values(mine, DType::f64).to(on);
+  Tensor rows = Tensor::zeros(Shape{static_cast<std::int64_t>(kCount) * p}, DType::f64, on);
   mesh_.pp.gather(row, rows, 0);
-  Tensor all = Tensor::zeros(Shape{static_cast<std::int64_t>(kCount) * p * d}, DType::f64);
-  Tensor mine_actions = Tensor::from_values(sorted, DType::f64);
+  Tensor all = Tensor::zeros(Shape{static_cast<std::int64_t>(kCount) * p * d}, DType::f64, on);
+  Tensor mine_actions = Tensor::from_values(sorted, DType::f64).to(on);
   Tensor pipeline_actions =
-      Tensor::zeros(Shape{static_cast<std::int64_t>(sorted.size()) * p}, DType::f64);
+      Tensor::zeros(Shape{static_cast<std::int64_t>(sorted.size()) * p}, DType::f64, on);
   // Every rank of a valid schedule runs the same number of actions.
   mesh_.pp.gather(mine_actions, pipeline_actions, 0);
   if (mesh_.pp.rank() != 0) return;

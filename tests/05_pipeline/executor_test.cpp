@@ -44,14 +44,15 @@ void check_one_step(const Schedule& s, int layers, const std::string& what) {
             check_stage_gradients(expected, pipe.trainer->model(), pipe.mine, pp.rank(), m), loss,
             stats.messages_sent, stats.clock};
         // Every rank learns every rank's facts (after the counts were taken).
-        Tensor row = Tensor::from_values({loss, static_cast<double>(mine.sent), mine.clock});
-        Tensor all = Tensor::empty(Shape{3 * p}, DType::f64);
+        Tensor row = Tensor::from_values({loss, static_cast<double>(mine.sent), mine.clock},
+                                         DType::f64, pp.device());
+        Tensor all = Tensor::empty(Shape{3 * p}, DType::f64, pp.device());
         pp.all_gather(row, all);
         const std::vector<double> v = all.to_vector();
         std::string message = mine.failure;
         const bool holds_loss = pp.rank() == (s.virtual_stages() - 1) % p;
         if (holds_loss) {
-          const std::string l = check_step_loss(expected, loss, m);
+          const std::string l = check_step_loss(expected, loss, m, config.model.dtype);
           if (!l.empty()) add_line(message, "rank " + std::to_string(pp.rank()) + ": " + l);
         } else if (loss != 0) {
           add_line(message, "rank " + std::to_string(pp.rank()) + " returned loss " + number(loss) +
@@ -115,7 +116,7 @@ TEST(Puzzle5_2_naive_pipeline, OneMicroBatchGivesTheSingleDeviceGradientsAndLoss
               check_stage_gradients(expected, pipe.trainer->model(), pipe.mine, pp.rank(), 1);
           const int rank = pp.rank();
           if (rank == p - 1) {
-            const std::string l = check_step_loss(expected, loss, 1);
+            const std::string l = check_step_loss(expected, loss, 1, config.model.dtype);
             if (!l.empty()) message += "\n    rank " + std::to_string(rank) + ": " + l;
           } else if (loss != 0) {
             message += "\n    rank " + std::to_string(rank) + " returned loss " + number(loss) +
@@ -208,7 +209,7 @@ TEST(Puzzle5_7_executor, TrainingThroughTheTrainerEqualsSingleDeviceTraining) {
           p * dp,
           [&](Comm& world) -> std::string {
             PipelineMesh mesh = make_pipeline_mesh(world, p);
-            PipelineTrainer trainer(config, mesh, options);
+            PipelineTrainer trainer(on_device(config, world.device()), mesh, options);
             std::vector<bool> mine(trainer.model().units().size(), false);
             for (StageModule* chunk : trainer.chunks())
               for (Unit* unit : chunk->units())
@@ -220,7 +221,8 @@ TEST(Puzzle5_7_executor, TrainingThroughTheTrainerEqualsSingleDeviceTraining) {
               // The replicas of a stage must stay bitwise equal.
               for (StageModule* chunk : trainer.chunks())
                 for (Unit* unit : chunk->units()) {
-                  Tensor ours = Tensor::empty(unit->params().shape(), unit->params().dtype());
+                  Tensor ours = Tensor::empty(unit->params().shape(), unit->params().dtype(),
+                                              unit->params().device());
                   ours.copy_from(unit->params());
                   mesh.dp.broadcast(ours, 0);
                   if (ours.to_vector() != unit->params().to_vector())
@@ -232,8 +234,8 @@ TEST(Puzzle5_7_executor, TrainingThroughTheTrainerEqualsSingleDeviceTraining) {
                 }
             }
             // Sum the pipeline's messages over its stages (after the count was taken).
-            Tensor sent =
-                Tensor::full({1}, static_cast<double>(mesh.pp.stats().messages_sent), DType::f64);
+            Tensor sent = Tensor::full({1}, static_cast<double>(mesh.pp.stats().messages_sent),
+                                       DType::f64, mesh.pp.device());
             mesh.pp.all_reduce(sent);
             const double want =
                 2.0 * (p * trainer.chunks().size() - 1) * options.microbatches * config.steps;
