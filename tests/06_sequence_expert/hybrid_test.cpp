@@ -32,17 +32,17 @@ std::vector<Shape2d> hybrid_shapes() {
 TEST(Puzzle6_5_hybrid, ForwardAndGradientsEqualSingleDeviceAttention) {
   const Case c = make_case(Dims{2, 24, 12, 2}, 91);
   for (const Shape2d& s : hybrid_shapes()) {
-    run_and_report("hybrid attention, u = " + std::to_string(s.u), s.n,
-                   [&](Comm& sp) -> std::string {
-                     const int r = sp.rank();
-                     HybridAttention attention(sp, s.u, static_cast<int>(c.d.H));
-                     const Tensor out = attention.forward(shard_tensor(c.q, c.d, s.n, r, false),
-                                                          shard_tensor(c.k, c.d, s.n, r, false),
-                                                          shard_tensor(c.v, c.d, s.n, r, false));
-                     Tensor dq, dk, dv;
-                     attention.backward(shard_tensor(c.dout, c.d, s.n, r, false), dq, dk, dv);
-                     return compare_attention(c, s.n, r, false, out, dq, dk, dv);
-                   });
+    run_and_report(
+        "hybrid attention, u = " + std::to_string(s.u), s.n, [&](Comm& sp) -> std::string {
+          const int r = sp.rank();
+          HybridAttention attention(sp, s.u, static_cast<int>(c.d.H));
+          const Tensor out = attention.forward(shard_tensor(c.q, c.d, s.n, r, false, sp.device()),
+                                               shard_tensor(c.k, c.d, s.n, r, false, sp.device()),
+                                               shard_tensor(c.v, c.d, s.n, r, false, sp.device()));
+          Tensor dq, dk, dv;
+          attention.backward(shard_tensor(c.dout, c.d, s.n, r, false, sp.device()), dq, dk, dv);
+          return compare_attention(c, s.n, r, false, out, dq, dk, dv);
+        });
   }
 }
 
@@ -66,9 +66,9 @@ TEST(Puzzle6_5_hybrid, AllToAllsInsideTheGroupAndRingTransfersAcrossGroups) {
           HybridAttention attention(sp, s.u, static_cast<int>(c.d.H));
           attention.inner().reset_stats();
           attention.outer().reset_stats();
-          attention.forward(shard_tensor(c.q, c.d, s.n, r, false),
-                            shard_tensor(c.k, c.d, s.n, r, false),
-                            shard_tensor(c.v, c.d, s.n, r, false));
+          attention.forward(shard_tensor(c.q, c.d, s.n, r, false, sp.device()),
+                            shard_tensor(c.k, c.d, s.n, r, false, sp.device()),
+                            shard_tensor(c.v, c.d, s.n, r, false, sp.device()));
           const CommStats inner = attention.inner().stats(), outer = attention.outer().stats();
           const auto a2a = inner.collective_calls.count("all_to_all")
                                ? inner.collective_calls.at("all_to_all")

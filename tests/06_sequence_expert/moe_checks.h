@@ -1,8 +1,20 @@
-// What the chapter 06 mixture-of-experts checkers share: a small f64 MoE
-// (a Block's MoeMlp gives the weights), the routing rules worked out here
+// What the chapter 06 mixture-of-experts checkers share: a small MoE (a
+// Block's MoeMlp gives the weights), the routing rules worked out here
 // (support/moe_reference.h: plain loops, no runtime or puzzle code) with the
 // mistakes a wrong routing may look like, and comparisons that name the
 // token, expert, parameter and element.
+//
+// Where they run: weights and tokens live on the rank's device
+// (comm.device(); checker_device() outside ranks) in checker_dtype(): f64
+// on the CPU, f32 under DTP_CHECK_DTYPE=f32 and on a GPU. The host layer
+// (support/moe_reference) and the finite differences run in f64 on values
+// read exactly from those tensors, so they are the exact answer in either
+// dtype; the runtime's MoeMlp, 6.7's peer, runs in the checker's dtype like
+// the puzzle. The host's routing is the answer in f32 too only when no two
+// probabilities the rules compare lie within f32 rounding of each other:
+// routing_well_posed() checks that of every case. Routing fields, drops,
+// message counts and bytes (of the dtype's element size) are exact in both
+// dtypes.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +29,7 @@
 #include "06_sequence_expert/sequence_expert.h"
 #include "runtime/nn_test_helpers.h"
 #include "sp_checks.h"  // degrees()
+#include "support/checker_precision.h"
 #include "support/moe_reference.h"
 #include "support/training.h"
 
@@ -24,15 +37,18 @@ namespace dtp::testing::ch06 {
 
 using namespace dtp::ch06;
 
-// A tiny f64 model config with E experts, top-k and a capacity factor.
+// A tiny model config with E experts, top-k and a capacity factor, on @p on
+// (a rank's comm.device()) in checker_dtype(on).
 inline GPTConfig moe_config(int experts, int top_k, double capacity_factor,
-                            double aux_loss_coef = 0.3) {
+                            Device on = checker_device()) {
   GPTConfig c = tiny_f64_config();
+  c.dtype = checker_dtype(on);
+  c.device = on;
   c.seed = 606;
   c.experts = experts;
   c.top_k = top_k;
   c.capacity_factor = capacity_factor;
-  c.aux_loss_coef = aux_loss_coef;  // large, so its gradient shows next to the main loss's
+  c.aux_loss_coef = 0.3;  // large, so its gradient shows next to the main loss's
   return c;
 }
 
@@ -48,10 +64,79 @@ inline std::string case_name(int experts, int top_k, double capacity_factor) {
          number(capacity_factor);
 }
 
-// N tokens x [N, C] in f64, seeded.
+// N tokens x [N, C], uniform in [-1, 1), seeded, on @p on in checker_dtype(on).
 inline Tensor random_tokens(std::int64_t N, std::int64_t C, std::uint64_t seed,
-                            double scale = 1.0) {
-  return Tensor::random_uniform({N, C}, seed, -scale, scale, DType::f64);
+                            Device on = checker_device()) {
+  return Tensor::random_uniform({N, C}, seed, -1.0, 1.0, checker_dtype(on), on);
+}
+
+// --- Tolerances ---------------------------------------------------------------------------
+// In f64 each keeps the number it always had. In f32 each is n roundings of
+// 2^-24 (6e-8) x the magnitude, checked against the worst difference
+// measured on the reference over every case.
+
+// A layer's output y or input gradient dx, token by token, against the host
+// layer (exact) or the runtime's MoeMlp in the same dtype. A row sums k <= 3
+// experts' outputs, each 16 products of GELU'd sums of 8 products, scaled
+// by a router probability: ~80 roundings of 6e-8 of values up to ~1 is 5e-6.
+// Measured at most 1.3e-7 (y against the host; against the runtime's
+// MoeMlp, y and dx agree bit for bit on the CPU). A dropped choice still
+// added, or a row left out, moves a token's row by 1e-2 or more.
+inline Closeness moe_row_tolerance(DType dtype) {
+  return tolerance(dtype, {1e-10, 1e-9}, {5e-6, 5e-6});
+}
+
+// aux_loss() against the host's balance loss from f64 probabilities:
+// coef 0.3 x E sum_e f_e P_e (about 1), where f_e counts choices (exact)
+// and P_e averages probabilities that each carry ~16 roundings of the f32
+// router (8 products, exp, sum, divide) of 6e-8: 1e-6 relative, so at most
+// 3e-7 of the loss; 1e-6 bounds it. Measured at most 1.9e-9. A wrong f_e or
+// P_e moves the loss by 1e-2 or more.
+inline double aux_loss_tolerance(DType dtype) { return tolerance(dtype, 1e-13, 1e-6); }
+
+// Gradients and dx of MoeLayer against central differences of the runtime's
+// layer in f64 (an f64 twin with the same weights, step 1e-5, whose own
+// error is ~1e-8). In f32 the puzzle's backward rounds: a weight gradient
+// sums 12 tokens' terms through the expert MLP and the softmax, ~20
+// roundings each: ~250 roundings of 6e-8 of values up to ~0.5 is 1e-5,
+// absolute and relative. Measured at most 2.3e-7 (dx of magnitude 0.26;
+// weights 2.2e-7). A missing balance-loss share or a lost expert term moves
+// a gradient by 1e-3 or more.
+inline Closeness finite_difference_tolerance(DType dtype) {
+  return tolerance(dtype, {1e-8, 1e-6}, {1e-5, 1e-5});
+}
+
+// Expert-parallel gradients against the runtime's MoeMlp run rank by rank
+// in the same dtype: an expert's sum over every rank's tokens may be added
+// in another order (one batch of gathered rows instead of m batches): up to
+// 4 x 16 tokens' terms of magnitude up to ~3, 64 roundings x 6e-8 x 3 is
+// 1.2e-5; 1e-5 absolute and relative. Measured 0: on the CPU both add in the
+// same order. An expert missing one rank's rows is off by a quarter or more.
+inline Closeness peer_gradient_tolerance(DType dtype) {
+  return tolerance(dtype, {1e-11, 1e-9}, {1e-5, 1e-5});
+}
+
+// "" when routing the runtime's probabilities @p probs (the dtype the puzzle
+// computes in) chooses, keeps and drops the same as routing the host's f64
+// @p host_probs: no two probabilities the rules compare lie within the
+// dtype's rounding of each other, so the host's routing is the answer in
+// this dtype too. Otherwise a message that the case itself does not fit the
+// dtype (not the puzzle's mistake).
+inline std::string routing_well_posed(const std::string& who, const std::vector<double>& host_probs,
+                                      const std::vector<double>& probs, DType dtype, int E, int k,
+                                      double cf) {
+  const HostRouting exact = host_route(host_probs, E, k, cf), rounded = host_route(probs, E, k, cf);
+  if (exact.choices == rounded.choices && exact.kept == rounded.kept &&
+      exact.dropped == rounded.dropped)
+    return "";
+  std::set<std::pair<std::int64_t, int>> moved;
+  std::set_symmetric_difference(exact.kept.begin(), exact.kept.end(), rounded.kept.begin(),
+                                rounded.kept.end(), std::inserter(moved, moved.end()));
+  return "the checker's case (" + who + ") does not fit " + dtype_name(dtype) +
+         ": routing its probabilities in " + dtype_name(dtype) +
+         " chooses or keeps other experts than routing them in f64 (" + describe_choices(moved) +
+         "): two probabilities lie within rounding of each other. This is the checker's fault, "
+         "not the puzzle's: the case needs another seed";
 }
 
 // The (token, expert) choices a MoeRouting kept and dropped.
@@ -199,10 +284,11 @@ inline std::string compare_routing(const MoeRouting& got, const std::vector<doub
   return "";
 }
 
-// "" or where rows x C values `got` first differ from `expected` (row r = token r).
+// "" or where rows x C values `got` first differ from `expected` (row r =
+// token r) by more than @p within.
 inline std::string compare_token_rows(const std::string& what, const std::vector<double>& expected,
-                                      const Tensor& got_tensor, std::int64_t C, double rtol = 1e-9,
-                                      double atol = 1e-10) {
+                                      const Tensor& got_tensor, std::int64_t C,
+                                      const Closeness& within) {
   if (!got_tensor.defined() || got_tensor.numel() != static_cast<std::int64_t>(expected.size()))
     return what + " must have " + std::to_string(expected.size() / static_cast<std::size_t>(C)) +
            " rows of " + std::to_string(C) + ", got " +
@@ -210,13 +296,13 @@ inline std::string compare_token_rows(const std::string& what, const std::vector
   const std::vector<double> got = got_tensor.to_vector();
   std::int64_t wrong = 0, first = -1;
   for (std::size_t i = 0; i < got.size(); ++i)
-    if (!(std::abs(got[i] - expected[i]) <= atol + rtol * std::abs(expected[i])) && wrong++ == 0)
-      first = static_cast<std::int64_t>(i);
+    if (!within.holds(expected[i], got[i]) && wrong++ == 0) first = static_cast<std::int64_t>(i);
   if (wrong == 0) return "";
   bool row_zero = true;
   for (std::int64_t c = 0; c < C; ++c)
     row_zero = row_zero && got[static_cast<std::size_t>(first / C * C + c)] == 0.0;
-  return what + " differs in " + std::to_string(wrong) + " of " + std::to_string(got.size()) +
+  return what + " differs" + tolerance_note(got_tensor.dtype(), within) + " in " +
+         std::to_string(wrong) + " of " + std::to_string(got.size()) +
          " elements; first at token " + std::to_string(first / C) + ", channel " +
          std::to_string(first % C) + ": expected " + number(expected[first]) + ", got " +
          number(got[first]) +
@@ -224,10 +310,12 @@ inline std::string compare_token_rows(const std::string& what, const std::vector
 }
 
 // "" or the first parameter of `unit` (named, with its element) whose gradient
-// differs from `expected` (flat, the unit's layout).
+// differs from `expected` (flat, the unit's layout) by more than @p within's
+// absolute + relative x the larger of the two magnitudes.
 inline std::string compare_unit_gradients(const std::string& who, const Unit& unit,
-                                          const std::vector<double>& expected, double rtol = 1e-6,
-                                          double atol = 1e-8) {
+                                          const std::vector<double>& expected,
+                                          const Closeness& within) {
+  const double rtol = within.relative, atol = within.absolute;
   const std::vector<double> got = unit.grads().to_vector();
   for (const ParamView& p : unit.parameters()) {
     const std::int64_t n = p.value.numel();
@@ -241,9 +329,16 @@ inline std::string compare_unit_gradients(const std::string& who, const Unit& un
         bad += !(std::abs(got[aj] - expected[aj]) <=
                  rtol * std::max(std::abs(got[aj]), std::abs(expected[aj])) + atol);
       }
-      return who + ": the gradient of " + p.name + " differs in " + std::to_string(bad) + " of " +
-             std::to_string(n) + " elements; first at element " + std::to_string(i) +
-             ": expected " + number(b) + ", got " + number(a) +
+      std::string note;
+      if (unit.grads().dtype() != DType::f64) {
+        // within.str() ends in |expected|; this comparison scales by the larger magnitude.
+        std::string bound = within.str();
+        bound.replace(bound.rfind("|expected|"), 10, "max(|expected|, |got|)");
+        note = std::string(" (") + dtype_name(unit.grads().dtype()) + ", tolerance " + bound + ")";
+      }
+      return who + ": the gradient of " + p.name + " differs" + note + " in " +
+             std::to_string(bad) + " of " + std::to_string(n) + " elements; first at element " +
+             std::to_string(i) + ": expected " + number(b) + ", got " + number(a) +
              (a == 0 ? " (0: no gradient reached it)" : "");
     }
   }

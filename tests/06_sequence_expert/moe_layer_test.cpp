@@ -4,7 +4,8 @@
 // the host computation of support/moe_reference (the dense mixture when
 // nothing is dropped, exactly the defined drops otherwise); its gradients,
 // the load-balancing loss's included, must equal finite differences of the
-// runtime's finished MoeMlp.
+// runtime's finished MoeMlp, taken in f64 on the same weights whatever dtype
+// the layer runs in.
 #include "moe_checks.h"
 
 namespace dtp::testing::ch06 {
@@ -72,6 +73,7 @@ TEST(Puzzle6_6_moe_layer, RouteTokensOnRandomBatchesWithTies) {
 // Runs MoeLayer on N tokens and compares output, routing and aux loss with the host.
 void expect_forward_matches_host(int E, int k, double cf, bool expect_drops) {
   const GPTConfig config = moe_config(E, k, cf);
+  const Closeness within = moe_row_tolerance(config.dtype);
   Block block(config, 0);
   const Tensor x = random_tokens(24, config.d_model, 7);
   MoeLayer layer(block.moe);
@@ -80,27 +82,37 @@ void expect_forward_matches_host(int E, int k, double cf, bool expect_drops) {
       host_moe_forward(HostMoeWeights::from_unit(block, "moe", E), x.to_vector(), k, cf);
   ASSERT_EQ(!host.dropped.empty(), expect_drops) << "the case does not test what it says";
   const std::string who = "MoeLayer (" + case_name(E, k, cf) + ", N 24)";
+  {
+    MoeSaved saved;  // the probabilities in the layer's dtype, by the finished layer
+    block.moe.forward(x, saved);
+    const std::string posed =
+        routing_well_posed(who, host.probs, saved.probs.to_vector(), config.dtype, E, k, cf);
+    ASSERT_TRUE(posed.empty()) << posed;
+  }
   std::string failure = compare_drops(who + "'s routing()", layer.routing(), host.probs, E, k, cf);
   if (failure.empty()) {
-    failure = compare_token_rows(who + "'s output y", host.y, y, config.d_model);
+    failure = compare_token_rows(who + "'s output y", host.y, y, config.d_model, within);
     const HostMoeResult undropped =
         host_moe_forward(HostMoeWeights::from_unit(block, "moe", E), x.to_vector(), k, cf,
                          RoutingRule::unlimited_capacity);
     if (!failure.empty() && expect_drops &&
-        compare_token_rows("", undropped.y, y, config.d_model).empty())
+        compare_token_rows("", undropped.y, y, config.d_model, within).empty())
       failure +=
           "\n    it equals the output with nothing dropped: dropped choices were still added to y";
   }
   expect_pass(failure);
   if (!failure.empty()) return;
-  EXPECT_NEAR(layer.aux_loss(), config.aux_loss_coef * host.balance_loss, 1e-13)
+  EXPECT_NEAR(layer.aux_loss(), config.aux_loss_coef * host.balance_loss,
+              aux_loss_tolerance(config.dtype))
       << who << ": aux_loss() must be aux_loss_coef (" << config.aux_loss_coef
       << ") x E sum_e f_e P_e = " << config.aux_loss_coef << " x " << host.balance_loss;
 }
 
 TEST(Puzzle6_6_moe_layer, ForwardEqualsTheDenseMixtureWhenNothingIsDropped) {
   // gather_rows (provided) refuses a row outside the batch, naming it.
-  const std::string row = error_of([] { gather_rows(Tensor::zeros({4, 2}, DType::f64), {1, 4}); });
+  const std::string row = error_of([] {
+    gather_rows(Tensor::zeros({4, 2}, checker_dtype(), checker_device()), {1, 4});
+  });
   EXPECT_NE(row.find("is 4, outside the batch's 4 rows"), std::string::npos) << row;
   expect_forward_matches_host(4, 1, 4.0, false);  // capacity = N: room for everything
   expect_forward_matches_host(4, 2, 2.0, false);
@@ -117,6 +129,18 @@ double runtime_loss(const MoeMlp& moe, const Tensor& x, const Tensor& dy) {
   MoeSaved saved;
   const Tensor y = moe.forward(x, saved);
   return weighted_sum(y, dy) + saved.aux_loss;
+}
+
+// @p config in f64 on the CPU: the finite differences' twin of a layer.
+GPTConfig f64_cpu(GPTConfig config) {
+  config.dtype = DType::f64;
+  config.device = Device::cpu();
+  return config;
+}
+
+// The values of @p t (exact in f64) as an f64 tensor on the CPU, shaped alike.
+Tensor f64_copy(const Tensor& t) {
+  return Tensor::from_values(t.to_vector(), DType::f64).view(t.shape());
 }
 
 // MoeLayer's dx and parameter gradients against central differences.
@@ -137,6 +161,11 @@ void expect_gradients_match(int E, int k, double cf, bool main_loss) {
   if (cf < 1) {
     EXPECT_GT(layer.routing().dropped(), 0) << "the case should drop choices";
   }
+  // The expected gradients: central differences of the runtime's layer in
+  // f64 on the CPU, on a twin holding the same weights, tokens and dy.
+  Block twin(f64_cpu(config), 0);
+  twin.params().copy_from(f64_copy(block.params()));
+  const Tensor x64 = f64_copy(x), dy64 = f64_copy(dy);
   {
     MoeSaved saved;  // the probabilities the routing was decided from, by the finished layer
     block.moe.forward(x, saved);
@@ -144,34 +173,41 @@ void expect_gradients_match(int E, int k, double cf, bool main_loss) {
     if (!routing.empty())
       return expect_pass(
           who + "'s routing is wrong, so its gradients cannot be right; first:\n    " + routing);
+    MoeSaved exact;
+    twin.moe.forward(x64, exact);
+    const std::string posed = routing_well_posed(who, exact.probs.to_vector(),
+                                                 saved.probs.to_vector(), config.dtype, E, k, cf);
+    if (!posed.empty()) return expect_pass(posed);
   }
   const Tensor dx = layer.backward(dy);
-  auto loss = [&] { return runtime_loss(block.moe, x, dy); };
-  const std::vector<double> expected = numeric_gradient(block.params(), loss);
-  std::string failure = compare_unit_gradients(who, block, expected);
+  const Closeness within = finite_difference_tolerance(config.dtype);
+  auto loss = [&] { return runtime_loss(twin.moe, x64, dy64); };
+  const std::vector<double> expected = numeric_gradient(twin.params(), loss);
+  std::string failure = compare_unit_gradients(who, block, expected, within);
   if (!failure.empty() && failure.find("router") != std::string::npos) {
     // Name the router's two sources when one of them is missing.
-    Block plain(config, 0);
-    plain.params().copy_from(block.params());
+    Block plain(f64_cpu(config), 0);
+    plain.params().copy_from(twin.params());
     const std::vector<double> without_aux = numeric_gradient(plain.params(), [&] {
       MoeSaved saved;
-      return weighted_sum(plain.moe.forward(x, saved), dy);
+      return weighted_sum(plain.moe.forward(x64, saved), dy64);
     });
     std::vector<double> got = block.grads().to_vector();
     bool same = true;
     for (const ParamView& p : block.parameters())
       if (p.name.find("router") != std::string::npos)
         for (std::int64_t i = 0; i < p.value.numel(); ++i)
-          same = same && std::abs(got[p.offset + i] - without_aux[p.offset + i]) <=
-                             1e-6 * std::abs(without_aux[p.offset + i]) + 1e-8;
+          same =
+              same && std::abs(got[p.offset + i] - without_aux[p.offset + i]) <=
+                          within.relative * std::abs(without_aux[p.offset + i]) + within.absolute;
     if (same)
       failure +=
           "\n    the router's gradient equals the main loss's alone: the balance loss's share "
           "(aux_loss_coef x E f_e / N for every token) never reached d probs";
   }
   if (failure.empty())
-    failure = compare_token_rows(who + "'s dx", numeric_gradient(x, loss), dx, config.d_model, 1e-6,
-                                 1e-8);
+    failure =
+        compare_token_rows(who + "'s dx", numeric_gradient(x64, loss), dx, config.d_model, within);
   expect_pass(failure);
 }
 

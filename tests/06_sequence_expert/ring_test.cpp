@@ -30,7 +30,7 @@ TEST(Puzzle6_2_ring_forward, MakesNMinusOneTransfersAndSkipsFutureBlocks) {
   // attend_block (provided) refuses a block wholly in the queries' future, naming both ranges.
   const std::string future = error_of([] {
     run_ranks(1, [](Comm& clock) {
-      const Tensor x = Tensor::zeros({1, 4, 1, 2}, DType::f64, clock.device());
+      const Tensor x = Tensor::zeros({1, 4, 1, 2}, checker_dtype(clock.device()), clock.device());
       PartialAttention partial = empty_partial(x);
       attend_block(clock, x, PositionRange{0, 4}, x, x, PositionRange{8, 4}, partial);
     });
@@ -42,8 +42,8 @@ TEST(Puzzle6_2_ring_forward, MakesNMinusOneTransfersAndSkipsFutureBlocks) {
                [&](Comm& sp, std::int64_t blocks, std::int64_t, const CommStats& s,
                    const CommStats&) -> std::string {
                  const int r = sp.rank();
-                 const std::int64_t block_bytes =
-                     2 * c.d.numel() / n * 8;  // k and v of one shard, f64
+                 // k and v of one shard, of the checker's dtype.
+                 const std::int64_t block_bytes = 2 * c.d.numel() / n * element_bytes(sp);
                  for (const std::string& line :
                       {count_line(r, "messages sent in forward", s.messages_sent, n - 1,
                                   "one key/value block to rank r + 1 per step but the last"),
@@ -145,7 +145,7 @@ TEST(Puzzle6_3_ring_backward, GradientsTravelWithTheirBlocksAndComeHome) {
         [&](Comm& sp, std::int64_t, std::int64_t blocks, const CommStats&,
             const CommStats& s) -> std::string {
           const int r = sp.rank();
-          const std::int64_t shard_bytes = c.d.numel() / n * 8;
+          const std::int64_t shard_bytes = c.d.numel() / n * element_bytes(sp);
           const std::int64_t messages = n > 1 ? n : 0;
           const std::int64_t bytes = n > 1 ? (n - 1) * 4 * shard_bytes + 2 * shard_bytes : 0;
           for (const std::string& line :

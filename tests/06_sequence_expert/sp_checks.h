@@ -4,6 +4,16 @@
 // here from the layout rules (not read from positions_of), and a comparison
 // that names rank, tensor, batch row, global position, head and channel, and
 // says which mistake a wrong result looks like.
+//
+// Where they run: the puzzle gets its shards on the rank's device
+// (comm.device()) in checker_dtype() (support/checker_precision.h): f64 on
+// the CPU, f32 under DTP_CHECK_DTYPE=f32 and on a GPU. The inputs are drawn
+// in f64 and rounded to that dtype, and the single-device answers are worked
+// out in f64 on the host from the rounded values: the exact answer for the
+// inputs the puzzle gets, in either dtype. In f32 only the puzzle's own
+// arithmetic rounds; attention_tolerance() says by how much. Placements,
+// block counts, messages and bytes (of the dtype's element size) are exact
+// in both dtypes.
 #pragma once
 
 #include <cmath>
@@ -15,6 +25,7 @@
 #include <vector>
 
 #include "06_sequence_expert/sequence_expert.h"
+#include "support/checker_precision.h"
 #include "support/training.h"
 
 namespace dtp::testing::ch06 {
@@ -82,22 +93,62 @@ inline std::vector<double> host_attention(
   return out;
 }
 
-// One attention problem and its single-device answer (runtime naive attention).
+// How near the puzzle's attention output and gradients must be to the
+// exact single-device answer. In f64 the online softmax and the ring's
+// merges round in another order than the naive attention, a few ulps of
+// 2^-53. In f32 a value sums up to T = 48 terms (softmax weights times
+// values; backward, products of values up to ~2), each off by a few
+// roundings, the score's included (D <= 4 products, which exp() turns into
+// a relative error of the weight): ~150 roundings of 2^-24 (6e-8) x a
+// magnitude up to ~1 is 1e-5, absolute and relative. Measured at most
+// 5.8e-7 (dv of magnitude 1.1; Ulysses, ring, zigzag and hybrid, every
+// degree). The mistakes the messages decode are off by 1e-2 or more (a block
+// lost, a mask wrong, another rank's rows).
+inline Closeness attention_tolerance(DType dtype) {
+  return tolerance(dtype, {1e-10, 1e-9}, {1e-5, 1e-5});
+}
+
+// " (f32, tolerance ...)" after a failure in f32, where the tolerance is
+// worth reading; "" in f64, whose tolerance is far below any mistake.
+inline std::string tolerance_note(DType dtype, const Closeness& within) {
+  if (dtype == DType::f64) return "";
+  return std::string(" (") + dtype_name(dtype) + ", tolerance " + within.str() + ")";
+}
+
+// The bytes of one element of the checker's dtype on @p rank's device: what
+// a message or collective moves per value.
+inline std::int64_t element_bytes(const Comm& rank) {
+  return static_cast<std::int64_t>(dtype_size(checker_dtype(rank.device())));
+}
+
+// One attention problem and its single-device answer: the runtime's naive
+// attention in f64 on the host, from the inputs rounded to the case's dtype.
 struct Case {
   Dims d;
-  Tensor q, k, v, dout;                 // whole sequence [B, T, H, D], f64
+  DType dtype = DType::f64;             // what the puzzle computes in
+  Tensor q, k, v, dout;                 // whole sequence [B, T, H, D], f64 on the host
   std::vector<double> out, dq, dk, dv;  // single-device results
   std::vector<double> qv, kv, vv;       // the inputs as vectors
 };
 
-inline Case make_case(const Dims& d, std::uint64_t seed) {
+// Uniform values in [low, high), rounded to @p dtype, as an f64 host tensor.
+inline Tensor random_in(const Shape& shape, std::uint64_t seed, double low, double high,
+                        DType dtype) {
+  const Tensor drawn = Tensor::random_uniform(shape, seed, low, high, DType::f64);
+  if (dtype == DType::f64) return drawn;
+  return Tensor::from_values(Tensor::from_values(drawn.to_vector(), dtype).to_vector(), DType::f64)
+      .view(shape);
+}
+
+inline Case make_case(const Dims& d, std::uint64_t seed, DType dtype = checker_dtype()) {
   Case c;
   c.d = d;
+  c.dtype = dtype;
   const Shape shape{d.B, d.T, d.H, d.D};
-  c.q = Tensor::random_uniform(shape, seed, -1.5, 1.5, DType::f64);
-  c.k = Tensor::random_uniform(shape, seed + 1, -1.5, 1.5, DType::f64);
-  c.v = Tensor::random_uniform(shape, seed + 2, -1.0, 1.0, DType::f64);
-  c.dout = Tensor::random_uniform(shape, seed + 3, -1.0, 1.0, DType::f64);
+  c.q = random_in(shape, seed, -1.5, 1.5, dtype);
+  c.k = random_in(shape, seed + 1, -1.5, 1.5, dtype);
+  c.v = random_in(shape, seed + 2, -1.0, 1.0, dtype);
+  c.dout = random_in(shape, seed + 3, -1.0, 1.0, dtype);
   Tensor out = Tensor::empty(shape, DType::f64),
          probs = Tensor::empty({d.B, d.H, d.T, d.T}, DType::f64);
   ops::attention_forward(c.q, c.k, c.v, out, probs);
@@ -109,10 +160,12 @@ inline Case make_case(const Dims& d, std::uint64_t seed) {
   return c;
 }
 
-// This rank's shard of a whole tensor, as a tensor the puzzle takes.
-inline Tensor shard_tensor(const Tensor& full, const Dims& d, int n, int r, bool zigzag) {
+// This rank's shard of a whole tensor, as the puzzle takes it: on @p on (the
+// rank's comm.device()) in checker_dtype(on).
+inline Tensor shard_tensor(const Tensor& full, const Dims& d, int n, int r, bool zigzag,
+                           Device on) {
   const std::vector<double> rows = shard_of(full.to_vector(), d, rows_of_rank(d.T, n, r, zigzag));
-  return Tensor::from_values(rows, DType::f64).view({d.B, d.T / n, d.H, d.D});
+  return Tensor::from_values(rows, checker_dtype(on), on).view({d.B, d.T / n, d.H, d.D});
 }
 
 // A wrong result that a known mistake produces, to name it in the message.
@@ -121,15 +174,15 @@ struct LookAlike {
   std::vector<double> values;  // this rank's rows
 };
 
-inline bool close(double a, double b) { return std::abs(a - b) <= 1e-10 + 1e-9 * std::abs(b); }
-
-// "" when got (this rank's rows) equals expected; else where it differs
-// first (batch row, global position, head, channel), expected and got, how
-// many differ, and which look-alike it equals, if any.
+// "" when got (this rank's rows) equals expected within attention_tolerance()
+// of @p dtype; else where it differs first (batch row, global position,
+// head, channel), expected and got, how many differ, and which look-alike it
+// equals, if any.
 inline std::string compare_rows(const std::string& what, int rank, const Dims& d, int n,
-                                bool zigzag, const std::vector<double>& expected,
+                                bool zigzag, DType dtype, const std::vector<double>& expected,
                                 const Tensor& got_tensor,
                                 const std::vector<LookAlike>& look_alikes = {}) {
+  const Closeness within = attention_tolerance(dtype);
   const std::string head = "rank " + std::to_string(rank) + "'s " + what;
   if (!got_tensor.defined()) return head + " is an undefined tensor (never assigned)";
   if (got_tensor.numel() != static_cast<std::int64_t>(expected.size()))
@@ -140,7 +193,7 @@ inline std::string compare_rows(const std::string& what, int rank, const Dims& d
   const std::vector<double> got = got_tensor.to_vector();
   std::int64_t wrong = 0, first = -1;
   for (std::size_t i = 0; i < got.size(); ++i)
-    if (!close(got[i], expected[i])) {
+    if (!within.holds(expected[i], got[i])) {
       ++wrong;
       if (first < 0) first = static_cast<std::int64_t>(i);
     }
@@ -157,15 +210,17 @@ inline std::string compare_rows(const std::string& what, int rank, const Dims& d
     }
     position -= length;
   }
-  std::string message = head + " differs from single-device causal attention in " +
-                        std::to_string(wrong) + " of " + std::to_string(got.size()) +
-                        " elements; first at batch row " + std::to_string(b) + ", position " +
-                        std::to_string(position) + " (local row " + std::to_string(local) +
-                        "), head " + std::to_string(h) + ", channel " + std::to_string(c) +
-                        ": expected " + number(expected[first]) + ", got " + number(got[first]);
+  std::string message = head + " differs from single-device causal attention" +
+                        tolerance_note(dtype, within) + " in " + std::to_string(wrong) + " of " +
+                        std::to_string(got.size()) + " elements; first at batch row " +
+                        std::to_string(b) + ", position " + std::to_string(position) +
+                        " (local row " + std::to_string(local) + "), head " + std::to_string(h) +
+                        ", channel " + std::to_string(c) + ": expected " + number(expected[first]) +
+                        ", got " + number(got[first]);
   for (const LookAlike& alike : look_alikes) {
     bool same = alike.values.size() == got.size();
-    for (std::size_t i = 0; same && i < got.size(); ++i) same = close(got[i], alike.values[i]);
+    for (std::size_t i = 0; same && i < got.size(); ++i)
+      same = within.holds(alike.values[i], got[i]);
     if (same) return message + "\n    it equals " + alike.mistake;
   }
   bool all_zero = true;
@@ -292,8 +347,9 @@ inline std::vector<std::vector<double>> host_gradients_over(
 inline std::string compare_attention(const Case& c, int n, int r, bool zigzag, const Tensor& out,
                                      const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const auto mine = rows_of_rank(c.d.T, n, r, zigzag);
-  std::string failure = compare_rows("output", r, c.d, n, zigzag, shard_of(c.out, c.d, mine), out,
-                                     forward_look_alikes(c, n, r, zigzag));
+  std::string failure =
+      compare_rows("output", r, c.d, n, zigzag, c.dtype, shard_of(c.out, c.d, mine), out,
+                   forward_look_alikes(c, n, r, zigzag));
   if (!failure.empty() || !dq.defined()) return failure;
   std::vector<std::vector<double>> mirrored;  // worked out only when a gradient is wrong
   int index = 0;
@@ -302,7 +358,8 @@ inline std::string compare_attention(const Case& c, int n, int r, bool zigzag, c
         {"dk", &c.dk, &dk},
         {"dv", &c.dv, &dv}}) {
     std::vector<LookAlike> alikes = gradient_look_alikes(*full, c.d, n, r, zigzag, name);
-    failure = compare_rows(name, r, c.d, n, zigzag, shard_of(*full, c.d, mine), *got, alikes);
+    failure =
+        compare_rows(name, r, c.d, n, zigzag, c.dtype, shard_of(*full, c.d, mine), *got, alikes);
     if (!failure.empty() && n >= 3) {
       if (mirrored.empty())
         mirrored = host_gradients_over(c, [&](std::int64_t i, std::int64_t j) {
@@ -313,7 +370,8 @@ inline std::string compare_attention(const Case& c, int n, int r, bool zigzag, c
            "n's: the key/value block at step s comes from rank (r - s) mod n; got "
            "the positions of (r + s), so the mask hid the wrong keys",
            shard_of(mirrored[static_cast<std::size_t>(index)], c.d, mine)});
-      failure = compare_rows(name, r, c.d, n, zigzag, shard_of(*full, c.d, mine), *got, alikes);
+      failure =
+          compare_rows(name, r, c.d, n, zigzag, c.dtype, shard_of(*full, c.d, mine), *got, alikes);
     }
     if (!failure.empty()) return failure;
     ++index;
@@ -342,9 +400,10 @@ inline void check_ring(
     RingAttention ring(sp, zigzag ? SequenceLayout::zigzag : SequenceLayout::contiguous);
     sp.reset_stats();
     reset_block_computations();
-    const Tensor out =
-        ring.forward(shard_tensor(c.q, c.d, n, r, zigzag), shard_tensor(c.k, c.d, n, r, zigzag),
-                     shard_tensor(c.v, c.d, n, r, zigzag));
+    const Device on = sp.device();
+    const Tensor out = ring.forward(shard_tensor(c.q, c.d, n, r, zigzag, on),
+                                    shard_tensor(c.k, c.d, n, r, zigzag, on),
+                                    shard_tensor(c.v, c.d, n, r, zigzag, on));
     const CommStats forward = sp.stats();
     const std::int64_t forward_blocks = block_computations();
     Tensor dq, dk, dv;
@@ -353,7 +412,7 @@ inline void check_ring(
     if (backward) {
       sp.reset_stats();
       reset_block_computations();
-      ring.backward(shard_tensor(c.dout, c.d, n, r, zigzag), dq, dk, dv);
+      ring.backward(shard_tensor(c.dout, c.d, n, r, zigzag, on), dq, dk, dv);
       backward_stats = sp.stats();
       backward_blocks = block_computations();
     }
@@ -369,7 +428,7 @@ inline void check_refusal(int n, std::int64_t local, bool zigzag, const std::str
   if (!world_fits(n)) return;
   const std::string error = error_of([&] {
     run_ranks(n, [&](Comm& sp) {
-      const Tensor x = Tensor::zeros({1, local, 2, 4}, DType::f64);
+      const Tensor x = Tensor::zeros({1, local, 2, 4}, checker_dtype(sp.device()), sp.device());
       RingAttention(sp, zigzag ? SequenceLayout::zigzag : SequenceLayout::contiguous)
           .forward(x, x, x);
     });

@@ -2,13 +2,15 @@
 // where the layout says (checked with values that encode their own index,
 // so a wrong one is named by where it came from); attention and its
 // gradients must equal single-device causal attention for n = 1..4; and the
-// communication is exactly four all-to-alls each way.
+// communication is exactly four all-to-alls each way, of the dtype's bytes.
 #include "sp_checks.h"
 
 namespace dtp::testing::ch06 {
 namespace {
 
-// x[b, t, h, c] = 1 + its flat index: a value names its own place.
+// x[b, t, h, c] = 1 + its flat index: a value names its own place. The
+// values are integers up to 576, exact in f32 as in f64, so placements are
+// compared exactly in both dtypes.
 Tensor index_pattern(const Dims& d) {
   std::vector<double> values(static_cast<std::size_t>(d.numel()));
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = 1.0 + static_cast<double>(i);
@@ -62,7 +64,7 @@ TEST(Puzzle6_1_ulysses, SequenceToHeadsAndBackPutEveryElementWhereTheLayoutSays)
   for (int n : degrees({1, 2, 3, 4})) {
     run_and_report("sequence_to_heads / heads_to_sequence", n, [&](Comm& sp) -> std::string {
       const int r = sp.rank();
-      const Tensor mine = shard_tensor(whole, d, n, r, false);
+      const Tensor mine = shard_tensor(whole, d, n, r, false, sp.device());
       const std::string heads_shape =
           "[B, T, H/n, D] = [2, 12, " + std::to_string(d.H / n) + ", 2]";
       std::string failure = check_placement("sequence_to_heads output", r, d, head_shard(d, n, r),
@@ -70,7 +72,8 @@ TEST(Puzzle6_1_ulysses, SequenceToHeadsAndBackPutEveryElementWhereTheLayoutSays)
       if (!failure.empty()) return failure;
       // heads_to_sequence on its own: from the right head shard back to my positions.
       const Tensor heads =
-          Tensor::from_values(head_shard(d, n, r), DType::f64).view({d.B, d.T, d.H / n, d.D});
+          Tensor::from_values(head_shard(d, n, r), checker_dtype(sp.device()), sp.device())
+              .view({d.B, d.T, d.H / n, d.D});
       return check_placement("heads_to_sequence output", r, d, mine.to_vector(),
                              heads_to_sequence(sp, heads),
                              "[B, T/n, H, D] = [2, " + std::to_string(d.T / n) + ", 12, 2]");
@@ -85,7 +88,8 @@ TEST(Puzzle6_1_ulysses, SequenceToHeadsRefusesHeadsThatDoNotSplitNamingBoth) {
   const int n = world_fits(4) ? 4 : 2, heads = n == 4 ? 6 : 3;
   const std::string error = error_of([&] {
     run_ranks(n, [&](Comm& sp) {
-      sequence_to_heads(sp, Tensor::zeros({1, 2, heads, 2}, DType::f64, sp.device()));
+      sequence_to_heads(sp,
+                        Tensor::zeros({1, 2, heads, 2}, checker_dtype(sp.device()), sp.device()));
     });
   });
   const bool names_both = error.find("head") != std::string::npos &&
@@ -109,11 +113,11 @@ TEST(Puzzle6_1_ulysses, AttentionAndItsGradientsEqualSingleDeviceAttention) {
     run_and_report("Ulysses attention", n, [&](Comm& sp) -> std::string {
       const int r = sp.rank();
       UlyssesAttention attention(sp, static_cast<int>(c.d.H));
-      const Tensor out = attention.forward(shard_tensor(c.q, c.d, n, r, false),
-                                           shard_tensor(c.k, c.d, n, r, false),
-                                           shard_tensor(c.v, c.d, n, r, false));
+      const Tensor out = attention.forward(shard_tensor(c.q, c.d, n, r, false, sp.device()),
+                                           shard_tensor(c.k, c.d, n, r, false, sp.device()),
+                                           shard_tensor(c.v, c.d, n, r, false, sp.device()));
       Tensor dq, dk, dv;
-      attention.backward(shard_tensor(c.dout, c.d, n, r, false), dq, dk, dv);
+      attention.backward(shard_tensor(c.dout, c.d, n, r, false, sp.device()), dq, dk, dv);
       return compare_attention(c, n, r, false, out, dq, dk, dv);
     });
   }
@@ -125,7 +129,7 @@ TEST(Puzzle6_1_ulysses, FourAllToAllsForwardAndFourBackwardAndNothingElse) {
     run_and_report("Ulysses communication", n, [&](Comm& sp) -> std::string {
       const int r = sp.rank();
       UlyssesAttention attention(sp, static_cast<int>(c.d.H));
-      const std::int64_t bytes = c.d.numel() / n * 8;  // one local [B, T/n, H, D] f64 tensor
+      const std::int64_t bytes = c.d.numel() / n * element_bytes(sp);  // one local [B, T/n, H, D]
       auto check = [&](const std::string& pass, std::int64_t calls,
                        const std::string& which) -> std::string {
         const CommStats s = sp.stats();
@@ -148,12 +152,13 @@ TEST(Puzzle6_1_ulysses, FourAllToAllsForwardAndFourBackwardAndNothingElse) {
         return "";
       };
       sp.reset_stats();
-      attention.forward(shard_tensor(c.q, c.d, n, r, false), shard_tensor(c.k, c.d, n, r, false),
-                        shard_tensor(c.v, c.d, n, r, false));
+      attention.forward(shard_tensor(c.q, c.d, n, r, false, sp.device()),
+                        shard_tensor(c.k, c.d, n, r, false, sp.device()),
+                        shard_tensor(c.v, c.d, n, r, false, sp.device()));
       std::string failure = check("forward", 4, "q, k and v to heads, the output back");
       if (!failure.empty()) return failure;
       Tensor dq, dk, dv;
-      attention.backward(shard_tensor(c.dout, c.d, n, r, false), dq, dk, dv);
+      attention.backward(shard_tensor(c.dout, c.d, n, r, false, sp.device()), dq, dk, dv);
       return check("forward and backward", 8, "4 forward; dout to heads, dq, dk and dv back");
     });
   }
