@@ -23,10 +23,7 @@ namespace dtp::testing::ch02 {
 // tiny_config with its model and data on @p device in checker_dtype(device).
 inline TrainConfig ddp_config(std::int64_t global_batch = 12, std::int64_t steps = 3,
                               Device device = checker_device()) {
-  TrainConfig config = tiny_config(global_batch, steps);
-  config.model.device = device;
-  config.model.dtype = checker_dtype(device);
-  return config;
+  return on_device(tiny_config(global_batch, steps), device);
 }
 
 // The first-step check for a strategy that plugs into the trainer: `install`

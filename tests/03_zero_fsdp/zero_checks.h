@@ -60,13 +60,6 @@ inline std::unique_ptr<ShardedOptimizer> make_stage(Stage stage, Comm& comm, GPT
   return nullptr;
 }
 
-// @p config with its model and data on @p device, in checker_dtype(device).
-inline TrainConfig on_device(TrainConfig config, Device device) {
-  config.model.device = device;
-  config.model.dtype = checker_dtype(device);
-  return config;
-}
-
 // A rank's trainer with the stage plugged in as zero.h shows.
 struct StagedTrainer {
   std::unique_ptr<Trainer> trainer;

@@ -124,13 +124,6 @@ inline std::vector<UnitRange> even_stages(int units, int stages) {
   return out;
 }
 
-// @p config with its model and data on @p device, in checker_dtype(device).
-inline TrainConfig on_device(TrainConfig config, Device device) {
-  config.model.device = device;
-  config.model.dtype = checker_dtype(device);
-  return config;
-}
-
 // A config whose model has `layers` blocks (layers + 2 units), batch a
 // multiple of the micro-batches, on checker_device() in checker_dtype() (a
 // rank moves it to its own device with on_device).

@@ -52,10 +52,7 @@ inline double unit_roundoff() { return dtp::testing::unit_roundoff(dtype()); }
 /// dtype() on device(), or on @p on when given (a rank's comm.device()).
 inline TrainConfig lora_tiny_config(std::int64_t global_batch = 12, std::int64_t steps = 3,
                                     Device on = checker_device()) {
-  TrainConfig config = tiny_config(global_batch, steps);
-  config.model.device = on;
-  config.model.dtype = checker_dtype(on);
-  return config;
+  return on_device(tiny_config(global_batch, steps), on);
 }
 
 /// @p values as a tensor of @p shape in dtype() on device().

@@ -112,6 +112,14 @@ inline TrainConfig tiny_config(std::int64_t global_batch = 12, std::int64_t step
   return config;
 }
 
+// @p config with its model and data on @p device, in checker_dtype(device):
+// where a rank (comm.device()) or a checker without ranks builds its model.
+inline TrainConfig on_device(TrainConfig config, Device device) {
+  config.model.device = device;
+  config.model.dtype = checker_dtype(device);
+  return config;
+}
+
 // Parameters and gradients of every unit, and the loss of every step.
 struct ModelState {
   std::vector<double> losses;               // per step
