@@ -77,6 +77,48 @@ TEST(ThreadComm, IrecvCompletesInPostOrder) {
   });
 }
 
+// On mpi and nccl an isend reads its buffer and an irecv writes it until
+// wait(): receiving into bytes still being sent, or sending bytes still
+// being received, is refused on every backend, naming the other transfer.
+TEST(ThreadComm, ABufferStillBeingSentOrReceivedIsNotReused) {
+  run_ranks(2, [](Comm& comm) {
+    const int peer = 1 - comm.rank();
+    Tensor buffer = Tensor::zeros({8}, DType::f64);
+    std::vector<Tensor> halves = buffer.chunk(2);
+    // Two halves of one allocation: sending one while receiving the other is fine.
+    Request send = comm.isend(halves[0], peer, 3);
+    Request receive = comm.irecv(halves[1], peer, 3);
+    // The half still being sent is not.
+    std::string message;
+    try {
+      Tensor overlapping = buffer.slice(2, 4);
+      comm.irecv(overlapping, peer, 4);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("writes into bytes that this rank's isend to rank " +
+                           std::to_string(peer) + " (tag 3) is still sending"),
+              std::string::npos)
+        << message;
+    // Nor is sending the half still being received.
+    message.clear();
+    try {
+      comm.isend(halves[1], peer, 6);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("sends bytes that this rank's irecv from rank " + std::to_string(peer) +
+                           " (tag 3) has not finished writing"),
+              std::string::npos)
+        << message;
+    receive.wait();
+    send.wait();
+    // Once the send's wait() returned, the buffer is free again.
+    comm.send(halves[0], peer, 5);
+    comm.recv(halves[0], peer, 5);
+  });
+}
+
 TEST(ThreadComm, SendToSelfAndZeroElementMessages) {
   run_ranks(1, [](Comm& comm) {
     comm.send(Tensor::full({3}, 4, DType::f64), 0);

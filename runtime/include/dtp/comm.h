@@ -109,7 +109,8 @@ class Comm {
   void recv(Tensor& x, int src, int tag = 0);
   /// Starts sending @p x without copying it where the backend can (mpi, nccl):
   /// x must not change until the request's wait() returns. The thread backend
-  /// copies anyway, so breaking that rule shows only on the other backends.
+  /// copies anyway; a recv or irecv into those bytes before wait() is an
+  /// error on every backend, as is an isend of bytes a pending irecv writes.
   /// Under SendMode::sync the request's wait() returns only once the
   /// matching receive has been posted.
   Request isend(const Tensor& x, int dst, int tag = 0);
@@ -200,6 +201,12 @@ class Comm {
   void check_tag(const char* op, int tag) const;
   void check_reduce_op(const char* op_name, const Tensor& x, ReduceOp op) const;
   void check_shard(const char* op, const Tensor& shard, const Tensor& full, int rank) const;
+  /// Throws when @p x overlaps the bytes of an isend (for a receive) or of
+  /// an irecv (for a send) of this rank whose wait() has not returned.
+  void check_not_in_flight(const char* op, const Tensor& x, int peer, int tag, bool sending);
+  /// Remembers @p x's bytes as in use by @p state until its wait() returns.
+  void keep_in_flight(const std::shared_ptr<RequestState>& state, const Tensor& x, int peer,
+                      int tag, bool sending);
   void count_collective(const char* kind, const Tensor& buffer);
   std::shared_ptr<CommBackend> backend_;
 };

@@ -78,6 +78,20 @@ class CommBackend {
   /// Forgets when each link to a peer is next free (Comm::reset_stats).
   void reset_links() { link_free_.clear(); }
 
+  /// An isend or irecv whose wait() has not returned, and the bytes it reads
+  /// or writes: on mpi and nccl they are in use until then, so sending bytes
+  /// a receive is writing, or receiving into bytes a send is reading, is an
+  /// error on every backend (Comm checks it; the thread backend would hide
+  /// it, copying each message at isend).
+  struct PendingTransfer {
+    std::weak_ptr<RequestState> request;
+    const char* begin;
+    const char* end;
+    int peer, tag;
+    bool sending;
+  };
+  std::vector<PendingTransfer> pending;
+
  protected:
   /// Charges a send of @p bytes to peer @p dst under @p cost, advancing
   /// @p clock (this rank's) unless the model has a link per peer, and

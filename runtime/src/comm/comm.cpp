@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "dtp/launch.h"
 
@@ -134,6 +135,7 @@ void Comm::send(const Tensor& x, int dst, int tag) {
   check_defined("send", "x", x);
   check_peer("send", "destination", dst);
   check_tag("send", tag);
+  check_not_in_flight("send", x, dst, tag, true);
   trace::Scope span("send", "comm");
   backend_->send(x, dst, tag);
   backend_->stats.messages_sent += 1;
@@ -144,30 +146,80 @@ void Comm::recv(Tensor& x, int src, int tag) {
   check_defined("recv", "x", x);
   check_peer("recv", "source", src);
   check_tag("recv", tag);
+  check_not_in_flight("recv", x, src, tag, false);
   trace::Scope span("recv", "comm");
   backend_->recv(x, src, tag);
   backend_->stats.messages_received += 1;
   backend_->stats.bytes_received += static_cast<std::int64_t>(x.nbytes());
 }
 
+namespace {
+/// An isend the backend finished at once (the thread backend's eager copy):
+/// nothing to wait for, but it stays pending until wait(), as on mpi and nccl.
+class SentAtOnce : public RequestState {
+ public:
+  void wait() override {}
+};
+}  // namespace
+
 Request Comm::isend(const Tensor& x, int dst, int tag) {
   check_defined("isend", "x", x);
   check_peer("isend", "destination", dst);
   check_tag("isend", tag);
+  check_not_in_flight("isend", x, dst, tag, true);
   trace::Scope span("isend", "comm");
-  auto state = backend_->isend(x, dst, tag);
+  std::shared_ptr<RequestState> state = backend_->isend(x, dst, tag);
+  if (!state) state = std::make_shared<SentAtOnce>();
   backend_->stats.messages_sent += 1;
   backend_->stats.bytes_sent += static_cast<std::int64_t>(x.nbytes());
+  keep_in_flight(state, x, dst, tag, true);
   return Request(std::move(state));
+}
+
+void Comm::keep_in_flight(const std::shared_ptr<RequestState>& state, const Tensor& x, int peer,
+                          int tag, bool sending) {
+  if (!state || x.nbytes() == 0) return;
+  const char* begin = static_cast<const char*>(x.raw());
+  backend_->pending.push_back({state, begin, begin + x.nbytes(), peer, tag, sending});
+}
+
+void Comm::check_not_in_flight(const char* op, const Tensor& x, int peer, int tag, bool sending) {
+  auto& pending = backend_->pending;
+  std::erase_if(pending, [](const CommBackend::PendingTransfer& p) {
+    const auto request = p.request.lock();
+    return !request || request->completed;
+  });
+  if (x.nbytes() == 0 || pending.empty()) return;
+  const char* begin = static_cast<const char*>(x.raw());
+  const char* end = begin + x.nbytes();
+  for (const CommBackend::PendingTransfer& p : pending) {
+    if (p.sending == sending || end <= p.begin || p.end <= begin) continue;
+    if (sending)
+      throw Error(
+          detail::concat(op, "(destination rank ", peer, ", tag ", tag, ") on rank ", rank(),
+                         " sends bytes that this rank's irecv from rank ", p.peer, " (tag ", p.tag,
+                         ") has not finished writing: wait() for that receive first, or send from "
+                         "another buffer. The thread backend copies a message at isend, so this "
+                         "runs here; on mpi and nccl the send would read half-received data"));
+    throw Error(detail::concat(
+        op, "(source rank ", peer, ", tag ", tag, ") on rank ", rank(),
+        " writes into bytes that this rank's isend to rank ", p.peer, " (tag ", p.tag,
+        ") is still sending: wait() for that send first, or receive into another "
+        "buffer. The thread backend copies a message at isend, so this runs here; on "
+        "mpi and nccl the send reads its buffer until wait() returns and would send "
+        "the received data instead"));
+  }
 }
 
 Request Comm::irecv(Tensor& x, int src, int tag) {
   check_defined("irecv", "x", x);
   check_peer("irecv", "source", src);
   check_tag("irecv", tag);
+  check_not_in_flight("irecv", x, src, tag, false);
   auto state = backend_->irecv(x, src, tag);
   backend_->stats.messages_received += 1;
   backend_->stats.bytes_received += static_cast<std::int64_t>(x.nbytes());
+  keep_in_flight(state, x, src, tag, false);
   return Request(std::move(state));
 }
 
