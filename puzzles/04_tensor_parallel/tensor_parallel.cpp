@@ -24,8 +24,9 @@
 //   ops::add_bias(y, bias)  ops::bias_backward(dy, dbias)  ops::axpy(y, 1.0, x)
 //   ops::embedding_shard_forward / embedding_shard_backward / add_positions / positions_backward
 //   ops::row_max / vocab_shard_softmax_sums / vocab_shard_cross_entropy_backward
-//   ops::attention_forward / attention_backward (and the flash_ pair), as nn.h's attention uses
-//   them Tensor::empty(Shape{rows, cols}, like.dtype(), like.device(), MemoryCategory::activations)
+//   ops::attention_forward / attention_backward (and the flash_ pair), as nn.h's attention
+//   uses them
+//   Tensor::empty(Shape{rows, cols}, like.dtype(), like.device(), MemoryCategory::activations)
 // Under sequence parallelism a token shard is a 2-D [B*T/t, C] tensor.
 #include "04_tensor_parallel/tensor_parallel.h"
 

@@ -83,8 +83,7 @@ Schedule zb_h1_schedule(int stages, int microbatches) {
   throw dtp::NotSolved("5.6 zb_h1_schedule");
 }
 
-// --- 5.7 the executor
-// ------------------------------------------------------------------------------
+// --- 5.7 the executor ----------------------------------------------------------------------------
 
 double execute_schedule(Comm& pp, const Schedule& schedule, const std::vector<StageModule*>& chunks,
                         const std::vector<MicroBatch>& microbatches) {
@@ -97,8 +96,7 @@ double execute_schedule(Comm& pp, const Schedule& schedule, const std::vector<St
   throw dtp::NotSolved("5.7 execute_schedule");
 }
 
-// --- 5.8 pipeline x FSDP
-// ---------------------------------------------------------------------------
+// --- 5.8 pipeline x FSDP -------------------------------------------------------------------------
 
 PipelineFsdp::PipelineFsdp(Comm& dp, StageModule& stage) : dp_(dp), stage_(stage) {
   // About 30 lines with the members below. Copy out the shards, release the
