@@ -4,11 +4,39 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "dtp/trainer.h"
 #include "dtp_cli.h"
+#include "number_text.h"
 
 namespace dtp::bench {
+
+/// A link's cost given as "ALPHA_US,GBPS" (--nvlink, --infiniband).
+struct LinkCost {
+  double alpha_s;        ///< per message
+  double bandwidth_Bps;  ///< per direction per GPU
+};
+
+/// Parses @p text as "ALPHA_US,GBPS": two decimal numbers, alpha >= 0 and
+/// GB/s > 0. Anything else is a CLI::ValidationError naming @p flag.
+inline LinkCost parse_link(const std::string& flag, const std::string& text) {
+  auto bad = [&] {
+    return CLI::ValidationError(
+        flag, "takes ALPHA_US,GBPS (two numbers), alpha >= 0 and GB/s > 0, got '" + text + "'");
+  };
+  const std::size_t comma = text.find(',');
+  if (comma == std::string::npos) throw bad();
+  auto number = [&](const std::string& part) {
+    const std::optional<double> value = dtp::cli::parse_real_text(part);  // decimal and finite
+    if (!value) throw bad();
+    return *value;
+  };
+  const double alpha_us = number(text.substr(0, comma)), gbps = number(text.substr(comma + 1));
+  if (alpha_us < 0 || gbps <= 0) throw bad();
+  return {alpha_us * 1e-6, gbps * 1e9};
+}
 
 /// The model's shape: --layers, --d-model and --heads, read into @p model.
 inline void add_shape_options(CLI::App& app, dtp::GPTConfig& model) {

@@ -425,21 +425,9 @@ std::vector<Tier> default_tiers() {
 // "ALPHA_US,GBPS" into @p tier (--nvlink, --infiniband); the note then says
 // only what was given. A bad value is an error that names @p flag.
 void set_tier(Tier& tier, const std::string& flag, const std::string& text) {
-  auto bad = [&] {
-    return CLI::ValidationError(flag,
-                                "takes ALPHA_US,GBPS, alpha >= 0 and GB/s > 0, got '" + text + "'");
-  };
-  const std::size_t comma = text.find(',');
-  if (comma == std::string::npos) throw bad();
-  auto number = [&](const std::string& part) {
-    const std::optional<double> value = dtp::cli::parse_real_text(part);  // decimal and finite
-    if (!value) throw bad();
-    return *value;
-  };
-  const double alpha_us = number(text.substr(0, comma)), gbps = number(text.substr(comma + 1));
-  if (alpha_us < 0 || gbps <= 0) throw bad();
-  tier.alpha_s = alpha_us * 1e-6;
-  tier.bandwidth_Bps = gbps * 1e9;
+  const LinkCost link = parse_link(flag, text);
+  tier.alpha_s = link.alpha_s;
+  tier.bandwidth_Bps = link.bandwidth_Bps;
   tier.note = "GB/s per direction per GPU (given on the command line)";
 }
 

@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "bench_common.h"
-#include "dtp_cli.h"
+#include "bench_flags.h"
 #include "parts.h"
 
 namespace dtp::bench::sequence_expert {
@@ -39,21 +39,9 @@ namespace {
 // "ALPHA_US,GBPS" into @p tier (--nvlink, --infiniband); a bad value throws
 // CLI::ValidationError naming @p flag.
 void set_tier(sp::Tier& tier, const std::string& flag, const std::string& text) {
-  auto bad = [&] {
-    return CLI::ValidationError(
-        flag, "takes ALPHA_US,GBPS (two numbers), alpha >= 0 and GB/s > 0, got '" + text + "'");
-  };
-  const std::size_t comma = text.find(',');
-  if (comma == std::string::npos) throw bad();
-  auto number = [&](const std::string& part) {
-    const std::optional<double> value = dtp::cli::parse_real_text(part);  // decimal and finite
-    if (!value) throw bad();
-    return *value;
-  };
-  const double alpha_us = number(text.substr(0, comma)), gbps = number(text.substr(comma + 1));
-  if (alpha_us < 0 || gbps <= 0) throw bad();
-  tier.alpha_s = alpha_us * 1e-6;
-  tier.bandwidth_Bps = gbps * 1e9;
+  const LinkCost link = parse_link(flag, text);
+  tier.alpha_s = link.alpha_s;
+  tier.bandwidth_Bps = link.bandwidth_Bps;
 }
 
 /// What the command line asks for: each part's options, and which parts run.
