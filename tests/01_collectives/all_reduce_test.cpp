@@ -108,6 +108,31 @@ void expect_bytes(const std::string& name, const AllReduce& all_reduce, int n, d
 constexpr std::int64_t kS = kDivisibleLength;
 constexpr std::int64_t kElem = 8;  // f64
 
+// Bandwidth optimality, per rank: 2(N-1) messages of one chunk each, so
+// 2(N-1)/N of the data, not all of it; @p messages_why says where the
+// messages come from.
+void expect_sent_per_rank(const std::string& name, const AllReduce& all_reduce,
+                          const std::string& messages_why) {
+  for (int n : all_world_sizes()) {
+    const std::vector<RankOutcome> outcomes = run_all_reduce(name, all_reduce, n, kS);
+    const std::int64_t messages = 2 * (n - 1);
+    const std::int64_t bytes = 2 * (n - 1) * (kS / n) * kElem;
+    for (int rank = 0; rank < n; ++rank) {
+      const RankOutcome& outcome = outcomes[static_cast<std::size_t>(rank)];
+      if (!outcome.has_stats) continue;
+      EXPECT_EQ(outcome.stats.messages_sent, messages)
+          << describe_run(name, n, kS) << ": rank " << rank << " sent "
+          << outcome.stats.messages_sent << " messages; expected 2(N-1) = " << messages << ": "
+          << messages_why;
+      EXPECT_EQ(outcome.stats.bytes_sent, bytes)
+          << describe_run(name, n, kS) << ": rank " << rank << " sent " << outcome.stats.bytes_sent
+          << " bytes; expected 2(N-1)/N*S*elem_size = 2*" << n - 1 << "*" << kS / n
+          << "*8 = " << bytes;
+    }
+    if (stop_sweep()) return;
+  }
+}
+
 // --- 1.7 parameter_server_all_reduce ---------------------------------------------
 
 AllReduce parameter_server(int root) {
@@ -215,21 +240,9 @@ TEST(Puzzle1_8_ring_all_reduce, CriticalPathBytesUnevenChunks) {
   }
 }
 
-// Bandwidth optimality: each rank sends 2(N-1)/N of the data, not all of it.
+// Bandwidth optimality: each rank sends 2(N-1) chunk messages, 2(N-1)/N of the data.
 TEST(Puzzle1_8_ring_all_reduce, BytesSentPerRank) {
-  for (int n : all_world_sizes()) {
-    const std::vector<RankOutcome> outcomes = run_all_reduce(kRingName, kRing, n, kS);
-    const std::int64_t expected = 2 * (n - 1) * (kS / n) * kElem;
-    for (int rank = 0; rank < n; ++rank) {
-      if (!outcomes[static_cast<std::size_t>(rank)].has_stats) continue;
-      EXPECT_EQ(outcomes[static_cast<std::size_t>(rank)].stats.bytes_sent, expected)
-          << describe_run(kRingName, n, kS) << ": rank " << rank << " sent "
-          << outcomes[static_cast<std::size_t>(rank)].stats.bytes_sent
-          << " bytes; expected 2(N-1)/N*S*elem_size = 2*" << n - 1 << "*" << kS / n
-          << "*8 = " << expected;
-    }
-    if (stop_sweep()) return;
-  }
+  expect_sent_per_rank(kRingName, kRing, "one chunk to the right in each of the 2(N-1) rounds");
 }
 
 // --- 1.9 tree_all_reduce -------------------------------------------------------------
@@ -354,24 +367,8 @@ TEST(Puzzle1_11_direct_all_reduce, CriticalPathBytes) {
 // Every rank sends one chunk to each peer in each step: 2(N-1) messages and
 // 2(N-1)/N of the data, so N(N-1) messages per step over the whole world.
 TEST(Puzzle1_11_direct_all_reduce, MessagesAndBytesPerRank) {
-  for (int n : all_world_sizes()) {
-    const std::vector<RankOutcome> outcomes = run_all_reduce(kDirectName, kDirect, n, kS);
-    const std::int64_t messages = 2 * (n - 1);
-    const std::int64_t bytes = 2 * (n - 1) * (kS / n) * kElem;
-    for (int rank = 0; rank < n; ++rank) {
-      const RankOutcome& outcome = outcomes[static_cast<std::size_t>(rank)];
-      if (!outcome.has_stats) continue;
-      EXPECT_EQ(outcome.stats.messages_sent, messages)
-          << describe_run(kDirectName, n, kS) << ": rank " << rank << " sent "
-          << outcome.stats.messages_sent << " messages; expected 2(N-1) = " << messages
-          << ": one chunk to each of the N-1 peers in each of the two steps";
-      EXPECT_EQ(outcome.stats.bytes_sent, bytes)
-          << describe_run(kDirectName, n, kS) << ": rank " << rank << " sent "
-          << outcome.stats.bytes_sent << " bytes; expected 2(N-1)/N*S*elem_size = 2*" << n - 1
-          << "*" << kS / n << "*8 = " << bytes;
-    }
-    if (stop_sweep()) return;
-  }
+  expect_sent_per_rank(kDirectName, kDirect,
+                       "one chunk to each of the N-1 peers in each of the two steps");
 }
 
 }  // namespace

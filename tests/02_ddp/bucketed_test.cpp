@@ -260,13 +260,7 @@ TEST(Puzzle2_3_bucketed_ddp, TraceShowsAllReducesRunningDuringBackward) {
   // kernels run about twice as fast.
   const std::int64_t sequences = checker_dtype() == DType::f64 ? 8 : 16;
   auto config_on = [sequences](Device device) {
-    TrainConfig config = ddp_config(sequences, kSteps, device);
-    config.model.d_model = 64;
-    config.model.heads = 4;
-    config.model.layers = 3;
-    config.model.context = 32;
-    config.seq = 32;
-    return config;
+    return traced_model(ddp_config(sequences, kSteps, device));
   };
   // A few buckets per block: one bucket holds a 64 x 64 weight's gradient.
   const std::int64_t bucket_bytes =

@@ -15,16 +15,7 @@ using namespace dtp;
 using namespace dtp::testing;
 using namespace dtp::testing::ch03;
 
-// A model whose blocks take long enough to see what overlaps what.
-TrainConfig traced_config() {
-  TrainConfig config = tiny_config(8, 2);
-  config.model.d_model = 64;
-  config.model.heads = 4;
-  config.model.layers = 3;
-  config.model.context = 32;
-  config.seq = 32;
-  return config;
-}
+TrainConfig traced_config() { return traced_model(tiny_config(8, 2)); }
 
 // All-gathers that ran on rank `rank`'s communication thread (lane 1): the
 // ones started with Comm::iall_gather.

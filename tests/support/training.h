@@ -112,6 +112,17 @@ inline TrainConfig tiny_config(std::int64_t global_batch = 12, std::int64_t step
   return config;
 }
 
+// @p config with a model whose blocks take long enough for a trace to show
+// what overlaps what: width 64, 4 heads, 3 blocks, 32 positions.
+inline TrainConfig traced_model(TrainConfig config) {
+  config.model.d_model = 64;
+  config.model.heads = 4;
+  config.model.layers = 3;
+  config.model.context = 32;
+  config.seq = 32;
+  return config;
+}
+
 // @p config with its model and data on @p device, in checker_dtype(device):
 // where a rank (comm.device()) or a checker without ranks builds its model.
 inline TrainConfig on_device(TrainConfig config, Device device) {
