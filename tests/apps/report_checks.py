@@ -19,21 +19,11 @@ import subprocess
 import sys
 import tempfile
 
-FAILURES = []
+from check_support import FAILURES, expect, report, show
+
 MIB = 1024.0 * 1024.0
 E = 4  # bytes per f32 element
 ADAMW = 2 * E  # AdamW's bytes per parameter: m and v (chapter 03's K)
-
-
-def expect(condition, message):
-    if not condition:
-        FAILURES.append(message)
-    return condition
-
-
-def show(result):
-    return (f"exit {result.returncode}\n--- stdout (end) ---\n{result.stdout[-1500:]}"
-            f"\n--- stderr (end) ---\n{result.stderr[-1500:]}")
 
 
 # --- the model, from its shape (runtime/include/dtp/gpt.h) --------------------------------
@@ -733,10 +723,7 @@ def main():
         if base:
             check_mixed(program, base)
             check_lora(program, base, folder)
-    for failure in FAILURES:
-        print("FAILED:", failure, "\n")
-    print(f"reports: {'passed' if not FAILURES else f'{len(FAILURES)} failure(s)'}")
-    return 1 if FAILURES else 0
+    return report("reports")
 
 
 if __name__ == "__main__":

@@ -9,13 +9,7 @@ import subprocess
 import sys
 import tempfile
 
-FAILURES = []
-
-
-def expect(condition, message):
-    if not condition:
-        FAILURES.append(message)
-    return condition
+from check_support import expect, report, show
 
 
 def run(argv, timeout=300, env=None):
@@ -24,11 +18,6 @@ def run(argv, timeout=300, env=None):
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=merged,
                             stdin=subprocess.DEVNULL)
     return result
-
-
-def show(result):
-    return (f"exit {result.returncode}\n--- stdout (end) ---\n{result.stdout[-1500:]}"
-            f"\n--- stderr (end) ---\n{result.stderr[-1500:]}")
 
 
 def read_trace(path, where):
@@ -505,10 +494,7 @@ def main():
     args = parser.parse_args()
     {"unsolved": check_unsolved, "outputs": check_outputs, "mpi-outputs": check_mpi_outputs,
      "mpi-diverging": check_mpi_diverging, "gpu-strategies": check_gpu_strategies}[args.check](args)
-    for failure in FAILURES:
-        print("FAILED:", failure, "\n")
-    print(f"{args.check}: {'passed' if not FAILURES else f'{len(FAILURES)} failure(s)'}")
-    return 1 if FAILURES else 0
+    return report(args.check)
 
 
 if __name__ == "__main__":
