@@ -76,9 +76,7 @@ double ShardedOptimizer::clip_gradients(double max_norm) {
     const double norm = global_grad_norm({shard});
     squares += norm * norm;
   }
-  Tensor total = Tensor::from_values({squares}, DType::f64).to(comm_.device());
-  comm_.all_reduce(total, ReduceOp::sum);
-  const double norm = std::sqrt(total.to_vector()[0]);
+  const double norm = std::sqrt(all_reduce_value(comm_, squares, ReduceOp::sum));
   if (max_norm > 0 && norm > max_norm && std::isfinite(norm)) {
     for (Tensor& shard : gradient_shards_) ops::scale(shard, max_norm / (norm + 1e-6));
   }

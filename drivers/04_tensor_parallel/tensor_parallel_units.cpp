@@ -291,9 +291,7 @@ double TensorParallelGPT::global_grad_norm() const {
   add_unit(*embedding);
   for (const auto& block : blocks) add_unit(*block);
   add_unit(*head);
-  Tensor total = Tensor::from_values({squares}, DType::f64).to(tp_->device());
-  tp_->all_reduce(total);
-  return std::sqrt(total.item(0));
+  return std::sqrt(all_reduce_value(*tp_, squares, ReduceOp::sum));
 }
 
 }  // namespace dtp::ch04

@@ -90,9 +90,7 @@ StepRecord TensorParallelTrainer::step() {
     serial_->optimizer().step(record.lr);
   }
   // Every TP rank computed the same loss for its DP slice: the mean over DP.
-  Tensor mean_loss = Tensor::from_values({loss}).to(mesh_.dp.device());  // NCCL: device memory only
-  if (mesh_.dp.size() > 1) mesh_.dp.all_reduce(mean_loss, ReduceOp::avg);
-  record.loss = mean_loss.item(0);
+  record.loss = mesh_.dp.size() > 1 ? all_reduce_value(mesh_.dp, loss, ReduceOp::avg) : loss;
   meter.finish(record, batch.inputs.numel());
   serial_->count_step();
   return record;

@@ -156,11 +156,10 @@ StepRecord PipelineTrainer::step() {
   const double loss = execute_schedule(mesh_.pp, schedule_, chunks(), microbatches);
 
   // The loss lives on the last stage; every rank reports the mean over replicas.
-  Tensor step_loss =
-      Tensor::from_values({loss}).to(mesh_.pp.device());  // NCCL moves device memory only
+  Tensor step_loss = Tensor::from_values({loss}).to(mesh_.pp.device());  // NCCL: device memory
   mesh_.pp.broadcast(step_loss, mesh_.pp.size() - 1);
-  if (mesh_.dp.size() > 1) mesh_.dp.all_reduce(step_loss, ReduceOp::avg);
   record.loss = step_loss.item(0);
+  if (mesh_.dp.size() > 1) record.loss = all_reduce_value(mesh_.dp, record.loss, ReduceOp::avg);
   DTP_CHECK(std::isfinite(record.loss), "train: the loss is ", record.loss, " at step ",
             record.step, "; try a lower --lr or a tighter --clip");
   // What this rank holds: whole gradients (averaged over the replicas here)
@@ -177,10 +176,10 @@ StepRecord PipelineTrainer::step() {
   double squares = 0;
   for (const Tensor& g : grads)
     for (double x : g.to_vector()) squares += x * x;
-  Tensor total = Tensor::from_values({squares}).to(mesh_.pp.device());
-  mesh_.pp.all_reduce(total, ReduceOp::sum);
-  if (!fsdp_.empty() && mesh_.dp.size() > 1) mesh_.dp.all_reduce(total, ReduceOp::sum);
-  record.grad_norm = std::sqrt(total.item(0));
+  squares = all_reduce_value(mesh_.pp, squares, ReduceOp::sum);
+  if (!fsdp_.empty() && mesh_.dp.size() > 1)
+    squares = all_reduce_value(mesh_.dp, squares, ReduceOp::sum);
+  record.grad_norm = std::sqrt(squares);
   if (config.grad_clip > 0 && record.grad_norm > config.grad_clip &&
       std::isfinite(record.grad_norm)) {
     const double factor = config.grad_clip / (record.grad_norm + 1e-6);

@@ -127,9 +127,7 @@ double ExpertParallelTrainer::forward_backward() {
   }
   // Summed over every rank's tokens by the exchange: the mean over ranks is a division.
   for (Chunk& chunk : owned_) ops::scale(chunk.grads, 1.0 / ep_.size());
-  Tensor mean = Tensor::from_values({loss}).to(ep_.device());  // NCCL moves device memory only
-  ep_.all_reduce(mean, ReduceOp::avg);
-  return mean.item(0);
+  return all_reduce_value(ep_, loss, ReduceOp::avg);
 }
 
 StepRecord ExpertParallelTrainer::step() {
@@ -145,9 +143,8 @@ StepRecord ExpertParallelTrainer::step() {
   for (const Chunk& chunk : replicated_) replicated.push_back(chunk.grads);
   for (const Chunk& chunk : owned_) owned.push_back(chunk.grads);
   const double replicated_norm = global_grad_norm(replicated), owned_norm = global_grad_norm(owned);
-  Tensor experts_squared = Tensor::from_values({owned_norm * owned_norm});
-  ep_.all_reduce(experts_squared, ReduceOp::sum);
-  record.grad_norm = std::sqrt(replicated_norm * replicated_norm + experts_squared.item(0));
+  const double experts_squared = all_reduce_value(ep_, owned_norm * owned_norm, ReduceOp::sum);
+  record.grad_norm = std::sqrt(replicated_norm * replicated_norm + experts_squared);
   if (c.grad_clip > 0 && record.grad_norm > c.grad_clip && std::isfinite(record.grad_norm)) {
     const double factor = c.grad_clip / (record.grad_norm + 1e-6);
     for (Tensor& g : replicated) ops::scale(g, factor);

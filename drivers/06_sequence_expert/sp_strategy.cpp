@@ -155,9 +155,7 @@ double SequenceParallelTrainer::forward_backward() {
     trace::Scope span("gradient all-reduce", "comm");
     for (Unit* unit : model.units()) sp_.all_reduce(unit->grads(), ReduceOp::avg);
   }
-  Tensor mean = Tensor::from_values({loss}).to(sp_.device());  // NCCL moves device memory only
-  sp_.all_reduce(mean, ReduceOp::avg);
-  return mean.item(0);
+  return all_reduce_value(sp_, loss, ReduceOp::avg);
 }
 
 StepRecord SequenceParallelTrainer::step() {

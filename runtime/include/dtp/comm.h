@@ -211,4 +211,9 @@ class Comm {
   std::shared_ptr<CommBackend> backend_;
 };
 
+/// One number reduced over @p comm's ranks with @p op (a loss, a sum of
+/// squares): all_reduce of a one-element f64 tensor on the communicator's
+/// device, since NCCL moves device memory only.
+double all_reduce_value(Comm& comm, double value, ReduceOp op);
+
 }  // namespace dtp

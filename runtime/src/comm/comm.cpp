@@ -32,6 +32,12 @@ void Request::wait() {
 
 bool Request::completed() const { return !state_ || state_->completed; }
 
+double all_reduce_value(Comm& comm, double value, ReduceOp op) {
+  Tensor x = Tensor::from_values({value}, DType::f64).to(comm.device());
+  comm.all_reduce(x, op);
+  return x.item(0);
+}
+
 void wait_all(std::vector<Request>& requests) {
   for (Request& request : requests) request.wait();
 }
