@@ -65,12 +65,37 @@ struct BlockSaved {
   MoeSaved moe;         ///< the mixture of experts' own (config.experts > 0)
   /// Weight-gradient work queued by a deferred backward.
   PendingWeightGrads pending;
+  /// The block input, kept by an ActivationPolicy that drops the layers'
+  /// tensors after the forward and makes them again in the backward.
+  Tensor checkpoint;
   /// Drops every saved tensor (and pending work).
   void clear() { *this = BlockSaved{}; }
 };
 
 /// Whether a block's backward computes weight gradients at once or queues them.
 enum class WeightGrads { immediate, deferred };
+
+class Block;
+
+/// How a block keeps what its backward needs (chapter 09). Installed on a
+/// block (Block::policy, not owned), it runs in place of the block's own
+/// forward and backward wherever they are called: by GPT, by a pipeline
+/// stage, between FSDP's hooks. It does the block's work through
+/// Block::run_forward() and Block::run_backward(), and decides what stays in
+/// the BlockSaved between the two: everything (no policy), only the block
+/// input (full recomputation), all but the attention probabilities
+/// (selective recomputation). One policy object may serve many blocks and
+/// many micro-batches: what it keeps goes in the BlockSaved, never in itself.
+class ActivationPolicy {
+ public:
+  virtual ~ActivationPolicy() = default;
+  /// The block's output for x; leaves in @p saved what backward() needs.
+  virtual Tensor forward(const Block& block, const Tensor& x, BlockSaved& saved) const = 0;
+  /// dx for dy, as Block::run_backward() gives it, from what forward() left
+  /// in @p saved; leaves @p saved empty (but for deferred weight work).
+  virtual Tensor backward(const Block& block, const Tensor& dy, BlockSaved& saved, WeightGrads mode,
+                          double loss_scale) const = 0;
+};
 
 /// Pre-LN transformer block: x + attn(ln1(x)), then + mlp(ln2(.)).
 class Block : public Unit {
@@ -79,18 +104,27 @@ class Block : public Unit {
   Block(const GPTConfig& config, int layer);
   /// Which block this is, from 0.
   int layer() const { return layer_; }
-  /// Block output [B, T, C] for x [B, T, C] (activations); fills saved.
-  /// A mixture-of-experts block also leaves its load-balancing loss in
-  /// saved.moe.aux_loss, which the model adds to its loss.
+  /// Block output [B, T, C] for x [B, T, C] (activations): policy->forward()
+  /// when a policy is installed, run_forward() otherwise.
   Tensor forward(const Tensor& x, BlockSaved& saved) const;
-  /// dx for dy = d(block output). With WeightGrads::deferred the linear
+  /// The block's layers, forward: output [B, T, C] for x [B, T, C]
+  /// (activations); fills every layer's part of saved. A mixture-of-experts
+  /// block also leaves its load-balancing loss in saved.moe.aux_loss, which
+  /// the model adds to its loss.
+  Tensor run_forward(const Tensor& x, BlockSaved& saved) const;
+  /// dx for dy = d(block output): policy->backward() when a policy is
+  /// installed, run_backward() otherwise.
+  Tensor backward(const Tensor& dy, BlockSaved& saved, WeightGrads mode = WeightGrads::immediate,
+                  double loss_scale = 1.0) const;
+  /// The block's layers, backward: dx for dy = d(block output), from the
+  /// layers' saved tensors. With WeightGrads::deferred the linear
   /// layers' weight gradients are queued in saved.pending (LayerNorm's are
   /// computed at once); call backward_weight(saved) to finish the unit.
   /// @p loss_scale scales the load-balancing loss's gradient the way dy is
   /// scaled (GPT::backward passes its own); a dense block ignores it.
   /// Releases the saved activations.
-  Tensor backward(const Tensor& dy, BlockSaved& saved, WeightGrads mode = WeightGrads::immediate,
-                  double loss_scale = 1.0) const;
+  Tensor run_backward(const Tensor& dy, BlockSaved& saved,
+                      WeightGrads mode = WeightGrads::immediate, double loss_scale = 1.0) const;
   /// True when the MLP half is a mixture of experts (config.experts > 0).
   bool is_moe() const { return config_.experts > 0; }
   /// Runs queued weight-gradient work.
@@ -104,6 +138,9 @@ class Block : public Unit {
   /// Runs the mixture of experts (with moe's weights) when set (not owned;
   /// see MoeCore). Only WeightGrads::immediate backward then.
   MoeCore* moe_core = nullptr;
+  /// Decides what the forward keeps for the backward when set (not owned;
+  /// see ActivationPolicy).
+  const ActivationPolicy* policy = nullptr;
 
  private:
   void bind() override;

@@ -19,12 +19,33 @@
 
 namespace dtp {
 
-/// What an allocation holds.
-enum class MemoryCategory { params, grads, optimizer, activations, comm, other };
+/// What an allocation holds. `activations` are kept from a forward for its
+/// backward; `recompute` are activations made again inside a backward
+/// (activation checkpointing, chapter 09), live only until that backward
+/// uses them.
+enum class MemoryCategory { params, grads, optimizer, activations, comm, other, recompute };
 /// Number of MemoryCategory values (for per-category arrays).
-inline constexpr int kMemoryCategoryCount = 6;
-/// "params", "grads", "optimizer", "activations", "comm" or "other".
+inline constexpr int kMemoryCategoryCount = 7;
+/// "params", "grads", "optimizer", "activations", "comm", "other" or "recompute".
 const char* memory_category_name(MemoryCategory category);
+
+/// While one is alive on a thread, every allocation that thread makes as
+/// MemoryCategory::activations is charged to MemoryCategory::recompute
+/// instead, and the matrix-product FLOPs it runs count as recomputed too
+/// (see flops.h). Wrap the forward a checkpointed backward runs again in one,
+/// so that the tracker tells what the forward kept from what the backward
+/// made again. Scopes nest.
+class RecomputeScope {
+ public:
+  RecomputeScope();
+  ~RecomputeScope();
+  RecomputeScope(const RecomputeScope&) = delete;
+  RecomputeScope& operator=(const RecomputeScope&) = delete;
+};
+/// True while a RecomputeScope is alive on the calling thread.
+bool recomputing();
+/// @p requested, or MemoryCategory::recompute for activations made inside a RecomputeScope.
+MemoryCategory charged_category(MemoryCategory requested);
 
 /// Live and peak bytes per category and device kind for one rank. Thread-safe.
 class MemoryTracker {
@@ -43,6 +64,9 @@ class MemoryTracker {
   std::int64_t live(MemoryCategory category, DeviceKind where) const;
   /// Highest live(category, where) since construction or reset_peaks().
   std::int64_t peak(MemoryCategory category, DeviceKind where) const;
+  /// Highest live(activations) + live(recompute): what a step's activations
+  /// took at once, kept ones and ones made again together.
+  std::int64_t peak_activations_with_recompute() const;
   /// Bytes allocated now, all categories and devices.
   std::int64_t total_live() const;
   /// Highest total_live() since construction or reset_peaks().
@@ -57,11 +81,16 @@ class MemoryTracker {
   // Indexed [device kind][category]; the per-category sums keep their own
   // peaks because the peak of a sum is not the sum of the peaks.
   using PerCategory = std::array<std::int64_t, kMemoryCategoryCount>;
+  std::int64_t kept_and_again() const {
+    return live_[static_cast<int>(MemoryCategory::activations)] +
+           live_[static_cast<int>(MemoryCategory::recompute)];
+  }
   mutable std::mutex mutex_;
   std::array<PerCategory, kDeviceKindCount> device_live_{};
   std::array<PerCategory, kDeviceKindCount> device_peak_{};
   PerCategory live_{};
   PerCategory peak_{};
+  std::int64_t activations_with_recompute_peak_ = 0;
   std::int64_t total_live_ = 0;
   std::int64_t total_peak_ = 0;
 };

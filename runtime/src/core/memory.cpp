@@ -19,8 +19,23 @@ const char* memory_category_name(MemoryCategory category) {
       return "comm";
     case MemoryCategory::other:
       return "other";
+    case MemoryCategory::recompute:
+      return "recompute";
   }
   return "?";
+}
+
+namespace {
+thread_local int recompute_depth = 0;
+}  // namespace
+
+RecomputeScope::RecomputeScope() { ++recompute_depth; }
+RecomputeScope::~RecomputeScope() { --recompute_depth; }
+bool recomputing() { return recompute_depth > 0; }
+
+MemoryCategory charged_category(MemoryCategory requested) {
+  return requested == MemoryCategory::activations && recomputing() ? MemoryCategory::recompute
+                                                                   : requested;
 }
 
 void MemoryTracker::charge(MemoryCategory category, std::int64_t bytes, DeviceKind where) {
@@ -31,6 +46,7 @@ void MemoryTracker::charge(MemoryCategory category, std::int64_t bytes, DeviceKi
   device_peak_[d][c] = std::max(device_peak_[d][c], device_live_[d][c]);
   live_[c] += bytes;
   peak_[c] = std::max(peak_[c], live_[c]);
+  activations_with_recompute_peak_ = std::max(activations_with_recompute_peak_, kept_and_again());
   total_live_ += bytes;
   total_peak_ = std::max(total_peak_, total_live_);
 }
@@ -77,6 +93,12 @@ void MemoryTracker::reset_peaks() {
   peak_ = live_;
   device_peak_ = device_live_;
   total_peak_ = total_live_;
+  activations_with_recompute_peak_ = kept_and_again();
+}
+
+std::int64_t MemoryTracker::peak_activations_with_recompute() const {
+  std::lock_guard lock(mutex_);
+  return activations_with_recompute_peak_;
 }
 
 std::string MemoryTracker::summary() const {

@@ -122,7 +122,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, MemoryCateg
       !__builtin_mul_overflow(shape.numel(), static_cast<std::int64_t>(dtype_size(dtype)), &bytes),
       "a tensor of shape ", shape.str(), " and dtype ", dtype_name(dtype),
       " has more bytes than a 64-bit count holds");
-  t.storage_ = std::make_shared<Storage>(static_cast<std::size_t>(bytes), device, category);
+  t.storage_ = std::make_shared<Storage>(static_cast<std::size_t>(bytes), device,
+                                         charged_category(category));
   t.shape_ = shape;
   t.dtype_ = dtype;
   return t;

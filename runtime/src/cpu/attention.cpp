@@ -32,6 +32,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
                       f32.out("probs", probs), mask, scale);
     return f32.store();
   }
+  count_flops(4 * q.numel() * detail::key_count(k));  // S = Q K^T and O = P V
   if (q.device().is_cuda()) return cuda::attention_forward(q, k, v, out, probs, mask, scale);
   const char* op = "attention_forward";
   const detail::AttentionDims d = detail::attention_dims(op, q, k, v, scale);
@@ -89,6 +90,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                        f32.out("dv", dv), mask, scale);
     return f32.store();
   }
+  count_flops(8 * q.numel() * detail::key_count(k));  // dP, dV, dQ and dK
   if (q.device().is_cuda())
     return cuda::attention_backward(q, k, v, probs, dout, dq, dk, dv, mask, scale);
   const char* op = "attention_backward";

@@ -217,6 +217,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                              Tensor& row_max, Tensor& row_sum, const AttentionMask& mask,
                              double scale, std::int64_t block_size) {
+  count_flops(4 * q.numel() * detail::key_count(k));  // S = Q K^T and O = P V
   // The CUDA kernels take bf16 and f16 as they are (tensor cores in the 16-bit type).
   if (q.device().is_cuda())
     return cuda::flash_attention_forward(q, k, v, out, row_max, row_sum, mask, scale, block_size);
@@ -234,6 +235,7 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& row_max, const Tensor& row_sum, const Tensor& dout,
                               Tensor& dq, Tensor& dk, Tensor& dv, const AttentionMask& mask,
                               double scale) {
+  count_flops(10 * q.numel() * detail::key_count(k));  // S again, dP, dV, dQ and dK
   if (q.device().is_cuda())
     return cuda::flash_attention_backward(q, k, v, out, row_max, row_sum, dout, dq, dk, dv, mask,
                                           scale);

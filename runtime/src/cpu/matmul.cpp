@@ -31,6 +31,9 @@ MatrixDims matrix_dims(const char* name, const Tensor& t) {
 
 void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, bool transpose_b,
             double alpha, double beta) {
+  // Counted once: a CPU bf16/f16 call comes back here in f32.
+  if (a.device().is_cuda() || !detail::is_half(a.dtype()))
+    count_flops(detail::matmul_flops(a, out, transpose_a));
   if (a.device().is_cuda()) return cuda::matmul(a, b, out, transpose_a, transpose_b, alpha, beta);
   if (detail::is_half(a.dtype())) {
     detail::Widened f32("matmul", a.dtype());

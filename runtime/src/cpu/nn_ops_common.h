@@ -9,6 +9,7 @@
 
 #include "cpu/element.h"
 #include "dtp/error.h"
+#include "dtp/flops.h"
 #include "dtp/tensor.h"
 
 namespace dtp::detail {
@@ -50,6 +51,18 @@ inline void check_numel(const char* op, const char* name, const Tensor& t, std::
 }
 
 /// The last dim of @p t (columns of the matrix view); fails for 0-D tensors.
+/// Keys of an attention's k [B, Tk, H, D] (0 for a malformed k: the op's checks name it).
+inline std::int64_t key_count(const Tensor& k) { return k.ndim() == 4 ? k.size(1) : 0; }
+
+/// 2 M N K for out [M, N] = op(a) op(b), a [M, K] (or [K, M] transposed)
+/// read as a matrix whose columns are its last dim (0 when malformed).
+inline std::int64_t matmul_flops(const Tensor& a, const Tensor& out, bool transpose_a) {
+  if (a.ndim() == 0 || a.numel() == 0) return 0;
+  const std::int64_t columns = a.size(a.ndim() - 1);
+  const std::int64_t inner = transpose_a ? a.numel() / columns : columns;
+  return 2 * out.numel() * inner;
+}
+
 inline std::int64_t last_dim(const char* op, const char* name, const Tensor& t) {
   DTP_CHECK(t.ndim() >= 1, op, ": ", name, " needs at least one dimension, got ", t.describe());
   return t.size(t.ndim() - 1);

@@ -157,6 +157,16 @@ void Block::bind() {
 }
 
 Tensor Block::forward(const Tensor& x, BlockSaved& saved) const {
+  return policy ? policy->forward(*this, x, saved) : run_forward(x, saved);
+}
+
+Tensor Block::backward(const Tensor& dy, BlockSaved& saved, WeightGrads mode,
+                       double loss_scale) const {
+  return policy ? policy->backward(*this, dy, saved, mode, loss_scale)
+                : run_backward(dy, saved, mode, loss_scale);
+}
+
+Tensor Block::run_forward(const Tensor& x, BlockSaved& saved) const {
   require_params("forward");
   DTP_CHECK(x.defined() && x.ndim() == 3 && x.size(2) == config_.d_model, name(),
             " forward: input must be [B, T, ", config_.d_model, "], got ", x.describe());
@@ -181,8 +191,8 @@ Tensor Block::forward(const Tensor& x, BlockSaved& saved) const {
   return out;
 }
 
-Tensor Block::backward(const Tensor& dy, BlockSaved& saved, WeightGrads mode,
-                       double loss_scale) const {
+Tensor Block::run_backward(const Tensor& dy, BlockSaved& saved, WeightGrads mode,
+                           double loss_scale) const {
   require_params("backward");
   DTP_CHECK(saved.ln1.input.defined(), name(),
             " backward: no saved activations (forward not run, or already released)");
