@@ -1,10 +1,12 @@
-// The tensor-core flash attention kernels, run on the CPU under the CUDA
-// emulator, against the CPU's flash attention: the WMMA kernels
-// (runtime/src/cuda/flash_attention_tc.cuh) in f32, bf16 and f16, and the
+// The flash attention kernels, run on the CPU under the CUDA emulator,
+// against the CPU's flash attention: the WMMA kernels
+// (runtime/src/cuda/flash_attention_tc.cuh) in f32 (TF32), bf16 and f16, the
 // mma.sync kernels (flash_attention_mma.cuh) in bf16 and f16 (heads up to
-// 64 wide; wider ones run WMMA there too, as on a GPU). This checks their
-// tiling, masking, online softmax, fragment layouts and synchronization on
-// every machine; tests/gpu/ checks the same kernels on a GPU.
+// 64 wide; wider ones run WMMA there too, as on a GPU), and the exact f32
+// kernels (flash_attention_exact.cuh) that f32 runs with TF32 off. This
+// checks their tiling, masking, online softmax, fragment layouts and
+// synchronization on every machine; tests/gpu/ checks the same kernels on a
+// GPU.
 //
 // Every case runs against the CPU's op in the same dtype, which computes in
 // f32, rounds P and dS to a 16-bit type before their products (as the
@@ -12,16 +14,28 @@
 //
 // Tolerance: |kernel - cpu| <= tol (|cpu| + max |cpu|), element-wise (for
 // the gradients, the max over all three), with
-// tol = 2e-3 for f32 and 2 epsilons for bf16 (2^-6) and f16 (2^-9). The f32
-// kernels round their inputs and the probabilities to TF32 (2^-11 relative),
-// which stays below 1e-3 on these shapes, and losing one key of 64 or one
-// column of a row moves an output by about 1e-2. The 16-bit tolerance is the
-// GPU checkers' (tests/gpu/nn_cuda_half_test.cpp).
+// - TF32: 2e-3. The kernels round their inputs and the probabilities to TF32
+//   (2^-11 relative), which stays below 1e-3 on these shapes, and losing one
+//   key of 64 or one column of a row moves an output by about 1e-2.
+// - bf16 and f16: 2 epsilons, 2^-6 and 2^-9: the GPU checkers' tolerance
+//   (tests/gpu/nn_cuda_half_test.cpp).
+// - exact f32: 2 n 2^-24 with n = Tq + Tk + D: 6.4e-6 at Tq 17, Tk 29,
+//   D 8 and 4.1e-5 at Tq = Tk = 150, D = 64. Kernel and CPU do the same f32
+//   operations in other orders: dot products of D terms, sums over Tk keys
+//   (forward, dQ) or Tq queries (dK, dV), the softmax's rescalings. Each
+//   result is a chain of such sums of at most n terms in all, and a sum of
+//   n terms in any order is within n 2^-24 of the exact sum, relative to
+//   the terms' magnitude, so the two are within 2 n 2^-24 of each other.
+//   Measured under the emulator: at most 3% of the allowance (the largest
+//   error 3.7e-7, 6 x 2^-24). A wrong key, column or scale moves an output
+//   by more than 1e-3.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "emulated/cuda_emulator.h"  // first: it defines the CUDA keywords for the kernels
@@ -59,12 +73,6 @@ void with_compiled_element(DType dtype, Fn&& fn) {
   }
 }
 
-double tolerance(DType dtype) {
-  if (dtype == DType::bf16) return std::ldexp(1.0, -6);
-  if (dtype == DType::f16) return std::ldexp(1.0, -9);
-  return 2e-3;
-}
-
 struct Case {
   std::string name;  // in the test's name (tools/sanitizers.sh picks shapes by it)
   std::int64_t B, Tq, Tk, H, D;
@@ -78,19 +86,59 @@ std::string describe(const Case& c) {
          " k_start " + std::to_string(c.mask.k_start);
 }
 
+// The ops' default scale, 1/sqrt(D).
+double softmax_scale(const Case& c) { return 1.0 / std::sqrt(static_cast<double>(c.D)); }
+
 double max_abs(const Tensor& t) {
   double m = 0;
   for (double x : t.to_vector()) m = std::max(m, std::abs(x));
   return m;
 }
 
-// Element-wise comparison that names the worst element by (b, t, h, d) or
-// (b, h, t). The scale is max |want|, or @p floor if larger: a gradient that
-// is zero in exact arithmetic (dS with a single key) comes out as rounding
-// noise of the backward's other gradients' size.
-void expect_close(const Tensor& got, const Tensor& want, const std::string& what,
-                  double floor = 0) {
-  const double tol = tolerance(want.dtype());
+// Element @p flat of @p t as "[b, t, h, d]" (outputs) or "[b, h, t]" (row statistics).
+std::string position(const Tensor& t, std::int64_t flat) {
+  std::string where;
+  for (std::int64_t dim = t.ndim() - 1; dim >= 0; --dim) {
+    where = std::to_string(flat % t.size(dim)) + (where.empty() ? "" : ", ") + where;
+    flat /= t.size(dim);
+  }
+  return "[" + where + "]";
+}
+
+// What a wrong value suggests, for a failure message: an element the kernel
+// never wrote (outputs start at -7), a value where the CPU has 0 (a hidden
+// key or a row that sees no key), or the ratio kernel / cpu, decoded when it
+// is the softmax scale s = 1/sqrt(D) or its inverse, or (an output, whose
+// row's sum is @p l) l or l^2.
+std::string meaning(double got, double want, double s, double l = 0) {
+  if (got == -7) return "the kernel never wrote it";
+  if (want == 0) return "the CPU has 0 there (a hidden key, or a row that sees no key)";
+  const double ratio = got / want;
+  const auto near = [&](double x) { return std::abs(ratio - x) <= 1e-3 * std::abs(x); };
+  const std::string r = "kernel / cpu = " + std::to_string(ratio);
+  if (near(1 / s)) return r + " = 1 / s: looks like a missing softmax scale s";
+  if (near(s)) return r + " = s: looks like the softmax scale s applied twice";
+  if (l > 0 && near(l)) return r + " = the row's sum l: looks like the output was not divided by l";
+  if (l > 0 && near(l * l))
+    return r + " = l^2 for the row's sum l: looks like the output was multiplied by l, not divided";
+  return r;
+}
+
+// The row sum l[b, h, t] of element @p flat of an output [b, t, h, d].
+double row_sum_of(const Tensor& l, const Tensor& out, std::int64_t flat) {
+  const std::int64_t T = out.size(1), H = out.size(2), D = out.size(3);
+  const std::int64_t t = flat / (H * D) % T, h = flat / D % H, b = flat / (T * H * D);
+  return l.to_vector()[static_cast<std::size_t>((b * H + h) * T + t)];
+}
+
+// Element-wise comparison within tol (|want| + scale) that names the worst
+// element and what its value suggests (meaning(), with the softmax scale
+// @p s, and for an output the CPU's @p row_sums). The scale is max |want|,
+// or @p floor if larger: a gradient that is zero in exact arithmetic (dS
+// with a single key) comes out as rounding noise of the backward's other
+// gradients' size.
+void expect_close(const Tensor& got, const Tensor& want, double tol, double s,
+                  const std::string& what, double floor = 0, const Tensor* row_sums = nullptr) {
   const std::vector<double> g = got.to_vector(), w = want.to_vector();
   const double scale = std::max(max_abs(want), floor);
   std::int64_t worst = -1;
@@ -103,15 +151,10 @@ void expect_close(const Tensor& got, const Tensor& want, const std::string& what
     }
   }
   if (worst < 0) return;
-  std::string where;
-  std::int64_t rest = worst;
-  for (std::int64_t dim = got.ndim() - 1; dim >= 0; --dim) {
-    where = std::to_string(rest % got.size(dim)) + (where.empty() ? "" : ", ") + where;
-    rest /= got.size(dim);
-  }
-  ADD_FAILURE() << what << ": element [" << where << "] is " << g[worst] << " from the kernel and "
-                << w[worst] << " from the CPU (allowed " << tol << " x (|cpu| + max |cpu| " << scale
-                << "))";
+  ADD_FAILURE() << what << ": element " << position(got, worst) << " is " << g[worst]
+                << " from the kernel and " << w[worst] << " from the CPU (allowed " << tol
+                << " x (|cpu| + max |cpu| " << scale << ")): "
+                << meaning(g[worst], w[worst], s, row_sums ? row_sum_of(*row_sums, got, worst) : 0);
 }
 
 // Calls fn(std::integral_constant<int, MAXD>{}) with the kernels' head-dim bucket for D.
@@ -151,55 +194,90 @@ std::vector<Case> cases() {
 }
 
 using emulated::ptr;
-using emulated::with_element;
+
+/// Which kernels run: WMMA (TF32 for f32), mma.sync (16-bit only), or exact f32 (f32 only).
+enum class Kernels { wmma, mma, exact };
+std::string kernels_name(Kernels k) {
+  return k == Kernels::wmma ? "wmma" : k == Kernels::mma ? "mma" : "exact";
+}
+flash::KernelChoice choice_of(Kernels k) { return {k == Kernels::mma, k != Kernels::exact}; }
 
 struct Param {
   Case c;
   DType dtype;
-  bool mma;  // the mma.sync kernels (16-bit only), else the WMMA ones
+  Kernels kernels;
 };
-std::string kernels(const Param& p) { return p.mma ? "mma" : "wmma"; }
 void PrintTo(const Param& p, std::ostream* os) {
-  *os << describe(p.c) << " " << dtype_name(p.dtype) << " " << kernels(p);
+  *os << describe(p.c) << " " << dtype_name(p.dtype) << " " << kernels_name(p.kernels);
+}
+
+// The tolerances of the header comment.
+double tolerance(const Param& p) {
+  if (p.dtype == DType::bf16) return std::ldexp(1.0, -6);
+  if (p.dtype == DType::f16) return std::ldexp(1.0, -9);
+  if (p.kernels == Kernels::exact)
+    return 2 * std::ldexp(1.0, -24) * static_cast<double>(p.c.Tq + p.c.Tk + p.c.D);
+  return 2e-3;
 }
 
 std::vector<Param> params() {
   std::vector<Param> out;
-  for (const Case& c : cases()) out.push_back({c, DType::f32, false});
+  for (Kernels kernels : {Kernels::wmma, Kernels::exact})
+    for (const Case& c : cases()) out.push_back({c, DType::f32, kernels});
   // Heads wider than 64 run the WMMA kernels even when mma.sync is asked
   // for (flash_attention_launches.cuh): their mma cases would repeat them.
   for (DType dtype : {DType::bf16, DType::f16})
-    for (bool mma : {false, true})
+    for (Kernels kernels : {Kernels::wmma, Kernels::mma})
       if (dtype != DType::f16 || kWithF16)
         for (const Case& c : cases())
-          if (!mma || c.D <= 64) out.push_back({c, dtype, mma});
+          if (kernels != Kernels::mma || c.D <= 64) out.push_back({c, dtype, kernels});
   return out;
 }
 
-class EmulatedFlashAttention : public ::testing::TestWithParam<Param> {};
+/// A flash attention's inputs and its forward and backward outputs.
+struct Attention {
+  Tensor q, k, v, dout;  // the inputs
+  Tensor out, m, l;      // the forward: output, row max, row sum
+  Tensor dq, dk, dv;     // the backward
+};
 
-TEST_P(EmulatedFlashAttention, ForwardAndBackwardMatchTheCpu) {
-  const auto& [c, dtype, mma] = GetParam();
-  SCOPED_TRACE(describe(c) + " " + dtype_name(dtype) + " " + kernels(GetParam()));
+/// Random inputs of case @p c and the CPU's flash attention on them.
+Attention cpu_attention(const Case& c, DType dtype) {
   const Shape qs{c.B, c.Tq, c.H, c.D}, ks{c.B, c.Tk, c.H, c.D}, stat{c.B, c.H, c.Tq};
-  const Tensor q = Tensor::random_uniform(qs, 30, -1, 1, dtype),
-               k = Tensor::random_uniform(ks, 31, -1, 1, dtype),
-               v = Tensor::random_uniform(ks, 32, -1, 1, dtype),
-               dout = Tensor::random_uniform(qs, 33, -1, 1, dtype);
-  Tensor out = Tensor::zeros(qs, dtype), m = Tensor::zeros(stat, dtype),
-         l = Tensor::zeros(stat, dtype);
-  ops::flash_attention_forward(q, k, v, out, m, l, c.mask);
-  Tensor dq = Tensor::zeros(qs, dtype), dk = Tensor::zeros(ks, dtype),
-         dv = Tensor::zeros(ks, dtype);
-  ops::flash_attention_backward(q, k, v, out, m, l, dout, dq, dk, dv, c.mask);
+  Attention a{Tensor::random_uniform(qs, 30, -1, 1, dtype),
+              Tensor::random_uniform(ks, 31, -1, 1, dtype),
+              Tensor::random_uniform(ks, 32, -1, 1, dtype),
+              Tensor::random_uniform(qs, 33, -1, 1, dtype),
+              Tensor::zeros(qs, dtype),
+              Tensor::zeros(stat, dtype),
+              Tensor::zeros(stat, dtype),
+              Tensor::zeros(qs, dtype),
+              Tensor::zeros(ks, dtype),
+              Tensor::zeros(ks, dtype)};
+  ops::flash_attention_forward(a.q, a.k, a.v, a.out, a.m, a.l, c.mask);
+  ops::flash_attention_backward(a.q, a.k, a.v, a.out, a.m, a.l, a.dout, a.dq, a.dk, a.dv, c.mask);
+  return a;
+}
 
-  const flash::Dims d{c.B, c.Tq, c.Tk,
-                      c.H, c.D,  static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.D)))};
+/// The kernels that @p kernels selects, under the emulator, on cpu's inputs:
+/// the forward, and the backward from the CPU's forward (out, m, l), so each
+/// half is checked on its own. Outputs start at -7, so a missed element shows.
+Attention kernel_attention(const Case& c, const Attention& cpu, Kernels kernels) {
+  const DType dtype = cpu.q.dtype();
+  const Shape qs{c.B, c.Tq, c.H, c.D}, ks{c.B, c.Tk, c.H, c.D}, stat{c.B, c.H, c.Tq};
+  Attention e{cpu.q,
+              cpu.k,
+              cpu.v,
+              cpu.dout,
+              Tensor::full(qs, -7.0, dtype),
+              Tensor::full(stat, -7.0, dtype),
+              Tensor::full(stat, -7.0, dtype),
+              Tensor::full(qs, -7.0, dtype),
+              Tensor::full(ks, -7.0, dtype),
+              Tensor::full(ks, -7.0, dtype)};
+  const flash::Dims d{c.B, c.Tq, c.Tk, c.H, c.D, static_cast<float>(softmax_scale(c))};
   const flash::Mask mask{c.mask.causal, c.mask.q_start, c.mask.k_start};
-  Tensor e_out = Tensor::full(qs, -7.0, dtype), e_m = Tensor::full(stat, -7.0, dtype),
-         e_l = Tensor::full(stat, -7.0, dtype);
-  Tensor e_dq = Tensor::full(qs, -7.0, dtype), e_dk = Tensor::full(ks, -7.0, dtype),
-         e_dv = Tensor::full(ks, -7.0, dtype);
+  const flash::KernelChoice choice = choice_of(kernels);
   Tensor delta = Tensor::zeros(stat);  // f32, as on the GPU
 
   with_compiled_element(dtype, [&](auto element) {
@@ -207,58 +285,99 @@ TEST_P(EmulatedFlashAttention, ForwardAndBackwardMatchTheCpu) {
     const flash::Dims rows{c.B, c.Tq, 0, c.H, c.D, 1.f};
     emu::launch(dim3(1), dim3(64), 0,
                 [&] {  // delta = rowsum(dO * O) from the CPU's output, by 64 threads
-                  flash::row_dot_kernel<T>(ptr<T>(dout), ptr<T>(out), delta.data<float>(), rows);
+                  flash::row_dot_kernel<T>(ptr<T>(cpu.dout), ptr<T>(cpu.out), delta.data<float>(),
+                                           rows);
                 });
     with_head_dim(c.D, [&](auto maxd) {
       constexpr int MAXD = decltype(maxd)::value;
-      const dim3 threads(flash::kThreads);
-      flash::forward_launches<T, MAXD>(mma, [&](auto kernel, std::size_t bytes) {
-        emu::launch(dim3(tiles(c.Tq), c.H, c.B), threads, bytes, [&] {
-          kernel(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(e_out), ptr<T>(e_m), ptr<T>(e_l), d, mask);
+      flash::forward_launches<T, MAXD>(choice, [&](auto kernel, int threads, std::size_t bytes) {
+        emu::launch(dim3(tiles(c.Tq), c.H, c.B), dim3(threads), bytes, [&] {
+          kernel(ptr<T>(e.q), ptr<T>(e.k), ptr<T>(e.v), ptr<T>(e.out), ptr<T>(e.m), ptr<T>(e.l), d,
+                 mask);
         });
       });
-      // The backward runs from the CPU's forward, so each half is checked on its own.
-      flash::backward_launches<T, MAXD>(mma, [&](auto kernel, std::size_t bytes, auto blocks) {
-        const T* in[] = {ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout), ptr<T>(m), ptr<T>(l)};
-        if constexpr (std::is_same_v<decltype(blocks), flash::KeyBlocks>)
-          emu::launch(dim3(tiles(c.Tk), c.H, c.B), threads, bytes, [&] {
-            kernel(in[0], in[1], in[2], in[3], in[4], in[5], delta.data<float>(), ptr<T>(e_dk),
-                   ptr<T>(e_dv), d, mask);
+      flash::backward_launches<T, MAXD>(
+          choice, [&](auto kernel, int threads, std::size_t bytes, auto blocks) {
+            const T* in[] = {ptr<T>(cpu.q),    ptr<T>(cpu.k), ptr<T>(cpu.v),
+                             ptr<T>(cpu.dout), ptr<T>(cpu.m), ptr<T>(cpu.l)};
+            if constexpr (std::is_same_v<decltype(blocks), flash::KeyBlocks>)
+              emu::launch(dim3(tiles(c.Tk), c.H, c.B), dim3(threads), bytes, [&] {
+                kernel(in[0], in[1], in[2], in[3], in[4], in[5], delta.data<float>(), ptr<T>(e.dk),
+                       ptr<T>(e.dv), d, mask);
+              });
+            else
+              emu::launch(dim3(tiles(c.Tq), c.H, c.B), dim3(threads), bytes, [&] {
+                kernel(in[0], in[1], in[2], in[3], in[4], in[5], delta.data<float>(), ptr<T>(e.dq),
+                       d, mask);
+              });
           });
-        else
-          emu::launch(dim3(tiles(c.Tq), c.H, c.B), threads, bytes, [&] {
-            kernel(in[0], in[1], in[2], in[3], in[4], in[5], delta.data<float>(), ptr<T>(e_dq), d,
-                   mask);
-          });
-      });
     });
   });
+  return e;
+}
 
-  expect_close(e_out, out, "out");
-  expect_close(e_l, l, "row_sum");
+class EmulatedFlashAttention : public ::testing::TestWithParam<Param> {};
+
+TEST_P(EmulatedFlashAttention, ForwardAndBackwardMatchTheCpu) {
+  const Param& p = GetParam();
+  SCOPED_TRACE(describe(p.c) + " " + dtype_name(p.dtype) + " " + kernels_name(p.kernels));
+  const Attention cpu = cpu_attention(p.c, p.dtype);
+  const Attention got = kernel_attention(p.c, cpu, p.kernels);
+  const double tol = tolerance(p), s = softmax_scale(p.c);
+
+  expect_close(got.out, cpu.out, tol, s, "out", 0, &cpu.l);
+  expect_close(got.l, cpu.l, tol, s, "row_sum");
   // row_max is -inf for a row that sees no key: it must be -inf there, and close elsewhere.
-  const std::vector<double> want_m = m.to_vector(), got_m = e_m.to_vector();
+  const std::vector<double> want_m = cpu.m.to_vector(), got_m = got.m.to_vector();
   for (std::size_t r = 0; r < want_m.size(); ++r) {
+    const std::string row = "row_max " + position(cpu.m, static_cast<std::int64_t>(r));
     if (std::isinf(want_m[r]))
       EXPECT_TRUE(std::isinf(got_m[r]) && got_m[r] < 0)
-          << "row_max of row " << r << ": got " << got_m[r];
+          << row << " is " << got_m[r]
+          << " from the kernel, -inf from the CPU (the row sees no key)";
     else
-      EXPECT_NEAR(got_m[r], want_m[r], tolerance(dtype) * (1 + std::abs(want_m[r])))
-          << "row_max of row " << r;
+      EXPECT_NEAR(got_m[r], want_m[r], tol * (1 + std::abs(want_m[r])))
+          << row << ": " << meaning(got_m[r], want_m[r], s);
   }
-  const double gradients = std::max({max_abs(dq), max_abs(dk), max_abs(dv)});
-  expect_close(e_dq, dq, "dq", gradients);
-  expect_close(e_dk, dk, "dk", gradients);
-  expect_close(e_dv, dv, "dv", gradients);
+  const double gradients = std::max({max_abs(cpu.dq), max_abs(cpu.dk), max_abs(cpu.dv)});
+  expect_close(got.dq, cpu.dq, tol, s, "dq", gradients);
+  expect_close(got.dk, cpu.dk, tol, s, "dk", gradients);
+  expect_close(got.dv, cpu.dv, tol, s, "dv", gradients);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, EmulatedFlashAttention, ::testing::ValuesIn(params()),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            const Case& c = info.param.c;
                            return std::string(dtype_name(info.param.dtype)) + "_" +
-                                  kernels(info.param) + "_" + c.name + "_D" + std::to_string(c.D) +
-                                  (c.mask.causal ? "_causal" : "_nomask");
+                                  kernels_name(info.param.kernels) + "_" + c.name + "_D" +
+                                  std::to_string(c.D) + (c.mask.causal ? "_causal" : "_nomask");
                          });
+
+// The exact f32 kernels sum in one fixed order with one writer per output
+// row: two runs on the same inputs give the same bytes.
+TEST(EmulatedExactFlashAttention, TwoRunsGiveTheSameBits) {
+  const Case c{"offset_tiles", 2, 90, 130, 2, 24, {true, 100, 60}};
+  SCOPED_TRACE(describe(c));
+  const Attention cpu = cpu_attention(c, DType::f32);
+  const Attention first = kernel_attention(c, cpu, Kernels::exact);
+  const Attention second = kernel_attention(c, cpu, Kernels::exact);
+  for (auto [name, a, b] :
+       {std::tuple<const char*, const Tensor*, const Tensor*>{"out", &first.out, &second.out},
+        {"row_max", &first.m, &second.m},
+        {"row_sum", &first.l, &second.l},
+        {"dq", &first.dq, &second.dq},
+        {"dk", &first.dk, &second.dk},
+        {"dv", &first.dv, &second.dv}}) {
+    const std::vector<double> x = a->to_vector(), y = b->to_vector();
+    for (std::size_t i = 0; i < x.size(); ++i)
+      if (std::memcmp(&x[i], &y[i], sizeof(double)) != 0) {
+        ADD_FAILURE() << name << ": element " << position(*a, static_cast<std::int64_t>(i))
+                      << " is " << x[i] << " in the first run and " << y[i]
+                      << " in the second: the kernels' sums depend on scheduling";
+        break;
+      }
+  }
+}
 
 // The emulator itself: a kernel that reads another lane's shared-memory
 // store without __syncwarp() must be caught often enough to matter, and a

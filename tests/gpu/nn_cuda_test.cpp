@@ -12,6 +12,12 @@
 //   atol = 1e-2 * max|cpu| (TF32 keeps 10 mantissa bits). The flash kernels'
 //   tiling and masking are checked tighter (2e-3) on the CPU, under the
 //   emulator (tests/emulated/flash_attention_test.cpp).
+// - f32 flash attention with TF32 off (its exact f32 kernels): rtol =
+//   2 n 2^-24 with n = Tq + Tk + D + 2, atol = rtol * max|cpu| (for a
+//   gradient, the max over all three). The sums of at most Tq + Tk + D terms
+//   in all that make an output, in other orders than the CPU's, as derived
+//   in tests/emulated/flash_attention_test.cpp, plus two roundings for
+//   CUDA's expf (at most 2 ulp where the CPU's is within 1).
 // - a whole GPT step (TF32 matmuls): loss within 1e-3 relative, every
 //   gradient within 2e-2 of its buffer's max |grad|, and after one AdamW
 //   step every parameter within 2 lr (Adam normalizes the step, so a
@@ -21,8 +27,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
+#include "cuda/nn_kernels.h"
 #include "dtp/nn.h"
 #include "dtp/nn_ops.h"
 #include "dtp/optim.h"
@@ -299,6 +307,93 @@ TEST(CudaNnOps, FlashAttentionMatchesTheCpu) {
     ops::attention_merge(out.gpu, m.gpu, l.gpu, out2.gpu, m2.gpu, l2.gpu);
     expect_close_tf32(out.gpu, out.cpu, "merged out");
     expect_close_tf32(l.gpu, l.cpu, "merged row_sum");
+  }
+}
+
+// Turns TF32 off for its lifetime, as DTP_TF32=0 does for a process, and
+// restores the setting after.
+class Tf32Off {
+ public:
+  Tf32Off() : was_on_(cuda::tf32_enabled()) { cuda::set_tf32_enabled(false); }
+  ~Tf32Off() { cuda::set_tf32_enabled(was_on_); }
+  Tf32Off(const Tf32Off&) = delete;
+  Tf32Off& operator=(const Tf32Off&) = delete;
+
+ private:
+  bool was_on_;
+};
+
+// Element-wise within tol (|cpu| + scale); scale is max |cpu| or @p floor if larger.
+void expect_close_f32(const Tensor& gpu, const Tensor& cpu, double tol, const std::string& what,
+                      double floor = 0) {
+  expect_close(gpu, cpu, tol, tol * std::max(floor, max_abs(cpu.to_vector())),
+               what + " (exact f32: a larger error is TF32's rounding or a wrong element)");
+}
+
+// A second run's tensor against the first's, bit for bit.
+void expect_same_bits(const Tensor& second, const Tensor& first, const std::string& what) {
+  const std::vector<double> x = first.to_vector(), y = second.to_vector();
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (std::memcmp(&x[i], &y[i], sizeof(double)) != 0) {
+      ADD_FAILURE() << what << ": element " << i << " is " << x[i] << " in the first run and "
+                    << y[i] << " in the second: the kernels' sums depend on scheduling";
+      return;
+    }
+}
+
+// With TF32 off, f32 flash attention runs the exact f32 kernels: the CPU's
+// results within f32 rounding, and the same bits when run again.
+TEST(CudaNnOps, FlashAttentionWithTf32OffMatchesTheCpuInExactF32) {
+  DTP_REQUIRE_GPU();
+  const Tf32Off exact_f32;
+  for (const AttentionCase& c : attention_cases()) {
+    SCOPED_TRACE("Tq " + std::to_string(c.Tq) + " Tk " + std::to_string(c.Tk) + " D " +
+                 std::to_string(c.D) + ", TF32 off");
+    const double tol = 2 * std::ldexp(1.0, -24) * static_cast<double>(c.Tq + c.Tk + c.D + 2);
+    const Shape qs{c.B, c.Tq, c.H, c.D}, ks{c.B, c.Tk, c.H, c.D}, stat{c.B, c.H, c.Tq};
+    Pair q = rand_pair(qs, 30), k = rand_pair(ks, 31), v = rand_pair(ks, 32),
+         dout = rand_pair(qs, 33);
+    Pair out = zeros_pair(qs), m = zeros_pair(stat), l = zeros_pair(stat);
+    ops::flash_attention_forward(q.cpu, k.cpu, v.cpu, out.cpu, m.cpu, l.cpu, c.mask);
+    ops::flash_attention_forward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu, c.mask);
+    expect_close_f32(out.gpu, out.cpu, tol, "out");
+    expect_close_f32(l.gpu, l.cpu, tol, "row_sum");
+    const auto mg = m.gpu.to_vector(), mc = m.cpu.to_vector();
+    for (std::size_t i = 0; i < mg.size(); ++i) {
+      if (std::isinf(mc[i]))
+        EXPECT_TRUE(std::isinf(mg[i]) && mg[i] < 0)
+            << "row_max of row " << i << ": " << mg[i] << " on the GPU, -inf on the CPU (the row "
+            << "sees no key)";
+      else
+        EXPECT_NEAR(mg[i], mc[i], tol * (1 + std::abs(mc[i])))
+            << "row_max of row " << i << " (exact f32 scores)";
+    }
+    Pair dq = zeros_pair(qs), dk = zeros_pair(ks), dv = zeros_pair(ks);
+    ops::flash_attention_backward(q.cpu, k.cpu, v.cpu, out.cpu, m.cpu, l.cpu, dout.cpu, dq.cpu,
+                                  dk.cpu, dv.cpu, c.mask);
+    ops::flash_attention_backward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu, dout.gpu, dq.gpu,
+                                  dk.gpu, dv.gpu, c.mask);
+    const double gradients = std::max(
+        {max_abs(dq.cpu.to_vector()), max_abs(dk.cpu.to_vector()), max_abs(dv.cpu.to_vector())});
+    expect_close_f32(dq.gpu, dq.cpu, tol, "dq", gradients);
+    expect_close_f32(dk.gpu, dk.cpu, tol, "dk", gradients);
+    expect_close_f32(dv.gpu, dv.cpu, tol, "dv", gradients);
+
+    // A second run on the same inputs: the same bits.
+    const auto gpu_zeros = [](const Shape& shape) {
+      return Tensor::zeros(shape, DType::f32, kGpu);
+    };
+    Tensor out2 = gpu_zeros(qs), m2 = gpu_zeros(stat), l2 = gpu_zeros(stat), dq2 = gpu_zeros(qs),
+           dk2 = gpu_zeros(ks), dv2 = gpu_zeros(ks);
+    ops::flash_attention_forward(q.gpu, k.gpu, v.gpu, out2, m2, l2, c.mask);
+    ops::flash_attention_backward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu, dout.gpu, dq2, dk2,
+                                  dv2, c.mask);
+    expect_same_bits(out2, out.gpu, "out");
+    expect_same_bits(m2, m.gpu, "row_max");
+    expect_same_bits(l2, l.gpu, "row_sum");
+    expect_same_bits(dq2, dq.gpu, "dq");
+    expect_same_bits(dk2, dk.gpu, "dk");
+    expect_same_bits(dv2, dv.gpu, "dv");
   }
 }
 

@@ -6,15 +6,22 @@
 // applies the mask and the softmax in place, and P V is another batched
 // GEMM; the backward is four batched GEMMs and one row kernel.
 //
-// Flash: FlashAttention-2 on tensor cores. Blocks of 64 query rows (forward,
-// dQ) or 64 key rows (dK, dV) walk the other side 64 rows at a time through
-// shared memory with an online softmax, and the backward recomputes the
-// probabilities from the saved row max and sum. No atomics: every output row
-// has one writer. f32 runs the WMMA kernels in TF32 (flash_attention_tc.cuh);
-// bf16 and f16 with heads up to 64 wide run the mma.sync kernels, whose
-// scores stay in registers (flash_attention_mma.cuh), or the WMMA ones with
-// DTP_FLASH_KERNEL=wmma; wider 16-bit heads run WMMA. The 16-bit tensors
-// are read as they are, with f32 scores, softmax and accumulators.
+// Flash: FlashAttention-2. Blocks of 64 query rows (forward, dQ) or 64 key
+// rows (dK, dV) walk the other side with an online softmax, and the backward
+// recomputes the probabilities from the saved row max and sum. No atomics:
+// every output row has one writer. Which kernels run is decided in
+// flash_attention_launches.cuh from the dtype, the head width and
+// kernel_choice() below:
+// - f32 with TF32 on (tf32_enabled(), the default) runs the WMMA kernels in
+//   TF32 (flash_attention_tc.cuh), 64 rows of the other side at a time
+//   through shared memory;
+// - f32 with TF32 off (DTP_TF32=0) runs the exact f32 kernels on CUDA cores,
+//   one thread per row (flash_attention_exact.cuh), as the cuBLAS matmuls
+//   then multiply in f32;
+// - bf16 and f16 with heads up to 64 wide run the mma.sync kernels, whose
+//   scores stay in registers (flash_attention_mma.cuh), or the WMMA ones with
+//   DTP_FLASH_KERNEL=wmma; wider 16-bit heads run WMMA. The 16-bit tensors
+//   are read as they are, with f32 scores, softmax and accumulators.
 // The naive path and the merge are f32 kernels: ops:: widens bf16/f16 to f32
 // copies for them and rounds the outputs back (cpu/widen.h).
 #include <cmath>
@@ -141,11 +148,11 @@ void allow_shared(Kernel kernel, std::size_t bytes) {
                                       static_cast<int>(bytes)));
 }
 
-/// Launches a flash kernel on @p grid blocks of flash::kThreads with @p bytes of shared memory.
+/// Launches a flash kernel on @p grid blocks of @p threads with @p bytes of shared memory.
 template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, std::size_t bytes, Args... args) {
+void launch(void (*kernel)(Params...), dim3 grid, int threads, std::size_t bytes, Args... args) {
   allow_shared(kernel, bytes);
-  kernel<<<grid, flash::kThreads, bytes, stream()>>>(args...);
+  kernel<<<grid, threads, bytes, stream()>>>(args...);
   check_launch();
 }
 
@@ -160,6 +167,10 @@ bool sixteen_bit_on_mma() {
   throw Error("DTP_FLASH_KERNEL must be mma or wmma (the bf16/f16 flash attention kernels), got '" +
               name + "'");
 }
+
+/// The flash kernels a call asks for: 16-bit tensors on mma.sync or WMMA
+/// (DTP_FLASH_KERNEL), f32 in TF32 or in exact f32 (DTP_TF32, set_tf32_enabled()).
+flash::KernelChoice kernel_choice() { return {sixteen_bit_on_mma(), tf32_enabled()}; }
 
 // One block per 64 rows (flash::kRows) of one (batch, head).
 dim3 row_grid(const Dims& d, std::int64_t T) {
@@ -263,14 +274,14 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   check_grid(op, d);
   if (d.B * d.H * d.Tq == 0) return;
   nn::use_device(q.device());
-  const bool mma = sixteen_bit_on_mma();
+  const flash::KernelChoice choice = kernel_choice();
   nn::with_float(q.dtype(), [&](auto element) {
     using T = decltype(element);
     with_head_dim(op, d.D, [&](auto maxd) {
       constexpr int MAXD = decltype(maxd)::value;
-      flash::forward_launches<T, MAXD>(mma, [&](auto kernel, std::size_t bytes) {
-        launch(kernel, row_grid(d, d.Tq), bytes, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(out),
-               ptr<T>(row_max), ptr<T>(row_sum), d, to_mask(mask));
+      flash::forward_launches<T, MAXD>(choice, [&](auto kernel, int threads, std::size_t bytes) {
+        launch(kernel, row_grid(d, d.Tq), threads, bytes, ptr<T>(q), ptr<T>(k), ptr<T>(v),
+               ptr<T>(out), ptr<T>(row_max), ptr<T>(row_sum), d, to_mask(mask));
       });
     });
   });
@@ -299,7 +310,7 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   }
   Tensor delta =
       Tensor::empty({d.B, d.H, d.Tq}, DType::f32, q.device(), MemoryCategory::activations);
-  const bool mma = sixteen_bit_on_mma();
+  const flash::KernelChoice choice = kernel_choice();
   nn::with_float(q.dtype(), [&](auto element) {
     using T = decltype(element);
     flash::row_dot_kernel<T><<<nn::grid_for(d.B * d.H * d.Tq), 256, 0, stream()>>>(
@@ -308,16 +319,18 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
     with_head_dim(op, d.D, [&](auto maxd) {
       constexpr int MAXD = decltype(maxd)::value;
       // dQ: one block per 64 query rows; dK and dV: one per 64 key rows.
-      flash::backward_launches<T, MAXD>(mma, [&](auto kernel, std::size_t bytes, auto blocks) {
-        auto run = [&](std::int64_t rows, auto... outputs) {
-          launch(kernel, row_grid(d, rows), bytes, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dout),
-                 ptr<T>(row_max), ptr<T>(row_sum), ptr<float>(delta), outputs..., d, to_mask(mask));
-        };
-        if constexpr (std::is_same_v<decltype(blocks), flash::KeyBlocks>)
-          run(d.Tk, ptr<T>(dk), ptr<T>(dv));
-        else
-          run(d.Tq, ptr<T>(dq));
-      });
+      flash::backward_launches<T, MAXD>(
+          choice, [&](auto kernel, int threads, std::size_t bytes, auto blocks) {
+            auto run = [&](std::int64_t rows, auto... outputs) {
+              launch(kernel, row_grid(d, rows), threads, bytes, ptr<T>(q), ptr<T>(k), ptr<T>(v),
+                     ptr<T>(dout), ptr<T>(row_max), ptr<T>(row_sum), ptr<float>(delta), outputs...,
+                     d, to_mask(mask));
+            };
+            if constexpr (std::is_same_v<decltype(blocks), flash::KeyBlocks>)
+              run(d.Tk, ptr<T>(dk), ptr<T>(dv));
+            else
+              run(d.Tq, ptr<T>(dq));
+          });
     });
   });
 }
