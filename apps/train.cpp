@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 
+#include "drivers/checkpointing.h"
 #include "drivers/strategy.h"
 #include "dtp/error.h"
 #include "dtp/launch.h"
@@ -84,6 +85,9 @@ void print_header(const Options& o, const ProcessRole& role) {
   if (!strategy.empty()) std::printf("%s\n", strategy.c_str());
   std::printf("model: %s (%lld parameters)\n", model.describe().c_str(),
               static_cast<long long>(model.parameter_count()));
+  const std::string checkpointing =
+      dtp::drivers::checkpoint_header(config.checkpoint, model.layers);
+  if (!checkpointing.empty()) std::printf("%s\n", checkpointing.c_str());
   std::printf("data: %s; batch %lld x seq %lld = %lld tokens per step\n",
               config.data_path.empty() ? "synthetic phrases" : config.data_path.c_str(),
               static_cast<long long>(config.batch), static_cast<long long>(config.seq),

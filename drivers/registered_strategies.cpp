@@ -2,12 +2,17 @@
 // drivers/CMakeLists.txt writes DTP_STRATEGY(NAME) into strategy_list.inc,
 // and each driver file defines `dtp::strategies::NAME()`. Compiled into the
 // programs that list them (dtp-train and the drivers' checkers), whose
-// chapter libraries hold the driver files.
+// chapter libraries hold the driver files. A `dtp_checkpoint_policies(NAME)`
+// line names the driver function that gives `--checkpoint` its policies.
+#include "drivers/checkpointing.h"
 #include "drivers/strategy.h"
+#include "dtp/error.h"
 
 namespace dtp::strategies {
 #define DTP_STRATEGY(name) drivers::Strategy& name();
+#define DTP_CHECKPOINT_POLICIES(name) drivers::CheckpointPolicies name();
 #include "strategy_list.inc"
+#undef DTP_CHECKPOINT_POLICIES
 #undef DTP_STRATEGY
 }  // namespace dtp::strategies
 
@@ -16,10 +21,27 @@ namespace dtp::drivers {
 const std::vector<Strategy*>& registered_strategies() {
   static const std::vector<Strategy*> list = {
 #define DTP_STRATEGY(name) &strategies::name(),
+#define DTP_CHECKPOINT_POLICIES(name)
 #include "strategy_list.inc"
+#undef DTP_CHECKPOINT_POLICIES
 #undef DTP_STRATEGY
   };
   return list;
+}
+
+const CheckpointPolicies& checkpoint_policies() {
+  static const CheckpointPolicies policies = [] {
+    CheckpointPolicies p;
+#define DTP_STRATEGY(name)
+#define DTP_CHECKPOINT_POLICIES(name) p = strategies::name();
+#include "strategy_list.inc"
+#undef DTP_CHECKPOINT_POLICIES
+#undef DTP_STRATEGY
+    DTP_CHECK(p.full && p.selective && p.every,
+              "dtp train --checkpoint: this program links no activation policies (chapter 09)");
+    return p;
+  }();
+  return policies;
 }
 
 Strategy* find_strategy(const std::string& name) {

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "drivers/strategy.h"
+
 #include "dtp/agreement.h"
 #include "dtp/error.h"
 #include "dtp/launch.h"
@@ -29,6 +30,13 @@ TrainResult run_strategy(const TrainConfig& given, const Strategy& strategy,
   config.strategy = strategy.name();
   config.validate();
   strategy.validate(config);
+  const CheckpointChoice checkpoint = parse_checkpoint(config.checkpoint);
+  if (checkpoint.kind != CheckpointChoice::Kind::none) {
+    const std::string refusal = strategy.checkpoint_refusal(checkpoint);
+    DTP_CHECK(refusal.empty(), "--checkpoint ", config.checkpoint,
+              " does not run under --strategy ", strategy.name(), ": ", refusal);
+    check_checkpoint_fits(config.checkpoint, config.resolved_model());
+  }
   DTP_CHECK(config.resume_path.empty() || config.load_path.empty() || strategy.resume_with_load(),
             "train: --resume continues a run (its parameters and optimizer state) and --load "
             "starts a new one "
@@ -48,6 +56,7 @@ TrainResult run_strategy(const TrainConfig& given, const Strategy& strategy,
         check_ranks_agree(world, run_settings(config, settings), probe);
       }
       std::unique_ptr<RankRun> rank = strategy.start(config, world);
+      install_checkpointing(config.checkpoint, rank->trainer().model());
       if (!config.resume_path.empty()) rank->resume(config.resume_path, settings);
       const std::int64_t last = last_step(rank->trainer());
       if (world.rank() == 0) {

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "drivers/checkpointing.h"
 #include "dtp/comm.h"
 #include "dtp/train_report.h"
 #include "dtp/train_run.h"
@@ -169,6 +170,13 @@ class Strategy {
   /// parameters when set). Every rank of @p world calls it.
   virtual std::unique_ptr<RankRun> start(const TrainConfig& config, Comm& world) const = 0;
 
+  /// Why `--checkpoint @p choice` (chapter 09's activation policies) cannot
+  /// run under it; empty (the default) when it can: its blocks are the
+  /// trainer's model's dtp::Block objects, wherever they run.
+  virtual std::string checkpoint_refusal(const CheckpointChoice& choice) const {
+    (void)choice;
+    return "";
+  }
   /// What --load gives a run of it, for the header.
   virtual std::string load_note() const { return "a new run: fresh optimizer, step 0"; }
   /// What --save writes, for the header; empty: the model and its optimizer state.

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "drivers/checkpointing.h"
 #include "dtp/device.h"
 #include "dtp/error.h"
 #include "dtp/launch.h"
@@ -100,6 +101,14 @@ struct CommonFlags {
     model.custom("--attention", "naive|flash", "the attention kernel (default naive)",
                  [&c](const std::string& v) { c.model.attention = parse_attention_kind(v); });
     model.choice("--dtype", &dtype, {"f32", "f64"}, "parameter and activation dtype");
+    model.custom("--checkpoint", "none|full|every:K|selective",
+                 "activation checkpointing (chapter 09): full recomputes every block's forward in "
+                 "its backward, every:K blocks 0, K, 2K, ..., selective only naive attention's "
+                 "probabilities; the numbers trained do not change (default none)",
+                 [&c](const std::string& v) {
+                   drivers::parse_checkpoint(v);
+                   c.checkpoint = v;
+                 });
     model.integer("--moe-experts", &c.model.experts, 0, 1024, "E",
                   "a mixture of E expert MLPs in every block (0: one dense MLP)");
     model.integer("--top-k", &c.model.top_k, 1, 1024, "K", "experts per token (at most E)");

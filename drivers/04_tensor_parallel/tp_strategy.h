@@ -96,6 +96,10 @@ class TensorParallelStrategy : public drivers::Strategy {
     validate_tensor_parallel(config, options);
   }
   int world_size() const override { return options.tp * options.dp; }
+  std::string checkpoint_refusal(const drivers::CheckpointChoice&) const override {
+    return "its blocks are chapter 04's TensorParallelBlock units, not dtp::Block, so no "
+           "activation policy reaches them";
+  }
   std::string world_text() const override;
   std::vector<RunSetting> settings(const TrainConfig& config) const override;
   std::string header(const TrainConfig& config, const std::string& backend) const override;

@@ -110,6 +110,12 @@ class SequenceParallelStrategy : public drivers::Strategy {
     validate_sequence_parallel(config, options);
   }
   int world_size() const override { return options.sp; }
+  std::string checkpoint_refusal(const drivers::CheckpointChoice& choice) const override {
+    return choice.kind == drivers::CheckpointChoice::Kind::selective
+               ? "the attention probabilities live in the sequence-parallel attention core, not "
+                 "in the block, so there are none to drop (full and every:K run)"
+               : "";
+  }
   std::string world_text() const override {
     return "--sp " + std::to_string(options.sp) + " ranks";
   }

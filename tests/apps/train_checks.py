@@ -482,10 +482,58 @@ def check_gpu_strategies(args):
                        f"({relative:.0e}); the GPU run computes something else")
 
 
+def check_checkpoint_strategies(args):
+    """dtp train --checkpoint under every strategy: activation checkpointing
+    changes what a step keeps, never what it computes, so every logged loss
+    equals the run without it bit for bit, and the kept activations peak
+    lower. Where it cannot apply it is refused with the reason: tensor
+    parallelism (its blocks are not dtp::Block), selective recomputation
+    under sequence parallelism (the probabilities live in its attention
+    core) or with flash attention (there are none)."""
+    with tempfile.TemporaryDirectory() as folder:
+        for flags in [[]] + GPU_RUNS:
+            logs = {}
+            for choice in ("none", "full", "every:2", "selective"):
+                log = os.path.join(folder, f"{choice.replace(':', '')}.jsonl")
+                argv = [args.reference] + flags + ["--steps", "2", "--batch", "8", "--seq", "16",
+                                                   "--layers", "2", "--checkpoint", choice,
+                                                   "--json", log]
+                result = run(argv, timeout=300, env={"DTP_BACKEND": "thread"})
+                refused = choice != "none" and ("tp" in flags or ("sp" in flags and choice == "selective"))
+                if refused:
+                    strategy = flags[flags.index("--strategy") + 1]
+                    expect(result.returncode != 0 and
+                           f"does not run under --strategy {strategy}" in result.stderr,
+                           f"`dtp-train {' '.join(argv[1:])}` must be refused, saying it does not "
+                           f"run under --strategy {strategy} and why; got {show(result)}")
+                    continue
+                if not expect(result.returncode == 0, f"`dtp-train {' '.join(argv[1:])}` must train; "
+                                                      f"got {show(result)}"):
+                    break
+                logs[choice] = [o for o in read_log(log, log) if o.get("kind") == "step"]
+            if "none" not in logs or len(logs) < 2:
+                continue
+            where = " ".join(flags) or "single"
+            plain = [o["loss"] for o in logs["none"]]
+            for choice in [c for c in logs if c != "none"]:
+                got = [o["loss"] for o in logs[choice]]
+                expect(got == plain, f"{where} --checkpoint {choice}: the losses are {got}, without "
+                                     f"checkpointing {plain}: recomputation must not change a bit")
+            kept = {c: max(o["peak_activation_bytes"] for o in logs[c]) for c in logs}
+            expect("full" not in kept or kept["full"] < kept["none"],
+                   f"{where}: --checkpoint full keeps {kept['full']} bytes of activations at the "
+                   f"peak, no fewer than without checkpointing ({kept['none']})")
+    result = run([args.reference, "--steps", "1", "--attention", "flash", "--checkpoint",
+                  "selective"], timeout=120)
+    expect(result.returncode != 0 and "flash" in result.stderr,
+           f"--checkpoint selective with --attention flash must be refused naming flash; got "
+           f"{show(result)}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("check", choices=["unsolved", "outputs", "mpi-outputs", "mpi-diverging",
-                                          "gpu-strategies"])
+                                          "gpu-strategies", "checkpoint-strategies"])
     parser.add_argument("--train", help="bin/dtp-train (the puzzles)")
     parser.add_argument("--reference", help="bin/dtp-train-reference")
     parser.add_argument("--checkers", action="append", default=[],
@@ -493,7 +541,8 @@ def main():
     parser.add_argument("--mpiexec")
     args = parser.parse_args()
     {"unsolved": check_unsolved, "outputs": check_outputs, "mpi-outputs": check_mpi_outputs,
-     "mpi-diverging": check_mpi_diverging, "gpu-strategies": check_gpu_strategies}[args.check](args)
+     "mpi-diverging": check_mpi_diverging, "gpu-strategies": check_gpu_strategies,
+     "checkpoint-strategies": check_checkpoint_strategies}[args.check](args)
     return report(args.check)
 
 

@@ -47,7 +47,11 @@ struct TrainConfig {
   double grad_clip = 1.0;           ///< clip by global norm; <= 0 disables
   std::uint64_t seed = 1234;        ///< seeds the weights, the synthetic data and the sampler
   std::string strategy = "single";  ///< the run's strategy, as logs and checkpoints name it
-  std::string trace_path;           ///< Chrome trace JSON of the run (empty: none)
+  /// How blocks keep their activations (chapter 09): "none", "full",
+  /// "every:K" or "selective". dtp train's run loop installs the policies
+  /// (drivers/checkpointing.h); the numbers a run computes do not change.
+  std::string checkpoint = "none";
+  std::string trace_path;  ///< Chrome trace JSON of the run (empty: none)
   /// Checkpoints (dtp/checkpoint.h). save_path: write one at the end of the
   /// run. resume_path: continue the run that wrote it (what it trains, optimizer state, steps
   /// done; every other setting but steps must match, the strategy's own

@@ -1,0 +1,13 @@
+// Chapter 09's policies for `dtp train --checkpoint` (drivers/checkpointing.h).
+#include "09_activation_checkpointing/checkpointing.h"
+#include "drivers/checkpointing.h"
+
+namespace dtp::strategies {
+
+drivers::CheckpointPolicies checkpointing() {
+  static const ch09::FullRecomputation full;
+  static const ch09::SelectiveRecomputation selective;
+  return {&full, &selective, &ch09::checkpoint_every};
+}
+
+}  // namespace dtp::strategies
