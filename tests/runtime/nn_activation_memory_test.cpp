@@ -9,9 +9,11 @@
 #include <vector>
 
 #include "dtp/activation_memory.h"
+#include "dtp/copy_lane.h"
 #include "dtp/flops.h"
 #include "dtp/memory.h"
 #include "dtp/nn.h"
+#include "dtp/trace.h"
 #include "nn_test_helpers.h"
 
 namespace dtp {
@@ -136,6 +138,35 @@ TEST(RecomputeScope, ChargesActivationsAndFlopsAsRecomputedInsideOnly) {
   EXPECT_EQ(flop_counts().total, 16);
   EXPECT_EQ(flop_counts().recompute, 16);
   EXPECT_STREQ(memory_category_name(MemoryCategory::recompute), "recompute");
+}
+
+TEST(CopyLane, HoldsEachSourceUntilDrainAndTracesOnItsOwnLane) {
+  TrackerScope scope;
+  CopyLane& lane = copy_lane();
+  EXPECT_EQ(&lane, &copy_lane()) << "one lane per thread";
+  trace::enable();
+  Tensor host;
+  {
+    Tensor source = Tensor::from_values({1, 2, 3, 4}, DType::f64);
+    source = source.clone();  // charged: a fresh allocation under the test's tracker
+    host = lane.copy_to(source, Device::cpu(), MemoryCategory::offloaded, "offload test");
+  }
+  EXPECT_EQ(lane.queued(), 1u);
+  EXPECT_EQ(scope.tracker->live(MemoryCategory::offloaded), 32);
+  EXPECT_EQ(scope.tracker->live(MemoryCategory::other), 32) << "the lane holds the source";
+  lane.drain();
+  trace::disable();
+  EXPECT_EQ(lane.queued(), 0u);
+  EXPECT_EQ(scope.tracker->live(MemoryCategory::other), 0) << "drain lets go of the source";
+  EXPECT_EQ(host.to_vector(), (std::vector<double>{1, 2, 3, 4}));
+  bool copy_on_lane_2 = false, drain_on_lane_0 = false;
+  for (const trace::Span& span : trace::spans()) {
+    copy_on_lane_2 |= span.name == "offload test" && span.lane == 2 && span.category == "copy";
+    drain_on_lane_0 |= span.name == "drain" && span.lane == 0;
+  }
+  EXPECT_TRUE(copy_on_lane_2) << "the copy's span belongs on lane 2";
+  EXPECT_TRUE(drain_on_lane_0) << "the wait's span belongs on the caller's lane";
+  lane.drain();  // nothing queued: returns at once
 }
 
 /// Counts its calls and runs the block's own forward and backward.

@@ -26,17 +26,19 @@ inline bool trace_has_comm_lane() { return World::from_env(2).backend == Backend
 struct RankLanes {
   std::vector<trace::Span> own;   ///< lane 0: the rank's thread
   std::vector<trace::Span> comm;  ///< lane 1: its communication thread
+  std::vector<trace::Span> copy;  ///< lane 2: its copy lane (dtp/copy_lane.h)
 };
 
 inline RankLanes lanes_of(const std::vector<trace::Span>& spans, int rank) {
   RankLanes lanes;
   for (const trace::Span& s : spans)
-    if (s.rank == rank) (s.lane == 0 ? lanes.own : lanes.comm).push_back(s);
+    if (s.rank == rank)
+      (s.lane == 0 ? lanes.own : s.lane == 1 ? lanes.comm : lanes.copy).push_back(s);
   const auto by_start = [](const trace::Span& a, const trace::Span& b) {
     return a.start_us < b.start_us;
   };
-  std::sort(lanes.own.begin(), lanes.own.end(), by_start);
-  std::sort(lanes.comm.begin(), lanes.comm.end(), by_start);
+  for (auto* lane : {&lanes.own, &lanes.comm, &lanes.copy})
+    std::sort(lane->begin(), lane->end(), by_start);
   return lanes;
 }
 

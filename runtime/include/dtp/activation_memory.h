@@ -28,7 +28,15 @@
 /// it. A block's input is freed when the block's backward is done, its
 /// output when the next block's is. What a backward makes again is
 /// MemoryCategory::recompute: a whole block's worth for full recomputation,
-/// the probabilities and a scratch attention output for selective.
+/// the probabilities and a scratch attention output for selective, the
+/// fetched copies for an offloaded block.
+///
+/// An offloaded block (OffloadedActivations, chapter 09) copies its tensors
+/// and its input to host memory (MemoryCategory::offloaded) on the rank's
+/// copy lane, which holds the device tensors until its next drain: the next
+/// offloaded block's forward, after that block's own forward work, or the
+/// first backward. So the device briefly holds two blocks' worth while the
+/// copies overlap the next block.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +58,7 @@ enum class BlockKeeps {
   everything,     ///< no policy: every tensor its layers saved
   input_only,     ///< full recomputation: only its input
   all_but_probs,  ///< selective recomputation: all but the attention probabilities
+  offloaded,      ///< offloaded: its tensors and its input copied to host memory
 };
 
 /// Bytes of activations a plain block keeps, its output included and its
@@ -67,6 +76,7 @@ struct ActivationPeaks {
   std::int64_t activations = 0;  ///< MemoryCategory::activations
   std::int64_t recompute = 0;    ///< MemoryCategory::recompute
   std::int64_t combined = 0;     ///< the two together (the peak of their sum)
+  std::int64_t offloaded = 0;    ///< MemoryCategory::offloaded (host copies)
 };
 
 /// The peaks of one forward and backward when block i keeps @p keeps[i]

@@ -56,6 +56,13 @@ class Embedding : public Unit {
   void bind() override;
 };
 
+/// A host copy an offloading ActivationPolicy made of one saved tensor.
+struct OffloadedTensor {
+  Tensor host;             ///< the copy, in host memory
+  Device device;           ///< where the tensor lived, and goes back to
+  std::vector<int> slots;  ///< every slot of saved_tensor_slots() that held it
+};
+
 /// What one block keeps between its forward and backward.
 struct BlockSaved {
   LayerNormSaved ln1;   ///< input: the block input
@@ -68,9 +75,20 @@ struct BlockSaved {
   /// The block input, kept by an ActivationPolicy that drops the layers'
   /// tensors after the forward and makes them again in the backward.
   Tensor checkpoint;
+  /// Host copies of the layers' tensors, kept by an ActivationPolicy that
+  /// moves them out of device memory after the forward and back before the
+  /// backward.
+  std::vector<OffloadedTensor> offloaded;
   /// Drops every saved tensor (and pending work).
   void clear() { *this = BlockSaved{}; }
 };
+
+/// Every tensor slot the layers of a dense block fill in @p saved, in a fixed
+/// order (LayerNorm 1, attention, LayerNorm 2, MLP; a Linear's input, then
+/// what its adapter kept), defined or not. Slots may share a tensor: q, k and
+/// v's inputs are the one LayerNorm output. Throws dtp::Error for a
+/// mixture-of-experts block's saved tensors.
+std::vector<Tensor*> saved_tensor_slots(BlockSaved& saved);
 
 /// Whether a block's backward computes weight gradients at once or queues them.
 enum class WeightGrads { immediate, deferred };

@@ -22,11 +22,22 @@ namespace dtp {
 /// What an allocation holds. `activations` are kept from a forward for its
 /// backward; `recompute` are activations made again inside a backward
 /// (activation checkpointing, chapter 09), live only until that backward
-/// uses them.
-enum class MemoryCategory { params, grads, optimizer, activations, comm, other, recompute };
+/// uses them; `offloaded` are activations moved to host memory between the
+/// forward and the backward.
+enum class MemoryCategory {
+  params,
+  grads,
+  optimizer,
+  activations,
+  comm,
+  other,
+  recompute,
+  offloaded
+};
 /// Number of MemoryCategory values (for per-category arrays).
-inline constexpr int kMemoryCategoryCount = 7;
-/// "params", "grads", "optimizer", "activations", "comm", "other" or "recompute".
+inline constexpr int kMemoryCategoryCount = 8;
+/// "params", "grads", "optimizer", "activations", "comm", "other",
+/// "recompute" or "offloaded".
 const char* memory_category_name(MemoryCategory category);
 
 /// While one is alive on a thread, every allocation that thread makes as

@@ -13,9 +13,9 @@ struct Span {
   std::string name;      ///< e.g. "all_reduce" or "block 3 backward"
   std::string category;  ///< "compute", "comm", "schedule", ...
   int rank = 0;          ///< the rank (0 outside launch())
-  int lane = 0;          ///< 0: the rank's own thread; 1: its communication thread
-  double start_us = 0;   ///< microseconds since enable()
-  double end_us = 0;     ///< microseconds since enable(), when the span ended
+  int lane = 0;         ///< 0: the rank's own thread; 1: its communication thread; 2: its copy lane
+  double start_us = 0;  ///< microseconds since enable()
+  double end_us = 0;    ///< microseconds since enable(), when the span ended
 };
 
 /// Starts recording (clears earlier spans).
@@ -47,8 +47,9 @@ void write_chrome_json(const std::string& path);
 /// lacks its closing "]}" (Perfetto still loads the events before a kill).
 ///
 /// Each rank is a process of the trace (pid = rank, named "rank r" by a
-/// process_name event) with two threads: tid 0, its own ("rank r"), and tid
-/// 1, its communication thread ("rank r comm"). Times are microseconds since
+/// process_name event) with up to three threads: tid 0, its own ("rank r"),
+/// tid 1, its communication thread ("rank r comm"), and tid 2, its copy
+/// lane ("rank r copy"). Times are microseconds since
 /// the Unix epoch (origin_unix_us() + the span's time).
 class ChromeTraceFile {
  public:
@@ -70,7 +71,7 @@ class ChromeTraceFile {
   void check_stream(const char* doing);
   std::string path_;
   std::FILE* file_ = nullptr;
-  std::vector<bool> named_tracks_;  // index 2 * rank + lane: that thread's name is written
+  std::vector<bool> named_tracks_;  // index 3 * rank + lane: that thread's name is written
   std::size_t written_ = 0;
   bool first_event_ = true;
 };

@@ -30,8 +30,11 @@ class AsyncRequest : public RequestState {
 };
 }  // namespace
 
-AsyncWorker::AsyncWorker(int rank)
-    : rank_(rank), tracker_(current_memory_tracker()), rank_stream_(cuda::current_stream()) {
+AsyncWorker::AsyncWorker(int rank, int lane)
+    : rank_(rank),
+      lane_(lane),
+      tracker_(current_memory_tracker()),
+      rank_stream_(cuda::current_stream()) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -91,7 +94,7 @@ std::shared_ptr<RequestState> AsyncWorker::submit(std::function<void()> op) {
 
 void AsyncWorker::run() {
   detail::set_current_rank(rank_);
-  detail::set_comm_worker(true);
+  detail::set_worker_lane(lane_);
   set_current_memory_tracker(tracker_);
   void* stream = nullptr;
   if (rank_stream_ != nullptr) {

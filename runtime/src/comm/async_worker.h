@@ -18,8 +18,10 @@ namespace dtp {
 
 class AsyncWorker {
  public:
-  /// @p rank: whose thread this is (for current_rank(), traces and reports).
-  explicit AsyncWorker(int rank);
+  /// @p rank: whose thread this is (for current_rank(), traces and reports);
+  /// @p lane: which of the rank's threads (1 communication, 2 copies; see
+  /// detail::worker_lane()).
+  explicit AsyncWorker(int rank, int lane = 1);
   /// Finishes what is queued, then stops the thread (see stop()).
   ~AsyncWorker();
   AsyncWorker(const AsyncWorker&) = delete;
@@ -39,6 +41,7 @@ class AsyncWorker {
   void run();
 
   int rank_;
+  int lane_;
   std::shared_ptr<MemoryTracker> tracker_;
   void* rank_stream_;  // the rank's GPU stream, or nullptr on the host
   mutable std::mutex mutex_;

@@ -106,13 +106,14 @@ std::string describe_exception(const std::exception_ptr& error) {
 }
 }  // namespace
 
-thread_local bool this_thread_is_comm_worker = false;
+thread_local int this_thread_lane = 0;
 thread_local std::exception_ptr this_thread_unobserved_failure;
 
 int current_rank() { return this_thread_rank; }
 void detail::set_current_rank(int rank) { this_thread_rank = rank; }
-bool detail::is_comm_worker() { return this_thread_is_comm_worker; }
-void detail::set_comm_worker(bool worker) { this_thread_is_comm_worker = worker; }
+int detail::worker_lane() { return this_thread_lane; }
+void detail::set_worker_lane(int lane) { this_thread_lane = lane; }
+bool detail::is_comm_worker() { return this_thread_lane == 1; }
 void detail::note_unobserved_failure(std::exception_ptr error) {
   if (!this_thread_unobserved_failure) this_thread_unobserved_failure = std::move(error);
 }

@@ -5,10 +5,13 @@
 
 namespace dtp::detail {
 void set_current_rank(int rank);
-/// True on a rank's communication thread (the one that runs its non-blocking
-/// collectives), false on the rank's own thread.
+/// Which of its rank's threads the calling thread is: 0 the rank's own, 1
+/// its communication thread (non-blocking collectives), 2 its copy lane
+/// (dtp/copy_lane.h). Trace spans carry it as their lane.
+int worker_lane();
+void set_worker_lane(int lane);
+/// True on a rank's communication thread (worker_lane() == 1).
 bool is_comm_worker();
-void set_comm_worker(bool worker);
 /// Records, for the calling rank's launch to report, a failure of a
 /// non-blocking operation that nobody waited on (the first one is kept).
 void note_unobserved_failure(std::exception_ptr error);

@@ -91,7 +91,7 @@ Scope::~Scope() {
   Span span{std::move(name_),
             std::move(category_),
             std::max(current_rank(), 0),
-            detail::is_comm_worker() ? 1 : 0,
+            detail::worker_lane(),
             start_us_,
             now_us()};
   std::lock_guard lock(spans_mutex);

@@ -21,6 +21,8 @@ const char* memory_category_name(MemoryCategory category) {
       return "other";
     case MemoryCategory::recompute:
       return "recompute";
+    case MemoryCategory::offloaded:
+      return "offloaded";
   }
   return "?";
 }

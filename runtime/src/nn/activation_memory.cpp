@@ -11,33 +11,6 @@ std::int64_t tokens(const StepShape& s) { return s.batch * s.seq; }
 std::int64_t element(const StepShape& s) {
   return static_cast<std::int64_t>(dtype_size(s.config.dtype));
 }
-
-/// What a block keeps besides its input and output.
-std::int64_t own_bytes(const StepShape& step, BlockKeeps keeps) {
-  const std::int64_t plain = block_activation_bytes(step) - hidden_bytes(step);
-  switch (keeps) {
-    case BlockKeeps::everything:
-      return plain;
-    case BlockKeeps::input_only:
-      return 0;
-    case BlockKeeps::all_but_probs:
-      return plain - attention_stat_bytes(step);
-  }
-  return plain;
-}
-
-/// What its backward makes again (MemoryCategory::recompute).
-std::int64_t recompute_bytes(const StepShape& step, BlockKeeps keeps) {
-  switch (keeps) {
-    case BlockKeeps::everything:
-      return 0;
-    case BlockKeeps::input_only:
-      return block_activation_bytes(step);
-    case BlockKeeps::all_but_probs:
-      return attention_stat_bytes(step) + hidden_bytes(step);
-  }
-  return 0;
-}
 }  // namespace
 
 std::int64_t hidden_bytes(const StepShape& step) {
@@ -71,26 +44,58 @@ ActivationPeaks predicted_activation_peaks(const StepShape& step,
               "predicted_activation_peaks: selective recomputation drops naive attention's "
               "probabilities; flash attention keeps none");
   const std::int64_t hidden = hidden_bytes(step), whole = block_activation_bytes(step);
+  const std::int64_t own = whole - hidden;  // all a block makes but its output
+  const std::int64_t probs = attention_stat_bytes(step), head = head_activation_bytes(step);
   ActivationPeaks peaks;
-  // Forward: the embedding's output, then each block's own tensors and output.
-  std::int64_t live = hidden;
-  std::vector<std::int64_t> before(keeps.size());  // live when block i starts
-  for (std::size_t i = 0; i < keeps.size(); ++i) {
-    before[i] = live;
-    if (keeps[i] != BlockKeeps::everything)
-      peaks.activations = std::max(peaks.activations, live + whole);
-    live += own_bytes(step, keeps[i]) + hidden;
-  }
-  peaks.activations = std::max(peaks.activations, live + head_activation_bytes(step));
-  peaks.combined = peaks.activations;
-  // Backward of block i: blocks after it are gone, so live is what it and
-  // the blocks before it keep, its input included (before[i] + own), and
-  // its output is freed already.
-  for (std::size_t i = 0; i < keeps.size(); ++i) {
-    const std::int64_t again = recompute_bytes(step, keeps[i]);
+  // live: device activations; held: the part of it the copy lane holds
+  // until its next drain; host: offloaded copies; again: recompute.
+  std::int64_t live = hidden, held = 0, host = 0;
+  auto note = [&](std::int64_t again) {
+    peaks.activations = std::max(peaks.activations, live);
     peaks.recompute = std::max(peaks.recompute, again);
-    if (again > 0)
-      peaks.combined = std::max(peaks.combined, before[i] + own_bytes(step, keeps[i]) + again);
+    peaks.combined = std::max(peaks.combined, live + again);
+    peaks.offloaded = std::max(peaks.offloaded, host);
+  };
+  // Forward: a block's input is the previous output, already live; its
+  // forward makes everything it keeps plus its output, then drops its part.
+  for (BlockKeeps k : keeps) {
+    live += whole;
+    note(0);
+    if (k == BlockKeeps::input_only) live -= own;
+    if (k == BlockKeeps::all_but_probs) live -= probs;
+    if (k ==
+        BlockKeeps::offloaded) {  // drain the previous copies, then queue its own and its input
+      live -= held;
+      held = own + hidden;
+      host += own + hidden;
+      note(0);
+    }
+  }
+  live += head;
+  note(0);
+  // Backward: the head's tensors and the last output go first; each block
+  // makes its part again (or fetches it), then frees it and its input.
+  live -= head + hidden;
+  for (auto k = keeps.rbegin(); k != keeps.rend(); ++k) {
+    switch (*k) {
+      case BlockKeeps::everything:
+        live -= own + hidden;
+        break;
+      case BlockKeeps::input_only:
+        note(whole);  // the recomputed output is dropped at once
+        live -= hidden;
+        break;
+      case BlockKeeps::all_but_probs:
+        note(probs + hidden);  // the probabilities and a scratch attention output
+        live -= own - probs + hidden;
+        break;
+      case BlockKeeps::offloaded:
+        live -= held;
+        held = 0;
+        note(own + hidden);  // fetched back: its tensors and its input
+        host -= own + hidden;
+        break;
+    }
   }
   return peaks;
 }

@@ -70,12 +70,14 @@ void ChromeTraceFile::append(const std::vector<Span>& spans) {
   const double origin = origin_unix_us();
   char line[160];
   for (const Span& s : spans) {
-    // A rank is a process (pid) with two threads (tid = lane), named by
-    // metadata events the first time the rank or the lane appears.
-    const int track = 2 * s.rank + s.lane;
-    if (2 * s.rank + 1 >= static_cast<int>(named_tracks_.size()))
-      named_tracks_.resize(2 * s.rank + 2, false);
-    if (!named_tracks_[2 * s.rank] && !named_tracks_[2 * s.rank + 1]) {
+    // A rank is a process (pid) with up to three threads (tid = lane), named
+    // by metadata events the first time the rank or the lane appears.
+    constexpr int kLanes = 3;
+    static const char* const kLaneNames[kLanes] = {"", " comm", " copy"};
+    const int first = kLanes * s.rank, track = first + s.lane;
+    if (first + kLanes > static_cast<int>(named_tracks_.size()))
+      named_tracks_.resize(static_cast<std::size_t>(first + kLanes), false);
+    if (!named_tracks_[first] && !named_tracks_[first + 1] && !named_tracks_[first + 2]) {
       std::snprintf(
           line, sizeof line,
           "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
@@ -92,7 +94,7 @@ void ChromeTraceFile::append(const std::vector<Span>& spans) {
       std::snprintf(line, sizeof line,
                     "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{"
                     "\"name\":\"rank %d%s\"}}",
-                    s.rank, s.lane, s.rank, s.lane ? " comm" : "");
+                    s.rank, s.lane, s.rank, kLaneNames[s.lane]);
       write_event(line);
     }
     std::snprintf(line, sizeof line,

@@ -156,6 +156,24 @@ void Block::bind() {
     mlp.bind(*this, "mlp");
 }
 
+std::vector<Tensor*> saved_tensor_slots(BlockSaved& saved) {
+  MoeSaved& moe = saved.moe;
+  DTP_CHECK(!moe.probs.defined() && moe.rows.empty() && moe.experts.empty(),
+            "saved_tensor_slots: a mixture-of-experts block's tensors are not enumerated (only a "
+            "dense block's)");
+  auto linear = [](LinearSaved& l) { return std::vector<Tensor*>{&l.input, &l.adapter}; };
+  std::vector<Tensor*> slots = {&saved.ln1.input, &saved.ln1.mean, &saved.ln1.rstd};
+  AttentionSaved& a = saved.attn;
+  for (LinearSaved* l : {&a.q_in, &a.k_in, &a.v_in, &a.proj_in})
+    for (Tensor* t : linear(*l)) slots.push_back(t);
+  for (Tensor* t : {&a.q, &a.k, &a.v, &a.probs, &a.row_max, &a.row_sum}) slots.push_back(t);
+  for (Tensor* t : {&saved.ln2.input, &saved.ln2.mean, &saved.ln2.rstd}) slots.push_back(t);
+  for (Tensor* t : linear(saved.mlp.fc)) slots.push_back(t);
+  slots.push_back(&saved.mlp.gelu.input);
+  for (Tensor* t : linear(saved.mlp.proj)) slots.push_back(t);
+  return slots;
+}
+
 Tensor Block::forward(const Tensor& x, BlockSaved& saved) const {
   return policy ? policy->forward(*this, x, saved) : run_forward(x, saved);
 }
