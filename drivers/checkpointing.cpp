@@ -8,7 +8,7 @@
 namespace dtp::drivers {
 
 CheckpointChoice parse_checkpoint(const std::string& text) {
-  const std::string forms = "none, full, every:K (K >= 1, every K-th block) or selective";
+  const std::string forms = "none, full, every:K (K >= 1, every K-th block), selective or offload";
   CheckpointChoice choice;
   if (text == "none") return choice;
   if (text == "full") {
@@ -17,6 +17,10 @@ CheckpointChoice parse_checkpoint(const std::string& text) {
   }
   if (text == "selective") {
     choice.kind = CheckpointChoice::Kind::selective;
+    return choice;
+  }
+  if (text == "offload") {
+    choice.kind = CheckpointChoice::Kind::offload;
     return choice;
   }
   if (text.rfind("every:", 0) == 0) {
@@ -37,7 +41,12 @@ CheckpointChoice parse_checkpoint(const std::string& text) {
 }
 
 void check_checkpoint_fits(const std::string& text, const GPTConfig& model) {
-  if (parse_checkpoint(text).kind == CheckpointChoice::Kind::selective)
+  const CheckpointChoice::Kind kind = parse_checkpoint(text).kind;
+  if (kind == CheckpointChoice::Kind::offload)
+    DTP_CHECK(model.experts == 0,
+              "--checkpoint offload moves a dense block's saved tensors; a mixture-of-experts "
+              "block's are not enumerated (use full or every:K)");
+  if (kind == CheckpointChoice::Kind::selective)
     DTP_CHECK(model.attention == AttentionKind::naive,
               "--checkpoint selective drops naive attention's probabilities; with --attention "
               "flash there are none to drop (flash already recomputes them): use full or every:K");
@@ -52,7 +61,9 @@ void install_checkpointing(const std::string& text, GPT& model) {
   if (choice.kind == CheckpointChoice::Kind::every)
     plan = policies.every(model.num_blocks(), choice.every);
   const ActivationPolicy* policy =
-      choice.kind == CheckpointChoice::Kind::selective ? policies.selective : policies.full;
+      choice.kind == CheckpointChoice::Kind::selective ? policies.selective
+      : choice.kind == CheckpointChoice::Kind::offload ? policies.offload
+                                                       : policies.full;
   for (int i = 0; i < model.num_blocks(); ++i)
     model.block(i).policy = plan.at(static_cast<std::size_t>(i)) ? policy : nullptr;
 }
@@ -72,6 +83,9 @@ std::string checkpoint_header(const std::string& text, int layers) {
     case CheckpointChoice::Kind::selective:
       return "activation checkpointing: selective (each block drops its attention probabilities "
              "and makes them again in the backward; 9.3)";
+    case CheckpointChoice::Kind::offload:
+      return "activation offloading: each block's saved tensors go to host memory on the copy "
+             "lane while the next block computes, and come back for its backward (9.4)";
   }
   return "";
 }

@@ -13,12 +13,12 @@ namespace dtp::drivers {
 
 /// A parsed `--checkpoint` value.
 struct CheckpointChoice {
-  enum class Kind { none, full, every, selective };
+  enum class Kind { none, full, every, selective, offload };
   Kind kind = Kind::none;
   int every = 0;  ///< K of every:K
 };
 
-/// Parses none, full, every:K (K >= 1) or selective; throws cli::UsageError
+/// Parses none, full, every:K (K >= 1), selective or offload; throws cli::UsageError
 /// naming the accepted forms.
 CheckpointChoice parse_checkpoint(const std::string& text);
 
@@ -26,6 +26,7 @@ CheckpointChoice parse_checkpoint(const std::string& text);
 struct CheckpointPolicies {
   const ActivationPolicy* full = nullptr;                   ///< 9.1
   const ActivationPolicy* selective = nullptr;              ///< 9.3
+  const ActivationPolicy* offload = nullptr;                ///< 9.4
   std::vector<bool> (*every)(int layers, int k) = nullptr;  ///< 9.2's checkpoint_every
 };
 

@@ -37,7 +37,7 @@ const CheckpointPolicies& checkpoint_policies() {
 #include "strategy_list.inc"
 #undef DTP_CHECKPOINT_POLICIES
 #undef DTP_STRATEGY
-    DTP_CHECK(p.full && p.selective && p.every,
+    DTP_CHECK(p.full && p.selective && p.offload && p.every,
               "dtp train --checkpoint: this program links no activation policies (chapter 09)");
     return p;
   }();

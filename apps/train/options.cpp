@@ -101,10 +101,11 @@ struct CommonFlags {
     model.custom("--attention", "naive|flash", "the attention kernel (default naive)",
                  [&c](const std::string& v) { c.model.attention = parse_attention_kind(v); });
     model.choice("--dtype", &dtype, {"f32", "f64"}, "parameter and activation dtype");
-    model.custom("--checkpoint", "none|full|every:K|selective",
+    model.custom("--checkpoint", "none|full|every:K|selective|offload",
                  "activation checkpointing (chapter 09): full recomputes every block's forward in "
                  "its backward, every:K blocks 0, K, 2K, ..., selective only naive attention's "
-                 "probabilities; the numbers trained do not change (default none)",
+                 "probabilities, offload copies each block's saved tensors to host memory and "
+                 "back; the numbers trained do not change (default none)",
                  [&c](const std::string& v) {
                    drivers::parse_checkpoint(v);
                    c.checkpoint = v;

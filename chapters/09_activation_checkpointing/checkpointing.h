@@ -12,7 +12,9 @@
 ///   fewest that fit a memory budget;
 /// - selective recomputation (9.3) keeps everything but the attention
 ///   probabilities, the part that grows with the sequence length squared and
-///   costs the fewest FLOPs to make again.
+///   costs the fewest FLOPs to make again;
+/// - offloading (9.4) computes nothing twice: it copies a block's tensors to
+///   host memory while the next block computes, and back for the backward.
 ///
 /// How it plugs in: a policy derives from dtp::ActivationPolicy (dtp/gpt.h)
 /// and is installed on a block with `block.policy = &policy`. From then on
@@ -20,7 +22,7 @@
 /// stage, FSDP's hooks around them) runs the policy instead, which does the
 /// block's work through Block::run_forward and Block::run_backward.
 /// `dtp train --checkpoint full|every:K|selective` installs them
-/// (drivers/09_activation_checkpointing/). See
+/// (drivers/checkpointing.h). See
 /// chapters/09_activation_checkpointing/README.md.
 #pragma once
 
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "dtp/activation_memory.h"
+#include "dtp/copy_lane.h"
 #include "dtp/error.h"
 #include "dtp/memory.h"
 #include "dtp/nn.h"
@@ -72,8 +75,7 @@ std::vector<bool> checkpoint_every(int layers, int k);
 /// and the recomputed activations together, ActivationPeaks::combined by the
 /// lesson's formula (predicted_activation_peaks() in dtp/activation_memory.h).
 /// The largest k recomputes the fewest blocks: the least extra compute that
-/// fits. Returns step.config.layers + 1 when no block needs checkpointing
-/// (the plain step fits). Throws dtp::Error when even k = 1 does not fit,
+/// fits. Returns 0 when no block needs checkpointing (the plain step fits). Throws dtp::Error when even k = 1 does not fit,
 /// naming the budget and the smallest peak that checkpointing can reach.
 int largest_every_within(const StepShape& step, std::int64_t budget_bytes);
 
@@ -89,8 +91,36 @@ int largest_every_within(const StepShape& step, std::int64_t budget_bytes);
 ///
 /// Only naive attention keeps probabilities: with flash attention there is
 /// nothing to drop (its backward already makes them again), and forward()
-/// throws dtp::Error saying so.
+/// throws dtp::Error saying so; so it does for a block whose attention runs
+/// through an AttentionCore (sequence parallelism), which keeps its own.
 class SelectiveRecomputation : public ActivationPolicy {
+ public:
+  Tensor forward(const Block& block, const Tensor& x, BlockSaved& saved) const override;
+  Tensor backward(const Block& block, const Tensor& dy, BlockSaved& saved, WeightGrads mode,
+                  double loss_scale) const override;
+};
+
+/// Puzzle 9.4. Offloaded activations.
+///
+/// forward() runs the block (Block::run_forward); drains the rank's copy
+/// lane (copy_lane().drain(): the previous block's copies are done, and the
+/// lane lets go of that block's device tensors); then queues a copy of each
+/// tensor the layers saved (saved_tensor_slots(saved), the block input among
+/// them) to host memory, Device::cpu(), as MemoryCategory::offloaded, and
+/// records each in saved.offloaded: its host copy, the device it came from
+/// and every slot that held it. Slots that share one tensor (q, k and v's
+/// input is one LayerNorm output) get one copy. Then it empties every slot.
+/// It does not wait for its own copies: they run while the next block
+/// computes, and that block's forward drains them.
+///
+/// backward() drains the lane (the last forward's copies), then, inside a
+/// dtp::RecomputeScope, queues a copy of each host tensor back to its
+/// device (MemoryCategory::activations, so charged as recompute), drains
+/// again, puts each fetched tensor in every slot it came from, drops the
+/// host copies, and runs Block::run_backward.
+///
+/// Offloading moves bytes, not FLOPs: nothing is computed twice.
+class OffloadedActivations : public ActivationPolicy {
  public:
   Tensor forward(const Block& block, const Tensor& x, BlockSaved& saved) const override;
   Tensor backward(const Block& block, const Tensor& dy, BlockSaved& saved, WeightGrads mode,

@@ -7,7 +7,8 @@ namespace dtp::strategies {
 drivers::CheckpointPolicies checkpointing() {
   static const ch09::FullRecomputation full;
   static const ch09::SelectiveRecomputation selective;
-  return {&full, &selective, &ch09::checkpoint_every};
+  static const ch09::OffloadedActivations offload;
+  return {&full, &selective, &offload, &ch09::checkpoint_every};
 }
 
 }  // namespace dtp::strategies

@@ -21,6 +21,11 @@
 //   t.view(shape), Tensor::empty(shape, dtype, device, category)
 //   predicted_activation_peaks(step, keeps)
 //                                          the lesson's formula (dtp/activation_memory.h)
+//   saved_tensor_slots(saved)              pointers to every Tensor slot of a BlockSaved
+//   copy_lane().copy_to(t, device, category, name), copy_lane().drain()
+//                                          copies beside the compute (dtp/copy_lane.h)
+//   saved.offloaded                        OffloadedTensor{host, device, slots}
+//   a.shares_storage_with(b)               the same tensor (or a view of it)
 // The `(void)x;` lines only silence unused-parameter warnings: delete them.
 #include "09_activation_checkpointing/checkpointing.h"
 
@@ -80,6 +85,28 @@ Tensor SelectiveRecomputation::backward(const Block& block, const Tensor& dy, Bl
   (void)mode;
   (void)loss_scale;
   throw dtp::NotSolved("9.3 selective_recomputation");
+}
+
+Tensor OffloadedActivations::forward(const Block& block, const Tensor& x, BlockSaved& saved) const {
+  // About 20 lines: run the block, drain the lane, queue one host copy per
+  // distinct saved tensor (record its slots), empty the slots. Do not wait
+  // for your own copies.
+  (void)block;
+  (void)x;
+  (void)saved;
+  throw dtp::NotSolved("9.4 offloaded_activations");
+}
+
+Tensor OffloadedActivations::backward(const Block& block, const Tensor& dy, BlockSaved& saved,
+                                      WeightGrads mode, double loss_scale) const {
+  // About 15 lines: drain, fetch every copy back (inside a RecomputeScope),
+  // drain, refill the slots, then the block's own backward.
+  (void)block;
+  (void)dy;
+  (void)saved;
+  (void)mode;
+  (void)loss_scale;
+  throw dtp::NotSolved("9.4 offloaded_activations");
 }
 
 }  // namespace dtp::ch09

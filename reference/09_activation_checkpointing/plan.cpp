@@ -32,8 +32,8 @@ int largest_every_within(const StepShape& step, std::int64_t budget_bytes) {
   const int layers = step.config.layers;
   const std::vector<bool> none(static_cast<std::size_t>(layers), false);
   const ActivationPeaks plain = predicted_activation_peaks(step, keeps_of(none));
-  if (plain.combined <= budget_bytes) return layers + 1;
-  // The first k that fits, from the largest down (the peak need not fall with k).
+  if (plain.combined <= budget_bytes) return 0;
+  // The first k that fits, from the largest down.
   for (int k = layers; k >= 1; --k)
     if (peak_of(step, k) <= budget_bytes) return k;
   throw Error("largest_every_within: no plan fits " + std::to_string(budget_bytes) +

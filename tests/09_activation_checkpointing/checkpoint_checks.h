@@ -72,6 +72,21 @@ inline Batch checker_batch(const GPTConfig& config, std::uint64_t seed = 7) {
   return {b.inputs.to(config.device), b.targets.to(config.device)};
 }
 
+/// One block of the checkers' GPT, an input and an output gradient for it
+/// (charged as `other`, so the block's own activations are all the tracker
+/// sees under activations).
+struct OneBlock {
+  GPTConfig config = checker_model(1);
+  Block block{config, 0};
+  Tensor x = Tensor::empty({kBatch, kSeq, 16}, config.dtype, config.device);
+  Tensor dy = Tensor::empty({kBatch, kSeq, 16}, config.dtype, config.device);
+  OneBlock() {
+    Rng rng(3);
+    ops::fill_normal(x, 0, 1, rng);
+    ops::fill_normal(dy, 0, 1, rng);
+  }
+};
+
 /// One forward and backward, and what it left.
 struct StepResult {
   double loss = 0;
@@ -79,6 +94,7 @@ struct StepResult {
   std::int64_t activation_peak = 0;        // MemoryCategory::activations
   std::int64_t recompute_peak = 0;         // MemoryCategory::recompute
   std::int64_t combined_peak = 0;          // the two together
+  std::int64_t offloaded_peak = 0;         // MemoryCategory::offloaded (host copies)
   std::int64_t left_after = 0;             // activations + recompute live after backward
   FlopCounts flops;
 };
@@ -101,8 +117,10 @@ inline StepResult run_step(const GPTConfig& config,
   r.activation_peak = scope.tracker->peak(MemoryCategory::activations);
   r.recompute_peak = scope.tracker->peak(MemoryCategory::recompute);
   r.combined_peak = scope.tracker->peak_activations_with_recompute();
+  r.offloaded_peak = scope.tracker->peak(MemoryCategory::offloaded);
   r.left_after = scope.tracker->live(MemoryCategory::activations) +
-                 scope.tracker->live(MemoryCategory::recompute);
+                 scope.tracker->live(MemoryCategory::recompute) +
+                 scope.tracker->live(MemoryCategory::offloaded);
   return r;
 }
 

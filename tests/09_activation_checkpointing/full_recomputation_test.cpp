@@ -10,20 +10,6 @@ namespace {
 using namespace testing;
 using namespace testing::ch09;
 
-/// One block of the checkers' GPT and an input for it (charged as `other`,
-/// so the block's own activations are all the tracker sees under them).
-struct OneBlock {
-  GPTConfig config = checker_model(1);
-  Block block{config, 0};
-  Tensor x = Tensor::empty({kBatch, kSeq, 16}, config.dtype, config.device);
-  Tensor dy = Tensor::empty({kBatch, kSeq, 16}, config.dtype, config.device);
-  OneBlock() {
-    Rng rng(3);
-    ops::fill_normal(x, 0, 1, rng);
-    ops::fill_normal(dy, 0, 1, rng);
-  }
-};
-
 /// The layers' tensors a BlockSaved holds, by name (defined ones only).
 std::vector<std::string> layer_tensors_kept(const BlockSaved& s) {
   std::vector<std::string> kept;
