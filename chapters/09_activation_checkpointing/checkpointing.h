@@ -14,7 +14,9 @@
 ///   probabilities, the part that grows with the sequence length squared and
 ///   costs the fewest FLOPs to make again;
 /// - offloading (9.4) computes nothing twice: it copies a block's tensors to
-///   host memory while the next block computes, and back for the backward.
+///   host memory while the next block computes, and back for the backward;
+/// - in a 1F1B pipeline (9.5) the first stages hold the most micro-batches,
+///   so each stage checkpoints as many blocks as its own budget needs.
 ///
 /// How it plugs in: a policy derives from dtp::ActivationPolicy (dtp/gpt.h)
 /// and is installed on a block with `block.policy = &policy`. From then on
@@ -75,8 +77,8 @@ std::vector<bool> checkpoint_every(int layers, int k);
 /// and the recomputed activations together, ActivationPeaks::combined by the
 /// lesson's formula (predicted_activation_peaks() in dtp/activation_memory.h).
 /// The largest k recomputes the fewest blocks: the least extra compute that
-/// fits. Returns 0 when no block needs checkpointing (the plain step fits). Throws dtp::Error when even k = 1 does not fit,
-/// naming the budget and the smallest peak that checkpointing can reach.
+/// fits. Returns 0 when no block needs checkpointing (the plain step fits). Throws dtp::Error when
+/// even k = 1 does not fit, naming the budget and the smallest peak that checkpointing can reach.
 int largest_every_within(const StepShape& step, std::int64_t budget_bytes);
 
 /// Puzzle 9.3. Selective recomputation of a block (Korthikanti et al., 2022).
@@ -99,6 +101,21 @@ class SelectiveRecomputation : public ActivationPolicy {
   Tensor backward(const Block& block, const Tensor& dy, BlockSaved& saved, WeightGrads mode,
                   double loss_scale) const override;
 };
+
+/// Puzzle 9.5. Checkpointing in a 1F1B pipeline: how many of a stage's
+/// blocks to checkpoint.
+///
+/// Under 1F1B stage s holds min(S - s, m) micro-batches in flight
+/// (micro_batches_in_flight()), so the first stages need more memory for
+/// the same blocks. Returns the fewest c such that checkpointing the
+/// stage's first c blocks (of @p blocks; full recomputation) keeps its
+/// peak, kept and recomputed activations together
+/// (predicted_stage_peaks(step, pipeline, keeps).combined), within
+/// @p budget_bytes: 0 when the plain stage fits. Fewer checkpointed blocks
+/// is less recompute. Throws dtp::Error when even c = blocks does not fit,
+/// naming the stage, the budget and the smallest peak it can reach.
+int blocks_to_checkpoint(const StepShape& step, const PipelineStage& pipeline, int blocks,
+                         std::int64_t budget_bytes);
 
 /// Puzzle 9.4. Offloaded activations.
 ///

@@ -1,4 +1,5 @@
 // Which blocks to checkpoint: every k-th, or the fewest that fit a budget.
+#include <algorithm>
 #include <string>
 
 #include "09_activation_checkpointing/checkpointing.h"
@@ -39,6 +40,22 @@ int largest_every_within(const StepShape& step, std::int64_t budget_bytes) {
   throw Error("largest_every_within: no plan fits " + std::to_string(budget_bytes) +
               " bytes; checkpointing every block still peaks at " +
               std::to_string(peak_of(step, 1)) + " bytes");
+}
+
+int blocks_to_checkpoint(const StepShape& step, const PipelineStage& pipeline, int blocks,
+                         std::int64_t budget_bytes) {
+  DTP_CHECK(blocks >= 0, "blocks_to_checkpoint: blocks must be at least 0, got ", blocks);
+  auto peak = [&](int c) {  // the stage's first c blocks checkpointed
+    std::vector<BlockKeeps> keeps(static_cast<std::size_t>(blocks), BlockKeeps::everything);
+    std::fill(keeps.begin(), keeps.begin() + c, BlockKeeps::input_only);
+    return predicted_stage_peaks(step, pipeline, keeps).combined;
+  };
+  for (int c = 0; c <= blocks; ++c)
+    if (peak(c) <= budget_bytes) return c;
+  throw Error("blocks_to_checkpoint: stage " + std::to_string(pipeline.stage) + " of " +
+              std::to_string(pipeline.stages) + " does not fit " + std::to_string(budget_bytes) +
+              " bytes; checkpointing all its " + std::to_string(blocks) +
+              " blocks still peaks at " + std::to_string(peak(blocks)) + " bytes");
 }
 
 }  // namespace dtp::ch09

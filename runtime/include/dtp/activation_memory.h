@@ -85,4 +85,28 @@ struct ActivationPeaks {
 ActivationPeaks predicted_activation_peaks(const StepShape& step,
                                            const std::vector<BlockKeeps>& keeps);
 
+/// A stage of a pipeline that runs the 1F1B schedule (chapter 05): stage
+/// @p stage of @p stages, @p microbatches per step.
+struct PipelineStage {
+  int stages = 1;        ///< S
+  int stage = 0;         ///< s, from 0 (the first holds the embedding, the last the head)
+  int microbatches = 1;  ///< m
+};
+
+/// Micro-batches stage s holds at once under 1F1B: min(S - s, m). Stage 0
+/// runs S forwards before its first backward; the last stage, one.
+int micro_batches_in_flight(const PipelineStage& pipeline);
+
+/// The peaks of one 1F1B step on one stage, for micro-batches of @p step's
+/// shape, when the stage's blocks (in order) keep @p keeps (everything,
+/// input_only or all_but_probs). A micro-batch in flight keeps the stage's
+/// input (received, or the embedding's output on stage 0), what each block
+/// keeps and the outputs that feed the stage's next block; the last stage
+/// also its head's tensors. The stage's output is sent and dropped. So the
+/// activation peak is (in flight - 1) micro-batches kept, plus the forward
+/// of the last one to enter; full recomputation shrinks every in-flight
+/// micro-batch, which is why it saves most on the first stages.
+ActivationPeaks predicted_stage_peaks(const StepShape& step, const PipelineStage& pipeline,
+                                      const std::vector<BlockKeeps>& keeps);
+
 }  // namespace dtp

@@ -100,4 +100,56 @@ ActivationPeaks predicted_activation_peaks(const StepShape& step,
   return peaks;
 }
 
+int micro_batches_in_flight(const PipelineStage& p) {
+  DTP_CHECK(p.stages >= 1 && p.stage >= 0 && p.stage < p.stages && p.microbatches >= 1,
+            "micro_batches_in_flight: need 0 <= stage < stages and microbatches >= 1, got stage ",
+            p.stage, " of ", p.stages, ", ", p.microbatches, " micro-batches");
+  return std::min(p.stages - p.stage, p.microbatches);
+}
+
+ActivationPeaks predicted_stage_peaks(const StepShape& step, const PipelineStage& pipeline,
+                                      const std::vector<BlockKeeps>& keeps) {
+  const int in_flight = micro_batches_in_flight(pipeline);
+  for (BlockKeeps k : keeps) {
+    DTP_CHECK(k != BlockKeeps::offloaded,
+              "predicted_stage_peaks: offloaded blocks are not modelled on pipeline stages");
+    DTP_CHECK(k != BlockKeeps::all_but_probs || step.config.attention == AttentionKind::naive,
+              "predicted_stage_peaks: selective recomputation drops naive attention's "
+              "probabilities; flash attention keeps none");
+  }
+  const bool last = pipeline.stage == pipeline.stages - 1;
+  const std::int64_t hidden = hidden_bytes(step), whole = block_activation_bytes(step);
+  const std::int64_t own = whole - hidden, probs = attention_stat_bytes(step);
+  const std::int64_t head = last ? head_activation_bytes(step) : 0;
+  auto own_kept = [&](BlockKeeps k) {
+    return k == BlockKeeps::everything ? own : k == BlockKeeps::input_only ? 0 : own - probs;
+  };
+  // What one micro-batch keeps from its forward to its backward.
+  std::int64_t kept = hidden;  // the stage's input
+  for (std::size_t i = 0; i < keeps.size(); ++i)
+    kept += own_kept(keeps[i]) + (i + 1 < keeps.size() || last ? hidden : 0);
+  kept += head;
+  ActivationPeaks peaks;
+  // The forward that brings the stage to in_flight micro-batches.
+  std::int64_t live = (in_flight - 1) * kept + hidden;
+  for (BlockKeeps k : keeps) {
+    live += whole;
+    peaks.activations = std::max(peaks.activations, live);
+    live -= own - own_kept(k);
+  }
+  peaks.activations = std::max(peaks.activations, live + head);
+  peaks.combined = peaks.activations;
+  // A backward starts with in_flight micro-batches kept; blocks from the last.
+  live = in_flight * kept - head - (last ? hidden : 0);
+  for (auto k = keeps.rbegin(); k != keeps.rend(); ++k) {
+    const std::int64_t again = *k == BlockKeeps::input_only      ? whole
+                               : *k == BlockKeeps::all_but_probs ? probs + hidden
+                                                                 : 0;
+    peaks.recompute = std::max(peaks.recompute, again);
+    peaks.combined = std::max(peaks.combined, live + again);
+    live -= own_kept(*k) + hidden;
+  }
+  return peaks;
+}
+
 }  // namespace dtp
