@@ -270,6 +270,21 @@ TEST(CudaNnOps, NaiveAttentionMatchesTheCpu) {
   }
 }
 
+// Flash attention's row maxima: -inf on both sides for a row that sees no
+// key, within @p tol (relative, plus 1) elsewhere.
+void expect_row_max_close(const Tensor& gpu, const Tensor& cpu, double tol, const char* scores) {
+  const auto mg = gpu.to_vector(), mc = cpu.to_vector();
+  for (std::size_t i = 0; i < mg.size(); ++i) {
+    if (std::isinf(mc[i]))
+      EXPECT_TRUE(std::isinf(mg[i]) && mg[i] < 0)
+          << "row_max of row " << i << ": " << mg[i] << " on the GPU, -inf on the CPU (the row "
+          << "sees no key)";
+    else
+      EXPECT_NEAR(mg[i], mc[i], tol * (1 + std::abs(mc[i])))
+          << "row_max of row " << i << " (" << scores << ")";
+  }
+}
+
 TEST(CudaNnOps, FlashAttentionMatchesTheCpu) {
   DTP_REQUIRE_GPU();
   for (const AttentionCase& c : attention_cases()) {
@@ -283,15 +298,7 @@ TEST(CudaNnOps, FlashAttentionMatchesTheCpu) {
     ops::flash_attention_forward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu, c.mask);
     expect_close_tf32(out.gpu, out.cpu, "out");
     expect_close_tf32(l.gpu, l.cpu, "row_sum");
-    // row_max is -inf for rows that see no key: compare where finite.
-    const auto mg = m.gpu.to_vector(), mc = m.cpu.to_vector();
-    for (std::size_t i = 0; i < mg.size(); ++i) {
-      if (std::isinf(mc[i]))
-        EXPECT_TRUE(std::isinf(mg[i]) && mg[i] < 0) << "row_max of row " << i << ": " << mg[i];
-      else
-        EXPECT_NEAR(mg[i], mc[i], kTf32 * (1 + std::abs(mc[i])))
-            << "row_max of row " << i << " (TF32 scores)";
-    }
+    expect_row_max_close(m.gpu, m.cpu, kTf32, "TF32 scores");
     Pair dq = zeros_pair(qs), dk = zeros_pair(ks), dv = zeros_pair(ks);
     ops::flash_attention_backward(q.cpu, k.cpu, v.cpu, out.cpu, m.cpu, l.cpu, dout.cpu, dq.cpu,
                                   dk.cpu, dv.cpu, c.mask);
@@ -358,16 +365,7 @@ TEST(CudaNnOps, FlashAttentionWithTf32OffMatchesTheCpuInExactF32) {
     ops::flash_attention_forward(q.gpu, k.gpu, v.gpu, out.gpu, m.gpu, l.gpu, c.mask);
     expect_close_f32(out.gpu, out.cpu, tol, "out");
     expect_close_f32(l.gpu, l.cpu, tol, "row_sum");
-    const auto mg = m.gpu.to_vector(), mc = m.cpu.to_vector();
-    for (std::size_t i = 0; i < mg.size(); ++i) {
-      if (std::isinf(mc[i]))
-        EXPECT_TRUE(std::isinf(mg[i]) && mg[i] < 0)
-            << "row_max of row " << i << ": " << mg[i] << " on the GPU, -inf on the CPU (the row "
-            << "sees no key)";
-      else
-        EXPECT_NEAR(mg[i], mc[i], tol * (1 + std::abs(mc[i])))
-            << "row_max of row " << i << " (exact f32 scores)";
-    }
+    expect_row_max_close(m.gpu, m.cpu, tol, "exact f32 scores");
     Pair dq = zeros_pair(qs), dk = zeros_pair(ks), dv = zeros_pair(ks);
     ops::flash_attention_backward(q.cpu, k.cpu, v.cpu, out.cpu, m.cpu, l.cpu, dout.cpu, dq.cpu,
                                   dk.cpu, dv.cpu, c.mask);
