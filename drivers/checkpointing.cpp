@@ -77,9 +77,9 @@ std::string checkpoint_header(const std::string& text, int layers) {
       return "activation checkpointing: full (each of the " + std::to_string(layers) +
              " blocks keeps its input and runs its forward again in the backward; 9.1)";
     case CheckpointChoice::Kind::every:
-      return "activation checkpointing: every " + std::to_string(choice.every) +
-             "-th block keeps only its input (blocks 0, " + std::to_string(choice.every) +
-             ", ...; 9.1 and 9.2)";
+      return "activation checkpointing: every:" + std::to_string(choice.every) + ", blocks 0, " +
+             std::to_string(choice.every) + ", " + std::to_string(2 * choice.every) +
+             ", ... keep only their input (9.1 and 9.2)";
     case CheckpointChoice::Kind::selective:
       return "activation checkpointing: selective (each block drops its attention probabilities "
              "and makes them again in the backward; 9.3)";

@@ -77,8 +77,9 @@ std::vector<bool> checkpoint_every(int layers, int k);
 /// and the recomputed activations together, ActivationPeaks::combined by the
 /// lesson's formula (predicted_activation_peaks() in dtp/activation_memory.h).
 /// The largest k recomputes the fewest blocks: the least extra compute that
-/// fits. Returns 0 when no block needs checkpointing (the plain step fits). Throws dtp::Error when
-/// even k = 1 does not fit, naming the budget and the smallest peak that checkpointing can reach.
+/// fits. Returns 0 when no block needs checkpointing (the plain step fits).
+/// Throws dtp::Error when even k = 1 does not fit, naming the budget and
+/// k = 1's peak.
 int largest_every_within(const StepShape& step, std::int64_t budget_bytes);
 
 /// Puzzle 9.3. Selective recomputation of a block (Korthikanti et al., 2022).
@@ -126,15 +127,17 @@ int blocks_to_checkpoint(const StepShape& step, const PipelineStage& pipeline, i
 /// them) to host memory, Device::cpu(), as MemoryCategory::offloaded, and
 /// records each in saved.offloaded: its host copy, the device it came from
 /// and every slot that held it. Slots that share one tensor (q, k and v's
-/// input is one LayerNorm output) get one copy. Then it empties every slot.
+/// input is one LayerNorm output: the same tensor, same shape, in three
+/// slots) get one copy. Then it empties every slot.
 /// It does not wait for its own copies: they run while the next block
 /// computes, and that block's forward drains them.
 ///
 /// backward() drains the lane (the last forward's copies), then, inside a
 /// dtp::RecomputeScope, queues a copy of each host tensor back to its
 /// device (MemoryCategory::activations, so charged as recompute), drains
-/// again, puts each fetched tensor in every slot it came from, drops the
-/// host copies, and runs Block::run_backward.
+/// again (inside the scope or after it: a copy's category is fixed when it
+/// is queued), puts each fetched tensor in every slot it came from, drops
+/// the host copies, and runs Block::run_backward.
 ///
 /// Offloading moves bytes, not FLOPs: nothing is computed twice.
 class OffloadedActivations : public ActivationPolicy {
