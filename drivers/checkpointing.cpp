@@ -40,6 +40,22 @@ CheckpointChoice parse_checkpoint(const std::string& text) {
   throw cli::UsageError("--checkpoint accepts " + forms + ", got '" + text + "'");
 }
 
+namespace {
+CheckpointPolicies& program_policies() {
+  static CheckpointPolicies policies;
+  return policies;
+}
+}  // namespace
+
+const CheckpointPolicies& checkpoint_policies() {
+  const CheckpointPolicies& p = program_policies();
+  DTP_CHECK(p.full && p.selective && p.offload && p.every,
+            "--checkpoint: this program links no activation policies (chapter 09)");
+  return p;
+}
+
+void set_checkpoint_policies(const CheckpointPolicies& policies) { program_policies() = policies; }
+
 void check_checkpoint_fits(const std::string& text, const GPTConfig& model) {
   const CheckpointChoice::Kind kind = parse_checkpoint(text).kind;
   if (kind == CheckpointChoice::Kind::offload)

@@ -31,9 +31,12 @@ struct CheckpointPolicies {
 };
 
 /// The program's policies: chapter 09's driver file defines them, and
-/// registered_strategies.cpp hands them over (programs that run strategies
-/// link every chapter).
+/// registered_strategies.cpp hands them over at startup (set_...) in the
+/// programs that list the strategies, which link every chapter. Throws
+/// dtp::Error in a program that has none.
 const CheckpointPolicies& checkpoint_policies();
+/// Makes @p policies the program's.
+void set_checkpoint_policies(const CheckpointPolicies& policies);
 
 /// Throws dtp::Error when @p text cannot apply to @p model (selective
 /// recomputation with flash attention).
