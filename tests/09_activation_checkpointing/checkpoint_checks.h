@@ -6,7 +6,9 @@
 // order, no dropout), in f64 on the CPU and in f32 on a GPU alike. The
 // memory checks compare the tracker's peaks with the lesson's formula
 // (dtp/activation_memory.h, provided: the runtime's tests hold it to the
-// tracker on plain steps, and the reference's to every policy), to the byte.
+// tracker on plain steps, and the reference's to every policy), to the byte;
+// a recomputing backward's peak of every byte it allocates is held to the
+// checker's own recompute and backward, which drops the scratch at once.
 // The FLOP checks count the ops' matrix products (dtp/flops.h) against the
 // checker's own formula.
 #pragma once
@@ -72,20 +74,41 @@ inline Batch checker_batch(const GPTConfig& config, std::uint64_t seed = 7) {
   return {b.inputs.to(config.device), b.targets.to(config.device)};
 }
 
-/// One block of the checkers' GPT, an input and an output gradient for it
-/// (charged as `other`, so the block's own activations are all the tracker
-/// sees under activations).
+/// One block of @p config (the checkers' GPT by default), an input and an
+/// output gradient for it (charged as `other`, so the block's own
+/// activations are all the tracker sees under activations).
 struct OneBlock {
-  GPTConfig config = checker_model(1);
-  Block block{config, 0};
-  Tensor x = Tensor::empty({kBatch, kSeq, 16}, config.dtype, config.device);
-  Tensor dy = Tensor::empty({kBatch, kSeq, 16}, config.dtype, config.device);
-  OneBlock() {
+  GPTConfig config;
+  Block block;
+  Tensor x, dy;
+  explicit OneBlock(const GPTConfig& c = checker_model(1))
+      : config(c),
+        block(config, 0),
+        x(Tensor::empty({kBatch, kSeq, c.d_model}, c.dtype, c.device)),
+        dy(Tensor::empty({kBatch, kSeq, c.d_model}, c.dtype, c.device)) {
     Rng rng(3);
     ops::fill_normal(x, 0, 1, rng);
     ops::fill_normal(dy, 0, 1, rng);
   }
 };
+
+/// "" when @p got equals @p expected bit for bit (both @p unit's gradients,
+/// flat); else how many elements differ and the first, by parameter name.
+inline std::string grads_check(const std::string& what, const Unit& unit,
+                               const std::vector<double>& expected,
+                               const std::vector<double>& got) {
+  std::int64_t wrong = 0, first = -1;
+  for (std::size_t i = 0; i < expected.size() && i < got.size(); ++i)
+    if (expected[i] != got[i] && wrong++ == 0) first = static_cast<std::int64_t>(i);
+  if (wrong == 0) return "";
+  std::ostringstream out;
+  out.precision(17);
+  const auto f = static_cast<std::size_t>(first);
+  out << what << ": " << wrong << " of " << expected.size() << " gradient elements of "
+      << unit.name() << " differ, first " << locate(unit, first) << ": expected " << expected[f]
+      << ", got " << got[f];
+  return out.str();
+}
 
 /// One forward and backward, and what it left.
 struct StepResult {
@@ -178,6 +201,21 @@ inline std::string bytes_check(const std::string& what, std::int64_t expected, s
       << bytes_text(got > expected ? got - expected : expected - got, step);
   if (!hint.empty()) out << " (" << hint << ")";
   return out.str() + "\n";
+}
+
+/// Two data-parallel steps of the tiny model on this rank, each all-reducing
+/// the gradients (mean) after backward (chapter 02's 2.2, written here),
+/// with @p policy on every block (none: null).
+inline ModelState train_data_parallel(Comm& comm, const ActivationPolicy* policy) {
+  TrainConfig config = on_device(tiny_config(6, 2), comm.device());
+  Trainer trainer(config, comm.rank(), comm.size());
+  for (int i = 0; i < trainer.model().num_blocks(); ++i) trainer.model().block(i).policy = policy;
+  trainer.on_after_backward([&] {
+    for (Unit* unit : trainer.model().units()) comm.all_reduce(unit->grads(), ReduceOp::avg);
+  });
+  std::vector<double> losses;
+  for (int s = 0; s < 2; ++s) losses.push_back(trainer.step().loss);
+  return capture(trainer.model(), losses);
 }
 
 }  // namespace dtp::testing::ch09

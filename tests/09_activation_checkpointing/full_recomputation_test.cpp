@@ -1,7 +1,8 @@
 // Puzzle 9.1: full recomputation. One block first (what its forward keeps,
-// that its backward equals the plain one bit for bit, what it makes again
-// and at what cost), then a whole GPT step, three training steps, deferred
-// weight gradients and data parallelism on two ranks.
+// that its backward equals the plain one bit for bit, what it makes again,
+// at what cost and for how long), then a whole GPT step, a mixture of
+// experts step, three training steps, deferred weight gradients, the loss
+// scale, and data parallelism on two ranks.
 #include "checkpoint_checks.h"
 
 namespace dtp {
@@ -72,22 +73,44 @@ TEST(Puzzle9_1_full_recomputation, BackwardEqualsThePlainBlockBitForBit) {
   dtp::ch09::FullRecomputation policy;
   BlockSaved ck;
   policy.forward(checkpointed.block, checkpointed.x, ck);
-  const Tensor dx =
-      policy.backward(checkpointed.block, checkpointed.dy, ck, WeightGrads::immediate, 1.0);
+  Tensor dx;
+  const std::string error = error_of([&] {
+    dx = policy.backward(checkpointed.block, checkpointed.dy, ck, WeightGrads::immediate, 1.0);
+  });
+  ASSERT_EQ(error, "(no error)")
+      << "backward threw. The forward kept only the input (saved.checkpoint): the backward must "
+         "first run the block's forward again from it (Block::run_forward, inside a "
+         "RecomputeScope), so that Block::run_backward finds what the layers saved";
   ASSERT_TRUE(dx.defined() && dx.shape() == checkpointed.x.shape())
       << "backward must return dx shaped like the input, got "
       << (dx.defined() ? dx.describe() : "nothing");
-  EXPECT_EQ(dx.to_vector(), expected_dx.to_vector())
+  EXPECT_TRUE(values_equal("dx", -1, expected_dx.to_vector(), dx.to_vector()))
       << "dx differs from the plain block's: the recomputed forward must be the same forward "
          "(same input, Block::run_forward), then Block::run_backward with the same dy";
-  EXPECT_EQ(checkpointed.block.grads().to_vector(), plain.block.grads().to_vector())
-      << "the block's parameter gradients differ from the plain block's";
-  EXPECT_TRUE(layer_tensors_kept(ck).empty() && !ck.checkpoint.defined())
-      << "after backward the BlockSaved must be empty, still holds "
-      << joined(layer_tensors_kept(ck)) << (ck.checkpoint.defined() ? " and the checkpoint" : "");
+  EXPECT_EQ(grads_check("the parameter gradients, against the plain block's", checkpointed.block,
+                        plain.block.grads().to_vector(), checkpointed.block.grads().to_vector()),
+            "");
+  std::vector<std::string> left = layer_tensors_kept(ck);
+  if (ck.checkpoint.defined()) left.push_back("the checkpoint (saved.checkpoint = Tensor())");
+  EXPECT_TRUE(left.empty()) << "after backward the BlockSaved must be empty; it still holds "
+                            << joined(left);
 }
 
 TEST(Puzzle9_1_full_recomputation, TheBackwardMakesOneBlockAgainAsRecompute) {
+  // The checker's own recompute and backward first: the peak of every byte
+  // the backward holds, with the recomputed output dropped at once.
+  std::int64_t expected_total = 0;
+  {
+    OneBlock own;
+    BlockSaved saved;
+    ScopedTracker scope;
+    {
+      RecomputeScope recompute;
+      own.block.run_forward(own.x, saved);
+    }
+    own.block.run_backward(own.dy, saved);
+    expected_total = scope.tracker->total_peak();
+  }
   OneBlock b;
   dtp::ch09::FullRecomputation policy;
   BlockSaved saved;
@@ -97,6 +120,7 @@ TEST(Puzzle9_1_full_recomputation, TheBackwardMakesOneBlockAgainAsRecompute) {
   policy.backward(b.block, b.dy, saved, WeightGrads::immediate, 1.0);
   const FlopCounts flops = flop_counts();
   const StepShape step = step_of(b.config);
+  const std::int64_t forward = block_forward_flops(b.config);
   EXPECT_EQ(scope.tracker->peak(MemoryCategory::activations), 0)
       << "the backward made " << scope.tracker->peak(MemoryCategory::activations)
       << " bytes charged as kept activations: run the forward again inside a "
@@ -105,14 +129,27 @@ TEST(Puzzle9_1_full_recomputation, TheBackwardMakesOneBlockAgainAsRecompute) {
                         block_activation_bytes(step),
                         scope.tracker->peak(MemoryCategory::recompute), step),
             "");
-  EXPECT_EQ(flops.recompute, block_forward_flops(b.config))
-      << "recomputed FLOPs: expected one forward of the block, " << block_forward_flops(b.config)
-      << ", got " << flops.recompute << " ("
-      << static_cast<double>(flops.recompute) / static_cast<double>(block_forward_flops(b.config))
-      << " forwards)";
+  EXPECT_EQ(flops.recompute, forward)
+      << "recomputed FLOPs: expected one forward of the block, " << forward << ", got "
+      << flops.recompute << " ("
+      << static_cast<double>(flops.recompute) / static_cast<double>(forward) << " forwards)"
+      << (flops.recompute == 0             ? ": nothing ran inside a dtp::RecomputeScope"
+          : flops.recompute == 2 * forward ? ": the forward ran twice"
+          : flops.recompute == 3 * forward
+              ? ": a forward and a backward; close the RecomputeScope before Block::run_backward"
+              : "");
   EXPECT_EQ(scope.tracker->live(MemoryCategory::recompute), 0)
       << "after the backward " << scope.tracker->live(MemoryCategory::recompute)
       << " recomputed bytes are still alive: drop the recomputed output";
+  const std::int64_t total = scope.tracker->total_peak();
+  EXPECT_EQ(
+      bytes_check("peak of the memory the backward allocated (recompute, then Block::run_backward)",
+                  expected_total, total, step,
+                  total - expected_total == hidden_bytes(step)
+                      ? "one [B, T, C] more: the recomputed output lives through "
+                        "Block::run_backward; drop it at once, the next block has the first"
+                      : ""),
+      "");
 }
 
 TEST(Puzzle9_1_full_recomputation, BackwardWithoutForwardIsAClearError) {
@@ -143,15 +180,22 @@ TEST(Puzzle9_1_full_recomputation, AGptStepEqualsThePlainStepWithOneForwardMoreP
   EXPECT_EQ(bytes_check("peak of kept and recomputed activations together", expected.combined,
                         got.combined_peak, step),
             "");
-  EXPECT_EQ(got.left_after, 0) << got.left_after << " bytes of activations outlive the backward";
+  EXPECT_EQ(bytes_check("activations alive after the backward", 0, got.left_after, step,
+                        got.left_after == 4 * hidden_bytes(step)
+                            ? "one [B, T, C] per block: the checkpoints; drop saved.checkpoint"
+                            : ""),
+            "");
   const std::int64_t extra = got.flops.total - plain.flops.total;
   EXPECT_EQ(extra, 4 * block_forward_flops(config))
       << "a checkpointed step computes one more forward of each of the 4 blocks, "
       << 4 * block_forward_flops(config) << " FLOPs; this one computed " << extra << " more ("
       << static_cast<double>(extra) / static_cast<double>(block_forward_flops(config))
       << " block forwards)";
-  EXPECT_EQ(got.flops.recompute, extra) << "of the extra FLOPs only " << got.flops.recompute
-                                        << " ran inside a RecomputeScope: recompute inside one";
+  EXPECT_EQ(got.flops.recompute, extra)
+      << got.flops.recompute << " FLOPs ran inside a RecomputeScope, of " << extra << " extra"
+      << (got.flops.recompute < extra
+              ? ": recompute inside one"
+              : ": the scope must hold the recomputed forward alone, not Block::run_backward");
 }
 
 TEST(Puzzle9_1_full_recomputation, AMixtureOfExpertsStepKeepsItsBalanceLoss) {
@@ -186,44 +230,57 @@ TEST(Puzzle9_1_full_recomputation, ThreeTrainingStepsEqualPlainTrainingBitForBit
   }
 }
 
-TEST(Puzzle9_1_full_recomputation, DeferredWeightGradientsStillCome) {
+TEST(Puzzle9_1_full_recomputation, DeferredWeightGradientsComeWithBackwardWeight) {
   // A zero-bubble pipeline asks for input gradients first and weight
   // gradients later (WeightGrads::deferred, then Block::backward_weight).
   OneBlock plain, checkpointed;
   BlockSaved saved;
   plain.block.run_forward(plain.x, saved);
-  plain.block.run_backward(plain.dy, saved);
+  plain.block.run_backward(plain.dy, saved, WeightGrads::deferred);
+  const std::vector<double> before_weights = plain.block.grads().to_vector();
+  plain.block.backward_weight(saved);
   dtp::ch09::FullRecomputation policy;
   BlockSaved ck;
   policy.forward(checkpointed.block, checkpointed.x, ck);
   policy.backward(checkpointed.block, checkpointed.dy, ck, WeightGrads::deferred, 1.0);
+  EXPECT_EQ(grads_check("WeightGrads::deferred, before backward_weight", checkpointed.block,
+                        before_weights, checkpointed.block.grads().to_vector()),
+            "")
+      << "the weight gradients must wait for backward_weight; if they came with the backward, "
+         "pass the mode on to Block::run_backward";
   checkpointed.block.backward_weight(ck);
-  EXPECT_EQ(checkpointed.block.grads().to_vector(), plain.block.grads().to_vector())
-      << "with WeightGrads::deferred the weight gradients differ from the plain block's after "
-         "backward_weight: pass the mode on to Block::run_backward";
+  EXPECT_EQ(grads_check("WeightGrads::deferred, after backward_weight", checkpointed.block,
+                        plain.block.grads().to_vector(), checkpointed.block.grads().to_vector()),
+            "");
+}
+
+TEST(Puzzle9_1_full_recomputation, TheLossScaleReachesAMixtureOfExpertsBlock) {
+  // A mixture-of-experts block scales its load-balancing loss's gradient by
+  // the loss scale (a pipeline passes 1 / micro-batches).
+  GPTConfig config = checker_model(1);
+  config.experts = 2;
+  OneBlock plain(config), checkpointed(config);
+  BlockSaved saved;
+  plain.block.run_forward(plain.x, saved);
+  plain.block.run_backward(plain.dy, saved, WeightGrads::immediate, 0.25);
+  dtp::ch09::FullRecomputation policy;
+  BlockSaved ck;
+  policy.forward(checkpointed.block, checkpointed.x, ck);
+  policy.backward(checkpointed.block, checkpointed.dy, ck, WeightGrads::immediate, 0.25);
+  EXPECT_EQ(grads_check("loss_scale 0.25, against the plain block's", checkpointed.block,
+                        plain.block.grads().to_vector(), checkpointed.block.grads().to_vector()),
+            "")
+      << "pass loss_scale on to Block::run_backward";
 }
 
 TEST(Puzzle9_1_full_recomputation, DataParallelTrainingEqualsItsPlainSelf) {
   // Two ranks, each all-reducing its gradients after backward (chapter 02's
   // 2.2, written here): checkpointing must not change a bit, and the
   // replicas stay identical.
-  auto train = [](Comm& comm, bool checkpoint) {
-    TrainConfig config = on_device(tiny_config(6, 2), comm.device());
-    Trainer trainer(config, comm.rank(), comm.size());
-    dtp::ch09::FullRecomputation policy;
-    if (checkpoint)
-      for (int i = 0; i < trainer.model().num_blocks(); ++i)
-        trainer.model().block(i).policy = &policy;
-    trainer.on_after_backward([&] {
-      for (Unit* unit : trainer.model().units()) comm.all_reduce(unit->grads(), ReduceOp::avg);
-    });
-    std::vector<double> losses;
-    for (int s = 0; s < 2; ++s) losses.push_back(trainer.step().loss);
-    return capture(trainer.model(), losses);
-  };
+  dtp::ch09::FullRecomputation policy;
   run_ranks(2, [&](Comm& comm) {
-    const ModelState plain = train(comm, false);
-    const ModelState got = train(comm, true);
+    const ModelState plain = train_data_parallel(comm, nullptr);
+    const ModelState got = train_data_parallel(comm, &policy);
     EXPECT_EQ(got.losses, plain.losses) << "rank " << comm.rank() << ": the losses differ";
     EXPECT_EQ(got.params, plain.params)
         << "rank " << comm.rank() << ": the parameters after 2 data-parallel steps differ from "

@@ -53,15 +53,22 @@ TEST(Puzzle9_5_pipeline_checkpointing, TheFewestBlocksEachStageMustCheckpoint) {
       const PipelineStage p{kStages, s, kMicrobatches};
       const int expected = expected_blocks(step, p, kBlocksPerStage, b);
       if (expected < 0) continue;
+      // The answer for one micro-batch in flight, as if 1F1B were ignored.
+      const int one_in_flight = expected_blocks(step, {kStages, s, 1}, kBlocksPerStage, b);
       int got = -1;
       const std::string message =
           error_of([&] { got = dtp::ch09::blocks_to_checkpoint(step, p, kBlocksPerStage, b); });
-      EXPECT_EQ(got, expected) << "stage " << s << " of " << kStages << " ("
-                               << micro_batches_in_flight(p) << " micro-batches in flight), budget "
-                               << bytes_text(b, step) << ": expected " << expected
-                               << " checkpointed blocks, got " << got
-                               << (message != "(no error)" ? " (it threw: " + message + ")" : "")
-                               << (got > expected ? ": fits, but recomputes more than needed" : "");
+      EXPECT_EQ(got, expected)
+          << "stage " << s << " of " << kStages << " (" << micro_batches_in_flight(p)
+          << " micro-batches in flight), budget " << bytes_text(b, step) << ": expected "
+          << expected << " checkpointed blocks, got " << got
+          << (message != "(no error)" ? " (it threw: " + message + ")" : "")
+          << (got > expected ? ": fits, but recomputes more than needed (checkpoint the stage's "
+                               "first c blocks, c from 0 up)"
+              : got == one_in_flight
+                  ? ": what one micro-batch in flight needs; stage s holds min(S - s, m) "
+                    "(predicted_stage_peaks with the stage as given)"
+                  : ": does not fit the budget");
     }
   }
 }
@@ -190,7 +197,10 @@ TEST(Puzzle9_5_pipeline_checkpointing, EachStagesPlanFitsItsBudgetAndChangesNoBi
                           expected.combined, got.peaks.combined, step),
               "");
     EXPECT_EQ(bytes_check("stage " + std::to_string(s) + ": recompute peak", expected.recompute,
-                          got.peaks.recompute, step),
+                          got.peaks.recompute, step,
+                          got.peaks.recompute == 0 ? "nothing was charged as recompute: run the "
+                                                     "forward again inside a dtp::RecomputeScope"
+                                                   : ""),
               "");
   });
 }

@@ -24,7 +24,10 @@ TEST(Puzzle9_2_checkpoint_plan, EveryKthBlockFromBlockZero) {
     for (int i = 0; i < layers; ++i) expected[static_cast<std::size_t>(i)] = i % k == 0;
     const std::vector<bool> got = dtp::ch09::checkpoint_every(layers, k);
     EXPECT_EQ(got, expected) << "checkpoint_every(" << layers << ", " << k << "): expected blocks "
-                             << plan_text(expected) << ", got " << plan_text(got);
+                             << plan_text(expected) << ", got " << plan_text(got)
+                             << (layers > 0 && got.size() == expected.size() && !got[0]
+                                     ? " (block 0 is always one: count from 0)"
+                                     : "");
   }
 }
 
@@ -66,13 +69,20 @@ TEST(Puzzle9_2_checkpoint_plan, TheLargestKThatFitsTheBudget) {
     int got = -1;
     const std::string message =
         error_of([&] { got = dtp::ch09::largest_every_within(step, budget); });
-    ASSERT_EQ(message, "(no error)") << "budget " << budget << " bytes fits k = " << expected;
+    ASSERT_EQ(message, "(no error)")
+        << "budget " << bytes_text(budget, step) << " fits k = " << expected
+        << (expected == 1 ? " (every block checkpointed: does the search reach k = 1?)" : "");
+    const char* why = got > 6    ? " (more than the 6 layers: 0 means no block is checkpointed)"
+                      : got == 0 ? " (0 means the plain step fits, and it does not)"
+                      : got < expected
+                          ? (expected == 6 ? " (fits, but recomputes more blocks than needed; k = "
+                                             "layers, block 0 alone, is a plan too)"
+                                           : " (fits, but recomputes more blocks than needed)")
+                          : " (does not fit the budget)";
     EXPECT_EQ(got, expected) << "budget " << bytes_text(budget, step)
                              << ": the largest k that fits is " << expected
                              << (expected == 0 ? " (0: the plain step fits)" : "") << ", got "
-                             << got
-                             << (got < expected ? " (fits, but recomputes more blocks than needed)"
-                                                : " (does not fit the budget)");
+                             << got << why;
   }
 }
 

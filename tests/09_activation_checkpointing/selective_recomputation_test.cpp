@@ -1,7 +1,8 @@
 // Puzzle 9.3: selective recomputation. The block keeps all but the attention
-// probabilities; its backward makes them again (and nothing else), equal to
-// the plain block bit for bit; a GPT step's memory is the lesson's formula;
-// flash attention is refused with the reason.
+// probabilities; its backward makes them again (and nothing else, holding
+// its scratch output no longer than the recompute), equal to the plain
+// block bit for bit; a GPT step's memory is the lesson's formula; flash
+// attention is refused with the reason.
 #include "checkpoint_checks.h"
 
 namespace dtp {
@@ -23,10 +24,21 @@ TEST(Puzzle9_3_selective_recomputation, ForwardDropsOnlyTheProbabilities) {
   const Tensor out = policy.forward(block, x, saved);  // alive: the next block's input
   EXPECT_FALSE(saved.attn.probs.defined())
       << "saved.attn.probs is still there after forward: selective recomputation drops it";
-  EXPECT_TRUE(saved.attn.q.defined() && saved.attn.k.defined() && saved.attn.v.defined() &&
-              saved.mlp.gelu.input.defined() && saved.ln1.input.defined())
-      << "selective recomputation keeps everything but the probabilities (q, k, v, the MLP's "
-         "inputs, the LayerNorms' inputs): something else was dropped";
+  std::string dropped;
+  for (auto [name, t] : std::vector<std::pair<const char*, const Tensor*>>{
+           {"ln1.input", &saved.ln1.input},
+           {"attn.q_in", &saved.attn.q_in.input},
+           {"attn.q", &saved.attn.q},
+           {"attn.k", &saved.attn.k},
+           {"attn.v", &saved.attn.v},
+           {"attn.proj_in", &saved.attn.proj_in.input},
+           {"ln2.input", &saved.ln2.input},
+           {"mlp.fc", &saved.mlp.fc.input},
+           {"mlp.gelu", &saved.mlp.gelu.input},
+           {"mlp.proj", &saved.mlp.proj.input}})
+    if (!t->defined()) dropped += std::string(dropped.empty() ? "" : ", ") + name;
+  EXPECT_EQ(dropped, "") << "selective recomputation keeps everything but the probabilities; "
+                            "the forward also dropped these: the backward needs them";
   const std::int64_t expected = block_activation_bytes(step) - attention_stat_bytes(step);
   EXPECT_EQ(bytes_check("activations alive after the forward (a plain block's, less B H T T)",
                         expected, scope.tracker->live(MemoryCategory::activations), step),
@@ -36,7 +48,7 @@ TEST(Puzzle9_3_selective_recomputation, ForwardDropsOnlyTheProbabilities) {
 TEST(Puzzle9_3_selective_recomputation, BackwardMakesOnlyTheAttentionAgain) {
   const GPTConfig config = checker_model(1);
   const StepShape step = step_of(config);
-  Block plain(config, 0), selective(config, 0);
+  Block plain(config, 0), selective(config, 0), own(config, 0);
   Tensor x = Tensor::empty({kBatch, kSeq, 16}, config.dtype, config.device);
   Tensor dy = Tensor::empty({kBatch, kSeq, 16}, config.dtype, config.device);
   Rng rng(3);
@@ -45,6 +57,27 @@ TEST(Puzzle9_3_selective_recomputation, BackwardMakesOnlyTheAttentionAgain) {
   BlockSaved saved;
   plain.run_forward(x, saved);
   const Tensor expected_dx = plain.run_backward(dy, saved);
+  // The checker's own recompute and backward: the peak of every byte the
+  // backward holds, the scratch attention output dropped at once.
+  std::int64_t expected_total = 0;
+  {
+    BlockSaved s;
+    own.run_forward(x, s);
+    s.attn.probs = Tensor();
+    ScopedTracker scope;
+    const Shape heads{kBatch, kSeq, config.heads, config.d_model / config.heads};
+    {
+      RecomputeScope recompute;
+      s.attn.probs = Tensor::empty({kBatch, config.heads, kSeq, kSeq}, config.dtype, config.device,
+                                   MemoryCategory::activations);
+      Tensor scratch =
+          Tensor::empty(heads, config.dtype, config.device, MemoryCategory::activations);
+      ops::attention_forward(s.attn.q.view(heads), s.attn.k.view(heads), s.attn.v.view(heads),
+                             scratch, s.attn.probs);
+    }
+    own.run_backward(dy, s);
+    expected_total = scope.tracker->total_peak();
+  }
 
   dtp::ch09::SelectiveRecomputation policy;
   BlockSaved kept;
@@ -54,11 +87,12 @@ TEST(Puzzle9_3_selective_recomputation, BackwardMakesOnlyTheAttentionAgain) {
   const Tensor dx = policy.backward(selective, dy, kept, WeightGrads::immediate, 1.0);
   const FlopCounts flops = flop_counts();
   ASSERT_TRUE(dx.defined()) << "backward returned no dx";
-  EXPECT_EQ(dx.to_vector(), expected_dx.to_vector())
+  EXPECT_TRUE(values_equal("dx", -1, expected_dx.to_vector(), dx.to_vector()))
       << "dx differs from the plain block's: the recomputed probabilities must be the forward's "
          "(ops::attention_forward on the saved q, k, v viewed as [B, T, H, D])";
-  EXPECT_EQ(selective.grads().to_vector(), plain.grads().to_vector())
-      << "the parameter gradients differ from the plain block's";
+  EXPECT_EQ(grads_check("the parameter gradients, against the plain block's", selective,
+                        plain.grads().to_vector(), selective.grads().to_vector()),
+            "");
   EXPECT_EQ(flops.recompute, attention_core_flops(config))
       << "recomputed FLOPs: expected attention's scores and output only, "
       << attention_core_flops(config) << ", got " << flops.recompute
@@ -72,6 +106,15 @@ TEST(Puzzle9_3_selective_recomputation, BackwardMakesOnlyTheAttentionAgain) {
             "");
   EXPECT_EQ(scope.tracker->peak(MemoryCategory::activations), 0)
       << "the backward made kept activations: make the probabilities inside a RecomputeScope";
+  const std::int64_t total = scope.tracker->total_peak();
+  EXPECT_EQ(bytes_check("peak of the memory the backward allocated (recompute, then "
+                        "Block::run_backward)",
+                        expected_total, total, step,
+                        total - expected_total == hidden_bytes(step)
+                            ? "one [B, T, C] more: the scratch attention output lives through "
+                              "Block::run_backward; drop it at once, the saved one serves"
+                            : ""),
+            "");
 }
 
 TEST(Puzzle9_3_selective_recomputation, AGptStepEqualsThePlainStepAndItsFormula) {
