@@ -3,6 +3,7 @@
 Each failure says what was expected and what the program did."""
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -534,10 +535,43 @@ def check_checkpoint_strategies(args):
            f"{show(result)}")
 
 
+def check_compress_strategies(args):
+    """dtp train --strategy compress with every compressor: it trains, its
+    first step's loss is the uncompressed run's (the same model and data,
+    before any update), its later losses stay finite, and the runs it cannot
+    make are refused with the reason."""
+    with tempfile.TemporaryDirectory() as folder:
+        def losses(flags):
+            log = os.path.join(folder, "run.jsonl")
+            argv = [args.reference] + flags + ["--world", "2", "--steps", "4", "--batch", "8",
+                                               "--seq", "16", "--json", log]
+            result = run(argv, timeout=300, env={"DTP_BACKEND": "thread"})
+            if not expect(result.returncode == 0,
+                          f"`dtp-train {' '.join(argv[1:])}` must train; got {show(result)}"):
+                return None
+            return [o["loss"] for o in read_log(log, log) if o.get("kind") == "step"]
+        plain = losses(DDP)
+        for compressor in ("sign", "int8", "int4", "powersgd:2", "1bit-adam"):
+            got = losses(["--strategy", "compress", "--compress", compressor, "--onebit-warmup", "2"])
+            if plain is None or got is None:
+                continue
+            expect(len(got) == 4 and got[0] == plain[0] and all(math.isfinite(x) for x in got),
+                   f"--compress {compressor}: losses {got}; the first must be the uncompressed "
+                   f"run's {plain[0]} (same model and batch before any update), all finite")
+    for flags, words in ((["--compress", "1bit-adam", "--clip", "1"], "does not clip"),
+                         (["--resume", "/nonexistent.ckpt"], "cannot --resume"),
+                         (["--device", "cuda"], "host tensors")):
+        result = run([args.reference, "--strategy", "compress", "--steps", "1"] + flags, timeout=120)
+        expect(result.returncode != 0 and words in result.stderr,
+               f"--strategy compress {' '.join(flags)} must be refused saying '{words}'; got "
+               f"{show(result)}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("check", choices=["unsolved", "outputs", "mpi-outputs", "mpi-diverging",
-                                          "gpu-strategies", "checkpoint-strategies"])
+                                          "gpu-strategies", "checkpoint-strategies",
+                                          "compress-strategies"])
     parser.add_argument("--train", help="bin/dtp-train (the puzzles)")
     parser.add_argument("--reference", help="bin/dtp-train-reference")
     parser.add_argument("--checkers", action="append", default=[],
@@ -546,7 +580,8 @@ def main():
     args = parser.parse_args()
     {"unsolved": check_unsolved, "outputs": check_outputs, "mpi-outputs": check_mpi_outputs,
      "mpi-diverging": check_mpi_diverging, "gpu-strategies": check_gpu_strategies,
-     "checkpoint-strategies": check_checkpoint_strategies}[args.check](args)
+     "checkpoint-strategies": check_checkpoint_strategies,
+     "compress-strategies": check_compress_strategies}[args.check](args)
     return report(args.check)
 
 

@@ -1,0 +1,58 @@
+/// @file compress_strategy.h
+/// @brief `dtp train --strategy compress` (provided, not a puzzle): data
+/// parallelism whose gradients travel compressed, through chapter 10's
+/// puzzles.
+///
+/// Each rank is a replica training on its slice of the batch (as `ddp`);
+/// after backward its gradients are averaged by the chosen compressor:
+///
+/// | --compress | how the gradients travel | puzzle |
+/// |---|---|---|
+/// | sign | signs, 1 bit each, plus a scale; error feedback | 10.2 |
+/// | int8, int4 | quantized reduce-scatter (8 or 4 bits), quantized all-gather (8 bits) | 10.5 |
+/// | powersgd:R | rank-R factors of each weight's gradient; error feedback | 10.4 |
+/// | 1bit-adam | the optimizer: exact Adam for --onebit-warmup steps, then compressed momentum
+/// | 10.3 |
+///
+/// What the residuals carry is not in a checkpoint, so a compressed run
+/// cannot --resume bit for bit: the strategy refuses it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "10_compression/compression.h"
+#include "drivers/strategy.h"
+
+namespace dtp::ch10 {
+
+/// How `--strategy compress` averages gradients.
+struct CompressOptions {
+  int world = 2;                    ///< data-parallel ranks
+  std::string compressor = "sign";  ///< sign, int8, int4, powersgd:R or 1bit-adam
+  int powersgd_rank = 0;            ///< R of powersgd:R
+  int onebit_warmup = 100;          ///< 1-bit Adam's exact steps
+  std::int64_t block = 256;         ///< values per quantization block (int8, int4)
+};
+
+/// The "compress" strategy (chapter 10). Its per-rank report: the loss, the
+/// bytes of the rank's collective buffers and their ratio to the model's
+/// gradient bytes (an uncompressed all-reduce's buffers).
+class CompressStrategy : public drivers::Strategy {
+ public:
+  CompressOptions options;  ///< what --world, --compress, --onebit-warmup and --block set
+
+  std::string name() const override { return "compress"; }
+  std::string title() const override { return "Compressed data parallel"; }
+  std::string chapter() const override { return "10"; }
+  void add_flags(drivers::FlagGroup& flags) override;
+  void resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
+               int processes) override;
+  void validate(const TrainConfig& config) const override;
+  int world_size() const override { return options.world; }
+  std::vector<RunSetting> settings(const TrainConfig& config) const override;
+  std::string header(const TrainConfig& config, const std::string& backend) const override;
+  std::unique_ptr<drivers::RankRun> start(const TrainConfig& config, Comm& world) const override;
+};
+
+}  // namespace dtp::ch10
