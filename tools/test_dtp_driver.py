@@ -177,15 +177,15 @@ def checker_puzzles(chapter_dir):
 
 
 class Hints(unittest.TestCase):
-    """The hint files themselves: every puzzle of chapters 01-09 has 2 to 4
+    """The hint files themselves: every puzzle of chapters 01-10 has 2 to 4
     levels, under the id and name the scoreboard gives it, and every lesson
     tells the student where they are."""
 
-    CHAPTERS = sorted(p for p in (ROOT / "chapters").glob("0[1-9]_*") if p.is_dir())
+    CHAPTERS = sorted(p for p in (ROOT / "chapters").glob("[0-9][0-9]_*") if p.is_dir())
 
-    def test_chapters_01_to_09_are_all_here(self):
+    def test_chapters_01_to_10_are_all_here(self):
         self.assertEqual([p.name[:2] for p in self.CHAPTERS],
-                         ["01", "02", "03", "04", "05", "06", "07", "08", "09"])
+                         ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10"])
 
     def test_every_puzzle_has_two_to_four_levels(self):
         for chapter in self.CHAPTERS:
@@ -237,9 +237,9 @@ class HintAndWatch(unittest.TestCase):
         (("hint", "4.6", "--level"), "--level needs a number"),
         (("hint", "4.6", "--bogus"), "unknown option '--bogus'", "--level K or --reset"),
         (("hint", "4.6", "4.7"), "one puzzle at a time"),
-        (("watch",), "watch: which chapter?", "01 02 03 04 05 06 07 08 09"),
-        (("watch", "x4"), "'x4' is not a chapter number", "01 02 03 04 05 06 07 08 09"),
-        (("watch", "42"), "no chapter 42", "01 02 03 04 05 06 07 08 09"),
+        (("watch",), "watch: which chapter?", "01 02 03 04 05 06 07 08 09 10"),
+        (("watch", "x4"), "'x4' is not a chapter number", "01 02 03 04 05 06 07 08 09 10"),
+        (("watch", "42"), "no chapter 42", "01 02 03 04 05 06 07 08 09 10"),
     ]
 
     def test_usage_errors_exit_2(self):
