@@ -14,28 +14,6 @@
 namespace dtp::ch10 {
 namespace {
 
-// 1-bit Adam as the trainer's optimizer: it reads the local gradients and
-// does its own communication. It does not clip (its compressed phase never
-// sees the averaged gradient) and keeps its own learning rate.
-class OneBitAdamOptimizer : public Optimizer {
- public:
-  OneBitAdamOptimizer(Comm& comm, GPT& model, const OneBitAdamConfig& config)
-      : Optimizer(param_buffers(model)), adam_(comm, model, config) {}
-  void step(double lr) override {
-    (void)lr;  // 1-bit Adam's step size is its own (OneBitAdamConfig::lr)
-    adam_.step();
-    ++steps_;
-  }
-  std::string name() const override { return "1bit-adam"; }
-  double clip_gradients(double max_norm) override {
-    (void)max_norm;
-    return 0;
-  }
-
- private:
-  OneBitAdam adam_;
-};
-
 // One quantized all-reduce of a unit's gradients: reduce-scatter in @p bits,
 // then all-gather of the averaged shard in 8 bits (qgZ, then qwZ's gather).
 void quantized_all_reduce(Comm& comm, Tensor& grads, int bits, std::int64_t block) {
@@ -125,6 +103,20 @@ class CompressRank : public drivers::RankRun {
 };
 
 }  // namespace
+
+OneBitAdamOptimizer::OneBitAdamOptimizer(Comm& comm, GPT& model, const OneBitAdamConfig& config)
+    : Optimizer(param_buffers(model)), adam_(comm, model, config) {}
+
+void OneBitAdamOptimizer::step(double lr) {
+  (void)lr;  // 1-bit Adam's step size is its own
+  adam_.step();
+  ++steps_;
+}
+
+double OneBitAdamOptimizer::clip_gradients(double max_norm) {
+  (void)max_norm;
+  return 0;
+}
 
 void CompressStrategy::add_flags(drivers::FlagGroup& flags) {
   drivers::add_world_flag(flags, &options.world, "data-parallel ranks");

@@ -23,6 +23,7 @@
 
 #include "10_compression/compression.h"
 #include "drivers/strategy.h"
+#include "dtp/optim.h"
 
 namespace dtp::ch10 {
 
@@ -33,6 +34,23 @@ struct CompressOptions {
   int powersgd_rank = 0;            ///< R of powersgd:R
   int onebit_warmup = 100;          ///< 1-bit Adam's exact steps
   std::int64_t block = 256;         ///< values per quantization block (int8, int4)
+};
+
+/// 1-bit Adam (10.3) as a Trainer's optimizer: step() runs OneBitAdam::step()
+/// on the local gradients (it does its own communication). It does not clip
+/// (its compressed phase never sees the averaged gradient) and keeps its
+/// own learning rate (OneBitAdamConfig::lr), whatever step() is given.
+class OneBitAdamOptimizer : public Optimizer {
+ public:
+  OneBitAdamOptimizer(Comm& comm, GPT& model, const OneBitAdamConfig& config);
+  void step(double lr) override;
+  std::string name() const override { return "1bit-adam"; }
+  double clip_gradients(double max_norm) override;
+  /// The 1-bit Adam it runs (its momentum and variance, for reports and checkers).
+  const OneBitAdam& adam() const { return adam_; }
+
+ private:
+  OneBitAdam adam_;
 };
 
 /// The "compress" strategy (chapter 10). Its per-rank report: the loss, the

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "drivers/10_compression/compress_strategy.h"
 #include "optimizer_checks.h"
 
 namespace dtp::testing::ch10_one_bit_adam {
@@ -24,25 +25,7 @@ using namespace dtp::testing::ch10_optimizers;
 using dtp::ch10::OneBitAdam;
 using dtp::ch10::OneBitAdamConfig;
 
-// 1-bit Adam as the trainer's optimizer: Trainer::step() runs forward and
-// backward, then this. 1-bit Adam keeps its own learning rate and does not
-// clip.
-class OneBitAdamAsOptimizer : public Optimizer {
- public:
-  OneBitAdamAsOptimizer(Comm& comm, GPT& model, const OneBitAdamConfig& config)
-      : Optimizer(param_buffers(model)), adam(comm, model, config) {}
-  void step(double lr) override {
-    (void)lr;
-    adam.step();
-    ++steps_;
-  }
-  std::string name() const override { return "1bit-adam"; }
-  double clip_gradients(double max_norm) override {
-    (void)max_norm;
-    return 0;
-  }
-  OneBitAdam adam;
-};
+using dtp::ch10::OneBitAdamOptimizer;  // the compress strategy's: Trainer::step() runs it
 
 OneBitAdamConfig adam_settings(int warmup_steps) {
   OneBitAdamConfig config;
@@ -355,8 +338,8 @@ std::string run_one_bit_adam(Comm& comm, int warmup, int steps, const Checks& ch
   GPT& model = trainer.model();
   const DType dtype = config.model.dtype;
   const OneBitAdamConfig settings = adam_settings(warmup);
-  auto optimizer = std::make_unique<OneBitAdamAsOptimizer>(comm, model, settings);
-  const OneBitAdam& adam = optimizer->adam;
+  auto optimizer = std::make_unique<OneBitAdamOptimizer>(comm, model, settings);
+  const OneBitAdam& adam = optimizer->adam();
   trainer.set_optimizer(std::move(optimizer));
   UnitValues local;
   trainer.on_after_backward([&] { local = gradients_of(model); });
