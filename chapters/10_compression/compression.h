@@ -22,8 +22,23 @@
 /// b-bit codes sits in bits [(i b) mod 32, (i b) mod 32 + b) of word
 /// floor(i b / 32), as a b-bit two's complement number (1-bit codes: bit 1
 /// for +, 0 for -). So every byte on the wire is counted by the
-/// communicator's statistics exactly. Everything here runs on host tensors
-/// (Device::cpu()); see chapters/10_compression/README.md.
+/// communicator's statistics exactly.
+///
+/// Devices. Every Comm (thread, mpi, nccl) runs the compressors of 10.2 to
+/// 10.5. Their tensors (x, shard, full, the model's parameters and
+/// gradients) live on comm.device(): the CPU on thread and mpi, a GPU under
+/// nccl or DTP_DEVICE=cuda (NCCL moves device memory only). The arithmetic
+/// runs on the host, by staging: copy the input there
+/// (Tensor::to(Device::cpu())), compute codes, scales, residuals or
+/// factors, move only what crosses the wire to comm.device()
+/// (Tensor::to(comm.device())) for the collective, copy what arrived back
+/// to the host, and copy the result into the caller's tensor (copy_from
+/// works across devices). So the wire carries the same i32 codes and
+/// scales on every device, and the results are the same bits. The state
+/// that only the host arithmetic reads (SignAllReduce's residual, PowerSgd's
+/// Q and E) lives on the host; 1-bit Adam's m and v sit beside the
+/// parameters, on their device. 10.1 is the per-value math: host tensors
+/// only. See chapters/10_compression/README.md.
 #pragma once
 
 #include <cstdint>
@@ -61,19 +76,20 @@ inline int max_code(int bits) { return (1 << (bits - 1)) - 1; }
 
 // --- the puzzles ----------------------------------------------------------------
 
-/// Puzzle 10.1 (first half). Quantizes @p x (1-D, f32 or f64, on the host)
-/// in blocks of @p block values to @p bits (4 or 8) bits: per block, scale =
-/// max |x_i| / max_code(bits) (0 for a block of zeros), code_i = x_i / scale
-/// rounded to nearest, ties to even (std::nearbyint), and clamped to
+/// Puzzle 10.1 (first half). Quantizes @p x (f32 or f64, any shape read flat, on the host:
+/// Device::cpu(), as are the codes and scales it returns) in blocks of
+/// @p block values to @p bits (4 or 8) bits: per block, scale = max |x_i| /
+/// max_code(bits) (0 for a block of zeros), code_i = x_i / scale rounded to
+/// nearest, ties to even (std::nearbyint), and clamped to
 /// [-max_code, max_code]; a zero scale gives code 0. Both divisions are done
 /// in x's dtype (float for f32), so every implementation gets the same
-/// codes. Throws dtp::Error for
-/// bits other than 4 or 8, block < 1, or a value that is not finite (naming
-/// its index).
+/// codes. Throws dtp::Error for bits other than 4 or 8, block < 1, or a
+/// value that is not finite (naming its index).
 QuantizedTensor quantize_blocks(const Tensor& x, int bits, std::int64_t block);
 
 /// Puzzle 10.1 (second half). out_i = code_i * scale of i's block, in the
-/// scales' dtype; @p out must have q.numel elements of that dtype.
+/// scales' dtype; @p q and @p out are host tensors, and @p out must have
+/// q.numel elements of that dtype.
 /// |x_i - out_i| <= scale / 2, up to the rounding of the division and the
 /// product.
 void dequantize_blocks(const QuantizedTensor& q, Tensor& out);
@@ -91,15 +107,17 @@ void dequantize_blocks(const QuantizedTensor& q, Tensor& out);
 /// divided by N, so that every replica gets the same bits. All arithmetic
 /// is in x's dtype. The residual carries what compression lost: over any
 /// number of steps, the sum of a rank's c plus its final residual is the
-/// sum of its x.
+/// sum of its x. x is on comm.device(); v, s, the signs, c and the average
+/// are computed on a host copy of it, and only the signs and s cross the
+/// wire (see the file comment).
 class SignAllReduce {
  public:
   /// For vectors of @p numel (>= 1) elements of @p dtype (f32 or f64); the
-  /// residual starts at 0.
+  /// residual starts at 0, on the host.
   SignAllReduce(Comm& comm, std::int64_t numel, DType dtype);
-  /// See the class comment; @p x is 1-D with numel elements.
+  /// See the class comment; @p x is 1-D with numel elements, on comm.device().
   void all_reduce(Tensor& x);
-  /// This rank's residual (what compression has not sent yet).
+  /// This rank's residual (what compression has not sent yet), on the host.
   const Tensor& residual() const { return residual_; }
 
  private:
@@ -132,7 +150,8 @@ struct OneBitAdamConfig {
 /// (nothing is all-reduced), then the momentum goes through a SignAllReduce
 /// (one per unit, so each carries its own error), and p is updated as above
 /// with the frozen v. Every rank then holds the same m and the same
-/// parameters.
+/// parameters. The parameters are on comm.device(), and m and v beside
+/// them; the formulas run on the host (to_vector(), then copy_from).
 class OneBitAdam {
  public:
   OneBitAdam(Comm& comm, GPT& model, const OneBitAdamConfig& config);
@@ -162,14 +181,20 @@ class OneBitAdam {
 /// gradient G and this rank's error E (starting at 0): M = G + E;
 /// P = M Q [out, r]; all-reduce P (mean); orthonormalize P's columns (Gram-
 /// Schmidt, column 0 first: each column minus its projections on the columns
-/// before it, then divided by its norm); Q = M^T P [in, r]; all-reduce Q
+/// before it, then divided by its norm, in any precision: the checkers
+/// allow for it; a column of norm 0, from a zero gradient or r above the
+/// rank of M, stays 0); Q = M^T P [in, r]; all-reduce Q
 /// (mean); G = P Q^T; E = M - P Q^T. Every all-reduce is ReduceOp::avg, one
 /// call per tensor: P and Q of each matrix, and each other parameter's
 /// gradient whole (biases and LayerNorm; the embeddings' tables are 2-D, so
 /// they are compressed). Q persists from step to step (a warm start); it
 /// starts as ops::fill_normal(q, 0, 1, rng) with one Rng rng(seed) filling
 /// every matrix's Q in order (units forward, parameters in layout order),
-/// the same on every rank. Q and E have the model's dtype.
+/// the same on every rank. Q and E have the model's dtype and live on the
+/// host: M, P, Q, G and E are computed there from a host copy of each
+/// gradient, only P and Q go to comm.device() for their all-reduces, and G
+/// is copied back into the gradient; the other parameters' gradients are
+/// all-reduced where they are.
 class PowerSgd {
  public:
   /// Factors of rank @p low_rank (r; not the communicator's rank). Throws
@@ -183,7 +208,7 @@ class PowerSgd {
   struct Matrix {
     int unit;          ///< index into model.units()
     std::string name;  ///< the parameter
-    Tensor q, error;   ///< [in, r] and this rank's error [out, in]
+    Tensor q, error;   ///< [in, r] and this rank's error [out, in], on the host
   };
   /// Every compressed weight (what the checkers read Q and E from).
   const std::vector<Matrix>& matrices() const { return matrices_; }
@@ -202,8 +227,9 @@ class PowerSgd {
 /// Every rank gets the same bits, its own shard included. The shards'
 /// counts of words and of scales follow chunk_range as the shards do, so
 /// Comm::all_gather takes them as they are (one call for the codes, one for
-/// the scales). Throws dtp::Error when @p shard's length is not this rank's
-/// chunk of @p full.
+/// the scales). @p shard and @p full are on comm.device(); the quantizing
+/// and dequantizing run on host copies. Throws dtp::Error when @p shard's
+/// length is not this rank's chunk of @p full.
 void quantized_all_gather(Comm& comm, const Tensor& shard, Tensor& full, std::int64_t block);
 
 /// Puzzle 10.5 (qgZ). A reduce-scatter (mean) through one all-to-all of
@@ -212,8 +238,9 @@ void quantized_all_gather(Comm& comm, const Tensor& shard, Tensor& full, std::in
 /// the ranks exchange them with Comm::all_to_all_v (one call for the codes,
 /// one for the scales), and rank j dequantizes the N chunks it received,
 /// d_0 .. d_{N-1}, into @p shard = (d_0 + d_1 + ... + d_{N-1}) / N, added in
-/// rank order and then divided by N, in full's dtype. Throws dtp::Error when
-/// @p shard's length is not this rank's chunk.
+/// rank order and then divided by N, in full's dtype. @p full and @p shard
+/// are on comm.device(), staged through the host as in qwZ. Throws
+/// dtp::Error when @p shard's length is not this rank's chunk.
 void quantized_reduce_scatter(Comm& comm, const Tensor& full, Tensor& shard, int bits,
                               std::int64_t block);
 
@@ -221,7 +248,9 @@ void quantized_reduce_scatter(Comm& comm, const Tensor& full, Tensor& shard, int
 /// all-gather of @p full, this rank keeps chunk node.rank() of node.size()
 /// (chunk_range) of it, a shard that its node's ranks (the communicator
 /// @p node) together hold whole; the backward then gathers @p full back
-/// from the node alone with secondary_all_gather. Returns a copy.
+/// from the node alone with secondary_all_gather. Returns a copy, on
+/// @p full's device (node.device()): hpZ moves the weights as they are, so
+/// nothing here goes through the host.
 Tensor secondary_shard(Comm& node, const Tensor& full);
 /// The backward's gather of hpZ: @p full from the node's secondary shards,
 /// one Comm::all_gather on @p node. Throws dtp::Error when @p secondary's

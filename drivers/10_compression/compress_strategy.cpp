@@ -175,8 +175,6 @@ void CompressStrategy::validate(const TrainConfig& config) const {
   DTP_CHECK(options.world >= 1, "compress: --world must be at least 1, got ", options.world);
   DTP_CHECK(config.batch % options.world == 0, "compress: the global batch (--batch ", config.batch,
             ") must divide evenly by --world ", options.world);
-  DTP_CHECK(config.model.device.is_cpu(),
-            "compress: chapter 10's compressors run on host tensors; use --device cpu");
   DTP_CHECK(config.resume_path.empty(),
             "--strategy compress cannot --resume: the error-feedback residuals and 1-bit Adam's "
             "state are not in the checkpoint");

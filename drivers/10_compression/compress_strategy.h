@@ -14,8 +14,12 @@
 /// | 1bit-adam | the optimizer: exact Adam for --onebit-warmup steps, then compressed momentum
 /// | 10.3 |
 ///
-/// What the residuals carry is not in a checkpoint, so a compressed run
-/// cannot --resume bit for bit: the strategy refuses it.
+/// It runs on the CPU and on GPUs (--device cuda, any backend): the
+/// gradients stay on the rank's device, and the compressors compute on host
+/// copies and send their codes from comm.device(), so the bytes per step
+/// are the same on every device. What the residuals carry is not in a
+/// checkpoint, so a compressed run cannot --resume bit for bit: the
+/// strategy refuses it.
 #pragma once
 
 #include <cstdint>

@@ -7,16 +7,25 @@
 // sends, and why error feedback makes it converge) is in
 // chapters/10_compression/README.md.
 //
+// The model lives on comm.device() (a GPU under nccl). 1-bit Adam's formulas
+// run on to_vector() copies; PowerSGD computes on the host (Q and E live
+// there) and sends only P and Q, copied to comm.device().
+//
 // Tools you may use:
 //   model.units()                          embedding, block.0, ..., head (forward order)
 //   unit->params(), unit->grads()          the unit's flat buffers
 //   unit->parameters()                     ParamView: name, shape, value, grad ([out, in] views)
 //   unit->parameter(name)                  one of them by name
 //   comm.all_reduce(t, ReduceOp::avg)      every rank's t becomes the mean
-//   SignAllReduce(comm, numel, dtype)      puzzle 10.2: .all_reduce(x) averages x in 1 bit
+//   SignAllReduce(comm, numel, dtype)      puzzle 10.2: .all_reduce(x) averages x (on
+//                                          comm.device()) in 1 bit
+//   comm.device()                          where this rank's model and collectives live
+//   t.to(Device::cpu()), t.to(comm.device())
+//                                          a copy on the host or on the rank's device
 //   t.to_vector()                          the elements as doubles
 //   Tensor::from_values(values, dtype), dst.copy_from(src)
-//                                          doubles back into a tensor (rounded to dtype)
+//                                          doubles back into a tensor (rounded to dtype);
+//                                          copy_from copies across devices too
 //   Tensor::zeros(shape, dtype, device, MemoryCategory::optimizer), Tensor::empty(...)
 //   ops::matmul(a, b, out, transpose_a, transpose_b)
 //                                          out = op(a) op(b)

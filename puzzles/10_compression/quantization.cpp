@@ -7,19 +7,31 @@
 // chapters/10_compression/compression.h (it says how codes are packed into
 // words, bit by bit); the lesson is in chapters/10_compression/README.md.
 //
+// 10.1 works on host tensors. 10.2 and 10.5 are handed tensors on
+// comm.device() (a GPU under nccl): compute on host copies, and move only
+// the codes and scales you send to comm.device() (the contract's file
+// comment says how).
+//
 // Tools you may use:
 //   packed_words(count, bits), max_code(bits)
 //                                          words for count codes; 127 for 8 bits, 7 for 4
 //   QuantizedTensor{codes, scales, bits, block, numel}
 //   t.data<float>(), t.data<double>(), t.data<std::int32_t>()
-//                                          the elements (host tensors); pick by t.dtype()
+//                                          the elements of a host tensor; pick by t.dtype()
+//   comm.device()                          where this rank's tensors and collectives live
+//   t.to(Device::cpu()), t.to(comm.device())
+//                                          a copy on the host (to compute) or on the
+//                                          rank's device (to send or receive)
 //   std::nearbyint(v), std::clamp(v, lo, hi), std::isfinite(v)
 //   static_cast<std::uint32_t>(word) >> shift, & mask, |
 //                                          bit fields; shift and mask in unsigned, then
 //                                          static_cast<std::int32_t> back
 //   Tensor::zeros(shape, dtype), Tensor::empty(shape, dtype), Tensor::full(shape, value, dtype)
+//                                          on the host; a last argument comm.device() puts
+//                                          a buffer on the rank's device
 //   t.flatten(), t.slice(start, length), t.clone(), dst.copy_from(src)
-//                                          slices are views: writing one writes t
+//                                          slices are views: writing one writes t;
+//                                          copy_from copies across devices too
 //   chunk_range(numel, parts, index)       {offset, length} of chunk index
 //   comm.all_gather(shard, full)           full = every rank's shard, in rank order
 //   comm.all_to_all_v(in, send_counts, out, recv_counts)

@@ -1,6 +1,11 @@
 // 1-bit Adam (10.3) and PowerSGD (10.4): optimizers whose data-parallel
 // traffic is compressed, with error feedback so that what compression drops
 // is sent later instead of lost.
+//
+// Both compute on the host. 1-bit Adam reads and writes its state with
+// to_vector() and copy_from (its m and v sit beside the parameters, on the
+// model's device); PowerSGD keeps Q and E on the host, copies each gradient
+// there, and moves only P and Q to comm.device() for their all-reduces.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -90,9 +95,18 @@ void orthonormalize_columns(Tensor& p) {
     double norm = 0;
     for (std::int64_t i = 0; i < rows; ++i) norm += at(i, j) * at(i, j);
     norm = std::sqrt(norm);
+    if (norm == 0) continue;  // a zero column has no direction: it stays 0
     for (std::int64_t i = 0; i < rows; ++i) at(i, j) /= norm;
   }
   store_values(p, a);
+}
+
+// The mean over the ranks of host tensor @p t, in place: a copy of it
+// crosses the wire on comm.device() and the mean comes back.
+void all_reduce_mean(Comm& comm, Tensor& t) {
+  Tensor wire = t.to(comm.device());
+  comm.all_reduce(wire, ReduceOp::avg);
+  t.copy_from(wire);
 }
 
 }  // namespace
@@ -111,11 +125,12 @@ PowerSgd::PowerSgd(Comm& comm, GPT& model, int low_rank, std::uint64_t seed)
                 " exceeds min(out, in) = ", std::min(out, in), " of unit '", units[u]->name(),
                 "' parameter '", param.name, "' ", param.shape.str(), ": a rank-", low_rank_,
                 " factorization needs r <= ", std::min(out, in));
+      // Q and E live on the host, where the products that use them run.
       const DType dtype = units[u]->params().dtype();
-      const Device device = units[u]->params().device();
+      const Device host = Device::cpu();
       Matrix matrix{static_cast<int>(u), param.name,
-                    Tensor::empty(Shape{in, low_rank_}, dtype, device, MemoryCategory::optimizer),
-                    Tensor::zeros(param.shape, dtype, device, MemoryCategory::optimizer)};
+                    Tensor::empty(Shape{in, low_rank_}, dtype, host, MemoryCategory::optimizer),
+                    Tensor::zeros(param.shape, dtype, host, MemoryCategory::optimizer)};
       ops::fill_normal(matrix.q, 0, 1, rng);
       matrices_.push_back(std::move(matrix));
     }
@@ -127,24 +142,25 @@ void PowerSgd::all_reduce_gradients() {
   for (Matrix& matrix : matrices_) {
     Tensor g = units[static_cast<std::size_t>(matrix.unit)]->parameter(matrix.name).grad;
     const DType dtype = g.dtype();
-    const Device device = g.device();
     const std::int64_t out = g.size(0);
     // M carries what earlier steps' rank-r approximations missed.
-    Tensor m = Tensor::empty(g.shape(), dtype, device);
-    ops::add(g, matrix.error, m);
+    Tensor m = Tensor::empty(g.shape(), dtype);
+    ops::add(g.to(Device::cpu()), matrix.error, m);
     // One power-iteration step from last step's Q: P spans M's dominant
     // columns, and a Q that already points there (the warm start) makes one
     // step enough. P and Q are what travel: r (out + in) values, not out in.
-    Tensor p = Tensor::empty(Shape{out, low_rank_}, dtype, device);
+    Tensor p = Tensor::empty(Shape{out, low_rank_}, dtype);
     ops::matmul(m, matrix.q, p);
-    comm_.all_reduce(p, ReduceOp::avg);
+    all_reduce_mean(comm_, p);
     orthonormalize_columns(p);
     ops::matmul(m, p, matrix.q, /*transpose_a=*/true);
-    comm_.all_reduce(matrix.q, ReduceOp::avg);
+    all_reduce_mean(comm_, matrix.q);
     // G = P Q^T, the same on every rank; E = M - G is this rank's own.
-    ops::matmul(p, matrix.q, g, false, /*transpose_b=*/true);
+    Tensor approximation = Tensor::empty(g.shape(), dtype);
+    ops::matmul(p, matrix.q, approximation, false, /*transpose_b=*/true);
     matrix.error.copy_from(m);
-    ops::axpy(matrix.error, -1.0, g);
+    ops::axpy(matrix.error, -1.0, approximation);
+    g.copy_from(approximation);
   }
   for (Unit* unit : units)
     for (ParamView& param : unit->parameters())

@@ -1,5 +1,12 @@
 // Block quantization (10.1), sign compression with error feedback (10.2) and
 // ZeRO++'s three changes to ZeRO-3's communication (10.5).
+//
+// The arithmetic runs on the host. A compressor copies its input to the host
+// (Tensor::to(Device::cpu())), moves only the codes and scales it sends to
+// comm.device() for the collective (a GPU under nccl or DTP_DEVICE=cuda),
+// reads what arrived back on the host, and copies its result into the
+// caller's tensor (copy_from crosses devices). On the CPU these copies are
+// plain host copies: the same code runs on every device.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -75,6 +82,7 @@ void dequantize_values(const QuantizedTensor& q, Tensor& out) {
 
 // --- 10.2: one bit per value, the rest carried to the next step -----------------
 
+// @p x and @p residual are host tensors: x's values in, the average out.
 template <typename T>
 void sign_all_reduce(Comm& comm, Tensor& x, Tensor& residual) {
   const std::int64_t n = x.numel();
@@ -99,21 +107,25 @@ void sign_all_reduce(Comm& comm, Tensor& x, Tensor& residual) {
     carried[i] = v[static_cast<std::size_t>(i)] - (positive ? s : -s);
   }
 
-  // Every rank's signs and s: ceil(n / 32) words and one value per rank.
+  // Every rank's signs and s: ceil(n / 32) words and one value per rank,
+  // gathered on comm.device(), then read on the host.
   const int world = comm.size();
+  const Device device = comm.device();
   const std::int64_t words = packed_words(n, 1);
-  Tensor all_signs = Tensor::empty(Shape{words * world}, DType::i32);
-  Tensor all_s = Tensor::empty(Shape{world}, x.dtype());
-  comm.all_gather(signs, all_signs);
-  comm.all_gather(Tensor::full(Shape{1}, static_cast<double>(s), x.dtype()), all_s);
+  Tensor all_signs = Tensor::empty(Shape{words * world}, DType::i32, device);
+  Tensor all_s = Tensor::empty(Shape{world}, x.dtype(), device);
+  comm.all_gather(signs.to(device), all_signs);
+  comm.all_gather(Tensor::full(Shape{1}, static_cast<double>(s), x.dtype(), device), all_s);
+  const Tensor signs_here = all_signs.to(Device::cpu());
+  const Tensor s_here = all_s.to(Device::cpu());
 
   // x = (c_0 + ... + c_{N-1}) / N, in rank order on every rank: the same bits everywhere.
   std::vector<Tensor> signs_of;
-  for (int r = 0; r < world; ++r) signs_of.push_back(all_signs.slice(r * words, words));
+  for (int r = 0; r < world; ++r) signs_of.push_back(signs_here.slice(r * words, words));
   for (std::int64_t i = 0; i < n; ++i) {
     T sum = 0;
     for (int r = 0; r < world; ++r) {
-      const T s_r = all_s.data<T>()[r];
+      const T s_r = s_here.data<T>()[r];
       sum += field_at(signs_of[static_cast<std::size_t>(r)], i, 1) == 1 ? s_r : -s_r;
     }
     out[i] = sum / static_cast<T>(world);
@@ -173,7 +185,10 @@ void mean_in_rank_order(const std::vector<Tensor>& pieces, Tensor& out) {
 }
 
 void check_chunk(const char* what, const Tensor& chunk, const Tensor& full, ChunkRange range,
-                 int rank, int parts) {
+                 int rank, int parts, Device device) {
+  DTP_CHECK(chunk.device() == device && full.device() == device, what, ": the chunk is on ",
+            chunk.device().str(), " and the full tensor on ", full.device().str(),
+            "; both must be on the communicator's device, ", device.str());
   DTP_CHECK(chunk.numel() == range.length, what, ": rank ", rank, "'s chunk of ", full.numel(),
             " values in ", parts, " parts has ", range.length, " values (chunk_range), got ",
             chunk.numel());
@@ -236,12 +251,16 @@ SignAllReduce::SignAllReduce(Comm& comm, std::int64_t numel, DType dtype) : comm
 
 void SignAllReduce::all_reduce(Tensor& x) {
   DTP_CHECK(x.ndim() == 1 && x.numel() == residual_.numel() && x.dtype() == residual_.dtype() &&
-                x.device().is_cpu(),
-            "SignAllReduce::all_reduce: x must be ", residual_.describe(), ", got ", x.describe());
+                x.device() == comm_.device(),
+            "SignAllReduce::all_reduce: x must be ", dtype_name(residual_.dtype()), "[",
+            residual_.numel(), "] on ", comm_.device().str(), " (the communicator's device), got ",
+            x.describe());
+  Tensor values = x.to(Device::cpu());
   if (x.dtype() == DType::f64)
-    sign_all_reduce<double>(comm_, x, residual_);
+    sign_all_reduce<double>(comm_, values, residual_);
   else
-    sign_all_reduce<float>(comm_, x, residual_);
+    sign_all_reduce<float>(comm_, values, residual_);
+  x.copy_from(values);
 }
 
 // --- 10.5 ---------------------------------------------------------------------------
@@ -249,9 +268,10 @@ void SignAllReduce::all_reduce(Tensor& x) {
 void quantized_all_gather(Comm& comm, const Tensor& shard, Tensor& full, std::int64_t block) {
   constexpr int kBits = 8;
   const int world = comm.size();
+  const Device device = comm.device();
   check_chunk("quantized_all_gather", shard, full, chunk_range(full.numel(), world, comm.rank()),
-              comm.rank(), world);
-  const QuantizedTensor mine = quantize_blocks(shard.flatten(), kBits, block);
+              comm.rank(), world, device);
+  const QuantizedTensor mine = quantize_blocks(shard.flatten().to(Device::cpu()), kBits, block);
 
   // Every rank's shard length, and from it where its codes and scales land.
   std::vector<std::int64_t> lengths;
@@ -261,29 +281,32 @@ void quantized_all_gather(Comm& comm, const Tensor& shard, Tensor& full, std::in
     total.words += wire_counts(lengths.back(), kBits, block).words;
     total.scales += wire_counts(lengths.back(), kBits, block).scales;
   }
-  Tensor codes = Tensor::empty(Shape{total.words}, DType::i32);
-  Tensor scales = Tensor::empty(Shape{total.scales}, full.dtype());
-  comm.all_gather(mine.codes, codes);
-  comm.all_gather(mine.scales, scales);
+  Tensor codes = Tensor::empty(Shape{total.words}, DType::i32, device);
+  Tensor scales = Tensor::empty(Shape{total.scales}, full.dtype(), device);
+  comm.all_gather(mine.codes.to(device), codes);
+  comm.all_gather(mine.scales.to(device), scales);
 
   // Every shard, this rank's own included, from its codes: the same bits on every rank.
-  const std::vector<QuantizedTensor> shards = split_chunks(codes, scales, lengths, kBits, block);
-  Tensor flat = full.flatten();
+  const std::vector<QuantizedTensor> shards =
+      split_chunks(codes.to(Device::cpu()), scales.to(Device::cpu()), lengths, kBits, block);
+  Tensor values = Tensor::empty(Shape{full.numel()}, full.dtype());
   for (int r = 0; r < world; ++r) {
-    Tensor place = flat.slice(chunk_range(full.numel(), world, r).offset,
-                              lengths[static_cast<std::size_t>(r)]);
+    Tensor place = values.slice(chunk_range(full.numel(), world, r).offset,
+                                lengths[static_cast<std::size_t>(r)]);
     dequantize_blocks(shards[static_cast<std::size_t>(r)], place);
   }
+  full.copy_from(values);
 }
 
 void quantized_reduce_scatter(Comm& comm, const Tensor& full, Tensor& shard, int bits,
                               std::int64_t block) {
   const int world = comm.size();
+  const Device device = comm.device();
   const ChunkRange mine = chunk_range(full.numel(), world, comm.rank());
-  check_chunk("quantized_reduce_scatter", shard, full, mine, comm.rank(), world);
+  check_chunk("quantized_reduce_scatter", shard, full, mine, comm.rank(), world, device);
 
   // Chunk j of full, quantized, goes to rank j: codes and scales in rank order.
-  const Tensor flat = full.flatten();
+  const Tensor flat = full.flatten().to(Device::cpu());
   std::vector<Tensor> codes_out, scales_out;
   std::vector<std::int64_t> send_words, send_scales;
   for (int j = 0; j < world; ++j) {
@@ -297,26 +320,27 @@ void quantized_reduce_scatter(Comm& comm, const Tensor& full, Tensor& shard, int
 
   // Every rank sends this rank a chunk of the same length: this rank's.
   const WireCounts each = wire_counts(mine.length, bits, block);
-  Tensor codes_in = Tensor::empty(Shape{each.words * world}, DType::i32);
-  Tensor scales_in = Tensor::empty(Shape{each.scales * world}, full.dtype());
-  comm.all_to_all_v(concatenate(codes_out, DType::i32), send_words, codes_in,
+  Tensor codes_in = Tensor::empty(Shape{each.words * world}, DType::i32, device);
+  Tensor scales_in = Tensor::empty(Shape{each.scales * world}, full.dtype(), device);
+  comm.all_to_all_v(concatenate(codes_out, DType::i32).to(device), send_words, codes_in,
                     std::vector<std::int64_t>(static_cast<std::size_t>(world), each.words));
-  comm.all_to_all_v(concatenate(scales_out, full.dtype()), send_scales, scales_in,
+  comm.all_to_all_v(concatenate(scales_out, full.dtype()).to(device), send_scales, scales_in,
                     std::vector<std::int64_t>(static_cast<std::size_t>(world), each.scales));
 
   // d_0 .. d_{N-1}, then their mean.
   std::vector<Tensor> received;
   for (const QuantizedTensor& q : split_chunks(
-           codes_in, scales_in,
+           codes_in.to(Device::cpu()), scales_in.to(Device::cpu()),
            std::vector<std::int64_t>(static_cast<std::size_t>(world), mine.length), bits, block)) {
     received.push_back(Tensor::empty(Shape{mine.length}, full.dtype()));
     dequantize_blocks(q, received.back());
   }
-  Tensor out = shard.flatten();
+  Tensor mean = Tensor::empty(Shape{mine.length}, full.dtype());
   if (full.dtype() == DType::f64)
-    mean_in_rank_order<double>(received, out);
+    mean_in_rank_order<double>(received, mean);
   else
-    mean_in_rank_order<float>(received, out);
+    mean_in_rank_order<float>(received, mean);
+  shard.copy_from(mean);
 }
 
 Tensor secondary_shard(Comm& node, const Tensor& full) {
@@ -324,9 +348,11 @@ Tensor secondary_shard(Comm& node, const Tensor& full) {
   return full.flatten().slice(range.offset, range.length).clone();
 }
 
+// hpZ moves the weights as they are: no host copy, the gather runs where they live.
 void secondary_all_gather(Comm& node, const Tensor& secondary, Tensor& full) {
   check_chunk("secondary_all_gather", secondary, full,
-              chunk_range(full.numel(), node.size(), node.rank()), node.rank(), node.size());
+              chunk_range(full.numel(), node.size(), node.rank()), node.rank(), node.size(),
+              node.device());
   node.all_gather(secondary, full);
 }
 

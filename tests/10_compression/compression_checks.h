@@ -7,8 +7,11 @@
 // double operation rounded to float, which gives the float operation's
 // bits: double carries more than twice float's precision, so rounding twice
 // never shows for +, -, * and /. So codes, scales and values are compared
-// bit for bit in f64 and in f32 alike. Chapter 10 runs on host tensors: the
-// data is made on the CPU, in f64 unless DTP_CHECK_DTYPE=f32.
+// bit for bit in f64 and in f32 alike, on every device: the compressors
+// compute on the host (the contract's file comment), so a GPU changes where
+// the tensors live, not the arithmetic. The data of 10.2 and 10.5 is made
+// on the rank's device (comm.device()) in data_dtype() and read back with
+// to_vector(); 10.1 is host-only, so its data is made on the CPU.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -30,8 +33,10 @@
 
 namespace dtp::testing::compression {
 
-/// The dtype the chapter's data is made in: f64, or f32 under DTP_CHECK_DTYPE=f32.
-inline DType data_dtype() { return checker_dtype(Device::cpu()); }
+/// The dtype the chapter's data is made in: f64 on the CPU, f32 under
+/// DTP_CHECK_DTYPE=f32 and on a GPU (checker_dtype() of checker_device(),
+/// which is every rank's comm.device() too).
+inline DType data_dtype() { return checker_dtype(); }
 
 /// @p value rounded to @p dtype (f32 or f64).
 inline double in_dtype(DType dtype, double value) {
@@ -469,7 +474,8 @@ inline bool stop_sweep() {
 }
 
 /// The world sizes the chapter's checkers sweep: 1 to 4 (fewer under mpi
-/// when mpiexec started fewer processes).
+/// when mpiexec started fewer processes, and under nccl when there are
+/// fewer GPUs).
 inline std::vector<int> chapter_worlds() {
   std::vector<int> worlds;
   for (int n : all_world_sizes())

@@ -333,7 +333,7 @@ std::string check_frozen_variance(GPT& model, const std::string& where, const Un
 // each kind. Every rank runs the same collectives whatever it finds, so a
 // failure on one rank never leaves the others waiting.
 std::string run_one_bit_adam(Comm& comm, int warmup, int steps, const Checks& checks) {
-  const TrainConfig config = optimizer_config(steps);
+  const TrainConfig config = optimizer_config(steps, comm.device());
   Trainer trainer(config, comm.rank(), comm.size());
   GPT& model = trainer.model();
   const DType dtype = config.model.dtype;
@@ -449,7 +449,7 @@ std::string run_one_bit_adam(Comm& comm, int warmup, int steps, const Checks& ch
 }
 
 void expect_one_bit_adam(const std::string& what, int warmup, int steps, const Checks& checks) {
-  for (int world : {2, 4})
+  for (int world : fitting_worlds({2, 4}))
     run_and_report("10.3 OneBitAdam, " + what, world,
                    [&](Comm& comm) { return run_one_bit_adam(comm, warmup, steps, checks); });
 }

@@ -4,17 +4,21 @@
 // comparisons whose messages name the rank, step, unit, parameter and
 // element.
 //
-// Both puzzles run on the host (Device::cpu()) in checker_dtype(): f64, or
-// f32 under DTP_CHECK_DTYPE=f32. Each checker replays the puzzle's
-// arithmetic itself from the gradients every rank's backward produced, so
-// the optimizer's state can be compared step by step; communication counts
-// and bytes, and the replicas' agreement, are exact in both dtypes.
+// Each rank trains its model on its own device (comm.device()) in
+// checker_dtype(): f64 on the CPU, f32 under DTP_CHECK_DTYPE=f32 and on a
+// GPU. Each checker replays the puzzle's arithmetic itself from the
+// gradients every rank's backward produced (read with to_vector(), wherever
+// they live), so the optimizer's state can be compared step by step; the
+// puzzles compute on the host on every device, so the same comparisons hold
+// on a GPU. Communication counts and bytes, and the replicas' agreement,
+// are exact in both dtypes.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -27,11 +31,20 @@ namespace dtp::testing::ch10_optimizers {
 // Per unit, flat: a model's parameters, gradients or optimizer state.
 using UnitValues = std::vector<std::vector<double>>;
 
-// tiny_config on the host in checker_dtype(): 2 blocks, width 16, 12
-// sequences of 8 tokens per step, SGD (PowerSGD's checks keep it; 1-bit
-// Adam replaces the optimizer).
-inline TrainConfig optimizer_config(std::int64_t steps) {
-  return on_device(tiny_config(12, steps), Device::cpu());
+// tiny_config on @p device (the rank's comm.device()) in checker_dtype():
+// 2 blocks, width 16, 12 sequences of 8 tokens per step, SGD (PowerSGD's
+// checks keep it; 1-bit Adam replaces the optimizer).
+inline TrainConfig optimizer_config(std::int64_t steps, Device device) {
+  return on_device(tiny_config(12, steps), device);
+}
+
+// The worlds of @p wanted that the backend can run (NCCL: one GPU per rank;
+// the nccl flavour asks for 2 ranks at least, so one always fits).
+inline std::vector<int> fitting_worlds(std::initializer_list<int> wanted) {
+  std::vector<int> worlds;
+  for (int world : wanted)
+    if (world_fits(world)) worlds.push_back(world);
+  return worlds;
 }
 
 // @p x as the model's @p dtype stores it (double to float rounds to nearest).

@@ -368,7 +368,7 @@ struct Checks {
 // gradients (rank @p r) and makes @p checks; "" or the first failure of each
 // kind. Every rank runs the same collectives whatever it finds.
 std::string run_power_sgd(Comm& comm, int r, int steps, const Checks& checks) {
-  const TrainConfig config = optimizer_config(steps);
+  const TrainConfig config = optimizer_config(steps, comm.device());
   Trainer trainer(config, comm.rank(), comm.size());
   GPT& model = trainer.model();
   const DType dtype = config.model.dtype;
@@ -400,9 +400,11 @@ std::string run_power_sgd(Comm& comm, int r, int steps, const Checks& checks) {
     std::vector<std::pair<std::string, Tensor>> replicated;
     for (Unit* unit : model.units())
       replicated.push_back({"unit '" + unit->name() + "' gradients", unit->grads()});
+    // Q lives on the host; the checker's gather runs on comm.device().
     for (std::size_t k = 0; k < psgd.matrices().size(); ++k)
       if (psgd.matrices()[k].q.defined())
-        replicated.push_back({"matrices()[" + std::to_string(k) + "].q", psgd.matrices()[k].q});
+        replicated.push_back(
+            {"matrices()[" + std::to_string(k) + "].q", psgd.matrices()[k].q.to(comm.device())});
     const std::string replicas = check_replicas_agree(
         comm, replicated,
         "P and Q are all-reduced, so G = P Q^T (and the next step's Q) is the same on every "
@@ -430,11 +432,17 @@ std::string run_power_sgd(Comm& comm, int r, int steps, const Checks& checks) {
         const std::vector<double> want(expected.gradients[u].begin() + from,
                                        expected.gradients[u].begin() + to);
         const std::vector<double> have(averaged[u].begin() + from, averaged[u].begin() + to);
+        const std::vector<double> before(local[u].begin() + from, local[u].begin() + to);
         const std::string rule = p.shape.ndim() == 2 ? "G = P Q^T " : "Averaged whole ";
+        const std::string unchanged =
+            have == before && want != before
+                ? " The gradient is what backward left: the result never reached it (computed "
+                  "on a host copy and not copied back with copy_from?)."
+                : "";
         values_failure =
             compare_values(rank_step(comm.rank(), s) + ", unit '" + units[u]->name() + "' '" +
                                p.name + "' gradient after all_reduce_gradients",
-                           want, have, dtype, comm.size(), rule + why);
+                           want, have, dtype, comm.size(), rule + why + unchanged);
         if (!values_failure.empty()) break;
       }
     for (std::size_t k = 0; k < matrices.size() && values_failure.empty(); ++k) {
@@ -456,7 +464,7 @@ std::string run_power_sgd(Comm& comm, int r, int steps, const Checks& checks) {
 }
 
 void expect_power_sgd(int r, int steps, const Checks& checks) {
-  for (int world : {2, 3})
+  for (int world : fitting_worlds({2, 3}))
     run_and_report("10.4 PowerSgd, rank r = " + std::to_string(r), world,
                    [&](Comm& comm) { return run_power_sgd(comm, r, steps, checks); });
 }
@@ -482,7 +490,7 @@ TEST(Puzzle10_4_power_sgd, AllReducesTheFactorsAndTheOtherParametersWhole) {
 TEST(Puzzle10_4_power_sgd, RefusesARankItCannotFactorize) {
   for (const int bad : {0, 9}) {
     run_and_report("10.4 PowerSgd with rank r = " + std::to_string(bad), 2, [&](Comm& comm) {
-      Trainer trainer(optimizer_config(1), comm.rank(), comm.size());
+      Trainer trainer(optimizer_config(1, comm.device()), comm.rank(), comm.size());
       const std::string who = "rank " + std::to_string(comm.rank()) + ", PowerSgd(comm, model, " +
                               std::to_string(bad) + ", seed)";
       try {
@@ -502,6 +510,30 @@ TEST(Puzzle10_4_power_sgd, RefusesARankItCannotFactorize) {
              "matrix, has no rank-r factorization";
     });
   }
+}
+
+// A zero gradient gives P = 0: its columns have no direction, and
+// Gram-Schmidt must leave them 0 rather than divide by a zero norm.
+TEST(Puzzle10_4_power_sgd, AZeroGradientStaysZeroAndFinite) {
+  run_and_report("10.4 PowerSgd on all-zero gradients", 2, [&](Comm& comm) {
+    Trainer trainer(optimizer_config(1, comm.device()), comm.rank(), comm.size());
+    GPT& model = trainer.model();
+    PowerSgd psgd(comm, model, 2, kQSeed);
+    model.zero_grad();
+    psgd.all_reduce_gradients();
+    for (Unit* unit : model.units()) {
+      const std::vector<double> g = unit->grads().to_vector();
+      for (std::size_t i = 0; i < g.size(); ++i)
+        if (g[i] != 0)
+          return "rank " + std::to_string(comm.rank()) + ", unit '" + unit->name() +
+                 "' gradient element " + std::to_string(i) + ": expected 0, got " +
+                 std::to_string(g[i]) +
+                 (std::isnan(g[i]) ? " (NaN: a column of P with norm 0 was divided by its norm; "
+                                     "leave it 0)"
+                                   : "");
+    }
+    return std::string();
+  });
 }
 
 }  // namespace dtp::testing::ch10_power_sgd

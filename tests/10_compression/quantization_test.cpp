@@ -1,7 +1,9 @@
 // Puzzle 10.1: block quantization. quantize_blocks against the checker's
 // own quantizer, code by code, read from the packed words by the checker;
 // dequantize_blocks on codes the checker packed itself; the round trip
-// within half a scale; and the refusals the contract promises.
+// within half a scale; and the refusals the contract promises. 10.1 is
+// host-only (the per-value math): its data is made on the CPU, and the
+// suite has no GPU flavour (DTP_HOST_ONLY_SUITES in tests/CMakeLists.txt).
 #include "compression_checks.h"
 
 namespace dtp::testing::compression {

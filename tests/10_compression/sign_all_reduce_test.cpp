@@ -3,6 +3,7 @@
 // recurrence (same order of operations, so bit for bit): every rank's x
 // after all_reduce and its residual after every step; the error-feedback
 // identity; the bytes of the two all-gathers; replicas bitwise equal.
+// Every x is made on the rank's device (comm.device()).
 #include "compression_checks.h"
 
 namespace dtp::testing::compression {
@@ -42,7 +43,8 @@ RankRun run_steps(Comm& comm, const SignInputs& inputs, DType dtype) {
   dtp::ch10::SignAllReduce reducer(comm, n, dtype);
   run.initial_residual = reducer.residual().to_vector();
   for (const auto& step : inputs) {
-    Tensor x = Tensor::from_values(step[static_cast<std::size_t>(comm.rank())], dtype);
+    Tensor x =
+        Tensor::from_values(step[static_cast<std::size_t>(comm.rank())], dtype, comm.device());
     run.before.push_back(comm.stats());
     reducer.all_reduce(x);
     run.after.push_back(comm.stats());
@@ -62,6 +64,11 @@ std::string run_text(int world, std::int64_t n, DType dtype, int steps = kSteps)
 /// Why a wrong x or residual at @p step looks the way it does.
 std::string why_wrong(const SignInputs& inputs, DType dtype, int step, int rank, bool output,
                       const std::vector<double>& got, std::int64_t element) {
+  const std::vector<double>& given =
+      inputs[static_cast<std::size_t>(step)][static_cast<std::size_t>(rank)];
+  if (output && std::equal(got.begin(), got.end(), given.begin(), same_bits))
+    return "x is what this step handed in: the average never reached x (computed on a host copy "
+           "and not copied back with x.copy_from?)";
   for (SignMistake mistake : sign_mistakes()) {
     const SignStep alt =
         replay_sign_all_reduce(inputs, dtype, mistake)[static_cast<std::size_t>(step)];
@@ -205,8 +212,8 @@ TEST(Puzzle10_2_sign_all_reduce, SendsSignsAndScalesOnly) {
 
 std::string replicas_agree(Comm& comm, const std::vector<double>& mine, int step) {
   const auto n = static_cast<std::int64_t>(mine.size());
-  Tensor all = Tensor::empty(Shape{n * comm.size()}, DType::f64);
-  comm.all_gather(Tensor::from_values(mine, DType::f64), all);
+  Tensor all = Tensor::empty(Shape{n * comm.size()}, DType::f64, comm.device());
+  comm.all_gather(Tensor::from_values(mine, DType::f64, comm.device()), all);
   const std::vector<double> everyone = all.to_vector();
   for (int r = 0; r < comm.size(); ++r)
     for (std::int64_t i = 0; i < n; ++i) {
@@ -263,8 +270,9 @@ TEST(Puzzle10_2_sign_all_reduce, ErrorFeedbackLosesNothing) {
         2.0 * kSteps * world * (world * world + 3) * unit_roundoff(dtype) * largest;
     run_and_check(run_text(world, kLength, dtype), world, [&](Comm& comm) -> std::string {
       const RankRun run = run_steps(comm, inputs, dtype);
-      Tensor residuals = Tensor::empty(Shape{kLength * world}, DType::f64);
-      comm.all_gather(Tensor::from_values(run.residuals.back(), DType::f64), residuals);
+      Tensor residuals = Tensor::empty(Shape{kLength * world}, DType::f64, comm.device());
+      comm.all_gather(Tensor::from_values(run.residuals.back(), DType::f64, comm.device()),
+                      residuals);
       const std::vector<double> held = residuals.to_vector();
       for (std::int64_t i = 0; i < kLength; ++i) {
         double sent = 0, given = 0, kept = 0;
@@ -304,7 +312,7 @@ TEST(Puzzle10_2_sign_all_reduce, BadArgumentsAreRefused) {
              ") must throw a dtp::Error (numel >= 1), got: " + message;
     message = dtp_error_of([&] {
       dtp::ch10::SignAllReduce reducer(comm, 8, dtype);
-      Tensor x = Tensor::zeros(Shape{7}, dtype);
+      Tensor x = Tensor::zeros(Shape{7}, dtype, comm.device());
       reducer.all_reduce(x);
     });
     if (!refused(message))

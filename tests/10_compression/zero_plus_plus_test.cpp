@@ -3,6 +3,7 @@
 // rank's data, bit for bit on every rank, with their bytes by the lesson's
 // formula from chunk_range's (uneven) lengths; hpZ's secondary partition
 // on 2 nodes of 2 ranks, whose gather stays on the node's communicator.
+// Every tensor handed over is made on the rank's device (comm.device()).
 #include "compression_checks.h"
 
 namespace dtp::testing::compression {
@@ -78,9 +79,9 @@ std::string check_qwz(Comm& comm, std::int64_t numel, std::int64_t block, DType 
     expected_bytes += wire_bytes(length, 8, block, dtype);
     formula += (r == 0 ? "" : " + ") + wire_formula(length, 8, block, dtype);
   }
-  const Tensor shard =
-      Tensor::from_values(rank_values(rank, chunk_range(numel, world, rank).length, dtype), dtype);
-  Tensor full = Tensor::full(Shape{numel}, kUnwritten, dtype);
+  const Tensor shard = Tensor::from_values(
+      rank_values(rank, chunk_range(numel, world, rank).length, dtype), dtype, comm.device());
+  Tensor full = Tensor::full(Shape{numel}, kUnwritten, dtype, comm.device());
   const CommStats before = comm.stats();
   dtp::ch10::quantized_all_gather(comm, shard, full, block);
   const CommStats after = comm.stats();
@@ -168,8 +169,8 @@ std::string check_qgz(Comm& comm, std::int64_t numel, int bits, std::int64_t blo
     formula += (j == 0 ? "" : " + ") + wire_formula(length, bits, block, dtype);
   }
 
-  const Tensor full = Tensor::from_values(rank_values(rank, numel, dtype), dtype);
-  Tensor shard = Tensor::full(Shape{mine.length}, kUnwritten, dtype);
+  const Tensor full = Tensor::from_values(rank_values(rank, numel, dtype), dtype, comm.device());
+  Tensor shard = Tensor::full(Shape{mine.length}, kUnwritten, dtype, comm.device());
   const CommStats before = comm.stats();
   dtp::ch10::quantized_reduce_scatter(comm, full, shard, bits, block);
   const CommStats after = comm.stats();
@@ -237,14 +238,15 @@ TEST(Puzzle10_5_zero_plus_plus, SecondaryPartitionStaysInTheNode) {
     const std::string who = "rank " + std::to_string(comm.rank()) + " (node rank " +
                             std::to_string(node.rank()) + " of node " +
                             std::to_string(comm.rank() / 2) + ")";
-    const Tensor full = Tensor::from_values(values, dtype);
+    const Tensor full = Tensor::from_values(values, dtype, comm.device());
     const CommStats world_before = comm.stats(), node_before = node.stats();
     const Tensor secondary = dtp::ch10::secondary_shard(node, full);
     const CommStats node_between = node.stats();
     const ChunkRange range = chunk_range(kNumel, node.size(), node.rank());
     const std::vector<double> expected = slice_of(values, range);
-    Tensor rebuilt = Tensor::full(Shape{kNumel}, kUnwritten, dtype);
-    dtp::ch10::secondary_all_gather(node, Tensor::from_values(expected, dtype), rebuilt);
+    Tensor rebuilt = Tensor::full(Shape{kNumel}, kUnwritten, dtype, comm.device());
+    dtp::ch10::secondary_all_gather(node, Tensor::from_values(expected, dtype, comm.device()),
+                                    rebuilt);
     const CommStats world_after = comm.stats(), node_after = node.stats();
 
     const std::vector<double> got = secondary.to_vector();
@@ -299,8 +301,8 @@ TEST(Puzzle10_5_zero_plus_plus, ShardsOfTheWrongLengthAreRefused) {
   run_and_check("ZeRO++ with shards one value short", world, [&](Comm& comm) -> std::string {
     const std::int64_t mine = chunk_range(13, comm.size(), comm.rank()).length;
     const std::string who = "rank " + std::to_string(comm.rank()) + ": ";
-    Tensor full = Tensor::zeros(Shape{13}, dtype);
-    Tensor short_shard = Tensor::full(Shape{mine - 1}, 0.5, dtype);
+    Tensor full = Tensor::zeros(Shape{13}, dtype, comm.device());
+    Tensor short_shard = Tensor::full(Shape{mine - 1}, 0.5, dtype, comm.device());
     std::string message =
         dtp_error_of([&] { dtp::ch10::quantized_all_gather(comm, short_shard, full, 8); });
     if (!refused(message))
