@@ -22,22 +22,22 @@ namespace {
 // Writes the low @p bits bits of @p code at bits [(i b) mod 32, ...) of word
 // floor(i b / 32). 1, 4 and 8 divide 32, so a code never straddles two words;
 // the words must start at 0, since codes are OR-ed in.
-void put_code(Tensor& words, std::int64_t i, int bits, std::int32_t code) {
+void put_code(std::int32_t* words, std::int64_t i, int bits, std::int32_t code) {
   const std::int64_t bit = i * bits;
   const std::uint32_t field = static_cast<std::uint32_t>(code) & ((1u << bits) - 1);
-  std::int32_t& word = words.data<std::int32_t>()[bit / 32];
+  std::int32_t& word = words[bit / 32];
   word = static_cast<std::int32_t>(static_cast<std::uint32_t>(word) | field << (bit % 32));
 }
 
 // The @p bits-bit field of value i, unsigned.
-std::uint32_t field_at(const Tensor& words, std::int64_t i, int bits) {
+std::uint32_t field_at(const std::int32_t* words, std::int64_t i, int bits) {
   const std::int64_t bit = i * bits;
-  const auto word = static_cast<std::uint32_t>(words.data<std::int32_t>()[bit / 32]);
+  const auto word = static_cast<std::uint32_t>(words[bit / 32]);
   return (word >> (bit % 32)) & ((1u << bits) - 1);
 }
 
 // Value i as a b-bit two's complement number: the top bit weighs -2^(b-1).
-std::int32_t code_at(const Tensor& words, std::int64_t i, int bits) {
+std::int32_t code_at(const std::int32_t* words, std::int64_t i, int bits) {
   const auto field = static_cast<std::int32_t>(field_at(words, i, bits));
   return field >= (1 << (bits - 1)) ? field - (1 << bits) : field;
 }
@@ -56,17 +56,19 @@ template <typename T>
 void quantize_values(const Tensor& x, QuantizedTensor& q) {
   const T* values = x.data<T>();
   const T largest_code = static_cast<T>(max_code(q.bits));
+  std::int32_t* codes = q.codes.data<std::int32_t>();
+  T* scales = q.scales.data<T>();
   for (std::int64_t first = 0, b = 0; first < q.numel; first += q.block, ++b) {
     const std::int64_t end = std::min(first + q.block, q.numel);
     T largest = 0;
     for (std::int64_t i = first; i < end; ++i) largest = std::max(largest, std::abs(values[i]));
     const T scale = largest / largest_code;
-    q.scales.data<T>()[b] = scale;
+    scales[b] = scale;
     for (std::int64_t i = first; i < end; ++i) {
       // nearbyint rounds ties to even; the clamp matters only when the scale
       // itself was rounded down (tiny, subnormal blocks).
       const T code = scale == 0 ? T{0} : std::nearbyint(values[i] / scale);
-      put_code(q.codes, i, q.bits,
+      put_code(codes, i, q.bits,
                static_cast<std::int32_t>(std::clamp(code, -largest_code, largest_code)));
     }
   }
@@ -75,9 +77,10 @@ void quantize_values(const Tensor& x, QuantizedTensor& q) {
 template <typename T>
 void dequantize_values(const QuantizedTensor& q, Tensor& out) {
   const T* scales = q.scales.data<T>();
+  const std::int32_t* codes = q.codes.data<std::int32_t>();
   T* values = out.data<T>();
   for (std::int64_t i = 0; i < q.numel; ++i)
-    values[i] = static_cast<T>(code_at(q.codes, i, q.bits)) * scales[i / q.block];
+    values[i] = static_cast<T>(code_at(codes, i, q.bits)) * scales[i / q.block];
 }
 
 // --- 10.2: one bit per value, the rest carried to the next step -----------------
@@ -101,9 +104,10 @@ void sign_all_reduce(Comm& comm, Tensor& x, Tensor& residual) {
 
   // c = s sign(v) with sign(0) = +1 (bit 1); what c misses stays here.
   Tensor signs = Tensor::zeros(Shape{packed_words(n, 1)}, DType::i32);
+  std::int32_t* sign_words = signs.data<std::int32_t>();
   for (std::int64_t i = 0; i < n; ++i) {
     const bool positive = v[static_cast<std::size_t>(i)] >= 0;
-    if (positive) put_code(signs, i, 1, 1);
+    if (positive) put_code(sign_words, i, 1, 1);
     carried[i] = v[static_cast<std::size_t>(i)] - (positive ? s : -s);
   }
 
@@ -120,13 +124,13 @@ void sign_all_reduce(Comm& comm, Tensor& x, Tensor& residual) {
   const Tensor s_here = all_s.to(Device::cpu());
 
   // x = (c_0 + ... + c_{N-1}) / N, in rank order on every rank: the same bits everywhere.
-  std::vector<Tensor> signs_of;
-  for (int r = 0; r < world; ++r) signs_of.push_back(signs_here.slice(r * words, words));
+  const std::int32_t* every_sign = signs_here.data<std::int32_t>();
+  const T* every_s = s_here.data<T>();
   for (std::int64_t i = 0; i < n; ++i) {
     T sum = 0;
     for (int r = 0; r < world; ++r) {
-      const T s_r = s_here.data<T>()[r];
-      sum += field_at(signs_of[static_cast<std::size_t>(r)], i, 1) == 1 ? s_r : -s_r;
+      const T s_r = every_s[r];
+      sum += field_at(every_sign + r * words, i, 1) == 1 ? s_r : -s_r;
     }
     out[i] = sum / static_cast<T>(world);
   }
@@ -177,10 +181,13 @@ Tensor concatenate(const std::vector<Tensor>& parts, DType dtype) {
 template <typename T>
 void mean_in_rank_order(const std::vector<Tensor>& pieces, Tensor& out) {
   const auto world = static_cast<T>(pieces.size());
+  std::vector<const T*> from;
+  for (const Tensor& piece : pieces) from.push_back(piece.data<T>());
+  T* to = out.data<T>();
   for (std::int64_t i = 0; i < out.numel(); ++i) {
     T sum = 0;
-    for (const Tensor& piece : pieces) sum += piece.data<T>()[i];
-    out.data<T>()[i] = sum / world;
+    for (const T* piece : from) sum += piece[i];
+    to[i] = sum / world;
   }
 }
 
