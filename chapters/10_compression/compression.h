@@ -127,10 +127,10 @@ class SignAllReduce {
 
 /// Settings of 1-bit Adam.
 struct OneBitAdamConfig {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
+  double lr = 1e-3;       ///< step size (no schedule)
+  double beta1 = 0.9;     ///< the momentum's decay
+  double beta2 = 0.999;   ///< the variance's decay
+  double eps = 1e-8;      ///< added to sqrt(v)
   int warmup_steps = 10;  ///< steps of exact Adam before the variance freezes
 };
 
@@ -154,6 +154,7 @@ struct OneBitAdamConfig {
 /// them; the formulas run on the host (to_vector(), then copy_from).
 class OneBitAdam {
  public:
+  /// Zeroed m and v for every unit of @p model, and one SignAllReduce per unit.
   OneBitAdam(Comm& comm, GPT& model, const OneBitAdamConfig& config);
   /// One optimizer step from the gradients the last backward left.
   void step();
@@ -161,8 +162,9 @@ class OneBitAdam {
   int steps() const { return steps_; }
   /// True once the variance is frozen (steps() >= warmup_steps).
   bool compressing() const { return steps_ >= config_.warmup_steps; }
-  /// Unit @p u's momentum and variance (flat, like its parameters).
+  /// Unit @p u's momentum (flat, like its parameters).
   const Tensor& momentum(int u) const { return m_.at(static_cast<std::size_t>(u)); }
+  /// Unit @p u's variance (flat, like its parameters).
   const Tensor& variance(int u) const { return v_.at(static_cast<std::size_t>(u)); }
 
  private:
@@ -208,7 +210,8 @@ class PowerSgd {
   struct Matrix {
     int unit;          ///< index into model.units()
     std::string name;  ///< the parameter
-    Tensor q, error;   ///< [in, r] and this rank's error [out, in], on the host
+    Tensor q;          ///< Q [in, r], on the host
+    Tensor error;      ///< this rank's error E [out, in], on the host
   };
   /// Every compressed weight (what the checkers read Q and E from).
   const std::vector<Matrix>& matrices() const { return matrices_; }
