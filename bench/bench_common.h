@@ -164,6 +164,24 @@ inline int close_json(FILE* json, const char* program, int status) {
   return status;
 }
 
+/// How a benchmark that checks what it measures ends: closes @p json; then
+/// either prints every one of @p problems and "N check(s) failed: @p
+/// failed_because" on stderr and returns 1, or prints "# @p all_good" and
+/// returns 0.
+inline int finish_checked_run(FILE* json, const char* program,
+                              const std::vector<std::string>& problems, const char* failed_because,
+                              const char* all_good) {
+  if (close_json(json, program, 0) != 0) return 1;
+  if (!problems.empty()) {
+    for (const std::string& p : problems)
+      std::fprintf(stderr, "%s: FAILED: %s\n", program, p.c_str());
+    std::fprintf(stderr, "%s: %zu check(s) failed: %s\n", program, problems.size(), failed_because);
+    return 1;
+  }
+  std::printf("# %s\n", all_good);
+  return 0;
+}
+
 /// make_context(), or std::nullopt after printing "PROGRAM: error: ..." when
 /// DTP_BACKEND, DTP_DEVICE or DTP_TIMEOUT is not one the runtime accepts.
 inline std::optional<RunContext> context_from_env(const char* program) {

@@ -507,18 +507,9 @@ int main(int argc, char** argv) {
     }
   }
   for (const std::string& note : notes) std::printf("# %s\n", note.c_str());
-  if (close_json(json, kProgram, 0) != 0) return 1;
-  if (!problems.empty()) {
-    for (const std::string& p : problems)
-      std::fprintf(stderr, "%s: FAILED: %s\n", kProgram, p.c_str());
-    std::fprintf(stderr,
-                 "%s: %zu check(s) failed: the measured step differs from the lesson's formula "
-                 "or from the plain step\n",
-                 kProgram, problems.size());
-    return 1;
-  }
-  std::printf(
-      "# every peak equals the formula's, every FLOP count this program's, every loss "
-      "the plain step's\n");
-  return 0;
+  return finish_checked_run(
+      json, kProgram, problems,
+      "the measured step differs from the lesson's formula or from the plain step",
+      "every peak equals the formula's, every FLOP count this program's, every loss the plain "
+      "step's");
 }

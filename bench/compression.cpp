@@ -616,18 +616,9 @@ int main(int argc, char** argv) {
     close_json(json, kProgram, 1);
     return 1;
   }
-  if (close_json(json, kProgram, 0) != 0) return 1;
-  if (!problems.empty()) {
-    for (const std::string& p : problems)
-      std::fprintf(stderr, "%s: FAILED: %s\n", kProgram, p.c_str());
-    std::fprintf(stderr,
-                 "%s: %zu check(s) failed: the bytes differ from the lesson's formulas, the "
-                 "replicas differ, or a run did not repeat\n",
-                 kProgram, problems.size());
-    return 1;
-  }
-  std::printf(
-      "# every step's bytes equal the lesson's formula on every rank, the replicas agree, and "
-      "every round repeated the first bit for bit\n");
-  return 0;
+  return finish_checked_run(
+      json, kProgram, problems,
+      "the bytes differ from the lesson's formulas, the replicas differ, or a run did not repeat",
+      "every step's bytes equal the lesson's formula on every rank, the replicas agree, and every "
+      "round repeated the first bit for bit");
 }
