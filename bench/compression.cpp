@@ -50,6 +50,7 @@
 #include "dtp/trace.h"
 #include "dtp/trainer.h"
 #include "dtp_cli.h"
+#include "link_tiers.h"
 
 namespace {
 
@@ -83,19 +84,12 @@ std::optional<Method> parse_method(const std::string& text) {
   return std::nullopt;
 }
 
-struct Tier {
-  std::string name;
-  double alpha_s;
-  double bandwidth_Bps;
-};
-
-// Chapter 10's section 1: NVLink and InfiniBand as chapters 04 and 06,
-// Ethernet 10 Gbit/s and a 1 Gbit/s link between sites.
+// Chapter 10's section 1: the project's tiers (link_tiers.h) by --tier name.
 std::map<std::string, Tier> default_tiers() {
-  return {{"nvlink", {"NVLink", 3e-6, 450e9}},
-          {"infiniband", {"InfiniBand", 8e-6, 50e9}},
-          {"ethernet", {"Ethernet 10 Gbit/s", 50e-6, 1.25e9}},
-          {"wan", {"WAN 1 Gbit/s", 20e-3, 0.125e9}}};
+  return {{"nvlink", nvlink_tier()},
+          {"infiniband", infiniband_tier()},
+          {"ethernet", ethernet_tier()},
+          {"wan", wan_tier()}};
 }
 
 // --- the lesson's bytes, counted here -------------------------------------------------

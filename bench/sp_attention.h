@@ -20,6 +20,7 @@
 #include "06_sequence_expert/sequence_expert.h"
 #include "dtp/launch.h"
 #include "dtp/memory.h"
+#include "link_tiers.h"
 
 namespace dtp::bench::sp {
 
@@ -286,11 +287,7 @@ inline std::int64_t formula_saved_bytes(const Dims& d, int n) {
 
 // --- part 2: bytes and the clock -----------------------------------------------------
 
-struct Tier {
-  std::string name;
-  double alpha_s;        // per message
-  double bandwidth_Bps;  // per direction per GPU: beta = 1 / bandwidth
-};
+using Tier = dtp::bench::Tier;  // link_tiers.h
 
 // One clock unit: attend_block's charge of 1 per block becomes 1 fs.
 constexpr double kClockUnit = 1e-15;

@@ -37,7 +37,7 @@ int run_attention_part(const AttentionOptions& o, const RunContext& ctx, FILE* j
 struct TierOptions {
   sp::Dims dims{1, 16, 32, 8192, dtp::DType::f32};
   std::vector<int> degrees = {2, 4, 8};
-  std::vector<sp::Tier> tiers = {{"NVLink", 3e-6, 450e9}, {"InfiniBand", 8e-6, 50e9}};
+  std::vector<sp::Tier> tiers = {nvlink_tier(), infiniband_tier()};
 };
 
 int run_tier_part(const TierOptions& o, const RunContext& ctx, FILE* json);
