@@ -86,6 +86,35 @@ TEST(MpiBackend, AlphaBetaClockTravelsWithMessages) {
       });
 }
 
+// Two tiers (CostModel::with_nodes): 4 ranks in nodes of 2, a send and
+// a collective inside a node cost the inside link, the rest the outer one.
+// Costs: outer alpha 1, beta 0.5; inside alpha 0.1, beta 0.01; 40 bytes.
+TEST(MpiBackend, NodesChargeTheInsideLinkWithinANode) {
+  launch(
+      [] {
+        World w = mpi_world(4);
+        w.cost = CostModel{1.0, 0.5}.with_nodes(2, 0.1, 0.01);
+        return w;
+      }(),
+      [](Comm& comm) {
+        Tensor x = Tensor::zeros({10}, DType::f32);
+        if (comm.rank() == 0) {
+          comm.send(x, 1);
+          comm.send(x, 2);
+        } else if (comm.rank() != 3) {
+          comm.recv(x, 0);
+        }
+        const double sends[] = {21.5, 0.5, 21.5, 0.0};
+        EXPECT_NEAR(comm.stats().clock, sends[comm.rank()], 1e-12)
+            << "rank " << comm.rank() << ": 0 -> 1 stays inside node 0 (0.5), 0 -> 2 crosses";
+        Comm node = comm.split(comm.rank() / 2, comm.rank());
+        node.all_reduce(x);
+        comm.all_reduce(x);
+        EXPECT_NEAR(comm.stats().clock, 21.5 + 2 + 0.6 + 36, 1e-12)
+            << "rank " << comm.rank() << ": split 2, the node's all-reduce 0.6, the world's 36";
+      });
+}
+
 TEST(MpiBackend, IsendIrecvAndPostOrder) {
   launch(mpi_world(2), [](Comm& comm) {
     if (comm.rank() == 0) {

@@ -324,6 +324,46 @@ TEST(ThreadComm, LinkPerPeerSendsToDifferentPeersTravelAtOnce) {
   EXPECT_DOUBLE_EQ(clocks[2], 42.0) << "two messages on one link arrive one after the other";
 }
 
+// Two tiers (CostModel::with_nodes): 4 ranks in nodes of 2, a send and
+// a collective inside a node cost the inside link, the rest the outer one.
+// Costs: outer alpha 1, beta 0.5; inside alpha 0.1, beta 0.01; 40 bytes.
+TEST(ThreadComm, NodesChargeTheInsideLinkWithinANode) {
+  std::vector<double> after_sends(4), at_end(4);
+  run_ranks(
+      4,
+      [&](Comm& comm) {
+        Tensor x = Tensor::zeros({10}, DType::f32);
+        if (comm.rank() == 0) {
+          comm.send(x, 1);  // inside node 0: 0.1 + 0.01 * 40 = 0.5
+          comm.send(x, 2);  // across: 1 + 0.5 * 40 = 21
+        } else if (comm.rank() != 3) {
+          comm.recv(x, 0);
+        }
+        after_sends[comm.rank()] = comm.stats().clock;
+        Comm node = comm.split(comm.rank() / 2, comm.rank());  // world: 2 rounds of 1
+        node.all_reduce(x);  // inside: 2 (n-1) 0.1 + 2 (1/2) 40 0.01 = 0.6
+        comm.all_reduce(x);  // outer: 2 (3) 1 + 2 (3/4) 40 0.5 = 36
+        at_end[comm.rank()] = comm.stats().clock;
+      },
+      CostModel{1.0, 0.5}.with_nodes(2, 0.1, 0.01));
+  const double sends[] = {21.5, 0.5, 21.5, 0.0};
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NEAR(after_sends[r], sends[r], 1e-12)
+        << "rank " << r << ": 0 -> 1 stays inside node 0 (0.5), 0 -> 2 crosses (21)";
+    EXPECT_NEAR(at_end[r], 21.5 + 2 + 0.6 + 36, 1e-12)
+        << "rank " << r << ": split 2, the node's all-reduce 0.6 (inside), the world's 36";
+  }
+}
+
+TEST(ThreadComm, NodesRefuseBadSizes) {
+  EXPECT_THROW(CostModel{}.with_nodes(0, 1, 1), Error);
+  EXPECT_THROW(CostModel{}.with_nodes(2, -1, 1), Error);
+  const CostModel tiered = CostModel{1.0, 0.5}.with_nodes(2, 0.1, 0.01);
+  EXPECT_EQ(tiered.for_group({2, 3}).alpha, 0.1);
+  EXPECT_EQ(tiered.for_group({1, 2}).alpha, 1.0);
+  EXPECT_EQ(tiered.for_group({1, 2}).ranks_per_node, 0);
+}
+
 TEST(ThreadComm, ResetStatsForgetsTheLinks) {
   std::vector<double> clocks(2);
   run_ranks(

@@ -38,6 +38,24 @@ struct CostModel {
   static CostModel bytes() { return {0.0, 1.0}; }
   /// This model with a link to every peer (see link_per_peer).
   CostModel with_link_per_peer() const { return {alpha, beta, true}; }
+
+  /// Two tiers of links, as in a cluster of nodes: with ranks_per_node = G
+  /// above 0, world ranks r and s share a node when r / G == s / G. A
+  /// collective whose ranks all share one node, and a send between two
+  /// ranks of one node, cost node_alpha + node_beta * bytes; everything else
+  /// alpha + beta * bytes. 0: one tier, alpha and beta everywhere. The
+  /// thread and mpi backends charge both tiers; nccl refuses a model with
+  /// two (Error at launch).
+  int ranks_per_node = 0;
+  double node_alpha = 0.0;  ///< a message's cost inside a node
+  double node_beta = 0.0;   ///< a byte's cost inside a node
+  /// This model with nodes of @p ranks (>= 1) and their inside link.
+  /// Throws dtp::Error for ranks below 1 or a negative or non-finite cost.
+  CostModel with_nodes(int ranks, double inside_alpha, double inside_beta) const;
+  /// The one-tier model that a communicator of world ranks @p world_ranks
+  /// is charged: the node's alpha and beta when they all share one node,
+  /// this model's otherwise (ranks_per_node 0 in both).
+  CostModel for_group(const std::vector<int>& world_ranks) const;
 };
 
 /// What one rank's Comm did since construction or reset_stats().

@@ -56,6 +56,29 @@ double collective_cost(const std::string& kind, double bytes, int n, CostModel c
   return log_rounds * a;  // barrier, split: a tree of empty messages
 }
 
+CostModel CostModel::with_nodes(int ranks, double inside_alpha, double inside_beta) const {
+  DTP_CHECK(ranks >= 1, "CostModel::with_nodes: ranks per node must be at least 1, got ", ranks);
+  DTP_CHECK(std::isfinite(inside_alpha) && inside_alpha >= 0 && std::isfinite(inside_beta) &&
+                inside_beta >= 0,
+            "CostModel::with_nodes: the inside link's alpha and beta must be finite and >= 0, "
+            "got ",
+            inside_alpha, " and ", inside_beta);
+  CostModel tiered = *this;
+  tiered.ranks_per_node = ranks;
+  tiered.node_alpha = inside_alpha;
+  tiered.node_beta = inside_beta;
+  return tiered;
+}
+
+CostModel CostModel::for_group(const std::vector<int>& world_ranks) const {
+  CostModel one{alpha, beta, link_per_peer};
+  if (ranks_per_node <= 0 || world_ranks.empty()) return one;
+  const int node = world_ranks.front() / ranks_per_node;
+  for (int r : world_ranks)
+    if (r / ranks_per_node != node) return one;
+  return {node_alpha, node_beta, link_per_peer};
+}
+
 double CommBackend::charge_send(double& clock, int dst, std::int64_t bytes, const CostModel& cost) {
   const double cost_of_message = cost.alpha + cost.beta * static_cast<double>(bytes);
   if (!cost.link_per_peer) {

@@ -152,6 +152,9 @@ void launch(const World& world, const std::function<void(Comm&)>& fn) {
   DTP_CHECK(std::isfinite(world.timeout_seconds) && world.timeout_seconds > 0,
             "launch: timeout_seconds must be a positive, finite number of seconds, got ",
             world.timeout_seconds);
+  DTP_CHECK(world.backend != Backend::nccl || world.cost.ranks_per_node == 0,
+            "launch: the nccl backend charges one tier of links; a cost model with nodes of ",
+            world.cost.ranks_per_node, " ranks (CostModel::with_nodes) runs on thread or mpi");
   switch (world.backend) {
     case Backend::thread:
       return launch_threads(world, fn);

@@ -41,7 +41,7 @@ ThreadComm::~ThreadComm() {
 
 int ThreadComm::size() const { return group_->size(); }
 Device ThreadComm::device() const { return group_->world().device_of(global_rank()); }
-CostModel ThreadComm::cost_model() const { return group_->world().config().cost; }
+CostModel ThreadComm::cost_model() const { return group_->cost(); }
 int ThreadComm::global_rank() const { return group_->global_rank(rank_); }
 
 double ThreadComm::clock() const {
@@ -74,7 +74,8 @@ std::int64_t ThreadComm::post_copy(const Tensor& x, int dst, int tag) {
   ThreadWorld& world = group_->world();
   std::lock_guard lock(world.mutex);
   world.throw_if_aborted(global_rank());
-  const CostModel cost = world.config().cost;
+  const CostModel cost =
+      world.config().cost.for_group({global_rank(), group_->global_rank(dst)});
   message.arrival = charge_send(world.clocks[global_rank()], dst, x.nbytes(), cost);
   const std::int64_t sequence = group_->post(dst, std::move(message));
   world.changed.notify_all();

@@ -196,7 +196,7 @@ void ThreadGroup::complete_arrival(Rendezvous& meeting) {
   // The clocks meet at the slowest rank, then pay the algorithm's cost.
   double start = 0;
   for (int r = 0; r < size(); ++r) start = std::max(start, world_->clocks[global_rank(r)]);
-  double end = start + collective_cost(first.kind, first.cost_bytes, size(), world_->config().cost);
+  double end = start + collective_cost(first.kind, first.cost_bytes, size(), cost());
   for (int r = 0; r < size(); ++r) world_->clocks[global_rank(r)] = end;
 
   if (first.kind == "split") {
@@ -215,6 +215,8 @@ void ThreadGroup::complete_arrival(Rendezvous& meeting) {
   meeting.complete = true;
   world_->changed.notify_all();
 }
+
+CostModel ThreadGroup::cost() const { return world_->config().cost.for_group(members_); }
 
 std::pair<std::shared_ptr<ThreadGroup>, int> ThreadGroup::split_result(
     int rank, std::int64_t sequence) const {

@@ -63,6 +63,11 @@ class ThreadGroup {
   ThreadWorld& world() { return *world_; }
   int size() const { return static_cast<int>(members_.size()); }
   int global_rank(int group_rank) const { return members_[group_rank]; }
+  /// Every member's world rank, in group order.
+  const std::vector<int>& members() const { return members_; }
+  /// The one-tier cost this group's collectives are charged
+  /// (CostModel::for_group over its members).
+  CostModel cost() const;
   /// "the world" or "group [0, 2, 4]".
   std::string name() const;
 

@@ -164,13 +164,24 @@ MpiComm::MpiComm(std::shared_ptr<Session> session, std::shared_ptr<Traffic> traf
     : session_(std::move(session)), traffic_(std::move(traffic)), comm_(traffic_->comm) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  // Which world ranks these are, for the tier of each link (a local lookup).
+  MPI_Group mine, world;
+  MPI_Comm_group(comm_, &mine);
+  MPI_Comm_group(session_->world_comm(), &world);
+  std::vector<int> ranks(static_cast<std::size_t>(size_));
+  for (int r = 0; r < size_; ++r) ranks[static_cast<std::size_t>(r)] = r;
+  world_ranks_.resize(ranks.size());
+  MPI_Group_translate_ranks(mine, size_, ranks.data(), world, world_ranks_.data());
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
 }
 
 // --- point to point -------------------------------------------------------------
 
 void MpiComm::send_header(const Tensor& x, int dst, int tag) {
   session_->reap_sends();
-  const CostModel cost = cost_model();
+  const CostModel cost = session_->config().cost.for_group(
+      {world_ranks_[static_cast<std::size_t>(rank_)], world_ranks_[static_cast<std::size_t>(dst)]});
   auto header = std::make_shared<Header>();
   header->arrival = charge_send(session_->clock, dst, x.nbytes(), cost);
   header->numel = x.numel();

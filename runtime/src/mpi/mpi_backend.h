@@ -20,7 +20,8 @@ class MpiComm : public CommBackend {
   int size() const override { return size_; }
   Device device() const override { return session_->device; }
   std::string name() const override { return "mpi"; }
-  CostModel cost_model() const override { return session_->config().cost; }
+  /// The world's cost for this communicator's ranks (CostModel::for_group).
+  CostModel cost_model() const override { return session_->config().cost.for_group(world_ranks_); }
   double clock() const override { return session_->clock; }
   void set_clock(double time) override { session_->clock = time; }
   void* native_handle() override { return &traffic_->comm; }
@@ -67,6 +68,7 @@ class MpiComm : public CommBackend {
   std::shared_ptr<Traffic> traffic_;
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
+  std::vector<int> world_ranks_;  // each member's rank in the session's world, in order
 };
 
 /// End of launch: finds messages nobody received (and receives them so every
