@@ -7,7 +7,9 @@
 #include <memory>
 #include <vector>
 
+#include "drivers/10_compression/zero_plus_plus.h"
 #include "dtp/error.h"
+#include "dtp/memory.h"
 #include "dtp/optim.h"
 #include "dtp/train_checkpoint.h"
 
@@ -38,6 +40,15 @@ class CompressRank : public drivers::RankRun {
       trainer_.set_optimizer(std::make_unique<OneBitAdamOptimizer>(comm, model, adam));
       return;
     }
+    if (options.compressor == "zero++") {
+      auto zero = std::make_unique<ZeroPlusPlus>(
+          comm, model, trainer_.config(),
+          parse_zeropp(options.zeropp, options.node_ranks, options.block));
+      zero_ = zero.get();
+      trainer_.on_after_backward([zero = zero_] { zero->finish_backward(); });
+      trainer_.set_optimizer(std::move(zero));
+      return;
+    }
     if (options.compressor == "sign") {
       for (Unit* unit : model.units())
         signs_.emplace_back(comm, unit->numel(), unit->grads().dtype());
@@ -51,7 +62,16 @@ class CompressRank : public drivers::RankRun {
 
   StepRecord step() override {
     before_ = comm_.stats();
-    return trainer_.step();
+    if (zero_) node_before_ = zero_->node().stats();
+    return trainer_.step();  // resets the tracker's peaks first
+  }
+
+  // ZeRO++'s ranks hold shards: rank 0 gathers them into one file.
+  void save(Comm& world, const std::string& path,
+            const std::vector<RunSetting>& settings) override {
+    if (!zero_) return drivers::RankRun::save(world, path, settings);
+    std::vector<NamedTensor> gathered = zero_->gather_checkpoint();
+    if (world.rank() == 0) trainer_.save_gathered(path, settings, std::move(gathered));
   }
 
   void resume(const std::string&, const std::vector<RunSetting>&) override {
@@ -63,10 +83,21 @@ class CompressRank : public drivers::RankRun {
   std::vector<double> report_values() override {
     const CommStats after = comm_.stats();
     double gradient_bytes = 0;
+    // From the element counts: ZeRO++ releases the units' gradient buffers.
+    const double element = static_cast<double>(dtype_size(trainer_.config().model.dtype));
     for (Unit* unit : trainer_.model().units())
-      gradient_bytes += static_cast<double>(unit->grads().nbytes());
+      gradient_bytes += static_cast<double>(unit->numel()) * element;
     const double moved = static_cast<double>(after.collective_bytes - before_.collective_bytes);
-    return {moved, moved / gradient_bytes};
+    if (!zero_) return {moved, moved / gradient_bytes};
+    // The node's collectives count on the node's communicator (its own stats).
+    const double node = &zero_->node() == &comm_
+                            ? 0.0
+                            : static_cast<double>(zero_->node().stats().collective_bytes -
+                                                  node_before_.collective_bytes);
+    const MemoryTracker& tracker = *current_memory_tracker();
+    const double params = static_cast<double>(
+        tracker.peak(MemoryCategory::params, trainer_.config().model.device.kind));
+    return {moved, moved / gradient_bytes, node, params};
   }
 
   void report(const std::vector<RankStepRow>& rows, drivers::StepReport& report) override {
@@ -74,9 +105,14 @@ class CompressRank : public drivers::RankRun {
     report.ranks.columns = {{"loss", ColumnUnit::number},
                             {"collective buffers", ColumnUnit::mebibytes},
                             {"/ gradients", ColumnUnit::number}};
+    if (zero_) {
+      report.ranks.columns.push_back({"node buffers", ColumnUnit::mebibytes});
+      report.ranks.columns.push_back({"params peak", ColumnUnit::mebibytes});
+    }
     for (std::size_t r = 0; r < rows.size(); ++r) {
-      const std::vector<double>& e = rows[r].extra;
-      report.ranks.rows.push_back({std::to_string(r), {rows[r].loss, e[0], e[1]}});
+      std::vector<double> values = rows[r].extra;
+      values.insert(values.begin(), rows[r].loss);
+      report.ranks.rows.push_back({std::to_string(r), values});
     }
   }
 
@@ -99,7 +135,8 @@ class CompressRank : public drivers::RankRun {
   Trainer trainer_;
   std::vector<SignAllReduce> signs_;
   std::unique_ptr<PowerSgd> powersgd_;
-  CommStats before_;
+  ZeroPlusPlus* zero_ = nullptr;  // owned by the trainer; zero++ only
+  CommStats before_, node_before_;
 };
 
 }  // namespace
@@ -120,48 +157,75 @@ double OneBitAdamOptimizer::clip_gradients(double max_norm) {
 
 void CompressStrategy::add_flags(drivers::FlagGroup& flags) {
   drivers::add_world_flag(flags, &options.world, "data-parallel ranks");
-  flags.custom("--compress", "sign|int8|int4|powersgd:R|1bit-adam",
-               "how gradients travel: 1-bit signs with error feedback (10.2, default), 8- or "
-               "4-bit block quantization (10.5), rank-R PowerSGD (10.4) or 1-bit Adam (10.3)",
-               [this](const std::string& v) {
-                 options.powersgd_rank = 0;
-                 if (v == "sign" || v == "int8" || v == "int4" || v == "1bit-adam") {
-                   options.compressor = v;
-                   return;
-                 }
-                 if (v.rfind("powersgd:", 0) == 0) {
-                   const std::string r = v.substr(9);
-                   char* end = nullptr;
-                   const long rank = r.empty() ? 0 : std::strtol(r.c_str(), &end, 10);
-                   if (!r.empty() && *end == '\0' && rank >= 1 && rank <= 1024) {
-                     options.compressor = v;
-                     options.powersgd_rank = static_cast<int>(rank);
-                     return;
-                   }
-                 }
-                 throw drivers::UsageError(
-                     "--compress accepts sign, int8, int4, powersgd:R (R from 1 to 1024) or "
-                     "1bit-adam, got '" +
-                     v + "'");
-               });
+  flags.custom(
+      "--compress", "sign|int8|int4|powersgd:R|1bit-adam",
+      "how gradients travel: 1-bit signs with error feedback (10.2, default), 8- or "
+      "4-bit block quantization (10.5), rank-R PowerSGD (10.4), 1-bit Adam (10.3), or "
+      "ZeRO-3 with ZeRO++'s quantized and hierarchical collectives (10.5, --zeropp)",
+      [this](const std::string& v) {
+        options.powersgd_rank = 0;
+        if (v == "sign" || v == "int8" || v == "int4" || v == "1bit-adam" || v == "zero++") {
+          options.compressor = v;
+          return;
+        }
+        if (v.rfind("powersgd:", 0) == 0) {
+          const std::string r = v.substr(9);
+          char* end = nullptr;
+          const long rank = r.empty() ? 0 : std::strtol(r.c_str(), &end, 10);
+          if (!r.empty() && *end == '\0' && rank >= 1 && rank <= 1024) {
+            options.compressor = v;
+            options.powersgd_rank = static_cast<int>(rank);
+            return;
+          }
+        }
+        throw drivers::UsageError(
+            "--compress accepts sign, int8, int4, powersgd:R (R from 1 to 1024), "
+            "1bit-adam or zero++, got '" +
+            v + "'");
+      });
   flags.integer("--onebit-warmup", &options.onebit_warmup, 0, 1 << 20, "N",
                 "1-bit Adam's steps of exact Adam before the variance freezes (without bias "
                 "correction v reaches 1 - 0.999^N of its scale: too few steps make the "
                 "compressed steps large)");
   flags.integer("--block", &options.block, 1, 1 << 24, "N",
-                "values per quantization block for int8 and int4");
+                "values per quantization block for int8, int4 and zero++");
+  flags.custom("--zeropp", "PARTS",
+               "with --compress zero++: which of ZeRO++'s parts run, comma-separated: qwz (8-bit "
+               "weight all-gather), hpz (a secondary weight shard per node, gathered inside it in "
+               "the backward), qgz (4-bit gradient reduce-scatter through all-to-all) or qgz8; "
+               "'none' is plain ZeRO-3 (default qwz,hpz,qgz)",
+               [this](const std::string& v) {
+                 try {
+                   (void)parse_zeropp(v, 1, 1);
+                 } catch (const Error& e) {
+                   throw drivers::UsageError(e.what());
+                 }
+                 options.zeropp = v;
+               });
+  flags.integer("--node-ranks", &options.node_ranks, 1, 1 << 20, "G",
+                "with --zeropp hpz: ranks per node, the group that holds the secondary shards "
+                "(consecutive ranks; must divide --world)");
   flags.paragraph(
       "After each kept step, a row per rank: its loss, the MiB of its collectives' buffers (as "
       "Comm::stats() counts them: an all-reduce's buffer is the gradient, an all-gather's the "
       "gathered whole) and that over the model's gradient bytes. An uncompressed run shows 1; on "
-      "the wire an all-gather moves about half as much per buffer byte as an all-reduce.");
+      "the wire an all-gather moves about half as much per buffer byte as an all-reduce. Under "
+      "zero++ also the MiB of its collectives inside its hpZ node and its parameter peak.");
 }
 
 void CompressStrategy::resolve(TrainConfig& config, const std::vector<drivers::GivenFlag>& given,
                                int processes) {
   drivers::default_world_to_processes(options.world, given, processes);
-  bool clip_given = false;
-  for (const drivers::GivenFlag& flag : given) clip_given = clip_given || flag.name == "--clip";
+  bool clip_given = false, node_ranks_given = false;
+  for (const drivers::GivenFlag& flag : given) {
+    clip_given = clip_given || flag.name == "--clip";
+    node_ranks_given = node_ranks_given || flag.name == "--node-ranks";
+    if ((flag.name == "--zeropp" || flag.name == "--node-ranks") && options.compressor != "zero++")
+      throw drivers::UsageError(flag.name + " applies to --compress zero++, not --compress " +
+                                options.compressor);
+  }
+  // hpZ's default node: pairs of ranks where the world splits into pairs.
+  if (!node_ranks_given) options.node_ranks = options.world % 2 == 0 ? 2 : 1;
   if (options.compressor == "1bit-adam") {
     if (clip_given && config.grad_clip > 0)
       throw drivers::UsageError(
@@ -175,6 +239,8 @@ void CompressStrategy::validate(const TrainConfig& config) const {
   DTP_CHECK(options.world >= 1, "compress: --world must be at least 1, got ", options.world);
   DTP_CHECK(config.batch % options.world == 0, "compress: the global batch (--batch ", config.batch,
             ") must divide evenly by --world ", options.world);
+  if (options.compressor == "zero++")
+    validate_zeropp(parse_zeropp(options.zeropp, options.node_ranks, options.block), options.world);
   DTP_CHECK(config.resume_path.empty(),
             "--strategy compress cannot --resume: the error-feedback residuals and 1-bit Adam's "
             "state are not in the checkpoint");
@@ -185,7 +251,13 @@ std::vector<RunSetting> CompressStrategy::settings(const TrainConfig& config) co
   return {{"--world", std::to_string(options.world)},
           {"--compress", options.compressor},
           {"--onebit-warmup", std::to_string(options.onebit_warmup)},
-          {"--block", std::to_string(options.block)}};
+          {"--block", std::to_string(options.block)},
+          {"--zeropp", options.zeropp},
+          {"--node-ranks", std::to_string(options.node_ranks)}};
+}
+
+std::string CompressStrategy::save_note() const {
+  return options.compressor == "zero++" ? "rank 0 gathers every rank's shards into one file" : "";
 }
 
 std::string CompressStrategy::header(const TrainConfig& config, const std::string& backend) const {
@@ -194,6 +266,9 @@ std::string CompressStrategy::header(const TrainConfig& config, const std::strin
       options.compressor == "sign"   ? "1-bit signs with error feedback (10.2)"
       : options.compressor == "int8" ? "8-bit quantized reduce-scatter and all-gather (10.5)"
       : options.compressor == "int4" ? "4-bit quantized reduce-scatter, 8-bit all-gather (10.5)"
+      : options.compressor == "zero++"
+          ? "ZeRO-3 shards with ZeRO++'s parts " +
+                parse_zeropp(options.zeropp, options.node_ranks, options.block).text() + " (10.5)"
       : options.powersgd_rank > 0
           ? "PowerSGD rank " + std::to_string(options.powersgd_rank) + " with error feedback (10.4)"
           : "1-bit Adam, " + std::to_string(options.onebit_warmup) + " exact steps first (10.3)";

@@ -13,6 +13,8 @@
 /// | powersgd:R | rank-R factors of each weight's gradient; error feedback | 10.4 |
 /// | 1bit-adam | the optimizer: exact Adam for --onebit-warmup steps, then compressed momentum
 /// | 10.3 |
+/// | zero++ | ZeRO-3 whose gathers and reduce-scatters are ZeRO++'s (--zeropp parts,
+/// zero_plus_plus.h) | 10.5 |
 ///
 /// It runs on the CPU and on GPUs (--device cuda, any backend): the
 /// gradients stay on the rank's device, and the compressors compute on host
@@ -33,11 +35,13 @@ namespace dtp::ch10 {
 
 /// How `--strategy compress` averages gradients.
 struct CompressOptions {
-  int world = 2;                    ///< data-parallel ranks
-  std::string compressor = "sign";  ///< sign, int8, int4, powersgd:R or 1bit-adam
-  int powersgd_rank = 0;            ///< R of powersgd:R
-  int onebit_warmup = 100;          ///< 1-bit Adam's exact steps
-  std::int64_t block = 256;         ///< values per quantization block (int8, int4)
+  int world = 2;                       ///< data-parallel ranks
+  std::string compressor = "sign";     ///< sign, int8, int4, powersgd:R, 1bit-adam or zero++
+  int powersgd_rank = 0;               ///< R of powersgd:R
+  int onebit_warmup = 100;             ///< 1-bit Adam's exact steps
+  std::int64_t block = 256;            ///< values per quantization block (int8, int4, zero++)
+  std::string zeropp = "qwz,hpz,qgz";  ///< zero++'s parts (parse_zeropp)
+  int node_ranks = 2;                  ///< zero++'s hpZ node: ranks per node
 };
 
 /// 1-bit Adam (10.3) as a Trainer's optimizer: step() runs OneBitAdam::step()
@@ -59,10 +63,12 @@ class OneBitAdamOptimizer : public Optimizer {
 
 /// The "compress" strategy (chapter 10). Its per-rank report: the loss, the
 /// bytes of the rank's collective buffers and their ratio to the model's
-/// gradient bytes (an uncompressed all-reduce's buffers).
+/// gradient bytes (an uncompressed all-reduce's buffers); under zero++ also
+/// the bytes of its collectives inside its hpZ node and its parameter peak.
 class CompressStrategy : public drivers::Strategy {
  public:
-  CompressOptions options;  ///< what --world, --compress, --onebit-warmup and --block set
+  CompressOptions
+      options;  ///< what --world, --compress, --onebit-warmup, --block, --zeropp, --node-ranks set
 
   std::string name() const override { return "compress"; }
   std::string title() const override { return "Compressed data parallel"; }
@@ -75,6 +81,7 @@ class CompressStrategy : public drivers::Strategy {
   std::vector<RunSetting> settings(const TrainConfig& config) const override;
   std::string header(const TrainConfig& config, const std::string& backend) const override;
   std::unique_ptr<drivers::RankRun> start(const TrainConfig& config, Comm& world) const override;
+  std::string save_note() const override;
 };
 
 }  // namespace dtp::ch10

@@ -74,8 +74,7 @@ std::int64_t ThreadComm::post_copy(const Tensor& x, int dst, int tag) {
   ThreadWorld& world = group_->world();
   std::lock_guard lock(world.mutex);
   world.throw_if_aborted(global_rank());
-  const CostModel cost =
-      world.config().cost.for_group({global_rank(), group_->global_rank(dst)});
+  const CostModel cost = world.config().cost.for_group({global_rank(), group_->global_rank(dst)});
   message.arrival = charge_send(world.clocks[global_rank()], dst, x.nbytes(), cost);
   const std::int64_t sequence = group_->post(dst, std::move(message));
   world.changed.notify_all();
