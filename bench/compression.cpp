@@ -1,7 +1,9 @@
 // dtp-bench-compression: what chapter 10's compressors do to the loss, the
 // bytes and the step time of data-parallel training over a slow link.
-//   dtp-bench-compression [--methods ddp,sign,int8,int4,powersgd:1,powersgd:4,ddp-adamw,1bit-adam]
-//                         [--steps 60] [--repeats 3] [--world 4] [--batch 8] [--lr 0.1]
+//   dtp-bench-compression [--methods ddp,sign,int8,int4,powersgd:1,powersgd:4,ddp-adamw,1bit-adam,
+//                                    zero3,zero++]
+//                         [--steps 60] [--repeats 3] [--world 4] [--node-ranks 2] [--batch 8]
+//                         [--lr 0.1]
 //                         [--adam-lr 0.003] [--onebit-warmup 20] [--block 256]
 //                         [--tier ethernet] [--ethernet 50,1.25] [--wan 20000,0.125]
 //                         [--infiniband 8,50] [--nvlink 3,450] [--layers 4] [--d-model 128]
@@ -15,9 +17,15 @@
 //   powersgd:R   --compress ...`'s ranks (drivers/10_compression), SGD as ddp
 //   ddp-adamw    2.2 with AdamW (beta2 0.999, no clipping): 1-bit Adam's baseline
 //   1bit-adam    10.3 through the compress strategy, --onebit-warmup exact steps
-// The World's alpha-beta clock is set to the --tier's link, so each
-// collective moves every rank's clock by its algorithm's cost on that link
-// (Comm::stats().clock; nothing else moves it). Per step the program reads
+//   zero3        ZeRO-3 (every unit gathered before its forward and its
+//                backward, its gradient reduce-scattered), SGD as ddp:
+//                `--compress zero++ --zeropp none`, ZeRO++'s baseline
+//   zero++       the same with qwZ, hpZ over --node-ranks and qgZ (4 bits)
+// The World's alpha-beta clock is set to the --tier's link between nodes of
+// --node-ranks consecutive ranks and to NVLink inside a node
+// (CostModel::with_nodes), so each collective moves every rank's clock by
+// its algorithm's cost on its link (Comm::stats().clock; nothing else moves
+// it): only hpZ's backward gather stays inside a node. Per step the program reads
 // every rank's collective bytes (Comm::stats(), each call's buffer) and
 // compares them with this program's count from the lesson's formulas; a
 // difference fails the run (exit 1) after the table. Compute: each rank's
@@ -69,6 +77,7 @@ struct Method {
   bool adam = false;        // AdamW (ddp-adamw) or 1-bit Adam, else SGD
   int powersgd_rank = 0;
   std::string peer;  // the uncompressed run its ratios are against
+  bool sharded() const { return name == "zero3" || name == "zero++"; }
 };
 
 std::optional<Method> parse_method(const std::string& text) {
@@ -77,6 +86,7 @@ std::optional<Method> parse_method(const std::string& text) {
   if (text == "sign" || text == "int8" || text == "int4")
     return Method{text, true, false, 0, "ddp"};
   if (text == "1bit-adam") return Method{text, true, true, 0, "ddp-adamw"};
+  if (text == "zero3" || text == "zero++") return Method{text, true, false, 0, "zero3"};
   if (text.rfind("powersgd:", 0) == 0) {
     const std::optional<long double> r = dtp::cli::parse_integer_text(text.substr(9));
     if (r && *r >= 1 && *r <= 1024) return Method{text, true, false, static_cast<int>(*r), "ddp"};
@@ -130,14 +140,22 @@ std::int64_t powersgd_bytes(const dtp::Unit& unit, std::int64_t e, int r) {
   return values * e;
 }
 
-// The formula's bytes of step @p step (from 1) of @p m, for every unit of @p model.
+// The formula's bytes of step @p step (from 1) of @p m on the world's
+// communicator, for every unit of @p model. ZeRO-3 (section 7) gathers each
+// unit twice and reduce-scatters it, 3 n e; ZeRO++ gathers it once in 8
+// bits (qwZ) and reduce-scatters it in 4 (qgZ): quantized_bytes(n, 4); both
+// add the gradient norm's all-reduce of one f64 (8 bytes).
 std::int64_t formula_bytes(const Method& m, const dtp::GPT& model, int N, int onebit_warmup,
                            std::int64_t block, std::int64_t step) {
-  std::int64_t total = 0;
+  std::int64_t total = m.sharded() ? 8 : 0;
+  const auto e = static_cast<std::int64_t>(dtp::dtype_size(model.config().dtype));
   for (const dtp::Unit* unit : model.units()) {
     const std::int64_t n = unit->numel();
-    const auto e = static_cast<std::int64_t>(dtp::dtype_size(unit->grads().dtype()));
-    if (m.name == "sign" || (m.name == "1bit-adam" && step > onebit_warmup))
+    if (m.name == "zero3")
+      total += 3 * n * e;
+    else if (m.name == "zero++")
+      total += quantized_bytes(n, e, N, 4, block);
+    else if (m.name == "sign" || (m.name == "1bit-adam" && step > onebit_warmup))
       total += sign_bytes(n, e, N);
     else if (m.name == "int8" || m.name == "int4")
       total += quantized_bytes(n, e, N, m.name == "int8" ? 8 : 4, block);
@@ -146,6 +164,16 @@ std::int64_t formula_bytes(const Method& m, const dtp::GPT& model, int N, int on
     else
       total += n * e;  // an all-reduce per unit: ddp, ddp-adamw, 1-bit Adam's warm-up
   }
+  return total;
+}
+
+// What ZeRO++'s hpZ gathers inside a node per step: every unit's weights
+// once, unquantized, n e (nothing for the other methods).
+std::int64_t formula_node_bytes(const Method& m, const dtp::GPT& model) {
+  if (m.name != "zero++") return 0;
+  std::int64_t total = 0;
+  for (const dtp::Unit* unit : model.units())
+    total += unit->numel() * static_cast<std::int64_t>(dtp::dtype_size(model.config().dtype));
   return total;
 }
 
@@ -158,7 +186,9 @@ struct Options {
   double adam_lr = 3e-3;
   int onebit_warmup = 20;
   std::int64_t block = 256;
-  Tier tier;
+  int node_ranks = 2;  // ranks per node: NVLink inside, the tier between
+  Tier tier;           // between nodes
+  Tier inside;         // inside a node (--nvlink)
 };
 
 // What one run of a method measured; [step] unless said.
@@ -168,6 +198,8 @@ struct Run {
   std::vector<double> compute_s;              // the slowest rank's wall time outside collectives
   std::vector<std::int64_t> bytes;            // rank 0's collective bytes
   std::vector<std::int64_t> formula;          // this program's
+  std::vector<std::int64_t> node_bytes;       // rank 0's inside its hpZ node (zero++)
+  std::int64_t node_formula = 0;              // this program's, every step
   std::map<std::string, std::int64_t> calls;  // rank 0's collective calls over the run
   std::vector<std::string> problems;
 };
@@ -202,6 +234,11 @@ std::unique_ptr<dtp::drivers::Strategy> make_strategy(const Method& m, const Opt
   s->options.powersgd_rank = m.powersgd_rank;
   s->options.onebit_warmup = o.onebit_warmup;
   s->options.block = o.block;
+  if (m.sharded()) {
+    s->options.compressor = "zero++";
+    s->options.zeropp = m.name == "zero3" ? "none" : "qwz,hpz,qgz";
+    s->options.node_ranks = o.node_ranks;
+  }
   return s;
 }
 
@@ -233,7 +270,9 @@ Run run_method(const dtp::TrainConfig& base, const Method& m, const Options& o,
   std::vector<std::vector<double>> params(N);
   std::int64_t whole = 0;  // the bytes of uncompressed all-reduces, for the messages
   dtp::World world = dtp::World::from_env(N);
-  world.cost = dtp::CostModel{o.tier.alpha_s, 1.0 / o.tier.bandwidth_Bps};
+  const Tier& inside = o.inside;
+  world.cost = dtp::CostModel{o.tier.alpha_s, 1.0 / o.tier.bandwidth_Bps}.with_nodes(
+      o.node_ranks, inside.alpha_s, 1.0 / inside.bandwidth_Bps);
   dtp::trace::enable();
   dtp::launch(world, [&](dtp::Comm& comm) {
     const std::size_t r = static_cast<std::size_t>(comm.rank());
@@ -245,6 +284,7 @@ Run run_method(const dtp::TrainConfig& base, const Method& m, const Options& o,
       for (std::int64_t s = 1; s <= o.steps; ++s)
         run.formula.push_back(
             formula_bytes(m, rank->trainer().model(), N, o.onebit_warmup, o.block, s));
+      run.node_formula = formula_node_bytes(m, rank->trainer().model());
     }
     const dtp::CommStats start = comm.stats();
     for (std::size_t s = 0; s < K; ++s) {
@@ -258,6 +298,9 @@ Run run_method(const dtp::TrainConfig& base, const Method& m, const Options& o,
       losses[r].push_back(record.loss);
       clocks[r].push_back(after.clock - before.clock);
       bytes[r].push_back(after.collective_bytes - before.collective_bytes);
+      // The compress strategy's third value under zero++: the node's bytes.
+      if (r == 0 && m.name == "zero++")
+        run.node_bytes.push_back(static_cast<std::int64_t>(rank->report_values().at(2)));
     }
     if (r == 0) {
       const dtp::CommStats end = comm.stats();
@@ -265,6 +308,9 @@ Run run_method(const dtp::TrainConfig& base, const Method& m, const Options& o,
         run.calls[kind] =
             count - (start.collective_calls.count(kind) ? start.collective_calls.at(kind) : 0);
     }
+    // A ZeRO rank holds shards, not a replica (tests/drivers/zero_plus_plus_test.cpp
+    // checks what its ranks must agree on).
+    if (m.sharded()) return;
     for (dtp::Unit* unit : rank->trainer().model().units()) {
       const std::vector<double> p = unit->params().to_vector();
       params[r].insert(params[r].end(), p.begin(), p.end());
@@ -313,6 +359,15 @@ Run run_method(const dtp::TrainConfig& base, const Method& m, const Options& o,
                          "collective sent twice"
                        : "less than the formula: a unit, chunk or scale left out, or fewer bits "
                          "per code than the contract says");
+      run.problems.push_back(text);
+    }
+    if (!run.node_bytes.empty() && run.node_bytes[s] != run.node_formula) {
+      char text[512];
+      std::snprintf(text, sizeof text,
+                    "%s, step %zu, rank 0: its hpZ node's collectives counted %lld bytes, the "
+                    "lesson's formula %lld (every unit's weights gathered once inside the node)",
+                    label.c_str(), s + 1, static_cast<long long>(run.node_bytes[s]),
+                    static_cast<long long>(run.node_formula));
       run.problems.push_back(text);
     }
   }
@@ -372,12 +427,16 @@ void report(const std::vector<Method>& methods, const std::vector<Run>& first,
       static_cast<long long>(config.batch), static_cast<long long>(config.seq),
       static_cast<long long>(K), static_cast<long long>(repeats), o.sgd_lr, o.adam_lr,
       o.onebit_warmup, static_cast<long long>(o.block));
-  std::printf("# tier: %s, alpha %g us, %g GB/s per rank\n", o.tier.name.c_str(),
-              o.tier.alpha_s * 1e6, o.tier.bandwidth_Bps / 1e9);
+  const Tier& inside = o.inside;
+  std::printf(
+      "# tier: %s between nodes of %d ranks, alpha %g us, %g GB/s per rank; %s inside a node, "
+      "alpha %g us, %g GB/s\n",
+      o.tier.name.c_str(), o.node_ranks, o.tier.alpha_s * 1e6, o.tier.bandwidth_Bps / 1e9,
+      inside.name.c_str(), inside.alpha_s * 1e6, inside.bandwidth_Bps / 1e9);
   std::printf(
       "# loss: mean of the last %zu steps; d loss: minus the peer's (ddp, ddp-adamw for "
-      "1bit-adam); bytes: rank's collective buffers per step (mean over the steps), x: over the "
-      "peer's; comm: the clock per step; compute: median of the slowest rank's; step = compute + "
+      "1bit-adam, zero3 for zero++); bytes: rank's collective buffers on the world per step (mean "
+      "over the steps; zero++'s node bytes are in the JSON), x: over the peer's; comm: the clock per step; compute: median of the slowest rank's; step = compute + "
       "comm\n",
       kLossTail);
   std::printf("%-11s %-9s %8s %8s %12s %12s %7s %9s %9s %9s %7s\n", "method", "peer", "loss",
@@ -416,6 +475,10 @@ void report(const std::vector<Method>& methods, const std::vector<Run>& first,
         .add("lr", m.adam ? o.adam_lr : o.sgd_lr)
         .add("world", o.world)
         .add("tier", o.tier.name)
+        .add("node_ranks", o.node_ranks)
+        .add("node_tier", inside.name)
+        .add("node_bytes_per_step", run.node_bytes)
+        .add("node_formula_bytes_per_step", run.node_formula)
         .add("alpha_us", o.tier.alpha_s * 1e6)
         .add("bandwidth_GBps", o.tier.bandwidth_Bps / 1e9)
         .add("dtype", dtp::dtype_name(model.dtype))
@@ -460,7 +523,8 @@ void report(const std::vector<Method>& methods, const std::vector<Run>& first,
 
 int main(int argc, char** argv) {
   std::vector<std::string> method_names = {"ddp",        "sign",       "int8",      "int4",
-                                           "powersgd:1", "powersgd:4", "ddp-adamw", "1bit-adam"};
+                                           "powersgd:1", "powersgd:4", "ddp-adamw", "1bit-adam",
+                                           "zero3",      "zero++"};
   std::int64_t repeats = 3;
   std::string json_path, tier_name = "ethernet";
   std::map<std::string, Tier> tiers = default_tiers();
@@ -481,18 +545,18 @@ int main(int argc, char** argv) {
       "formulas: a difference fails the run), the communication time on the clock and the "
       "step's compute, against uncompressed DDP (2.2) in the same run. Methods: ddp, sign "
       "(10.2), int8 and int4 (10.5), powersgd:R (10.4) with SGD; ddp-adamw and 1bit-adam "
-      "(10.3).",
+      "(10.3); zero3 and zero++ (ZeRO-3 and ZeRO++, 10.5) with SGD.",
       kProgram};
   dtp::cli::add_list_option(app, "--methods", method_names,
                             "a comma list of ddp, sign, int8, int4, powersgd:R, ddp-adamw, "
-                            "1bit-adam; each method's baseline (ddp, or ddp-adamw for 1bit-adam) "
-                            "runs too",
+                            "1bit-adam, zero3, zero++; each method's baseline (ddp, ddp-adamw for "
+                            "1bit-adam, zero3 for zero++) runs too",
                             "METHOD,...")
       ->check(CLI::Validator(
           [](std::string& text) {
             return parse_method(text) ? std::string()
                                       : "expects ddp, sign, int8, int4, powersgd:R (R from 1 to "
-                                        "1024), ddp-adamw or 1bit-adam, got '" +
+                                        "1024), ddp-adamw, 1bit-adam, zero3 or zero++, got '" +
                                             text + "'";
           },
           "METHOD"))
@@ -504,6 +568,11 @@ int main(int argc, char** argv) {
       ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1000}))
       ->capture_default_str();
   app.add_option("--world", o.world, "data-parallel ranks (threads)")
+      ->check(dtp::cli::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--node-ranks", o.node_ranks,
+                 "ranks per node: the clock charges NVLink inside a node and the --tier between "
+                 "nodes; zero++'s hpZ keeps its secondary shards in a node (must divide --world)")
       ->check(dtp::cli::Range(1, 1024))
       ->capture_default_str();
   app.add_option("--batch", config.batch, "global batch (sequences per step)")
@@ -518,7 +587,7 @@ int main(int argc, char** argv) {
   app.add_option("--onebit-warmup", o.onebit_warmup, "1-bit Adam's exact steps")
       ->check(dtp::cli::Range(0, 1 << 20))
       ->capture_default_str();
-  app.add_option("--block", o.block, "values per quantization block (int8, int4)")
+  app.add_option("--block", o.block, "values per quantization block (int8, int4, zero++)")
       ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 24))
       ->capture_default_str();
   app.add_option("--tier", tier_name, "the link the clock charges")
@@ -563,6 +632,12 @@ int main(int argc, char** argv) {
   std::optional<RunContext> context = context_from_env(kProgram);
   if (!context) return 2;
   o.tier = tiers.at(tier_name);
+  o.inside = tiers.at("nvlink");
+  if (o.world % o.node_ranks != 0) {
+    std::fprintf(stderr, "%s: error: --node-ranks %d must divide --world %d into whole nodes\n",
+                 kProgram, o.node_ranks, o.world);
+    return 2;
+  }
   config.synthetic.length = std::max<std::int64_t>(config.synthetic.length, 4 * (config.seq + 1));
 
   // The baselines first, then the methods in the order given.
@@ -573,8 +648,7 @@ int main(int argc, char** argv) {
     methods.push_back(m);
   };
   add(*parse_method("ddp"));
-  for (const std::string& name : method_names)
-    if (parse_method(name)->peer == "ddp-adamw") add(*parse_method("ddp-adamw"));
+  for (const std::string& name : method_names) add(*parse_method(parse_method(name)->peer));
   for (const std::string& name : method_names) add(*parse_method(name));
 
   FILE* json = nullptr;

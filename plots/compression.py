@@ -14,8 +14,9 @@ Writes docs/figures/compression.png (or into --out):
   its time per step on the clock of the run's tier: a filled marker at
   compute + communication, a hollow one at the communication alone, joined
   by a dotted line; labels, in a column on the right, give the bytes per
-  step against the method's uncompressed peer (ddp, or ddp-adamw for
-  1bit-adam), whose markers are squares.
+  step against the method's uncompressed peer (ddp, ddp-adamw for
+  1bit-adam, zero3 for zero++), whose markers are squares; zero++'s also
+  the bytes its hpZ gathers inside a node.
 
 When several lines measure the same method, the last one read wins, so pass
 older files first. Lines of other benchmarks are skipped.
@@ -32,17 +33,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 from _bench_json import figure_folder, keep_last_setup, read_rows, run_footer  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-ORDER = ["ddp", "sign", "int8", "int4", "powersgd:1", "powersgd:4", "ddp-adamw", "1bit-adam"]
+ORDER = ["ddp", "sign", "int8", "int4", "powersgd:1", "powersgd:4", "ddp-adamw", "1bit-adam", "zero3", "zero++"]
 COLOURS = {"ddp": "black", "sign": "#d62728", "int8": "#1f77b4", "int4": "#17becf", "powersgd:1": "#9467bd",
-           "powersgd:4": "#e377c2", "ddp-adamw": "#7f7f7f", "1bit-adam": "#ff7f0e"}
-PEERS = {"ddp", "ddp-adamw"}
+           "powersgd:4": "#e377c2", "ddp-adamw": "#7f7f7f", "1bit-adam": "#ff7f0e", "zero3": "#8c564b",
+           "zero++": "#2ca02c"}
+PEERS = {"ddp", "ddp-adamw", "zero3"}
 
 
 def setup_key(row):
     """What must agree for two rows to share a figure."""
     return (row.get("backend"), row.get("device"), row.get("dtype"), row.get("d_model"), row.get("layers"),
             row.get("heads"), row.get("vocab"), row.get("seq"), row.get("batch"), row.get("world"),
-            row.get("tier"), row.get("steps"))
+            row.get("tier"), row.get("node_ranks"), row.get("steps"))
 
 
 def method_order(methods):
@@ -86,6 +88,8 @@ def plot_loss_time(axes, table, methods):
                   markeredgewidth=1.5, markersize=9, linestyle="none", zorder=3)
         text = (f"{method}: {row['bytes_ratio']:.3g}x bytes" if method not in PEERS
                 else f"{method} (uncompressed): {row['mean_bytes_per_step'] / 1e6:.2f} MB")
+        if row.get("node_formula_bytes_per_step"):
+            text += f" between nodes, + {row['node_formula_bytes_per_step'] / 1e6:.2f} MB inside"
         labels.append((step_ms, loss, text, colour))
     axes.set_xscale("log")
     # The labels stand in one column right of every marker, in the order of
@@ -105,15 +109,16 @@ def plot_loss_time(axes, table, methods):
     axes.set_xlim(left, column * 45)  # room for the labels on the right
     axes.set_ylim(bottom, max(top, placed[-1] + gap))
     r = table[methods[0]]
+    nodes = f", nodes of {r['node_ranks']} on {r['node_tier']}" if r.get("node_ranks") else ""
     axes.set_xlabel(f"ms per step on the clock: {r['tier']} ({r['alpha_us']:g} us, {r['bandwidth_GBps']:g} GB/s), "
-                    f"{r['world']} ranks")
+                    f"{r['world']} ranks{nodes}")
     axes.set_ylabel(f"loss at the end (mean of the last 5 of {r['steps']} steps)")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(handles=[
         Line2D([], [], marker="o", color="0.3", linestyle="none", markersize=9,
-               label="compute (this CPU, median) + communication"),
+               label="compute + communication"),
         Line2D([], [], marker="o", markerfacecolor="white", markeredgecolor="0.3", linestyle="none", markersize=9,
-               label="communication alone (alpha-beta clock)"),
+               label="communication alone (clock)"),
         Line2D([], [], marker="s", color="0.3", linestyle="none", markersize=9, label="uncompressed peer")],
         fontsize=8, loc="center left")
     axes.set_title("Loss at the end against time per step", fontsize=11)
