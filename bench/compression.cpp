@@ -436,7 +436,8 @@ void report(const std::vector<Method>& methods, const std::vector<Run>& first,
   std::printf(
       "# loss: mean of the last %zu steps; d loss: minus the peer's (ddp, ddp-adamw for "
       "1bit-adam, zero3 for zero++); bytes: rank's collective buffers on the world per step (mean "
-      "over the steps; zero++'s node bytes are in the JSON), x: over the peer's; comm: the clock per step; compute: median of the slowest rank's; step = compute + "
+      "over the steps; zero++'s node bytes are in the JSON), x: over the peer's; comm: the clock "
+      "per step; compute: median of the slowest rank's; step = compute + "
       "comm\n",
       kLossTail);
   std::printf("%-11s %-9s %8s %8s %12s %12s %7s %9s %9s %9s %7s\n", "method", "peer", "loss",

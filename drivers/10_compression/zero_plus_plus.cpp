@@ -21,10 +21,11 @@ std::vector<ParamBuffer> shard_buffers(GPT& model, const Comm& world) {
   for (Unit* unit : model.units()) {
     const ChunkRange mine = chunk_range(unit->numel(), world.size(), world.rank());
     const Tensor& full = unit->params();
-    Tensor shard = Tensor::empty(Shape{mine.length}, full.dtype(), full.device(),
-                                 MemoryCategory::params);
+    Tensor shard =
+        Tensor::empty(Shape{mine.length}, full.dtype(), full.device(), MemoryCategory::params);
     shard.copy_from(full.slice(mine.offset, mine.length));
-    Tensor grads = Tensor::zeros(shard.shape(), shard.dtype(), shard.device(), MemoryCategory::grads);
+    Tensor grads =
+        Tensor::zeros(shard.shape(), shard.dtype(), shard.device(), MemoryCategory::grads);
     buffers.push_back({unit->name() + " shard", shard, grads});
   }
   return buffers;
@@ -83,8 +84,8 @@ ZeroPlusPlusParts parse_zeropp(const std::string& text, int hpz_ranks, std::int6
 }
 
 void validate_zeropp(const ZeroPlusPlusParts& parts, int world) {
-  DTP_CHECK(parts.hpz_ranks == 0 || (parts.hpz_ranks >= 1 && parts.hpz_ranks <= world &&
-                                     world % parts.hpz_ranks == 0),
+  DTP_CHECK(parts.hpz_ranks == 0 ||
+                (parts.hpz_ranks >= 1 && parts.hpz_ranks <= world && world % parts.hpz_ranks == 0),
             "zero++: hpZ's node of --node-ranks ", parts.hpz_ranks,
             " ranks must divide the world of ", world, " ranks into whole nodes");
   DTP_CHECK(parts.qgz_bits == 0 || parts.qgz_bits == 4 || parts.qgz_bits == 8,
@@ -198,8 +199,8 @@ double ZeroPlusPlus::clip_gradients(double max_norm) {
 
 const Tensor& ZeroPlusPlus::parameter_shard(int unit) const {
   DTP_CHECK(unit >= 0 && unit < static_cast<int>(parameter_shards_.size()),
-            "ZeroPlusPlus::parameter_shard: unit ", unit, " outside [0, ",
-            parameter_shards_.size(), ")");
+            "ZeroPlusPlus::parameter_shard: unit ", unit, " outside [0, ", parameter_shards_.size(),
+            ")");
   return parameter_shards_[static_cast<std::size_t>(unit)];
 }
 
@@ -212,9 +213,8 @@ std::vector<NamedTensor> ZeroPlusPlus::gather_checkpoint() {
   const std::vector<Unit*> units = model_.units();
   std::vector<NamedTensor> tensors;
   for (Unit* unit : units) {
-    const Tensor full =
-        gather_to_rank0(world_, parameter_shards_[static_cast<std::size_t>(unit->index())],
-                        unit->numel());
+    const Tensor full = gather_to_rank0(
+        world_, parameter_shards_[static_cast<std::size_t>(unit->index())], unit->numel());
     if (world_.rank() != 0) continue;
     for (const ParamView& p : unit->parameters())
       tensors.push_back({parameter_entry(unit->name(), p.name),

@@ -36,9 +36,9 @@ namespace dtp::ch10 {
 
 /// Which of ZeRO++'s three parts are on.
 struct ZeroPlusPlusParts {
-  bool qwz = false;         ///< the weights' all-gathers quantized to 8 bits
-  int hpz_ranks = 0;        ///< hpZ's group: ranks per node; 0: no secondary partition
-  int qgz_bits = 0;         ///< qgZ's bits per gradient code, 4 or 8; 0: plain reduce-scatter
+  bool qwz = false;          ///< the weights' all-gathers quantized to 8 bits
+  int hpz_ranks = 0;         ///< hpZ's group: ranks per node; 0: no secondary partition
+  int qgz_bits = 0;          ///< qgZ's bits per gradient code, 4 or 8; 0: plain reduce-scatter
   std::int64_t block = 256;  ///< values per quantization block (qwZ, qgZ)
 
   /// "qwz,hpz:2,qgz:4", or "none".
@@ -104,12 +104,12 @@ class ZeroPlusPlus : public Optimizer {
   Comm& world_;
   GPT& model_;
   ZeroPlusPlusParts parts_;
-  std::unique_ptr<Comm> node_;             // hpZ's group; null when off
-  std::vector<Tensor> parameter_shards_;   // per unit: chunk world.rank()
-  std::vector<Tensor> gradient_shards_;    // per unit, the same length
-  std::vector<Tensor> secondary_shards_;   // per unit, between its forward and backward (hpZ)
-  std::vector<bool> reduced_;              // per unit: reduced since the last step
-  std::unique_ptr<Optimizer> optimizer_;   // over (parameter shard, gradient shard) pairs
+  std::unique_ptr<Comm> node_;            // hpZ's group; null when off
+  std::vector<Tensor> parameter_shards_;  // per unit: chunk world.rank()
+  std::vector<Tensor> gradient_shards_;   // per unit, the same length
+  std::vector<Tensor> secondary_shards_;  // per unit, between its forward and backward (hpZ)
+  std::vector<bool> reduced_;             // per unit: reduced since the last step
+  std::unique_ptr<Optimizer> optimizer_;  // over (parameter shard, gradient shard) pairs
 };
 
 }  // namespace dtp::ch10

@@ -76,13 +76,15 @@ std::vector<RankSeen> train(const TrainConfig& config, const ZeroPlusPlusParts& 
     model.on_grad_ready([&](Unit& unit) { at(now->grads, unit) = unit.grads().to_vector(); });
     auto owned = std::make_unique<ZeroPlusPlus>(comm, model, trainer.config(), parts);
     ZeroPlusPlus& zero = *owned;
-    model.on_before_forward([&](Unit& unit) { at(now->forward, unit) = unit.params().to_vector(); });
+    model.on_before_forward(
+        [&](Unit& unit) { at(now->forward, unit) = unit.params().to_vector(); });
     model.on_before_backward(
         [&](Unit& unit) { at(now->backward, unit) = unit.params().to_vector(); });
     trainer.on_after_backward([&] {
       zero.finish_backward();
       for (std::size_t u = 0; u < units; ++u)
-        at(now->grad_shards, *model.units()[u]) = zero.gradient_shard(static_cast<int>(u)).to_vector();
+        at(now->grad_shards, *model.units()[u]) =
+            zero.gradient_shard(static_cast<int>(u)).to_vector();
     });
     trainer.set_optimizer(std::move(owned));
     mine.resize(static_cast<std::size_t>(config.steps));
@@ -182,8 +184,8 @@ Values expected_weights(const std::vector<RankSeen>& seen, std::size_t step, std
   Values full;
   for (const RankSeen& rank : seen) {
     const Values& shard = rank[step].shards[unit];
-    const Values got = parts.qwz ? quantize_like_the_contract(shard, dtype, 8, parts.block).values
-                                 : shard;
+    const Values got =
+        parts.qwz ? quantize_like_the_contract(shard, dtype, 8, parts.block).values : shard;
     full.insert(full.end(), got.begin(), got.end());
   }
   return full;
@@ -243,17 +245,19 @@ std::string check_run(const TrainConfig& config, const ZeroPlusPlusParts& parts,
   for (std::size_t s = 0; s < seen[0].size(); ++s)
     for (int r = 0; r < world; ++r) {
       const StepSeen& got = seen[static_cast<std::size_t>(r)][s];
-      const std::string where = run + ", rank " + std::to_string(r) + ", step " +
-                                std::to_string(s + 1);
+      const std::string where =
+          run + ", rank " + std::to_string(r) + ", step " + std::to_string(s + 1);
       if (got.world_calls != lesson.world_calls || got.world_bytes != lesson.world_bytes)
         return where + ": the world's collectives were " + calls_text(got.world_calls) +
-               " moving " + std::to_string(got.world_bytes) + " bytes; the lesson's formula: " +
-               calls_text(lesson.world_calls) + " moving " + std::to_string(lesson.world_bytes) +
+               " moving " + std::to_string(got.world_bytes) +
+               " bytes; the lesson's formula: " + calls_text(lesson.world_calls) + " moving " +
+               std::to_string(lesson.world_bytes) +
                as_if(model, parts, world, dtype, got.world_bytes);
       if (got.node_calls != lesson.node_calls || got.node_bytes != lesson.node_bytes)
         return where + ": inside the hpZ node the collectives were " + calls_text(got.node_calls) +
-               " moving " + std::to_string(got.node_bytes) + " bytes; the lesson: " +
-               calls_text(lesson.node_calls) + " moving " + std::to_string(lesson.node_bytes) +
+               " moving " + std::to_string(got.node_bytes) +
+               " bytes; the lesson: " + calls_text(lesson.node_calls) + " moving " +
+               std::to_string(lesson.node_bytes) +
                " (one plain all-gather per unit in the backward)";
       for (std::size_t u = 0; u < units.size(); ++u) {
         const std::string unit = "unit '" + units[u]->name() + "'";
@@ -266,8 +270,9 @@ std::string check_run(const TrainConfig& config, const ZeroPlusPlusParts& parts,
         d = first_difference(got.forward[u], got.backward[u], true, within);
         if (!d.empty())
           return where + ", " + unit + ", weights before its backward differ from its forward's, " +
-                 d + (parts.hpz_ranks > 0 ? " (hpZ gathers the forward's bits inside the node)"
-                                           : " (the backward gathers the same shards again)");
+                 d +
+                 (parts.hpz_ranks > 0 ? " (hpZ gathers the forward's bits inside the node)"
+                                      : " (the backward gathers the same shards again)");
         const Values grads = expected_gradient_shard(seen, s, u, r, parts, dtype);
         d = first_difference(grads, got.grad_shards[u], parts.qgz_bits > 0, within);
         if (!d.empty())
@@ -305,8 +310,8 @@ TEST(ZeroPlusPlusParts, ParseEveryPartAndRefuseTheRest) {
     const std::string message =
         dtp::testing::compression::dtp_error_of([&] { (void)parse_zeropp(c.list, 2, 64); });
     EXPECT_NE(message.find(c.names), std::string::npos)
-        << "--zeropp '" << c.list << "' should be refused naming " << c.names << ", got: "
-        << message;
+        << "--zeropp '" << c.list << "' should be refused naming " << c.names
+        << ", got: " << message;
   }
   const std::string uneven = dtp::testing::compression::dtp_error_of(
       [] { validate_zeropp(parse_zeropp("hpz", 3, 64), 4); });
