@@ -3,6 +3,7 @@
 #include "drivers/10_compression/compress_strategy.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <vector>
@@ -261,7 +262,6 @@ std::string CompressStrategy::save_note() const {
 }
 
 std::string CompressStrategy::header(const TrainConfig& config, const std::string& backend) const {
-  (void)config;
   std::string how =
       options.compressor == "sign"   ? "1-bit signs with error feedback (10.2)"
       : options.compressor == "int8" ? "8-bit quantized reduce-scatter and all-gather (10.5)"
@@ -272,8 +272,18 @@ std::string CompressStrategy::header(const TrainConfig& config, const std::strin
       : options.powersgd_rank > 0
           ? "PowerSGD rank " + std::to_string(options.powersgd_rank) + " with error feedback (10.4)"
           : "1-bit Adam, " + std::to_string(options.onebit_warmup) + " exact steps first (10.3)";
-  return "compress: " + std::to_string(options.world) + " ranks (" + backend +
-         " backend), gradients as " + how;
+  std::string line = "compress: " + std::to_string(options.world) + " ranks (" + backend +
+                     " backend), gradients as " + how;
+  if (options.compressor == "1bit-adam") {
+    char text[200];
+    std::snprintf(text, sizeof text,
+                  "\ncompress: 1-bit Adam is the optimizer: lr %.2e constant (no warm-up, no "
+                  "schedule), betas 0.9 and 0.999, no clipping; the optimizer line below does not "
+                  "apply",
+                  config.lr);
+    line += text;
+  }
+  return line;
 }
 
 std::unique_ptr<drivers::RankRun> CompressStrategy::start(const TrainConfig& config,
