@@ -3,11 +3,9 @@
 // (parameter shard, gradient shard) pairs, and computes the gradient norm
 // over every rank's shards. The stages (puzzles 3.1-3.5) decide where the
 // parameter shards live and how the shards are filled and spread.
-#include <cmath>
 #include <utility>
 
 #include "03_zero_fsdp/zero.h"
-#include "dtp/ops.h"
 
 namespace dtp::ch03 {
 namespace {
@@ -68,19 +66,8 @@ Tensor& ShardedOptimizer::gradient_shard(int unit) {
   return gradient_shards_[static_cast<std::size_t>(unit)];
 }
 
-// The norm of the full averaged gradient is the root of the sum over ranks of
-// each rank's sum of squares over its shards: one all-reduce of one number.
 double ShardedOptimizer::clip_gradients(double max_norm) {
-  double squares = 0;
-  for (const Tensor& shard : gradient_shards_) {
-    const double norm = global_grad_norm({shard});
-    squares += norm * norm;
-  }
-  const double norm = std::sqrt(all_reduce_value(comm_, squares, ReduceOp::sum));
-  if (max_norm > 0 && norm > max_norm && std::isfinite(norm)) {
-    for (Tensor& shard : gradient_shards_) ops::scale(shard, max_norm / (norm + 1e-6));
-  }
-  return norm;
+  return clip_sharded_grad_norm(comm_, gradient_shards_, max_norm);
 }
 
 void ShardedOptimizer::update_shards(double lr) {

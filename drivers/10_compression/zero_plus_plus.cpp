@@ -2,14 +2,12 @@
 // 10.5's where its part is on (zero_plus_plus.h has the table).
 #include "drivers/10_compression/zero_plus_plus.h"
 
-#include <cmath>
 #include <sstream>
 #include <utility>
 
 #include "10_compression/compression.h"
 #include "dtp/checkpoint.h"
 #include "dtp/error.h"
-#include "dtp/ops.h"
 
 namespace dtp::ch10 {
 namespace {
@@ -183,18 +181,8 @@ void ZeroPlusPlus::step(double lr) {
 
 std::string ZeroPlusPlus::name() const { return optimizer_->name(); }
 
-// The averaged gradient's norm: the root of every rank's sum of squares
-// over its shards, summed over ranks.
 double ZeroPlusPlus::clip_gradients(double max_norm) {
-  double squares = 0;
-  for (const Tensor& shard : gradient_shards_) {
-    const double norm = global_grad_norm({shard});
-    squares += norm * norm;
-  }
-  const double norm = std::sqrt(all_reduce_value(world_, squares, ReduceOp::sum));
-  if (max_norm > 0 && norm > max_norm && std::isfinite(norm))
-    for (Tensor& shard : gradient_shards_) ops::scale(shard, max_norm / (norm + 1e-6));
-  return norm;
+  return clip_sharded_grad_norm(world_, gradient_shards_, max_norm);
 }
 
 const Tensor& ZeroPlusPlus::parameter_shard(int unit) const {

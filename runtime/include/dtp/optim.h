@@ -151,4 +151,12 @@ double global_grad_norm(const std::vector<Tensor>& grads);
 /// @p max_norm (no clipping when max_norm <= 0). Returns the norm before clipping.
 double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm);
 
+class Comm;
+/// clip_grad_norm() of a gradient split over @p comm's ranks, each holding
+/// the pieces @p shards (ZeRO's gradient shards; pieces of different
+/// parameters or of one): the norm is the root of the sum over ranks of
+/// each rank's sum of squares, one all-reduce of one f64, the same on every
+/// rank. Collective over @p comm. Returns the norm before clipping.
+double clip_sharded_grad_norm(Comm& comm, const std::vector<Tensor>& shards, double max_norm);
+
 }  // namespace dtp

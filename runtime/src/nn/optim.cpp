@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "dtp/comm.h"
 #include "dtp/error.h"
 #include "dtp/nn_ops.h"
 #include "dtp/ops.h"
@@ -151,12 +152,27 @@ double global_grad_norm(const std::vector<Tensor>& grads) {
   return std::sqrt(sum);
 }
 
-double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm) {
-  const double norm = global_grad_norm(grads);
+namespace {
+// Scales @p grads as clip_grad_norm does for a global norm @p norm.
+void scale_to(const std::vector<Tensor>& grads, double norm, double max_norm) {
   if (max_norm > 0 && norm > max_norm && std::isfinite(norm)) {
     const double factor = max_norm / (norm + 1e-6);
     for (Tensor g : grads) ops::scale(g, factor);
   }
+}
+}  // namespace
+
+double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm) {
+  const double norm = global_grad_norm(grads);
+  scale_to(grads, norm, max_norm);
+  return norm;
+}
+
+double clip_sharded_grad_norm(Comm& comm, const std::vector<Tensor>& shards, double max_norm) {
+  double squares = 0;
+  for (double s : ops::sum_squares(shards)) squares += s;
+  const double norm = std::sqrt(all_reduce_value(comm, squares, ReduceOp::sum));
+  scale_to(shards, norm, max_norm);
   return norm;
 }
 
