@@ -8,6 +8,7 @@
 #include <optional>
 #include <thread>
 
+#include "dtp/fault.h"
 #include "support/all_to_all_v_case.h"
 #include "support/harness.h"
 
@@ -113,6 +114,72 @@ TEST(MpiBackend, NodesChargeTheInsideLinkWithinANode) {
         EXPECT_NEAR(comm.stats().clock, 21.5 + 2 + 0.6 + 36, 1e-12)
             << "rank " << comm.rank() << ": split 2, the node's all-reduce 0.6, the world's 36";
       });
+}
+
+// recv_any and recv_for on processes: the source is returned, each
+// source's order kept, a timed receive gives up and leaves no receive behind.
+TEST(MpiBackend, RecvAnyAndRecvFor) {
+  launch(mpi_world(3), [](Comm& comm) {
+    Tensor x = Tensor::zeros({1}, DType::f64);
+    if (comm.rank() != 0) {
+      for (int k = 0; k < 2; ++k)
+        comm.send(Tensor::full({1}, comm.rank() * 10 + k, DType::f64), 0, 5);
+      comm.barrier();
+      comm.send(Tensor::full({1}, 7, DType::f64), 0, 6);
+      return;
+    }
+    std::vector<int> next(3, 0);
+    for (int m = 0; m < 4; ++m) {
+      const int from = comm.recv_any(x, 5);
+      ASSERT_GE(from, 1);
+      EXPECT_EQ(x.item(0), from * 10 + next[from]) << "source " << from;
+      ++next[from];
+    }
+    EXPECT_FALSE(comm.recv_for(x, 1, 6, 0.05)) << "rank 1 sends tag 6 only after the barrier";
+    EXPECT_EQ(comm.recv_any_for(x, 6, 0.0), -1);
+    comm.barrier();
+    for (int m = 0; m < 2; ++m) {
+      const int from = comm.recv_any_for(x, 6, 10.0);
+      EXPECT_GE(from, 1);
+      EXPECT_EQ(x.item(0), 7);
+    }
+  });
+}
+
+// Fault injection on processes: a crashed rank and a hung one leave without
+// failing the launch, a dropped message never arrives, and nothing is
+// reported undelivered. Rank 0 collects the beats of ranks 1 and 2 with
+// recv_for; a beat carries its step.
+TEST(MpiBackend, InjectedFaultsLeaveTheOthersRunning) {
+  struct Case {
+    const char* plan;
+    std::vector<double> rank1, rank2;  // the beats rank 0 must receive
+  };
+  for (const Case& c : {Case{"1:2:crash", {1}, {1, 2}}, Case{"2:1:hang", {1, 2}, {}},
+                        Case{"1:1:drop-message", {2}, {1, 2}}}) {
+    fault::set_plan(fault::parse_plan(c.plan));
+    std::vector<std::vector<double>> beats(3);
+    launch(mpi_world(3), [&](Comm& comm) {
+      Tensor beat = Tensor::zeros({1}, DType::f64);
+      for (int s = 1; s <= 2; ++s) {
+        fault::at_step(comm, s);
+        if (comm.rank() != 0) {
+          comm.send(Tensor::full({1}, s, DType::f64), 0, 1);
+          continue;
+        }
+        for (int r = 1; r < 3; ++r)
+          while ((beats[r].empty() || beats[r].back() < s) && comm.recv_for(beat, r, 1, 0.2))
+            beats[r].push_back(beat.item(0));
+      }
+    });
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    if (me == 0) {
+      EXPECT_EQ(beats[1], c.rank1) << "plan " << c.plan << ": the beats of rank 1";
+      EXPECT_EQ(beats[2], c.rank2) << "plan " << c.plan << ": the beats of rank 2";
+    }
+    fault::set_plan({});
+  }
 }
 
 TEST(MpiBackend, IsendIrecvAndPostOrder) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <iterator>
@@ -362,6 +363,81 @@ TEST(ThreadComm, NodesRefuseBadSizes) {
   EXPECT_EQ(tiered.for_group({2, 3}).alpha, 0.1);
   EXPECT_EQ(tiered.for_group({1, 2}).alpha, 1.0);
   EXPECT_EQ(tiered.for_group({1, 2}).ranks_per_node, 0);
+}
+
+// recv_any: whoever sent first is received first, each source's messages
+// in the order it sent them, and the source is returned.
+TEST(ThreadComm, RecvAnyReturnsTheSourceAndKeepsEachSourcesOrder) {
+  std::vector<std::pair<int, double>> got;
+  run_ranks(4, [&](Comm& comm) {
+    Tensor x = Tensor::zeros({1}, DType::f64);
+    if (comm.rank() != 0) {
+      for (int k = 0; k < 2; ++k)
+        comm.send(Tensor::full({1}, comm.rank() * 10 + k, DType::f64), 0, 5);
+      return;
+    }
+    for (int m = 0; m < 6; ++m) {
+      const int from = comm.recv_any(x, 5);
+      got.push_back({from, x.item(0)});
+    }
+  });
+  ASSERT_EQ(got.size(), 6u);
+  std::vector<int> next(4, 0);
+  for (const auto& [from, value] : got) {
+    ASSERT_GE(from, 1);
+    EXPECT_EQ(value, from * 10 + next[from]) << "source " << from << "'s messages out of order";
+    ++next[from];
+  }
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(next[r], 2) << "source " << r;
+}
+
+// recv_for gives up without receiving; the message sent later goes to the
+// next receive; a rank waiting with a deadline is not part of a deadlock.
+TEST(ThreadComm, RecvForGivesUpAndTheLateMessageStillArrives) {
+  bool first = true, second = false;
+  double waited = 0, late = 0;
+  int any = 0;
+  run_ranks(2, [&](Comm& comm) {
+    Tensor x = Tensor::zeros({1}, DType::f64);
+    if (comm.rank() == 1) {
+      comm.barrier();
+      comm.send(Tensor::full({1}, 7, DType::f64), 0, 3);
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    first = comm.recv_for(x, 1, 3, 0.05);  // rank 1 waits in the barrier
+    any = comm.recv_any_for(x, 3, 0.0);
+    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    comm.barrier();
+    second = comm.recv_for(x, 1, 3, 10.0);
+    late = x.item(0);
+  });
+  EXPECT_FALSE(first) << "nothing was sent before the barrier";
+  EXPECT_EQ(any, -1);
+  EXPECT_GE(waited, 0.05);
+  EXPECT_LT(waited, 5.0);
+  EXPECT_TRUE(second);
+  EXPECT_EQ(late, 7);
+}
+
+TEST(ThreadComm, RecvForRefusesBadSecondsAndSyncSends) {
+  run_ranks(1, [](Comm& comm) {
+    Tensor x = Tensor::zeros({1}, DType::f64);
+    EXPECT_THROW(comm.recv_for(x, 0, 0, -1), Error);
+    EXPECT_THROW(comm.recv_any_for(x, 0, std::nan("")), Error);
+  });
+  World world = World::from_env(1);
+  world.send_mode = SendMode::sync;
+  std::string message;
+  try {
+    launch(world, [](Comm& comm) {
+      Tensor x = Tensor::zeros({1}, DType::f64);
+      comm.recv_for(x, 0, 0, 0.01);
+    });
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("DTP_SEND=sync"), std::string::npos) << message;
 }
 
 TEST(ThreadComm, ResetStatsForgetsTheLinks) {

@@ -134,6 +134,20 @@ class Comm {
   Request isend(const Tensor& x, int dst, int tag = 0);
   /// Posts a receive; @p x is written when the request's wait() returns.
   Request irecv(Tensor& x, int src, int tag = 0);
+  /// Receives the next message with @p tag from any rank into @p x and
+  /// returns the rank it came from: what a server that answers whoever asks
+  /// first waits with. Each source's messages still arrive in the order it
+  /// sent them; among sources whose messages are waiting the lowest rank
+  /// goes first. Blocks and times out as recv. Thread and mpi backends only
+  /// (nccl throws dtp::Error), and not under SendMode::sync.
+  int recv_any(Tensor& x, int tag = 0);
+  /// recv() that gives up after @p seconds (>= 0): false when no message
+  /// from @p src with @p tag arrived in time. Nothing is received then and
+  /// nothing fails: a failure detector's wait. A later message is received
+  /// by the next receive. Backends as recv_any.
+  bool recv_for(Tensor& x, int src, int tag, double seconds);
+  /// recv_any() that gives up after @p seconds (>= 0): the source, or -1.
+  int recv_any_for(Tensor& x, int tag, double seconds);
 
   // --- library collectives (chapters 02+; chapter 01 rebuilds them) -------
   /// Every rank's x becomes the element-wise reduction over all ranks.
@@ -198,6 +212,14 @@ class Comm {
   /// (key, old rank). Every rank must call it.
   Comm split(int color, int key);
 
+  // --- fault injection (dtp/fault.h) -------------------------------------------
+  /// Blocks until every other rank of this communicator has returned from
+  /// its function: what an injected hang does. Thread and mpi backends.
+  void wait_for_others_to_leave();
+  /// The next send or isend of this rank is lost: counted in stats() as
+  /// sent, never delivered (an injected drop-message).
+  void lose_next_send();
+
   // --- measurement ---------------------------------------------------------
   /// This rank's counters and simulated clock.
   CommStats stats() const;
@@ -216,6 +238,9 @@ class Comm {
 
  private:
   void check_peer(const char* op, const char* role, int peer) const;
+  /// recv_any, recv_for and recv_any_for: checks, then the backend's
+  /// receive_within (src -1: any; seconds < 0: no deadline of its own).
+  int receive_within(const char* op, Tensor& x, int src, int tag, double seconds);
   void check_tag(const char* op, int tag) const;
   void check_reduce_op(const char* op_name, const Tensor& x, ReduceOp op) const;
   void check_shard(const char* op, const Tensor& shard, const Tensor& full, int rank) const;

@@ -38,4 +38,10 @@ void parallel_for(std::int64_t n, std::int64_t min_part,
 /// 16k elements are work well above the cost of waking a helper thread.
 inline constexpr std::int64_t kElementsPerPart = 16384;
 
+/// A min_part for loops over rows of @p row_elements each: enough rows for
+/// kElementsPerPart elements, at least one.
+inline std::int64_t rows_per_part(std::int64_t row_elements) {
+  return row_elements >= kElementsPerPart ? 1 : kElementsPerPart / row_elements;
+}
+
 }  // namespace dtp

@@ -41,6 +41,16 @@ class CommBackend {
   virtual void send(const Tensor& x, int dst, int tag) = 0;
   virtual void recv(Tensor& x, int src, int tag) = 0;
   virtual std::shared_ptr<RequestState> irecv(Tensor& x, int src, int tag) = 0;
+  /// The next message with @p tag from @p src (-1: any source) into @p x;
+  /// returns its source. @p seconds < 0: wait as recv does (timeout, deadlock
+  /// and abort reports); >= 0: give up after that long and return -1.
+  /// Default: throws dtp::Error (the backend cannot receive so).
+  virtual int receive_within(Tensor& x, int src, int tag, double seconds);
+  /// Blocks until every other rank has returned from its function (see
+  /// Comm::wait_for_others_to_leave). Default: throws dtp::Error.
+  virtual void wait_for_others_to_leave();
+  /// Set by Comm::lose_next_send(); the next send clears it and is dropped.
+  bool lose_next_send = false;
   /// Default: an eager send, complete at once.
   virtual std::shared_ptr<RequestState> isend(const Tensor& x, int dst, int tag) {
     send(x, dst, tag);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "dtp/launch.h"
@@ -166,7 +167,7 @@ void Comm::send(const Tensor& x, int dst, int tag) {
   check_tag("send", tag);
   check_not_in_flight("send", x, dst, tag, true);
   trace::Scope span("send", "comm");
-  backend_->send(x, dst, tag);
+  if (!std::exchange(backend_->lose_next_send, false)) backend_->send(x, dst, tag);
   backend_->stats.messages_sent += 1;
   backend_->stats.bytes_sent += static_cast<std::int64_t>(x.nbytes());
 }
@@ -180,6 +181,53 @@ void Comm::recv(Tensor& x, int src, int tag) {
   backend_->recv(x, src, tag);
   backend_->stats.messages_received += 1;
   backend_->stats.bytes_received += static_cast<std::int64_t>(x.nbytes());
+}
+
+int Comm::recv_any(Tensor& x, int tag) { return receive_within("recv_any", x, -1, tag, -1); }
+
+namespace {
+void check_seconds(const char* op, double seconds) {
+  DTP_CHECK(std::isfinite(seconds) && seconds >= 0, op,
+            ": seconds (how long to wait) must be finite and >= 0, got ", seconds);
+}
+}  // namespace
+
+bool Comm::recv_for(Tensor& x, int src, int tag, double seconds) {
+  check_peer("recv_for", "source", src);
+  check_seconds("recv_for", seconds);
+  return receive_within("recv_for", x, src, tag, seconds) >= 0;
+}
+
+int Comm::recv_any_for(Tensor& x, int tag, double seconds) {
+  check_seconds("recv_any_for", seconds);
+  return receive_within("recv_any_for", x, -1, tag, seconds);
+}
+
+int Comm::receive_within(const char* op, Tensor& x, int src, int tag, double seconds) {
+  check_defined(op, "x", x);
+  check_tag(op, tag);
+  check_not_in_flight(op, x, src, tag, false);
+  trace::Scope span(op, "comm");
+  const int from = backend_->receive_within(x, src, tag, seconds);
+  if (from < 0) return -1;
+  backend_->stats.messages_received += 1;
+  backend_->stats.bytes_received += static_cast<std::int64_t>(x.nbytes());
+  return from;
+}
+
+void Comm::wait_for_others_to_leave() { backend_->wait_for_others_to_leave(); }
+
+void Comm::lose_next_send() { backend_->lose_next_send = true; }
+
+void CommBackend::wait_for_others_to_leave() {
+  throw Error(detail::concat("an injected hang (DTP_FAULT) is not available on the ", name(),
+                             " backend; use DTP_BACKEND=thread or mpi"));
+}
+
+int CommBackend::receive_within(Tensor& x, int src, int tag, double seconds) {
+  (void)x, (void)src, (void)tag, (void)seconds;
+  throw Error(detail::concat("recv_any, recv_for and recv_any_for are not available on the ",
+                             name(), " backend; use DTP_BACKEND=thread or mpi"));
 }
 
 namespace {
@@ -197,7 +245,8 @@ Request Comm::isend(const Tensor& x, int dst, int tag) {
   check_tag("isend", tag);
   check_not_in_flight("isend", x, dst, tag, true);
   trace::Scope span("isend", "comm");
-  std::shared_ptr<RequestState> state = backend_->isend(x, dst, tag);
+  std::shared_ptr<RequestState> state;
+  if (!std::exchange(backend_->lose_next_send, false)) state = backend_->isend(x, dst, tag);
   if (!state) state = std::make_shared<SentAtOnce>();
   backend_->stats.messages_sent += 1;
   backend_->stats.bytes_sent += static_cast<std::int64_t>(x.nbytes());

@@ -12,6 +12,7 @@
 #include <thread>
 #include <utility>
 
+#include "comm/fault_internal.h"
 #include "comm/rank_context.h"
 #include "comm/thread_backend.h"
 #include "comm/thread_group.h"
@@ -19,6 +20,7 @@
 #include "comm/timeout.h"
 #include "cuda/device_api.h"
 #include "dtp/error.h"
+#include "dtp/fault.h"
 #include "dtp/parallel.h"
 #ifdef DTP_HAVE_MPI
 #include "mpi/mpi_session.h"
@@ -188,6 +190,7 @@ void launch_threads(const World& world, const std::function<void(Comm&)>& fn) {
               " GPU(s) are visible");
     if (world.size > 1 && gpus > 1) cuda::enable_peer_access(std::min(gpus, world.size));
   }
+  fault::detail::begin_launch();
   auto thread_world = std::make_shared<ThreadWorld>(world);
   std::vector<int> everyone(static_cast<std::size_t>(world.size));
   for (int r = 0; r < world.size; ++r) everyone[r] = r;
@@ -225,7 +228,11 @@ void launch_threads(const World& world, const std::function<void(Comm&)>& fn) {
     try {
       {
         Comm comm(std::make_shared<ThreadComm>(group, rank));
-        fn(comm);
+        try {
+          fn(comm);
+        } catch (const fault::InjectedCrash&) {
+          // An injected crash or hang: the rank leaves; the others carry on.
+        }
       }
       if (std::exception_ptr error = detail::take_unobserved_failure()) {
         fail(error, "a non-blocking collective that was never waited on failed: " +

@@ -136,10 +136,58 @@ void ThreadComm::receive(Tensor& x, int src, int tag, std::int64_t ticket) {
         return what.str();
       });
   Message message = group_->take_message(rank_, src, tag, ticket);
-  double& clock = world.clocks[global_rank()];
-  clock = std::max(clock, message.arrival);
   lock.unlock();
+  deliver(std::move(message), x, src, tag);
+}
 
+int ThreadComm::receive_within(Tensor& x, int src, int tag, double seconds) {
+  ThreadWorld& world = group_->world();
+  std::unique_lock lock(world.mutex);
+  DTP_CHECK(world.config().send_mode != SendMode::sync,
+            "recv_any, recv_for and recv_any_for need eager sends: under DTP_SEND=sync a send "
+            "waits for a posted receive, and these post none until a message is there");
+  const auto ready = [&] { return group_->next_ready_source(rank_, src, tag) >= 0; };
+  const auto describe = [&, src, tag] {
+    std::ostringstream what;
+    what << (src < 0 ? std::string("recv_any(")
+                     : "recv_for(source rank " + std::to_string(group_->global_rank(src)) + ", ")
+         << "tag " << tag << ", " << x.numel() << " x " << dtype_name(x.dtype()) << ")";
+    if (group_->name() != "the world") what << " on " << group_->name();
+    return what.str();
+  };
+  if (seconds < 0)
+    world.wait_until(lock, global_rank(), ready, describe);
+  else if (!world.wait_for(lock, global_rank(), ready, describe, seconds))
+    return -1;
+  const int from = group_->next_ready_source(rank_, src, tag);
+  const std::int64_t ticket = group_->take_ticket(rank_, from, tag);
+  Message message = group_->take_message(rank_, from, tag, ticket);
+  lock.unlock();
+  deliver(std::move(message), x, from, tag);
+  return from;
+}
+
+// Waits in slices of a second, each of which gives up by itself: the others
+// may run for longer than DTP_TIMEOUT, and a rank that will wake is never
+// part of a deadlock (the others, if they wait for it, time out instead).
+void ThreadComm::wait_for_others_to_leave() {
+  ThreadWorld& world = group_->world();
+  std::unique_lock lock(world.mutex);
+  const int me = global_rank();
+  while (!world.wait_for(
+      lock, me, [&] { return world.all_others_finished(me); },
+      [] { return std::string("an injected hang (DTP_FAULT): every other rank to return"); },
+      1.0)) {
+  }
+}
+
+void ThreadComm::deliver(Message message, Tensor& x, int src, int tag) {
+  {
+    ThreadWorld& world = group_->world();
+    std::lock_guard lock(world.mutex);
+    double& clock = world.clocks[global_rank()];
+    clock = std::max(clock, message.arrival);
+  }
   const Tensor& payload = message.payload;
   if (payload.dtype() != x.dtype() || payload.numel() != x.numel()) {
     std::ostringstream what;

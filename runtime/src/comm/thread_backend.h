@@ -11,6 +11,7 @@ namespace dtp {
 
 class ThreadGroup;
 struct CollectiveCall;
+struct Message;
 
 class ThreadComm : public CommBackend {
  public:
@@ -31,6 +32,8 @@ class ThreadComm : public CommBackend {
   std::shared_ptr<RequestState> irecv(Tensor& x, int src, int tag) override;
   /// Waits for the message with this (source, tag) ticket and copies it into x.
   void receive(Tensor& x, int src, int tag, std::int64_t ticket);
+  int receive_within(Tensor& x, int src, int tag, double seconds) override;
+  void wait_for_others_to_leave() override;
   /// Synchronous sends: waits until @p dst has posted the receive matching
   /// message number @p sequence of this rank's (dst, tag) messages.
   void wait_until_received(const Tensor& x, int dst, int tag, std::int64_t sequence);
@@ -54,6 +57,9 @@ class ThreadComm : public CommBackend {
 
  private:
   int global_rank() const;
+  /// Copies a message taken from the mailbox into @p x (world lock released):
+  /// the clock meets its arrival; a size or dtype mismatch throws.
+  void deliver(Message message, Tensor& x, int src, int tag);
   /// Copies @p x into dst's mailbox; returns the message's sequence number.
   std::int64_t post_copy(const Tensor& x, int dst, int tag);
   /// Runs one collective: meet, do this rank's share of the work, part.

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "comm/backend.h"
+#include "comm/fault_internal.h"
 #include "cuda/device_api.h"
 #include "dtp/error.h"
 
@@ -94,6 +95,15 @@ bool ThreadGroup::has_message(int destination, int source, int tag, std::int64_t
   return std::any_of(box.begin(), box.end(), matches(source, tag, ticket));
 }
 
+int ThreadGroup::next_ready_source(int destination, int source, int tag) const {
+  for (int s = source < 0 ? 0 : source; s < (source < 0 ? size() : source + 1); ++s) {
+    const auto claimed = tickets_.find({destination, s, tag});
+    const std::int64_t next = claimed == tickets_.end() ? 0 : claimed->second;
+    if (has_message(destination, s, tag, next)) return s;
+  }
+  return -1;
+}
+
 Message ThreadGroup::take_message(int destination, int source, int tag, std::int64_t ticket) {
   auto& box = mailbox_[destination];
   auto it = std::find_if(box.begin(), box.end(), matches(source, tag, ticket));
@@ -105,6 +115,7 @@ Message ThreadGroup::take_message(int destination, int source, int tag, std::int
 std::string ThreadGroup::describe_undelivered() const {
   std::ostringstream out;
   for (int dst = 0; dst < size(); ++dst) {
+    if (fault::detail::is_down(global_rank(dst))) continue;  // it left: nobody was to receive them
     for (const Message& m : mailbox_[dst]) {
       out << "  rank " << global_rank(m.source) << " -> rank " << global_rank(dst) << ", tag "
           << m.tag << ": " << m.payload.numel() << " x " << dtype_name(m.payload.dtype());

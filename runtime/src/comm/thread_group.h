@@ -79,6 +79,9 @@ class ThreadGroup {
   /// True once the message with that ticket has arrived. Pure: wait predicates
   /// are also evaluated by other ranks looking for a deadlock.
   bool has_message(int destination, int source, int tag, std::int64_t ticket) const;
+  /// The lowest source (@p source itself, or any when -1) whose next
+  /// unclaimed message with @p tag has arrived; -1 when none. Pure.
+  int next_ready_source(int destination, int source, int tag) const;
   /// Removes and returns the message with that ticket; it must have arrived.
   Message take_message(int destination, int source, int tag, std::int64_t ticket);
   /// True once the receiver has posted the receive that matches the message

@@ -101,10 +101,16 @@ void ThreadWorld::abort(int rank, const std::string& reason) {
   changed.notify_all();
 }
 
+bool ThreadWorld::all_others_finished(int rank) const {
+  for (int r = 0; r < size(); ++r)
+    if (r != rank && status_[static_cast<std::size_t>(r)].state != State::finished) return false;
+  return true;
+}
+
 bool ThreadWorld::everyone_stuck() const {
   for (const ThreadStatus& s : status_) {
     if (s.state == State::running) return false;
-    if (s.state == State::waiting && s.ready()) return false;
+    if (s.state == State::waiting && (s.gives_up || s.ready())) return false;
   }
   return true;
 }
@@ -150,6 +156,36 @@ void ThreadWorld::wait_until(std::unique_lock<std::mutex>& lock, int rank,
     }
   }
   throw_if_aborted(rank);
+}
+
+bool ThreadWorld::wait_for(std::unique_lock<std::mutex>& lock, int rank,
+                           const std::function<bool()>& ready,
+                           const std::function<std::string()>& describe, double seconds) {
+  throw_if_aborted(rank);
+  if (ready()) return true;
+  ThreadStatus& me = status_of_this_thread(rank);
+  me.state = State::waiting;
+  me.gives_up = true;
+  me.ready = ready;
+  me.describe = describe;
+  me.since = std::chrono::steady_clock::now();
+  struct BackToRunning {
+    ThreadStatus& status;
+    ~BackToRunning() {
+      status.state = State::running;
+      status.gives_up = false;
+    }
+  } back_to_running{me};
+  const auto deadline = me.since + timeout_duration(seconds);
+  while (!ready()) {
+    throw_if_aborted(rank);
+    if (changed.wait_until(lock, deadline) == std::cv_status::timeout && !ready()) {
+      throw_if_aborted(rank);
+      return false;
+    }
+  }
+  throw_if_aborted(rank);
+  return true;
 }
 
 std::string ThreadWorld::report() const {

@@ -45,7 +45,14 @@ class ThreadWorld {
   /// the thread waits for, for the report.
   void wait_until(std::unique_lock<std::mutex>& lock, int rank, const std::function<bool()>& ready,
                   const std::function<std::string()>& describe);
+  /// wait_until() that gives up after @p seconds (>= 0) and returns false
+  /// then, without a report. Such a waiter wakes by itself, so it is never
+  /// part of a deadlock.
+  bool wait_for(std::unique_lock<std::mutex>& lock, int rank, const std::function<bool()>& ready,
+                const std::function<std::string()>& describe, double seconds);
 
+  /// True when every rank but @p rank has returned from its function (lock held).
+  bool all_others_finished(int rank) const;
   /// Throws CommAborted when the world was aborted (lock held).
   void throw_if_aborted(int rank) const;
   /// Marks the world failed because of @p rank; every waiting rank unwinds.
@@ -84,6 +91,7 @@ class ThreadWorld {
     bool communication_thread = false;
     int jobs = 0;  // communication threads: queued or running
     State state = State::running;
+    bool gives_up = false;  // waiting with a deadline of its own (wait_for)
     std::function<bool()> ready;
     std::function<std::string()> describe;
     std::chrono::steady_clock::time_point since;

@@ -17,10 +17,6 @@
 namespace dtp::ops {
 
 namespace {
-std::int64_t rows_per_part(std::int64_t V) {
-  return std::max<std::int64_t>(1, kElementsPerPart / V);
-}
-
 detail::LogitRows check_logits(const char* op, const Tensor& logits, const Tensor& targets) {
   detail::check_float(op, "logits", logits);
   detail::check_cpu(op, "targets", targets);

@@ -15,13 +15,6 @@
 
 namespace dtp::ops {
 
-namespace {
-/// At least one row per part, and about kElementsPerPart elements.
-std::int64_t rows_per_part(std::int64_t C) {
-  return std::max<std::int64_t>(1, kElementsPerPart / C);
-}
-}  // namespace
-
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
                        Tensor& mean, Tensor& rstd, double eps) {
   if (x.device().is_cuda()) return cuda::layernorm_forward(x, weight, bias, y, mean, rstd, eps);

@@ -12,6 +12,8 @@
 // nonblocking calls.
 #include "mpi/mpi_backend.h"
 
+#include "comm/fault_internal.h"
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -258,6 +260,33 @@ std::shared_ptr<RequestState> MpiComm::irecv(Tensor& x, int src, int tag) {
 }
 
 void MpiComm::recv(Tensor& x, int src, int tag) { irecv(x, src, tag)->wait(); }
+
+void MpiComm::wait_for_others_to_leave() { session_->leave(); }
+
+// A wildcard or timed receive posts nothing until a header is there (a
+// probe), so giving up leaves no receive behind; then it receives from the
+// header's source as recv does.
+int MpiComm::receive_within(Tensor& x, int src, int tag, double seconds) {
+  MPI_Status status;
+  const bool arrived = session_->poll_until(
+      [&] {
+        int found = 0;
+        check(MPI_Iprobe(src < 0 ? MPI_ANY_SOURCE : src, header_tag(tag), comm_, &found, &status),
+              "MPI_Iprobe");
+        return found != 0;
+      },
+      [&] {
+        std::ostringstream what;
+        what << (src < 0 ? std::string("recv_any(")
+                         : "recv_for(source rank " + std::to_string(src) + ", ")
+             << "tag " << tag << ", " << x.numel() << " x " << dtype_name(x.dtype()) << ")";
+        return what.str();
+      },
+      seconds);
+  if (!arrived) return -1;
+  recv(x, status.MPI_SOURCE, tag);
+  return status.MPI_SOURCE;
+}
 
 // --- collectives ----------------------------------------------------------------
 
@@ -651,6 +680,7 @@ std::string collect_undelivered(Session& session) {
         check(MPI_Recv(sink.data(), static_cast<int>(sink.size()), MPI_BYTE, source,
                        status.MPI_TAG + 1, t->comm, MPI_STATUS_IGNORE),
               "MPI_Recv");
+        if (fault::detail::is_down(session.rank())) continue;  // it left: nobody was to receive
         report << "  rank " << source << " -> rank " << rank << ", tag " << status.MPI_TAG / 2
                << ": " << header.numel << " x " << dtype_name(static_cast<DType>(header.dtype))
                << "\n";

@@ -29,6 +29,8 @@ class MpiComm : public CommBackend {
   void send(const Tensor& x, int dst, int tag) override;
   std::shared_ptr<RequestState> isend(const Tensor& x, int dst, int tag) override;
   void recv(Tensor& x, int src, int tag) override;
+  int receive_within(Tensor& x, int src, int tag, double seconds) override;
+  void wait_for_others_to_leave() override;
   std::shared_ptr<RequestState> irecv(Tensor& x, int src, int tag) override;
 
   void all_reduce(Tensor& x, ReduceOp op) override;

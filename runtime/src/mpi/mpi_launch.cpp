@@ -1,9 +1,11 @@
 // launch() on the mpi backend: this process runs one rank.
 #include <cstdio>
 
+#include "comm/fault_internal.h"
 #include "comm/rank_context.h"
 #include "cuda/device_api.h"
 #include "dtp/error.h"
+#include "dtp/fault.h"
 #include "mpi/mpi_backend.h"
 
 namespace dtp::mpi {
@@ -40,7 +42,12 @@ Outcome run_rank(const World& world, MPI_Comm comm, const std::function<void(Com
     {
       RankBackend rank_backend = make(session);
       Comm comm_handle(rank_backend.backend);
-      fn(comm_handle);
+      try {
+        fn(comm_handle);
+      } catch (const fault::InjectedCrash&) {
+        // An injected crash or hang: the rank leaves; the others carry on.
+      }
+      session->leave();
       undelivered = rank_backend.finish();
     }
     // A non-blocking operation that failed is a failure even if nobody waited on it.
@@ -95,6 +102,7 @@ void launch_on_processes(const World& world, const std::function<void(Comm&)>& f
             " ranks on the mpi backend needs ", world.size, " processes, but mpiexec started ",
             processes, " (use mpiexec -n ", world.size, ")");
   const int me = process_rank();
+  fault::detail::begin_launch();
   MPI_Comm comm = MPI_COMM_NULL;
   check(MPI_Comm_split(MPI_COMM_WORLD, me < world.size ? 0 : MPI_UNDEFINED, me, &comm),
         "MPI_Comm_split");

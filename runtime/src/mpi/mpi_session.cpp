@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
+#include <utility>
 
 #include "dtp/error.h"
 
@@ -70,6 +71,7 @@ Session::Session(const World& config, MPI_Comm comm) : config_(config), comm_(co
   MPI_Comm_size(comm_, &size_);
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   check(MPI_Comm_dup(comm_, &control_), "MPI_Comm_dup");
+  check(MPI_Comm_dup(comm_, &exit_), "MPI_Comm_dup");
   auto mine = std::make_shared<Traffic>();
   mine->comm = comm_;
   check(MPI_Comm_dup(comm_, &mine->check), "MPI_Comm_dup");
@@ -87,6 +89,23 @@ Session::~Session() {
     MPI_Comm_free(&t->check);
   }
   MPI_Comm_free(&control_);
+  MPI_Comm_free(&exit_);
+}
+
+void Session::leave() {
+  if (std::exchange(left_, true)) return;
+  MPI_Request request;
+  check(MPI_Ibarrier(exit_, &request), "MPI_Ibarrier");
+  // In slices that give up by themselves: the others may run for longer
+  // than DTP_TIMEOUT; a failure elsewhere still ends the wait.
+  while (!poll_until(
+      [&] {
+        int done = 0;
+        check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        return done != 0;
+      },
+      [] { return std::string("every rank to return from its function"); }, 1.0)) {
+  }
 }
 
 void Session::poll_notices() {
@@ -109,14 +128,23 @@ void Session::wait(std::vector<MPI_Request>& requests, const std::function<std::
                    std::vector<MPI_Status>* statuses) {
   if (statuses) statuses->resize(requests.size());
   MPI_Status* out = statuses ? statuses->data() : MPI_STATUSES_IGNORE;
+  poll_until(
+      [&] {
+        int done = 0;
+        check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, out),
+              "MPI_Testall");
+        return done != 0;
+      },
+      describe, -1);
+}
+
+bool Session::poll_until(const std::function<bool()>& done,
+                         const std::function<std::string()>& describe, double give_up_seconds) {
   // Most waits end within microseconds: the clock and the notices are read
   // from the 64th poll on, every 64 polls (each costs about as much as a poll).
   std::chrono::steady_clock::time_point start;
   for (long spins = 0;; ++spins) {
-    int done = 0;
-    check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, out),
-          "MPI_Testall");
-    if (done) return;
+    if (done()) return true;
     if (spins % 64 == 63) {
       if (spins == 63) start = std::chrono::steady_clock::now();
       poll_notices();
@@ -128,6 +156,7 @@ void Session::wait(std::vector<MPI_Request>& requests, const std::function<std::
       }
       double waited =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (give_up_seconds >= 0 && waited > give_up_seconds) return false;
       if (waited > config_.timeout_seconds) {
         char head[256];
         std::snprintf(head, sizeof head, "timeout: rank %d waited %.1f s (DTP_TIMEOUT) for %s",

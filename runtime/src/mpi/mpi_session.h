@@ -60,8 +60,18 @@ class Session {
   /// @p describe says what this rank waits for.
   void wait(std::vector<MPI_Request>& requests, const std::function<std::string()>& describe,
             std::vector<MPI_Status>* statuses = nullptr);
+  /// Polls @p done until it is true (returns true), as wait() does: throws
+  /// CommAborted when another rank failed and CommTimeout past the timeout;
+  /// with @p give_up_seconds >= 0 returns false once that long has passed.
+  bool poll_until(const std::function<bool()>& done, const std::function<std::string()>& describe,
+                  double give_up_seconds);
   /// Throws CommAborted when another rank announced a failure.
   void throw_if_peer_failed();
+  /// This rank has returned from its function (or an injected hang stops
+  /// it): waits until every rank has said so, however long that takes; a
+  /// failure elsewhere still throws CommAborted. Once per launch: a second
+  /// call returns at once.
+  void leave();
   /// Tells every other rank that this one failed, so their waits unwind.
   void announce_failure(const std::string& message);
   /// The failure another rank announced, if any ("" when none).
@@ -84,6 +94,8 @@ class Session {
   World config_;
   MPI_Comm comm_;     // the launch's world: data traffic
   MPI_Comm control_;  // failure notices only
+  MPI_Comm exit_;     // leave()'s barrier
+  bool left_ = false;
   int rank_ = 0, size_ = 1;
   int failed_rank_ = -1;
   std::string failure_message_;

@@ -8,6 +8,7 @@
 #include "dtp/error.h"
 #include "dtp/nn_ops.h"
 #include "dtp/train_checkpoint.h"
+#include "dtp/train_run.h"
 #include "dtp/trainer.h"
 
 namespace dtp {
