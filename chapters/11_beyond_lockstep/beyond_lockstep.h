@@ -228,4 +228,131 @@ class DiLoCo {
   std::int64_t outer_steps_ = 0;
 };
 
+// --- 11.5: a data-parallel step that survives a failed replica ----------------------
+
+/// What the coordinator does when a replica does not contribute in time.
+enum class Recovery {
+  continue_with_quorum,  ///< drop it for good; the others go on (a new quorum)
+  restart,               ///< stop everyone; the run restarts from its last checkpoint
+};
+
+/// The coordinator's one method: a replica's gradient of a step.
+enum FtMethod { kContribute = 0 };
+/// Its name ({"contribute"}).
+const std::vector<std::string>& ft_methods();
+
+/// What the coordinator logs per step.
+struct QuorumStep {
+  std::int64_t step = 0;
+  std::vector<int> quorum;       ///< replicas whose gradients were averaged, ascending
+  std::vector<int> failed;       ///< replicas declared failed at this step, ascending
+  double detection_seconds = 0;  ///< from the step's first contribution to the decision
+  bool restart = false;          ///< the step ended the run (Recovery::restart)
+};
+
+/// Provided: rank 0 of a fault-tolerant run, the coordinator (a lighthouse:
+/// it holds no parameters and is assumed not to fail). Replicas are ranks
+/// 1..W; all start live.
+class Coordinator {
+ public:
+  /// @p detect_seconds: how long after a step's first contribution a live
+  /// replica may take before it is declared failed.
+  Coordinator(Comm& comm, Recovery recovery, double detect_seconds);
+
+  /// Puzzle 11.5 (coordinator half). Step @p step: take contributions
+  /// (`call(kContribute, step, 0, gradient)`) until every live replica has
+  /// contributed, or detect_seconds have passed since the first one; the
+  /// live replicas not heard from are failed. A contribution for another
+  /// step, or from a replica that is not live, is refused
+  /// (server().refuse, version -1) and not used. Then:
+  /// - with no failure, or under Recovery::continue_with_quorum: the
+  ///   failed leave live() for good, and every quorum member is answered
+  ///   (server().reply) with the mean of the quorum's gradients, added in
+  ///   replica order and multiplied by 1/|quorum|, and with version = the
+  ///   quorum as a bit mask (bit w for replica w). Returns true.
+  /// - under Recovery::restart with a failure: every quorum member is
+  ///   refused (version -1). Returns false: the run stops.
+  /// Logs the step (log()). Throws dtp::Error naming the step when no
+  /// replica contributed within timeout_seconds(), or none is live.
+  bool step(std::int64_t step);
+
+  /// Live replicas, ascending.
+  const std::vector<int>& live() const { return live_; }
+  /// Every step so far.
+  const std::vector<QuorumStep>& log() const { return log_; }
+  rpc::Server& server() { return server_; }
+  Recovery recovery() const { return recovery_; }
+  double detect_seconds() const { return detect_seconds_; }
+  /// How long a step may wait for its first contribution: 60 s.
+  double timeout_seconds() const { return 60; }
+
+ private:
+  Comm& comm_;
+  rpc::Server server_;
+  Recovery recovery_;
+  double detect_seconds_;
+  std::vector<int> live_;
+  std::vector<QuorumStep> log_;
+};
+
+/// Provided: a replica of a fault-tolerant run (ranks 1..W). Replicas hold
+/// the same parameters and optimizer state, and apply the same mean.
+class FtReplica {
+ public:
+  /// Its Trainer (Trainer(config, rank - 1, W): its slice of each global
+  /// batch) and its rpc client of rank 0, whose calls wait at most
+  /// @p timeout_seconds.
+  FtReplica(Comm& comm, const TrainConfig& config, double timeout_seconds);
+
+  /// Puzzle 11.5 (replica half). One step of the trainer: forward and
+  /// backward of this replica's batch; contribute every unit's gradient
+  /// (flat, in model order, key = the step, counted from 1); when the answer
+  /// is the mean (Status::ok), copy it into the units' gradients and let
+  /// the trainer clip and step with the optimizer, as a data-parallel
+  /// replica does, note the quorum (the answer's version), and return true.
+  /// When it is refused, or no answer comes (rpc::Timeout: the coordinator
+  /// is gone or dropped this replica), return false and leave the model
+  /// as it was before the step: this replica takes no more steps.
+  bool step();
+
+  /// The quorum of the last step that returned true (bit w: replica w).
+  std::int64_t quorum() const { return quorum_; }
+  Trainer& trainer() { return trainer_; }
+  rpc::Client& client() { return client_; }
+
+ private:
+  Comm& comm_;
+  Trainer trainer_;
+  rpc::Client client_;
+  std::int64_t quorum_ = 0;
+};
+
+/// Settings of a fault-tolerant run (run_fault_tolerant).
+struct FtOptions {
+  Recovery recovery = Recovery::continue_with_quorum;
+  double detect_seconds = 0.5;         ///< Coordinator's
+  double replica_timeout_seconds = 2;  ///< FtReplica's: longer than detect_seconds
+  std::int64_t checkpoint_every = 0;   ///< Recovery::restart: a checkpoint every k steps
+  std::string checkpoint_path;         ///< where (one file, overwritten)
+  int max_restarts = 3;                ///< a run that needs more throws
+};
+
+/// What a fault-tolerant run did (filled on rank 0's process).
+struct FtResult {
+  std::vector<QuorumStep> log;               ///< every step of every launch, in order
+  std::vector<std::int64_t> restarted_from;  ///< per restart: the checkpoint's step (0: none)
+  std::vector<int> survivors;                ///< replicas live at the end
+  std::vector<double> parameters;            ///< the survivors' parameters, flat (equal bits)
+  std::vector<std::string> events;           ///< what happened, one line each
+};
+
+/// Provided: runs config.steps steps on @p world ranks (rank 0 the
+/// coordinator) as the options say, relaunching from the last checkpoint
+/// under Recovery::restart. Each replica calls fault::at_step(comm, s)
+/// before each step s. After the last step each survivor sends its
+/// parameters to rank 0, which checks that they are the same bits.
+/// Throws dtp::Error naming the replicas when the survivors differ, and
+/// when the run needed more than max_restarts restarts.
+FtResult run_fault_tolerant(int world, const TrainConfig& config, const FtOptions& options);
+
 }  // namespace dtp::ch11
