@@ -139,7 +139,10 @@ class Comm {
   /// first waits with. Each source's messages still arrive in the order it
   /// sent them; among sources whose messages are waiting the lowest rank
   /// goes first. Blocks and times out as recv. Thread and mpi backends only
-  /// (nccl throws dtp::Error), and not under SendMode::sync.
+  /// (nccl throws dtp::Error), and not under SendMode::sync. With @p x
+  /// undefined (Tensor()) it takes the message whatever its size and dtype:
+  /// x becomes a new tensor on comm.device() holding it (here and in
+  /// recv_for and recv_any_for).
   int recv_any(Tensor& x, int tag = 0);
   /// recv() that gives up after @p seconds (>= 0): false when no message
   /// from @p src with @p tag arrived in time. Nothing is received then and

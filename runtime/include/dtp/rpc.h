@@ -3,14 +3,16 @@
 /// rank answers whichever client asks first, in any order (the RPC a
 /// parameter server stands on).
 ///
-/// A request is a header, an f64 tensor of kHeaderSize whole numbers
-/// (exact below 2^53): method, key, version, payload elements and the
-/// client's call number; then, when it has elements, its payload. A
-/// response is the same with a status in place of the method. Headers and
-/// payloads each have a tag of their own, the four highest tags, out of the
-/// chapters' way. The server
-/// reads a payload's size from its header, so payloads of any size travel;
-/// every payload has the server's dtype and lives on comm.device().
+/// A request is one message, an f64 tensor: a header of kHeaderSize whole
+/// numbers (exact below 2^53: method, key, version, payload elements and
+/// the client's call number), then the payload's values. A response is the
+/// same with a status in place of the method. Requests travel on
+/// kRequestTag and responses on kResponseTag, the two highest tags, out of
+/// the chapters' way; a lost message loses a whole request or response,
+/// never half of one. The server
+/// receives messages of any size (Comm::recv_any into an undefined
+/// tensor); a payload travels as f64 (exact for f32) and arrives in the
+/// server's dtype, on comm.device().
 ///
 /// Nothing waits forever: Server::next() and Client::call() take how long
 /// to wait. A client whose call timed out may still get that call's answer
@@ -28,11 +30,9 @@
 
 namespace dtp::rpc {
 
-inline constexpr int kRequestTag = Comm::kMaxTag - 4;          ///< client -> server: headers
-inline constexpr int kRequestPayloadTag = Comm::kMaxTag - 3;   ///< and payloads
-inline constexpr int kResponseTag = Comm::kMaxTag - 2;         ///< server -> client: headers
-inline constexpr int kResponsePayloadTag = Comm::kMaxTag - 1;  ///< and payloads
-inline constexpr std::int64_t kHeaderSize = 5;                 ///< values per header
+inline constexpr int kRequestTag = Comm::kMaxTag - 2;   ///< client -> server
+inline constexpr int kResponseTag = Comm::kMaxTag - 1;  ///< server -> client
+inline constexpr std::int64_t kHeaderSize = 5;          ///< values before the payload
 
 /// What a response says of its request.
 enum class Status : std::int64_t {

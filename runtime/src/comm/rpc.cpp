@@ -6,25 +6,53 @@
 #include <cstdio>
 #include <utility>
 
+#include "dtp/nn_ops.h"
+
 namespace dtp::rpc {
 namespace {
 
 // Header fields, in order.
 enum Field { kMethodOrStatus, kKey, kVersion, kElements, kCall };
 
-Tensor header_of(std::int64_t method_or_status, std::int64_t key, std::int64_t version,
-                 std::int64_t elements, std::int64_t call, Device device) {
-  std::vector<double> values(kHeaderSize);
-  values[kMethodOrStatus] = static_cast<double>(method_or_status);
-  values[kKey] = static_cast<double>(key);
-  values[kVersion] = static_cast<double>(version);
-  values[kElements] = static_cast<double>(elements);
-  values[kCall] = static_cast<double>(call);
-  return Tensor::from_values(values, DType::f64, device);
+// One message: the header's five numbers, then the payload as f64.
+Tensor message_of(std::int64_t method_or_status, std::int64_t key, std::int64_t version,
+                  const Tensor& payload, std::int64_t call, Device device) {
+  const std::int64_t elements = payload.defined() ? payload.numel() : 0;
+  Tensor message =
+      Tensor::empty(Shape{kHeaderSize + elements}, DType::f64, device, MemoryCategory::comm);
+  message.slice(0, kHeaderSize)
+      .copy_from(Tensor::from_values(
+          {static_cast<double>(method_or_status), static_cast<double>(key),
+           static_cast<double>(version), static_cast<double>(elements), static_cast<double>(call)},
+          DType::f64));
+  if (elements > 0) {
+    Tensor values = message.slice(kHeaderSize, elements);
+    ops::cast(payload.flatten(), values);
+  }
+  return message;
+}
+
+// A received message's header fields.
+std::vector<double> header_of(const Tensor& message) {
+  DTP_CHECK(message.dtype() == DType::f64 && message.numel() >= kHeaderSize, "rpc: a message of ",
+            message.numel(), " x ", dtype_name(message.dtype()), " is not a request or response (",
+            kHeaderSize, " f64 header values first)");
+  return message.slice(0, kHeaderSize).to_vector();
 }
 
 std::int64_t field(const std::vector<double>& header, Field f) {
   return static_cast<std::int64_t>(header[static_cast<std::size_t>(f)]);
+}
+
+// The payload a message carries, in @p dtype (undefined when none).
+Tensor payload_of(const Tensor& message, const std::vector<double>& header, DType dtype) {
+  const std::int64_t elements = field(header, kElements);
+  DTP_CHECK(message.numel() == kHeaderSize + elements, "rpc: a message announces ", elements,
+            " payload values but carries ", message.numel() - kHeaderSize);
+  if (elements == 0) return Tensor();
+  Tensor payload = Tensor::empty(Shape{elements}, dtype, message.device(), MemoryCategory::comm);
+  ops::cast(message.slice(kHeaderSize, elements), payload);
+  return payload;
 }
 
 std::string name_of(const std::vector<std::string>& methods, int method) {
@@ -40,14 +68,6 @@ std::string list_of(const std::vector<std::string>& methods) {
   return out;
 }
 
-// The payload a header announces, received from @p source on @p tag.
-Tensor receive_payload(Comm& comm, std::int64_t elements, DType dtype, int source, int tag) {
-  if (elements == 0) return Tensor();
-  Tensor payload = Tensor::empty(Shape{elements}, dtype, comm.device(), MemoryCategory::comm);
-  comm.recv(payload, source, tag);
-  return payload;
-}
-
 }  // namespace
 
 // --- server ----------------------------------------------------------------------------
@@ -60,29 +80,26 @@ Server::Server(Comm& comm, std::vector<std::string> methods, DType dtype)
 std::string Server::method_name(int method) const { return name_of(methods_, method); }
 
 std::optional<Request> Server::next(double seconds) {
-  DTP_CHECK(!(seconds >= 0) || std::isfinite(seconds),
-            "rpc::Server::next: seconds must be finite, got ", seconds);
   const auto start = std::chrono::steady_clock::now();
-  Tensor header =
-      Tensor::empty(Shape{kHeaderSize}, DType::f64, comm_.device(), MemoryCategory::comm);
   for (;;) {
+    Tensor message;  // any size: the request's header and payload
     int from;
     if (seconds < 0) {
-      from = comm_.recv_any(header, kRequestTag);
+      from = comm_.recv_any(message, kRequestTag);
     } else {
       const double left =
           seconds - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      from = comm_.recv_any_for(header, kRequestTag, std::max(0.0, left));
+      from = comm_.recv_any_for(message, kRequestTag, std::max(0.0, left));
       if (from < 0) return std::nullopt;
     }
-    const std::vector<double> h = header.to_vector();
+    const std::vector<double> h = header_of(message);
     Request request;
     request.client = from;
     request.method = static_cast<int>(field(h, kMethodOrStatus));
     request.key = field(h, kKey);
     request.version = field(h, kVersion);
     request.call = field(h, kCall);
-    request.payload = receive_payload(comm_, field(h, kElements), dtype_, from, kRequestPayloadTag);
+    request.payload = payload_of(message, h, dtype_);
     if (request.method < 0 || request.method >= static_cast<int>(methods_.size())) {
       ++unknown_;
       respond(request, Status::unknown_method, Tensor(), 0);
@@ -106,11 +123,9 @@ void Server::respond(const Request& request, Status status, const Tensor& payloa
   DTP_CHECK(!payload.defined() || payload.dtype() == dtype_, "rpc::Server: a ",
             method_name(request.method), " reply of ", dtype_name(payload.dtype()),
             "; this server's payloads are ", dtype_name(dtype_));
-  const std::int64_t elements = payload.defined() ? payload.numel() : 0;
-  comm_.send(header_of(static_cast<std::int64_t>(status), request.key, version, elements,
-                       request.call, comm_.device()),
+  comm_.send(message_of(static_cast<std::int64_t>(status), request.key, version, payload,
+                        request.call, comm_.device()),
              request.client, kResponseTag);
-  if (elements > 0) comm_.send(payload.flatten(), request.client, kResponsePayloadTag);
 }
 
 // --- client ----------------------------------------------------------------------------
@@ -135,18 +150,15 @@ Response Client::call(int method, std::int64_t key, std::int64_t version, const 
             name_of(methods_, method), " request of ", dtype_name(payload.dtype()),
             "; this client's payloads are ", dtype_name(dtype_));
   const std::int64_t number = ++calls_;
-  const std::int64_t elements = payload.defined() ? payload.numel() : 0;
-  comm_.send(header_of(method, key, version, elements, number, comm_.device()), server_,
+  comm_.send(message_of(method, key, version, payload, number, comm_.device()), server_,
              kRequestTag);
-  if (elements > 0) comm_.send(payload.flatten(), server_, kRequestPayloadTag);
 
   const auto start = std::chrono::steady_clock::now();
-  Tensor header =
-      Tensor::empty(Shape{kHeaderSize}, DType::f64, comm_.device(), MemoryCategory::comm);
   for (;;) {
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (!comm_.recv_for(header, server_, kResponseTag, std::max(0.0, timeout_seconds_ - waited))) {
+    Tensor message;  // any size
+    if (!comm_.recv_for(message, server_, kResponseTag, std::max(0.0, timeout_seconds_ - waited))) {
       char text[160];
       std::snprintf(text, sizeof text, "%.3g", timeout_seconds_);
       throw Timeout("rpc: rank " + std::to_string(comm_.rank()) + " called " +
@@ -154,13 +166,12 @@ Response Client::call(int method, std::int64_t key, std::int64_t version, const 
                     ") on server rank " + std::to_string(server_) + " and got no answer in " +
                     text + " s: the server is down, stopped serving, or busy for longer");
     }
-    const std::vector<double> h = header.to_vector();
+    const std::vector<double> h = header_of(message);
+    if (field(h, kCall) != number) continue;  // the late answer of a call that timed out
     Response response;
     response.status = static_cast<Status>(field(h, kMethodOrStatus));
     response.version = field(h, kVersion);
-    response.payload =
-        receive_payload(comm_, field(h, kElements), dtype_, server_, kResponsePayloadTag);
-    if (field(h, kCall) != number) continue;  // the late answer of a call that timed out
+    response.payload = payload_of(message, h, dtype_);
     if (response.status == Status::unknown_method)
       throw Error("rpc: server rank " + std::to_string(server_) + " does not serve " +
                   name_of(methods_, method) + " (number " + std::to_string(method) +

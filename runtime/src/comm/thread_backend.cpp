@@ -163,6 +163,9 @@ int ThreadComm::receive_within(Tensor& x, int src, int tag, double seconds) {
   const std::int64_t ticket = group_->take_ticket(rank_, from, tag);
   Message message = group_->take_message(rank_, from, tag, ticket);
   lock.unlock();
+  if (!x.defined())
+    x = Tensor::empty(message.payload.shape(), message.payload.dtype(), device(),
+                      MemoryCategory::comm);
   deliver(std::move(message), x, from, tag);
   return from;
 }

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "comm/fault_internal.h"
 #include "comm/thread_group.h"
 #include "comm/timeout.h"
 #include "dtp/error.h"
@@ -205,7 +206,9 @@ std::string ThreadWorld::report() const {
                                        : "running (not inside a communication call)");
         break;
       case State::finished:
-        out << "finished";
+        out << (!s.communication_thread && fault::detail::is_down(s.rank)
+                    ? "left: an injected crash or hang (DTP_FAULT)"
+                    : "finished");
         break;
       case State::idle:
         out << "idle";

@@ -284,8 +284,27 @@ int MpiComm::receive_within(Tensor& x, int src, int tag, double seconds) {
       },
       seconds);
   if (!arrived) return -1;
-  recv(x, status.MPI_SOURCE, tag);
-  return status.MPI_SOURCE;
+  const int from = status.MPI_SOURCE;
+  if (x.defined()) {
+    recv(x, from, tag);
+    return from;
+  }
+  // Any size: the header says how much to allocate, then the payload comes.
+  Header header;
+  MPI_Request request;
+  check(MPI_Irecv(&header, sizeof(Header), MPI_BYTE, from, header_tag(tag), comm_, &request),
+        "MPI_Irecv");
+  finish(request, [&] { return "the header of a message from rank " + std::to_string(from); });
+  x = Tensor::empty(Shape{header.numel}, static_cast<DType>(header.dtype), Device::cpu(),
+                    MemoryCategory::comm);
+  check(MPI_Irecv(x.raw(), as_int(x.nbytes(), "recv"), MPI_BYTE, from, payload_tag(tag), comm_,
+                  &request),
+        "MPI_Irecv");
+  finish(request, [&] { return "the payload of a message from rank " + std::to_string(from); });
+  session_->clock = std::max(session_->clock, header.arrival);
+  traffic_->received[static_cast<std::size_t>(from)] += 1;
+  if (session_->device.is_cuda()) x = x.to(session_->device);
+  return from;
 }
 
 // --- collectives ----------------------------------------------------------------
