@@ -16,6 +16,7 @@
 #include "drivers/checkpointing.h"
 #include "drivers/strategy.h"
 #include "dtp/error.h"
+#include "dtp/fault.h"
 #include "dtp/launch.h"
 #include "dtp/train_run.h"
 #include "train/options.h"
@@ -96,6 +97,10 @@ void print_header(const Options& o, const ProcessRole& role) {
               config.optimizer.c_str(), config.lr, static_cast<long long>(config.warmup),
               config.lr * config.min_lr_ratio, config.grad_clip,
               static_cast<unsigned long long>(config.seed));
+  const std::vector<dtp::fault::Fault> faults = dtp::fault::plan();
+  if (!faults.empty())
+    std::printf("faults: %s (DTP_FAULT: each fires once, at the start of its step)\n",
+                dtp::fault::plan_text(faults).c_str());
   const std::string checkpoint = checkpoint_line(o);
   if (!checkpoint.empty()) std::printf("checkpoint: %s\n", checkpoint.c_str());
   std::fflush(stdout);
@@ -125,6 +130,7 @@ int main(int argc, char** argv) {
     options.config.git_revision = DTP_GIT_REV;
     role = join_processes(options);
     if (role.reports) check_options(options);
+    (void)dtp::fault::plan();  // DTP_FAULT, read and checked before the run
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtp-train: error: %s\n", e.what());
     return kExitUsage;

@@ -6,6 +6,7 @@
 
 #include "dtp/agreement.h"
 #include "dtp/error.h"
+#include "dtp/fault.h"
 #include "dtp/launch.h"
 #include "dtp/memory.h"
 #include "dtp/train_run.h"
@@ -41,6 +42,7 @@ TrainResult run_strategy(const TrainConfig& given, const Strategy& strategy,
             "train: --resume continues a run (its parameters and optimizer state) and --load "
             "starts a new one "
             "from saved parameters; give one, not both");
+  (void)fault::plan();  // a DTP_FAULT that does not parse stops the run before it starts
   return train_with_outputs(config, [&](const StepCallback& logged) {
     const auto start = std::chrono::steady_clock::now();
     TrainResult result;
@@ -65,6 +67,8 @@ TrainResult run_strategy(const TrainConfig& given, const Strategy& strategy,
       }
       std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
       while (rank->trainer().steps_done() < last) {
+        // DTP_FAULT (dtp/fault.h): a rank planned to fail at this step does so here.
+        fault::at_step(world, rank->trainer().steps_done() + 1);
         StepReport report;
         report.record = rank->step();  // resets the tracker's peaks first
         const std::vector<RankStepRow> rows =

@@ -589,11 +589,56 @@ def check_compress_strategies(args):
                f"{show(result)}")
 
 
+def check_lockstep_strategies(args):
+    """dtp train --strategy local-sgd and diloco (chapter 11): they train,
+    their first loss is data parallelism's (the same model and batch before
+    any update), the runs they cannot make are refused, and DTP_FAULT is read
+    by every run: a slow rank is waited for, a crashed one ends a data-parallel
+    run with a report that names it, and a plan that does not parse is a
+    usage error."""
+    with tempfile.TemporaryDirectory() as folder:
+        def losses(flags, env=None):
+            log = os.path.join(folder, "run.jsonl")
+            argv = [args.reference] + flags + ["--world", "2", "--steps", "4", "--batch", "8",
+                                               "--seq", "16", "--device", "cpu", "--json", log]
+            result = run(argv, timeout=300, env={"DTP_BACKEND": "thread", **(env or {})})
+            if not expect(result.returncode == 0,
+                          f"`dtp-train {' '.join(argv[1:])}` must train; got {show(result)}"):
+                return None, result
+            return [o["loss"] for o in read_log(log, log) if o.get("kind") == "step"], result
+        plain, _ = losses(DDP)
+        for flags in (["--strategy", "local-sgd", "--every", "2"], ["--strategy", "diloco", "--every", "2"]):
+            got, _ = losses(flags)
+            if plain is None or got is None:
+                continue
+            expect(len(got) == 4 and got[0] == plain[0] and all(math.isfinite(x) for x in got),
+                   f"{' '.join(flags)}: losses {got}; the first must be data parallelism's {plain[0]}")
+        slow, result = losses(DDP, {"DTP_FAULT": "1:2:slow=0.2"})
+        if slow is not None:
+            expect(slow == plain, f"DTP_FAULT=1:2:slow=0.2 must not change the losses: {slow} vs {plain}")
+            expect("faults: 1:2:slow=0.2" in result.stdout,
+                   f"the header must name the planned faults; got {show(result)}")
+    result = run([args.reference] + DDP + ["--world", "2", "--steps", "4", "--batch", "8", "--seq", "16"],
+                 timeout=120, env={"DTP_BACKEND": "thread", "DTP_FAULT": "1:2:crash", "DTP_TIMEOUT": "3"})
+    expect(result.returncode != 0 and "rank 1: left: an injected crash or hang (DTP_FAULT)" in result.stderr,
+           f"a data-parallel run whose rank 1 crashes at step 2 must fail with a report naming rank 1; "
+           f"got {show(result)}")
+    for flags, env, words in (
+            (["--strategy", "local-sgd", "--every", "0"], {}, "--every"),
+            (["--strategy", "diloco", "--every", "3", "--save", "/tmp/x.ckpt"], {},
+             "multiple of --every"),
+            (["--strategy", "local-sgd", "--resume", "/nonexistent.ckpt"], {}, "cannot --resume"),
+            ([], {"DTP_FAULT": "1:x"}, "DTP_FAULT: fault plan: '1:x'")):
+        result = run([args.reference, "--steps", "1"] + flags, timeout=120, env=env)
+        expect(result.returncode != 0 and words in result.stderr,
+               f"dtp-train {' '.join(flags)} {env} must be refused saying '{words}'; got {show(result)}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("check", choices=["unsolved", "outputs", "mpi-outputs", "mpi-diverging",
                                           "gpu-strategies", "checkpoint-strategies",
-                                          "compress-strategies"])
+                                          "compress-strategies", "lockstep-strategies"])
     parser.add_argument("--train", help="bin/dtp-train (the puzzles)")
     parser.add_argument("--reference", help="bin/dtp-train-reference")
     parser.add_argument("--checkers", action="append", default=[],
@@ -603,7 +648,8 @@ def main():
     {"unsolved": check_unsolved, "outputs": check_outputs, "mpi-outputs": check_mpi_outputs,
      "mpi-diverging": check_mpi_diverging, "gpu-strategies": check_gpu_strategies,
      "checkpoint-strategies": check_checkpoint_strategies,
-     "compress-strategies": check_compress_strategies}[args.check](args)
+     "compress-strategies": check_compress_strategies,
+     "lockstep-strategies": check_lockstep_strategies}[args.check](args)
     return report(args.check)
 
 
