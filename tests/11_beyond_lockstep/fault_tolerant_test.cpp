@@ -26,6 +26,7 @@
 #include "11_beyond_lockstep/beyond_lockstep.h"
 #include "dtp/dtp.h"
 #include "dtp/fault.h"
+#include "lockstep_checks.h"
 #include "support/harness.h"
 #include "support/training.h"
 
@@ -37,31 +38,12 @@ using ch11::FtResult;
 using ch11::QuorumStep;
 using ch11::Recovery;
 using Values = std::vector<double>;
+using ch11_lockstep::flat_parameters;
+using ch11_lockstep::set_flat_parameters;
 
 constexpr int kReplicas = 3;
 constexpr double kDetect = 0.5;
 constexpr double kSlack = 0.5;  // detection may overrun its bound by this much (scheduling)
-
-Values flat_parameters(GPT& model) {
-  Values flat;
-  for (Unit* unit : model.units()) {
-    const Values p = unit->params().to_vector();
-    flat.insert(flat.end(), p.begin(), p.end());
-  }
-  return flat;
-}
-
-void set_parameters(GPT& model, const Values& flat) {
-  std::size_t offset = 0;
-  for (Unit* unit : model.units()) {
-    const auto n = static_cast<std::size_t>(unit->numel());
-    unit->params().copy_from(
-        Tensor::from_values(Values(flat.begin() + static_cast<std::ptrdiff_t>(offset),
-                                   flat.begin() + static_cast<std::ptrdiff_t>(offset + n)),
-                            DType::f64));
-    offset += n;
-  }
-}
 
 // The checker's serial replay: per step, the mean (in replica order, times
 // 1/|quorum|) of the quorum's gradients, each replica's on its slice of the
@@ -81,7 +63,7 @@ Values replay(const TrainConfig& config, const std::vector<std::vector<int>>& qu
     for (Unit* unit : units) unit->grads().fill(0);
     for (int w : quorums[s]) {
       GPT& m = replica[static_cast<std::size_t>(w - 1)]->model();
-      set_parameters(m, theta);
+      set_flat_parameters(m, theta);
       const Batch batch =
           replica[static_cast<std::size_t>(w - 1)]->sampler().batch(static_cast<std::int64_t>(s));
       m.zero_grad();

@@ -57,6 +57,29 @@ inline double round_to(DType dtype, double x) {
   return dtype == DType::f32 ? static_cast<double>(static_cast<float>(x)) : x;
 }
 
+// Every unit's parameters concatenated in model order (what a parameter
+// server's pull carries), and back.
+inline std::vector<double> flat_parameters(GPT& model) {
+  std::vector<double> flat;
+  for (Unit* unit : model.units()) {
+    const std::vector<double> p = unit->params().to_vector();
+    flat.insert(flat.end(), p.begin(), p.end());
+  }
+  return flat;
+}
+
+inline void set_flat_parameters(GPT& model, const std::vector<double>& flat) {
+  std::size_t offset = 0;
+  for (Unit* unit : model.units()) {
+    const auto n = static_cast<std::size_t>(unit->numel());
+    unit->params().copy_from(Tensor::from_values(
+        std::vector<double>(flat.begin() + static_cast<std::ptrdiff_t>(offset),
+                            flat.begin() + static_cast<std::ptrdiff_t>(offset + n)),
+        unit->params().dtype()));
+    offset += n;
+  }
+}
+
 inline UnitValues parameters_of(GPT& model) {
   UnitValues values;
   for (Unit* unit : model.units()) values.push_back(unit->params().to_vector());

@@ -21,6 +21,7 @@
 #include "11_beyond_lockstep/beyond_lockstep.h"
 #include "dtp/dtp.h"
 #include "dtp/fault.h"
+#include "lockstep_checks.h"
 #include "support/harness.h"
 #include "support/training.h"
 
@@ -29,6 +30,8 @@ namespace {
 
 using ch11::Applied;
 using Values = std::vector<double>;
+using ch11_lockstep::flat_parameters;
+using ch11_lockstep::set_flat_parameters;
 
 constexpr int kVersionsTag = 77;  // workers -> rank 0, after the run
 constexpr double kTimeout = 30;
@@ -41,27 +44,6 @@ class NoUpdate : public Optimizer {
   std::string name() const override { return "none"; }
   double clip_gradients(double) override { return 0; }
 };
-
-Values flat_parameters(GPT& model) {
-  Values flat;
-  for (Unit* unit : model.units()) {
-    const Values p = unit->params().to_vector();
-    flat.insert(flat.end(), p.begin(), p.end());
-  }
-  return flat;
-}
-
-void set_parameters(GPT& model, const Values& flat) {
-  std::size_t offset = 0;
-  for (Unit* unit : model.units()) {
-    const auto n = static_cast<std::size_t>(unit->numel());
-    unit->params().copy_from(
-        Tensor::from_values(Values(flat.begin() + static_cast<std::ptrdiff_t>(offset),
-                                   flat.begin() + static_cast<std::ptrdiff_t>(offset + n)),
-                            unit->params().dtype()));
-    offset += n;
-  }
-}
 
 // "unit 'block.0' parameter 'attn.qkv.weight' element 12" for flat index i.
 std::string where(GPT& model, std::size_t i) {
@@ -90,7 +72,7 @@ Values replay(const TrainConfig& config, int workers,
     for (Unit* unit : units) unit->grads().fill(0);
     for (int w = 0; w < workers; ++w) {
       Trainer& t = *worker[static_cast<std::size_t>(w)];
-      set_parameters(t.model(), versions[static_cast<std::size_t>(computed_on[r][w])]);
+      set_flat_parameters(t.model(), versions[static_cast<std::size_t>(computed_on[r][w])]);
       t.step();  // its batch of round r + 1: a worker steps once per round
       const std::vector<Unit*> mine = t.model().units();
       for (std::size_t u = 0; u < units.size(); ++u) {
