@@ -54,7 +54,8 @@ const std::vector<std::string>& ps_methods();
 /// - push, for each unit u in model order: `call(kPush, u, v,
 ///   gradient of u, flat)`; the response is an acknowledgement (no payload);
 /// and after the last step `call(kDone, -1, 0, Tensor())`.
-/// A worker's c-th push of unit u belongs to round c (from 1).
+/// A worker's c-th push of unit u belongs to round c (from 1). A worker's
+/// done may come while other workers still push the last round.
 
 /// What the server logs for every gradient it applies.
 struct Applied {

@@ -73,9 +73,13 @@ void ParameterServer::apply_round(std::int64_t round,
     mean.fill(0);
     for (int k = 0; k < w; ++k) {
       const Tensor& g = gradients[static_cast<std::size_t>(k)][u];
-      DTP_CHECK(g.defined() && g.numel() == units[u]->numel(), "apply_round: round ", round,
-                ": worker ", k + 1, "'s gradient of unit '", units[u]->name(), "' has ",
-                g.defined() ? g.numel() : 0, " elements, expected ", units[u]->numel());
+      DTP_CHECK(g.defined(), "apply_round: round ", round, ": worker ", k + 1,
+                " has not pushed unit '", units[u]->name(),
+                "' for it (was a round applied before all its pushes came, or a push stored "
+                "under another round?)");
+      DTP_CHECK(g.numel() == units[u]->numel(), "apply_round: round ", round, ": worker ", k + 1,
+                "'s gradient of unit '", units[u]->name(), "' has ", g.numel(),
+                " elements, expected ", units[u]->numel(), " (a push stored under another unit?)");
       ops::accumulate(mean, g.view(mean.shape()));
     }
     ops::scale(mean, 1.0 / w);  // as ReduceOp::avg does: the sum times 1/W

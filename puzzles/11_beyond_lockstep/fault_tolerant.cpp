@@ -31,14 +31,14 @@ bool Coordinator::step(std::int64_t step) {
   // does not belong to this step's live replicas; log the quorum and the
   // failed; then reply with the mean (or refuse all, under restart).
   (void)step;
-  throw dtp::NotSolved("11.5");
+  throw dtp::NotSolved("11.5 fault_tolerant_step");
 }
 
 bool FtReplica::step() {
   // About 30 lines: forward and backward of the next batch, contribute the
   // flat gradient, and on a mean: copy it into the gradients, clip, step,
   // count the step, note the quorum. A refusal or a timeout returns false.
-  throw dtp::NotSolved("11.5");
+  throw dtp::NotSolved("11.5 fault_tolerant_step");
 }
 
 }  // namespace dtp::ch11

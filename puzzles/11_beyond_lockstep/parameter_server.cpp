@@ -33,7 +33,7 @@ void ParameterServer::serve_synchronous() {
   // step r when r - 1 rounds are applied (else keep it for later); collect
   // each round's W x U pushes; apply_round when all are in, then answer the
   // pulls that waited.
-  throw dtp::NotSolved("11.1");
+  throw dtp::NotSolved("11.1 parameter_server");
 }
 
 void ParameterServer::serve_bounded(int staleness) {
@@ -41,14 +41,14 @@ void ParameterServer::serve_bounded(int staleness) {
   // version() >= c - 1 - staleness and the pushes of several rounds kept
   // apart (a map from round to its pushes); apply rounds strictly in order.
   (void)staleness;
-  throw dtp::NotSolved("11.2");
+  throw dtp::NotSolved("11.2 bounded_staleness");
 }
 
 double PsWorker::step() {
   // About 12 lines: pull, note its version (versions_.push_back), copy the
   // payload into every unit's parameters, trainer().step(), push every
   // unit's gradient with the pull's version.
-  throw dtp::NotSolved("11.1");
+  throw dtp::NotSolved("11.1 parameter_server");
 }
 
 }  // namespace dtp::ch11

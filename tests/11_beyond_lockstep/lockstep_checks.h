@@ -14,6 +14,8 @@
 // when a rank's state matches such a run, the message names the mistake.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -55,6 +57,13 @@ inline TrainConfig lockstep_config(std::int64_t steps, const std::string& optimi
 // @p x as the model's @p dtype stores it (double to float rounds to nearest).
 inline double round_to(DType dtype, double x) {
   return dtype == DType::f32 ? static_cast<double>(static_cast<float>(x)) : x;
+}
+
+// Fails the test with @p failure alone (what is wrong, where), then the run
+// it came from, when @p failure is not empty: the message a student reads
+// first is the finding, not the comparison that found it.
+inline void expect_none(const std::string& failure, const std::string& run) {
+  if (!failure.empty()) ADD_FAILURE() << failure << "\n    [" << run << "]";
 }
 
 // Every unit's parameters concatenated in model order (what a parameter

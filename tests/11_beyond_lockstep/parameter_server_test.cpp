@@ -30,6 +30,7 @@ namespace {
 
 using ch11::Applied;
 using Values = std::vector<double>;
+using ch11_lockstep::expect_none;
 using ch11_lockstep::flat_parameters;
 using ch11_lockstep::set_flat_parameters;
 
@@ -233,22 +234,21 @@ std::string label(int workers, int staleness) {
 
 TEST(Puzzle11_1_parameter_server, TrainsExactlyAsDataParallelism) {
   for (int workers = 1; workers <= 3 && world_fits(workers + 1); ++workers) {
-    EXPECT_EQ(run(ps_config(workers, 3), workers, -1, "", 0), "")
-        << "[" << label(workers, -1) << ", 3 rounds]";
+    expect_none(run(ps_config(workers, 3), workers, -1, "", 0), label(workers, -1) + ", 3 rounds");
     if (HasFailure()) return;
   }
 }
 
 TEST(Puzzle11_1_parameter_server, ASlowWorkerHoldsTheRoundBack) {
   if (!world_fits(4)) GTEST_SKIP() << "needs 4 ranks";
-  EXPECT_EQ(run(ps_config(3, 4), 3, -1, "1:2:slow=0.2", 0), "")
-      << "[" << label(3, -1) << ", worker 1 slow at step 2]";
+  expect_none(run(ps_config(3, 4), 3, -1, "1:2:slow=0.2", 0),
+              label(3, -1) + ", worker 1 slow at step 2");
 }
 
 TEST(Puzzle11_2_bounded_staleness, BoundZeroIsSynchronous) {
   for (int workers = 1; workers <= 3 && world_fits(workers + 1); ++workers) {
-    EXPECT_EQ(run(ps_config(workers, 3), workers, 0, "1:2:slow=0.1", 0), "")
-        << "[" << label(workers, 0) << ", 3 rounds, worker 1 slow at step 2]";
+    expect_none(run(ps_config(workers, 3), workers, 0, "1:2:slow=0.1", 0),
+                label(workers, 0) + ", 3 rounds, worker 1 slow at step 2");
     if (HasFailure()) return;
   }
 }
@@ -256,8 +256,8 @@ TEST(Puzzle11_2_bounded_staleness, BoundZeroIsSynchronous) {
 TEST(Puzzle11_2_bounded_staleness, FastWorkersRunAheadWithinTheBound) {
   if (!world_fits(4)) GTEST_SKIP() << "needs 4 ranks";
   for (int staleness : {1, 2}) {
-    EXPECT_EQ(run(ps_config(3, 6), 3, staleness, "1:2:slow=0.3", staleness), "")
-        << "[" << label(3, staleness) << ", 6 rounds, worker 1 slow at step 2]";
+    expect_none(run(ps_config(3, 6), 3, staleness, "1:2:slow=0.3", staleness),
+                label(3, staleness) + ", 6 rounds, worker 1 slow at step 2");
     if (HasFailure()) return;
   }
 }
