@@ -151,7 +151,9 @@ class PsWorker {
 
   /// The versions this worker's pulls returned, per step.
   const std::vector<std::int64_t>& versions() const { return versions_; }
+  /// Its Trainer (this worker's slice, a no-op optimizer).
   Trainer& trainer() { return trainer_; }
+  /// Its rpc client of rank 0.
   rpc::Client& client() { return client_; }
 
  private:
@@ -244,7 +246,7 @@ const std::vector<std::string>& ft_methods();
 
 /// What the coordinator logs per step.
 struct QuorumStep {
-  std::int64_t step = 0;
+  std::int64_t step = 0;         ///< from 1
   std::vector<int> quorum;       ///< replicas whose gradients were averaged, ascending
   std::vector<int> failed;       ///< replicas declared failed at this step, ascending
   double detection_seconds = 0;  ///< from the step's first contribution to the decision
@@ -281,8 +283,11 @@ class Coordinator {
   const std::vector<int>& live() const { return live_; }
   /// Every step so far.
   const std::vector<QuorumStep>& log() const { return log_; }
+  /// The rpc server its replicas call.
   rpc::Server& server() { return server_; }
+  /// What a failure leads to.
   Recovery recovery() const { return recovery_; }
+  /// How long after a step's first contribution the rest may take.
   double detect_seconds() const { return detect_seconds_; }
   /// How long a step may wait for its first contribution: 60 s.
   double timeout_seconds() const { return 60; }
@@ -318,7 +323,9 @@ class FtReplica {
 
   /// The quorum of the last step that returned true (bit w: replica w).
   std::int64_t quorum() const { return quorum_; }
+  /// Its Trainer (this replica's slice, its optimizer).
   Trainer& trainer() { return trainer_; }
+  /// Its rpc client of rank 0.
   rpc::Client& client() { return client_; }
 
  private:
@@ -330,12 +337,12 @@ class FtReplica {
 
 /// Settings of a fault-tolerant run (run_fault_tolerant).
 struct FtOptions {
-  Recovery recovery = Recovery::continue_with_quorum;
-  double detect_seconds = 0.5;         ///< Coordinator's
-  double replica_timeout_seconds = 2;  ///< FtReplica's: longer than detect_seconds
-  std::int64_t checkpoint_every = 0;   ///< Recovery::restart: a checkpoint every k steps
-  std::string checkpoint_path;         ///< where (one file, overwritten)
-  int max_restarts = 3;                ///< a run that needs more throws
+  Recovery recovery = Recovery::continue_with_quorum;  ///< what a failure leads to
+  double detect_seconds = 0.5;                         ///< Coordinator's
+  double replica_timeout_seconds = 2;                  ///< FtReplica's: longer than detect_seconds
+  std::int64_t checkpoint_every = 0;  ///< Recovery::restart: a checkpoint every k steps
+  std::string checkpoint_path;        ///< where (one file, overwritten)
+  int max_restarts = 3;               ///< a run that needs more throws
 };
 
 /// What a fault-tolerant run did (filled on rank 0's process).

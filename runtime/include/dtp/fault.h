@@ -40,10 +40,10 @@ const char* kind_name(Kind kind);
 
 /// One planned fault.
 struct Fault {
-  int rank = 0;           ///< world rank
-  std::int64_t step = 1;  ///< the step at whose start it fires
-  Kind kind = Kind::crash;
-  double seconds = 0;  ///< slow: how long it sleeps
+  int rank = 0;             ///< world rank
+  std::int64_t step = 1;    ///< the step at whose start it fires
+  Kind kind = Kind::crash;  ///< what it does
+  double seconds = 0;       ///< slow: how long it sleeps
 };
 
 /// Parses a plan: "1:5:crash", "2:3:slow=0.25", "0:7:drop-message",
@@ -63,7 +63,7 @@ std::vector<Fault> plan();
 
 /// What a fault that fired did.
 struct Fired {
-  Fault fault;
+  Fault fault;            ///< the planned fault
   double at_seconds = 0;  ///< when it fired (steady clock, seconds since this process started)
 };
 /// The faults of this process's plan that have fired, in order.
@@ -78,6 +78,7 @@ void at_step(Comm& comm, std::int64_t step);
 /// it as the rank leaving: it does not fail the launch or stop the others.
 class InjectedCrash : public Error {
  public:
+  /// @p fault fired; @p message says which, where and when.
   InjectedCrash(const Fault& fault, const std::string& message) : Error(message), fault_(fault) {}
   /// The fault that fired.
   const Fault& fault() const { return fault_; }

@@ -53,9 +53,9 @@ struct Request {
 
 /// What a call returns.
 struct Response {
-  Status status = Status::ok;
-  std::int64_t version = 0;  ///< the server's version (Server::reply's)
-  Tensor payload;            ///< undefined when the response carried none
+  Status status = Status::ok;  ///< answered, unknown method, or refused
+  std::int64_t version = 0;    ///< the server's version (Server::reply's)
+  Tensor payload;              ///< undefined when the response carried none
 };
 
 /// A client's call that got no answer in time.
