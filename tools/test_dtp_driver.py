@@ -177,15 +177,15 @@ def checker_puzzles(chapter_dir):
 
 
 class Hints(unittest.TestCase):
-    """The hint files themselves: every puzzle of chapters 01-11 has 2 to 4
+    """The hint files themselves: every puzzle of chapters 01-12 has 2 to 4
     levels, under the id and name the scoreboard gives it, and every lesson
     tells the student where they are."""
 
     CHAPTERS = sorted(p for p in (ROOT / "chapters").glob("[0-9][0-9]_*") if p.is_dir())
 
-    def test_chapters_01_to_11_are_all_here(self):
+    def test_chapters_01_to_12_are_all_here(self):
         self.assertEqual([p.name[:2] for p in self.CHAPTERS],
-                         ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11"])
+                         ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12"])
 
     def test_every_puzzle_has_two_to_four_levels(self):
         for chapter in self.CHAPTERS:
