@@ -33,9 +33,9 @@ struct MeshShape {
 /// One rank's place in the mesh: its three groups and its coordinate on
 /// each axis (the group's rank: tp.rank() == tp_index, ...).
 struct Mesh {
-  Comm tp;  ///< the ranks that differ from this one in their TP coordinate only
-  Comm pp;  ///< ... in their pipeline coordinate only
-  Comm dp;  ///< ... in their data-parallel coordinate only
+  Comm tp;           ///< the ranks that differ from this one in their TP coordinate only
+  Comm pp;           ///< ... in their pipeline coordinate only
+  Comm dp;           ///< ... in their data-parallel coordinate only
   int tp_index = 0;  ///< t: this rank's place in its TP group
   int pp_index = 0;  ///< p: its pipeline stage
   int dp_index = 0;  ///< d: its data-parallel replica
