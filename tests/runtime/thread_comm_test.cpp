@@ -440,6 +440,32 @@ TEST(ThreadComm, RecvForRefusesBadSecondsAndSyncSends) {
   EXPECT_NE(message.find("DTP_SEND=sync"), std::string::npos) << message;
 }
 
+// collective_cost (dtp/comm.h) is what the clock is charged: a planner that
+// calls it predicts each collective exactly, inside a node and across.
+TEST(ThreadComm, TheClockChargesCollectiveCost) {
+  const CostModel cost = CostModel{1e-5, 1e-9}.with_nodes(2, 1e-6, 1e-11);
+  std::vector<double> clocks(4);
+  run_ranks(
+      4,
+      [&](Comm& comm) {
+        Comm node = comm.split(comm.rank() / 2, comm.rank());
+        const double split = comm.stats().clock;
+        Tensor x = Tensor::zeros({1000}, DType::f64);  // 8000 bytes
+        comm.all_reduce(x);
+        Tensor shard = Tensor::zeros({250}, DType::f64);
+        comm.all_gather(shard, x);
+        Tensor half = Tensor::zeros({500}, DType::f64);
+        node.reduce_scatter(x, half);
+        clocks[comm.rank()] = comm.stats().clock - split;
+      },
+      cost);
+  const CostModel outer = cost.for_group({0, 1, 2, 3}), inside = cost.for_group({0, 1});
+  const double want = collective_cost("all_reduce", 8000, 4, outer) +
+                      collective_cost("all_gather", 8000, 4, outer) +
+                      collective_cost("reduce_scatter", 8000, 2, inside);
+  for (int r = 0; r < 4; ++r) EXPECT_NEAR(clocks[r], want, 1e-15) << "rank " << r;
+}
+
 TEST(ThreadComm, ResetStatsForgetsTheLinks) {
   std::vector<double> clocks(2);
   run_ranks(

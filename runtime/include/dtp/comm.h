@@ -58,6 +58,19 @@ struct CostModel {
   CostModel for_group(const std::vector<int>& world_ranks) const;
 };
 
+/// Simulated time of one library collective of @p kind ("all_reduce",
+/// "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v",
+/// "broadcast", "reduce", "gather", "scatter", "barrier", "split") among
+/// @p world_size ranks under the one-tier @p cost, as the bandwidth-optimal
+/// algorithm of chapter 01 would take: rings for all-reduce, all-gather,
+/// reduce-scatter and all-to-all, binomial trees for broadcast, reduce and
+/// barrier, the root's link for gather and scatter. @p bytes is the whole
+/// buffer (all_reduce's x, all_gather's full); for all_to_all_v, the
+/// busiest rank's off-rank bytes. What every backend charges the clock, so
+/// a planner that calls it predicts the executed clock exactly (pass
+/// CostModel::for_group's model for a group inside a node).
+double collective_cost(const std::string& kind, double bytes, int world_size, CostModel cost);
+
 /// What one rank's Comm did since construction or reset_stats().
 struct CommStats {
   std::int64_t messages_sent = 0;      ///< send and isend calls (library collectives not counted)

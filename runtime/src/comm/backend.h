@@ -123,12 +123,4 @@ class CommBackend {
   std::vector<double> link_free_;  // per peer, when its link is next free (link_per_peer)
 };
 
-/// Simulated time of one library collective under the alpha-beta model, as
-/// the bandwidth-optimal algorithm of chapter 01 would take: rings for
-/// all-reduce, all-gather, reduce-scatter and all-to-all, binomial trees for
-/// broadcast, reduce and barrier, the root's link for gather and scatter.
-/// @p bytes is the size of the whole buffer (all_reduce's x, all_gather's full);
-/// for all_to_all_v, the busiest rank's off-rank bytes (pairwise exchange).
-double collective_cost(const std::string& kind, double bytes, int world_size, CostModel cost);
-
 }  // namespace dtp
