@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dtp/error.h"
+#include "dtp/gpt_config.h"
 #include "dtp/json.h"
 #include "dtp/launch.h"
 #include "dtp/trainer.h"
@@ -127,6 +128,19 @@ inline JsonLine& add_context(JsonLine& line, const RunContext& c) {
       .add("cpu", c.cpu)
       .add("cores", c.cores)
       .add("glibc_tunables", c.glibc_tunables);
+}
+
+/// Adds the model's shape and the batch to @p line: dtype, d_model, layers,
+/// heads, vocab, seq and batch, under the names the plots read.
+inline JsonLine& add_shape(JsonLine& line, const dtp::GPTConfig& model, std::int64_t seq,
+                           std::int64_t batch) {
+  return line.add("dtype", dtp::dtype_name(model.dtype))
+      .add("d_model", model.d_model)
+      .add("layers", model.layers)
+      .add("heads", model.heads)
+      .add("vocab", model.vocab_size)
+      .add("seq", seq)
+      .add("batch", batch);
 }
 
 /// Writes @p line and a newline to @p json (nothing when null), flushed so a

@@ -482,13 +482,6 @@ void report(const std::vector<Method>& methods, const std::vector<Run>& first,
         .add("node_formula_bytes_per_step", run.node_formula)
         .add("alpha_us", o.tier.alpha_s * 1e6)
         .add("bandwidth_GBps", o.tier.bandwidth_Bps / 1e9)
-        .add("dtype", dtp::dtype_name(model.dtype))
-        .add("d_model", model.d_model)
-        .add("layers", model.layers)
-        .add("heads", model.heads)
-        .add("vocab", model.vocab_size)
-        .add("seq", config.seq)
-        .add("batch", config.batch)
         .add("parameters", params)
         .add("block", o.block)
         .add("onebit_warmup", o.onebit_warmup)
@@ -516,6 +509,7 @@ void report(const std::vector<Method>& methods, const std::vector<Run>& first,
         .add("repeats", repeats)
         .add("warmup", static_cast<std::int64_t>(kWarmup))
         .add("compute_threads", dtp::compute_threads());
+    add_shape(line, model, config.seq, config.batch);
     write_line(json, add_context(line, context));
   }
 }

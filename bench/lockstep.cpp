@@ -462,13 +462,6 @@ void report_methods(const std::vector<Method>& methods, const std::vector<Run>& 
         .add("tier", o.wan.name)
         .add("alpha_us", o.wan.alpha_s * 1e6)
         .add("bandwidth_GBps", o.wan.bandwidth_Bps / 1e9)
-        .add("dtype", dtp::dtype_name(model.dtype))
-        .add("d_model", model.d_model)
-        .add("layers", model.layers)
-        .add("heads", model.heads)
-        .add("vocab", model.vocab_size)
-        .add("seq", config.seq)
-        .add("batch", config.batch)
         .add("parameters", params)
         .add("unit_elements", units)
         .add("steps", o.steps)
@@ -492,6 +485,7 @@ void report_methods(const std::vector<Method>& methods, const std::vector<Run>& 
         .add("mean_staleness", stale_mean)
         .add("max_staleness", stale_max)
         .add("compute_threads", dtp::compute_threads());
+    add_shape(line, model, config.seq, config.batch);
     write_line(json, add_context(line, context));
   }
 }
@@ -711,13 +705,6 @@ void report_recovery(const std::vector<FtRun>& runs, const FtSettings& f,
         .add("replica_timeout_seconds", f.replica_timeout_s)
         .add("checkpoint_every",
              run.recovery == Recovery::restart ? f.checkpoint_every : std::int64_t{0})
-        .add("dtype", "f64")
-        .add("d_model", config.model.d_model)
-        .add("layers", config.model.layers)
-        .add("heads", config.model.heads)
-        .add("vocab", config.model.vocab_size)
-        .add("seq", config.seq)
-        .add("batch", config.batch)
         .add("failed_step", run.failed_step)
         .add("detection_s", run.detection_s)
         .add("wall_s", run.wall_s)
@@ -732,6 +719,7 @@ void report_recovery(const std::vector<FtRun>& runs, const FtSettings& f,
         .add("max_parameter_difference", diff)
         .add("events", run.result.events)
         .add("compute_threads", dtp::compute_threads());
+    add_shape(line, config.model, config.seq, config.batch);
     write_line(json, add_context(line, context));
   }
 }
