@@ -52,6 +52,25 @@ inline void add_shape_options(CLI::App& app, dtp::GPTConfig& model) {
   dtp::cli::require_heads_divide_width(app, model.d_model, model.heads);
 }
 
+/// A training benchmark's data and precision: --seq, --vocab and --dtype
+/// (f32 or f64, said as @p dtype_help), read into @p config.
+inline void add_training_shape_options(CLI::App& app, dtp::TrainConfig& config,
+                                       const std::string& dtype_help) {
+  add_shape_options(app, config.model);
+  app.add_option("--seq", config.seq, "tokens per sequence")
+      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 16))
+      ->capture_default_str();
+  app.add_option("--vocab", config.model.vocab_size, "vocabulary size")
+      ->check(dtp::cli::Range(2, 1 << 24))
+      ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--dtype",
+         [&config](const std::string& name) { config.model.dtype = dtp::parse_dtype(name); },
+         dtype_help)
+      ->check(CLI::IsMember({"f32", "f64"}))
+      ->default_str(dtp::dtype_name(config.model.dtype));
+}
+
 /// The timed and untimed steps of a measurement: --steps and --warmup.
 inline void add_step_options(CLI::App& app, std::int64_t& steps, std::int64_t& warmup) {
   app.add_option("--steps", steps, "timed steps per run")

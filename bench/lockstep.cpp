@@ -806,19 +806,7 @@ int main(int argc, char** argv) {
         ->type_name("ALPHA_US,GBPS")
         ->default_str(text);
   }
-  add_shape_options(app, config.model);
-  app.add_option("--seq", config.seq, "tokens per sequence")
-      ->check(dtp::cli::Range(std::int64_t{1}, std::int64_t{1} << 16))
-      ->capture_default_str();
-  app.add_option("--vocab", config.model.vocab_size, "vocabulary size")
-      ->check(dtp::cli::Range(2, 1 << 24))
-      ->capture_default_str();
-  app.add_option_function<std::string>(
-         "--dtype",
-         [&config](const std::string& name) { config.model.dtype = dtp::parse_dtype(name); },
-         "f32 or f64 for part 1 (part 2 is f64: FtReplica's)")
-      ->check(CLI::IsMember({"f32", "f64"}))
-      ->default_str(dtp::dtype_name(config.model.dtype));
+  add_training_shape_options(app, config, "f32 or f64 for part 1 (part 2 is f64: FtReplica's)");
   dtp::cli::add_list_option(app, "--faults", fault_names,
                             "a comma list of crash, hang, drop-message, slow; none: skip part 2",
                             "KIND,...")
