@@ -24,6 +24,7 @@
 /// See chapters/05_pipeline/README.md for the pictures and the formulas.
 #pragma once
 
+#include <any>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -248,6 +249,35 @@ struct ActionRecord {
   double wall_end = 0;     ///< ... when it ended
 };
 
+/// How a stage runs the units of one kind of model (provided). StageModule
+/// calls it unit by unit and keeps what each unit saved per micro-batch;
+/// the serial GPT has one (the StageModule(GPT&, ...) constructor makes it),
+/// and chapter 12 gives its tensor-parallel GPT another, so the same
+/// executor (5.7) runs either.
+class StageRunner {
+ public:
+  virtual ~StageRunner() = default;
+  /// How many units the whole model has (0 = the embedding, the last = the head).
+  virtual int unit_count() const = 0;
+  /// Unit @p u, or nullptr where this rank does not hold it.
+  virtual Unit* unit(int u) = 0;
+  /// Forward of unit @p u on @p x (token ids for unit 0). Keeps in @p saved
+  /// what its backward needs. Returns the output; the head computes the
+  /// loss against microbatch.targets into @p loss and returns undefined.
+  virtual Tensor forward(int u, const Tensor& x, const MicroBatch& microbatch, std::any& saved,
+                         double& loss) = 0;
+  /// Backward of unit @p u: @p dy is its output gradient (undefined for the
+  /// head, which starts from its loss times @p loss_scale). Returns the input
+  /// gradient (undefined for the embedding). With WeightGrads::deferred
+  /// the weight gradients wait for weight().
+  virtual Tensor backward(int u, const Tensor& dy, std::any& saved, WeightGrads mode,
+                          double loss_scale) = 0;
+  /// The deferred weight gradients of unit @p u.
+  virtual void weight(int u, std::any& saved) = 0;
+  /// A receive buffer for what crosses a stage boundary (see StageModule::boundary_tensor).
+  virtual Tensor boundary_tensor(const MicroBatch& microbatch, bool gradient) const = 0;
+};
+
 /// The units of one stage (a model chunk) of a GPT, run one micro-batch at
 /// a time (provided). forward() and backward() run its units in order and
 /// in reverse, keeping each micro-batch's saved activations apart, so a
@@ -263,6 +293,9 @@ class StageModule {
   /// The units @p units of @p model (which must outlive the stage), as chunk
   /// @p chunk of this rank. Their gradients accumulate until zero_grad().
   StageModule(GPT& model, UnitRange units, int chunk = 0);
+  /// The units @p units of the model @p runner runs (every unit of the
+  /// range must be held: runner->unit(u) not null), as chunk @p chunk.
+  StageModule(std::shared_ptr<StageRunner> runner, UnitRange units, int chunk = 0);
 
   /// Charges every action's cost on @p pp's clock from now on.
   void set_clock(Comm& pp, const ActionCosts& costs, bool split_backward);
@@ -277,7 +310,8 @@ class StageModule {
   /// Its units, in forward order.
   std::vector<Unit*> units();
   /// A receive buffer for what crosses a stage boundary for @p microbatch:
-  /// [b, T, C] in the model's dtype and device. An activation (the next
+  /// [b, T, C] in the model's dtype and device (the runner's shape for
+  /// another model: chapter 12's token shard [b T / t, C]). An activation (the next
   /// stage keeps it: MemoryCategory::activations), or with @p gradient the
   /// gradient sent back (MemoryCategory::other).
   Tensor boundary_tensor(const MicroBatch& microbatch, bool gradient = false) const;
@@ -332,7 +366,7 @@ class StageModule {
   struct Saved;
   void begin_action(const Action& action);
   void end_action();
-  GPT* model_;
+  std::shared_ptr<StageRunner> runner_;
   UnitRange range_;
   int chunk_;
   Comm* clock_ = nullptr;

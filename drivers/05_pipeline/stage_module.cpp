@@ -3,6 +3,7 @@
 // on the simulated clock and recorded. Plus micro-batches and unit costs.
 // Provided code, not a puzzle.
 #include <algorithm>
+#include <any>
 #include <chrono>
 #include <cmath>
 
@@ -20,13 +21,81 @@ double now_seconds() {
 
 // What one micro-batch keeps between its forward and its backward (and W).
 struct StageModule::Saved {
-  EmbeddingSaved embedding;
-  std::vector<BlockSaved> blocks;  // one per block of the stage
-  HeadSaved head;
-  Tensor embedding_dx;  // the embedding's output gradient, kept for W when deferred
+  std::vector<std::any> units;  // what each unit of the stage saved, in order
   double loss = 0;
   bool backward_done = false;  // B ran with deferred weight gradients: W is next
 };
+
+namespace {
+
+// The serial GPT's units: Embedding, Block, Head.
+class GptStageRunner : public StageRunner {
+ public:
+  explicit GptStageRunner(GPT& model) : model_(model) {}
+  int unit_count() const override { return static_cast<int>(model_.units().size()); }
+  Unit* unit(int u) override { return model_.units()[static_cast<std::size_t>(u)]; }
+
+  Tensor forward(int u, const Tensor& x, const MicroBatch& microbatch, std::any& saved,
+                 double& loss) override {
+    Unit* unit = this->unit(u);
+    if (auto* embedding = dynamic_cast<Embedding*>(unit)) {
+      return embedding->forward(x, saved.emplace<EmbeddingKept>().saved);
+    }
+    if (auto* block = dynamic_cast<Block*>(unit)) {
+      return block->forward(x, saved.emplace<BlockSaved>());
+    }
+    loss = dynamic_cast<Head&>(*unit).forward(x, microbatch.targets, saved.emplace<HeadSaved>());
+    return Tensor();
+  }
+
+  Tensor backward(int u, const Tensor& dy, std::any& saved, WeightGrads mode,
+                  double loss_scale) override {
+    Unit* unit = this->unit(u);
+    if (auto* head = dynamic_cast<Head*>(unit)) {
+      return head->backward(std::any_cast<HeadSaved&>(saved), loss_scale);
+    }
+    if (auto* block = dynamic_cast<Block*>(unit)) {
+      // loss_scale reaches a MoE block's balance loss too.
+      return block->backward(dy, std::any_cast<BlockSaved&>(saved), mode, loss_scale);
+    }
+    // All of the embedding's backward is weight gradient: W does it when deferred.
+    auto& kept = std::any_cast<EmbeddingKept&>(saved);
+    if (mode == WeightGrads::deferred) {
+      kept.dx = dy;
+    } else {
+      dynamic_cast<Embedding&>(*unit).backward(dy, kept.saved);
+    }
+    return Tensor();
+  }
+
+  void weight(int u, std::any& saved) override {
+    Unit* unit = this->unit(u);
+    if (auto* block = dynamic_cast<Block*>(unit)) {
+      block->backward_weight(std::any_cast<BlockSaved&>(saved));
+    } else if (auto* embedding = dynamic_cast<Embedding*>(unit)) {
+      auto& kept = std::any_cast<EmbeddingKept&>(saved);
+      embedding->backward(kept.dx, kept.saved);
+      kept.dx = Tensor();
+    }
+  }
+
+  Tensor boundary_tensor(const MicroBatch& microbatch, bool gradient) const override {
+    const GPTConfig& c = model_.config();
+    return Tensor::empty(Shape{microbatch.inputs.size(0), microbatch.inputs.size(1), c.d_model},
+                         c.dtype, c.device,
+                         gradient ? MemoryCategory::other : MemoryCategory::activations);
+  }
+
+ private:
+  // The embedding's saved state, and its output gradient kept for W when deferred.
+  struct EmbeddingKept {
+    EmbeddingSaved saved;
+    Tensor dx;
+  };
+  GPT& model_;
+};
+
+}  // namespace
 
 std::vector<MicroBatch> split_microbatches(const Batch& batch, int microbatches) {
   DTP_CHECK(microbatches >= 1, "split_microbatches: micro-batches must be at least 1, got ",
@@ -82,11 +151,18 @@ std::vector<double> unit_costs_by_time(GPT& model, const Batch& batch, int repea
 }
 
 StageModule::StageModule(GPT& model, UnitRange units, int chunk)
-    : model_(&model), range_(units), chunk_(chunk) {
-  const int n = static_cast<int>(model.units().size());
+    : StageModule(std::make_shared<GptStageRunner>(model), units, chunk) {}
+
+StageModule::StageModule(std::shared_ptr<StageRunner> runner, UnitRange units, int chunk)
+    : runner_(std::move(runner)), range_(units), chunk_(chunk) {
+  DTP_CHECK(runner_ != nullptr, "StageModule: no runner");
+  const int n = runner_->unit_count();
   DTP_CHECK(units.count >= 1 && units.first >= 0 && units.first + units.count <= n,
             "StageModule: units [", units.first, ", ", units.first + units.count,
             ") are not a non-empty range of the model's ", n, " units");
+  for (int u = units.first; u < units.first + units.count; ++u)
+    DTP_CHECK(runner_->unit(u) != nullptr, "StageModule: unit ", u,
+              " of the stage is not held on this rank");
   wall_zero_ = now_seconds();
 }
 
@@ -98,20 +174,16 @@ void StageModule::set_clock(Comm& pp, const ActionCosts& costs, bool split_backw
 
 bool StageModule::is_first() const { return range_.first == 0; }
 
-bool StageModule::is_last() const {
-  return range_.first + range_.count == static_cast<int>(model_->units().size());
-}
+bool StageModule::is_last() const { return range_.first + range_.count == runner_->unit_count(); }
 
 std::vector<Unit*> StageModule::units() {
-  std::vector<Unit*> all = model_->units();
-  return {all.begin() + range_.first, all.begin() + range_.first + range_.count};
+  std::vector<Unit*> mine;
+  for (int u = range_.first; u < range_.first + range_.count; ++u) mine.push_back(runner_->unit(u));
+  return mine;
 }
 
 Tensor StageModule::boundary_tensor(const MicroBatch& microbatch, bool gradient) const {
-  const GPTConfig& c = model_->config();
-  return Tensor::empty(Shape{microbatch.inputs.size(0), microbatch.inputs.size(1), c.d_model},
-                       c.dtype, c.device,
-                       gradient ? MemoryCategory::other : MemoryCategory::activations);
+  return runner_->boundary_tensor(microbatch, gradient);
 }
 
 void StageModule::begin_action(const Action& action) {
@@ -143,19 +215,14 @@ Tensor StageModule::forward(int index, const Tensor& input, const MicroBatch& mi
   trace::Scope span(action_name(F(index, chunk_)), "pipeline");
   begin_action(F(index, chunk_));
   auto saved = std::make_shared<Saved>();
+  saved->units.resize(static_cast<std::size_t>(range_.count));
   Tensor x = input;
-  for (Unit* unit : units()) {
-    for (auto& hook : before_forward_) hook(*unit);
-    if (auto* embedding = dynamic_cast<Embedding*>(unit)) {
-      x = embedding->forward(x, saved->embedding);
-    } else if (auto* block = dynamic_cast<Block*>(unit)) {
-      saved->blocks.emplace_back();
-      x = block->forward(x, saved->blocks.back());
-    } else if (auto* head = dynamic_cast<Head*>(unit)) {
-      saved->loss = head->forward(x, microbatch.targets, saved->head);
-      x = Tensor();
-    }
-    for (auto& hook : after_forward_) hook(*unit);
+  for (int i = 0; i < range_.count; ++i) {
+    Unit& unit = *runner_->unit(range_.first + i);
+    for (auto& hook : before_forward_) hook(unit);
+    x = runner_->forward(range_.first + i, x, microbatch, saved->units[static_cast<std::size_t>(i)],
+                         saved->loss);
+    for (auto& hook : after_forward_) hook(unit);
   }
   saved_[index] = saved;
   end_action();
@@ -181,25 +248,12 @@ Tensor StageModule::backward(int index, const Tensor& dy, double loss_scale, Wei
   begin_action(B(index, chunk_));
   Saved& saved = *it->second;
   const bool defer = mode == WeightGrads::deferred;
-  std::vector<Unit*> mine = units();
   Tensor dx = dy;
-  std::size_t block = saved.blocks.size();
-  for (auto u = mine.rbegin(); u != mine.rend(); ++u) {
-    Unit& unit = **u;
+  for (int i = range_.count; i-- > 0;) {
+    Unit& unit = *runner_->unit(range_.first + i);
     for (auto& hook : before_backward_) hook(unit);
-    if (auto* head = dynamic_cast<Head*>(&unit)) {
-      dx = head->backward(saved.head, loss_scale);
-    } else if (auto* b = dynamic_cast<Block*>(&unit)) {
-      dx = b->backward(dx, saved.blocks[--block], mode,
-                       loss_scale);  // a MoE block's balance loss too
-    } else if (auto* embedding = dynamic_cast<Embedding*>(&unit)) {
-      // All of the embedding's backward is weight gradient: W does it when deferred.
-      if (!defer)
-        embedding->backward(dx, saved.embedding);
-      else
-        saved.embedding_dx = dx;
-      dx = Tensor();
-    }
+    dx = runner_->backward(range_.first + i, dx, saved.units[static_cast<std::size_t>(i)], mode,
+                           loss_scale);
     if (!defer)
       for (auto& hook : grad_ready_) hook(unit);
   }
@@ -219,17 +273,9 @@ void StageModule::weight(int index) {
   trace::Scope span(action_name(W(index, chunk_)), "pipeline");
   begin_action(W(index, chunk_));
   Saved& saved = *it->second;
-  std::vector<Unit*> mine = units();
-  std::size_t block = saved.blocks.size();
-  for (auto u = mine.rbegin(); u != mine.rend(); ++u) {
-    Unit& unit = **u;
-    if (auto* b = dynamic_cast<Block*>(&unit)) {
-      b->backward_weight(saved.blocks[--block]);
-    } else if (auto* embedding = dynamic_cast<Embedding*>(&unit)) {
-      embedding->backward(saved.embedding_dx, saved.embedding);
-      saved.embedding_dx = Tensor();
-    }
-    for (auto& hook : grad_ready_) hook(unit);
+  for (int i = range_.count; i-- > 0;) {
+    runner_->weight(range_.first + i, saved.units[static_cast<std::size_t>(i)]);
+    for (auto& hook : grad_ready_) hook(*runner_->unit(range_.first + i));
   }
   saved_.erase(it);
   end_action();
