@@ -1,0 +1,171 @@
+// Puzzle 12.2: one step on the 3D mesh. On every layout (dp x pp x tp,
+// 1F1B, interleaved or AFAB, with and without sequence parallelism), the
+// first step's gradients of every unit a rank holds equal its TP slices of
+// single-device training's on the whole global batch; K steps of training
+// equal single-device training, with every replica bitwise equal inside its
+// group after every step; and each group carries exactly the traffic the
+// lesson's formulas give.
+#include <gtest/gtest.h>
+
+#include "12_3d_parallelism/three_d_checks.h"
+
+namespace dtp::testing::ch12 {
+namespace {
+
+// What a wrong first-step gradient usually is.
+std::string gradient_hint(const Layout& l) {
+  std::string hint = "a k.00x ratio: a mean taken as a sum, or a reduction done twice";
+  if (l.shape.dp > 1) hint += "; 0.50x: the DP all-reduce missing or summing where it averages";
+  if (l.sp && l.shape.tp > 1)
+    hint +=
+        "; replicated parameters at 0.50x: the TP sum of 4.7 (and the head's LayerNorm) "
+        "missing; at 2.00x: summed over TP twice, or every gradient summed over TP";
+  return hint;
+}
+
+TEST(Puzzle12_2_three_d_step, FirstStepGradientsEqualTheSingleDeviceGradients) {
+  const TrainConfig base = three_d_config(checker_device());
+  std::unique_ptr<Trainer> serial = serial_after_first_backward(base);
+  const std::vector<Unit*> serial_units = serial->model().units();
+  for (const Layout& l : layouts()) {
+    run_and_report("12.2 first-step gradients, " + l.str(), l.world(), [&](Comm& world) {
+      const TrainConfig config = three_d_config(world.device());
+      Mesh mesh = make_mesh(world, l.shape);
+      ThreeDTrainer trainer(config, mesh, l.options());
+      Batch batch = trainer.trainer().sampler().batch(0, config.model.device);
+      trainer.model().zero_grad();
+      const double loss = three_d_step(mesh, trainer.model(), batch);
+      (void)loss;
+      const std::string m =
+          check_held_units("first-step gradient", mesh, trainer.model(), serial_units, true,
+                           first_step_tolerance(DType::f64),
+                           "(replicated: under sequence parallelism sum it over the TP group, "
+                           "once, after the schedule: the blocks' and the head's LayerNorm)");
+      if (m.empty()) return std::string();
+      return who(world, mesh) +
+             " differs from the single-device gradient of the same global "
+             "batch (" +
+             gradient_hint(l) + "):" + m;
+    });
+    if (HasFailure()) return;
+  }
+}
+
+TEST(Puzzle12_2_three_d_step, TrainingEqualsSingleDeviceTrainingAndReplicasAgreeEveryStep) {
+  const TrainConfig base = three_d_config(checker_device());
+  Trainer serial(base);
+  std::vector<double> serial_losses;
+  for (std::int64_t s = 0; s < base.steps; ++s) serial_losses.push_back(serial.step().loss);
+  const std::vector<Unit*> serial_units = serial.model().units();
+  for (const Layout& l : layouts()) {
+    run_and_report("12.2 training, " + l.str(), l.world(), [&](Comm& world) {
+      const TrainConfig config = three_d_config(world.device());
+      const Closeness within = training_tolerance(DType::f64);
+      Mesh mesh = make_mesh(world, l.shape);
+      ThreeDTrainer trainer(config, mesh, l.options());
+      const std::vector<Unit*> units = trainer.model().units();
+      std::string m;
+      for (std::int64_t s = 0; s < config.steps && m.empty(); ++s) {
+        const double loss = trainer.step().loss;
+        const double want = serial_losses[static_cast<std::size_t>(s)];
+        if (!within.holds(want, loss))
+          m += "\n    step " + std::to_string(s + 1) +
+               " loss (mean of the global batch): " + "expected " + number(want) + ", got " +
+               number(loss);
+        std::vector<std::pair<std::string, Tensor>> replicated, everything;
+        for (Unit* unit : units)
+          for (const ParamView& p : unit->parameters()) {
+            const std::string name =
+                "step " + std::to_string(s + 1) + " unit '" + unit->name() + "' '" + p.name + "'";
+            if (ch04::is_replicated(p.name)) replicated.push_back({name, p.value});
+            everything.push_back({name, p.value});
+          }
+        m += check_replicas_agree(mesh.tp, replicated,
+                                  "Its gradient must be the same on every TP rank before the "
+                                  "update (under sequence parallelism: summed over the group).");
+        m += check_replicas_agree(mesh.dp, everything,
+                                  "Every gradient must be averaged over the DP group before the "
+                                  "update.",
+                                  "DP");
+      }
+      if (m.empty())
+        m += check_held_units("value after " + std::to_string(config.steps) + " steps", mesh,
+                              trainer.model(), serial_units, false, within);
+      if (m.empty()) return std::string();
+      return who(world, mesh) + " differs from single-device training:" + m;
+    });
+    if (HasFailure()) return;
+  }
+}
+
+// Point-to-point traffic of the pipeline group in one step: each F of a
+// virtual stage other than the last sends its output on, each B of one
+// other than the first sends its input gradient back.
+struct PipelineTraffic {
+  std::int64_t messages = 0, bytes = 0;
+};
+
+PipelineTraffic pipeline_formula(const Layout& l, const TrainConfig& c, int p) {
+  const int virtual_stages = l.shape.pp * l.chunks;
+  const std::int64_t rows = c.batch / l.shape.dp / l.microbatches;
+  const std::int64_t boundary = rows * c.seq * c.model.d_model * 8 / (l.sp ? l.shape.tp : 1);
+  PipelineTraffic t;
+  for (int chunk = 0; chunk < l.chunks; ++chunk) {
+    const int v = chunk * l.shape.pp + p;
+    const int sends = (v + 1 < virtual_stages) + (v > 0);
+    t.messages += std::int64_t{sends} * l.microbatches;
+  }
+  t.bytes = t.messages * boundary;
+  return t;
+}
+
+TEST(Puzzle12_2_three_d_step, EachGroupCarriesWhatTheFormulasSay) {
+  for (const Layout& l : layouts()) {
+    run_and_report("12.2 traffic per group, " + l.str(), l.world(), [&](Comm& world) {
+      const TrainConfig config = three_d_config(world.device());
+      Mesh mesh = make_mesh(world, l.shape);
+      ThreeDTrainer trainer(config, mesh, l.options());
+      Batch batch = trainer.trainer().sampler().batch(0, config.model.device);
+      trainer.model().zero_grad();
+      const CommStats pp0 = mesh.pp.stats(), dp0 = mesh.dp.stats(), tp0 = mesh.tp.stats();
+      three_d_step(mesh, trainer.model(), batch);
+      const CommStats pp1 = mesh.pp.stats(), dp1 = mesh.dp.stats();
+      std::string m;
+      // Pipeline: the boundary tensors, and nothing else.
+      const PipelineTraffic want = pipeline_formula(l, config, mesh.pp_index);
+      const std::int64_t sent = pp1.messages_sent - pp0.messages_sent;
+      const std::int64_t sent_bytes = pp1.bytes_sent - pp0.bytes_sent;
+      if (sent != want.messages || sent_bytes != want.bytes)
+        m += "\n    pipeline group: sent " + std::to_string(sent) + " messages of " +
+             std::to_string(sent_bytes) + " bytes, expected " + std::to_string(want.messages) +
+             " of " + std::to_string(want.bytes) +
+             " (one per F of a virtual stage but the last and per B of one but the first, "
+             "each a micro-batch's boundary tensor" +
+             (l.sp ? ": under sequence parallelism the token shard [b T / t, C]" : "") + ")";
+      const ch04::CommUse pp_coll = ch04::comm_use(pp0, pp1);
+      if (!pp_coll.calls.empty())
+        m += "\n    pipeline group: made " + pp_coll.str() +
+             ", expected no collectives (the pipeline group only sends and receives in a step)";
+      // Data parallel: one averaging all-reduce per unit this rank holds.
+      std::int64_t held_bytes = 0, held_units = 0;
+      for (Unit* unit : trainer.model().units()) {
+        held_bytes += unit->numel() * 8;
+        ++held_units;
+      }
+      if (l.shape.dp > 1)
+        m += ch04::check_comm("the DP group", world.rank(), ch04::comm_use(dp0, dp1),
+                              {{"all_reduce", held_units}}, held_bytes,
+                              "one all-reduce (mean) of each held unit's gradients, once a step");
+      else if (!ch04::comm_use(dp0, dp1).calls.empty())
+        m += "\n    a DP group of one rank made " + ch04::comm_use(dp0, dp1).str() +
+             ": it has nothing to reduce";
+      (void)tp0;
+      if (m.empty()) return std::string();
+      return who(world, mesh) + ":" + m;
+    });
+    if (HasFailure()) return;
+  }
+}
+
+}  // namespace
+}  // namespace dtp::testing::ch12
