@@ -90,8 +90,9 @@ class ThreeDModel {
   ThreeDModel(Mesh& mesh, const GPT& full, const ThreeDOptions& options);
   ~ThreeDModel();
 
-  /// The pipeline schedule of the step (the same on every rank).
-  const ch05::Schedule& schedule() const { return schedule_; }
+  /// The pipeline schedule of the step (the same on every rank; chapter
+  /// 05's make_schedule, built on the first call).
+  const ch05::Schedule& schedule();
   /// This rank's stages, chunk 0 first: what execute_schedule takes.
   std::vector<ch05::StageModule*> chunks();
   /// Every unit this rank holds, chunk by chunk, in forward order.

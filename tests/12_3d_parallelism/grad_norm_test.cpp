@@ -46,7 +46,7 @@ TEST(Puzzle12_3_clip_grad_norm_3d, NormIsTheSingleDeviceNormOnEveryRank) {
   for (const Layout& l : layouts()) {
     run_and_report("12.3 global norm, " + l.str(), l.world(), [&](Comm& world) {
       const TrainConfig config = three_d_config(world.device());
-      Mesh mesh = make_mesh(world, l.shape);
+      Mesh mesh = checker_mesh(world, l.shape);
       ThreeDTrainer trainer(config, mesh, l.options());
       install_gradients(mesh, trainer.model(), serial_units);
       // The squares a wrong count would add, from the serial model.
@@ -93,7 +93,7 @@ TEST(Puzzle12_3_clip_grad_norm_3d, ClippingScalesEveryGradientAsClipGradNormDoes
       run_and_report(
           "12.3 clipping at " + std::string(c.what) + ", " + l.str(), l.world(), [&](Comm& world) {
             const TrainConfig config = three_d_config(world.device());
-            Mesh mesh = make_mesh(world, l.shape);
+            Mesh mesh = checker_mesh(world, l.shape);
             ThreeDTrainer trainer(config, mesh, l.options());
             install_gradients(mesh, trainer.model(), serial_units);
             clip_grad_norm_3d(mesh, trainer.model(), c.max_norm);
@@ -134,7 +134,7 @@ TEST(Puzzle12_3_clip_grad_norm_3d, TrainingWithClippingEqualsSingleDeviceTrainin
       TrainConfig config = three_d_config(world.device());
       config.grad_clip = base.grad_clip;
       const Closeness within = training_tolerance(DType::f64);
-      Mesh mesh = make_mesh(world, l.shape);
+      Mesh mesh = checker_mesh(world, l.shape);
       ThreeDTrainer trainer(config, mesh, l.options());
       std::string m;
       for (std::int64_t s = 0; s < config.steps && m.empty(); ++s) {

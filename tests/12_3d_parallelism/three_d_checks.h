@@ -62,6 +62,17 @@ inline std::vector<Layout> layouts() {
   return all;
 }
 
+// The tiers-first mesh of @p shape, built here rather than by 12.1's
+// make_mesh, so 12.2 and 12.3 are graded whatever 12.1 does.
+inline Mesh checker_mesh(Comm& world, const MeshShape& shape) {
+  const int w = world.rank(), t = w % shape.tp, p = (w / shape.tp) % shape.pp,
+            d = w / (shape.tp * shape.pp);
+  Comm tp = world.split(d * shape.pp + p, t);
+  Comm pp = world.split(d * shape.tp + t, p);
+  Comm dp = world.split(p * shape.tp + t, d);
+  return Mesh{std::move(tp), std::move(pp), std::move(dp), t, p, d};
+}
+
 // "world rank 5 (dp 1, pp 0, tp 1)".
 inline std::string who(Comm& world, const Mesh& mesh) {
   return "world rank " + std::to_string(world.rank()) + " (dp " + std::to_string(mesh.dp_index) +

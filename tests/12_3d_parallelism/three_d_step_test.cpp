@@ -30,7 +30,7 @@ TEST(Puzzle12_2_three_d_step, FirstStepGradientsEqualTheSingleDeviceGradients) {
   for (const Layout& l : layouts()) {
     run_and_report("12.2 first-step gradients, " + l.str(), l.world(), [&](Comm& world) {
       const TrainConfig config = three_d_config(world.device());
-      Mesh mesh = make_mesh(world, l.shape);
+      Mesh mesh = checker_mesh(world, l.shape);
       ThreeDTrainer trainer(config, mesh, l.options());
       Batch batch = trainer.trainer().sampler().batch(0, config.model.device);
       trainer.model().zero_grad();
@@ -61,7 +61,7 @@ TEST(Puzzle12_2_three_d_step, TrainingEqualsSingleDeviceTrainingAndReplicasAgree
     run_and_report("12.2 training, " + l.str(), l.world(), [&](Comm& world) {
       const TrainConfig config = three_d_config(world.device());
       const Closeness within = training_tolerance(DType::f64);
-      Mesh mesh = make_mesh(world, l.shape);
+      Mesh mesh = checker_mesh(world, l.shape);
       ThreeDTrainer trainer(config, mesh, l.options());
       const std::vector<Unit*> units = trainer.model().units();
       std::string m;
@@ -123,7 +123,7 @@ TEST(Puzzle12_2_three_d_step, EachGroupCarriesWhatTheFormulasSay) {
   for (const Layout& l : layouts()) {
     run_and_report("12.2 traffic per group, " + l.str(), l.world(), [&](Comm& world) {
       const TrainConfig config = three_d_config(world.device());
-      Mesh mesh = make_mesh(world, l.shape);
+      Mesh mesh = checker_mesh(world, l.shape);
       ThreeDTrainer trainer(config, mesh, l.options());
       Batch batch = trainer.trainer().sampler().batch(0, config.model.device);
       trainer.model().zero_grad();
@@ -160,6 +160,67 @@ TEST(Puzzle12_2_three_d_step, EachGroupCarriesWhatTheFormulasSay) {
         m += "\n    a DP group of one rank made " + ch04::comm_use(dp0, dp1).str() +
              ": it has nothing to reduce";
       (void)tp0;
+      if (m.empty()) return std::string();
+      return who(world, mesh) + ":" + m;
+    });
+    if (HasFailure()) return;
+  }
+}
+
+// Parameter elements of one rank's slice of each unit, worked out from the
+// shapes: the embedding's token rows [V / t, C] and whole positions
+// [context, C]; a block's LayerNorms (2 C each) and row-parallel biases (C)
+// whole, q, k, v and fc split by output rows, the projections by input
+// columns; the head's LayerNorm whole and its LM rows [V / t, C].
+std::int64_t unit_elements(const GPTConfig& c, int t, int unit) {
+  const std::int64_t C = c.d_model, V = c.vocab_size, H = std::int64_t{c.mlp_ratio} * C;
+  if (unit == 0) return V / t * C + std::int64_t{c.context} * C;
+  if (unit == c.layers + 1) return 2 * C + V / t * C;
+  return 2 * C + 3 * (C / t * C + C / t) + (C * (C / t) + C) + 2 * C + (H / t * C + H / t) +
+         (C * (H / t) + C);
+}
+
+// The units rank (p, chunk k) holds: virtual stage k pp + p of pp x v
+// stages of L / (pp v) blocks, the embedding on the first, the head on the last.
+std::vector<int> held_units(const GPTConfig& c, const Layout& l, int p) {
+  const int stages = l.shape.pp * l.chunks, per = c.layers / stages;
+  std::vector<int> units;
+  for (int k = 0; k < l.chunks; ++k) {
+    const int v = k * l.shape.pp + p;
+    if (v == 0) units.push_back(0);
+    for (int b = v * per; b < (v + 1) * per; ++b) units.push_back(1 + b);
+    if (v + 1 == stages) units.push_back(c.layers + 1);
+  }
+  return units;
+}
+
+TEST(Puzzle12_2_three_d_step, EachRankHoldsItsShareOfTheModelAndNoMore) {
+  for (const Layout& l : layouts()) {
+    run_and_report("12.2 memory per rank, " + l.str(), l.world(), [&](Comm& world) {
+      const TrainConfig config = three_d_config(world.device());
+      Mesh mesh = checker_mesh(world, l.shape);
+      std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
+      ThreeDTrainer trainer(config, mesh, l.options());
+      trainer.step();
+      std::int64_t elements = 0;
+      std::string units;
+      for (int u : held_units(trainer.config().model, l, mesh.pp_index)) {
+        elements += unit_elements(trainer.config().model, l.shape.tp, u);
+        units += (units.empty() ? "" : ", ") + std::to_string(u);
+      }
+      const std::int64_t want = elements * 8;
+      std::string m;
+      // SGD with momentum keeps one buffer per parameter.
+      for (MemoryCategory category :
+           {MemoryCategory::params, MemoryCategory::grads, MemoryCategory::optimizer}) {
+        const std::int64_t got = tracker->live(category);
+        if (got != want)
+          m += "\n    " + std::string(memory_category_name(category)) + ": " + std::to_string(got) +
+               " bytes live after a step, expected " + std::to_string(want) + " (units " + units +
+               ", each this TP rank's slice" +
+               (got > want ? "; more: a unit of another stage built, or a whole copy kept" : "") +
+               ")";
+      }
       if (m.empty()) return std::string();
       return who(world, mesh) + ":" + m;
     });
