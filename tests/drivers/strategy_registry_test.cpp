@@ -22,9 +22,9 @@ namespace {
 TEST(StrategyRegistry, ListsEveryStrategyOnceInTheOrderOfTheCMakeLines) {
   std::vector<std::string> names;
   for (const Strategy* s : registered_strategies()) names.push_back(s->name());
-  const std::vector<std::string> expected = {"single", "ddp",      "zero",      "tp",
-                                             "pp",     "sp",       "ep",        "mixed",
-                                             "lora",   "compress", "local-sgd", "diloco"};
+  const std::vector<std::string> expected = {"single",    "ddp",    "zero",  "tp",   "pp",
+                                             "sp",        "ep",     "mixed", "lora", "compress",
+                                             "local-sgd", "diloco", "3d"};
   EXPECT_EQ(names, expected) << "drivers/CMakeLists.txt's dtp_strategy() lines, in order";
   for (const std::string& name : expected) {
     const Strategy* found = find_strategy(name);
