@@ -66,6 +66,10 @@ struct ThreeDOptions {
   int microbatches = 2;           ///< m: micro-batches per step of each DP replica
   int chunks = 1;                 ///< v: model chunks per rank (>= 2 for interleaved)
   bool sequence_parallel = true;  ///< shard activations over the TP group between the linears
+  /// Full activation recomputation (chapter 09): a block keeps only its
+  /// input from its forward and runs the forward again in its backward
+  /// (MemoryCategory::recompute), TP collectives included.
+  bool recompute = false;
 };
 
 /// The virtual stages of a GPT of @p layers blocks cut into @p virtual_stages

@@ -4,6 +4,7 @@
 #include <any>
 
 #include "12_3d_parallelism/three_d.h"
+#include "dtp/memory.h"
 
 namespace dtp::ch12 {
 
@@ -33,22 +34,22 @@ std::vector<ch05::UnitRange> three_d_partition(int layers, int virtual_stages) {
 // stages this rank does not hold stay empty.
 class ThreeDModel::Runner : public ch05::StageRunner {
  public:
-  Runner(Comm& tp, const GPT& full, const std::vector<bool>& held, bool sequence_parallel)
-      : tp_(tp), config_(full.config()), sequence_parallel_(sequence_parallel) {
-    const ch04::TensorParallelOptions options{sequence_parallel};
+  Runner(Comm& tp, const GPT& full, const std::vector<bool>& held, const ThreeDOptions& options)
+      : tp_(tp), config_(full.config()), options_(options) {
+    const ch04::TensorParallelOptions tp_options{options.sequence_parallel};
     std::vector<const Unit*> serial = full.units();
     units_.resize(serial.size());
     for (std::size_t u = 0; u < serial.size(); ++u) {
       if (!held[u]) continue;
       if (u == 0)
         units_[u] = std::make_unique<TensorParallelEmbedding>(
-            tp, dynamic_cast<const Embedding&>(*serial[u]), options);
+            tp, dynamic_cast<const Embedding&>(*serial[u]), tp_options);
       else if (u + 1 == serial.size())
         units_[u] = std::make_unique<TensorParallelHead>(tp, dynamic_cast<const Head&>(*serial[u]),
-                                                         options);
+                                                         tp_options);
       else
         units_[u] = std::make_unique<TensorParallelBlock>(
-            tp, dynamic_cast<const Block&>(*serial[u]), options);
+            tp, dynamic_cast<const Block&>(*serial[u]), tp_options);
     }
   }
 
@@ -61,8 +62,15 @@ class ThreeDModel::Runner : public ch05::StageRunner {
     if (auto* embedding = dynamic_cast<TensorParallelEmbedding*>(unit))
       return embedding->layer.forward(x, saved.emplace<VocabParallelEmbeddingSaved>());
     const std::int64_t sequences = microbatch.inputs.size(0);
-    if (auto* block = dynamic_cast<TensorParallelBlock*>(unit))
-      return block->forward(x, saved.emplace<TensorParallelBlockSaved>(), sequences);
+    if (auto* block = dynamic_cast<TensorParallelBlock*>(unit)) {
+      if (!options_.recompute)
+        return block->forward(x, saved.emplace<TensorParallelBlockSaved>(), sequences);
+      // Full recomputation: keep the input alone; what the forward saved
+      // is freed as it returns.
+      saved.emplace<Input>(Input{x, sequences});
+      TensorParallelBlockSaved dropped;
+      return block->forward(x, dropped, sequences);
+    }
     // The head: LayerNorm on this rank's tokens, the vocabulary-split LM
     // head (which gathers the tokens under sequence parallelism), the loss.
     auto& head = dynamic_cast<TensorParallelHead&>(*unit);
@@ -84,8 +92,17 @@ class ThreeDModel::Runner : public ch05::StageRunner {
       Tensor dh = head->lm.backward(dlogits, kept.lm);
       return head->ln.backward(dh, kept.ln);
     }
-    if (auto* block = dynamic_cast<TensorParallelBlock*>(unit))
-      return block->backward(dy, std::any_cast<TensorParallelBlockSaved&>(saved));
+    if (auto* block = dynamic_cast<TensorParallelBlock*>(unit)) {
+      if (!options_.recompute)
+        return block->backward(dy, std::any_cast<TensorParallelBlockSaved&>(saved));
+      const Input& kept = std::any_cast<Input&>(saved);
+      TensorParallelBlockSaved again;
+      {
+        RecomputeScope scope;
+        block->forward(kept.x, again, kept.sequences);
+      }
+      return block->backward(dy, again);
+    }
     dynamic_cast<TensorParallelEmbedding&>(*unit).layer.backward(
         dy, std::any_cast<VocabParallelEmbeddingSaved&>(saved));
     return Tensor();
@@ -98,16 +115,21 @@ class ThreeDModel::Runner : public ch05::StageRunner {
   // Under sequence parallelism a stage's output is its token shard.
   Tensor boundary_tensor(const ch05::MicroBatch& microbatch, bool gradient) const override {
     const std::int64_t b = microbatch.inputs.size(0), seq = microbatch.inputs.size(1);
-    const Shape shape = sequence_parallel_ ? Shape{b * seq / tp_.size(), config_.d_model}
-                                           : Shape{b, seq, config_.d_model};
+    const Shape shape = options_.sequence_parallel ? Shape{b * seq / tp_.size(), config_.d_model}
+                                                   : Shape{b, seq, config_.d_model};
     return Tensor::empty(shape, config_.dtype, config_.device,
                          gradient ? MemoryCategory::other : MemoryCategory::activations);
   }
 
  private:
+  // What a recomputed block keeps: its input.
+  struct Input {
+    Tensor x;
+    std::int64_t sequences;
+  };
   Comm& tp_;
   GPTConfig config_;
-  bool sequence_parallel_;
+  ThreeDOptions options_;
   std::vector<std::unique_ptr<Unit>> units_;
 };
 
@@ -140,7 +162,7 @@ ThreeDModel::ThreeDModel(Mesh& mesh, const GPT& full, const ThreeDOptions& optio
     const ch05::UnitRange& r = ranges[static_cast<std::size_t>(chunk * p + mesh.pp_index)];
     for (int u = r.first; u < r.first + r.count; ++u) held[static_cast<std::size_t>(u)] = true;
   }
-  runner_ = std::make_shared<Runner>(mesh.tp, full, held, options.sequence_parallel);
+  runner_ = std::make_shared<Runner>(mesh.tp, full, held, options);
   for (int chunk = 0; chunk < v; ++chunk)
     stages_.push_back(std::make_unique<ch05::StageModule>(
         runner_, ranges[static_cast<std::size_t>(chunk * p + mesh.pp_index)], chunk));

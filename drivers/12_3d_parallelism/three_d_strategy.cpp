@@ -93,6 +93,9 @@ void ThreeDStrategy::add_flags(drivers::FlagGroup& flags) {
       [this](const std::string& v) { options.model.schedule = ch05::parse_schedule_kind(v); });
   flags.integer("--chunks", &options.model.chunks, 1, 64, "V",
                 "model chunks per rank: 1, or 2 and more for --schedule interleaved");
+  flags.toggle("--recompute", &options.model.recompute,
+               "full activation recomputation: each block keeps only its input and runs its "
+               "forward again in its backward");
   flags.toggle("--no-sequence-parallel", &no_sequence_parallel_,
                "keep whole activations between the linears (sequence parallelism is on by "
                "default)");
@@ -155,7 +158,8 @@ std::vector<RunSetting> ThreeDStrategy::settings(const TrainConfig& config) cons
           {"--schedule", ch05::schedule_kind_name(options.model.schedule)},
           {"--chunks", std::to_string(options.model.chunks)},
           {"--microbatches", std::to_string(options.model.microbatches)},
-          {"--sequence-parallel", options.model.sequence_parallel ? "on" : "off"}};
+          {"--sequence-parallel", options.model.sequence_parallel ? "on" : "off"},
+          {"--recompute", options.model.recompute ? "on" : "off"}};
 }
 
 std::string ThreeDStrategy::header(const TrainConfig& config, const std::string& backend) const {

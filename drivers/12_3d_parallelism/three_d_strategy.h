@@ -15,7 +15,8 @@ namespace dtp::ch12 {
 /// Settings of the "3d" strategy.
 struct ThreeDRunOptions {
   MeshShape shape{1, 2, 2};  ///< --dp, --pp, --tp
-  ThreeDOptions model;       ///< --schedule, --chunks, --microbatches, --no-sequence-parallel
+  ThreeDOptions
+      model;  ///< --schedule, --chunks, --microbatches, --no-sequence-parallel, --recompute
 };
 
 /// Checks @p options against @p config; each message names the flag.
@@ -49,7 +50,7 @@ class ThreeDStrategy : public drivers::Strategy {
   std::string world_text() const override;
   std::string checkpoint_refusal(const drivers::CheckpointChoice&) const override {
     return "its blocks are chapter 04's TensorParallelBlock units, not dtp::Block, so no "
-           "activation policy reaches them";
+           "activation policy reaches them (--recompute recomputes every block)";
   }
   std::vector<RunSetting> settings(const TrainConfig& config) const override;
   std::string header(const TrainConfig& config, const std::string& backend) const override;

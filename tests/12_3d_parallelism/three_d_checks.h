@@ -40,12 +40,14 @@ struct Layout {
   int chunks = 1;
   int microbatches = 2;
   bool sp = true;
+  bool recompute = false;
   int world() const { return shape.dp * shape.pp * shape.tp; }
-  ThreeDOptions options() const { return {kind, microbatches, chunks, sp}; }
+  ThreeDOptions options() const { return {kind, microbatches, chunks, sp, recompute}; }
   std::string str() const {
     return shape.text() + ", " + ch05::schedule_kind_name(kind) +
            (chunks > 1 ? " v " + std::to_string(chunks) : "") + ", m " +
-           std::to_string(microbatches) + (sp ? ", sequence-parallel" : "");
+           std::to_string(microbatches) + (sp ? ", sequence-parallel" : "") +
+           (recompute ? ", recomputed" : "");
   }
 };
 
@@ -53,11 +55,11 @@ struct Layout {
 inline std::vector<Layout> layouts() {
   using K = ch05::ScheduleKind;
   std::vector<Layout> all;
-  for (const Layout& l :
-       {Layout{{2, 2, 2}, K::one_f_one_b, 1, 2, true},
-        Layout{{2, 2, 2}, K::interleaved, 2, 2, true},
-        Layout{{1, 2, 2}, K::one_f_one_b, 1, 2, false}, Layout{{1, 4, 2}, K::afab, 1, 4, true},
-        Layout{{2, 2, 1}, K::one_f_one_b, 1, 2, false}})
+  for (const Layout& l : {Layout{{2, 2, 2}, K::one_f_one_b, 1, 2, true},
+                          Layout{{2, 2, 2}, K::interleaved, 2, 2, true},
+                          Layout{{1, 2, 2}, K::one_f_one_b, 1, 2, false},
+                          Layout{{1, 4, 2}, K::afab, 1, 4, true, true},
+                          Layout{{2, 2, 1}, K::one_f_one_b, 1, 2, false}})
     if (world_fits(l.world())) all.push_back(l);
   return all;
 }

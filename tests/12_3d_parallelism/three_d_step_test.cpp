@@ -228,5 +228,44 @@ TEST(Puzzle12_2_three_d_step, EachRankHoldsItsShareOfTheModelAndNoMore) {
   }
 }
 
+// Full recomputation keeps a block's input alone between its forward and
+// backward: on AFAB with every micro-batch alive, the stage's peak of kept
+// activations falls, and the backward's forward again shows up as
+// MemoryCategory::recompute, with the same gradients (the first checker).
+TEST(Puzzle12_2_three_d_step, RecomputationKeepsLessBetweenForwardAndBackward) {
+  const Layout plain{{1, 2, 2}, ch05::ScheduleKind::afab, 1, 4, true, false};
+  Layout recomputed = plain;
+  recomputed.recompute = true;
+  if (!world_fits(plain.world())) GTEST_SKIP() << "needs 4 ranks";
+  std::vector<std::int64_t> peaks[2], recompute_peaks[2];
+  for (int r = 0; r < 2; ++r) {
+    const Layout& l = r ? recomputed : plain;
+    peaks[r].assign(4, 0);
+    recompute_peaks[r].assign(4, 0);
+    run_and_report("12.2 memory, " + l.str(), l.world(), [&](Comm& world) {
+      const TrainConfig config = three_d_config(world.device());
+      Mesh mesh = checker_mesh(world, l.shape);
+      ThreeDTrainer trainer(config, mesh, l.options());
+      Batch batch = trainer.trainer().sampler().batch(0, config.model.device);
+      trainer.model().zero_grad();
+      std::shared_ptr<MemoryTracker> tracker = current_memory_tracker();
+      tracker->reset_peaks();
+      three_d_step(mesh, trainer.model(), batch);
+      peaks[r][static_cast<std::size_t>(world.rank())] = tracker->peak(MemoryCategory::activations);
+      recompute_peaks[r][static_cast<std::size_t>(world.rank())] =
+          tracker->peak(MemoryCategory::recompute);
+      return std::string();
+    });
+  }
+  for (std::size_t w = 0; w < 4; ++w) {
+    if (peaks[0][w] == 0) continue;  // another process's rank (mpi)
+    EXPECT_LT(peaks[1][w], peaks[0][w])
+        << "world rank " << w << ": with --recompute the peak of kept activations is "
+        << peaks[1][w] << " bytes, not below the " << peaks[0][w] << " without it";
+    EXPECT_GT(recompute_peaks[1][w], 0) << "world rank " << w << ": nothing was recomputed";
+    EXPECT_EQ(recompute_peaks[0][w], 0) << "world rank " << w;
+  }
+}
+
 }  // namespace
 }  // namespace dtp::testing::ch12
