@@ -102,16 +102,6 @@ TEST(Puzzle4_8_tensor_parallel_gpt, MakeMeshOfAWorldThatDoesNotSplitIsAnErrorNam
   });
 }
 
-// The serial model after the first backward of the whole global batch.
-std::unique_ptr<Trainer> serial_after_first_backward(const TrainConfig& config) {
-  auto trainer = std::make_unique<Trainer>(config);
-  Batch batch = trainer->sampler().batch(0, config.model.device);
-  trainer->model().zero_grad();
-  trainer->model().forward(batch.inputs, batch.targets);
-  trainer->model().backward();
-  return trainer;
-}
-
 TEST(Puzzle4_8_tensor_parallel_gpt, FirstStepGradientsEqualTheSingleDeviceGradients) {
   std::unique_ptr<Trainer> serial = serial_after_first_backward(tp_config());
   std::vector<Unit*> serial_units = serial->model().units();

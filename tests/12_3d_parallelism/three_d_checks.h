@@ -81,16 +81,6 @@ inline std::string who(Comm& world, const Mesh& mesh) {
          ", pp " + std::to_string(mesh.pp_index) + ", tp " + std::to_string(mesh.tp_index) + ")";
 }
 
-// The serial model after the first forward and backward of the whole global batch.
-inline std::unique_ptr<Trainer> serial_after_first_backward(const TrainConfig& config) {
-  auto trainer = std::make_unique<Trainer>(config);
-  Batch batch = trainer->sampler().batch(0, config.model.device);
-  trainer->model().zero_grad();
-  trainer->model().forward(batch.inputs, batch.targets);
-  trainer->model().backward();
-  return trainer;
-}
-
 // Compares the gradients (or values) of every unit this rank holds with
 // their TP slices of the serial model's units.
 inline std::string check_held_units(const std::string& what, const Mesh& mesh, ThreeDModel& model,

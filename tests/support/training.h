@@ -240,6 +240,18 @@ inline UnitGradients gradients_of(GPT& model) {
   return grads;
 }
 
+// The serial model after the first forward and backward of the whole
+// global batch (no optimizer step): the gradients a parallel run's first
+// step must reproduce, in the trainer's units.
+inline std::unique_ptr<Trainer> serial_after_first_backward(const TrainConfig& config) {
+  auto trainer = std::make_unique<Trainer>(config);
+  Batch batch = trainer->sampler().batch(0, config.model.device);
+  trainer->model().zero_grad();
+  trainer->model().forward(batch.inputs, batch.targets);
+  trainer->model().backward();
+  return trainer;
+}
+
 // The gradients after the first backward of Trainer(config[, rank, world]),
 // before any optimizer step; no synchronization: with world > 1 this is the
 // rank's local gradient of its own slice of the batch.
