@@ -122,13 +122,15 @@ class Driver(unittest.TestCase):
 
     def test_train_and_schedule_build_only_the_program_that_runs(self):
         # ./dtp train builds bin/dtp-train, or with --impl reference only
-        # bin/dtp-train-reference; the same for schedule. Each build is one target.
+        # bin/dtp-train-reference; the same for schedule; plan builds bin/dtp-plan.
+        # Each build is one target.
         for args, target in [(("train", "--steps", "2"), "dtp-train"),
                              (("train", "--impl", "puzzles"), "dtp-train"),
                              (("train", "--impl", "reference", "--steps", "2"), "dtp-train-reference"),
                              (("train", "--impl=reference"), "dtp-train-reference"),
                              (("schedule", "--kind", "1f1b"), "dtp-schedule"),
-                             (("schedule", "--impl", "reference"), "dtp-schedule-reference")]:
+                             (("schedule", "--impl", "reference"), "dtp-schedule-reference"),
+                             (("plan", "--validate"), "dtp-plan")]:
             with self.subTest(args=" ".join(args)):
                 self.assertEqual(self.built_targets(*args), [target])
 
