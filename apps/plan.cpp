@@ -241,6 +241,9 @@ int main(int argc, char** argv) {
     dtp::plan::Layout& l = input.layout;
     l.tp = tp;
     l.pp = pp;
+    DTP_CHECK(dp > 0 || do_sweep || search || input.cluster.gpus() % (tp * pp) == 0,
+              "plan: --tp ", tp, " x --pp ", pp, " does not divide the cluster's ",
+              input.cluster.gpus(), " GPUs, so no --dp fills it (give --dp, or change --nodes)");
     l.dp = dp > 0 ? dp : std::max(1, input.cluster.gpus() / (tp * pp));
     l.microbatch = microbatch;
     l.global_batch = global_batch > 0 ? global_batch : l.dp * microbatch;
@@ -255,9 +258,13 @@ int main(int argc, char** argv) {
       const std::vector<Candidate> ranked = dtp::plan::search_layouts(input);
       std::printf("%zu layouts of %s on %d %s fit; best first:\n", ranked.size(),
                   input.model.name.c_str(), input.cluster.gpus(), gpu.c_str());
-      std::printf("%-52s %9s %12s %7s\n", "layout", "GiB/GPU", "tokens/s", "MFU");
+      // The layout column as wide as its longest text.
+      int width = 6;
+      for (const Candidate& c : ranked)
+        width = std::max(width, static_cast<int>(c.layout.text().size()));
+      std::printf("%-*s %9s %12s %7s\n", width, "layout", "GiB/GPU", "tokens/s", "MFU");
       for (const Candidate& c : ranked) {
-        std::printf("%-52s %9.1f %12.0f %6.1f%%\n", c.layout.text().c_str(),
+        std::printf("%-*s %9.1f %12.0f %6.1f%%\n", width, c.layout.text().c_str(),
                     gib(c.plan.memory.total()), c.plan.tokens_per_second, 100 * c.plan.mfu);
         PlanInput chosen = input;
         chosen.layout = c.layout;
