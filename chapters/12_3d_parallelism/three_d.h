@@ -138,7 +138,8 @@ class ThreeDModel {
 ///   replicated gradients (every block's, and the head's LayerNorm on the
 ///   last stage) are partial sums over the TP group: sum them there, once;
 /// - each DP replica saw its own rows: every gradient this rank holds
-///   becomes its mean over the DP group.
+///   becomes its mean over the DP group (a group of one rank needs
+///   nothing, and the checkers count the calls).
 /// The gradients must be zero before the call (the trainer zeroes them).
 /// Returns the mean loss of this replica's micro-batches on the ranks of
 /// the last stage, 0 on the others (as execute_schedule does).

@@ -83,14 +83,20 @@ inline std::string who(Comm& world, const Mesh& mesh) {
 
 // Compares the gradients (or values) of every unit this rank holds with
 // their TP slices of the serial model's units.
+// A wrong replicated parameter gets @p hint, but the embedding's position
+// table its own: it is whole on every TP rank already.
 inline std::string check_held_units(const std::string& what, const Mesh& mesh, ThreeDModel& model,
                                     const std::vector<Unit*>& serial, bool gradients,
                                     const Closeness& within, const std::string& hint = "") {
   std::string m;
   for (Unit* unit : model.units())
-    m += check_unit_slices(what, mesh.tp_index, mesh.tp.size(),
-                           *serial[static_cast<std::size_t>(unit->index())], *unit, gradients,
-                           within, hint);
+    m += check_unit_slices(
+        what, mesh.tp_index, mesh.tp.size(), *serial[static_cast<std::size_t>(unit->index())],
+        *unit, gradients, within,
+        unit->index() == 0 && !hint.empty()
+            ? "(the position table: 4.5's backward gathers every token's gradient, so it is "
+              "whole on every TP rank already; reduce it over DP only, never over TP)"
+            : hint);
   return m;
 }
 
