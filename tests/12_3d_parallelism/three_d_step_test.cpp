@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "12_3d_parallelism/three_d_checks.h"
+#include "drivers/12_3d_parallelism/plan.h"
 
 namespace dtp::testing::ch12 {
 namespace {
@@ -124,6 +125,60 @@ PipelineTraffic pipeline_formula(const Layout& l, const TrainConfig& c, int p) {
   return t;
 }
 
+// Parameter elements of one rank's slice of each unit, worked out from the
+// shapes: the embedding's token rows [V / t, C] and whole positions
+// [context, C]; a block's LayerNorms (2 C each) and row-parallel biases (C)
+// whole, q, k, v and fc split by output rows, the projections by input
+// columns; the head's LayerNorm whole and its LM rows [V / t, C].
+std::int64_t unit_elements(const GPTConfig& c, int t, int unit) {
+  const std::int64_t C = c.d_model, V = c.vocab_size, H = std::int64_t{c.mlp_ratio} * C;
+  if (unit == 0) return V / t * C + std::int64_t{c.context} * C;
+  if (unit == c.layers + 1) return 2 * C + V / t * C;
+  return 2 * C + 3 * (C / t * C + C / t) + (C * (C / t) + C) + 2 * C + (H / t * C + H / t) +
+         (C * (H / t) + C);
+}
+
+// The units rank (p, chunk k) holds: virtual stage k pp + p of pp x v
+// stages of L / (pp v) blocks, the embedding on the first, the head on the last.
+std::vector<int> held_units(const GPTConfig& c, const Layout& l, int p) {
+  const int stages = l.shape.pp * l.chunks, per = c.layers / stages;
+  std::vector<int> units;
+  for (int k = 0; k < l.chunks; ++k) {
+    const int v = k * l.shape.pp + p;
+    if (v == 0) units.push_back(0);
+    for (int b = v * per; b < (v + 1) * per; ++b) units.push_back(1 + b);
+    if (v + 1 == stages) units.push_back(c.layers + 1);
+  }
+  return units;
+}
+
+// The TP group's collectives in one step of a rank holding @p units: each
+// unit's forward and backward per micro-batch (a recomputed block's forward
+// twice), and once after the schedule the sums of the replicated gradients
+// under sequence parallelism, as chapter 04's units issue them
+// (plan::tensor_parallel_unit_collectives, checked against them by
+// tests/plan).
+ch04::CommUse tensor_parallel_formula(const Layout& l, const TrainConfig& c,
+                                      const std::vector<int>& units) {
+  const plan::ModelShape model = plan::model_of(c.model, static_cast<int>(c.seq));
+  const std::int64_t tokens = c.batch / l.shape.dp / l.microbatches * c.seq;
+  ch04::CommUse use;
+  auto add = [&](int u, plan::Pass pass, std::int64_t times) {
+    for (const plan::CollectiveCall& call :
+         plan::tensor_parallel_unit_collectives(model, u, pass, tokens, 8, l.shape.tp, l.sp)) {
+      use.calls[call.kind] += times;
+      use.bytes += call.bytes * times;
+    }
+  };
+  for (int u : units) {
+    const bool block = u >= 1 && u <= c.model.layers;
+    add(u, plan::Pass::forward, l.microbatches * (block && l.recompute ? 2 : 1));
+    add(u, plan::Pass::backward, l.microbatches);
+    add(u, plan::Pass::reduction, 1);
+  }
+  return use;
+}
+
 TEST(Puzzle12_2_three_d_step, EachGroupCarriesWhatTheFormulasSay) {
   for (const Layout& l : layouts()) {
     run_and_report("12.2 traffic per group, " + l.str(), l.world(), [&](Comm& world) {
@@ -152,51 +207,34 @@ TEST(Puzzle12_2_three_d_step, EachGroupCarriesWhatTheFormulasSay) {
         m += "\n    pipeline group: made " + pp_coll.str() +
              ", expected no collectives (the pipeline group only sends and receives in a step)";
       // Data parallel: one averaging all-reduce per unit this rank holds.
-      std::int64_t held_bytes = 0, held_units = 0;
-      for (Unit* unit : trainer.model().units()) {
-        held_bytes += unit->numel() * 8;
-        ++held_units;
-      }
+      const std::vector<int> units = held_units(config.model, l, mesh.pp_index);
+      std::int64_t held_bytes = 0;
+      for (int u : units) held_bytes += unit_elements(config.model, l.shape.tp, u) * 8;
       if (l.shape.dp > 1)
         m += ch04::check_comm("the DP group", world.rank(), ch04::comm_use(dp0, dp1),
-                              {{"all_reduce", held_units}}, held_bytes,
+                              {{"all_reduce", static_cast<std::int64_t>(units.size())}}, held_bytes,
                               "one all-reduce (mean) of each held unit's gradients, once a step");
       else if (!ch04::comm_use(dp0, dp1).calls.empty())
         m += "\n    a DP group of one rank made " + ch04::comm_use(dp0, dp1).str() +
              ": it has nothing to reduce";
-      (void)tp0;
+      // Tensor parallel: chapter 04's collectives, and the replicated sums
+      // once. (A group of one rank: chapter 04's units call their
+      // collectives anyway, and they move nothing.)
+      const ch04::CommUse tp_want = tensor_parallel_formula(l, config, units);
+      if (l.shape.tp > 1)
+        m += ch04::check_comm("the TP group", world.rank(), ch04::comm_use(tp0, mesh.tp.stats()),
+                              tp_want.calls, tp_want.bytes,
+                              "chapter 04's collectives in each unit's forward and backward of "
+                              "every micro-batch" +
+                                  std::string(l.sp ? ", then the replicated gradients' sums, once "
+                                                     "a step (more: summed per micro-batch, or "
+                                                     "twice)"
+                                                   : ""));
       if (m.empty()) return std::string();
       return who(world, mesh) + ":" + m;
     });
     if (HasFailure()) return;
   }
-}
-
-// Parameter elements of one rank's slice of each unit, worked out from the
-// shapes: the embedding's token rows [V / t, C] and whole positions
-// [context, C]; a block's LayerNorms (2 C each) and row-parallel biases (C)
-// whole, q, k, v and fc split by output rows, the projections by input
-// columns; the head's LayerNorm whole and its LM rows [V / t, C].
-std::int64_t unit_elements(const GPTConfig& c, int t, int unit) {
-  const std::int64_t C = c.d_model, V = c.vocab_size, H = std::int64_t{c.mlp_ratio} * C;
-  if (unit == 0) return V / t * C + std::int64_t{c.context} * C;
-  if (unit == c.layers + 1) return 2 * C + V / t * C;
-  return 2 * C + 3 * (C / t * C + C / t) + (C * (C / t) + C) + 2 * C + (H / t * C + H / t) +
-         (C * (H / t) + C);
-}
-
-// The units rank (p, chunk k) holds: virtual stage k pp + p of pp x v
-// stages of L / (pp v) blocks, the embedding on the first, the head on the last.
-std::vector<int> held_units(const GPTConfig& c, const Layout& l, int p) {
-  const int stages = l.shape.pp * l.chunks, per = c.layers / stages;
-  std::vector<int> units;
-  for (int k = 0; k < l.chunks; ++k) {
-    const int v = k * l.shape.pp + p;
-    if (v == 0) units.push_back(0);
-    for (int b = v * per; b < (v + 1) * per; ++b) units.push_back(1 + b);
-    if (v + 1 == stages) units.push_back(c.layers + 1);
-  }
-  return units;
 }
 
 TEST(Puzzle12_2_three_d_step, EachRankHoldsItsShareOfTheModelAndNoMore) {
