@@ -241,9 +241,9 @@ int main(int argc, char** argv) {
     dtp::plan::Layout& l = input.layout;
     l.tp = tp;
     l.pp = pp;
-    DTP_CHECK(dp > 0 || do_sweep || search || input.cluster.gpus() % (tp * pp) == 0,
-              "plan: --tp ", tp, " x --pp ", pp, " does not divide the cluster's ",
-              input.cluster.gpus(), " GPUs, so no --dp fills it (give --dp, or change --nodes)");
+    DTP_CHECK(dp > 0 || do_sweep || search || input.cluster.gpus() % (tp * pp) == 0, "plan: --tp ",
+              tp, " x --pp ", pp, " does not divide the cluster's ", input.cluster.gpus(),
+              " GPUs, so no --dp fills it (give --dp, or change --nodes)");
     l.dp = dp > 0 ? dp : std::max(1, input.cluster.gpus() / (tp * pp));
     l.microbatch = microbatch;
     l.global_batch = global_batch > 0 ? global_batch : l.dp * microbatch;
