@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "05_pipeline/pipeline.h"
+#include "dtp/activation_memory.h"
 #include "dtp/comm.h"
 #include "dtp/gpt_config.h"
 
@@ -50,6 +51,14 @@ struct ModelShape {
   /// The vocabulary is padded to a multiple of vocab_multiple x tp, as
   /// Megatron-LM pads it (128); 1 keeps it exact (the runtime's GPT).
   int vocab_multiple = 1;
+  /// Activations are the tensors the runtime's GPT keeps as a chapter 12
+  /// step runs it (chapter 04's reference units on the runtime's layers),
+  /// counted by runtime_activation_peaks; false: Korthikanti et al.'s
+  /// formula for production kernels (block_activation_bytes_per_rank).
+  bool runtime_kernels = false;
+  /// With runtime_kernels: flash attention keeps each row's max and sum
+  /// instead of the [b, a, s, s] probabilities.
+  bool flash_attention = false;
   /// hidden / heads.
   int head_dim() const { return hidden / heads; }
   /// The padded vocabulary for a tensor-parallel size of @p tp.
@@ -61,7 +70,8 @@ struct ModelShape {
 };
 
 /// The model that runs the runtime's GPT of @p config over sequences of
-/// @p seq tokens: the same parameters, element for element.
+/// @p seq tokens: the same parameters, element for element, and the same
+/// activations (runtime_kernels).
 ModelShape model_of(const GPTConfig& config, int seq);
 
 /// The named models: gpt2-small, gpt2-medium, gpt2-large, gpt2-xl, llama2-7b,
@@ -172,10 +182,13 @@ std::int64_t unit_parameters_per_rank(const ModelShape& model, int unit, int tp)
 
 /// Memory of one GPU, in bytes, by category.
 struct Memory {
-  std::int64_t params = 0;       ///< parameters
-  std::int64_t grads = 0;        ///< gradients
-  std::int64_t optimizer = 0;    ///< optimizer state (fp32 master, m, v)
-  std::int64_t activations = 0;  ///< activations at the step's peak
+  std::int64_t params = 0;     ///< parameters
+  std::int64_t grads = 0;      ///< gradients
+  std::int64_t optimizer = 0;  ///< optimizer state (fp32 master, m, v)
+  /// Activations at the step's peak; with runtime kernels, the peak of
+  /// MemoryCategory::activations and ::recompute together
+  /// (runtime_activation_peaks().combined).
+  std::int64_t activations = 0;
   /// The four together.
   std::int64_t total() const { return params + grads + optimizer + activations; }
 };
@@ -189,6 +202,16 @@ struct Memory {
 /// and a copy with dropout) unless recomputed; full recomputation keeps the
 /// input alone.
 std::int64_t block_activation_bytes_per_rank(const PlanInput& input);
+
+/// The peaks of one rank's activations over one step of @p schedule on
+/// pipeline stage @p stage, for the runtime's GPT (model.runtime_kernels),
+/// as the tracker records them: MemoryCategory::activations, ::recompute
+/// and their sum (offloaded stays 0). Walks the rank's actions in order: a
+/// micro-batch keeps its virtual stage's tensors from its F to its B; an F
+/// briefly holds more (its received input, then each unit's transients);
+/// a recomputed block's B makes the block's forward again as recompute.
+ActivationPeaks runtime_activation_peaks(const PlanInput& input, int stage,
+                                         const ch05::Schedule& schedule);
 
 /// Memory of pipeline stage @p stage (the largest over its TP and DP ranks).
 Memory stage_memory(const PlanInput& input, int stage);

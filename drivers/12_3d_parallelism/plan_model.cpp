@@ -129,6 +129,9 @@ void ModelShape::validate() const {
             kv_heads, " kv heads evenly");
   DTP_CHECK(positions == 0 || positions >= seq, "plan: model '", name, "' has ", positions,
             " learned positions, fewer than seq ", seq);
+  DTP_CHECK(!runtime_kernels || (biases && !gated_mlp && kv_heads == heads), "plan: model '", name,
+            "' counts the runtime GPT's activations (runtime_kernels), which has biases, a GELU "
+            "MLP and as many kv heads as heads");
 }
 
 ModelShape model_of(const GPTConfig& config, int seq) {
@@ -141,6 +144,8 @@ ModelShape model_of(const GPTConfig& config, int seq) {
   m.vocab = config.vocab_size;
   m.seq = seq;
   m.positions = config.context;
+  m.runtime_kernels = true;
+  m.flash_attention = config.attention == AttentionKind::flash;
   return m;
 }
 
@@ -259,6 +264,9 @@ void PlanInput::validate() const {
             l.microbatch, " (", l.global_batch, " % ", l.dp * l.microbatch, " != 0)");
   DTP_CHECK(l.zero == 0 || l.zero == 1 || l.zero == 3, "plan: zero must be 0, 1 or 3, got ",
             l.zero);
+  DTP_CHECK(!model.runtime_kernels || l.recompute != Recompute::selective,
+            "plan: the runtime's GPT recomputes whole blocks (full) or nothing (none); selective "
+            "recomputation is counted for production kernels only");
   const bool interleaved = l.schedule == ch05::ScheduleKind::interleaved;
   DTP_CHECK(interleaved || l.chunks == 1, "plan: --chunks ", l.chunks,
             " needs the interleaved schedule");
@@ -393,6 +401,10 @@ Memory stage_memory_under(const PlanInput& input, int stage, const ch05::Schedul
     // The shards, plus one unit's gathered parameters and gradient.
     memory.params = (ceil_divide(params, l.dp) + largest_unit) * p.param_bytes;
     memory.grads = (ceil_divide(params, l.dp) + largest_unit) * p.grad_bytes;
+  }
+  if (m.runtime_kernels) {
+    memory.activations = runtime_activation_peaks(input, stage, schedule).combined;
+    return memory;
   }
   const std::int64_t per_block = block_activation_bytes_per_rank(input);
   memory.activations = alive_at_peak(schedule, stage) * blocks_in_chunk * per_block;
