@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <iomanip>
 #include <sstream>
 
 #include "dtp/error.h"
@@ -11,10 +12,14 @@ namespace dtp::cli {
 
 namespace {
 
-std::string number_text(long double value) {
+// A bound as it was written: an integer whole, a real to 15 significant
+// digits (a double's 0.01 is 0.01000000000000000021 as a long double).
+std::string number_text(long double value, bool integer) {
   std::ostringstream out;
-  out.precision(19);
-  out << value;
+  if (integer)
+    out << static_cast<long long>(value);
+  else
+    out << std::setprecision(15) << value;
   return out.str();
 }
 
@@ -66,7 +71,8 @@ void check_list_options(CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 Range::Range(long double low, long double high, bool integer) {
-  const std::string range = "[" + number_text(low) + ", " + number_text(high) + "]";
+  const std::string range =
+      "[" + number_text(low, integer) + ", " + number_text(high, integer) + "]";
   description(std::string(integer ? "INT" : "FLOAT") + " in " + range);
   func_ = [low, high, integer, range](std::string& text) -> std::string {
     const std::optional<long double> value =
