@@ -56,10 +56,7 @@ TensorParallelTrainer::TensorParallelTrainer(const TrainConfig& config, Mesh& me
   config_ = serial_->config();
   model_ = std::make_unique<TensorParallelGPT>(mesh.tp, serial_->model(), options);
   for (Unit* unit : serial_->model().units()) unit->set_buffers(Tensor(), Tensor());
-  std::vector<ParamBuffer> buffers;
-  for (Unit* unit : model_->units())
-    buffers.push_back({unit->name(), unit->params(), unit->grads()});
-  serial_->set_optimizer(make_optimizer(config_, std::move(buffers)));
+  serial_->set_optimizer(make_optimizer(config_, param_buffers(model_->units())));
 }
 
 TensorParallelTrainer::~TensorParallelTrainer() = default;

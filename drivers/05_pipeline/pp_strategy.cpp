@@ -117,8 +117,7 @@ PipelineTrainer::PipelineTrainer(const TrainConfig& config, PipelineMesh& mesh,
         buffers.push_back({units[u]->name() + " shard", shards.parameter_shards()[u],
                            shards.gradient_shards()[u]});
     } else {
-      for (Unit* unit : chunk->units())
-        buffers.push_back({unit->name(), unit->params(), unit->grads()});
+      for (ParamBuffer& b : param_buffers(chunk->units())) buffers.push_back(std::move(b));
     }
   }
   serial_->set_optimizer(make_optimizer(serial_->config(), std::move(buffers)));

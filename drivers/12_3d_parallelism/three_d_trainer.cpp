@@ -20,10 +20,7 @@ ThreeDTrainer::ThreeDTrainer(const TrainConfig& config, Mesh& mesh, const ThreeD
   config_ = serial_->config();
   model_ = std::make_unique<ThreeDModel>(mesh, serial_->model(), options);
   for (Unit* unit : serial_->model().units()) unit->set_buffers(Tensor(), Tensor());
-  std::vector<ParamBuffer> buffers;
-  for (Unit* unit : model_->units())
-    buffers.push_back({unit->name(), unit->params(), unit->grads()});
-  serial_->set_optimizer(make_optimizer(config_, std::move(buffers)));
+  serial_->set_optimizer(make_optimizer(config_, param_buffers(model_->units())));
 }
 
 ThreeDTrainer::~ThreeDTrainer() = default;

@@ -26,6 +26,9 @@ struct ParamBuffer {
 
 /// One ParamBuffer per unit of @p model (forward order), named after the unit.
 std::vector<ParamBuffer> param_buffers(GPT& model);
+/// One ParamBuffer per unit of @p units, in order, named after the unit: a
+/// parallel model's units (this rank's slices, or its stages' units).
+std::vector<ParamBuffer> param_buffers(const std::vector<Unit*>& units);
 
 /// The gradient buffers of @p buffers; throws naming a buffer that has none.
 std::vector<Tensor> grad_tensors(const std::vector<ParamBuffer>& buffers);

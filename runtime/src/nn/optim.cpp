@@ -11,9 +11,11 @@
 
 namespace dtp {
 
-std::vector<ParamBuffer> param_buffers(GPT& model) {
+std::vector<ParamBuffer> param_buffers(GPT& model) { return param_buffers(model.units()); }
+
+std::vector<ParamBuffer> param_buffers(const std::vector<Unit*>& units) {
   std::vector<ParamBuffer> out;
-  for (Unit* unit : model.units()) out.push_back({unit->name(), unit->params(), unit->grads()});
+  for (Unit* unit : units) out.push_back({unit->name(), unit->params(), unit->grads()});
   return out;
 }
 
