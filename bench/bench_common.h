@@ -85,6 +85,34 @@ inline double median(std::vector<double> values) {
   return values.empty() ? 0 : values[values.size() / 2];
 }
 
+/// The mean of the last @p n values of @p v (all of them when it has fewer;
+/// 0 when empty): "the loss at the end" of a training run.
+inline double mean_of_last(const std::vector<double>& v, std::size_t n) {
+  n = std::min(n, v.size());
+  double sum = 0;
+  for (std::size_t i = v.size() - n; i < v.size(); ++i) sum += v[i];
+  return n ? sum / static_cast<double>(n) : 0;
+}
+
+/// Replicas that must hold the same values (each rank's parameters, flat):
+/// the first rank r >= 1 whose values differ from rank 0's and the first
+/// index where they do, or nothing when every replica equals rank 0's.
+struct ReplicaDifference {
+  int rank = 0;           ///< the replica that differs
+  std::size_t index = 0;  ///< the first element that does
+};
+inline std::optional<ReplicaDifference> first_replica_difference(
+    const std::vector<std::vector<double>>& replicas) {
+  for (std::size_t r = 1; r < replicas.size(); ++r)
+    if (replicas[r] != replicas[0]) {
+      std::size_t i = 0;
+      while (i < replicas[r].size() && i < replicas[0].size() && replicas[r][i] == replicas[0][i])
+        ++i;
+      return ReplicaDifference{static_cast<int>(r), i};
+    }
+  return std::nullopt;
+}
+
 /// The items of a comma list, empty ones dropped: "1,2,,4" gives 1, 2, 4.
 inline std::vector<std::string> split_list(const std::string& text) {
   std::vector<std::string> out;

@@ -371,28 +371,20 @@ Run run_method(const dtp::TrainConfig& base, const Method& m, const Options& o,
       run.problems.push_back(text);
     }
   }
-  for (int r = 1; r < N; ++r)
-    if (params[r] != params[0]) {
-      std::size_t i = 0;
-      while (params[r][i] == params[0][i]) ++i;
-      char text[512];
-      std::snprintf(text, sizeof text,
-                    "%s: after step %zu rank %d's parameter %zu (flat over the units) is %.17g, "
-                    "rank 0's %.17g: the replicas drifted apart (every rank must apply the same "
-                    "average)",
-                    label.c_str(), K, r, i, params[r][i], params[0][i]);
-      run.problems.push_back(text);
-      break;
-    }
+  if (const auto d = first_replica_difference(params)) {
+    const auto r = static_cast<std::size_t>(d->rank);
+    char text[512];
+    std::snprintf(text, sizeof text,
+                  "%s: after step %zu rank %d's parameter %zu (flat over the units) is %.17g, "
+                  "rank 0's %.17g: the replicas drifted apart (every rank must apply the same "
+                  "average)",
+                  label.c_str(), K, d->rank, d->index, params[r][d->index], params[0][d->index]);
+    run.problems.push_back(text);
+  }
   return run;
 }
 
-double mean_tail(const std::vector<double>& v) {
-  const std::size_t n = std::min(kLossTail, v.size());
-  double sum = 0;
-  for (std::size_t i = v.size() - n; i < v.size(); ++i) sum += v[i];
-  return n ? sum / static_cast<double>(n) : 0;
-}
+double mean_tail(const std::vector<double>& v) { return mean_of_last(v, kLossTail); }
 
 double mean(const std::vector<double>& v) {
   double sum = 0;
