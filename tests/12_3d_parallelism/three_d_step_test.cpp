@@ -125,17 +125,14 @@ PipelineTraffic pipeline_formula(const Layout& l, const TrainConfig& c, int p) {
   return t;
 }
 
-// Parameter elements of one rank's slice of each unit, worked out from the
-// shapes: the embedding's token rows [V / t, C] and whole positions
-// [context, C]; a block's LayerNorms (2 C each) and row-parallel biases (C)
-// whole, q, k, v and fc split by output rows, the projections by input
-// columns; the head's LayerNorm whole and its LM rows [V / t, C].
+// Parameter elements of one TP rank's slice of @p unit: the lesson's
+// formulas as chapter 12's planner writes them (plan::unit_parameters_per_rank,
+// proven against the memory tracker in tests/plan): the embedding's token rows
+// [V / t, C] and whole positions; a block's q, k, v and fc split by output
+// rows, the projections by input columns, LayerNorms and row-parallel biases
+// whole; the head's LayerNorm whole and its LM rows [V / t, C].
 std::int64_t unit_elements(const GPTConfig& c, int t, int unit) {
-  const std::int64_t C = c.d_model, V = c.vocab_size, H = std::int64_t{c.mlp_ratio} * C;
-  if (unit == 0) return V / t * C + std::int64_t{c.context} * C;
-  if (unit == c.layers + 1) return 2 * C + V / t * C;
-  return 2 * C + 3 * (C / t * C + C / t) + (C * (C / t) + C) + 2 * C + (H / t * C + H / t) +
-         (C * (H / t) + C);
+  return plan::unit_parameters_per_rank(plan::model_of(c, c.context), unit, t);
 }
 
 // The units rank (p, chunk k) holds: virtual stage k pp + p of pp x v
