@@ -12,6 +12,7 @@
 
 #include "drivers/12_3d_parallelism/plan.h"
 #include "dtp/error.h"
+#include "dtp/json.h"
 #include "dtp_cli.h"
 
 namespace {
@@ -56,26 +57,38 @@ void print_plan(const PlanInput& input, const Plan& plan) {
 
 std::string json_line(const PlanInput& input, const Plan& plan) {
   const dtp::plan::Layout& l = input.layout;
-  char text[1024];
-  std::snprintf(
-      text, sizeof text,
-      "{\"what\":\"plan\",\"model\":\"%s\",\"gpu\":\"%s\",\"gpus\":%d,\"tp\":%d,\"pp\":%d,"
-      "\"dp\":%d,\"microbatch\":%d,\"global_batch\":%d,\"schedule\":\"%s\",\"chunks\":%d,"
-      "\"sp\":%s,\"recompute\":\"%s\",\"zero\":%d,\"layout\":\"%s\",\"params_bytes\":%lld,"
-      "\"grads_bytes\":%lld,\"optimizer_bytes\":%lld,\"activations_bytes\":%lld,"
-      "\"hbm_bytes\":%.0f,\"fits\":%s,\"step_s\":%.6g,\"compute_s\":%.6g,\"tp_s\":%.6g,"
-      "\"pp_s\":%.6g,\"dp_s\":%.6g,\"bubble_s\":%.6g,\"tokens_per_s\":%.6g,\"mfu\":%.5f,"
-      "\"hfu\":%.5f}",
-      input.model.name.c_str(), input.cluster.gpu.c_str(), input.cluster.gpus(), l.tp, l.pp, l.dp,
-      l.microbatch, l.global_batch, dtp::ch05::schedule_kind_name(l.schedule), l.chunks,
-      l.sequence_parallel ? "true" : "false", dtp::plan::recompute_name(l.recompute), l.zero,
-      l.text().c_str(), static_cast<long long>(plan.memory.params),
-      static_cast<long long>(plan.memory.grads), static_cast<long long>(plan.memory.optimizer),
-      static_cast<long long>(plan.memory.activations), input.cluster.hbm_bytes,
-      plan.fits ? "true" : "false", plan.step_seconds, plan.compute_seconds, plan.tp_seconds,
-      plan.pp_seconds, plan.dp_seconds, plan.bubble_seconds, plan.tokens_per_second, plan.mfu,
-      plan.hfu);
-  return text;
+  return dtp::JsonLine()
+      .add("what", "plan")
+      .add("model", input.model.name)
+      .add("gpu", input.cluster.gpu)
+      .add("gpus", input.cluster.gpus())
+      .add("tp", l.tp)
+      .add("pp", l.pp)
+      .add("dp", l.dp)
+      .add("microbatch", l.microbatch)
+      .add("global_batch", l.global_batch)
+      .add("schedule", dtp::ch05::schedule_kind_name(l.schedule))
+      .add("chunks", l.chunks)
+      .add("sp", l.sequence_parallel)
+      .add("recompute", dtp::plan::recompute_name(l.recompute))
+      .add("zero", l.zero)
+      .add("layout", l.text())
+      .add("params_bytes", plan.memory.params)
+      .add("grads_bytes", plan.memory.grads)
+      .add("optimizer_bytes", plan.memory.optimizer)
+      .add("activations_bytes", plan.memory.activations)
+      .add("hbm_bytes", input.cluster.hbm_bytes)
+      .add("fits", plan.fits)
+      .add("step_s", plan.step_seconds)
+      .add("compute_s", plan.compute_seconds)
+      .add("tp_s", plan.tp_seconds)
+      .add("pp_s", plan.pp_seconds)
+      .add("dp_s", plan.dp_seconds)
+      .add("bubble_s", plan.bubble_seconds)
+      .add("tokens_per_s", plan.tokens_per_second)
+      .add("mfu", plan.mfu)
+      .add("hfu", plan.hfu)
+      .str();
 }
 
 void print_validation(std::FILE* json) {
