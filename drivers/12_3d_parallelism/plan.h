@@ -243,11 +243,13 @@ enum class Pass {
 /// all-reduces the N row maxima and the 2 N sums forward and N h backward.
 /// With it, each N h all-reduce is an all-gather and a reduce-scatter of N h
 /// where chapter 04 puts them, and the reduction pass sums each replicated
-/// gradient (the norms and the projections' biases) once. Nothing when tp is 1.
+/// gradient (the norms and the projections' biases) once. The list does not
+/// depend on the group's size: each buffer is the whole [N, h] (or [N]) one.
+/// With one rank the units make the same calls, which cost nothing on the
+/// clock (collective_cost of one rank is 0).
 std::vector<CollectiveCall> tensor_parallel_unit_collectives(const ModelShape& model, int unit,
                                                              Pass pass, std::int64_t tokens,
-                                                             int element, int tp,
-                                                             bool sequence_parallel);
+                                                             int element, bool sequence_parallel);
 
 /// The bytes a pipeline stage sends per micro-batch each way: the activation
 /// [b, s, h] (this rank's token shard under sequence parallelism).

@@ -72,10 +72,9 @@ std::vector<StageCosts> stage_costs(const PlanInput& input, const ch05::ActionCo
     double forward_flops = 0, recompute_flops = 0;
     for (int u = range.first; u < range.first + range.count; ++u) {
       auto tp_calls = [&](Pass pass) {
-        return tp_calls_cost(
-            tensor_parallel_unit_collectives(m, u, pass, tokens, prec.activation_bytes, l.tp,
-                                             l.sequence_parallel),
-            l.tp, tp_cost);
+        return tp_calls_cost(tensor_parallel_unit_collectives(
+                                 m, u, pass, tokens, prec.activation_bytes, l.sequence_parallel),
+                             l.tp, tp_cost);
       };
       const bool block = u >= 1 && u <= m.layers;
       c.forward_tp += tp_calls(Pass::forward);
@@ -134,7 +133,7 @@ double after_pipeline_reductions(const PlanInput& input, int stage) {
     for (int u = range.first; u < range.first + range.count; ++u)
       seconds += tp_calls_cost(
           tensor_parallel_unit_collectives(m, u, Pass::reduction, tokens,
-                                           input.precision.grad_bytes, l.tp, l.sequence_parallel),
+                                           input.precision.grad_bytes, l.sequence_parallel),
           l.tp, tp_cost);
   }
   for (int c = 0; c < l.chunks; ++c) {

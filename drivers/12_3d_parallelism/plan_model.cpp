@@ -425,8 +425,7 @@ Memory stage_memory_under(const PlanInput& input, int stage, const ch05::Schedul
 
 std::vector<CollectiveCall> tensor_parallel_unit_collectives(const ModelShape& m, int unit,
                                                              Pass pass, std::int64_t tokens,
-                                                             int element, int tp, bool sp) {
-  if (tp == 1) return {};
+                                                             int element, bool sp) {
   const std::int64_t hidden = tokens * m.hidden * element;  // one [N, h] activation
   const CollectiveCall all_reduce{"all_reduce", hidden}, gather{"all_gather", hidden},
       scatter{"reduce_scatter", hidden};

@@ -162,7 +162,7 @@ ch04::CommUse tensor_parallel_formula(const Layout& l, const TrainConfig& c,
   ch04::CommUse use;
   auto add = [&](int u, plan::Pass pass, std::int64_t times) {
     for (const plan::CollectiveCall& call :
-         plan::tensor_parallel_unit_collectives(model, u, pass, tokens, 8, l.shape.tp, l.sp)) {
+         plan::tensor_parallel_unit_collectives(model, u, pass, tokens, 8, l.sp)) {
       use.calls[call.kind] += times;
       use.bytes += call.bytes * times;
     }
@@ -214,19 +214,16 @@ TEST(Puzzle12_2_three_d_step, EachGroupCarriesWhatTheFormulasSay) {
       else if (!ch04::comm_use(dp0, dp1).calls.empty())
         m += "\n    a DP group of one rank made " + ch04::comm_use(dp0, dp1).str() +
              ": it has nothing to reduce";
-      // Tensor parallel: chapter 04's collectives, and the replicated sums
-      // once. (A group of one rank: chapter 04's units call their
-      // collectives anyway, and they move nothing.)
+      // Tensor parallel: chapter 04's collectives, and the replicated sums once.
       const ch04::CommUse tp_want = tensor_parallel_formula(l, config, units);
-      if (l.shape.tp > 1)
-        m += ch04::check_comm("the TP group", world.rank(), ch04::comm_use(tp0, mesh.tp.stats()),
-                              tp_want.calls, tp_want.bytes,
-                              "chapter 04's collectives in each unit's forward and backward of "
-                              "every micro-batch" +
-                                  std::string(l.sp ? ", then the replicated gradients' sums, once "
-                                                     "a step (more: summed per micro-batch, or "
-                                                     "twice)"
-                                                   : ""));
+      m += ch04::check_comm("the TP group", world.rank(), ch04::comm_use(tp0, mesh.tp.stats()),
+                            tp_want.calls, tp_want.bytes,
+                            "chapter 04's collectives in each unit's forward and backward of "
+                            "every micro-batch" +
+                                std::string(l.sp ? ", then the replicated gradients' sums, once "
+                                                   "a step (more: summed per micro-batch, or "
+                                                   "twice)"
+                                                 : ""));
       if (m.empty()) return std::string();
       return who(world, mesh) + ":" + m;
     });
